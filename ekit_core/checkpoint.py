@@ -1,0 +1,206 @@
+"""The checkpoint: the durable projection of a run's state, and its parser.
+
+This module owns the checkpoint format. ``WorkflowCheckpoint.to_dict`` writes
+plain Python values; ``WorkflowCheckpoint.from_dict`` reads them back and is a
+parser of untrusted input: whatever it is given, it returns a checkpoint or
+raises :class:`CheckpointError` naming the field at fault. It never executes
+anything it reads.
+
+Format version 1 adds optional keys to the three that ExecutionKit wrote
+(``step_index``, ``outputs``, ``cost``); a dict with only those three loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ekit_core.usage import TokenUsage
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "FailureRecord",
+    "UnsupportedFormatError",
+    "WorkflowCheckpoint",
+]
+
+FORMAT_VERSION = 1
+"""The checkpoint format this library writes and the newest it reads."""
+
+
+class CheckpointError(ValueError):
+    """A malformed checkpoint. ``field`` names the offending field (``'cost.llm_calls'``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"checkpoint field {field!r}: {problem}")
+        self.field = field
+
+
+class UnsupportedFormatError(CheckpointError):
+    """The checkpoint was written in a format version newer than this library reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    """The latest failure of a step: exception type, message, failed attempts so far."""
+
+    error_type: str
+    message: str
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the checkpoint."""
+        return {"error_type": self.error_type, "message": self.message, "attempts": self.attempts}
+
+
+def _empty() -> MappingProxyType[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCheckpoint:
+    """What a run has finished so far, as an immutable value.
+
+    ``step_index`` is the number of completed steps; ``outputs`` maps each
+    completed step to its output; ``cost`` is the usage accumulated so far.
+    The other fields are optional: the initial ``context`` of the run,
+    per-step usage, the latest failure of steps that failed (a failure is
+    not an output: such a step runs again on resume), the ``graph`` the run
+    was made of (step -> dependencies) with its ``fingerprint``, and the
+    ``format_version``.
+    """
+
+    step_index: int
+    outputs: MappingProxyType[str, Any]
+    cost: TokenUsage = field(default_factory=TokenUsage)
+    context: MappingProxyType[str, Any] = field(default_factory=_empty)
+    step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
+    failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)
+    fingerprint: str | None = None
+    graph: MappingProxyType[str, tuple[str, ...]] | None = None
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only: dicts, str, int and the outputs as given.
+
+        ``json.dumps(cp.to_dict())`` works whenever the outputs and context are
+        JSON-safe.
+        """
+        data: dict[str, Any] = {
+            "format_version": self.format_version,
+            "step_index": self.step_index,
+            "outputs": dict(self.outputs),
+            "cost": self.cost.to_dict(),
+            "context": dict(self.context),
+            "step_usage": {k: u.to_dict() for k, u in self.step_usage.items()},
+            "failures": {k: f.to_dict() for k, f in self.failures.items()},
+        }
+        if self.fingerprint is not None:
+            data["fingerprint"] = self.fingerprint
+        if self.graph is not None:
+            data["graph"] = {name: list(deps) for name, deps in self.graph.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> WorkflowCheckpoint:
+        """Parse a checkpoint from plain data (for example ``json.loads`` output).
+
+        Raises :class:`CheckpointError` (a ``ValueError``) naming the field for
+        any missing key, wrong type, negative count, or ``bool`` where an int
+        belongs; :class:`UnsupportedFormatError` for a newer format version.
+        """
+        if not isinstance(data, dict):
+            raise CheckpointError("<checkpoint>", f"must be a dict, got {type(data).__name__}")
+        version = data.get("format_version", FORMAT_VERSION)
+        version = _count(version, "format_version")
+        if version > FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                "format_version",
+                f"version {version} was written by a newer ekit; this one reads up to "
+                f"{FORMAT_VERSION}",
+            )
+        if version < 1:
+            raise CheckpointError("format_version", f"must be at least 1, got {version}")
+        for key in ("step_index", "outputs", "cost"):
+            if key not in data:
+                raise CheckpointError(key, "missing")
+        fingerprint = data.get("fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise CheckpointError(
+                "fingerprint", f"must be a string, got {type(fingerprint).__name__}"
+            )
+        graph = data.get("graph")
+        if graph is not None:
+            graph = MappingProxyType(
+                {k: _names(v, f"graph.{k}") for k, v in _table(graph, "graph").items()}
+            )
+        step_usage = _table(data.get("step_usage", {}), "step_usage")
+        failures = _table(data.get("failures", {}), "failures")
+        return cls(
+            step_index=_count(data["step_index"], "step_index"),
+            outputs=MappingProxyType(_table(data["outputs"], "outputs")),
+            cost=_usage(data["cost"], "cost"),
+            context=MappingProxyType(_table(data.get("context", {}), "context")),
+            step_usage=MappingProxyType(
+                {k: _usage(v, f"step_usage.{k}") for k, v in step_usage.items()}
+            ),
+            failures=MappingProxyType(
+                {k: _failure(v, f"failures.{k}") for k, v in failures.items()}
+            ),
+            fingerprint=fingerprint,
+            graph=graph,
+            format_version=version,
+        )
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(name, f"must be a non-negative int, got {type(value).__name__}")
+    if value < 0:
+        raise CheckpointError(name, f"must be a non-negative int, got {value}")
+    return value
+
+
+def _table(value: object, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise CheckpointError(name, f"must be a dict, got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise CheckpointError(name, f"keys must be strings, got {type(key).__name__} {key!r}")
+    return dict(value)
+
+
+def _names(value: object, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise CheckpointError(name, f"must be a list of step names, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, str):
+            raise CheckpointError(name, f"must hold step names, got {type(item).__name__}")
+    return tuple(value)
+
+
+def _usage(value: object, name: str) -> TokenUsage:
+    table = _table(value, name)
+    counts = []
+    for key in ("input_tokens", "output_tokens", "llm_calls"):
+        if key not in table:
+            raise CheckpointError(f"{name}.{key}", "missing")
+        counts.append(_count(table[key], f"{name}.{key}"))
+    return TokenUsage(*counts)
+
+
+def _failure(value: object, name: str) -> FailureRecord:
+    table = _table(value, name)
+    texts = []
+    for key in ("error_type", "message"):
+        text = table.get(key)
+        if not isinstance(text, str):
+            raise CheckpointError(f"{name}.{key}", f"must be a string, got {type(text).__name__}")
+        texts.append(text)
+    attempts = _count(table.get("attempts", 1), f"{name}.attempts")
+    if attempts < 1:
+        raise CheckpointError(f"{name}.attempts", "must be at least 1")
+    return FailureRecord(texts[0], texts[1], attempts)

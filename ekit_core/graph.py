@@ -1,0 +1,196 @@
+"""The graph spec: step names and their dependencies, validated once.
+
+This module owns every rule about the shape of a workflow: names are
+non-empty strings and unique, dependencies name known steps other than the
+step itself, and there is no cycle. A ``GraphSpec`` that exists is valid;
+nothing downstream checks the shape again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["CycleError", "GraphError", "GraphSpec"]
+
+
+class GraphError(ValueError):
+    """An invalid workflow graph. The message names the offending steps."""
+
+    def __init__(self, message: str, steps: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.steps: tuple[str, ...] = tuple(steps)
+
+
+class CycleError(GraphError):
+    """The dependencies form a cycle; ``cycle`` lists it, first step repeated last."""
+
+    def __init__(self, cycle: Iterable[str]) -> None:
+        self.cycle: tuple[str, ...] = tuple(cycle)
+        super().__init__(
+            "dependency cycle: " + " -> ".join(self.cycle), steps=self.cycle[:-1]
+        )
+
+
+def _find_cycle(deps: Mapping[str, tuple[str, ...]], names: tuple[str, ...]) -> list[str] | None:
+    # Kahn's algorithm strips every step that can be ordered; anything left
+    # sits on or behind a cycle, and following dependencies among the leftovers
+    # must revisit a step.
+    remaining = {n: len(deps[n]) for n in names}
+    dependents: dict[str, list[str]] = {n: [] for n in names}
+    for n in names:
+        for d in deps[n]:
+            dependents[d].append(n)
+    queue = [n for n in names if remaining[n] == 0]
+    while queue:
+        n = queue.pop()
+        for m in dependents[n]:
+            remaining[m] -= 1
+            if remaining[m] == 0:
+                queue.append(m)
+    left = [n for n in names if remaining[n] > 0]
+    if not left:
+        return None
+    stuck = set(left)
+    path: list[str] = []
+    seen: dict[str, int] = {}
+    node = left[0]
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = next(d for d in deps[node] if d in stuck)
+    # ``path`` runs along dependencies; report it in execution order.
+    cycle = path[seen[node]:]
+    cycle.reverse()
+    return [*cycle, cycle[0]]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSpec:
+    """A validated DAG of step names, in declaration order.
+
+    Build one with :meth:`of`. ``names`` keeps declaration order, which is
+    the order :func:`~ekit_core.plan` starts ready steps in.
+    """
+
+    names: tuple[str, ...]
+    deps: MappingProxyType[str, tuple[str, ...]]
+    dependents: MappingProxyType[str, tuple[str, ...]] = field(repr=False)
+    index: MappingProxyType[str, int] = field(repr=False)
+    fingerprint: str = field(repr=False)
+
+    @classmethod
+    def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
+        """Validate ``steps`` (name -> dependencies, or ``(name, deps)`` pairs).
+
+        Raises :class:`GraphError` (a ``ValueError``) for an empty or non-string
+        name, a duplicate name, an unknown dependency or a self-dependency, and
+        :class:`CycleError` for a cycle.
+        """
+        pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
+        names: list[str] = []
+        deps: dict[str, tuple[str, ...]] = {}
+        duplicates: list[str] = []
+        for entry in pairs:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise GraphError(f"each step must be a (name, depends_on) pair, got {entry!r}")
+            name, raw = entry
+            if not isinstance(name, str):
+                raise GraphError(f"step name must be a str, got {type(name).__name__} {name!r}")
+            if not name:
+                raise GraphError("step name must not be empty")
+            if isinstance(raw, str):
+                raise GraphError(
+                    f"step {name!r}: depends_on must be a collection of names, not the string {raw!r}",
+                    [name],
+                )
+            try:
+                dep_list = list(raw)
+            except TypeError:
+                raise GraphError(
+                    f"step {name!r}: depends_on must be iterable, got {type(raw).__name__}", [name]
+                ) from None
+            for d in dep_list:
+                if not isinstance(d, str):
+                    raise GraphError(
+                        f"step {name!r}: dependency names must be str, got {type(d).__name__} {d!r}",
+                        [name],
+                    )
+            if name in deps:
+                duplicates.append(name)
+                continue
+            names.append(name)
+            deps[name] = tuple(dict.fromkeys(dep_list))
+        if duplicates:
+            dup = sorted(set(duplicates))
+            raise GraphError(f"duplicate step name(s): {', '.join(map(repr, dup))}", dup)
+        for name in names:
+            if name in deps[name]:
+                raise GraphError(f"step {name!r} depends on itself", [name])
+            unknown = [d for d in deps[name] if d not in deps]
+            if unknown:
+                raise GraphError(
+                    f"step {name!r} depends on unknown step(s): {', '.join(map(repr, unknown))}",
+                    [name, *unknown],
+                )
+        names_t = tuple(names)
+        cycle = _find_cycle(deps, names_t)
+        if cycle is not None:
+            raise CycleError(cycle)
+        dependents: dict[str, list[str]] = {n: [] for n in names_t}
+        for n in names_t:
+            for d in deps[n]:
+                dependents[d].append(n)
+        return cls(
+            names=names_t,
+            deps=MappingProxyType(deps),
+            dependents=MappingProxyType({n: tuple(v) for n, v in dependents.items()}),
+            index=MappingProxyType({n: i for i, n in enumerate(names_t)}),
+            fingerprint=_fingerprint(deps),
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``{"steps": [{"name": ..., "depends_on": [...]}, ...], "fingerprint": ...}``."""
+        return {
+            "steps": [{"name": n, "depends_on": list(self.deps[n])} for n in self.names],
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> GraphSpec:
+        """Rebuild a graph from :meth:`to_dict` output; malformed data is a ``GraphError``."""
+        if not isinstance(data, dict):
+            raise GraphError(f"graph must be a JSON object, got {type(data).__name__}")
+        steps = data.get("steps")
+        if not isinstance(steps, list):
+            raise GraphError("graph field 'steps' must be a list")
+        pairs: list[tuple[str, Iterable[str]]] = []
+        for i, item in enumerate(steps):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise GraphError(f"graph field 'steps[{i}]' must be an object with a 'name' string")
+            depends_on = item.get("depends_on", [])
+            if not isinstance(depends_on, list):
+                raise GraphError(f"graph field 'steps[{i}].depends_on' must be a list")
+            pairs.append((item["name"], depends_on))
+        return cls.of(pairs)
+
+
+def _fingerprint(deps: Mapping[str, tuple[str, ...]]) -> str:
+    # Order-independent on purpose: declaring the same steps in another order
+    # changes no dependency, so a checkpoint stays valid for it.
+    canonical = json.dumps(
+        sorted([name, sorted(ds)] for name, ds in deps.items()),
+        ensure_ascii=True,
+        separators=(",", ":"),
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()

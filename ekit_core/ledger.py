@@ -1,0 +1,98 @@
+"""A persistent, append-only mapping: the storage behind outputs and usage.
+
+Outputs of a run only ever grow and never change (invariant 5), so every
+state of a run can share one backing store and see a prefix of it. Adding an
+entry to the newest state appends in place in O(1); adding to an older state
+(a branch, which a plain run never makes) copies that prefix first. Readers
+never mutate anything, so any number of states and checkpoints can be read
+side by side, from any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Generic, TypeVar
+
+__all__ = ["Ledger"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Backing(Generic[K, V]):
+    __slots__ = ("claims", "index", "keys", "values")
+
+    def __init__(self) -> None:
+        self.index: dict[K, int] = {}
+        self.keys: list[K] = []
+        self.values: list[V] = []
+        # Position -> the view that extended the store there. setdefault is
+        # atomic in CPython, so two branches can never both append at one slot.
+        self.claims: dict[int, object] = {}
+
+
+class Ledger(Mapping[K, V]):
+    """An immutable mapping whose ``with_item`` shares storage with its parent.
+
+    Iteration follows insertion order. Equality is that of any ``Mapping``.
+    """
+
+    __slots__ = ("_b", "_n")
+
+    def __init__(self, items: Iterable[tuple[K, V]] = ()) -> None:
+        backing: _Backing[K, V] = _Backing()
+        for key, value in items:
+            if key in backing.index:
+                raise ValueError(f"duplicate key {key!r}")
+            backing.index[key] = len(backing.keys)
+            backing.keys.append(key)
+            backing.values.append(value)
+        self._b = backing
+        self._n = len(backing.keys)
+
+    @classmethod
+    def _view(cls, backing: _Backing[K, V], n: int) -> Ledger[K, V]:
+        view = cls.__new__(cls)
+        view._b = backing
+        view._n = n
+        return view
+
+    def __getitem__(self, key: K) -> V:
+        i = self._b.index.get(key)
+        if i is None or i >= self._n:
+            raise KeyError(key)
+        return self._b.values[i]
+
+    def __contains__(self, key: object) -> bool:
+        i = self._b.index.get(key)  # type: ignore[call-overload]
+        return i is not None and i < self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[K]:
+        return islice(self._b.keys, self._n)
+
+    def __repr__(self) -> str:
+        return f"Ledger({dict(self.items())!r})"
+
+    def with_item(self, key: K, value: V) -> Ledger[K, V]:
+        """A new ledger holding every entry of this one plus ``key: value``.
+
+        Raises ``ValueError`` if ``key`` is already present: entries never change.
+        """
+        if key in self:
+            raise ValueError(f"{key!r} is already recorded and cannot change")
+        backing, n = self._b, self._n
+        if len(backing.keys) != n or backing.claims.setdefault(n, self) is not self:
+            backing = _Backing()
+            for k, v in zip(islice(self._b.keys, n), islice(self._b.values, n), strict=True):
+                backing.index[k] = len(backing.keys)
+                backing.keys.append(k)
+                backing.values.append(v)
+            backing.claims[n] = self
+        backing.index[key] = n
+        backing.keys.append(key)
+        backing.values.append(value)
+        return Ledger._view(backing, n + 1)

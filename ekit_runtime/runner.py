@@ -1,0 +1,272 @@
+"""The async loop that carries out what the core decides.
+
+It asks ``plan`` what to start, starts those attempts as tasks, waits for
+completions, folds them in with ``apply`` and hands each new checkpoint to
+``checkpoint_fn``. It owns only what is impure: tasks, sleeping out retry
+delays, timeouts, threads for blocking steps, calling callbacks, and
+winding down on cancellation so that no task outlives the run and the
+final checkpoint is saved even while the caller keeps cancelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from time import perf_counter
+from typing import Any, TypeAlias
+
+from ekit_core import (
+    Cancelled,
+    CheckpointSaved,
+    Denied,
+    Event,
+    Failed,
+    Interrupted,
+    Result,
+    Start,
+    State,
+    StepFinished,
+    Succeeded,
+    WorkflowCheckpoint,
+    apply,
+    checkpoint_of,
+    plan,
+)
+from ekit_runtime.approval import ApprovalFn, ask
+from ekit_runtime.errors import TraceCallbackWarning
+from ekit_runtime.step import Step, split_result
+
+__all__ = ["CheckpointFn", "Runner", "TraceFn"]
+
+CheckpointFn: TypeAlias = Callable[[WorkflowCheckpoint], Awaitable[Any] | Any]
+TraceFn: TypeAlias = Callable[[Event], Awaitable[Any] | Any]
+
+
+async def _settle(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
+    """Await ``awaitable`` to the end even if we are cancelled meanwhile.
+
+    Returns its result and whether a cancellation arrived, which the caller
+    must then re-raise. This is what keeps the final save from being cut off.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+
+
+class Runner:
+    """One run of a workflow: the loop, its tasks and its callbacks."""
+
+    def __init__(
+        self,
+        steps: Mapping[str, Step],
+        state: State,
+        *,
+        checkpoint_fn: CheckpointFn | None,
+        approval: ApprovalFn | None,
+        trace: TraceFn | None,
+    ) -> None:
+        self.steps = steps
+        self.state = state
+        self.checkpoint_fn = checkpoint_fn
+        self.approval = approval
+        self.trace = trace
+        self.last_checkpoint: WorkflowCheckpoint | None = None
+        graph = state.graph
+        # Keys of a resumed ExecutionKit checkpoint that are not steps were its
+        # initial context: steps keep seeing them, the run's context wins.
+        self._base = {k: v for k, v in state.outputs.items() if k not in graph.index}
+        self._base.update(state.context)
+        self._all = dict(self._base)
+        self._all.update((k, v) for k, v in state.outputs.items() if k in graph.index)
+        self._tasks: dict[asyncio.Task[Result], str] = {}
+        self._finished: deque[asyncio.Task[Result]] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._preparing: set[str] = set()
+        self._save_raised = False
+
+    # -- the loop -----------------------------------------------------------
+
+    async def states(self) -> AsyncIterator[State]:
+        """Drive the run, yielding each state that follows a batch of completions."""
+        state = self.state
+        await self._emit(state.events)
+        try:
+            while not state.settled:
+                batch = plan(state)
+                if batch:
+                    state = self.state = apply(state, batch.starts)
+                    await self._emit(state.events)
+                    for start in batch.starts:
+                        self._launch(start)
+                if not self._tasks:
+                    raise RuntimeError("ekit: nothing can start and nothing is running")
+                state = self.state = apply(state, await self._completions())
+                for event in state.events:
+                    if isinstance(event, StepFinished):
+                        self._all[event.name] = state.outputs[event.name]
+                if state.halt is not None:
+                    self._cancel_preparing()
+                await self._emit(state.events)
+                await self._save(state)
+                yield state
+        except BaseException as exc:
+            await self._wind_down(exc)
+            raise
+
+    def _launch(self, start: Start) -> None:
+        step = self.steps[start.name]
+        if step.context == "all":
+            context = self._all.copy()
+        else:
+            context = self._base.copy()
+            outputs = self.state.outputs
+            for dep in step.depends_on:
+                context[dep] = outputs[dep]
+        task = asyncio.create_task(self._attempt(step, start, context), name=f"ekit:{step.name}")
+        self._tasks[task] = step.name
+        task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task[Result]) -> None:
+        self._finished.append(task)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def _completions(self) -> list[Result]:
+        while not self._finished:
+            self._wakeup = asyncio.get_running_loop().create_future()
+            await self._wakeup
+        self._wakeup = None
+        results: list[Result] = []
+        while self._finished:
+            task = self._finished.popleft()
+            name = self._tasks.pop(task)
+            if task.cancelled():
+                results.append(Interrupted(name))
+            else:
+                results.append(task.result())  # attempts only raise BaseExceptions
+        return results
+
+    async def _attempt(self, step: Step, start: Start, context: dict[str, Any]) -> Result:
+        name = step.name
+        self._preparing.add(name)
+        try:
+            if start.delay > 0:
+                await asyncio.sleep(start.delay)
+            if self.approval is not None and start.attempt == 1:
+                verdict = await ask(self.approval, name, step.metadata)
+                if not verdict.approved:
+                    return Denied(name, verdict.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return Failed(name, exc)
+        finally:
+            self._preparing.discard(name)
+        began = perf_counter()
+        try:
+            if step.timeout is None:
+                returned = await self._call(step, context)
+            else:
+                async with asyncio.timeout(step.timeout):
+                    returned = await self._call(step, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return Failed(name, exc, perf_counter() - began)
+        output, usage = split_result(returned)
+        return Succeeded(name, output, usage, perf_counter() - began)
+
+    @staticmethod
+    async def _call(step: Step, context: dict[str, Any]) -> Any:
+        if step.blocking:
+            returned = await asyncio.to_thread(step.run, context)
+        else:
+            returned = step.run(context)
+        if inspect.isawaitable(returned):
+            returned = await returned
+        return returned
+
+    def _cancel_preparing(self) -> None:
+        # A halted run starts nothing new: attempts still sleeping out a retry
+        # delay or waiting for approval have not begun their work, so stop them.
+        for task, name in self._tasks.items():
+            if name in self._preparing:
+                task.cancel()
+
+    # -- callbacks ----------------------------------------------------------
+
+    async def _emit(self, events: Iterable[Event]) -> None:
+        if self.trace is None:
+            return
+        for event in events:
+            try:
+                returned = self.trace(event)
+                if inspect.isawaitable(returned):
+                    await returned
+            except Exception as exc:
+                warnings.warn(
+                    TraceCallbackWarning(
+                        f"trace callback raised {type(exc).__name__}: {exc} "
+                        f"(event {type(event).__name__} dropped; the run goes on)"
+                    ),
+                    stacklevel=2,
+                )
+
+    async def _save(self, state: State) -> None:
+        checkpoint = checkpoint_of(state)
+        self.last_checkpoint = checkpoint
+        if self.checkpoint_fn is None:
+            return
+        try:
+            returned = self.checkpoint_fn(checkpoint)
+            if inspect.isawaitable(returned):
+                await returned
+        except Exception:
+            self._save_raised = True
+            raise
+        await self._emit((CheckpointSaved(checkpoint.step_index),))
+
+    # -- winding down -------------------------------------------------------
+
+    async def _wind_down(self, cause: BaseException) -> None:
+        """Cancel what is in flight, fold in what finished, save once more.
+
+        Runs on cancellation, KeyboardInterrupt, or an error from a callback.
+        Further cancellations while it runs are held back and re-raised after.
+        """
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        cancelled_again = False
+        if tasks:
+            _, cancelled_again = await _settle(asyncio.wait(tasks))
+        results: list[Result] = [Cancelled(type(cause).__name__)]
+        for task in tasks:
+            name = self._tasks.pop(task)
+            if task.cancelled():
+                results.append(Interrupted(name))
+            elif isinstance(task.exception(), BaseException):
+                results.append(Interrupted(name))
+            else:
+                results.append(task.result())
+        self._finished.clear()
+        state = self.state = apply(self.state, results)
+        for name, output in state.outputs.items():
+            self._all.setdefault(name, output)
+        # Calling a checkpoint_fn that just raised would most likely raise again
+        # and hide the first error; the previous checkpoint stands.
+        if not self._save_raised:
+            _, again = await _settle(self._save(state))
+            cancelled_again = cancelled_again or again
+        await self._emit(state.events)
+        if cancelled_again and not isinstance(cause, asyncio.CancelledError):
+            raise asyncio.CancelledError
