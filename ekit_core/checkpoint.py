@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ekit_core.ledger import Ledger
 from ekit_core.usage import TokenUsage
 
 __all__ = [
     "FORMAT_VERSION",
+    "CheckpointDelta",
     "CheckpointError",
     "FailureRecord",
     "UnsupportedFormatError",
@@ -82,6 +84,52 @@ class WorkflowCheckpoint:
     fingerprint: str | None = None
     graph: MappingProxyType[str, tuple[str, ...]] | None = None
     format_version: int = FORMAT_VERSION
+    # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
+    # checkpoint, so that deltas between checkpoints of one run cost O(delta).
+    _ledgers: tuple[Ledger[str, Any], Ledger[str, TokenUsage]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def delta_since(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
+        """What this checkpoint adds to ``previous``, an earlier checkpoint of the same run.
+
+        Costs O(what changed) when both came from one run of the core, O(outputs)
+        otherwise. ``extends`` is false when ``previous`` is not a prefix of this
+        checkpoint (another run, or an output that changed); the delta then
+        holds everything.
+        """
+        if previous is None:
+            return _full_delta(self, extends=True)
+        mine, theirs = self._ledgers, previous._ledgers
+        if mine is not None and theirs is not None:
+            outputs_ok = mine[0].extends(theirs[0])
+            usage_ok = mine[1].extends(theirs[1])
+            if outputs_ok and usage_ok:
+                new_outputs = mine[0].items_from(len(theirs[0]))
+                new_usage = mine[1].items_from(len(theirs[1]))
+            else:
+                return _full_delta(self, extends=False)
+        else:
+            if any(
+                k not in self.outputs or self.outputs[k] != v for k, v in previous.outputs.items()
+            ) or any(
+                k not in self.step_usage or self.step_usage[k] != v
+                for k, v in previous.step_usage.items()
+            ):
+                return _full_delta(self, extends=False)
+            new_outputs = [(k, v) for k, v in self.outputs.items() if k not in previous.outputs]
+            new_usage = [(k, v) for k, v in self.step_usage.items() if k not in previous.step_usage]
+        failures = {
+            k: f for k, f in self.failures.items() if previous.failures.get(k) != f
+        }
+        return CheckpointDelta(
+            extends=True,
+            outputs=tuple(new_outputs),
+            step_usage=tuple(new_usage),
+            failures=MappingProxyType(failures),
+            cost=self.cost - previous.cost,
+            context_changed=self.context != previous.context,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only: dicts, str, int and the outputs as given.
@@ -154,6 +202,34 @@ class WorkflowCheckpoint:
             graph=graph,
             format_version=version,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDelta:
+    """What a checkpoint adds to an earlier one: see :meth:`WorkflowCheckpoint.delta_since`.
+
+    ``outputs`` and ``step_usage`` list the new entries in completion order;
+    ``failures`` the records that are new or changed; ``cost`` the usage
+    added; ``context_changed`` whether the run's context differs.
+    """
+
+    extends: bool
+    outputs: tuple[tuple[str, Any], ...]
+    step_usage: tuple[tuple[str, TokenUsage], ...]
+    failures: MappingProxyType[str, FailureRecord]
+    cost: TokenUsage
+    context_changed: bool
+
+
+def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
+    return CheckpointDelta(
+        extends=extends,
+        outputs=tuple(cp.outputs.items()),
+        step_usage=tuple(cp.step_usage.items()),
+        failures=cp.failures,
+        cost=cp.cost,
+        context_changed=bool(cp.context),
+    )
 
 
 def _count(value: object, name: str) -> int:

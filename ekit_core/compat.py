@@ -9,6 +9,7 @@ carries no claim and is accepted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ekit_core.checkpoint import WorkflowCheckpoint
@@ -69,7 +70,7 @@ def graph_changes(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> GraphChan
     recorded = checkpoint.fingerprint
     if recorded is None or recorded == graph.fingerprint:
         return None
-    old = checkpoint.graph or {}
+    old: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     added = tuple(n for n in graph.names if old and n not in old)
     removed = tuple(n for n in old if n not in graph.index)
     changed = tuple(

@@ -65,7 +65,10 @@ class Ledger(Mapping[K, V]):
         return self._b.values[i]
 
     def __contains__(self, key: object) -> bool:
-        i = self._b.index.get(key)  # type: ignore[call-overload]
+        try:
+            i = self._b.index.get(key)  # type: ignore[arg-type]
+        except TypeError:  # unhashable keys are simply absent
+            return False
         return i is not None and i < self._n
 
     def __len__(self) -> int:
@@ -75,7 +78,34 @@ class Ledger(Mapping[K, V]):
         return islice(self._b.keys, self._n)
 
     def __repr__(self) -> str:
-        return f"Ledger({dict(self.items())!r})"
+        # Bounded: asyncio and loggers repr results in passing, and a run may
+        # hold many thousands of outputs.
+        shown = ", ".join(f"{k!r}: {v!r}" for k, v in self._slice(0, 8))
+        more = f", ... ({self._n} entries)" if self._n > 8 else ""
+        return f"Ledger({{{shown}{more}}})"
+
+    def items_from(self, start: int) -> list[tuple[K, V]]:
+        """The entries after the first ``start``, in insertion order, in O(len(result))."""
+        return self._slice(start, self._n)
+
+    def _slice(self, start: int, stop: int) -> list[tuple[K, V]]:
+        b = self._b
+        stop = min(stop, self._n)
+        start = max(0, min(start, stop))
+        return list(zip(b.keys[start:stop], b.values[start:stop], strict=True))
+
+    def extends(self, other: Ledger[K, V]) -> bool:
+        """Is ``other`` a prefix of this ledger? O(1) when they share storage."""
+        if other._n > self._n:
+            return False
+        if other._b is self._b:
+            return True
+        mine, theirs = self._b, other._b
+        return all(
+            mine.keys[i] == theirs.keys[i]
+            and (mine.values[i] is theirs.values[i] or mine.values[i] == theirs.values[i])
+            for i in range(other._n)
+        )
 
     def with_item(self, key: K, value: V) -> Ledger[K, V]:
         """A new ledger holding every entry of this one plus ``key: value``.

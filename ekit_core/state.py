@@ -10,8 +10,8 @@ resumed checkpoint restores, and what the durable projection of a state is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -28,7 +28,7 @@ from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
 
-__all__ = ["Halt", "Limits", "State", "checkpoint_of", "initial_state"]
+__all__ = ["Halt", "Incidents", "Limits", "RunSpec", "State", "checkpoint_of", "initial_state"]
 
 OUTCOMES = ("finished", "failed", "budget_exceeded", "denied", "cancelled")
 
@@ -53,75 +53,146 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class State:
-    """One moment of a run. Never mutated; transitions return new states.
-
-    ``ready`` and ``running`` are bit sets: bit ``i`` stands for
-    ``graph.names[i]``. ``tries`` counts failed attempts per step in this run
-    (what retry policies look at); ``failures`` is the durable record, which
-    also counts attempts of earlier runs. ``errors`` holds the exceptions of
-    failures that ended the run; ``events`` what the last transition did.
-    """
+class RunSpec:
+    """What does not change during a run: the graph, the limits, the context."""
 
     graph: GraphSpec
     limits: Limits
     context: MappingProxyType[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Incidents:
+    """What went wrong so far, and whether the run is halting.
+
+    ``failures`` is the durable record (attempts counted across runs);
+    ``tries`` counts failed attempts per step in this run (what retry
+    policies look at); ``delays`` holds the backoff before a retry;
+    ``errors`` the exceptions of failures that ended the run. Kept apart from
+    the hot fields of :class:`State` because it changes rarely.
+    """
+
+    failures: MappingProxyType[str, FailureRecord] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    tries: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    delays: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    halt: Halt | None = None
+    errors: tuple[tuple[str, BaseException], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """One moment of a run. Never mutated; transitions return new states.
+
+    ``ready`` and ``running`` are bit sets: bit ``i`` stands for
+    ``graph.names[i]``. ``events`` is what the transition that made this
+    state did. The properties below read through to :class:`RunSpec` and
+    :class:`Incidents`.
+    """
+
+    spec: RunSpec
     outputs: Ledger[str, Any]
     step_usage: Ledger[str, TokenUsage]
     completed: int
     cost: TokenUsage
     ready: int
     running: int
-    running_count: int
-    failures: MappingProxyType[str, FailureRecord]
-    tries: MappingProxyType[str, int]
-    delays: MappingProxyType[str, float]
-    halt: Halt | None
-    errors: tuple[tuple[str, BaseException], ...]
+    incidents: Incidents
     events: tuple[Event, ...]
+
+    @property
+    def graph(self) -> GraphSpec:
+        """The validated graph of the run."""
+        return self.spec.graph
+
+    @property
+    def limits(self) -> Limits:
+        """Concurrency, budget and retry policies of the run."""
+        return self.spec.limits
+
+    @property
+    def context(self) -> MappingProxyType[str, Any]:
+        """The run's initial context (recorded context merged with the one passed)."""
+        return self.spec.context
+
+    @property
+    def failures(self) -> MappingProxyType[str, FailureRecord]:
+        """Latest failure of each step that failed, with attempts across runs."""
+        return self.incidents.failures
+
+    @property
+    def tries(self) -> MappingProxyType[str, int]:
+        """Failed attempts per step in this run."""
+        return self.incidents.tries
+
+    @property
+    def delays(self) -> MappingProxyType[str, float]:
+        """Backoff (seconds) before the next attempt of steps awaiting a retry."""
+        return self.incidents.delays
+
+    @property
+    def halt(self) -> Halt | None:
+        """Why the run stopped starting steps, or ``None``."""
+        return self.incidents.halt
+
+    @property
+    def errors(self) -> tuple[tuple[str, BaseException], ...]:
+        """``(step, exception)`` for each failure that ended the run."""
+        return self.incidents.errors
+
+    @property
+    def running_count(self) -> int:
+        """Number of steps in flight."""
+        return self.running.bit_count()
 
     @property
     def total(self) -> int:
         """Number of steps in the graph."""
-        return len(self.graph.names)
+        return len(self.spec.graph.names)
 
     @property
     def finished(self) -> bool:
         """Every step's output is recorded."""
-        return self.completed == len(self.graph.names)
+        return self.completed == len(self.spec.graph.names)
 
     @property
     def settled(self) -> bool:
         """Nothing is in flight and nothing more will start: the run is over."""
-        return self.running_count == 0 and (self.finished or self.halt is not None)
+        return not self.running and (self.finished or self.incidents.halt is not None)
 
     @property
     def outcome(self) -> str | None:
         """``None`` while running; else one of ``finished``, ``failed``,
         ``budget_exceeded``, ``denied``, ``cancelled``."""
-        if not self.settled:
-            return None
-        if self.errors:
-            return "failed"
-        if self.finished or self.halt is None:
-            return "finished"
-        return self.halt.kind
+        return outcome_of(self.completed, self.total, self.running, self.incidents)
 
     def is_done(self, name: str) -> bool:
         """Is the output of step ``name`` recorded?"""
-        return name in self.graph.index and name in self.outputs
+        return name in self.spec.graph.index and name in self.outputs
 
     def running_steps(self) -> tuple[str, ...]:
         """Steps in flight, in declaration order."""
-        return tuple(self.graph.names[i] for i in bit_indices(self.running))
+        return tuple(self.spec.graph.names[i] for i in bit_indices(self.running))
 
     def ready_steps(self) -> tuple[str, ...]:
         """Steps whose dependencies are done and that wait to start, in declaration order."""
-        return tuple(self.graph.names[i] for i in bit_indices(self.ready))
+        return tuple(self.spec.graph.names[i] for i in bit_indices(self.ready))
 
     def attempt_of(self, name: str) -> int:
         """The attempt number the next (or current) attempt of ``name`` has in this run."""
-        return self.tries.get(name, 0) + 1
+        return self.incidents.tries.get(name, 0) + 1
+
+
+def outcome_of(completed: int, total: int, running: int, incidents: Incidents) -> str | None:
+    """How a run with these counts has ended, or ``None`` while it has not."""
+    if running or (completed < total and incidents.halt is None):
+        return None
+    if incidents.errors:
+        return "failed"
+    if completed == total or incidents.halt is None:
+        return "finished"
+    return incidents.halt.kind
 
 
 def bit_indices(bits: int, limit: int | None = None) -> list[int]:
@@ -243,34 +314,23 @@ def initial_state(
         and len(recorded) < len(names)
     ):
         halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
+    incidents = Incidents(failures=checkpoint.failures, halt=halt)
     events: list[Event] = [RunStarted(len(names), len(recorded))]
     events.extend(StepSkipped(n) for n in recorded)
-    state = State(
-        graph=graph,
-        limits=limits,
-        context=MappingProxyType(merged),
+    outcome = outcome_of(len(recorded), len(names), 0, incidents)
+    if outcome is not None:
+        events.append(RunFinished(outcome, len(recorded), len(names), checkpoint.cost))
+    return State(
+        spec=RunSpec(graph, limits, MappingProxyType(merged)),
         outputs=outputs,
         step_usage=step_usage,
         completed=len(recorded),
         cost=checkpoint.cost,
         ready=ready,
         running=0,
-        running_count=0,
-        failures=checkpoint.failures,
-        tries=MappingProxyType({}),
-        delays=MappingProxyType({}),
-        halt=halt,
-        errors=(),
-        events=(),
+        incidents=incidents,
+        events=tuple(events),
     )
-    outcome = state.outcome
-    if outcome is not None:
-        events.append(RunFinished(outcome, state.completed, state.total, state.cost))
-    return _with_events(state, events)
-
-
-def _with_events(state: State, events: Iterable[Event]) -> State:
-    return replace(state, events=tuple(events))
 
 
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
@@ -282,10 +342,11 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         step_index=state.completed,
         outputs=MappingProxyType(state.outputs),
         cost=state.cost,
-        context=state.context,
+        context=state.spec.context,
         step_usage=MappingProxyType(state.step_usage),
-        failures=state.failures,
-        fingerprint=state.graph.fingerprint,
-        graph=state.graph.deps,
+        failures=state.incidents.failures,
+        fingerprint=state.spec.graph.fingerprint,
+        graph=state.spec.graph.deps,
         format_version=FORMAT_VERSION,
+        _ledgers=(state.outputs, state.step_usage),
     )

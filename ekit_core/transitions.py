@@ -11,7 +11,7 @@ This module owns every scheduling decision the library makes:
   policy's delay, unless the run is halting;
 - a budget is reached when accumulated usage reaches any limited field.
 
-Both functions are pure: the input state is never changed, and the same
+All functions are pure: the input state is never changed, and the same
 inputs always give the same state and the same ``state.events``.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from types import MappingProxyType
 
 from ekit_core.checkpoint import FailureRecord
@@ -32,11 +33,12 @@ from ekit_core.events import (
     StepRetried,
     StepStarted,
 )
+from ekit_core.graph import GraphSpec
 from ekit_core.policy import NO_RETRY
 from ekit_core.results import Cancelled, Denied, Failed, Interrupted, Result, Start, Succeeded
-from ekit_core.state import Halt, State, bit_indices
+from ekit_core.state import Halt, Incidents, Limits, State, bit_indices, outcome_of
 
-__all__ = ["Batch", "apply", "plan"]
+__all__ = ["Batch", "advance", "apply", "plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,22 @@ class Batch:
 _EMPTY = Batch()
 
 
+def _choose(graph: GraphSpec, limits: Limits, ready: int, running: int, inc: Incidents) -> Batch:
+    if inc.halt is not None or not ready:
+        return _EMPTY
+    room = None
+    if limits.max_concurrency is not None:
+        room = limits.max_concurrency - running.bit_count()
+        if room <= 0:
+            return _EMPTY
+    names, tries, delays = graph.names, inc.tries, inc.delays
+    starts = []
+    for i in bit_indices(ready, room):
+        name = names[i]
+        starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)))
+    return Batch(tuple(starts))
+
+
 def plan(state: State) -> Batch:
     """The steps to start now.
 
@@ -67,23 +85,7 @@ def plan(state: State) -> Batch:
     halted, within ``max_concurrency``; lowest declaration index first.
     Hand the batch (or any prefix of it) back to :func:`apply` once started.
     """
-    if state.halt is not None or not state.ready:
-        return _EMPTY
-    limit = state.limits.max_concurrency
-    room = None if limit is None else limit - state.running_count
-    if room is not None and room <= 0:
-        return _EMPTY
-    names = state.graph.names
-    tries, delays = state.tries, state.delays
-    starts = []
-    for i in bit_indices(state.ready, room):
-        name = names[i]
-        starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)))
-    return Batch(tuple(starts))
-
-
-def _error_text(error: BaseException) -> tuple[str, str]:
-    return type(error).__qualname__, str(error)
+    return _choose(state.spec.graph, state.spec.limits, state.ready, state.running, state.incidents)
 
 
 def apply(state: State, results: Iterable[Result]) -> State:
@@ -93,143 +95,155 @@ def apply(state: State, results: Iterable[Result]) -> State:
     of a step that is not ready, an outcome of a step that is not in flight,
     an unknown step or result type); ``state`` is unchanged then too.
     """
-    graph = state.graph
-    index, names, deps, dependents = graph.index, graph.names, graph.deps, graph.dependents
-    limits = state.limits
+    return _fold(state, results, start_next=False)[0]
+
+
+def advance(state: State, results: Iterable[Result] = ()) -> tuple[State, Batch]:
+    """Fold ``results`` in, then start what :func:`plan` chooses, in one transition.
+
+    Equivalent to ``s = apply(state, results); b = plan(s); return apply(s, b.starts), b``
+    but builds one state instead of two: the shell's loop calls this once
+    per group of completions.
+    """
+    return _fold(state, results, start_next=True)
+
+
+def _bit(graph: GraphSpec, name: str) -> int:
+    i = graph.index.get(name)
+    if i is None:
+        raise ValueError(f"unknown step {name!r}")
+    return 1 << i
+
+
+def _not_in_flight(name: str, what: str) -> ValueError:
+    return ValueError(f"{what} for step {name!r}, which is not in flight")
+
+
+def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple[State, Batch]:
+    spec = state.spec
+    graph, limits = spec.graph, spec.limits
+    index, deps, dependents = graph.index, graph.deps, graph.dependents
+    total = len(graph.names)
     outputs, step_usage = state.outputs, state.step_usage
     completed, cost = state.completed, state.cost
-    ready, running, running_count = state.ready, state.running, state.running_count
-    failures, tries, delays = state.failures, state.tries, state.delays
-    halt, errors = state.halt, state.errors
-    total = len(names)
+    ready, running = state.ready, state.running
+    inc = state.incidents
     events: list[Event] = []
 
-    def bit_of(name: str) -> int:
-        i = index.get(name)
-        if i is None:
-            raise ValueError(f"unknown step {name!r}")
-        return 1 << i
-
-    def in_flight(name: str, what: str) -> int:
-        bit = bit_of(name)
-        if not running & bit:
-            raise ValueError(f"{what} for step {name!r}, which is not in flight")
-        return bit
-
     for result in results:
-        if isinstance(result, Start):
+        if isinstance(result, Succeeded):
             name = result.name
-            bit = bit_of(name)
-            if halt is not None:
-                raise ValueError(f"cannot start step {name!r}: the run is halted ({halt.kind})")
-            if not ready & bit:
-                raise ValueError(f"cannot start step {name!r}: it is not ready")
-            if limits.max_concurrency is not None and running_count >= limits.max_concurrency:
-                raise ValueError(
-                    f"cannot start step {name!r}: {running_count} steps in flight "
-                    f"is the max_concurrency"
-                )
-            ready ^= bit
-            running |= bit
-            running_count += 1
-            delay = delays.get(name, 0.0)
-            if name in delays:
-                delays = MappingProxyType({k: v for k, v in delays.items() if k != name})
-            events.append(StepStarted(name, tries.get(name, 0) + 1, delay))
-        elif isinstance(result, Succeeded):
-            name = result.name
-            bit = in_flight(name, "success reported")
+            bit = _bit(graph, name)
+            if not running & bit:
+                raise _not_in_flight(name, "success reported")
             running ^= bit
-            running_count -= 1
+            usage = result.usage
             outputs = outputs.with_item(name, result.output)
-            step_usage = step_usage.with_item(name, result.usage)
+            step_usage = step_usage.with_item(name, usage)
             completed += 1
-            cost = cost + result.usage
-            events.append(
-                StepFinished(name, tries.get(name, 0) + 1, result.usage, result.duration)
-            )
+            if not usage.is_zero():
+                cost = cost + usage
+            events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, result.duration))
             for child in dependents[name]:
                 if child not in outputs and all(d in outputs for d in deps[child]):
                     ready |= 1 << index[child]
+            budget = limits.budget
             if (
-                halt is None
-                and limits.budget is not None
+                budget is not None
+                and inc.halt is None
                 and completed < total
-                and limits.budget.reached(cost)
+                and budget.reached(cost)
             ):
-                halt = Halt("budget_exceeded", reason=f"usage {cost} reached budget {limits.budget}")
+                inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
+        elif isinstance(result, Start):
+            name = result.name
+            bit = _bit(graph, name)
+            if inc.halt is not None:
+                raise ValueError(f"cannot start step {name!r}: the run is halted ({inc.halt.kind})")
+            if not ready & bit:
+                raise ValueError(f"cannot start step {name!r}: it is not ready")
+            if limits.max_concurrency is not None and running.bit_count() >= limits.max_concurrency:
+                raise ValueError(
+                    f"cannot start step {name!r}: max_concurrency={limits.max_concurrency} in flight"
+                )
+            ready ^= bit
+            running |= bit
+            events.append(_started(name, inc))
+            if name in inc.delays:
+                inc = _without_delay(inc, name)
         elif isinstance(result, Failed):
             name = result.name
-            bit = in_flight(name, "failure reported")
+            bit = _bit(graph, name)
+            if not running & bit:
+                raise _not_in_flight(name, "failure reported")
             running ^= bit
-            running_count -= 1
-            attempt = tries.get(name, 0) + 1
-            tries = MappingProxyType({**tries, name: attempt})
-            error_type, message = _error_text(result.error)
-            previous = failures.get(name)
-            failures = MappingProxyType(
-                {
-                    **failures,
-                    name: FailureRecord(
-                        error_type, message, (previous.attempts if previous else 0) + 1
-                    ),
-                }
+            attempt = inc.tries.get(name, 0) + 1
+            error_type, message = type(result.error).__qualname__, str(result.error)
+            previous = inc.failures.get(name)
+            record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1)
+            inc = _replace(
+                inc,
+                failures=MappingProxyType({**inc.failures, name: record}),
+                tries=MappingProxyType({**inc.tries, name: attempt}),
             )
             policy = limits.policies.get(name, NO_RETRY)
-            if halt is None and policy.retries(result.error, attempt):
+            if inc.halt is None and policy.retries(result.error, attempt):
                 delay = policy.delay(attempt)
                 ready |= bit
-                delays = MappingProxyType({**delays, name: delay})
-                events.append(
-                    StepRetried(name, attempt, error_type, message, delay, result.duration)
-                )
+                inc = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
+                events.append(StepRetried(name, attempt, error_type, message, delay, result.duration))
             else:
-                errors = (*errors, (name, result.error))
                 events.append(StepFailed(name, attempt, error_type, message, result.duration))
-                if halt is None:
-                    halt = Halt("failed", name, f"{error_type}: {message}")
+                inc = _replace(
+                    inc,
+                    errors=(*inc.errors, (name, result.error)),
+                    halt=inc.halt or Halt("failed", name, f"{error_type}: {message}"),
+                )
         elif isinstance(result, Denied):
             name = result.name
-            bit = in_flight(name, "denial reported")
+            bit = _bit(graph, name)
+            if not running & bit:
+                raise _not_in_flight(name, "denial reported")
             running ^= bit
-            running_count -= 1
             ready |= bit
             events.append(StepDenied(name, result.reason))
-            if halt is None:
-                halt = Halt("denied", name, result.reason)
+            if inc.halt is None:
+                inc = _replace(inc, halt=Halt("denied", name, result.reason))
         elif isinstance(result, Interrupted):
             name = result.name
-            bit = in_flight(name, "interruption reported")
+            bit = _bit(graph, name)
+            if not running & bit:
+                raise _not_in_flight(name, "interruption reported")
             running ^= bit
-            running_count -= 1
             ready |= bit
             events.append(StepInterrupted(name))
         elif isinstance(result, Cancelled):
-            if halt is None:
-                halt = Halt("cancelled", reason=result.reason)
+            if inc.halt is None:
+                inc = _replace(inc, halt=Halt("cancelled", reason=result.reason))
         else:
-            raise ValueError(f"apply() cannot fold {type(result).__name__} {result!r}")
+            raise ValueError(f"cannot fold {type(result).__name__} {result!r} into a state")
 
-    new = State(
-        graph=graph,
-        limits=limits,
-        context=state.context,
-        outputs=outputs,
-        step_usage=step_usage,
-        completed=completed,
-        cost=cost,
-        ready=ready,
-        running=running,
-        running_count=running_count,
-        failures=failures,
-        tries=tries,
-        delays=delays,
-        halt=halt,
-        errors=errors,
-        events=(),
-    )
-    outcome = new.outcome
+    batch = _EMPTY
+    if start_next:
+        batch = _choose(graph, limits, ready, running, inc)
+        for start in batch.starts:
+            bit = 1 << index[start.name]
+            ready ^= bit
+            running |= bit
+            events.append(_started(start.name, inc))
+            if start.name in inc.delays:
+                inc = _without_delay(inc, start.name)
+
+    outcome = outcome_of(completed, total, running, inc)
     if outcome is not None and not state.settled:
         events.append(RunFinished(outcome, completed, total, cost))
-    object.__setattr__(new, "events", tuple(events))
-    return new
+    new = State(spec, outputs, step_usage, completed, cost, ready, running, inc, tuple(events))
+    return new, batch
+
+
+def _started(name: str, inc: Incidents) -> StepStarted:
+    return StepStarted(name, inc.tries.get(name, 0) + 1, inc.delays.get(name, 0.0))
+
+
+def _without_delay(inc: Incidents, name: str) -> Incidents:
+    return _replace(inc, delays=MappingProxyType({k: v for k, v in inc.delays.items() if k != name}))

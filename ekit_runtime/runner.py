@@ -14,11 +14,12 @@ import asyncio
 import inspect
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from time import perf_counter
 from typing import Any, TypeAlias
 
 from ekit_core import (
+    Batch,
     Cancelled,
     CheckpointSaved,
     Denied,
@@ -28,12 +29,11 @@ from ekit_core import (
     Result,
     Start,
     State,
-    StepFinished,
     Succeeded,
     WorkflowCheckpoint,
+    advance,
     apply,
     checkpoint_of,
-    plan,
 )
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.errors import TraceCallbackWarning
@@ -76,6 +76,9 @@ class Runner:
     ) -> None:
         self.steps = steps
         self.state = state
+        # initial_state recorded RunStarted and the skips; advance() replaces
+        # the events with its own, so keep these to hand to the trace first.
+        self._initial_events = state.events
         self.checkpoint_fn = checkpoint_fn
         self.approval = approval
         self.trace = trace
@@ -95,50 +98,52 @@ class Runner:
 
     # -- the loop -----------------------------------------------------------
 
-    async def states(self) -> AsyncIterator[State]:
-        """Drive the run, yielding each state that follows a batch of completions."""
-        state = self.state
-        await self._emit(state.events)
+    async def states(self) -> AsyncGenerator[State, None]:
+        """Drive the run, yielding each state that follows a group of completions."""
+        trace = self.trace
         try:
+            state, batch = advance(self.state)
+            self.state = state
+            if trace is not None:
+                await self._emit(self._initial_events + state.events)
+            self._launch_all(batch)
             while not state.settled:
-                batch = plan(state)
-                if batch:
-                    state = self.state = apply(state, batch.starts)
-                    await self._emit(state.events)
-                    for start in batch.starts:
-                        self._launch(start)
                 if not self._tasks:
                     raise RuntimeError("ekit: nothing can start and nothing is running")
-                state = self.state = apply(state, await self._completions())
-                for event in state.events:
-                    if isinstance(event, StepFinished):
-                        self._all[event.name] = state.outputs[event.name]
-                if state.halt is not None:
+                results = await self._completions()
+                state, batch = advance(state, results)
+                self.state = state
+                if state.incidents.halt is not None:
                     self._cancel_preparing()
-                await self._emit(state.events)
+                self._launch_all(batch)
+                if trace is not None:
+                    await self._emit(state.events)
                 await self._save(state)
                 yield state
         except BaseException as exc:
             await self._wind_down(exc)
             raise
 
-    def _launch(self, start: Start) -> None:
-        step = self.steps[start.name]
-        if step.context == "all":
-            context = self._all.copy()
-        else:
-            context = self._base.copy()
-            outputs = self.state.outputs
-            for dep in step.depends_on:
-                context[dep] = outputs[dep]
-        task = asyncio.create_task(self._attempt(step, start, context), name=f"ekit:{step.name}")
-        self._tasks[task] = step.name
-        task.add_done_callback(self._on_done)
+    def _launch_all(self, batch: Batch) -> None:
+        everything = self._all
+        for start in batch.starts:
+            step = self.steps[start.name]
+            if step.context == "all":
+                context = everything.copy()
+            else:
+                context = self._base.copy()
+                outputs = self.state.outputs
+                for dep in step.depends_on:
+                    context[dep] = outputs[dep]
+            task = asyncio.create_task(self._attempt(step, start, context))
+            self._tasks[task] = step.name
+            task.add_done_callback(self._on_done)
 
     def _on_done(self, task: asyncio.Task[Result]) -> None:
         self._finished.append(task)
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     async def _completions(self) -> list[Result]:
         while not self._finished:
@@ -146,40 +151,45 @@ class Runner:
             await self._wakeup
         self._wakeup = None
         results: list[Result] = []
-        while self._finished:
-            task = self._finished.popleft()
-            name = self._tasks.pop(task)
+        everything, finished, tasks = self._all, self._finished, self._tasks
+        while finished:
+            task = finished.popleft()
+            name = tasks.pop(task)
             if task.cancelled():
                 results.append(Interrupted(name))
-            else:
-                results.append(task.result())  # attempts only raise BaseExceptions
+                continue
+            result = task.result()  # attempts raise only BaseExceptions
+            if isinstance(result, Succeeded):
+                everything[name] = result.output
+            results.append(result)
         return results
 
     async def _attempt(self, step: Step, start: Start, context: dict[str, Any]) -> Result:
         name = step.name
-        self._preparing.add(name)
-        try:
-            if start.delay > 0:
-                await asyncio.sleep(start.delay)
-            if self.approval is not None and start.attempt == 1:
-                verdict = await ask(self.approval, name, step.metadata)
-                if not verdict.approved:
-                    return Denied(name, verdict.reason)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return Failed(name, exc)
-        finally:
-            self._preparing.discard(name)
+        if start.delay > 0 or (self.approval is not None and start.attempt == 1):
+            self._preparing.add(name)
+            try:
+                if start.delay > 0:
+                    await asyncio.sleep(start.delay)
+                if self.approval is not None and start.attempt == 1:
+                    verdict = await ask(self.approval, name, step.metadata)
+                    if not verdict.approved:
+                        return Denied(name, verdict.reason)
+            except Exception as exc:
+                return Failed(name, exc)
+            finally:
+                self._preparing.discard(name)
         began = perf_counter()
         try:
-            if step.timeout is None:
-                returned = await self._call(step, context)
-            else:
+            if step.timeout is not None:
                 async with asyncio.timeout(step.timeout):
                     returned = await self._call(step, context)
-        except asyncio.CancelledError:
-            raise
+            elif step.blocking:
+                returned = await self._call(step, context)
+            else:
+                returned = step.run(context)
+                if inspect.isawaitable(returned):
+                    returned = await returned
         except Exception as exc:
             return Failed(name, exc, perf_counter() - began)
         output, usage = split_result(returned)
@@ -233,7 +243,8 @@ class Runner:
         except Exception:
             self._save_raised = True
             raise
-        await self._emit((CheckpointSaved(checkpoint.step_index),))
+        if self.trace is not None:
+            await self._emit((CheckpointSaved(checkpoint.step_index),))
 
     # -- winding down -------------------------------------------------------
 
@@ -252,21 +263,18 @@ class Runner:
         results: list[Result] = [Cancelled(type(cause).__name__)]
         for task in tasks:
             name = self._tasks.pop(task)
-            if task.cancelled():
-                results.append(Interrupted(name))
-            elif isinstance(task.exception(), BaseException):
+            if task.cancelled() or task.exception() is not None:
                 results.append(Interrupted(name))
             else:
                 results.append(task.result())
         self._finished.clear()
         state = self.state = apply(self.state, results)
-        for name, output in state.outputs.items():
-            self._all.setdefault(name, output)
         # Calling a checkpoint_fn that just raised would most likely raise again
         # and hide the first error; the previous checkpoint stands.
         if not self._save_raised:
             _, again = await _settle(self._save(state))
             cancelled_again = cancelled_again or again
-        await self._emit(state.events)
+        if self.trace is not None:
+            await self._emit(state.events)
         if cancelled_again and not isinstance(cause, asyncio.CancelledError):
             raise asyncio.CancelledError

@@ -9,7 +9,7 @@ settled state into a result or the documented exception.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -166,7 +166,7 @@ class Workflow:
         approval: ApprovalFn | None = None,
         trace: TraceFn | None = None,
         allow_graph_change: bool = False,
-    ) -> AsyncIterator[State]:
+    ) -> AsyncGenerator[State, None]:
         """Run like :meth:`run`, yielding the core :class:`~ekit_core.State` after
         each group of completions (its checkpoint already handed to ``checkpoint_fn``).
 

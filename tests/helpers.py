@@ -1,0 +1,47 @@
+"""Test helpers for the runtime: steps whose completion the test controls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from ekit_runtime import PatternResult, TokenUsage
+
+
+async def until(condition: Callable[[], bool], *, turns: int = 10_000) -> None:
+    """Yield to the event loop until ``condition()`` holds (no wall-clock waiting)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never became true")
+
+
+class Gates:
+    """Steps that record their start and finish only when the test releases them."""
+
+    def __init__(self) -> None:
+        self.events: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.started: list[str] = []
+        self.finished: list[str] = []
+        self.contexts: dict[str, dict[str, Any]] = {}
+
+    def step(self, name: str, *, usage: TokenUsage | None = None) -> Callable[[dict[str, Any]], Any]:
+        async def run(context: dict[str, Any]) -> Any:
+            self.started.append(name)
+            self.contexts[name] = dict(context)
+            await self.events[name].wait()
+            self.finished.append(name)
+            value = f"<{name}>"
+            return PatternResult(value, cost=usage) if usage is not None else value
+
+        return run
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            self.events[name].set()
+
+    def running(self) -> set[str]:
+        return set(self.started) - set(self.finished)
