@@ -1,0 +1,97 @@
+"""Child process of the store crash tests (tests/test_stores_crash.py).
+
+``python crash_child.py KIND PATH START_LOG SEED`` loads the latest checkpoint
+from a store of KIND at PATH, prints ``ready``, then resumes a 30-step workflow
+(chains and fan-outs) that saves through the store after every group of
+completions. Each step appends its name to START_LOG when it starts, so the
+parent can prove that no recorded step ever started again. The parent kills
+this process with SIGKILL at a random moment; the outputs are deterministic
+whatever the timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import sys
+from typing import Any
+
+from ekit_runtime import JournalStore, JsonFileStore, SqliteStore, Step, Workflow
+
+KINDS = ("json", "journal", "sqlite")
+RUN_ID = "crash-run"
+
+# name -> dependencies: a root, a fan-out of 6, a join, a chain, a fan-out of 8,
+# a join, and a closing chain.
+GRAPH: dict[str, tuple[str, ...]] = {"s00": ()}
+GRAPH.update({f"s{i:02d}": ("s00",) for i in range(1, 7)})
+GRAPH["s07"] = tuple(f"s{i:02d}" for i in range(1, 7))
+GRAPH.update({f"s{i:02d}": (f"s{i - 1:02d}",) for i in range(8, 15)})
+GRAPH.update({f"s{i:02d}": ("s14",) for i in range(15, 23)})
+GRAPH["s23"] = tuple(f"s{i:02d}" for i in range(15, 23))
+GRAPH.update({f"s{i:02d}": (f"s{i - 1:02d}",) for i in range(24, 30)})
+
+
+def make_store(kind: str, path: str) -> Any:
+    """The store the crash test exercises, as the child and the parent both open it."""
+    if kind == "json":
+        return JsonFileStore(path)
+    if kind == "journal":
+        return JournalStore(path)
+    if kind == "sqlite":
+        return SqliteStore(path, run_id=RUN_ID)
+    raise ValueError(f"unknown store kind {kind!r}")
+
+
+def output_of(name: str, dep_digests: list[str]) -> dict[str, Any]:
+    """The deterministic output of step ``name`` given its dependencies' digests."""
+    digest = hashlib.sha256((name + "|" + ",".join(dep_digests)).encode()).hexdigest()
+    # Sizes vary from a few bytes to ~40 KB so that kills land inside long writes too.
+    size = int(digest[:4], 16) % 4 * (int(name[1:]) % 5) * 700
+    return {"step": name, "digest": digest, "text": "ü€𝄞 " * size + name}
+
+
+def expected_outputs() -> dict[str, Any]:
+    """Every step's output in an uninterrupted run."""
+    outputs: dict[str, Any] = {}
+    for name, deps in GRAPH.items():
+        outputs[name] = output_of(name, [outputs[d]["digest"] for d in deps])
+    return outputs
+
+
+def build(log_fd: int, rng: random.Random) -> Workflow:
+    """The workflow, logging each start to ``log_fd`` and sleeping a random instant."""
+
+    def body(name: str, deps: tuple[str, ...]) -> Any:
+        async def run(ctx: dict[str, Any]) -> dict[str, Any]:
+            os.write(log_fd, f"{name}\n".encode())
+            await asyncio.sleep(rng.random() * 0.003)
+            return output_of(name, [ctx[d]["digest"] for d in deps])
+
+        return run
+
+    return Workflow(
+        [
+            Step(name, body(name, deps), deps, context="dependencies")
+            for name, deps in GRAPH.items()
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Resume the run from the store, saving after every step."""
+    kind, path, log_path, seed = argv
+    store = make_store(kind, path)
+    checkpoint = store.load()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    workflow = build(log_fd, random.Random(int(seed)))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    workflow.run_sync(checkpoint_fn=store, resume_from=checkpoint)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,538 @@
+"""Round trips, failure modes and the journal format of ``ekit_runtime.stores``.
+
+The crash tests (SIGKILL at random moments) live in test_stores_crash.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sqlite3
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ekit_core import CheckpointError
+from ekit_core.checkpoint import FailureRecord
+from ekit_runtime import (
+    CorruptStoreError,
+    JournalStore,
+    JsonFileStore,
+    PatternResult,
+    SqliteStore,
+    Step,
+    TokenUsage,
+    UnencodableError,
+    Workflow,
+    WorkflowCheckpoint,
+)
+
+Factory = Callable[..., Any]
+
+
+def _json(folder: Path, **kw: Any) -> JsonFileStore:
+    return JsonFileStore(folder / "cp.json", **kw)
+
+
+def _journal(folder: Path, **kw: Any) -> JournalStore:
+    return JournalStore(folder / "cp.jsonl", **kw)
+
+
+def _sqlite(folder: Path, **kw: Any) -> SqliteStore:
+    return SqliteStore(folder / "cp.db", run_id="run-1", **kw)
+
+
+FACTORIES = {"json": _json, "journal": _journal, "sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(FACTORIES))
+def make(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    """A function opening the store under test in a fresh folder (same file every call)."""
+    factory = FACTORIES[request.param]
+    return lambda **kw: factory(tmp_path, **kw)
+
+
+def _value(name: str) -> Any:
+    return {
+        "name": name,
+        "text": f"héllo wörld ✓ 日本語 🚀 {name}",
+        "nested": [1, 2.5, None, True, {"k": ["é", -3]}],
+    }
+
+
+def _diamond(values: Callable[[str], Any] = _value) -> Workflow:
+    def body(name: str) -> Any:
+        async def run(ctx: dict[str, Any]) -> Any:
+            return PatternResult(values(name), cost=TokenUsage(10, 5, 1))
+
+        return run
+
+    deps = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c"), "e": ("d",)}
+    return Workflow([Step(n, body(n), d) for n, d in deps.items()])
+
+
+def _run(workflow: Workflow, store: Any, **kw: Any) -> list[WorkflowCheckpoint]:
+    seen: list[WorkflowCheckpoint] = []
+
+    def save(cp: WorkflowCheckpoint) -> None:
+        seen.append(cp)
+        store(cp)
+
+    workflow.run_sync(checkpoint_fn=save, **kw)
+    return seen
+
+
+# -- round trips --------------------------------------------------------------
+
+
+def test_nothing_saved_loads_none(make: Factory) -> None:
+    assert make().load() is None
+
+
+def test_round_trip_every_save(make: Factory) -> None:
+    store = make()
+    seen: list[WorkflowCheckpoint] = []
+
+    def save(cp: WorkflowCheckpoint) -> None:
+        store(cp)
+        seen.append(cp)
+        # A fresh store object (as a new process would open) reads what was saved.
+        assert make().load() == cp
+
+    _diamond().run_sync({"user": "Zoë ☃"}, checkpoint_fn=save)
+    final = make().load()
+    assert final == seen[-1]
+    assert final.cost == TokenUsage(50, 25, 5)
+    assert dict(final.context) == {"user": "Zoë ☃"}
+    assert final.outputs["e"]["text"].endswith("🚀 e")
+
+
+def test_large_outputs(make: Factory) -> None:
+    big = "ß" * 1_000_000 + "\n\t\"'\\ end"
+    _run(_diamond(lambda n: big + n), make(durable=False))
+    loaded = make().load()
+    assert loaded.outputs["e"] == big + "e"
+    assert len(loaded.outputs) == 5
+
+
+def test_resume_from_loaded_checkpoint_skips_recorded_steps(make: Factory) -> None:
+    started: list[str] = []
+
+    def body(name: str) -> Any:
+        def run(ctx: dict[str, Any]) -> str:
+            started.append(name)
+            if name == "c" and ctx.get("fail", False):
+                raise RuntimeError("boom")
+            return name.upper()
+
+        return run
+
+    deps = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")}
+    workflow = Workflow([Step(n, body(n), d) for n, d in deps.items()])
+    with pytest.raises(RuntimeError, match="boom"):
+        workflow.run_sync({"fail": True}, checkpoint_fn=make(), max_concurrency=1)
+    failed = make().load()
+    assert set(failed.outputs) == {"a", "b"}
+    assert failed.failures["c"].error_type == "RuntimeError"
+    started.clear()
+    store = make()
+    result = workflow.run_sync(
+        {"fail": False}, checkpoint_fn=store, resume_from=store.load()
+    )
+    assert started == ["c", "d"]
+    assert make().load() == result.checkpoint
+    assert dict(make().load().outputs) == {"a": "A", "b": "B", "c": "C", "d": "D"}
+
+
+def test_executionkit_three_key_format(make: Factory) -> None:
+    legacy = {
+        "step_index": 2,
+        "outputs": {"a": "A ✓", "b": {"n": [1, 2]}},
+        "cost": {"input_tokens": 7, "output_tokens": 3, "llm_calls": 2},
+    }
+    checkpoint = WorkflowCheckpoint.from_dict(legacy)
+    store = make()
+    store(checkpoint)
+    loaded = make().load()
+    assert loaded == checkpoint
+    assert {k: loaded.to_dict()[k] for k in legacy} == legacy
+    workflow = Workflow(
+        [
+            Step("a", lambda ctx: "never"),
+            Step("b", lambda ctx: "never", ("a",)),
+            Step("c", lambda ctx: ctx["a"] + "!", ("b",)),
+        ]
+    )
+    result = workflow.run_sync(resume_from=loaded, checkpoint_fn=make())
+    assert dict(result.outputs) == {"a": "A ✓", "b": {"n": [1, 2]}, "c": "A ✓!"}
+    assert make().load().cost == TokenUsage(7, 3, 2)
+
+
+def test_json_file_holds_plain_checkpoint_dict(tmp_path: Path) -> None:
+    store = JsonFileStore(tmp_path / "cp.json")
+    seen = _run(_diamond(), store)
+    raw = (tmp_path / "cp.json").read_text(encoding="utf-8")
+    assert "日本語" in raw  # ensure_ascii=False: text stays readable
+    assert json.loads(raw) == seen[-1].to_dict()
+    legacy = {"step_index": 0, "outputs": {}, "cost": {"input_tokens": 0, "output_tokens": 0,
+                                                        "llm_calls": 0}}
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    assert JsonFileStore(tmp_path / "legacy.json").load() == WorkflowCheckpoint.from_dict(legacy)
+
+
+# -- what cannot be encoded -------------------------------------------------------
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    "bad", [Opaque(), "lone \ud800 surrogate", float("nan"), {"k": {1, 2}}], ids=repr
+)
+def test_unencodable_output_names_step_and_leaves_store_untouched(make: Factory, bad: Any) -> None:
+    workflow = _diamond(lambda n: bad if n == "d" else n)
+    store = make()
+    with pytest.raises(ValueError, match="'d'") as info:
+        workflow.run_sync(checkpoint_fn=store, max_concurrency=1)
+    assert isinstance(info.value, UnencodableError)
+    assert info.value.step == "d"
+    before = make().load()
+    assert set(before.outputs) == {"a", "b", "c"}
+    # The store still works after the refusal, and the file is intact.
+    resumed = _diamond().run_sync(checkpoint_fn=store, resume_from=before)
+    assert make().load() == resumed.checkpoint
+
+
+def test_unencodable_context_is_named(make: Factory) -> None:
+    with pytest.raises(UnencodableError, match=r"context key 'when'"):
+        _diamond().run_sync({"when": Opaque()}, checkpoint_fn=make())
+    assert make().load() is None
+
+
+def test_custom_dumps_and_loads_for_rich_types(make: Factory) -> None:
+    def default(obj: object) -> Any:
+        if isinstance(obj, dt.date):
+            return {"$date": obj.isoformat()}
+        raise TypeError(f"{type(obj).__name__} is not JSON")
+
+    def hook(obj: dict[str, Any]) -> Any:
+        return dt.date.fromisoformat(obj["$date"]) if set(obj) == {"$date"} else obj
+
+    def dumps(data: Any) -> str:
+        return json.dumps(data, default=default, ensure_ascii=False)
+
+    def loads(text: str) -> Any:
+        return json.loads(text, object_hook=hook)
+
+    day = dt.date(2024, 2, 29)
+    seen = _run(_diamond(lambda n: {"n": n, "day": day}), make(dumps=dumps, loads=loads))
+    loaded = make(dumps=dumps, loads=loads).load()
+    assert loaded == seen[-1]
+    assert loaded.outputs["e"]["day"] == day
+
+
+def test_save_rejects_non_checkpoint(make: Factory) -> None:
+    with pytest.raises(ValueError, match="WorkflowCheckpoint"):
+        make().save({"step_index": 0})
+
+
+# -- JSON file -------------------------------------------------------------------
+
+
+def test_json_file_failed_replace_keeps_previous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JsonFileStore(tmp_path / "cp.json")
+    seen = _run(_diamond(), store)
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    bigger = WorkflowCheckpoint(6, MappingProxyType({**seen[-1].outputs, "f": 1}))
+    with pytest.raises(OSError, match="disk gone"):
+        store(bigger)
+    monkeypatch.undo()
+    assert JsonFileStore(tmp_path / "cp.json").load() == seen[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json"]  # no temp file left
+
+
+def test_json_file_fsyncs_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    JsonFileStore(tmp_path / "cp.json")(WorkflowCheckpoint(0, MappingProxyType({})))
+    assert len(synced) == 2
+    synced.clear()
+    JsonFileStore(tmp_path / "cp.json", durable=False)(WorkflowCheckpoint(0, MappingProxyType({})))
+    assert synced == []
+
+
+def test_json_file_garbage_is_a_value_error(tmp_path: Path) -> None:
+    (tmp_path / "cp.json").write_bytes(b'{"step_index": 1, "outp')
+    with pytest.raises(CorruptStoreError, match=r"cp\.json"):
+        JsonFileStore(tmp_path / "cp.json").load()
+    (tmp_path / "cp.json").write_text('{"step_index": 1, "outputs": {}}')
+    with pytest.raises(CheckpointError, match="cost"):
+        JsonFileStore(tmp_path / "cp.json").load()
+
+
+# -- journal ---------------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line)["r"] for line in path.read_bytes().splitlines()]
+
+
+def test_journal_appends_only_deltas(tmp_path: Path) -> None:
+    store = JournalStore(tmp_path / "cp.jsonl")
+    seen = _run(_diamond(), store, max_concurrency=1)
+    records = _lines(tmp_path / "cp.jsonl")
+    assert [r["kind"] for r in records] == ["full"] + ["delta"] * (len(seen) - 1)
+    assert list(records[0]["outputs"]) == ["a"]
+    assert [list(r["outputs"]) for r in records[1:]] == [["b"], ["c"], ["d"], ["e"]]
+    assert all(r["cost"] == {"input_tokens": 10, "output_tokens": 5, "llm_calls": 1}
+               for r in records[1:])
+
+
+def test_journal_resumed_in_new_process_writes_full_then_deltas(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    workflow = _diamond()
+    first = JournalStore(path)
+
+    def stop(cp: WorkflowCheckpoint) -> None:
+        first(cp)
+        if cp.step_index == 2:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        workflow.run_sync(checkpoint_fn=stop, max_concurrency=1)
+    # A new process, no load(): its first save has no in-memory previous.
+    fresh = JournalStore(path)
+    done = workflow.run_sync(checkpoint_fn=fresh, resume_from=JournalStore(path).load(),
+                             max_concurrency=1)
+    # c, d and e ran: the first save rewrote the journal in full.
+    assert [r["kind"] for r in _lines(path)] == ["full", "delta", "delta"]
+    assert list(_lines(path)[0]["outputs"]) == ["a", "b", "c"]
+    assert JournalStore(path).load() == done.checkpoint
+    # After load(), the same object appends deltas against what it read.
+    again = JournalStore(path)
+    cp = again.load()
+    assert cp is not None
+    again(WorkflowCheckpoint(6, MappingProxyType({**cp.outputs, "x": 1}), cp.cost,
+                             cp.context, cp.step_usage, cp.failures, cp.fingerprint, cp.graph))
+    assert [r["kind"] for r in _lines(path)][-1] == "delta"
+    assert JournalStore(path).load().outputs["x"] == 1
+
+
+def test_journal_torn_tail_at_every_offset(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    seen = _run(_diamond(), JournalStore(path), max_concurrency=1)
+    raw = path.read_bytes()
+    ends = [i + 1 for i, b in enumerate(raw) if b == ord("\n")]
+    assert len(ends) == len(seen)
+    for cut in range(ends[0], len(raw) + 1):
+        path.write_bytes(raw[:cut])
+        store = JournalStore(path)
+        complete = sum(1 for e in ends if e <= cut)
+        assert store.load() == seen[complete - 1]
+        assert store.torn_tail == cut - ends[complete - 1]
+        # The next append cuts the torn bytes off first.
+        store(seen[-1])
+        again = JournalStore(path)
+        assert again.load() == seen[-1]
+        assert again.torn_tail == 0
+
+
+def test_journal_damaged_middle_line_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    _run(_diamond(), JournalStore(path), max_concurrency=1)
+    lines = path.read_bytes().splitlines(keepends=True)
+    # One flipped bit inside a line that is followed by others: not a crash.
+    line = bytearray(lines[2])
+    line[line.index(b"kind") + 1] ^= 1
+    lines[2] = bytes(line)
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(CorruptStoreError, match="line 3") as info:
+        JournalStore(path).load()
+    assert info.value.line == 3
+
+
+def test_journal_delta_before_full_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    _run(_diamond(), JournalStore(path), max_concurrency=1)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[1:]))
+    with pytest.raises(CorruptStoreError, match="line 1"):
+        JournalStore(path).load()
+
+
+def test_journal_compact(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    store = JournalStore(path)
+    seen = _run(_diamond(), store, max_concurrency=1)
+    assert JournalStore(path).compact() == seen[-1]
+    assert [r["kind"] for r in _lines(path)] == ["full"]
+    assert JournalStore(path).load() == seen[-1]
+    assert JournalStore(tmp_path / "none.jsonl").compact() is None
+
+
+def test_journal_compact_after(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    seen = _run(_diamond(), JournalStore(path, compact_after=2), max_concurrency=1)
+    assert [r["kind"] for r in _lines(path)] == ["full", "delta"]
+    assert JournalStore(path).load() == seen[-1]
+    with pytest.raises(ValueError, match="compact_after"):
+        JournalStore(path, compact_after=0)
+
+
+def test_journal_dumps_must_be_one_line(tmp_path: Path) -> None:
+    store = JournalStore(tmp_path / "cp.jsonl", dumps=lambda d: json.dumps(d, indent=1))
+    with pytest.raises(ValueError, match="single line"):
+        store(WorkflowCheckpoint(0, MappingProxyType({})))
+
+
+def _failures(names: list[str], attempts: int) -> MappingProxyType[str, FailureRecord]:
+    return MappingProxyType({n: FailureRecord("E", f"msg {n} ✗", attempts) for n in names})
+
+
+checkpoint_sequences = st.lists(
+    st.tuples(
+        st.lists(
+            st.one_of(st.integers(), st.text(), st.lists(st.integers(), max_size=3)), max_size=3
+        ),
+        st.integers(0, 50),
+        st.lists(st.sampled_from("xyz"), max_size=3, unique=True),
+        st.integers(1, 3),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=checkpoint_sequences, cut=st.floats(0, 1))
+def test_journal_folds_random_sequences(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[list[Any], int, list[str], int]],
+    cut: float,
+) -> None:
+    """Any growing sequence of checkpoints folds back to each one; any truncation to a prefix."""
+    path = tmp_path_factory.mktemp("j") / "cp.jsonl"
+    store = JournalStore(path, durable=False)
+    outputs: dict[str, Any] = {}
+    usage: dict[str, TokenUsage] = {}
+    cost = TokenUsage()
+    saved: list[WorkflowCheckpoint] = []
+    sizes: list[int] = []
+    for values, tokens, failing, attempts in steps:
+        for value in values:
+            name = f"s{len(outputs)}"
+            outputs[name] = value
+            usage[name] = TokenUsage(tokens, 1, 1)
+            cost = cost + usage[name]
+        checkpoint = WorkflowCheckpoint(
+            len(outputs), MappingProxyType(dict(outputs)), cost,
+            step_usage=MappingProxyType(dict(usage)), failures=_failures(failing, attempts),
+        )
+        store(checkpoint)
+        saved.append(checkpoint)
+        sizes.append(path.stat().st_size)
+        assert JournalStore(path).load() == checkpoint
+    raw = path.read_bytes()
+    at = sizes[0] + int(cut * (len(raw) - sizes[0]))
+    path.write_bytes(raw[:at])
+    store = JournalStore(path)
+    # The latest checkpoint whose save had completed by byte ``at``.
+    expected = [cp for cp, size in zip(saved, sizes, strict=True) if size <= at][-1]
+    assert store.load() == expected
+    assert store.torn_tail == at - max(size for size in sizes if size <= at)
+
+
+def test_journal_bytes_per_step_stay_flat(tmp_path: Path) -> None:
+    """Bytes appended per save do not grow with the run: 1k-step vs 16k-step chains."""
+
+    def per_step(n: int) -> float:
+        store = JournalStore(tmp_path / f"chain{n}.jsonl", durable=False)
+        sizes: list[int] = []
+
+        def save(cp: WorkflowCheckpoint) -> None:
+            store(cp)
+            sizes.append(os.path.getsize(store.path))
+
+        workflow = Workflow(
+            [
+                Step(f"s{i:05d}", lambda ctx: "o" * 100, (f"s{i - 1:05d}",) if i else (),
+                     context="dependencies")
+                for i in range(n)
+            ]
+        )
+        workflow.run_sync(checkpoint_fn=save)
+        assert len(sizes) == n
+        deltas = [b - a for a, b in pairwise(sizes)]
+        # The last 1k appends of the long run cost what the first 1k did.
+        assert max(deltas[-1000:]) <= max(deltas[:1000]) + 2
+        return (sizes[-1] - sizes[0]) / (n - 1)
+
+    short, long = per_step(1_000), per_step(16_000)
+    print(f"\njournal bytes/step: 1k chain {short:.1f}, 16k chain {long:.1f}")
+    # Only the digits of step_index may grow (4 -> 5 digits).
+    assert long <= short * 1.02
+
+
+# -- SQLite ----------------------------------------------------------------------
+
+
+def test_sqlite_many_runs_in_one_database(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    results = {}
+    for run in ("nightly", "adhoc ✓"):
+        with SqliteStore(db, run_id=run) as store:
+            results[run] = _run(_diamond(lambda n, r=run: f"{r}:{n}"), store)[-1]
+    with SqliteStore(db, run_id="other") as store:
+        assert store.runs() == ["adhoc ✓", "nightly"]
+        assert store.load() is None
+        assert store.load("nightly") == results["nightly"]
+        assert store.load("adhoc ✓").outputs["e"] == "adhoc ✓:e"
+        assert store.delete("nightly") is True
+        assert store.delete("nightly") is False
+        assert store.runs() == ["adhoc ✓"]
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_sqlite_each_save_one_transaction_of_new_rows(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    store = SqliteStore(conn, run_id="r")
+    seen = _run(_diamond(), store, max_concurrency=1)
+    begins = [s for s in statements if s.startswith("BEGIN")]
+    commits = [s for s in statements if s == "COMMIT"]
+    assert len(begins) == len(commits) == len(seen)
+    inserts = [s for s in statements if s.startswith("INSERT INTO ekit_entries")]
+    # One output row and one usage row per step: deltas only.
+    assert len(inserts) == 2 * len(seen)
+    assert store.load() == seen[-1]
+    conn.execute("BEGIN")
+    with pytest.raises(ValueError, match="transaction"):
+        store(seen[-1])
+    conn.execute("ROLLBACK")
+    conn.close()
+
+
+def test_sqlite_two_writers_same_run_stay_consistent(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    one, two = SqliteStore(db, run_id="r"), SqliteStore(db, run_id="r")
+    seen = _run(_diamond(), one, max_concurrency=1)
+    two(seen[2])  # another writer goes back in time
+    one(seen[-1])  # one's delta would not fit: it must rewrite in full
+    assert SqliteStore(db, run_id="r").load() == seen[-1]
+
+
+def test_sqlite_bad_run_id(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="run_id"):
+        SqliteStore(tmp_path / "x.db", run_id="")

@@ -1,0 +1,127 @@
+"""Crash tests: a child saving through a store after every step is SIGKILLed at random.
+
+After every kill the store must load, hold only outputs equal to the
+uninterrupted run's (and never fewer than before), and once the run finishes
+no step recorded in any checkpoint loaded after a kill may have started
+again. Kill delays come from a seeded generator; they are the point of the
+test, never a synchronisation (the parent waits for the child's ``ready``
+line before timing the kill).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "crash_child.py"
+_spec = importlib.util.spec_from_file_location("ekit_crash_child", CHILD)
+assert _spec is not None and _spec.loader is not None
+child = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(child)
+
+KILLS_PER_STORE = 50
+WORKERS = 2
+MAX_DELAY = 0.03
+SUFFIX = {"json": "cp.json", "journal": "cp.jsonl", "sqlite": "cp.db"}
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+
+
+def _load(kind: str, path: Path) -> tuple[Any, int]:
+    store = child.make_store(kind, str(path))
+    try:
+        checkpoint = store.load()
+        return checkpoint, getattr(store, "torn_tail", 0)
+    finally:
+        if hasattr(store, "close"):
+            store.close()
+
+
+def _one_run(kind: str, folder: Path, rng: random.Random, stats: dict[str, int]) -> None:
+    """Kill and resume one run until it finishes; check the invariants after every kill."""
+    path, log = folder / SUFFIX[kind], folder / "starts.log"
+    expected = child.expected_outputs()
+    recorded: dict[str, Any] = {}
+    # (byte offset in the start log, steps recorded then): any start after the
+    # offset must not be one of those steps.
+    marks: list[tuple[int, frozenset[str]]] = []
+    for spawn in range(400):
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), kind, str(path), str(log), str(rng.randrange(2**32))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        if ready == b"ready\n":
+            time.sleep(rng.random() * MAX_DELAY)
+            proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, err.decode(errors="replace")
+        stats["kills"] += 1
+        checkpoint, torn = _load(kind, path)  # must not raise, whatever the kill cut short
+        stats["torn"] += bool(torn)
+        outputs = dict(checkpoint.outputs) if checkpoint is not None else {}
+        for name, value in recorded.items():
+            assert outputs.get(name) == value, f"kill {spawn}: recorded output of {name} lost"
+        for name, value in outputs.items():
+            assert value == expected[name], f"kill {spawn}: wrong output for {name}"
+        assert checkpoint is None or checkpoint.step_index == len(outputs)
+        recorded = outputs
+        marks.append((log.stat().st_size if log.exists() else 0, frozenset(outputs)))
+    else:
+        pytest.fail("the run never finished")
+    final, _ = _load(kind, path)
+    assert final is not None and dict(final.outputs) == expected
+    assert final.step_index == len(child.GRAPH)
+    starts = log.read_bytes()
+    offset, mark, done = 0, 0, frozenset[str]()
+    for line in starts.splitlines(keepends=True):
+        while mark < len(marks) and marks[mark][0] <= offset:
+            done = marks[mark][1]
+            mark += 1
+        name = line.decode().strip()
+        assert name not in done, f"{name} started again after its output was recorded"
+        offset += len(line)
+    assert set(starts.decode().split()) == set(child.GRAPH)
+
+
+def _worker(kind: str, folder: Path, worker: int, kills: int) -> dict[str, int]:
+    """Independent runs, one after another, until ``kills`` kills have landed."""
+    rng = random.Random(f"ekit-crash-{kind}-{worker}")
+    stats = {"kills": 0, "torn": 0, "runs": 0}
+    while stats["kills"] < kills:
+        run = folder / f"worker{worker}-run{stats['runs']}"
+        run.mkdir(parents=True)
+        _one_run(kind, run, rng, stats)
+        stats["runs"] += 1
+    return stats
+
+
+@pytest.mark.parametrize("kind", child.KINDS)
+def test_sigkill_at_random_moments(kind: str, tmp_path: Path) -> None:
+    # Independent runs side by side: a child spends most of its life starting
+    # Python, so two at a time keep a 2-core machine busy.
+    began = time.perf_counter()
+    share = -(-KILLS_PER_STORE // WORKERS)
+    with ThreadPoolExecutor(WORKERS) as pool:
+        done = list(pool.map(lambda w: _worker(kind, tmp_path, w, share), range(WORKERS)))
+    took = time.perf_counter() - began
+    total = {key: sum(d[key] for d in done) for key in done[0]}
+    print(
+        f"\n{kind}: {total['kills']} SIGKILLs over {total['runs']} runs, "
+        f"{total['torn']} torn tails seen, {took:.1f}s"
+    )
+    assert total["kills"] >= KILLS_PER_STORE
