@@ -1,0 +1,310 @@
+"""The ``ekit`` command line: audit and replay recorded checkpoints, print graphs.
+
+This module owns the command line's contract: its subcommands, the files it
+reads, and its exit codes. The decisions themselves are the pure
+:func:`ekit_core.audit` and :func:`ekit_core.replay`; this is the shell that
+reads files, imports workflows and prints.
+
+- ``ekit audit CHECKPOINT.json [--workflow MODULE:ATTR | --graph GRAPH.json] [--json]``
+- ``ekit replay CHECKPOINTS.jsonl [--workflow MODULE:ATTR | --graph GRAPH.json] [--json]``
+- ``ekit graph (--workflow MODULE:ATTR | --checkpoint CHECKPOINT.json)``
+- ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed.
+
+Exit codes: ``0`` clean, ``1`` anomalies or violations found, ``2`` bad usage
+or unreadable input. An input problem (a missing file, invalid JSON, a
+malformed checkpoint or graph, a workflow that cannot be imported) prints one
+line naming the file and the problem to stderr, never a traceback. A file
+name of ``-`` reads standard input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn, TextIO
+
+from ekit_core import GraphSpec, WorkflowCheckpoint, audit, replay
+
+__all__ = ["EXIT_CLEAN", "EXIT_FOUND", "EXIT_USAGE", "InputError", "main"]
+
+EXIT_CLEAN = 0
+"""Nothing to report."""
+EXIT_FOUND = 1
+"""The audit found anomalies, or the replay found violations."""
+EXIT_USAGE = 2
+"""Bad usage or unreadable input."""
+
+
+class InputError(Exception):
+    """An input the command cannot use; its message is the one line printed to stderr."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse exits by itself on bad usage; raising instead lets ``main``
+    # return the exit code, so that it can be called from tests and scripts.
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise InputError(f"{self.prog.removeprefix('ekit').strip() or 'usage'}: {message}")
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{where}: invalid JSON: nested too deeply") from None
+
+
+def _checkpoint(data: Any, where: str) -> WorkflowCheckpoint:
+    try:
+        return WorkflowCheckpoint.from_dict(data)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None
+
+
+def _load_checkpoint(path: str) -> WorkflowCheckpoint:
+    return _checkpoint(_parse_json(_read_text(path), path), path)
+
+
+def _load_checkpoints(path: str) -> list[WorkflowCheckpoint]:
+    text = _read_text(path)
+    checkpoints = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        checkpoints.append(_checkpoint(_parse_json(line, where), where))
+    if not checkpoints:
+        raise InputError(f"{path}: holds no checkpoint (expected one JSON object per line)")
+    return checkpoints
+
+
+def _load_graph(path: str) -> GraphSpec:
+    data = _parse_json(_read_text(path), path)
+    try:
+        if isinstance(data, dict) and isinstance(data.get("steps"), list):
+            graph = GraphSpec.from_dict(data)
+            recorded = data.get("fingerprint")
+            if recorded is not None and recorded != graph.fingerprint:
+                raise InputError(
+                    f"{path}: recorded fingerprint {recorded} does not match its steps "
+                    f"({graph.fingerprint})"
+                )
+            return graph
+        if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+            # The ``graph`` table a checkpoint records: step -> dependencies.
+            return GraphSpec.of(data)
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    raise InputError(
+        f"{path}: not a graph (expected the output of 'ekit graph': "
+        '{"steps": [{"name": ..., "depends_on": [...]}, ...]})'
+    )
+
+
+def _import_graph(spec: str) -> GraphSpec:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"--workflow {spec}: expected MODULE:ATTR, e.g. myflows:workflow")
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise InputError(f"--workflow {spec}: no module named {exc.name!r}") from None
+    except Exception as exc:
+        raise InputError(
+            f"--workflow {spec}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    obj: object = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise InputError(f"--workflow {spec}: {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, GraphSpec):
+        return obj
+    graph = getattr(obj, "graph", None)
+    if isinstance(graph, GraphSpec):
+        return graph
+    raise InputError(
+        f"--workflow {spec}: {attr!r} is a {type(obj).__name__}, not a Workflow or GraphSpec"
+    )
+
+
+def _graph_option(args: argparse.Namespace) -> GraphSpec | None:
+    if args.workflow is not None:
+        return _import_graph(args.workflow)
+    if args.graph is not None:
+        return _load_graph(args.graph)
+    return None
+
+
+def _print_json(data: object, out: TextIO) -> None:
+    json.dump(data, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    checkpoint = _load_checkpoint(args.checkpoint)
+    graph = _graph_option(args)
+    if graph is None and checkpoint.graph is None:
+        raise InputError(
+            f"{args.checkpoint}: the checkpoint records no graph; pass --workflow or --graph"
+        )
+    try:
+        report = audit(graph, checkpoint)
+    except ValueError as exc:
+        raise InputError(f"{args.checkpoint}: {exc}") from None
+    if args.json:
+        _print_json({"checkpoint": args.checkpoint, **report.to_dict()}, sys.stdout)
+    else:
+        print(f"audit of {args.checkpoint}")
+        print(report.format())
+    return EXIT_CLEAN if report.clean else EXIT_FOUND
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    checkpoints = _load_checkpoints(args.checkpoints)
+    graph = _graph_option(args)
+    if graph is None and all(cp.graph is None for cp in checkpoints):
+        raise InputError(
+            f"{args.checkpoints}: no checkpoint records a graph; pass --workflow or --graph"
+        )
+    try:
+        report = replay(graph, checkpoints)
+    except ValueError as exc:
+        raise InputError(f"{args.checkpoints}: {exc}") from None
+    if args.json:
+        _print_json({"checkpoints_file": args.checkpoints, **report.to_dict()}, sys.stdout)
+    else:
+        print(f"replay of {args.checkpoints}")
+        print(report.format())
+    return EXIT_CLEAN if report.ok else EXIT_FOUND
+
+
+def _cmd_graph(args: argparse.Namespace) -> int:
+    if args.workflow is not None:
+        graph = _import_graph(args.workflow)
+    else:
+        checkpoint = _load_checkpoint(args.checkpoint)
+        if checkpoint.graph is None:
+            raise InputError(f"{args.checkpoint}: the checkpoint records no graph")
+        try:
+            graph = GraphSpec.of(checkpoint.graph)
+        except ValueError as exc:
+            raise InputError(f"{args.checkpoint}: recorded graph: {exc}") from None
+    _print_json(graph.to_dict(), sys.stdout)
+    return EXIT_CLEAN
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        demo = importlib.import_module("ekit_runtime.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "ekit_runtime.demo":
+            raise
+        raise InputError("demo: this installation has no ekit_runtime.demo module") from None
+    code: int = demo.main(list(args.args))
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="ekit",
+        description="Audit and replay recorded ekit checkpoints.",
+        epilog="Exit codes: 0 clean, 1 anomalies or violations found, "
+        "2 bad usage or unreadable input.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def graph_options(p: argparse.ArgumentParser) -> None:
+        group = p.add_mutually_exclusive_group()
+        group.add_argument(
+            "--workflow", metavar="MODULE:ATTR",
+            help="import the workflow (or GraphSpec) ATTR of MODULE (current dir on sys.path)",
+        )
+        group.add_argument(
+            "--graph", metavar="GRAPH.json", help="a graph written by 'ekit graph'"
+        )
+        p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+    p = sub.add_parser(
+        "audit", help="what a resume from a checkpoint would skip and run, and why",
+        description="Explain, step by step, what resuming CHECKPOINT would skip and run. "
+        "Without --workflow or --graph, audit against the graph the checkpoint records.",
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT.json")
+    graph_options(p)
+    p.set_defaults(func=_cmd_audit)
+
+    p = sub.add_parser(
+        "replay", help="check a recorded sequence of checkpoints is a legal execution",
+        description="Check that the checkpoints (one JSON object per line, in the order "
+        "recorded) are a legal execution of the graph; print the timeline and violations.",
+    )
+    p.add_argument("checkpoints", metavar="CHECKPOINTS.jsonl")
+    graph_options(p)
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser(
+        "graph", help="print a workflow's graph as JSON",
+        description="Print the graph as JSON, so audits can run without the workflow's code.",
+    )
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--workflow", metavar="MODULE:ATTR")
+    group.add_argument("--checkpoint", metavar="CHECKPOINT.json", help="the graph it records")
+    p.set_defaults(func=_cmd_graph)
+
+    p = sub.add_parser("demo", help="run the demo (arguments go to it)", add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ekit`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["demo"]:
+            # Everything after ``demo`` belongs to the demo, options included,
+            # which argparse's REMAINDER does not reliably pass through.
+            return _cmd_demo(argparse.Namespace(args=argv[1:]))
+        args = _parser().parse_args(argv)
+        code: int = args.func(args)
+        return code
+    except InputError as exc:
+        print(f"ekit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:
+        # ``--help`` exits through argparse; keep its code.
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE

@@ -1,0 +1,265 @@
+"""The ``ekit`` command, run for real in a subprocess against files a real run wrote."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ekit_core import WorkflowCheckpoint
+from ekit_runtime.cli import main
+
+FLOWS = '''
+from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
+
+
+def make(name):
+    def run(ctx):
+        if name == "publish" and ctx.get("publisher_down"):
+            raise RuntimeError("publisher down")
+        return PatternResult(f"{name} done", cost=TokenUsage(100, 20, 1))
+    return run
+
+
+workflow = Workflow([
+    Step("fetch", make("fetch")),
+    Step("summarize", make("summarize"), ("fetch",)),
+    Step("review", make("review"), ("fetch",)),
+    Step("publish", make("publish"), ("summarize", "review")),
+])
+other = Workflow([
+    Step("fetch", make("fetch")),
+    Step("summarize", make("summarize"), ("fetch",)),
+    Step("translate", make("translate"), ("summarize",)),
+])
+graph_only = workflow.graph
+not_a_workflow = 42
+'''
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding flows.py and the checkpoints of a failed run and its resume."""
+    d = tmp_path_factory.mktemp("cli")
+    (d / "flows.py").write_text(FLOWS, encoding="utf-8")
+    workflow = runpy.run_path(str(d / "flows.py"))["workflow"]
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(RuntimeError, match="publisher down"):
+        workflow.run_sync({"publisher_down": True}, checkpoint_fn=saved.append)
+    (d / "first.json").write_text(json.dumps(saved[0].to_dict()), encoding="utf-8")
+    (d / "failed.json").write_text(json.dumps(saved[-1].to_dict()), encoding="utf-8")
+    workflow.run_sync({"publisher_down": False}, checkpoint_fn=saved.append, resume_from=saved[-1])
+    (d / "final.json").write_text(json.dumps(saved[-1].to_dict()), encoding="utf-8")
+    (d / "run.jsonl").write_text(
+        "".join(json.dumps(cp.to_dict()) + "\n" for cp in saved), encoding="utf-8"
+    )
+    return d
+
+
+def ekit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ekit_runtime", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60,
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, proc
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("ekit:")]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_graph_prints_the_workflow_graph_as_json(run_dir: Path) -> None:
+    proc = ekit(run_dir, "graph", "--workflow", "flows:workflow")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [s["name"] for s in data["steps"]] == ["fetch", "summarize", "review", "publish"]
+    assert data["fingerprint"] == json.loads((run_dir / "final.json").read_text())["fingerprint"]
+    (run_dir / "graph.json").write_text(proc.stdout, encoding="utf-8")
+    from_cp = ekit(run_dir, "graph", "--checkpoint", "final.json")
+    assert json.loads(from_cp.stdout) == data
+
+
+def test_audit_of_a_failed_run_explains_each_step(run_dir: Path) -> None:
+    proc = ekit(run_dir, "audit", "failed.json", "--workflow", "flows:workflow")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "graph given by the caller" in out
+    assert "resume skips 3 step(s), runs 1" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:1].islower()}
+    assert "skip" in rows["fetch"] and "100/20/1" in rows["fetch"]
+    assert "run" in rows["publish"]
+    assert "recorded as failed once: RuntimeError: publisher down" in rows["publish"]
+    assert "no anomalies" in out
+
+
+def test_audit_without_a_graph_uses_the_recorded_one_and_says_so(run_dir: Path) -> None:
+    proc = ekit(run_dir, "audit", "first.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "graph recorded in the checkpoint" in proc.stdout
+    assert "waiting on summarize, review" in proc.stdout
+
+
+def test_audit_json_and_graph_file(run_dir: Path) -> None:
+    graph = ekit(run_dir, "graph", "--workflow", "flows:graph_only")
+    (run_dir / "graph2.json").write_text(graph.stdout, encoding="utf-8")
+    proc = ekit(run_dir, "audit", "failed.json", "--graph", "graph2.json", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["checkpoint"] == "failed.json" and data["clean"] is True
+    assert data["skip"] == ["fetch", "summarize", "review"] and data["run"] == ["publish"]
+    publish = data["steps"][3]
+    assert publish["reason"] == "failed" and publish["failure"]["error_type"] == "RuntimeError"
+
+
+def test_audit_against_another_graph_finds_anomalies(run_dir: Path) -> None:
+    proc = ekit(run_dir, "audit", "final.json", "--workflow", "flows:other")
+    assert proc.returncode == 1, proc.stderr
+    assert "fingerprint_mismatch" in proc.stdout
+    assert "added: 'translate'" in proc.stdout
+    assert "removed: 'review', 'publish'" in proc.stdout
+    assert "unknown_output" in proc.stdout
+
+
+def test_audit_of_a_tampered_checkpoint_exits_1(run_dir: Path, tmp_path: Path) -> None:
+    data = json.loads((run_dir / "failed.json").read_text())
+    del data["outputs"]["fetch"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    proc = ekit(tmp_path, "audit", "bad.json")
+    assert proc.returncode == 1
+    assert "missing_dependency" in proc.stdout and "'fetch'" in proc.stdout
+
+
+def test_replay_of_the_real_run_is_clean(run_dir: Path) -> None:
+    proc = ekit(run_dir, "replay", "run.jsonl", "--workflow", "flows:workflow")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no violations" in proc.stdout
+    assert "failed: publish" in proc.stdout
+    data = json.loads(ekit(run_dir, "replay", "run.jsonl", "--json").stdout)
+    assert data["ok"] is True and data["graph_source"] == "checkpoint"
+    finished = [name for entry in data["timeline"] for name in entry["finished"]]
+    assert sorted(finished) == ["fetch", "publish", "review", "summarize"]
+
+
+def test_replay_reports_tampering_by_checkpoint_and_step(run_dir: Path, tmp_path: Path) -> None:
+    lines = (run_dir / "run.jsonl").read_text().splitlines()
+    cps = [json.loads(line) for line in lines]
+    last = len(cps) - 1
+    cps[last]["outputs"]["fetch"] = "forged"
+    (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(cp) for cp in cps) + "\n")
+    proc = ekit(tmp_path, "replay", "bad.jsonl")
+    assert proc.returncode == 1
+    assert f"checkpoint {last}: output_changed: output of 'fetch'" in proc.stdout
+
+
+def test_console_script(run_dir: Path) -> None:
+    script = Path(sys.executable).with_name("ekit")
+    found = str(script) if script.exists() else shutil.which("ekit")
+    if found is None:
+        pytest.skip("the ekit console script is not installed next to this Python")
+    proc = subprocess.run(
+        [found, "audit", "final.json", "--workflow", "flows:workflow"],
+        cwd=run_dir, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "resume skips 4 step(s), runs 0" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        (None, ["nope.json", "no such file"]),
+        ("{not json", ["bad.json", "invalid JSON at line 1 column 2"]),
+        ('{"step_index": 0, "outputs": [], "cost": {}}', ["bad.json", "'outputs'", "must be"]),
+        ('{"outputs": {}, "cost": {}}', ["bad.json", "'step_index'", "missing"]),
+        ("[1, 2]", ["bad.json", "must be a dict"]),
+        (
+            '{"format_version": 99, "step_index": 0, "outputs": {}, "cost": {}}',
+            ["bad.json", "version 99", "newer ekit"],
+        ),
+        (
+            '{"step_index": 0, "outputs": {}, '
+            '"cost": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}}',
+            ["bad.json", "records no graph", "--workflow"],
+        ),
+    ],
+)
+def test_audit_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, content: str | None, fragments: list[str]
+) -> None:
+    name = "nope.json" if content is None else "bad.json"
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    one_error_line(ekit(tmp_path, "audit", name), *fragments)
+
+
+def test_replay_bad_lines_name_the_line(run_dir: Path, tmp_path: Path) -> None:
+    good = (run_dir / "run.jsonl").read_text().splitlines()[0]
+    (tmp_path / "bad.jsonl").write_text(good + "\n\n{oops\n")
+    one_error_line(ekit(tmp_path, "replay", "bad.jsonl"), "bad.jsonl line 3", "invalid JSON")
+    (tmp_path / "bad2.jsonl").write_text(good + '\n{"step_index": -1, "outputs": {}, "cost": {}}\n')
+    one_error_line(ekit(tmp_path, "replay", "bad2.jsonl"), "bad2.jsonl line 2", "step_index")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    one_error_line(ekit(tmp_path, "replay", "empty.jsonl"), "empty.jsonl", "no checkpoint")
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("flows", "expected MODULE:ATTR"),
+        ("nosuchmodule:workflow", "no module named 'nosuchmodule'"),
+        ("flows:missing", "has no attribute 'missing'"),
+        ("flows:not_a_workflow", "not a Workflow or GraphSpec"),
+    ],
+)
+def test_bad_workflow_option_is_exit_2(run_dir: Path, spec: str, fragment: str) -> None:
+    one_error_line(ekit(run_dir, "audit", "final.json", "--workflow", spec), fragment)
+
+
+def test_bad_graph_file_and_usage_are_exit_2(run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "g.json").write_text('{"steps": [{"name": "a", "depends_on": ["a"]}]}')
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    one_error_line(ekit(tmp_path, "audit", "final.json", "--graph", "g.json"), "g.json", "itself")
+    one_error_line(ekit(tmp_path, "audit"), "CHECKPOINT.json")
+    one_error_line(ekit(tmp_path, "frobnicate"), "invalid choice")
+    one_error_line(ekit(tmp_path))
+    both = ekit(tmp_path, "audit", "final.json", "--graph", "g.json", "--workflow", "x:y")
+    one_error_line(both, "not allowed with")
+
+
+def test_help_exits_0(tmp_path: Path) -> None:
+    proc = ekit(tmp_path, "--help")
+    assert proc.returncode == 0 and "audit" in proc.stdout and "replay" in proc.stdout
+
+
+def test_demo_subcommand_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    fake = types.ModuleType("ekit_runtime.demo")
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(argv)
+        return 0
+
+    fake.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ekit_runtime.demo", fake)
+    assert main(["demo", "--fast", "x"]) == 0
+    assert seen == [["--fast", "x"]]
+
+
+def test_demo_subcommand_without_the_module_is_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ekit_runtime.demo", None)
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ekit: demo:") and err.count("\n") == 1

@@ -1,0 +1,379 @@
+"""replay(): recorded checkpoint sequences of real and simulated runs are legal; tampering is caught."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from ekit_core import (
+    Cancelled,
+    CheckpointError,
+    Failed,
+    GraphSpec,
+    Interrupted,
+    ReplayReport,
+    Result,
+    State,
+    Succeeded,
+    TokenUsage,
+    WorkflowCheckpoint,
+    apply,
+    checkpoint_of,
+    initial_state,
+    plan,
+    replay,
+)
+from ekit_runtime import Step, Workflow
+from tests.strategies import dags
+
+DIAMOND = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
+
+
+def _output(name: str) -> dict[str, Any]:
+    return {"step": name, "text": f"output of {name}"}
+
+
+def _usage(name: str) -> TokenUsage:
+    n = sum(map(ord, name))
+    return TokenUsage(n % 97, n % 13, 1)
+
+
+def simulate(
+    graph: GraphSpec, data: st.DataObject
+) -> tuple[list[WorkflowCheckpoint], list[int]]:
+    """Drive the pure core with random completions, failures, crashes and resumes.
+
+    Returns every checkpoint saved, in order, and the indices at which a run
+    resumed after a *soft* crash (one that saved a closing checkpoint), which
+    replay must report as resumes. A *hard* crash saves nothing and resumes
+    from the last checkpoint; a failure halts the run, which is then resumed.
+    """
+    cps: list[WorkflowCheckpoint] = []
+    expected_resumes: list[int] = []
+    pending_soft = False
+    state: State = initial_state(graph)
+    rounds = 0
+    while True:
+        rounds += 1
+        batch = plan(state)
+        if batch:
+            state = apply(state, batch.starts)
+        running = state.running_steps()
+        if not running:
+            if state.finished:
+                break
+            # Halted by a failure: a new run resumes from the last checkpoint.
+            state = _resume(graph, cps, data)
+            continue
+        done = data.draw(
+            st.lists(st.sampled_from(running), min_size=1, unique=True), label="completed"
+        )
+        results: list[Any] = []
+        for name in done:
+            fail = rounds < 25 and data.draw(st.integers(0, 4), label=f"fail {name}") == 0
+            results.append(
+                Failed(name, RuntimeError(f"{name} broke"))
+                if fail
+                else Succeeded(name, _output(name), _usage(name))
+            )
+        state = apply(state, results)
+        if pending_soft:
+            expected_resumes.append(len(cps))
+            pending_soft = False
+        cps.append(checkpoint_of(state))
+        if state.finished:
+            break
+        crash = data.draw(st.sampled_from(["none", "none", "none", "hard", "soft"]), label="crash")
+        if crash == "soft":
+            # Cancellation: in-flight attempts are interrupted, a closing save is made.
+            closing: list[Result] = [Cancelled()]
+            closing += [Interrupted(n) for n in state.running_steps()]
+            cps.append(checkpoint_of(apply(state, closing)))
+            pending_soft = True
+        if crash != "none":
+            state = _resume(graph, cps, data)
+    return cps, expected_resumes
+
+
+def _resume(graph: GraphSpec, cps: list[WorkflowCheckpoint], data: st.DataObject) -> State:
+    if not cps:
+        return initial_state(graph)
+    last = cps[-1]
+    # Half the time resume from the loaded dict, as a new process would.
+    source = last.to_dict() if data.draw(st.booleans(), label="from dict") else last
+    return initial_state(graph, source)
+
+
+def _loaded(cps: list[WorkflowCheckpoint]) -> list[dict[str, Any]]:
+    return [json.loads(json.dumps(cp.to_dict())) for cp in cps]
+
+
+def _kinds(report: ReplayReport) -> set[tuple[int, str | None, str]]:
+    return {(v.index, v.step, v.kind) for v in report.violations}
+
+
+PROPERTY = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@PROPERTY
+@given(graph=dags(max_steps=9), data=st.data())
+def test_every_simulated_run_with_crashes_and_resumes_replays_cleanly(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    cps, expected_resumes = simulate(graph, data)
+    for sequence in (cps, _loaded(cps)):
+        report = replay(graph, sequence)
+        assert report.violations == (), report.format()
+        assert list(report.resumes) == expected_resumes
+        # Every step finishes exactly once, at the first checkpoint recording it.
+        finished = [name for entry in report.timeline for name in entry.finished]
+        assert sorted(finished) == sorted(graph.names)
+        for name in graph.names:
+            at = report.finished_at(name)
+            assert at is not None and name in cps[at].outputs
+            assert at == 0 or name not in cps[at - 1].outputs
+            assert all(report.finished_at(d) is not None for d in graph.deps[name])
+            assert all(report.finished_at(d) <= at for d in graph.deps[name])  # type: ignore[operator]
+    # With no graph given, the graph recorded in the checkpoints is used.
+    assert replay(None, _loaded(cps)).ok
+
+
+@PROPERTY
+@given(graph=dags(min_steps=2, max_steps=8), data=st.data())
+def test_a_changed_output_is_reported_where_it_changed(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    cps = _loaded(simulate(graph, data)[0])
+    candidates = [
+        (i, name)
+        for i in range(1, len(cps))
+        for name in cps[i]["outputs"]
+        if name in cps[i - 1]["outputs"]
+    ]
+    assume(candidates)
+    i, name = data.draw(st.sampled_from(candidates), label="tamper")
+    tampered = copy.deepcopy(cps)
+    tampered[i]["outputs"][name] = "something else"
+    report = replay(graph, tampered)
+    assert (i, name, "output_changed") in _kinds(report), report.format()
+    assert not report.ok
+
+
+@PROPERTY
+@given(graph=dags(min_steps=2, max_steps=8), data=st.data())
+def test_a_removed_output_is_reported_where_it_went_missing(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    cps = _loaded(simulate(graph, data)[0])
+    candidates = [
+        (i, name) for i in range(1, len(cps)) for name in cps[i - 1]["outputs"]
+    ]
+    assume(candidates)
+    i, name = data.draw(st.sampled_from(candidates), label="tamper")
+    tampered = copy.deepcopy(cps)
+    del tampered[i]["outputs"][name]
+    tampered[i]["step_usage"].pop(name, None)
+    report = replay(graph, tampered)
+    assert (i, name, "output_removed") in _kinds(report), report.format()
+
+
+@PROPERTY
+@given(graph=dags(min_steps=2, max_steps=8), data=st.data())
+def test_a_step_recorded_before_its_dependency_is_reported(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    cps = _loaded(simulate(graph, data)[0])
+    report = replay(graph, cps)
+    first = {name: report.finished_at(name) for name in graph.names}
+    candidates = [(name, dep) for name in graph.names for dep in graph.deps[name]]
+    assume(candidates)
+    name, dep = data.draw(st.sampled_from(candidates), label="edge")
+    at = first[name]
+    assert at is not None
+    # Hide the dependency's output up to and including the checkpoint that
+    # first records ``name``: the record now claims ``name`` finished first.
+    tampered = copy.deepcopy(cps)
+    for cp in tampered[: at + 1]:
+        cp["outputs"].pop(dep, None)
+        cp["step_usage"].pop(dep, None)
+    report = replay(graph, tampered)
+    assert (at, name, "dependency_not_recorded") in _kinds(report), report.format()
+
+
+def _diamond_run() -> list[WorkflowCheckpoint]:
+    state = initial_state(DIAMOND)
+    cps = []
+    for names in (["a"], ["b"], ["c"], ["d"]):
+        state = apply(state, [s for s in plan(state) if s.name in names])
+        state = apply(state, [Succeeded(n, n.upper(), _usage(n)) for n in names])
+        cps.append(checkpoint_of(state))
+    return cps
+
+
+def test_a_clean_sequence_gives_a_timeline() -> None:
+    cps = _diamond_run()
+    report = replay(DIAMOND, cps)
+    assert report.ok and report.resumes == ()
+    assert [e.finished for e in report.timeline] == [("a",), ("b",), ("c",), ("d",)]
+    assert [e.step_index for e in report.timeline] == [1, 2, 3, 4]
+    assert report.timeline[-1].cost == sum((_usage(n) for n in "abcd"), TokenUsage())
+    assert "no violations" in report.format()
+    assert json.loads(json.dumps(report.to_dict()))["ok"] is True
+
+
+def test_resuming_from_an_older_checkpoint_is_a_resume_and_loses_outputs() -> None:
+    cps = _diamond_run()
+    state = initial_state(DIAMOND, cps[0])  # resume from checkpoint 0, not 1
+    state = apply(state, [s for s in plan(state) if s.name == "c"])
+    state = apply(state, [Succeeded("c", "C", _usage("c"))])
+    report = replay(DIAMOND, [*cps[:2], checkpoint_of(state)])
+    entry = report.timeline[2]
+    assert entry.resumed and entry.resumed_from == 0 and entry.finished == ("c",)
+    assert _kinds(report) == {(2, "b", "output_removed")}
+
+
+def test_step_index_and_cost_going_down_are_reported() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    cps[2]["step_index"] = 1
+    cps[3]["cost"]["input_tokens"] = 0
+    kinds = _kinds(replay(DIAMOND, cps))
+    assert (2, None, "step_index_decreased") in kinds
+    assert (3, None, "cost_decreased") in kinds
+
+
+def test_changed_usage_and_unknown_names_are_reported() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    cps[2]["step_usage"]["a"] = {"input_tokens": 1, "output_tokens": 0, "llm_calls": 0}
+    cps[3]["outputs"]["stray"] = 1
+    kinds = _kinds(replay(DIAMOND, cps))
+    assert (2, "a", "usage_changed") in kinds
+    assert (3, "stray", "unknown_step") in kinds
+
+
+def test_a_single_tampered_checkpoint_yields_one_violation() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    cps[1]["outputs"]["a"] = "forged"
+    report = replay(DIAMOND, cps)
+    assert [(v.index, v.step, v.kind) for v in report.violations] == [(1, "a", "output_changed")]
+
+
+def test_a_checkpoint_from_another_graph_is_reported_once() -> None:
+    other = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": ["d"]})
+    report = replay(other, _diamond_run())
+    assert [(v.index, v.kind) for v in report.violations] == [(0, "fingerprint_mismatch")]
+    assert "added: 'e'" in report.violations[0].message
+
+
+def test_context_keys_in_a_first_executionkit_checkpoint_are_not_violations() -> None:
+    legacy = {"step_index": 1, "outputs": {"topic": "x", "a": "A"}, "cost": TokenUsage().to_dict()}
+    state = initial_state(DIAMOND, legacy)
+    state = apply(state, [s for s in plan(state) if s.name == "b"])
+    state = apply(state, [Succeeded("b", "B")])
+    report = replay(DIAMOND, [legacy, checkpoint_of(state)])
+    assert report.ok, report.format()
+    assert report.timeline[0].finished == ("a",)
+
+
+def test_bad_input_is_a_value_error_naming_the_checkpoint() -> None:
+    with pytest.raises(CheckpointError, match=r"\[1\]\.outputs"):
+        replay(DIAMOND, [_diamond_run()[0], {"step_index": 0, "outputs": [], "cost": {}}])
+    with pytest.raises(ValueError, match="GraphSpec"):
+        replay(object(), [])
+    with pytest.raises(ValueError, match="records a graph"):
+        replay(None, [{"step_index": 0, "outputs": {}, "cost": TokenUsage().to_dict()}])
+
+
+def test_replay_is_deterministic_and_does_not_mutate() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    before = copy.deepcopy(cps)
+    assert replay(DIAMOND, cps) == replay(DIAMOND, cps)
+    assert cps == before
+
+
+# -- real runs of the runtime ---------------------------------------------------
+
+
+def _workflow(gate: asyncio.Event, calls: list[str]) -> Workflow:
+    async def make(name: str, ctx: dict[str, Any]) -> str:
+        calls.append(name)
+        if name == "c" and not gate.is_set():
+            await gate.wait()
+        return f"{name}:" + ",".join(sorted(k for k in ctx if len(k) == 1))
+
+    def step(name: str, *deps: str) -> Step:
+        async def run(ctx: dict[str, Any]) -> str:
+            return await make(name, ctx)
+
+        return Step(name, run, deps)
+
+    return Workflow([step("a"), step("b", "a"), step("c", "a"), step("d", "b", "c")])
+
+
+def test_a_cancelled_and_resumed_runtime_run_replays_with_its_resume() -> None:
+    saved: list[WorkflowCheckpoint] = []
+
+    async def scenario() -> None:
+        gate = asyncio.Event()  # never set in the first run: "c" hangs there
+        calls: list[str] = []
+        wf = _workflow(gate, calls)
+        b_done = asyncio.Event()
+
+        def save(cp: WorkflowCheckpoint) -> None:
+            saved.append(cp)
+            if "b" in cp.outputs:
+                b_done.set()
+
+        task = asyncio.create_task(wf.run(checkpoint_fn=save))
+        await b_done.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        crashed = len(saved)
+        gate.set()
+        result = await wf.run(checkpoint_fn=saved.append, resume_from=saved[-1])
+        assert set(result.outputs) == {"a", "b", "c", "d"}
+        report = replay(wf, saved)
+        assert report.ok, report.format()
+        assert report.resumes == (crashed,)
+        assert report.timeline[crashed - 1].repeat
+        assert report.timeline[crashed].resumed_from == crashed - 1
+        # Loaded from JSON the same holds.
+        assert replay(wf, [json.loads(json.dumps(cp.to_dict())) for cp in saved]).resumes == (
+            crashed,
+        )
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_and_resumed_runtime_run_replays_cleanly() -> None:
+    saved: list[WorkflowCheckpoint] = []
+    attempts: list[str] = []
+
+    def flaky(ctx: dict[str, Any]) -> str:
+        attempts.append("b")
+        if len(attempts) == 1:
+            raise RuntimeError("transient")
+        return "B"
+
+    wf = Workflow(
+        [
+            Step("a", lambda ctx: "A"),
+            Step("b", flaky, ("a",)),
+            Step("c", lambda ctx: "C", ("b",)),
+        ]
+    )
+    with pytest.raises(RuntimeError, match="transient"):
+        wf.run_sync(checkpoint_fn=saved.append)
+    wf.run_sync(checkpoint_fn=saved.append, resume_from=saved[-1].to_dict())
+    report = replay(wf, saved)
+    assert report.ok, report.format()
+    assert any(e.failed == ("b",) for e in report.timeline)
+    assert report.finished_at("c") == len(saved) - 1
