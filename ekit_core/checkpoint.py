@@ -128,7 +128,7 @@ class WorkflowCheckpoint:
             step_usage=tuple(new_usage),
             failures=MappingProxyType(failures),
             cost=self.cost - previous.cost,
-            context_changed=self.context != previous.context,
+            context_changed=self.context is not previous.context and self.context != previous.context,
         )
 
     def to_dict(self) -> dict[str, Any]:

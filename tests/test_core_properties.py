@@ -15,6 +15,7 @@ the architecture's invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -150,7 +151,7 @@ def simulate(
 
 
 def assert_grows(checkpoints: list[WorkflowCheckpoint]) -> None:
-    for older, newer in zip(checkpoints, checkpoints[1:], strict=False):
+    for older, newer in pairwise(checkpoints):
         for name, output in older.outputs.items():
             assert newer.outputs[name] == output
         assert newer.step_index >= older.step_index

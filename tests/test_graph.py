@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import graphlib
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -51,7 +52,7 @@ def test_cycle_error_prints_the_cycle_in_execution_order() -> None:
     assert cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
     assert " -> ".join(cycle) in str(info.value)
     deps = {"a": {"c"}, "b": {"a"}, "c": {"b"}}
-    for before, after in zip(cycle, cycle[1:], strict=False):
+    for before, after in pairwise(cycle):
         assert before in deps[after]  # each runs before the next
 
 
@@ -69,7 +70,7 @@ def test_any_cycle_is_found_and_is_real(n: int, data: st.DataObject) -> None:
         GraphSpec.of([(k, deps[k]) for k in order])
     cycle = info.value.cycle
     assert len(cycle) == n + 1
-    for before, after in zip(cycle, cycle[1:], strict=False):
+    for before, after in pairwise(cycle):
         assert before in deps[after]
 
 

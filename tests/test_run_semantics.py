@@ -62,13 +62,14 @@ def test_max_concurrency_bounds_steps_in_flight() -> None:
         run = asyncio.create_task(wf.run(max_concurrency=3))
         released = 0
         while released < len(names):
-            await until(lambda: len(gates.running()) == min(3, len(names) - released))
+            expected = min(3, len(names) - released)
+            await until(lambda n=expected: len(gates.running()) == n)
             peak = max(peak, len(gates.running()))
             # Declaration order decides who starts first.
             assert gates.started == names[: len(gates.started)]
             gates.release(names[released])
             released += 1
-            await until(lambda: len(gates.finished) == released)
+            await until(lambda n=released: len(gates.finished) == n)
         await run
 
     asyncio.run(main())
