@@ -8,8 +8,10 @@ the first :class:`State` with :func:`initial_state`, then alternate
 :class:`WorkflowCheckpoint`.
 """
 
+from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
+    CheckpointDelta,
     CheckpointError,
     FailureRecord,
     UnsupportedFormatError,
@@ -32,15 +34,25 @@ from ekit_core.events import (
 from ekit_core.graph import CycleError, GraphError, GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
+from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
 from ekit_core.results import Cancelled, Denied, Failed, Interrupted, Result, Start, Succeeded
-from ekit_core.state import Halt, Limits, State, checkpoint_of, initial_state
-from ekit_core.transitions import Batch, apply, plan
+from ekit_core.state import Halt, Incidents, Limits, RunSpec, State, checkpoint_of, initial_state
+from ekit_core.transitions import Batch, advance, apply, plan
 from ekit_core.usage import TokenUsage
 
 __all__ = [
+    "replay",
+    "Violation",
+    "TimelineEntry",
+    "ReplayReport",
+    "audit",
+    "StepAudit",
+    "AuditReport",
+    "Anomaly",
     "FORMAT_VERSION",
     "Batch",
     "Cancelled",
+    "CheckpointDelta",
     "CheckpointError",
     "CheckpointSaved",
     "CycleError",
@@ -53,10 +65,12 @@ __all__ = [
     "GraphMismatchError",
     "GraphSpec",
     "Halt",
+    "Incidents",
     "Interrupted",
     "Ledger",
     "Limits",
     "Result",
+    "RunSpec",
     "RetryPolicy",
     "RunFinished",
     "RunStarted",
@@ -73,6 +87,7 @@ __all__ = [
     "TokenUsage",
     "UnsupportedFormatError",
     "WorkflowCheckpoint",
+    "advance",
     "apply",
     "checkpoint_of",
     "graph_changes",

@@ -3,8 +3,8 @@
 This module owns the explanation of a resume. :func:`audit` reads one
 checkpoint against a graph and returns an :class:`AuditReport` with one
 :class:`StepAudit` row per step, in declaration order, and the
-:class:`Anomaly` values it found. The rule it explains is invariant 1: a
-step is skipped if and only if its output is recorded; a recorded failure is
+:class:`Anomaly` values it found. The rule it explains is invariant 1: the
+steps a resume skips are exactly those with a recorded output; a recorded failure is
 not an output, so a failed step runs again.
 
 Everything here is pure: the same graph and checkpoint always give the same

@@ -270,7 +270,7 @@ def initial_state(
     """The first state of a run, fresh or resumed from a checkpoint.
 
     A resumed run restores the checkpoint's outputs, usage, failures and
-    context verbatim; a step is done if and only if its output is recorded.
+    context verbatim; the steps counted as done are exactly those with a recorded output.
     ``context`` is merged over the recorded context (its keys win). Every
     argument is checked here, before any step could run: a bad one raises
     ``ValueError`` naming it, and a checkpoint from another graph raises

@@ -27,6 +27,7 @@ from ekit_core import (
     Failed,
     Interrupted,
     Result,
+    RunFinished,
     Start,
     State,
     Succeeded,
@@ -60,6 +61,14 @@ async def _settle(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
             if task.done():
                 raise
             cancelled = True
+
+
+def _split_finish(events: tuple[Event, ...]) -> tuple[tuple[Event, ...], tuple[Event, ...]]:
+    # RunFinished is reported last, after the final CheckpointSaved, so that a
+    # trace consumer may treat it as the end of the run.
+    if events and isinstance(events[-1], RunFinished):
+        return events[:-1], events[-1:]
+    return events, ()
 
 
 class Runner:
@@ -116,9 +125,13 @@ class Runner:
                 if state.incidents.halt is not None:
                     self._cancel_preparing()
                 self._launch_all(batch)
+                events, finish = _split_finish(state.events)
                 if trace is not None:
-                    await self._emit(state.events)
-                await self._save(state)
+                    await self._emit(events)
+                if await self._save(state) and trace is not None:
+                    await self._emit((CheckpointSaved(state.completed),))
+                if trace is not None:
+                    await self._emit(finish)
                 yield state
         except BaseException as exc:
             await self._wind_down(exc)
@@ -231,11 +244,12 @@ class Runner:
                     stacklevel=2,
                 )
 
-    async def _save(self, state: State) -> None:
+    async def _save(self, state: State) -> bool:
+        """Hand the checkpoint of ``state`` over; whether ``checkpoint_fn`` took it."""
         checkpoint = checkpoint_of(state)
         self.last_checkpoint = checkpoint
         if self.checkpoint_fn is None:
-            return
+            return False
         try:
             returned = self.checkpoint_fn(checkpoint)
             if inspect.isawaitable(returned):
@@ -243,8 +257,7 @@ class Runner:
         except Exception:
             self._save_raised = True
             raise
-        if self.trace is not None:
-            await self._emit((CheckpointSaved(checkpoint.step_index),))
+        return True
 
     # -- winding down -------------------------------------------------------
 
@@ -271,10 +284,17 @@ class Runner:
         state = self.state = apply(self.state, results)
         # Calling a checkpoint_fn that just raised would most likely raise again
         # and hide the first error; the previous checkpoint stands.
+        saved = False
         if not self._save_raised:
-            _, again = await _settle(self._save(state))
+            saved, again = await _settle(self._save(state))
             cancelled_again = cancelled_again or again
         if self.trace is not None:
-            await self._emit(state.events)
+            # Saved first so a slow trace cannot delay it, but reported in the
+            # same order as any other transition.
+            events, finish = _split_finish(state.events)
+            await self._emit(events)
+            if saved:
+                await self._emit((CheckpointSaved(state.completed),))
+            await self._emit(finish)
         if cancelled_again and not isinstance(cause, asyncio.CancelledError):
             raise asyncio.CancelledError

@@ -126,8 +126,8 @@ class Workflow:
         - ``checkpoint_fn``: called (and awaited if async) with a new
           :class:`WorkflowCheckpoint` after each group of completions; an
           exception from it propagates out of ``run``.
-        - ``resume_from``: a checkpoint (or its dict); a step is skipped if and
-          only if its output is recorded there.
+        - ``resume_from``: a checkpoint (or its dict); exactly the steps whose
+          output it records are skipped.
         - ``max_concurrency``: at most this many steps in flight.
         - ``budget``: stop starting steps once usage reaches any non-zero field;
           raises :class:`BudgetExceeded`.
