@@ -1,12 +1,17 @@
 """Child process of the store crash tests (tests/test_stores_crash.py).
 
-``python crash_child.py KIND PATH START_LOG SEED`` loads the latest checkpoint
-from a store of KIND at PATH, prints ``ready``, then resumes a 30-step workflow
-(chains and fan-outs) that saves through the store after every group of
-completions. Each step appends its name to START_LOG when it starts, so the
-parent can prove that no recorded step ever started again. The parent kills
-this process with SIGKILL at a random moment; the outputs are deterministic
-whatever the timing.
+``python crash_child.py KIND PATH START_LOG SEED [tear]`` loads the latest
+checkpoint from a store of KIND at PATH, prints ``ready``, then resumes a
+30-step workflow (chains and fan-outs) that saves through the store after
+every group of completions. Each step appends its name to START_LOG when it
+starts, so the parent can prove that no recorded step ever started again. The
+parent kills this process with SIGKILL at a random moment; the outputs are
+deterministic whatever the timing.
+
+With ``tear`` (journal only) the child kills itself instead, with SIGKILL, in
+the middle of one of its appends, after the store's own code has written part
+of the line: a torn tail every time, where random kills only sometimes land
+inside a write.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import hashlib
 import os
 import random
+import signal
 import sys
 from typing import Any
 
@@ -80,13 +86,44 @@ def build(log_fd: int, rng: random.Random) -> Workflow:
     )
 
 
+def tear_an_append(rng: random.Random) -> None:
+    """Make one of the next journal appends write part of its line, then SIGKILL this process.
+
+    Wraps the ``write_all`` that ``JournalStore._append`` calls, so the bytes
+    reach the file through the store's own code path (after it has cut off
+    any earlier torn tail and positioned itself), exactly as a kill between
+    two ``os.write`` calls of a long append would leave them.
+    """
+    from ekit_runtime.stores import journal
+
+    real = journal.write_all
+    countdown = rng.randint(1, 3)
+
+    def write_part(fd: int, data: bytes) -> None:
+        nonlocal countdown
+        countdown -= 1
+        if countdown:
+            real(fd, data)
+            return
+        # Any strict prefix: from one byte of the frame to all but the newline.
+        real(fd, data[: rng.randrange(1, len(data))])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    journal.write_all = write_part
+
+
 def main(argv: list[str]) -> int:
     """Resume the run from the store, saving after every step."""
-    kind, path, log_path, seed = argv
+    kind, path, log_path, seed, *flags = argv
+    rng = random.Random(int(seed))
+    if "tear" in flags:
+        if kind != "journal":
+            raise ValueError("tear needs the journal store")
+        tear_an_append(rng)
     store = make_store(kind, path)
     checkpoint = store.load()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    workflow = build(log_fd, random.Random(int(seed)))
+    workflow = build(log_fd, rng)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     workflow.run_sync(checkpoint_fn=store, resume_from=checkpoint)

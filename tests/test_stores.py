@@ -5,10 +5,13 @@ The crash tests (SIGKILL at random moments) live in test_stores_crash.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import sqlite3
+import stat
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -260,14 +263,27 @@ def test_json_file_failed_replace_keeps_previous(tmp_path: Path, monkeypatch: py
 
 
 def test_json_file_fsyncs_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    synced: list[int] = []
-    real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
-    JsonFileStore(tmp_path / "cp.json")(WorkflowCheckpoint(0, MappingProxyType({})))
-    assert len(synced) == 2
-    synced.clear()
+    """The new file is fsynced before the rename makes it visible, the folder after."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    for _ in range(2):  # creating the file, then replacing it
+        events.clear()
+        JsonFileStore(tmp_path / "cp.json")(WorkflowCheckpoint(0, MappingProxyType({})))
+        assert events == ["fsync file", "replace", "fsync folder"]
+    events.clear()
     JsonFileStore(tmp_path / "cp.json", durable=False)(WorkflowCheckpoint(0, MappingProxyType({})))
-    assert synced == []
+    assert events == ["replace"]
 
 
 def test_json_file_garbage_is_a_value_error(tmp_path: Path) -> None:
@@ -367,6 +383,177 @@ def test_journal_delta_before_full_is_corruption(tmp_path: Path) -> None:
     path.write_bytes(b"".join(lines[1:]))
     with pytest.raises(CorruptStoreError, match="line 1"):
         JournalStore(path).load()
+
+
+def _journal_of_diamond(path: Path) -> list[WorkflowCheckpoint]:
+    return _run(_diamond(), JournalStore(path), max_concurrency=1)
+
+
+def _not_journals(tmp_path: Path) -> dict[str, bytes]:
+    """Files whose first line is not a whole journal record, by what made them."""
+    json_file = tmp_path / "cp.json"
+    _run(_diamond(), JsonFileStore(json_file))
+    one_line = tmp_path / "one.jsonl"
+    JournalStore(one_line)(WorkflowCheckpoint(1, MappingProxyType({"a": "A"})))
+    journal = one_line.read_bytes()
+    return {
+        "JsonFileStore file": json_file.read_bytes(),
+        "JsonFileStore file with newline": json_file.read_bytes() + b"\n",
+        "junk": b"hello world",
+        "junk line then journal": b"hello\n" + journal,
+        "frame prefix only": b'{"c":"0000',
+        "bad checksum": journal[:6] + b"%08x" % (int(journal[6:14], 16) ^ 1) + journal[14:],
+        "UTF-8 BOM": b"\xef\xbb\xbf" + journal,
+        "CR only": journal.replace(b"\n", b"\r"),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["JsonFileStore file", "JsonFileStore file with newline", "junk", "junk line then journal",
+     "frame prefix only", "bad checksum", "UTF-8 BOM", "CR only"],
+)
+def test_journal_damaged_first_line_is_corruption_not_a_torn_tail(tmp_path: Path, kind: str) -> None:
+    """Line 1 is only ever written atomically: damage there means "not a journal", never "torn"."""
+    path = tmp_path / "cp.jsonl"
+    content = _not_journals(tmp_path)[kind]
+    path.write_bytes(content)
+    store = JournalStore(path)
+    with pytest.raises(CorruptStoreError, match=r"cp\.jsonl, line 1: not a JournalStore journal") as info:
+        store.load()
+    assert info.value.line == 1
+    assert info.value.path == str(path)
+    assert store.torn_tail == 0
+    assert path.read_bytes() == content  # loading never touches the file
+    if kind.startswith("JsonFileStore"):
+        assert "JsonFileStore file?" in str(info.value)
+    # The file stays readable by what wrote it.
+    if kind == "JsonFileStore file":
+        assert JsonFileStore(path).load() is not None
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"garbage", b"garbage\n", b"\x00\x00\x00", b'{"c":"0000zz', b'{"c":"00000000","x', b'{"r":{}}\n',
+     b"\n"],
+    ids=repr,
+)
+def test_journal_last_line_not_a_record_prefix_is_corruption(tmp_path: Path, tail: bytes) -> None:
+    path = tmp_path / "cp.jsonl"
+    _journal_of_diamond(path)
+    lines = len(path.read_bytes().splitlines())
+    path.write_bytes(path.read_bytes() + tail)
+    with pytest.raises(CorruptStoreError, match=f"line {lines + 1}: the last line does not start") as info:
+        JournalStore(path).load()
+    assert info.value.line == lines + 1
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"{", b'{"c":"', b'{"c":"0a1b', b'{"c":"0a1b2c3d","r', b'{"c":"0a1b2c3d","r":{"kind":"del',
+     b'{"c":"0a1b2c3d","r":{"kind":"delta"}}\n'],
+    ids=repr,
+)
+def test_journal_torn_append_is_forgiven(tmp_path: Path, tail: bytes) -> None:
+    """What a kill mid-append leaves (a prefix of a line, or a whole one with a bad checksum)."""
+    path = tmp_path / "cp.jsonl"
+    seen = _journal_of_diamond(path)
+    path.write_bytes(path.read_bytes() + tail)
+    store = JournalStore(path)
+    assert store.load() == seen[-1]
+    assert store.torn_tail == len(tail)
+
+
+def test_journal_with_windows_line_endings_loads_and_appends(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    seen = _journal_of_diamond(path)
+    lf_lines = path.read_bytes().splitlines()
+    for keep in (1, len(seen)):  # a one-line journal, and a whole one
+        path.write_bytes(b"".join(line + b"\r\n" for line in lf_lines[:keep]))
+        store = JournalStore(path)
+        assert store.load() == seen[keep - 1]
+        assert store.torn_tail == 0
+        # Appending after CRLF lines works; the new lines end in LF.
+        expected = _extended(seen[-1])
+        store(expected)
+        assert [r["kind"] for r in _lines(path)][-1] == "delta"
+        again = JournalStore(path)
+        assert again.load() == expected
+        assert again.torn_tail == 0
+        assert path.read_bytes().endswith(b"}\n")
+        assert not path.read_bytes().endswith(b"\r\n")
+    # A CRLF journal torn mid-append still forgives the torn bytes.
+    path.write_bytes(path.read_bytes() + b'{"c":"12')
+    assert JournalStore(path).load() == _extended(seen[-1])
+
+
+def _extended(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
+    return WorkflowCheckpoint(
+        cp.step_index + 1, MappingProxyType({**cp.outputs, "x": "X ✓"}), cp.cost, cp.context,
+        cp.step_usage, cp.failures, cp.fingerprint, cp.graph,
+    )
+
+
+def _rewrite_line(path: Path, index: int, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change the record on line ``index`` (0-based) and frame it again with a valid checksum."""
+    from ekit_runtime.stores.journal import _frame
+
+    lines = path.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[index])["r"]
+    change(record)
+    lines[index] = _frame(json.dumps(record, separators=(",", ":")).encode())
+    path.write_bytes(b"".join(lines))
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(record: dict[str, Any]) -> None:
+        target = record
+        *parents, last = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[last] = value
+
+    return change
+
+
+BAD_DELTAS = {
+    "step_usage.c": _set("step_usage.c", "lots"),
+    "step_usage.c.llm_calls": _set("step_usage.c.llm_calls", -1),
+    "step_usage.c.input_tokens": _set("step_usage.c.input_tokens", True),
+    "step_usage.c.output_tokens": _set("step_usage.c", {"input_tokens": 1, "llm_calls": 1}),
+    "failures.z.message": _set("failures", {"z": {"error_type": "E"}}),
+    "failures.z.attempts": _set("failures", {"z": {"error_type": "E", "message": "m", "attempts": 0}}),
+    "failures.z": _set("failures", {"z": None}),
+    "cost.llm_calls": _set("cost.llm_calls", -1),
+    "cost.output_tokens": _set("cost.output_tokens", 1.5),
+    "cost": _set("cost", None),
+    "step_index": _set("step_index", -3),
+    "outputs": _set("outputs", ["c"]),
+}
+
+
+@pytest.mark.parametrize("field", list(BAD_DELTAS))
+def test_journal_bad_delta_values_are_corruption_naming_line_and_field(
+    tmp_path: Path, field: str
+) -> None:
+    path = tmp_path / "cp.jsonl"
+    _journal_of_diamond(path)
+    _rewrite_line(path, 2, BAD_DELTAS[field])
+    with pytest.raises(CorruptStoreError, match=rf"cp\.jsonl, line 3: delta record: .*'{field}'") as info:
+        JournalStore(path).load()
+    assert info.value.line == 3
+
+
+def test_journal_usage_that_goes_down_is_written_in_full(tmp_path: Path) -> None:
+    """A delta only ever adds usage; a checkpoint whose cost fell is recorded whole."""
+    path = tmp_path / "cp.jsonl"
+    store = JournalStore(path)
+    first = WorkflowCheckpoint(1, MappingProxyType({"a": 1}), TokenUsage(10, 10, 2))
+    second = WorkflowCheckpoint(2, MappingProxyType({"a": 1, "b": 2}), TokenUsage(5, 20, 2))
+    store(first)
+    store(second)
+    assert [r["kind"] for r in _lines(path)] == ["full"]
+    assert JournalStore(path).load() == second
 
 
 def test_journal_compact(tmp_path: Path) -> None:
@@ -536,3 +723,133 @@ def test_sqlite_two_writers_same_run_stay_consistent(tmp_path: Path) -> None:
 def test_sqlite_bad_run_id(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="run_id"):
         SqliteStore(tmp_path / "x.db", run_id="")
+
+
+def _interrupt_inserts(conn: sqlite3.Connection) -> Callable[[bool], None]:
+    """Make SQLite interrupt the next row insert: it then rolls the whole transaction back itself."""
+    armed = {"on": False, "now": False}
+
+    def trace(statement: str) -> None:
+        armed["now"] = armed["on"] and statement.startswith("INSERT INTO ekit_entries")
+
+    conn.set_trace_callback(trace)
+    conn.set_progress_handler(lambda: int(armed["now"]), 1)
+    return lambda on: armed.update(on=on, now=False)
+
+
+def test_sqlite_error_sqlite_rolled_back_itself_is_not_masked(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    store = SqliteStore(conn, run_id="r")
+    seen = _run(_diamond(), store, max_concurrency=1)
+    arm = _interrupt_inserts(conn)
+    arm(True)
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        store(_extended(seen[-1]))
+    assert not conn.in_transaction
+    arm(False)
+    assert SqliteStore(conn, run_id="r").load() == seen[-1]
+    store(_extended(seen[-1]))
+    assert SqliteStore(conn, run_id="r").load() == _extended(seen[-1])
+    conn.close()
+
+
+def test_sqlite_failed_commit_is_rolled_back_and_later_saves_work(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    store = SqliteStore(conn, run_id="r")
+    seen = _run(_diamond(), store, max_concurrency=1)
+    # A deferred foreign key is checked at COMMIT, which then fails and leaves
+    # the transaction open: a real way for COMMIT to fail.
+    conn.executescript(
+        """
+        PRAGMA foreign_keys=ON;
+        CREATE TABLE parent (id INTEGER PRIMARY KEY);
+        CREATE TABLE child (parent INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);
+        CREATE TRIGGER orphan AFTER INSERT ON ekit_entries BEGIN INSERT INTO child VALUES (-1); END;
+        """
+    )
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        store(_extended(seen[-1]))
+    assert not conn.in_transaction
+    assert SqliteStore(conn, run_id="r").load() == seen[-1]
+    conn.execute("DROP TRIGGER orphan")
+    store(_extended(seen[-1]))
+    assert SqliteStore(conn, run_id="r").load() == _extended(seen[-1])
+    conn.close()
+
+
+def test_sqlite_load_reads_without_the_write_lock(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    with SqliteStore(db, run_id="r") as writer:
+        seen = _run(_diamond(), writer)
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process is in the middle of a save
+    conn = sqlite3.connect(db, isolation_level=None, timeout=0)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    reader = SqliteStore(conn, run_id="r")
+    assert reader.load() == seen[-1]  # WAL: a reader never waits for the writer
+    assert reader.load("nobody") is None
+    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN", "BEGIN"]
+    other.execute("ROLLBACK")
+    other.close()
+    conn.close()
+
+
+def test_sqlite_garbage_file_is_corrupt_store_error_and_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"this is not a database, just text " * 100)
+    opened: list[sqlite3.Connection] = []
+    real = sqlite3.connect
+
+    def connect(*args: Any, **kw: Any) -> sqlite3.Connection:
+        opened.append(real(*args, **kw))
+        return opened[-1]
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    with pytest.raises(CorruptStoreError, match=r"runs\.db: not a usable SQLite database") as info:
+        SqliteStore(path, run_id="r")
+    assert isinstance(info.value, ValueError)
+    assert info.value.path == str(path)
+    assert len(opened) == 1
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        opened[0].execute("SELECT 1")
+
+
+def test_sqlite_damaged_pages_are_corrupt_store_error(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    with SqliteStore(db, run_id="r") as store:
+        _run(_diamond(), store)
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page:] = b"Z" * (len(data) - page)  # every page after the schema page
+    db.write_bytes(bytes(data))
+    with SqliteStore(db, run_id="r") as store, pytest.raises(
+        CorruptStoreError, match=r"runs\.db: damaged database"
+    ):
+        store.load()
+
+
+@pytest.mark.parametrize(
+    ("field", "make_bad"),
+    [
+        ("cost.input_tokens", lambda cp: dataclasses.replace(cp, cost=TokenUsage(2**63, 0, 0))),
+        ("cost.llm_calls", lambda cp: dataclasses.replace(cp, cost=TokenUsage(0, 0, 2**70))),
+        ("step_index", lambda cp: dataclasses.replace(cp, step_index=2**63)),
+    ],
+)
+def test_sqlite_count_beyond_64_bits_is_refused_before_writing(
+    tmp_path: Path, field: str, make_bad: Callable[[WorkflowCheckpoint], WorkflowCheckpoint]
+) -> None:
+    db = tmp_path / "runs.db"
+    store = SqliteStore(db, run_id="r")
+    seen = _run(_diamond(), store, max_concurrency=1)
+    for bad in (make_bad(seen[-1]), make_bad(_extended(seen[-1]))):  # in full, and as a delta
+        with pytest.raises(UnencodableError, match=rf"{re.escape(field)} = \d+: SQLite integers"):
+            store(bad)
+        assert not store.conn.in_transaction
+        assert SqliteStore(db, run_id="r").load() == seen[-1]
+    store(_extended(seen[-1]))
+    assert SqliteStore(db, run_id="r").load() == _extended(seen[-1])
+    store.close()

@@ -1,4 +1,4 @@
-"""What every store shares: the codec, its error messages, and atomic file writes.
+"""What every store shares: the codec, its error messages, atomic file writes, and "same run".
 
 Encoding happens in one place so that every store fails the same way on an
 output it cannot write: a :class:`UnencodableError` naming the step, raised
@@ -12,7 +12,10 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+if TYPE_CHECKING:
+    from ekit_core import WorkflowCheckpoint
 
 __all__ = [
     "CorruptStoreError",
@@ -22,7 +25,9 @@ __all__ = [
     "atomic_write",
     "default_dumps",
     "encode",
+    "encode_text",
     "fsync_dir",
+    "same_run",
     "write_all",
 ]
 
@@ -65,12 +70,24 @@ def default_dumps(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _to_bytes(value: Any, dumps: Dumps) -> bytes:
+def _dump(value: Any, dumps: Dumps) -> str:
     text = dumps(value)
     if not isinstance(text, str):
         raise TypeError(f"dumps must return str, got {type(text).__name__}")
+    return text
+
+
+def _to_bytes(value: Any, dumps: Dumps) -> bytes:
     # A lone surrogate passes json.dumps(ensure_ascii=False) and only fails here.
-    return text.encode("utf-8")
+    return _dump(value, dumps).encode("utf-8")
+
+
+def _to_text(value: Any, dumps: Dumps) -> str:
+    text = _dump(value, dumps)
+    # Encoded only to fail now on a lone surrogate, before anything is
+    # written, rather than inside a SQLite transaction.
+    text.encode("utf-8")
+    return text
 
 
 def encode(
@@ -87,7 +104,29 @@ def encode(
     try:
         return _to_bytes(record, dumps)
     except Exception as exc:
-        cause: Exception = exc
+        _blame(exc, dumps, outputs, context)
+
+
+def encode_text(
+    record: Any,
+    dumps: Dumps,
+    outputs: Iterable[tuple[str, Any]],
+    context: Mapping[str, Any] | None = None,
+) -> str:
+    """Like :func:`encode`, for a store that keeps text: ``dumps(record)``, checked to be utf-8-safe."""
+    try:
+        return _to_text(record, dumps)
+    except Exception as exc:
+        _blame(exc, dumps, outputs, context)
+
+
+def _blame(
+    cause: Exception,
+    dumps: Dumps,
+    outputs: Iterable[tuple[str, Any]],
+    context: Mapping[str, Any] | None,
+) -> NoReturn:
+    """Raise the :class:`UnencodableError` naming the first output or context key at fault."""
     for name, value in outputs:
         try:
             _to_bytes(value, dumps)
@@ -108,6 +147,20 @@ def encode(
     raise UnencodableError(
         f"cannot encode the checkpoint: {type(cause).__name__}: {cause}; nothing was saved"
     ) from cause
+
+
+def same_run(checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
+    """Whether ``checkpoint`` may be stored as a delta on ``previous``: same run, same format.
+
+    A different fingerprint, format version or graph means another run (or
+    another version of the workflow), which the stores write in full.
+    """
+    return (
+        checkpoint.fingerprint == previous.fingerprint
+        and checkpoint.format_version == previous.format_version
+        # Checkpoints of one run share the graph object: skip the deep comparison.
+        and (checkpoint.graph is previous.graph or checkpoint.graph == previous.graph)
+    )
 
 
 def fsync_dir(folder: str) -> None:

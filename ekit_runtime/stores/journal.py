@@ -15,22 +15,29 @@ the first save of a store object that has not loaded the file, when a
 checkpoint does not extend the previous one, on :meth:`JournalStore.compact`,
 or every ``compact_after`` deltas.
 
-A process killed mid-append leaves a last line without its newline or with a
-checksum that does not match: :meth:`JournalStore.load` ignores it, reports
-its size in ``torn_tail``, and the next append cuts it off first. A damaged
-line anywhere else is corruption, not a crash, and raises
-:class:`~ekit_runtime.stores.CorruptStoreError` naming the line.
+A process killed mid-append leaves a last line that is a prefix of a record
+line (``{"c":"`` ...) without its newline, or one whose checksum does not
+match: :meth:`JournalStore.load` ignores it, reports its size in
+``torn_tail``, and the next append cuts it off first. Anything else is
+corruption, not a crash, and raises
+:class:`~ekit_runtime.stores.CorruptStoreError` naming the line: a damaged
+line before the last, a last line that does not start like a record, and a
+damaged first line (it is only ever written whole, by an atomic replace, so
+no crash can tear it; a damaged one means the file is not a journal). Lines
+ending in ``\r\n`` (a journal converted to Windows line endings) are read as
+if they ended in ``\n``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zlib
-from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-from ekit_core import WorkflowCheckpoint
+from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
@@ -38,6 +45,7 @@ from ekit_runtime.stores._common import (
     atomic_write,
     default_dumps,
     encode,
+    same_run,
     write_all,
 )
 
@@ -47,7 +55,11 @@ _HEAD = b'{"c":"'
 _MID = b'","r":'
 _TAIL = b"}\n"
 _BODY_START = len(_HEAD) + 8 + len(_MID)
-_COUNTS = ("input_tokens", "output_tokens", "llm_calls")
+# What every line starts with; ``0`` marks the 8 hex digits of the checksum.
+_FRAME_START = _HEAD + b"0" * 8 + _MID
+_HEX = frozenset(b"0123456789abcdef")
+# The keys of a delta record that have the shape of checkpoint fields.
+_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures")
 
 
 def _frame(body: bytes) -> bytes:
@@ -58,6 +70,10 @@ def _frame(body: bytes) -> bytes:
 
 def _unframe(line: bytes) -> bytes | None:
     """The record bytes of one complete line, or ``None`` if the line is damaged."""
+    if line.endswith(b"}\r\n"):
+        # _frame always ends a line with "}\n", so this is a journal converted
+        # to Windows line endings; the record and its checksum are unchanged.
+        line = line[:-2] + b"\n"
     if (
         len(line) < _BODY_START + len(_TAIL)
         or not line.startswith(_HEAD)
@@ -71,6 +87,52 @@ def _unframe(line: bytes) -> bytes | None:
         return None
     body = line[_BODY_START : -len(_TAIL)]
     return body if zlib.crc32(body) == crc else None
+
+
+def _starts_like_a_line(fragment: bytes) -> bool:
+    """Whether ``fragment`` begins the way every journal line does (``{"c":"<8 hex>","r":``).
+
+    Only such bytes can be an append that a crash cut short: appends write a
+    line's bytes in order, so what reaches the file is a prefix of the line.
+    """
+    for i, byte in enumerate(fragment[:_BODY_START]):
+        if len(_HEAD) <= i < len(_HEAD) + 8:
+            if byte not in _HEX:
+                return False
+        elif byte != _FRAME_START[i]:
+            return False
+    return True
+
+
+@dataclasses.dataclass(slots=True)
+class _Fold:
+    """The checkpoint a journal folds to, built up line by line from typed parts."""
+
+    start: WorkflowCheckpoint
+    step_index: int
+    outputs: dict[str, Any]
+    step_usage: dict[str, TokenUsage]
+    failures: dict[str, FailureRecord]
+    cost: TokenUsage
+
+    @classmethod
+    def of(cls, start: WorkflowCheckpoint) -> _Fold:
+        return cls(
+            start, start.step_index, dict(start.outputs), dict(start.step_usage),
+            dict(start.failures), start.cost,
+        )
+
+    def checkpoint(self) -> WorkflowCheckpoint:
+        # Every part was parsed by WorkflowCheckpoint.from_dict (the full
+        # record, then each delta), so assembling them needs no second parse.
+        return dataclasses.replace(
+            self.start,
+            step_index=self.step_index,
+            outputs=MappingProxyType(self.outputs),
+            cost=self.cost,
+            step_usage=MappingProxyType(self.step_usage),
+            failures=MappingProxyType(self.failures),
+        )
 
 
 class JournalStore:
@@ -137,9 +199,7 @@ class JournalStore:
         if (
             previous is not None
             and (self.compact_after is None or self._deltas < self.compact_after)
-            and checkpoint.fingerprint == previous.fingerprint
-            and checkpoint.format_version == previous.format_version
-            and (checkpoint.graph is previous.graph or checkpoint.graph == previous.graph)
+            and same_run(checkpoint, previous)
         ):
             record = self._delta(previous, checkpoint)
         if record is None:
@@ -161,7 +221,14 @@ class JournalStore:
     def _delta(previous: WorkflowCheckpoint, checkpoint: WorkflowCheckpoint) -> dict[str, Any] | None:
         """The delta record from ``previous`` to ``checkpoint``; ``None`` if it needs a full one."""
         delta = checkpoint.delta_since(previous)
-        if not delta.extends or delta.context_changed:
+        cost = delta.cost
+        if (
+            not delta.extends
+            or delta.context_changed
+            # Usage that went down cannot be a delta: a delta's counts are
+            # parsed like a checkpoint's, which are never negative.
+            or min(cost.input_tokens, cost.output_tokens, cost.llm_calls) < 0
+        ):
             return None
         cleared = [k for k in previous.failures if k not in checkpoint.failures]
         if (
@@ -250,9 +317,11 @@ class JournalStore:
         """Fold the journal into its latest checkpoint; ``None`` if nothing was saved yet.
 
         Sets ``torn_tail``. Raises :class:`~ekit_runtime.stores.CorruptStoreError`
-        for a damaged line that is not the last one, or a record that does not
-        fit the format, and :class:`~ekit_core.CheckpointError` when the folded
-        data is not a valid checkpoint (all ``ValueError``).
+        (a ``ValueError``) naming the file and line for damage no crash can
+        leave: a damaged first line (so a file that is not a journal is never
+        mistaken for a torn one), a damaged line before the last, a last line
+        that does not start like a record, or a record that does not fit the
+        format.
         """
         self._last = None
         self.torn_tail = 0
@@ -261,7 +330,7 @@ class JournalStore:
                 raw = f.read()
         except FileNotFoundError:
             return None
-        folded: dict[str, Any] | None = None
+        folded: _Fold | None = None
         deltas = 0
         pos = 0
         number = 0
@@ -271,15 +340,12 @@ class JournalStore:
             line = raw[pos : len(raw) if end < 0 else end + 1]
             body = _unframe(line) if end >= 0 else None
             if body is None:
-                if pos + len(line) < len(raw):
-                    raise CorruptStoreError(
-                        self.path, "damaged line (bad checksum or framing) before the end", number
-                    )
+                self._check_torn(line, number, last=pos + len(line) == len(raw))
                 self.torn_tail = len(line)
                 break
             record = self._decode(body, number)
             if record.get("kind") == "full":
-                folded = self._start(record, number)
+                folded = _Fold.of(self._start(record, number))
                 deltas = 0
             elif record.get("kind") == "delta":
                 if folded is None:
@@ -293,15 +359,39 @@ class JournalStore:
                 )
             pos += len(line)
         if folded is None:
+            # Only an empty file folds to nothing: line 1 is a full record or an error.
             self._known(None, pos, deltas=0)
             return None
-        try:
-            checkpoint = WorkflowCheckpoint.from_dict(folded)
-        except ValueError as exc:
-            exc.add_note(f"while loading the journal {self.path}")
-            raise
+        checkpoint = folded.checkpoint()
         self._known(checkpoint, pos, deltas=deltas)
         return checkpoint
+
+    def _check_torn(self, line: bytes, number: int, *, last: bool) -> None:
+        """Raise unless the damaged ``line`` is what a crash mid-append can leave."""
+        if number == 1:
+            # The first line is only ever written by an atomic replace: no
+            # crash tears it. Calling this a torn tail would let the next save
+            # replace a file that is not a journal (a JsonFileStore file, say).
+            hint = ""
+            if line.lstrip().startswith(b"{") and not _starts_like_a_line(line):
+                hint = " (it looks like a JSON document: a JsonFileStore file?)"
+            raise CorruptStoreError(
+                self.path,
+                "not a JournalStore journal: the first line is not a whole journal record, "
+                f"and no crash can damage it{hint}",
+                number,
+            )
+        if not last:
+            raise CorruptStoreError(
+                self.path, "damaged line (bad checksum or framing) before the end", number
+            )
+        if not _starts_like_a_line(line):
+            raise CorruptStoreError(
+                self.path,
+                'the last line does not start like a journal record ({"c":"...), so it is '
+                "not an append cut short by a crash",
+                number,
+            )
 
     def _decode(self, body: bytes, number: int) -> dict[str, Any]:
         try:
@@ -316,55 +406,39 @@ class JournalStore:
             )
         return record
 
-    def _start(self, record: dict[str, Any], number: int) -> dict[str, Any]:
-        data = {k: v for k, v in record.items() if k != "kind"}
+    def _start(self, record: dict[str, Any], number: int) -> WorkflowCheckpoint:
         try:
-            WorkflowCheckpoint.from_dict(data)
+            return WorkflowCheckpoint.from_dict({k: v for k, v in record.items() if k != "kind"})
         except ValueError as exc:
             raise CorruptStoreError(self.path, str(exc), number) from exc
-        data["outputs"] = dict(data["outputs"])
-        data["step_usage"] = dict(data.get("step_usage", {}))
-        data["failures"] = dict(data.get("failures", {}))
-        data["cost"] = {k: data["cost"][k] for k in _COUNTS}
-        return data
 
-    def _fold(self, data: dict[str, Any], record: dict[str, Any], number: int) -> None:
+    def _fold(self, folded: _Fold, record: dict[str, Any], number: int) -> None:
         def bad(problem: str) -> CorruptStoreError:
             return CorruptStoreError(self.path, f"delta record: {problem}", number)
 
-        step_index = record.get("step_index")
-        if isinstance(step_index, bool) or not isinstance(step_index, int) or step_index < 0:
-            raise bad(f"'step_index' must be a non-negative int, got {step_index!r}")
-        tables = {}
-        for key in ("outputs", "step_usage", "failures"):
-            table = record.get(key, {})
-            if not isinstance(table, Mapping) or not all(isinstance(k, str) for k in table):
-                raise bad(f"{key!r} must be an object keyed by step name")
-            tables[key] = table
-        for key in ("outputs", "step_usage"):
-            target = data[key]
-            for name, value in tables[key].items():
-                if name in target:
-                    raise bad(f"{key!r} records step {name!r} a second time")
-                target[name] = value
-        data["failures"].update(tables["failures"])
+        # A delta's fields have the shape of a checkpoint's (the counts of
+        # ``cost`` are what was added), so the checkpoint parser validates
+        # them, naming the field: one set of rules for full and delta records.
+        try:
+            part = WorkflowCheckpoint.from_dict({k: record[k] for k in _DELTA_FIELDS if k in record})
+        except CheckpointError as exc:
+            raise bad(str(exc)) from exc
         cleared = record.get("cleared", [])
         if not isinstance(cleared, list) or not all(isinstance(k, str) for k in cleared):
             raise bad("'cleared' must be a list of step names")
+        for key, target, new in (
+            ("outputs", folded.outputs, part.outputs),
+            ("step_usage", folded.step_usage, part.step_usage),
+        ):
+            for name, value in new.items():
+                if name in target:
+                    raise bad(f"{key!r} records step {name!r} a second time")
+                target[name] = value
+        folded.failures.update(part.failures)
         for name in cleared:
-            data["failures"].pop(name, None)
-        cost = record.get("cost")
-        if not isinstance(cost, Mapping):
-            raise bad(f"'cost' must be an object, got {type(cost).__name__}")
-        total = data["cost"]
-        for key in _COUNTS:
-            added = cost.get(key)
-            if isinstance(added, bool) or not isinstance(added, int):
-                raise bad(f"'cost.{key}' must be an int, got {added!r}")
-            total[key] += added
-            if total[key] < 0:
-                raise bad(f"'cost.{key}' makes the total negative")
-        data["step_index"] = step_index
+            folded.failures.pop(name, None)
+        folded.cost = folded.cost + part.cost
+        folded.step_index = part.step_index
 
     def __repr__(self) -> str:
         return f"JournalStore({self.path!r})"

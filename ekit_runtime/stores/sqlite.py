@@ -7,7 +7,8 @@ and the failures. ``ekit_entries`` holds one row per recorded output and
 per-step usage, each value encoded on its own. A save is one transaction
 that inserts only the new rows and updates the run's row, so it costs
 O(that step's output); the first save of a store object, or a checkpoint
-that does not extend the previous one, rewrites the run in full.
+that does not extend the previous one, rewrites the run in full. Reads take
+a deferred transaction: one consistent snapshot without the write lock.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ekit_runtime.stores._common import (
     Loads,
     UnencodableError,
     default_dumps,
-    encode,
+    encode_text,
+    same_run,
 )
 
 if TYPE_CHECKING:
@@ -57,20 +59,16 @@ CREATE TABLE IF NOT EXISTS ekit_entries (
 );
 """
 
+# SQLite stores INTEGER as a signed 64-bit value; a larger Python int would
+# raise OverflowError in the middle of the transaction.
+_INT64 = range(-(2**63), 2**63)
 
-def _text(value: Any, dumps: Dumps, step: str | None, what: str) -> str:
-    try:
-        text = dumps(value)
-        if not isinstance(text, str):
-            raise TypeError(f"dumps must return str, got {type(text).__name__}")
-        text.encode("utf-8")
-    except Exception as exc:
-        raise UnencodableError(
-            f"cannot encode {what}: {type(exc).__name__}: {exc}; nothing was saved "
-            "(pass dumps=/loads= to store rich types)",
-            step=step,
-        ) from exc
-    return text
+
+def _damaged(exc: BaseException) -> bool:
+    """Whether a sqlite3 error says the file is not a database or is corrupt."""
+    import sqlite3
+
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
 
 class SqliteStore:
@@ -99,6 +97,12 @@ class SqliteStore:
         loads: Loads | None = None,
         durable: bool = True,
     ) -> None:
+        """Open (or share) ``database`` and create the store's tables if missing.
+
+        Raises :class:`~ekit_runtime.stores.CorruptStoreError` (a
+        ``ValueError``) naming the file when it is not a SQLite database;
+        a connection the store opened is closed on any failure here.
+        """
         import sqlite3
 
         if not isinstance(run_id, str) or not run_id:
@@ -117,11 +121,19 @@ class SqliteStore:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30.0
             )
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        self._idle()
-        # executescript commits on its own; the DDL is idempotent.
-        self.conn.executescript(_SCHEMA)
+        try:
+            if self._owned:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._idle()
+            # executescript commits on its own; the DDL is idempotent.
+            self.conn.executescript(_SCHEMA)
+        except BaseException as exc:
+            if self._owned:
+                self.conn.close()
+            if _damaged(exc):
+                raise CorruptStoreError(self.path, f"not a usable SQLite database ({exc})") from exc
+            raise
         # What this object knows is stored for its run id: the checkpoint and
         # the run row's save counter. ``None`` means "unknown": save in full.
         self._last: WorkflowCheckpoint | None = None
@@ -134,16 +146,32 @@ class SqliteStore:
                 "back before using the store"
             )
 
-    def _transaction(self, body: Callable[[], T]) -> T:
+    def _transaction(self, body: Callable[[], T], *, write: bool = True) -> T:
+        """Run ``body`` in one transaction: ``BEGIN IMMEDIATE`` to write, deferred to read.
+
+        A read needs one snapshot, not the write lock (in WAL mode readers
+        never wait for a writer). On any error, including a failed COMMIT,
+        the transaction is rolled back if SQLite has not already done so, and
+        the original error propagates.
+        """
+        import sqlite3
+
         conn = self.conn
         self._idle()
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             result = body()
-        except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            # Some errors (SQLITE_FULL, IOERR, INTERRUPT...) roll back by
+            # themselves, and a failed COMMIT leaves the transaction open;
+            # either way the connection must end up idle for the next save.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as rollback:
+                    exc.add_note(f"and the rollback failed too: {rollback}")
             raise
-        conn.execute("COMMIT")
         return result
 
     # -- saving -------------------------------------------------------------
@@ -161,13 +189,7 @@ class SqliteStore:
             )
         with self._lock:
             previous = self._last
-            full = (
-                previous is None
-                or not self._saves
-                or checkpoint.fingerprint != previous.fingerprint
-                or checkpoint.format_version != previous.format_version
-                or not (checkpoint.graph is previous.graph or checkpoint.graph == previous.graph)
-            )
+            full = previous is None or not self._saves or not same_run(checkpoint, previous)
             rows: list[tuple[str, str, str]] | None = None
             if previous is not None and not full:
                 delta = checkpoint.delta_since(previous)
@@ -179,10 +201,10 @@ class SqliteStore:
             new_rows = rows if rows is not None else self._rows(
                 checkpoint.outputs.items(), checkpoint.step_usage.items()
             )
-            failures = _text(
-                {k: f.to_dict() for k, f in checkpoint.failures.items()},
-                default_dumps, None, "the failures",
+            failures = encode_text(
+                {k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ()
             )
+            self._check_counts(checkpoint)
             # Unknown until the transaction commits: if it fails, save in full next time.
             self._last = None
             try:
@@ -201,19 +223,31 @@ class SqliteStore:
 
     __call__ = save
 
+    @staticmethod
+    def _check_counts(checkpoint: WorkflowCheckpoint) -> None:
+        """Refuse, before the transaction, a count that does not fit an SQLite INTEGER."""
+        cost = checkpoint.cost
+        for name, value in (
+            ("step_index", checkpoint.step_index),
+            ("cost.input_tokens", cost.input_tokens),
+            ("cost.output_tokens", cost.output_tokens),
+            ("cost.llm_calls", cost.llm_calls),
+        ):
+            if value not in _INT64:
+                raise UnencodableError(
+                    f"cannot store {name} = {value}: SQLite integers are 64-bit; nothing was saved"
+                )
+
     def _header(self, checkpoint: WorkflowCheckpoint) -> str:
         meta = checkpoint.to_dict()
         for key in ("outputs", "step_usage", "failures", "cost", "step_index"):
             del meta[key]
-        return encode(meta, self.dumps, (), checkpoint.context).decode("utf-8")
+        return encode_text(meta, self.dumps, (), checkpoint.context)
 
     def _rows(
         self, outputs: Iterable[tuple[str, Any]], usage: Iterable[tuple[str, TokenUsage]]
     ) -> list[tuple[str, str, str]]:
-        rows = [
-            ("output", k, _text(v, self.dumps, k, f"the output of step {k!r}"))
-            for k, v in outputs
-        ]
+        rows = [("output", k, encode_text(v, self.dumps, ((k, v),))) for k, v in outputs]
         rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
         return rows
 
@@ -270,8 +304,15 @@ class SqliteStore:
         run = self.run_id if run_id is None else run_id
         if not isinstance(run, str):
             raise ValueError(f"run_id must be a string, got {type(run).__name__}")
+        import sqlite3
+
         with self._lock:
-            row, entries = self._read(run)
+            try:
+                row, entries = self._read(run)
+            except sqlite3.DatabaseError as exc:
+                if _damaged(exc):
+                    raise CorruptStoreError(self.path, f"damaged database ({exc})") from exc
+                raise
             if row is None:
                 if run == self.run_id:
                     self._last = None
@@ -317,8 +358,9 @@ class SqliteStore:
             ).fetchall()
             return row, entries
 
-        # One transaction, so the run row and its entries come from one snapshot.
-        return self._transaction(body)
+        # One transaction, so the run row and its entries come from one
+        # snapshot; deferred, so a read neither takes nor waits for the write lock.
+        return self._transaction(body, write=False)
 
     def _decode(self, text: str, where: str, what: str) -> Any:
         loads = json.loads if what in ("failures",) or what.startswith("usage") else self.loads
