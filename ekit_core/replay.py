@@ -270,7 +270,7 @@ def replay(
         try:
             cps.append(load_checkpoint(raw))
         except CheckpointError as exc:
-            raise type(exc)(f"[{i}].{exc.field}", str(exc).split(": ", 1)[-1]) from None
+            raise type(exc)(f"[{i}].{exc.field}", exc.problem) from None
         except ValueError as exc:
             raise ValueError(f"checkpoint [{i}]: {exc}") from None
     if graph_or_workflow is None:

@@ -14,12 +14,16 @@ Exit codes: ``0`` clean, ``1`` anomalies or violations found, ``2`` bad usage
 or unreadable input. An input problem (a missing file, invalid JSON, a
 malformed checkpoint or graph, a workflow that cannot be imported) prints one
 line naming the file and the problem to stderr, never a traceback. A file
-name of ``-`` reads standard input.
+name of ``-`` reads standard input. An unexpected error is a bug: it prints
+one ``ekit: internal error: ...`` line and exits ``2`` too, so that it can never
+be taken for ``1``. Ctrl-C exits ``130``; a closed standard output (``| head``)
+``141``, quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -28,15 +32,28 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 from ekit_core import GraphSpec, WorkflowCheckpoint, audit, replay
+from ekit_core.audit import graph_of, recorded_graph
 
-__all__ = ["EXIT_CLEAN", "EXIT_FOUND", "EXIT_USAGE", "InputError", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_CLEAN",
+    "EXIT_FOUND",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "InputError",
+    "main",
+]
 
 EXIT_CLEAN = 0
 """Nothing to report."""
 EXIT_FOUND = 1
 """The audit found anomalies, or the replay found violations."""
 EXIT_USAGE = 2
-"""Bad usage or unreadable input."""
+"""Bad usage or unreadable input (and, with ``ekit: internal error``, a bug)."""
+EXIT_INTERRUPTED = 130
+"""Interrupted by Ctrl-C (128 + SIGINT, as shells report it)."""
+EXIT_BROKEN_PIPE = 141
+"""Standard output was closed by its reader (128 + SIGPIPE, as shells report it)."""
 
 
 class InputError(Exception):
@@ -53,9 +70,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _read_text(path: str) -> str:
     if path == "-":
-        return sys.stdin.read()
+        return _read_stdin()
     try:
-        with open(path, encoding="utf-8") as f:
+        # newline="": JSONL lines are split on "\n" alone (see
+        # _load_checkpoints), so a "\r" must not be turned into a line break.
+        with open(path, encoding="utf-8", newline="") as f:
             return f.read()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
@@ -67,6 +86,18 @@ def _read_text(path: str) -> str:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def _read_stdin() -> str:
+    # Decode the bytes ourselves: the files are UTF-8 whatever the locale says,
+    # and a decoding error must be an input error, not a traceback.
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # replaced by a text-only stream (a test, an embedding)
+        return sys.stdin.read()
+    try:
+        return bytes(stream.read()).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"-: not UTF-8 text ({exc.reason})") from None
+
+
 def _parse_json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
@@ -76,6 +107,10 @@ def _parse_json(text: str, where: str) -> Any:
         ) from None
     except RecursionError:
         raise InputError(f"{where}: invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        # Not a syntax error but a value json refuses to build, such as an int
+        # longer than sys.get_int_max_str_digits() digits.
+        raise InputError(f"{where}: unreadable JSON: {exc}") from None
 
 
 def _checkpoint(data: Any, where: str) -> WorkflowCheckpoint:
@@ -92,7 +127,11 @@ def _load_checkpoint(path: str) -> WorkflowCheckpoint:
 def _load_checkpoints(path: str) -> list[WorkflowCheckpoint]:
     text = _read_text(path)
     checkpoints = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # Split on "\n" only: str.splitlines() also breaks at U+2028, U+2029 and
+    # \x85, which JSON allows raw inside strings (the stores write
+    # ensure_ascii=False), and would cut such a checkpoint in two.
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         where = f"{path} line {number}"
@@ -133,31 +172,50 @@ def _import_graph(spec: str) -> GraphSpec:
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
+    # The workflow's module is arbitrary code: besides raising, it may call
+    # sys.exit() while being imported, which would otherwise end the command
+    # with that code and no output, reading as a clean audit.
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise InputError(f"--workflow {spec}: no module named {exc.name!r}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise InputError(
-            f"--workflow {spec}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+            f"--workflow {spec}: importing {module_name!r} {_raised(exc)}"
         ) from None
     finally:
         if added:
-            sys.path.remove(cwd)
+            # The module may have edited sys.path itself.
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+    # Attribute reads run code too (properties, module __getattr__).
     obj: object = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise InputError(f"--workflow {spec}: {module_name!r} has no attribute {attr!r}") from None
-    if isinstance(obj, GraphSpec):
-        return obj
-    graph = getattr(obj, "graph", None)
-    if isinstance(graph, GraphSpec):
-        return graph
-    raise InputError(
-        f"--workflow {spec}: {attr!r} is a {type(obj).__name__}, not a Workflow or GraphSpec"
-    )
+        except (Exception, SystemExit) as exc:
+            raise InputError(f"--workflow {spec}: reading {attr!r} {_raised(exc)}") from None
+    try:
+        return graph_of(obj)
+    except ValueError as exc:
+        raise InputError(f"--workflow {spec}: {attr!r}: {exc}") from None
+    except (Exception, SystemExit) as exc:
+        raise InputError(f"--workflow {spec}: reading {attr}.graph {_raised(exc)}") from None
+
+
+def _raised(exc: BaseException) -> str:
+    """What ``exc`` says, as the end of a one-line message: ``raised KeyError: 'x'``."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"raised {_one_line(f'{type(exc).__name__}: {exc}')}"
+
+
+def _one_line(text: str) -> str:
+    # Error messages go to stderr as exactly one line, whatever the exception
+    # or file name held.
+    return " ".join(text.splitlines())
 
 
 def _graph_option(args: argparse.Namespace) -> GraphSpec | None:
@@ -169,8 +227,29 @@ def _graph_option(args: argparse.Namespace) -> GraphSpec | None:
 
 
 def _print_json(data: object, out: TextIO) -> None:
+    # ensure_ascii (the default) keeps the output encodable whatever the
+    # stream's encoding, lone surrogates included.
     json.dump(data, out, indent=2, sort_keys=False)
     out.write("\n")
+
+
+def _print_text(text: str, out: TextIO) -> None:
+    """Write ``text`` and a newline, escaping what ``out``'s encoding cannot hold.
+
+    Step names and file names come from the input: a lone surrogate
+    (``"\\ud800"`` in the JSON, or a file name that is not UTF-8) or a name
+    outside a non-UTF-8 locale's charset would make a plain ``print`` raise
+    ``UnicodeEncodeError``. Escaping it as ``\\ud800`` keeps the report whole.
+    """
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    text += "\n"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding name codecs does not know: leave it to the stream
+        pass
+    out.write(text)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -187,8 +266,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"checkpoint": args.checkpoint, **report.to_dict()}, sys.stdout)
     else:
-        print(f"audit of {args.checkpoint}")
-        print(report.format())
+        _print_text(f"audit of {args.checkpoint}\n{report.format()}", sys.stdout)
     return EXIT_CLEAN if report.clean else EXIT_FOUND
 
 
@@ -206,8 +284,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"checkpoints_file": args.checkpoints, **report.to_dict()}, sys.stdout)
     else:
-        print(f"replay of {args.checkpoints}")
-        print(report.format())
+        _print_text(f"replay of {args.checkpoints}\n{report.format()}", sys.stdout)
     return EXIT_CLEAN if report.ok else EXIT_FOUND
 
 
@@ -216,10 +293,12 @@ def _cmd_graph(args: argparse.Namespace) -> int:
         graph = _import_graph(args.workflow)
     else:
         checkpoint = _load_checkpoint(args.checkpoint)
+        # recorded_graph's own message advises giving the workflow's graph,
+        # which is beside the point for this command.
         if checkpoint.graph is None:
             raise InputError(f"{args.checkpoint}: the checkpoint records no graph")
         try:
-            graph = GraphSpec.of(checkpoint.graph)
+            graph = recorded_graph(checkpoint)
         except ValueError as exc:
             raise InputError(f"{args.checkpoint}: recorded graph: {exc}") from None
     _print_json(graph.to_dict(), sys.stdout)
@@ -301,10 +380,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_demo(argparse.Namespace(args=argv[1:]))
         args = _parser().parse_args(argv)
         code: int = args.func(args)
+        # Flush here so that a write error surfaces below, not at interpreter exit.
+        sys.stdout.flush()
         return code
     except InputError as exc:
-        print(f"ekit: {exc}", file=sys.stderr)
+        _error(str(exc))
         return EXIT_USAGE
     except SystemExit as exc:
         # ``--help`` exits through argparse; keep its code.
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``ekit replay run.jsonl | head``): stop quietly.
+        # Point stdout at devnull so the interpreter's final flush does not
+        # raise again and print "Exception ignored".
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        # A bug (ours or an unforeseen input): it must not exit 1, which would
+        # read as "anomalies found", nor print a traceback.
+        _error(f"internal error: {_one_line(f'{type(exc).__name__}: {exc}')}")
+        return EXIT_USAGE
+
+
+def _error(message: str) -> None:
+    # stderr escapes what its encoding cannot hold ("backslashreplace"), but
+    # it may have been replaced (tests, embedding), so escape here as well.
+    _print_text(f"ekit: {_one_line(message)}", sys.stderr)

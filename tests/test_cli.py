@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import shutil
 import subprocess
@@ -63,11 +64,30 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def ekit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def ekit(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ekit_runtime", *args],
         cwd=cwd, capture_output=True, text=True, timeout=60,
+        env=None if env is None else {**os.environ, **env},
+        # Read back what the command wrote, escapes included, whatever it was.
+        encoding="utf-8", errors="backslashreplace",
     )
+
+
+def ekit_patched(cwd: Path, patch: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``main(args)`` in a fresh interpreter after ``patch`` (code given ``cli``)."""
+    code = (
+        "import sys\nimport ekit_runtime.cli as cli\n"
+        f"{patch}\nraise SystemExit(cli.main({list(args)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+ZERO = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -192,6 +212,9 @@ def test_console_script(run_dir: Path) -> None:
             '"cost": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}}',
             ["bad.json", "records no graph", "--workflow"],
         ),
+        # Valid JSON syntax, but past the int digit limit: json raises a plain ValueError.
+        ('{"step_index": ' + "1" * 5000 + "}", ["bad.json", "unreadable JSON", "4300 digits"]),
+        ("\ufeff{}", ["bad.json", "invalid JSON", "BOM"]),
     ],
 )
 def test_audit_bad_input_is_one_line_and_exit_2(
@@ -211,6 +234,50 @@ def test_replay_bad_lines_name_the_line(run_dir: Path, tmp_path: Path) -> None:
     one_error_line(ekit(tmp_path, "replay", "bad2.jsonl"), "bad2.jsonl line 2", "step_index")
     (tmp_path / "empty.jsonl").write_text("\n")
     one_error_line(ekit(tmp_path, "replay", "empty.jsonl"), "empty.jsonl", "no checkpoint")
+    (tmp_path / "big.jsonl").write_text(good + '\n{"step_index": ' + "7" * 4301 + "}\n")
+    one_error_line(
+        ekit(tmp_path, "replay", "big.jsonl"), "big.jsonl line 2", "unreadable JSON", "4301 digits"
+    )
+    # A field named after a step whose name holds ": " comes through whole.
+    colon = {
+        "step_index": 0, "outputs": {}, "cost": ZERO,
+        "failures": {"fetch: v2": {"error_type": "E", "message": "m", "attempts": 0}},
+    }
+    (tmp_path / "colon.jsonl").write_text(good + "\n" + json.dumps(colon) + "\n")
+    one_error_line(
+        ekit(tmp_path, "replay", "colon.jsonl"),
+        "colon.jsonl line 2", "'failures.fetch: v2.attempts': must be at least 1",
+    )
+
+
+# Characters str.splitlines() breaks at but JSON allows raw inside a string
+# (it also breaks at \x0b, \x0c and \x1c-\x1e, which JSON requires escaped).
+LINE_BREAKS = "\u2028\u2029\x85"
+
+
+def test_replay_splits_lines_on_newline_only(tmp_path: Path) -> None:
+    cps = [
+        {"step_index": 0, "outputs": {}, "cost": ZERO, "graph": {"a": [], "b": ["a"]}},
+        {
+            "step_index": 1, "outputs": {"a": f"x{LINE_BREAKS}y"}, "cost": ZERO,
+            "graph": {"a": [], "b": ["a"]},
+        },
+    ]
+    # As the stores write them (ensure_ascii=False), with CRLF line ends.
+    lines = [json.dumps(cp, ensure_ascii=False) for cp in cps]
+    assert all(ch in lines[1] for ch in LINE_BREAKS)
+    (tmp_path / "run.jsonl").write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    proc = ekit(tmp_path, "replay", "run.jsonl", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"] is True and len(data["timeline"]) == 2
+    # An error after such a line is reported on its real line number.
+    (tmp_path / "bad.jsonl").write_bytes(
+        "\r\n".join([*lines, "", "{oops"]).encode() + b"\r\n"
+    )
+    one_error_line(
+        ekit(tmp_path, "replay", "bad.jsonl"), "bad.jsonl line 4", "invalid JSON at line 1 column 2"
+    )
 
 
 @pytest.mark.parametrize(
@@ -219,11 +286,115 @@ def test_replay_bad_lines_name_the_line(run_dir: Path, tmp_path: Path) -> None:
         ("flows", "expected MODULE:ATTR"),
         ("nosuchmodule:workflow", "no module named 'nosuchmodule'"),
         ("flows:missing", "has no attribute 'missing'"),
-        ("flows:not_a_workflow", "not a Workflow or GraphSpec"),
+        ("flows:not_a_workflow", "'not_a_workflow': graph must be a GraphSpec"),
     ],
 )
 def test_bad_workflow_option_is_exit_2(run_dir: Path, spec: str, fragment: str) -> None:
     one_error_line(ekit(run_dir, "audit", "final.json", "--workflow", spec), fragment)
+
+
+HOSTILE = '''
+from ekit_runtime import Workflow
+
+
+class Raising:
+    @property
+    def graph(self):
+        raise RuntimeError("no graph\\nfor you")
+
+
+class Holder:
+    @property
+    def flow(self):
+        raise RuntimeError("property failed")
+
+
+raising = Raising()
+holder = Holder()
+
+
+def __getattr__(name):
+    raise KeyError(name)
+'''
+
+
+@pytest.mark.parametrize(
+    ("module", "spec", "fragments"),
+    [
+        ("import sys\nsys.exit(0)\n", "exits:workflow", ["importing 'exits'", "sys.exit(0)"]),
+        ("raise SystemExit\n", "exits:workflow", ["importing 'exits'", "sys.exit(None)"]),
+        ("raise ValueError('bad\\nconfig')\n", "exits:w", ["raised ValueError: bad config"]),
+        (HOSTILE, "hostile:missing", ["reading 'missing' raised KeyError: 'missing'"]),
+        (HOSTILE, "hostile:holder.flow", ["reading 'holder.flow' raised RuntimeError"]),
+        (HOSTILE, "hostile:raising", ["reading raising.graph raised RuntimeError: no graph for"]),
+    ],
+)
+def test_a_workflow_module_that_exits_or_raises_is_exit_2(
+    run_dir: Path, tmp_path: Path, module: str, spec: str, fragments: list[str]
+) -> None:
+    (tmp_path / f"{spec.partition(':')[0]}.py").write_text(module, encoding="utf-8")
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    proc = ekit(tmp_path, "audit", "final.json", "--workflow", spec)
+    one_error_line(proc, f"--workflow {spec}", *fragments)
+    assert proc.stdout == ""
+
+
+def _surrogate_checkpoint() -> str:
+    # json.dumps writes a lone surrogate as the escape "\\ud800", which
+    # json.loads turns back into the lone surrogate.
+    graph = {"caf\u00e9": [], "\ud800": ["caf\u00e9"]}
+    cp = {"step_index": 1, "outputs": {"caf\u00e9": 1, "\ud800": 2}, "cost": ZERO, "graph": graph}
+    text = json.dumps(cp)
+    assert "\\ud800" in text
+    return text
+
+
+def test_unencodable_names_are_escaped_not_a_crash(tmp_path: Path) -> None:
+    text = _surrogate_checkpoint()
+    (tmp_path / "cp.json").write_text(text)
+    (tmp_path / "run.jsonl").write_text(text + "\n")
+    proc = ekit(tmp_path, "audit", "cp.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "\\ud800" in proc.stdout and "caf\u00e9" in proc.stdout and "no anomalies" in proc.stdout
+    proc = ekit(tmp_path, "replay", "run.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert "\\ud800" in proc.stdout and "no violations" in proc.stdout
+    # A locale that cannot encode the names: escaped, not a crash.
+    proc = ekit(tmp_path, "audit", "cp.json", env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr
+    assert "caf\\xe9" in proc.stdout and "\\ud800" in proc.stdout
+    data = json.loads(ekit(tmp_path, "audit", "cp.json", "--json").stdout)
+    assert data["skip"] == ["caf\u00e9", "\ud800"]
+
+
+def test_an_unexpected_error_is_exit_2_not_1(run_dir: Path) -> None:
+    proc = ekit_patched(
+        run_dir,
+        "def boom(*a):\n    raise RuntimeError('bug\\nhere')\ncli.audit = boom",
+        "audit", "final.json",
+    )
+    one_error_line(proc, "internal error: RuntimeError: bug here")
+    proc = ekit_patched(
+        run_dir,
+        "def stop(*a):\n    raise KeyboardInterrupt\ncli.replay = stop",
+        "replay", "run.jsonl",
+    )
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc
+    assert proc.stderr == "ekit: interrupted\n"
+
+
+def test_a_closed_stdout_is_quiet(run_dir: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ekit_runtime", "replay", "run.jsonl"],
+            cwd=run_dir, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""
 
 
 def test_bad_graph_file_and_usage_are_exit_2(run_dir: Path, tmp_path: Path) -> None:
@@ -235,6 +406,13 @@ def test_bad_graph_file_and_usage_are_exit_2(run_dir: Path, tmp_path: Path) -> N
     one_error_line(ekit(tmp_path))
     both = ekit(tmp_path, "audit", "final.json", "--graph", "g.json", "--workflow", "x:y")
     one_error_line(both, "not allowed with")
+    bad_graph = {"step_index": 0, "outputs": {}, "cost": ZERO, "graph": {"a": ["a"]}}
+    (tmp_path / "cp.json").write_text(json.dumps(bad_graph))
+    one_error_line(ekit(tmp_path, "graph", "--checkpoint", "cp.json"), "recorded graph:", "itself")
+    (tmp_path / "nograph.json").write_text(json.dumps({**bad_graph, "graph": None}))
+    one_error_line(
+        ekit(tmp_path, "graph", "--checkpoint", "nograph.json"), "nograph.json", "records no graph"
+    )
 
 
 def test_help_exits_0(tmp_path: Path) -> None:

@@ -291,6 +291,22 @@ def test_bad_input_is_a_value_error_naming_the_checkpoint() -> None:
         replay(None, [{"step_index": 0, "outputs": {}, "cost": TokenUsage().to_dict()}])
 
 
+def test_bad_input_keeps_a_field_name_that_contains_a_colon() -> None:
+    # The step name is part of the field; the problem must come through whole
+    # rather than being re-split out of the message at the first ": ".
+    bad = {
+        "step_index": 0, "outputs": {}, "cost": TokenUsage().to_dict(),
+        "failures": {"fetch: v2": {"error_type": "E", "message": "m", "attempts": 0}},
+    }
+    with pytest.raises(CheckpointError) as info:
+        replay(DIAMOND, [_diamond_run()[0], bad])
+    assert info.value.field == "[1].failures.fetch: v2.attempts"
+    assert info.value.problem == "must be at least 1"
+    assert str(info.value) == (
+        "checkpoint field '[1].failures.fetch: v2.attempts': must be at least 1"
+    )
+
+
 def test_replay_is_deterministic_and_does_not_mutate() -> None:
     cps = [cp.to_dict() for cp in _diamond_run()]
     before = copy.deepcopy(cps)
