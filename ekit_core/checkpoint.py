@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ekit_core.ledger import Ledger
-from ekit_core.usage import TokenUsage
+from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,6 +39,7 @@ class CheckpointError(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"checkpoint field {field!r}: {problem}")
         self.field = field
+        self.problem = problem
 
 
 class UnsupportedFormatError(CheckpointError):
@@ -77,7 +78,7 @@ class WorkflowCheckpoint:
 
     step_index: int
     outputs: MappingProxyType[str, Any]
-    cost: TokenUsage = field(default_factory=TokenUsage)
+    cost: TokenUsage = NO_USAGE
     context: MappingProxyType[str, Any] = field(default_factory=_empty)
     step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
     failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)

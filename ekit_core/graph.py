@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["CycleError", "GraphError", "GraphSpec"]
 
@@ -36,15 +36,25 @@ class CycleError(GraphError):
         )
 
 
-def _find_cycle(deps: Mapping[str, tuple[str, ...]], names: tuple[str, ...]) -> list[str] | None:
+def _refuse_edge(name: str, parents: tuple[str, ...], deps: Mapping[str, object]) -> NoReturn:
+    if name in parents:
+        raise GraphError(f"step {name!r} depends on itself", [name])
+    unknown = [d for d in parents if d not in deps]
+    raise GraphError(
+        f"step {name!r} depends on unknown step(s): {', '.join(map(repr, unknown))}",
+        [name, *unknown],
+    )
+
+
+def _find_cycle(
+    deps: Mapping[str, tuple[str, ...]],
+    names: tuple[str, ...],
+    dependents: Mapping[str, list[str]],
+) -> list[str] | None:
     # Kahn's algorithm strips every step that can be ordered; anything left
     # sits on or behind a cycle, and following dependencies among the leftovers
     # must revisit a step.
     remaining = {n: len(deps[n]) for n in names}
-    dependents: dict[str, list[str]] = {n: [] for n in names}
-    for n in names:
-        for d in deps[n]:
-            dependents[d].append(n)
     queue = [n for n in names if remaining[n] == 0]
     while queue:
         n = queue.pop()
@@ -128,23 +138,17 @@ class GraphSpec:
         if duplicates:
             dup = sorted(set(duplicates))
             raise GraphError(f"duplicate step name(s): {', '.join(map(repr, dup))}", dup)
+        dependents: dict[str, list[str]] = {n: [] for n in names}
         for name in names:
-            if name in deps[name]:
-                raise GraphError(f"step {name!r} depends on itself", [name])
-            unknown = [d for d in deps[name] if d not in deps]
-            if unknown:
-                raise GraphError(
-                    f"step {name!r} depends on unknown step(s): {', '.join(map(repr, unknown))}",
-                    [name, *unknown],
-                )
+            for d in deps[name]:
+                children = dependents.get(d)
+                if children is None or d == name:
+                    _refuse_edge(name, deps[name], deps)
+                children.append(name)
         names_t = tuple(names)
-        cycle = _find_cycle(deps, names_t)
+        cycle = _find_cycle(deps, names_t, dependents)
         if cycle is not None:
             raise CycleError(cycle)
-        dependents: dict[str, list[str]] = {n: [] for n in names_t}
-        for n in names_t:
-            for d in deps[n]:
-                dependents[d].append(n)
         return cls(
             names=names_t,
             deps=MappingProxyType(deps),

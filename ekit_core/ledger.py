@@ -51,13 +51,6 @@ class Ledger(Mapping[K, V]):
         self._b = backing
         self._n = len(backing.keys)
 
-    @classmethod
-    def _view(cls, backing: _Backing[K, V], n: int) -> Ledger[K, V]:
-        view = cls.__new__(cls)
-        view._b = backing
-        view._n = n
-        return view
-
     def __getitem__(self, key: K) -> V:
         i = self._b.index.get(key)
         if i is None or i >= self._n:
@@ -112,9 +105,10 @@ class Ledger(Mapping[K, V]):
 
         Raises ``ValueError`` if ``key`` is already present: entries never change.
         """
-        if key in self:
-            raise ValueError(f"{key!r} is already recorded and cannot change")
         backing, n = self._b, self._n
+        i = backing.index.get(key)
+        if i is not None and i < n:
+            raise ValueError(f"{key!r} is already recorded and cannot change")
         if len(backing.keys) != n or backing.claims.setdefault(n, self) is not self:
             backing = _Backing()
             for k, v in zip(islice(self._b.keys, n), islice(self._b.values, n), strict=True):
@@ -125,4 +119,7 @@ class Ledger(Mapping[K, V]):
         backing.index[key] = n
         backing.keys.append(key)
         backing.values.append(value)
-        return Ledger._view(backing, n + 1)
+        view = Ledger.__new__(Ledger)
+        view._b = backing
+        view._n = n + 1
+        return view

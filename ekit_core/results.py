@@ -7,10 +7,10 @@ report how an attempt ended, or that the whole run is being cancelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ekit_core.usage import TokenUsage
+from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = ["Cancelled", "Denied", "Failed", "Interrupted", "Result", "Start", "Succeeded"]
 
@@ -30,7 +30,7 @@ class Succeeded:
 
     name: str
     output: Any
-    usage: TokenUsage = field(default_factory=TokenUsage)
+    usage: TokenUsage = NO_USAGE
     duration: float | None = None
 
 

@@ -85,10 +85,13 @@ class Incidents:
 class State:
     """One moment of a run. Never mutated; transitions return new states.
 
-    ``ready`` and ``running`` are bit sets: bit ``i`` stands for
-    ``graph.names[i]``. ``events`` is what the transition that made this
-    state did. The properties below read through to :class:`RunSpec` and
-    :class:`Incidents`.
+    ``ready`` and ``running`` are bit sets over a window of declaration
+    indices: bit ``i`` stands for ``graph.names[offset + i]``. The window
+    starts at the lowest step that is ready or in flight, so each transition
+    touches integers as wide as the unfinished frontier, not the graph (a
+    long chain stays O(1) per step). ``in_flight`` counts the running bits.
+    ``events`` is what the transition that made this state did. The
+    properties below read through to :class:`RunSpec` and :class:`Incidents`.
     """
 
     spec: RunSpec
@@ -96,8 +99,10 @@ class State:
     step_usage: Ledger[str, TokenUsage]
     completed: int
     cost: TokenUsage
+    offset: int
     ready: int
     running: int
+    in_flight: int
     incidents: Incidents
     events: tuple[Event, ...]
 
@@ -144,7 +149,7 @@ class State:
     @property
     def running_count(self) -> int:
         """Number of steps in flight."""
-        return self.running.bit_count()
+        return self.in_flight
 
     @property
     def total(self) -> int:
@@ -165,7 +170,7 @@ class State:
     def outcome(self) -> str | None:
         """``None`` while running; else one of ``finished``, ``failed``,
         ``budget_exceeded``, ``denied``, ``cancelled``."""
-        return outcome_of(self.completed, self.total, self.running, self.incidents)
+        return outcome_of(self.completed, self.total, self.in_flight, self.incidents)
 
     def is_done(self, name: str) -> bool:
         """Is the output of step ``name`` recorded?"""
@@ -173,20 +178,22 @@ class State:
 
     def running_steps(self) -> tuple[str, ...]:
         """Steps in flight, in declaration order."""
-        return tuple(self.spec.graph.names[i] for i in bit_indices(self.running))
+        names, offset = self.spec.graph.names, self.offset
+        return tuple(names[offset + i] for i in bit_indices(self.running))
 
     def ready_steps(self) -> tuple[str, ...]:
         """Steps whose dependencies are done and that wait to start, in declaration order."""
-        return tuple(self.spec.graph.names[i] for i in bit_indices(self.ready))
+        names, offset = self.spec.graph.names, self.offset
+        return tuple(names[offset + i] for i in bit_indices(self.ready))
 
     def attempt_of(self, name: str) -> int:
         """The attempt number the next (or current) attempt of ``name`` has in this run."""
         return self.incidents.tries.get(name, 0) + 1
 
 
-def outcome_of(completed: int, total: int, running: int, incidents: Incidents) -> str | None:
+def outcome_of(completed: int, total: int, in_flight: int, incidents: Incidents) -> str | None:
     """How a run with these counts has ended, or ``None`` while it has not."""
-    if running or (completed < total and incidents.halt is None):
+    if in_flight or (completed < total and incidents.halt is None):
         return None
     if incidents.errors:
         return "failed"
@@ -197,6 +204,8 @@ def outcome_of(completed: int, total: int, running: int, incidents: Incidents) -
 
 def bit_indices(bits: int, limit: int | None = None) -> list[int]:
     """Indices of the set bits of ``bits``, lowest first, at most ``limit`` of them."""
+    if not bits & (bits - 1):  # zero or one bit: the common case of a chain
+        return [bits.bit_length() - 1] if bits and limit != 0 else []
     out: list[int] = []
     if limit is None:
         limit = bits.bit_count()
@@ -307,6 +316,7 @@ def initial_state(
     for i, name in enumerate(names):
         if name not in outputs and all(d in outputs for d in graph.deps[name]):
             ready |= 1 << i
+    offset = (ready & -ready).bit_length() - 1 if ready else 0
     halt = None
     if (
         limits.budget is not None
@@ -326,8 +336,10 @@ def initial_state(
         step_usage=step_usage,
         completed=len(recorded),
         cost=checkpoint.cost,
-        ready=ready,
+        offset=offset,
+        ready=ready >> offset,
         running=0,
+        in_flight=0,
         incidents=incidents,
         events=tuple(events),
     )
@@ -350,3 +362,4 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         format_version=FORMAT_VERSION,
         _ledgers=(state.outputs, state.step_usage),
     )
+

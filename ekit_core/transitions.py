@@ -62,18 +62,20 @@ class Batch:
 _EMPTY = Batch()
 
 
-def _choose(graph: GraphSpec, limits: Limits, ready: int, running: int, inc: Incidents) -> Batch:
+def _choose(
+    graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight: int, inc: Incidents
+) -> Batch:
     if inc.halt is not None or not ready:
         return _EMPTY
     room = None
     if limits.max_concurrency is not None:
-        room = limits.max_concurrency - running.bit_count()
+        room = limits.max_concurrency - in_flight
         if room <= 0:
             return _EMPTY
     names, tries, delays = graph.names, inc.tries, inc.delays
     starts = []
     for i in bit_indices(ready, room):
-        name = names[i]
+        name = names[offset + i]
         starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)))
     return Batch(tuple(starts))
 
@@ -85,7 +87,14 @@ def plan(state: State) -> Batch:
     halted, within ``max_concurrency``; lowest declaration index first.
     Hand the batch (or any prefix of it) back to :func:`apply` once started.
     """
-    return _choose(state.spec.graph, state.spec.limits, state.ready, state.running, state.incidents)
+    return _choose(
+        state.spec.graph,
+        state.spec.limits,
+        state.offset,
+        state.ready,
+        state.in_flight,
+        state.incidents,
+    )
 
 
 def apply(state: State, results: Iterable[Result]) -> State:
@@ -95,58 +104,135 @@ def apply(state: State, results: Iterable[Result]) -> State:
     of a step that is not ready, an outcome of a step that is not in flight,
     an unknown step or result type); ``state`` is unchanged then too.
     """
-    return _fold(state, results, start_next=False)[0]
+    return _fold(state, results, start_next=False, record_events=True)[0]
 
 
-def advance(state: State, results: Iterable[Result] = ()) -> tuple[State, Batch]:
+def advance(
+    state: State, results: Iterable[Result] = (), *, record_events: bool = True
+) -> tuple[State, Batch]:
     """Fold ``results`` in, then start what :func:`plan` chooses, in one transition.
 
     Equivalent to ``s = apply(state, results); b = plan(s); return apply(s, b.starts), b``
     but builds one state instead of two: the shell's loop calls this once
-    per group of completions.
+    per group of completions. With ``record_events=False`` the new state's
+    ``events`` is empty, which saves building event objects nobody will read.
     """
-    return _fold(state, results, start_next=True)
+    return _fold(state, results, start_next=True, record_events=record_events)
 
 
-def _bit(graph: GraphSpec, name: str) -> int:
+def _index(graph: GraphSpec, name: str) -> int:
     i = graph.index.get(name)
     if i is None:
         raise ValueError(f"unknown step {name!r}")
-    return 1 << i
+    return i
 
 
 def _not_in_flight(name: str, what: str) -> ValueError:
     return ValueError(f"{what} for step {name!r}, which is not in flight")
 
 
-def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple[State, Batch]:
+class _Window:
+    """The ready and running bit sets of one transition, relative to ``offset``.
+
+    Mutable, and local to :func:`_fold`: it is how a transition edits the
+    bits before freezing them into the next state. Keeping the window
+    anchored at the lowest set bit is what keeps these integers small.
+    """
+
+    __slots__ = ("in_flight", "offset", "ready", "running")
+
+    def __init__(self, state: State) -> None:
+        self.offset = state.offset
+        self.ready = state.ready
+        self.running = state.running
+        self.in_flight = state.in_flight
+
+    def _slot(self, i: int) -> int:
+        if not (self.ready or self.running):
+            self.offset = i
+        elif i < self.offset:
+            shift = self.offset - i
+            self.ready <<= shift
+            self.running <<= shift
+            self.offset = i
+        return 1 << (i - self.offset)
+
+    def is_ready(self, i: int) -> bool:
+        j = i - self.offset
+        return j >= 0 and bool(self.ready & (1 << j))
+
+    def is_running(self, i: int) -> bool:
+        j = i - self.offset
+        return j >= 0 and bool(self.running & (1 << j))
+
+    def add_ready(self, i: int) -> None:
+        bit = self._slot(i)  # may shift self.ready: read it only afterwards
+        self.ready |= bit
+
+    def start(self, i: int) -> None:
+        bit = 1 << (i - self.offset)
+        self.ready ^= bit
+        self.running |= bit
+        self.in_flight += 1
+
+    def stop(self, i: int, *, again: bool) -> None:
+        """Take ``i`` out of flight; ``again`` puts it back among the ready."""
+        bit = 1 << (i - self.offset)
+        self.running ^= bit
+        self.in_flight -= 1
+        if again:
+            self.ready |= bit
+
+    def normalized(self) -> tuple[int, int, int]:
+        both = self.ready | self.running
+        if not both:
+            return self.offset, 0, 0
+        low = (both & -both).bit_length() - 1
+        return self.offset + low, self.ready >> low, self.running >> low
+
+
+def _fold(
+    state: State, results: Iterable[Result], *, start_next: bool, record_events: bool
+) -> tuple[State, Batch]:
     spec = state.spec
     graph, limits = spec.graph, spec.limits
     index, deps, dependents = graph.index, graph.deps, graph.dependents
     total = len(graph.names)
     outputs, step_usage = state.outputs, state.step_usage
     completed, cost = state.completed, state.cost
-    ready, running = state.ready, state.running
+    window = _Window(state)
     inc = state.incidents
     events: list[Event] = []
 
     for result in results:
         if isinstance(result, Succeeded):
+            # The hot path of every run: kept to plain int and dict operations.
             name = result.name
-            bit = _bit(graph, name)
-            if not running & bit:
+            i = _index(graph, name)
+            j = i - window.offset
+            if j < 0 or not (window.running >> j) & 1:
                 raise _not_in_flight(name, "success reported")
-            running ^= bit
+            window.running ^= 1 << j
+            window.in_flight -= 1
             usage = result.usage
             outputs = outputs.with_item(name, result.output)
             step_usage = step_usage.with_item(name, usage)
             completed += 1
-            if not usage.is_zero():
+            if usage.input_tokens or usage.output_tokens or usage.llm_calls:
                 cost = cost + usage
-            events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, result.duration))
+            if record_events:
+                events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, result.duration))
             for child in dependents[name]:
-                if child not in outputs and all(d in outputs for d in deps[child]):
-                    ready |= 1 << index[child]
+                parents = deps[child]
+                # A single parent is the step that just finished.
+                if child not in outputs and (
+                    len(parents) == 1 or all(d in outputs for d in parents)
+                ):
+                    k = index[child] - window.offset
+                    if k >= 0 and window.running:
+                        window.ready |= 1 << k
+                    else:
+                        window.add_ready(index[child])
             budget = limits.budget
             if (
                 budget is not None
@@ -157,26 +243,24 @@ def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple
                 inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
         elif isinstance(result, Start):
             name = result.name
-            bit = _bit(graph, name)
+            i = _index(graph, name)
             if inc.halt is not None:
                 raise ValueError(f"cannot start step {name!r}: the run is halted ({inc.halt.kind})")
-            if not ready & bit:
+            if not window.is_ready(i):
                 raise ValueError(f"cannot start step {name!r}: it is not ready")
-            if limits.max_concurrency is not None and running.bit_count() >= limits.max_concurrency:
+            if limits.max_concurrency is not None and window.in_flight >= limits.max_concurrency:
                 raise ValueError(
                     f"cannot start step {name!r}: max_concurrency={limits.max_concurrency} in flight"
                 )
-            ready ^= bit
-            running |= bit
+            window.start(i)
             events.append(_started(name, inc))
             if name in inc.delays:
                 inc = _without_delay(inc, name)
         elif isinstance(result, Failed):
             name = result.name
-            bit = _bit(graph, name)
-            if not running & bit:
+            i = _index(graph, name)
+            if not window.is_running(i):
                 raise _not_in_flight(name, "failure reported")
-            running ^= bit
             attempt = inc.tries.get(name, 0) + 1
             error_type, message = type(result.error).__qualname__, str(result.error)
             previous = inc.failures.get(name)
@@ -187,9 +271,10 @@ def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple
                 tries=MappingProxyType({**inc.tries, name: attempt}),
             )
             policy = limits.policies.get(name, NO_RETRY)
-            if inc.halt is None and policy.retries(result.error, attempt):
+            retry = inc.halt is None and policy.retries(result.error, attempt)
+            window.stop(i, again=retry)
+            if retry:
                 delay = policy.delay(attempt)
-                ready |= bit
                 inc = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
                 events.append(StepRetried(name, attempt, error_type, message, delay, result.duration))
             else:
@@ -201,21 +286,19 @@ def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple
                 )
         elif isinstance(result, Denied):
             name = result.name
-            bit = _bit(graph, name)
-            if not running & bit:
+            i = _index(graph, name)
+            if not window.is_running(i):
                 raise _not_in_flight(name, "denial reported")
-            running ^= bit
-            ready |= bit
+            window.stop(i, again=True)
             events.append(StepDenied(name, result.reason))
             if inc.halt is None:
                 inc = _replace(inc, halt=Halt("denied", name, result.reason))
         elif isinstance(result, Interrupted):
             name = result.name
-            bit = _bit(graph, name)
-            if not running & bit:
+            i = _index(graph, name)
+            if not window.is_running(i):
                 raise _not_in_flight(name, "interruption reported")
-            running ^= bit
-            ready |= bit
+            window.stop(i, again=True)
             events.append(StepInterrupted(name))
         elif isinstance(result, Cancelled):
             if inc.halt is None:
@@ -225,19 +308,26 @@ def _fold(state: State, results: Iterable[Result], *, start_next: bool) -> tuple
 
     batch = _EMPTY
     if start_next:
-        batch = _choose(graph, limits, ready, running, inc)
+        batch = _choose(graph, limits, window.offset, window.ready, window.in_flight, inc)
         for start in batch.starts:
-            bit = 1 << index[start.name]
-            ready ^= bit
-            running |= bit
-            events.append(_started(start.name, inc))
-            if start.name in inc.delays:
-                inc = _without_delay(inc, start.name)
+            name = start.name
+            bit = 1 << (index[name] - window.offset)
+            window.ready ^= bit
+            window.running |= bit
+            window.in_flight += 1
+            if record_events:
+                events.append(StepStarted(name, start.attempt, start.delay))
+            if name in inc.delays:
+                inc = _without_delay(inc, name)
 
-    outcome = outcome_of(completed, total, running, inc)
+    outcome = outcome_of(completed, total, window.in_flight, inc)
     if outcome is not None and not state.settled:
         events.append(RunFinished(outcome, completed, total, cost))
-    new = State(spec, outputs, step_usage, completed, cost, ready, running, inc, tuple(events))
+    offset, ready, running = window.normalized()
+    new = State(
+        spec, outputs, step_usage, completed, cost, offset, ready, running, window.in_flight, inc,
+        tuple(events) if record_events else (),
+    )
     return new, batch
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TokenUsage"]
+__all__ = ["NO_USAGE", "TokenUsage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +70,7 @@ class TokenUsage:
             "output_tokens": self.output_tokens,
             "llm_calls": self.llm_calls,
         }
+
+
+NO_USAGE = TokenUsage()
+"""Zero usage, shared: TokenUsage is immutable, so one instance serves every default."""

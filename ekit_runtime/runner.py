@@ -16,6 +16,7 @@ import warnings
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from time import perf_counter
+from types import CoroutineType
 from typing import Any, TypeAlias
 
 from ekit_core import (
@@ -97,6 +98,8 @@ class Runner:
         # initial context: steps keep seeing them, the run's context wins.
         self._base = {k: v for k, v in state.outputs.items() if k not in graph.index}
         self._base.update(state.context)
+        # Only steps with context="all" need every output; skip the upkeep otherwise.
+        self._keep_all = any(step.context == "all" for step in steps.values())
         self._all = dict(self._base)
         self._all.update((k, v) for k, v in state.outputs.items() if k in graph.index)
         self._tasks: dict[asyncio.Task[Result], str] = {}
@@ -104,38 +107,69 @@ class Runner:
         self._wakeup: asyncio.Future[None] | None = None
         self._preparing: set[str] = set()
         self._save_raised = False
+        # Events are built only for someone to read them: a trace, or iterate().
+        self.record_events = trace is not None
 
     # -- the loop -----------------------------------------------------------
 
-    async def states(self) -> AsyncGenerator[State, None]:
-        """Drive the run, yielding each state that follows a group of completions."""
-        trace = self.trace
+    async def run(self) -> State:
+        """Drive the run to its end and return the settled state."""
         try:
-            state, batch = advance(self.state)
-            self.state = state
-            if trace is not None:
-                await self._emit(self._initial_events + state.events)
-            self._launch_all(batch)
-            while not state.settled:
-                if not self._tasks:
-                    raise RuntimeError("ekit: nothing can start and nothing is running")
-                results = await self._completions()
-                state, batch = advance(state, results)
-                self.state = state
-                if state.incidents.halt is not None:
-                    self._cancel_preparing()
-                self._launch_all(batch)
-                events, finish = _split_finish(state.events)
-                if trace is not None:
-                    await self._emit(events)
-                if await self._save(state) and trace is not None:
-                    await self._emit((CheckpointSaved(state.completed),))
-                if trace is not None:
-                    await self._emit(finish)
-                yield state
+            await self._begin()
+            while not self.state.settled:
+                await self._turn()
         except BaseException as exc:
             await self._wind_down(exc)
             raise
+        return self.state
+
+    async def states(self) -> AsyncGenerator[State, None]:
+        """Drive the run, yielding each state that follows a group of completions.
+
+        Closing the generator early winds the run down like a cancellation.
+        """
+        self.record_events = True
+        try:
+            await self._begin()
+            while not self.state.settled:
+                yield await self._turn()
+        except BaseException as exc:
+            await self._wind_down(exc)
+            raise
+
+    async def _begin(self) -> None:
+        state, batch = advance(self.state)
+        self.state = state
+        if self.trace is not None:
+            await self._emit(self._initial_events + state.events)
+        self._launch_all(batch)
+
+    async def _turn(self) -> State:
+        """Wait for completions, fold them in, start what is next, save."""
+        if not self._tasks:
+            raise RuntimeError("ekit: nothing can start and nothing is running")
+        state, batch = advance(
+            self.state, await self._completions(), record_events=self.record_events
+        )
+        self.state = state
+        if state.incidents.halt is not None:
+            self._cancel_preparing()
+        self._launch_all(batch)
+        trace = self.trace
+        if trace is None:
+            saving = self._save(state)
+            if saving is not None:
+                await saving
+            return state
+        events, finish = _split_finish(state.events)
+        await self._emit(events)
+        saving = self._save(state)
+        if saving is not None:
+            await saving
+        if self.checkpoint_fn is not None:
+            await self._emit((CheckpointSaved(state.completed),))
+        await self._emit(finish)
+        return state
 
     def _launch_all(self, batch: Batch) -> None:
         everything = self._all
@@ -165,6 +199,7 @@ class Runner:
         self._wakeup = None
         results: list[Result] = []
         everything, finished, tasks = self._all, self._finished, self._tasks
+        keep_all = self._keep_all
         while finished:
             task = finished.popleft()
             name = tasks.pop(task)
@@ -172,7 +207,7 @@ class Runner:
                 results.append(Interrupted(name))
                 continue
             result = task.result()  # attempts raise only BaseExceptions
-            if isinstance(result, Succeeded):
+            if keep_all and isinstance(result, Succeeded):
                 everything[name] = result.output
             results.append(result)
         return results
@@ -201,7 +236,7 @@ class Runner:
                 returned = await self._call(step, context)
             else:
                 returned = step.run(context)
-                if inspect.isawaitable(returned):
+                if type(returned) is CoroutineType or inspect.isawaitable(returned):
                     returned = await returned
         except Exception as exc:
             return Failed(name, exc, perf_counter() - began)
@@ -244,20 +279,33 @@ class Runner:
                     stacklevel=2,
                 )
 
-    async def _save(self, state: State) -> bool:
-        """Hand the checkpoint of ``state`` over; whether ``checkpoint_fn`` took it."""
+    def _save(self, state: State) -> Awaitable[Any] | None:
+        """Hand the checkpoint of ``state`` to ``checkpoint_fn``.
+
+        Returns what an async ``checkpoint_fn`` returned, for the caller to
+        await; ``None`` when it is sync or absent. Not a coroutine itself:
+        this runs once per step.
+        """
+        fn = self.checkpoint_fn
+        if fn is None:
+            return None
         checkpoint = checkpoint_of(state)
         self.last_checkpoint = checkpoint
-        if self.checkpoint_fn is None:
-            return False
         try:
-            returned = self.checkpoint_fn(checkpoint)
-            if inspect.isawaitable(returned):
-                await returned
+            returned = fn(checkpoint)
         except Exception:
             self._save_raised = True
             raise
-        return True
+        if returned is not None and inspect.isawaitable(returned):
+            return self._finish_save(returned)
+        return None
+
+    async def _finish_save(self, pending: Awaitable[Any]) -> None:
+        try:
+            await pending
+        except Exception:
+            self._save_raised = True
+            raise
 
     # -- winding down -------------------------------------------------------
 
@@ -286,8 +334,11 @@ class Runner:
         # and hide the first error; the previous checkpoint stands.
         saved = False
         if not self._save_raised:
-            saved, again = await _settle(self._save(state))
-            cancelled_again = cancelled_again or again
+            saved = self.checkpoint_fn is not None
+            pending = self._save(state)
+            if pending is not None:
+                _, again = await _settle(pending)
+                cancelled_again = cancelled_again or again
         if self.trace is not None:
             # Saved first so a slow trace cannot delay it, but reported in the
             # same order as any other transition.

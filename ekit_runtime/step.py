@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from ekit_core import RetryPolicy, TokenUsage
+from ekit_core.usage import NO_USAGE
 
 __all__ = ["PatternResult", "Step", "StepFn", "split_result"]
 
@@ -31,7 +32,7 @@ class PatternResult(Generic[T]):
 
     value: T
     score: float | None = None
-    cost: TokenUsage = field(default_factory=TokenUsage)
+    cost: TokenUsage = NO_USAGE
     metadata: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __str__(self) -> str:
@@ -50,15 +51,20 @@ def _usage_of(cost: object) -> TokenUsage | None:
     return TokenUsage(*counts)
 
 
+_PLAIN = frozenset({str, int, float, bool, bytes, dict, list, tuple, type(None)})
+
+
 def split_result(returned: object) -> tuple[Any, TokenUsage]:
     """Split what a step returned into ``(output, usage)`` by the rule above."""
+    if type(returned) in _PLAIN:
+        return returned, NO_USAGE
     if isinstance(returned, PatternResult):
         return returned.value, returned.cost
     if hasattr(returned, "value") and hasattr(returned, "cost"):
         usage = _usage_of(returned.cost)
         if usage is not None:
             return returned.value, usage
-    return returned, TokenUsage()
+    return returned, NO_USAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,26 +91,29 @@ class Step:
     context: Literal["all", "dependencies"] = "all"
 
     def __post_init__(self) -> None:
-        label = f"step {self.name!r}"
+        # Checked once per step at construction; cheap on the valid path
+        # because a 10,000-step workflow builds 10,000 of these.
+        def bad(problem: str) -> ValueError:
+            return ValueError(f"step {self.name!r}: {problem}")
+
         if not callable(self.run):
-            raise ValueError(f"{label}: run must be callable, got {type(self.run).__name__}")
-        if isinstance(self.depends_on, str):
-            raise ValueError(
-                f"{label}: depends_on must be a tuple of names, not the string {self.depends_on!r}"
-            )
-        if not isinstance(self.depends_on, tuple):
+            raise bad(f"run must be callable, got {type(self.run).__name__}")
+        depends_on = self.depends_on
+        if type(depends_on) is not tuple:
+            if isinstance(depends_on, str):
+                raise bad(f"depends_on must be a tuple of names, not the string {depends_on!r}")
             try:
-                object.__setattr__(self, "depends_on", tuple(self.depends_on))
+                object.__setattr__(self, "depends_on", tuple(depends_on))
             except TypeError:
-                raise ValueError(f"{label}: depends_on must be a tuple of names") from None
-        if not isinstance(self.metadata, Mapping):
-            raise ValueError(f"{label}: metadata must be a mapping")
+                raise bad("depends_on must be a tuple of names") from None
+        if type(self.metadata) is not dict and not isinstance(self.metadata, Mapping):
+            raise bad("metadata must be a mapping")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
-            raise ValueError(f"{label}: retry must be a RetryPolicy or None")
+            raise bad("retry must be a RetryPolicy or None")
         timeout = self.timeout
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
         ):
-            raise ValueError(f"{label}: timeout must be a positive number of seconds or None")
-        if self.context not in ("all", "dependencies"):
-            raise ValueError(f"{label}: context must be 'all' or 'dependencies'")
+            raise bad("timeout must be a positive number of seconds or None")
+        if self.context != "all" and self.context != "dependencies":
+            raise bad("context must be 'all' or 'dependencies'")

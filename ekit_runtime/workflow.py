@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -22,6 +22,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.usage import NO_USAGE
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
 from ekit_runtime.runner import CheckpointFn, Runner, TraceFn
@@ -38,7 +39,7 @@ class WorkflowResult:
     """
 
     outputs: MappingProxyType[str, Any]
-    cost: TokenUsage = field(default_factory=TokenUsage)
+    cost: TokenUsage = NO_USAGE
     checkpoint: WorkflowCheckpoint | None = None
 
 
@@ -151,8 +152,7 @@ class Workflow:
             trace=trace,
             allow_graph_change=allow_graph_change,
         )
-        async for _ in runner.states():
-            pass
+        await runner.run()
         return outcome(runner.state, runner.last_checkpoint)
 
     async def iterate(

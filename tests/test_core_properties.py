@@ -330,7 +330,10 @@ def test_advance_equals_apply_then_plan_then_apply(graph: GraphSpec, data: st.Da
         fused, batch = advance(state)
         slow = apply(state, plan(state).starts)
         assert batch == plan(state)
-        assert (fused.ready, fused.running, fused.completed) == (slow.ready, slow.running, slow.completed)
+        assert fused.ready_steps() == slow.ready_steps() and fused.running_steps() == slow.running_steps()
+        assert (fused.offset, fused.ready, fused.running, fused.completed) == (
+            slow.offset, slow.ready, slow.running, slow.completed
+        )
         assert fused.events == slow.events
         name = data.draw(st.sampled_from(fused.running_steps()))
         state = apply(fused, [Succeeded(name, output_of(graph, name, fused.outputs))])
@@ -346,7 +349,7 @@ def test_transitions_never_mutate_their_input() -> None:
     assert (s1.ready, s1.running, dict(s1.outputs), s1.completed, s1.events) == snapshot
     assert dict(s2.outputs) == {"a": 1} and dict(s2b.outputs) == {}
     assert s2.running_steps() == ("b", "c") and s2b.outcome == "failed"
-    assert batch.names == ("a",) and s0.running == 0
+    assert batch.names == ("a",) and s0.running == 0 and s0.in_flight == 0
 
 
 @pytest.mark.parametrize(
