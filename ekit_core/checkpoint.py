@@ -87,9 +87,9 @@ class WorkflowCheckpoint:
     format_version: int = FORMAT_VERSION
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta).
-    _ledgers: tuple[Ledger[str, Any], Ledger[str, TokenUsage]] | None = field(
-        default=None, repr=False, compare=False
-    )
+    # Two fields, not a tuple: one object fewer per checkpoint kept alive.
+    _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
+    _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
 
     def delta_since(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
         """What this checkpoint adds to ``previous``, an earlier checkpoint of the same run.
@@ -101,13 +101,12 @@ class WorkflowCheckpoint:
         """
         if previous is None:
             return _full_delta(self, extends=True)
-        mine, theirs = self._ledgers, previous._ledgers
-        if mine is not None and theirs is not None:
-            outputs_ok = mine[0].extends(theirs[0])
-            usage_ok = mine[1].extends(theirs[1])
-            if outputs_ok and usage_ok:
-                new_outputs = mine[0].items_from(len(theirs[0]))
-                new_usage = mine[1].items_from(len(theirs[1]))
+        mine, theirs = self._outputs_ledger, previous._outputs_ledger
+        my_usage, their_usage = self._usage_ledger, previous._usage_ledger
+        if mine is not None and theirs is not None and my_usage is not None and their_usage is not None:
+            if mine.extends(theirs) and my_usage.extends(their_usage):
+                new_outputs = mine.items_from(len(theirs))
+                new_usage = my_usage.items_from(len(their_usage))
             else:
                 return _full_delta(self, extends=False)
         else:

@@ -360,6 +360,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         fingerprint=state.spec.graph.fingerprint,
         graph=state.spec.graph.deps,
         format_version=FORMAT_VERSION,
-        _ledgers=(state.outputs, state.step_usage),
+        _outputs_ledger=state.outputs,
+        _usage_ledger=state.step_usage,
     )
 

@@ -73,6 +73,9 @@ def _choose(
         if room <= 0:
             return _EMPTY
     names, tries, delays = graph.names, inc.tries, inc.delays
+    if not ready & (ready - 1):  # one ready step: the whole batch of a chain
+        name = names[offset + ready.bit_length() - 1]
+        return Batch((Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)),))
     starts = []
     for i in bit_indices(ready, room):
         name = names[offset + i]

@@ -14,10 +14,10 @@ import asyncio
 import inspect
 import warnings
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from time import perf_counter
 from types import CoroutineType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from ekit_core import (
     Batch,
@@ -102,10 +102,18 @@ class Runner:
         self._keep_all = any(step.context == "all" for step in steps.values())
         self._all = dict(self._base)
         self._all.update((k, v) for k, v in state.outputs.items() if k in graph.index)
-        self._tasks: dict[asyncio.Task[Result], str] = {}
-        self._finished: deque[asyncio.Task[Result]] = deque()
+        self._tasks: dict[asyncio.Task[Any], str] = {}
+        self._finished: deque[asyncio.Task[Any]] = deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._preparing: set[str] = set()
+        # Steps whose attempts need no wrapper (async, no timeout, no thread):
+        # their coroutine is the task. _began holds those tasks' start times.
+        self._direct = {
+            name
+            for name, step in steps.items()
+            if step.timeout is None and not step.blocking and inspect.iscoroutinefunction(step.run)
+        }
+        self._began: dict[asyncio.Task[Any], float] = {}
         self._save_raised = False
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
@@ -148,9 +156,11 @@ class Runner:
         """Wait for completions, fold them in, start what is next, save."""
         if not self._tasks:
             raise RuntimeError("ekit: nothing can start and nothing is running")
-        state, batch = advance(
-            self.state, await self._completions(), record_events=self.record_events
-        )
+        while not self._finished:
+            self._wakeup = asyncio.get_running_loop().create_future()
+            await self._wakeup
+        self._wakeup = None
+        state, batch = advance(self.state, self._drain(), record_events=self.record_events)
         self.state = state
         if state.incidents.halt is not None:
             self._cancel_preparing()
@@ -182,35 +192,66 @@ class Runner:
                 outputs = self.state.outputs
                 for dep in step.depends_on:
                     context[dep] = outputs[dep]
-            task = asyncio.create_task(self._attempt(step, start, context))
+            body = None
+            if step.name in self._direct and start.delay == 0 and (
+                self.approval is None or start.attempt > 1
+            ):
+                # Nothing to do around the body: run its coroutine as the task
+                # itself and read the outcome from the task (see _result_of).
+                # A call that raises at once (bad arguments) goes the slow way,
+                # where the error becomes the step's failure.
+                try:
+                    body = step.run(context)
+                except Exception:
+                    body = None
+            if body is not None:
+                task = asyncio.create_task(cast(Coroutine[Any, Any, Any], body))
+                self._began[task] = perf_counter()
+            else:
+                task = asyncio.create_task(self._attempt(step, start, context))
             self._tasks[task] = step.name
             task.add_done_callback(self._on_done)
 
-    def _on_done(self, task: asyncio.Task[Result]) -> None:
+    def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
 
-    async def _completions(self) -> list[Result]:
-        while not self._finished:
-            self._wakeup = asyncio.get_running_loop().create_future()
-            await self._wakeup
-        self._wakeup = None
+    def _drain(self) -> list[Result]:
+        """The results of every task that finished since the last call."""
         results: list[Result] = []
         everything, finished, tasks = self._all, self._finished, self._tasks
         keep_all = self._keep_all
         while finished:
             task = finished.popleft()
-            name = tasks.pop(task)
-            if task.cancelled():
-                results.append(Interrupted(name))
-                continue
-            result = task.result()  # attempts raise only BaseExceptions
+            result = self._result_of(task, tasks.pop(task))
             if keep_all and isinstance(result, Succeeded):
-                everything[name] = result.output
+                everything[result.name] = result.output
             results.append(result)
         return results
+
+    def _result_of(self, task: asyncio.Task[Any], name: str) -> Result:
+        """How the finished ``task`` of step ``name`` ended, as a core result.
+
+        A wrapped attempt returns its result itself; a direct one (the step's
+        own coroutine) is read here. A ``BaseException`` that is not an
+        ``Exception`` (KeyboardInterrupt, SystemExit) is raised, not recorded.
+        """
+        began = self._began.pop(task, None)
+        if task.cancelled():
+            return Interrupted(name)
+        if began is None:
+            result: Result = task.result()
+            return result
+        error = task.exception()
+        duration = perf_counter() - began
+        if error is None:
+            output, usage = split_result(task.result())
+            return Succeeded(name, output, usage, duration)
+        if isinstance(error, Exception):
+            return Failed(name, error, duration)
+        raise error
 
     async def _attempt(self, step: Step, start: Start, context: dict[str, Any]) -> Result:
         name = step.name
@@ -324,10 +365,10 @@ class Runner:
         results: list[Result] = [Cancelled(type(cause).__name__)]
         for task in tasks:
             name = self._tasks.pop(task)
-            if task.cancelled() or task.exception() is not None:
+            try:
+                results.append(self._result_of(task, name))
+            except BaseException:
                 results.append(Interrupted(name))
-            else:
-                results.append(task.result())
         self._finished.clear()
         state = self.state = apply(self.state, results)
         # Calling a checkpoint_fn that just raised would most likely raise again

@@ -434,7 +434,7 @@ def test_journal_damaged_first_line_is_corruption_not_a_torn_tail(tmp_path: Path
 
 @pytest.mark.parametrize(
     "tail",
-    [b"garbage", b"garbage\n", b"\x00\x00\x00", b'{"c":"0000zz', b'{"c":"00000000","x', b'{"r":{}}\n',
+    [b"garbage", b"garbage\n", b"\x00x\x00", b'{"c":"0000zz', b'{"c":"00000000","x', b'{"r":{}}\n',
      b"\n"],
     ids=repr,
 )
@@ -451,11 +451,12 @@ def test_journal_last_line_not_a_record_prefix_is_corruption(tmp_path: Path, tai
 @pytest.mark.parametrize(
     "tail",
     [b"{", b'{"c":"', b'{"c":"0a1b', b'{"c":"0a1b2c3d","r', b'{"c":"0a1b2c3d","r":{"kind":"del',
-     b'{"c":"0a1b2c3d","r":{"kind":"delta"}}\n'],
+     b'{"c":"0a1b2c3d","r":{"kind":"delta"}}\n', b"\x00" * 4096],
     ids=repr,
 )
 def test_journal_torn_append_is_forgiven(tmp_path: Path, tail: bytes) -> None:
-    """What a kill mid-append leaves (a prefix of a line, or a whole one with a bad checksum)."""
+    """What a kill mid-append leaves (a prefix of a line, or a whole one with a bad checksum),
+    or a power cut on a file system that shows the unwritten block as zeros."""
     path = tmp_path / "cp.jsonl"
     seen = _journal_of_diamond(path)
     path.write_bytes(path.read_bytes() + tail)

@@ -385,7 +385,10 @@ class JournalStore:
             raise CorruptStoreError(
                 self.path, "damaged line (bad checksum or framing) before the end", number
             )
-        if not _starts_like_a_line(line):
+        if not _starts_like_a_line(line) and line.strip(b"\0"):
+            # An all-NUL tail is what some file systems show for an append a
+            # power cut interrupted before its data reached the disk: a torn
+            # append, not a foreign file (line 1 is checked above).
             raise CorruptStoreError(
                 self.path,
                 'the last line does not start like a journal record ({"c":"...), so it is '
