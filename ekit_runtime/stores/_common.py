@@ -12,10 +12,9 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
-if TYPE_CHECKING:
-    from ekit_core import WorkflowCheckpoint
+from ekit_core import WorkflowCheckpoint
 
 __all__ = [
     "CorruptStoreError",
@@ -27,6 +26,7 @@ __all__ = [
     "encode",
     "encode_text",
     "fsync_dir",
+    "require_checkpoint",
     "same_run",
     "write_all",
 ]
@@ -210,3 +210,9 @@ def atomic_write(path: str, data: bytes, *, durable: bool) -> None:
         raise
     if durable:
         fsync_dir(folder)
+
+
+def require_checkpoint(checkpoint: object) -> None:
+    """Refuse anything but a :class:`WorkflowCheckpoint` with a ``ValueError``."""
+    if not isinstance(checkpoint, WorkflowCheckpoint):
+        raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")

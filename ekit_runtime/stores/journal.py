@@ -45,6 +45,7 @@ from ekit_runtime.stores._common import (
     atomic_write,
     default_dumps,
     encode,
+    require_checkpoint,
     same_run,
     write_all,
 )
@@ -190,10 +191,7 @@ class JournalStore:
         Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
         naming the step) before touching the file if an output cannot be encoded.
         """
-        if not isinstance(checkpoint, WorkflowCheckpoint):
-            raise ValueError(
-                f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}"
-            )
+        require_checkpoint(checkpoint)
         previous = self._last
         record = None
         if (

@@ -20,6 +20,7 @@ from ekit_runtime.stores._common import (
     atomic_write,
     default_dumps,
     encode,
+    require_checkpoint,
 )
 
 __all__ = ["JsonFileStore"]
@@ -57,10 +58,7 @@ class JsonFileStore:
         Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
         naming the step) before touching the file if an output cannot be encoded.
         """
-        if not isinstance(checkpoint, WorkflowCheckpoint):
-            raise ValueError(
-                f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}"
-            )
+        require_checkpoint(checkpoint)
         data = encode(
             checkpoint.to_dict(), self.dumps, checkpoint.outputs.items(), checkpoint.context
         )

@@ -28,6 +28,7 @@ from ekit_runtime.stores._common import (
     UnencodableError,
     default_dumps,
     encode_text,
+    require_checkpoint,
     same_run,
 )
 
@@ -183,10 +184,7 @@ class SqliteStore:
         naming the step) before the transaction begins if an output cannot be
         encoded; the stored checkpoint is then untouched.
         """
-        if not isinstance(checkpoint, WorkflowCheckpoint):
-            raise ValueError(
-                f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}"
-            )
+        require_checkpoint(checkpoint)
         with self._lock:
             previous = self._last
             full = previous is None or not self._saves or not same_run(checkpoint, previous)
