@@ -854,3 +854,17 @@ def test_sqlite_count_beyond_64_bits_is_refused_before_writing(
     store(_extended(seen[-1]))
     assert SqliteStore(db, run_id="r").load() == _extended(seen[-1])
     store.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [JsonFileStore, JournalStore, lambda path: SqliteStore(path, run_id="r")],
+    ids=["json", "journal", "sqlite"],
+)
+def test_saving_something_that_is_not_a_checkpoint_is_a_value_error(
+    tmp_path: Path, make: Callable[[Path], Any]
+) -> None:
+    store = make(tmp_path / "store")
+    with pytest.raises(ValueError, match="must be a WorkflowCheckpoint, got dict"):
+        store.save({"step_index": 0, "outputs": {}, "cost": {}})
+    assert store.load() is None  # nothing was written
