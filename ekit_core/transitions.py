@@ -231,11 +231,13 @@ def _fold(
                 if child not in outputs and (
                     len(parents) == 1 or all(d in outputs for d in parents)
                 ):
-                    k = index[child] - window.offset
-                    if k >= 0 and window.running:
-                        window.ready |= 1 << k
+                    k = index[child]
+                    if not (window.ready or window.running):  # an empty window moves here
+                        window.offset, window.ready = k, 1
+                    elif k >= window.offset:
+                        window.ready |= 1 << (k - window.offset)
                     else:
-                        window.add_ready(index[child])
+                        window.add_ready(k)
             budget = limits.budget
             if (
                 budget is not None
