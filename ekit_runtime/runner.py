@@ -1,8 +1,9 @@
 """The async loop that carries out what the core decides.
 
-It asks ``plan`` what to start, starts those attempts as tasks, waits for
-completions, folds them in with ``apply`` and hands each new checkpoint to
-``checkpoint_fn``. It owns only what is impure: tasks, sleeping out retry
+Each turn folds the completions that arrived into the state and learns what
+to start next, in one core transition (``advance``, which is ``apply`` then
+``plan``); it then starts those attempts as tasks and hands the new
+checkpoint to ``checkpoint_fn``. It owns only what is impure: tasks, sleeping out retry
 delays, timeouts, threads for blocking steps, calling callbacks, and
 winding down on cancellation so that no task outlives the run and the
 final checkpoint is saved even while the caller keeps cancelling.
