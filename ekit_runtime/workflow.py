@@ -122,8 +122,11 @@ class Workflow:
         """Run every step not recorded in ``resume_from`` and return the outputs.
 
         - ``initial_context``: extra keys every step sees; recorded in the
-          checkpoint, so a resume without it sees the same. A key equal to a
-          step name is a ``ValueError``.
+          checkpoint, so a resume without it sees the same. On a resume, the
+          keys passed are merged over the recorded ones (passed keys win, the
+          others stay); recorded outputs never change, and the new checkpoints
+          record the merged context. A key equal to a step name is a
+          ``ValueError``.
         - ``checkpoint_fn``: called (and awaited if async) with a new
           :class:`WorkflowCheckpoint` after each group of completions; an
           exception from it propagates out of ``run``.

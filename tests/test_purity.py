@@ -49,3 +49,41 @@ def test_packages_ship_py_typed() -> None:
 
     for package in (ekit_core, ekit_runtime):
         assert (Path(package.__file__).parent / "py.typed").is_file()
+
+
+def test_no_module_can_execute_what_it_loads() -> None:
+    """Loading a checkpoint never executes code: no pickle, marshal, shelve, eval or exec."""
+    import ekit_runtime
+
+    risky_modules = {"pickle", "marshal", "shelve", "dill", "cloudpickle"}
+    offenders: dict[str, list[str]] = {}
+    for package in (ekit_core, ekit_runtime):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            found = sorted(_imported_roots(path) & risky_modules)
+            found += [
+                node.func.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"eval", "exec"}
+            ]
+            if found:
+                offenders[str(path.relative_to(root.parent))] = found
+    assert offenders == {}
+
+
+def test_events_and_results_are_frozen() -> None:
+    import dataclasses
+
+    from ekit_core import StepFinished, Succeeded, TokenUsage
+
+    event = StepFinished("a", 1, TokenUsage(), None)
+    result = Succeeded("a", 1)
+    for value in (event, result):
+        try:
+            value.name = "b"  # type: ignore[misc]
+        except dataclasses.FrozenInstanceError:
+            continue
+        raise AssertionError(f"{type(value).__name__} is mutable")

@@ -356,3 +356,27 @@ def test_random_runs_with_random_cancellation_resume_to_fresh_outputs(
         recorded = set(last.outputs) if last else set()
         assert set(resumed_log) == set(graph.names) - recorded
         assert dict(result.outputs) == dict(fresh.outputs)
+
+
+def test_a_resume_merges_a_new_initial_context_over_the_recorded_one() -> None:
+    seen: list[dict[str, Any]] = []
+    wf = Workflow([
+        Step("a", lambda c: "A"),
+        Step("b", lambda c: seen.append(dict(c)) or "B", ("a",)),
+    ])
+    saved: list[WorkflowCheckpoint] = []
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_a(cp: WorkflowCheckpoint) -> None:
+        saved.append(cp)
+        raise Stop
+
+    with pytest.raises(Stop):
+        wf.run_sync({"tone": "dry", "length": 300}, checkpoint_fn=stop_after_a)
+    resumed: list[WorkflowCheckpoint] = []
+    result = wf.run_sync({"tone": "warm", "extra": 1}, resume_from=saved[0], checkpoint_fn=resumed.append)
+    assert seen == [{"tone": "warm", "length": 300, "extra": 1, "a": "A"}]
+    assert dict(resumed[-1].context) == {"tone": "warm", "length": 300, "extra": 1}
+    assert result.outputs["a"] == "A"  # a recorded output is never recomputed or changed
