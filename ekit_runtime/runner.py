@@ -157,6 +157,8 @@ class Runner:
         """Wait for completions, fold them in, start what is next, save."""
         if not self._tasks:
             raise RuntimeError("ekit: nothing can start and nothing is running")
+        if not self._finished and len(self._tasks) == 1:
+            await self._join_only_task()
         while not self._finished:
             self._wakeup = asyncio.get_running_loop().create_future()
             await self._wakeup
@@ -181,6 +183,24 @@ class Runner:
             await self._emit((CheckpointSaved(state.completed),))
         await self._emit(finish)
         return state
+
+    async def _join_only_task(self) -> None:
+        """Wait for the one task in flight by awaiting it directly.
+
+        With a single task (every step of a chain) this saves a loop turn over
+        the wake-up future: the task's own callbacks, ``_on_done`` first, run
+        in the turn after it finishes. Its outcome is read later by
+        ``_result_of``, so an error it raised is not ours to raise here.
+        """
+        (task,) = self._tasks
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.done() or (current is not None and current.cancelling()):
+                raise  # we are being cancelled, not just the task
+        except Exception:
+            pass
 
     def _launch_all(self, batch: Batch) -> None:
         everything = self._all

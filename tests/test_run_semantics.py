@@ -330,3 +330,37 @@ def test_trace_callback_errors_do_not_corrupt_the_run() -> None:
     with pytest.warns(TraceCallbackWarning, match="tracer down"):
         result = wf.run_sync(trace=bad_trace)
     assert dict(result.outputs) == {"a": 1, "b": 2}
+
+
+def test_a_halt_cancels_an_attempt_waiting_out_its_retry_delay() -> None:
+    release_bad = asyncio.Event()
+    attempts: list[int] = []
+
+    async def flaky(ctx: dict[str, Any]) -> str:
+        attempts.append(1)
+        raise ConnectionError("try later")
+
+    async def bad(ctx: dict[str, Any]) -> None:
+        await release_bad.wait()
+        raise Broken("fatal")
+
+    # The retry would wait 1000 s: the test only ends quickly if the halt
+    # caused by "bad" cancels that wait instead of sleeping it out.
+    policy = RetryPolicy(max_attempts=3, backoff_base=1000, backoff_cap=1000)
+    wf = Workflow([Step("flaky", flaky, retry=policy), Step("bad", bad)])
+    saved: list[WorkflowCheckpoint] = []
+
+    async def main() -> None:
+        run = asyncio.create_task(wf.run(checkpoint_fn=saved.append))
+        # Once the failure is saved, the retry attempt is in flight, sleeping.
+        await until(lambda: bool(saved) and "flaky" in saved[-1].failures)
+        release_bad.set()
+        with pytest.raises(Broken):
+            await asyncio.wait_for(run, timeout=30)
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
+    assert attempts == [1]
+    assert saved[-1].failures["flaky"].attempts == 1
+    assert saved[-1].failures["bad"].error_type == "Broken"
+    assert "flaky" not in saved[-1].outputs
