@@ -134,64 +134,20 @@ def _not_in_flight(name: str, what: str) -> ValueError:
     return ValueError(f"{what} for step {name!r}, which is not in flight")
 
 
-class _Window:
-    """The ready and running bit sets of one transition, relative to ``offset``.
+def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
+    """Move the bit window so that step index ``i`` falls inside it.
 
-    Mutable, and local to :func:`_fold`: it is how a transition edits the
-    bits before freezing them into the next state. Keeping the window
-    anchored at the lowest set bit is what keeps these integers small.
+    ``ready`` and ``running`` are relative to ``offset``, which a transition
+    keeps at the lowest ready or running step so that these integers stay
+    as narrow as the unfinished frontier. An empty window simply moves to
+    ``i``; an index below it widens the window downwards.
     """
-
-    __slots__ = ("in_flight", "offset", "ready", "running")
-
-    def __init__(self, state: State) -> None:
-        self.offset = state.offset
-        self.ready = state.ready
-        self.running = state.running
-        self.in_flight = state.in_flight
-
-    def _slot(self, i: int) -> int:
-        if not (self.ready or self.running):
-            self.offset = i
-        elif i < self.offset:
-            shift = self.offset - i
-            self.ready <<= shift
-            self.running <<= shift
-            self.offset = i
-        return 1 << (i - self.offset)
-
-    def is_ready(self, i: int) -> bool:
-        j = i - self.offset
-        return j >= 0 and bool(self.ready & (1 << j))
-
-    def is_running(self, i: int) -> bool:
-        j = i - self.offset
-        return j >= 0 and bool(self.running & (1 << j))
-
-    def add_ready(self, i: int) -> None:
-        bit = self._slot(i)  # may shift self.ready: read it only afterwards
-        self.ready |= bit
-
-    def start(self, i: int) -> None:
-        bit = 1 << (i - self.offset)
-        self.ready ^= bit
-        self.running |= bit
-        self.in_flight += 1
-
-    def stop(self, i: int, *, again: bool) -> None:
-        """Take ``i`` out of flight; ``again`` puts it back among the ready."""
-        bit = 1 << (i - self.offset)
-        self.running ^= bit
-        self.in_flight -= 1
-        if again:
-            self.ready |= bit
-
-    def normalized(self) -> tuple[int, int, int]:
-        both = self.ready | self.running
-        if not both:
-            return self.offset, 0, 0
-        low = (both & -both).bit_length() - 1
-        return self.offset + low, self.ready >> low, self.running >> low
+    if not (ready or running):
+        return i, 0, 0
+    if i < offset:
+        shift = offset - i
+        return i, ready << shift, running << shift
+    return offset, ready, running
 
 
 def _fold(
@@ -203,7 +159,8 @@ def _fold(
     total = len(graph.names)
     outputs, step_usage = state.outputs, state.step_usage
     completed, cost = state.completed, state.cost
-    window = _Window(state)
+    # The bit window, edited in place by this transition and frozen at the end.
+    offset, ready, running, in_flight = state.offset, state.ready, state.running, state.in_flight
     inc = state.incidents
     events: list[Event] = []
 
@@ -211,12 +168,14 @@ def _fold(
         if isinstance(result, Succeeded):
             # The hot path of every run: kept to plain int and dict operations.
             name = result.name
-            i = _index(graph, name)
-            j = i - window.offset
-            if j < 0 or not (window.running >> j) & 1:
+            i = index.get(name)
+            if i is None:
+                raise ValueError(f"unknown step {name!r}")
+            j = i - offset
+            if j < 0 or not (running >> j) & 1:
                 raise _not_in_flight(name, "success reported")
-            window.running ^= 1 << j
-            window.in_flight -= 1
+            running ^= 1 << j
+            in_flight -= 1
             usage = result.usage
             outputs = outputs.with_item(name, result.output)
             step_usage = step_usage.with_item(name, usage)
@@ -232,12 +191,9 @@ def _fold(
                     len(parents) == 1 or all(d in outputs for d in parents)
                 ):
                     k = index[child]
-                    if not (window.ready or window.running):  # an empty window moves here
-                        window.offset, window.ready = k, 1
-                    elif k >= window.offset:
-                        window.ready |= 1 << (k - window.offset)
-                    else:
-                        window.add_ready(k)
+                    if k < offset or not (ready or running):
+                        offset, ready, running = _fit(offset, ready, running, k)
+                    ready |= 1 << (k - offset)
             budget = limits.budget
             if (
                 budget is not None
@@ -251,60 +207,63 @@ def _fold(
             i = _index(graph, name)
             if inc.halt is not None:
                 raise ValueError(f"cannot start step {name!r}: the run is halted ({inc.halt.kind})")
-            if not window.is_ready(i):
+            j = i - offset
+            if j < 0 or not (ready >> j) & 1:
                 raise ValueError(f"cannot start step {name!r}: it is not ready")
-            if limits.max_concurrency is not None and window.in_flight >= limits.max_concurrency:
+            if limits.max_concurrency is not None and in_flight >= limits.max_concurrency:
                 raise ValueError(
                     f"cannot start step {name!r}: max_concurrency={limits.max_concurrency} in flight"
                 )
-            window.start(i)
+            ready ^= 1 << j
+            running |= 1 << j
+            in_flight += 1
             events.append(_started(name, inc))
             if name in inc.delays:
                 inc = _without_delay(inc, name)
-        elif isinstance(result, Failed):
+        elif isinstance(result, (Failed, Denied, Interrupted)):
             name = result.name
             i = _index(graph, name)
-            if not window.is_running(i):
-                raise _not_in_flight(name, "failure reported")
-            attempt = inc.tries.get(name, 0) + 1
-            error_type, message = type(result.error).__qualname__, str(result.error)
-            previous = inc.failures.get(name)
-            record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1)
-            inc = _replace(
-                inc,
-                failures=MappingProxyType({**inc.failures, name: record}),
-                tries=MappingProxyType({**inc.tries, name: attempt}),
-            )
-            policy = limits.policies.get(name, NO_RETRY)
-            retry = inc.halt is None and policy.retries(result.error, attempt)
-            window.stop(i, again=retry)
-            if retry:
-                delay = policy.delay(attempt)
-                inc = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
-                events.append(StepRetried(name, attempt, error_type, message, delay, result.duration))
-            else:
-                events.append(StepFailed(name, attempt, error_type, message, result.duration))
+            j = i - offset
+            if j < 0 or not (running >> j) & 1:
+                raise _not_in_flight(name, f"{type(result).__name__.lower()} result")
+            running ^= 1 << j
+            in_flight -= 1
+            again = True  # not done: the step goes back among the ready
+            if isinstance(result, Failed):
+                attempt = inc.tries.get(name, 0) + 1
+                error_type, message = type(result.error).__qualname__, str(result.error)
+                previous = inc.failures.get(name)
+                attempts = (previous.attempts if previous else 0) + 1
                 inc = _replace(
                     inc,
-                    errors=(*inc.errors, (name, result.error)),
-                    halt=inc.halt or Halt("failed", name, f"{error_type}: {message}"),
+                    failures=MappingProxyType(
+                        {**inc.failures, name: FailureRecord(error_type, message, attempts)}
+                    ),
+                    tries=MappingProxyType({**inc.tries, name: attempt}),
                 )
-        elif isinstance(result, Denied):
-            name = result.name
-            i = _index(graph, name)
-            if not window.is_running(i):
-                raise _not_in_flight(name, "denial reported")
-            window.stop(i, again=True)
-            events.append(StepDenied(name, result.reason))
-            if inc.halt is None:
-                inc = _replace(inc, halt=Halt("denied", name, result.reason))
-        elif isinstance(result, Interrupted):
-            name = result.name
-            i = _index(graph, name)
-            if not window.is_running(i):
-                raise _not_in_flight(name, "interruption reported")
-            window.stop(i, again=True)
-            events.append(StepInterrupted(name))
+                policy = limits.policies.get(name, NO_RETRY)
+                again = inc.halt is None and policy.retries(result.error, attempt)
+                if again:
+                    delay = policy.delay(attempt)
+                    inc = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
+                    events.append(
+                        StepRetried(name, attempt, error_type, message, delay, result.duration)
+                    )
+                else:
+                    events.append(StepFailed(name, attempt, error_type, message, result.duration))
+                    inc = _replace(
+                        inc,
+                        errors=(*inc.errors, (name, result.error)),
+                        halt=inc.halt or Halt("failed", name, f"{error_type}: {message}"),
+                    )
+            elif isinstance(result, Denied):
+                events.append(StepDenied(name, result.reason))
+                if inc.halt is None:
+                    inc = _replace(inc, halt=Halt("denied", name, result.reason))
+            else:
+                events.append(StepInterrupted(name))
+            if again:
+                ready |= 1 << j
         elif isinstance(result, Cancelled):
             if inc.halt is None:
                 inc = _replace(inc, halt=Halt("cancelled", reason=result.reason))
@@ -313,24 +272,27 @@ def _fold(
 
     batch = _EMPTY
     if start_next:
-        batch = _choose(graph, limits, window.offset, window.ready, window.in_flight, inc)
+        batch = _choose(graph, limits, offset, ready, in_flight, inc)
         for start in batch.starts:
             name = start.name
-            bit = 1 << (index[name] - window.offset)
-            window.ready ^= bit
-            window.running |= bit
-            window.in_flight += 1
+            bit = 1 << (index[name] - offset)
+            ready ^= bit
+            running |= bit
+            in_flight += 1
             if record_events:
                 events.append(StepStarted(name, start.attempt, start.delay))
             if name in inc.delays:
                 inc = _without_delay(inc, name)
 
-    outcome = outcome_of(completed, total, window.in_flight, inc)
+    outcome = outcome_of(completed, total, in_flight, inc)
     if outcome is not None and not state.settled:
         events.append(RunFinished(outcome, completed, total, cost))
-    offset, ready, running = window.normalized()
+    both = ready | running
+    if both and not both & 1:  # re-anchor the window at its lowest bit
+        low = (both & -both).bit_length() - 1
+        offset, ready, running = offset + low, ready >> low, running >> low
     new = State(
-        spec, outputs, step_usage, completed, cost, offset, ready, running, window.in_flight, inc,
+        spec, outputs, step_usage, completed, cost, offset, ready, running, in_flight, inc,
         tuple(events) if record_events else (),
     )
     return new, batch

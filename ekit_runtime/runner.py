@@ -99,8 +99,8 @@ class Runner:
         # initial context: steps keep seeing them, the run's context wins.
         self._base = {k: v for k, v in state.outputs.items() if k not in graph.index}
         self._base.update(state.context)
-        # Only steps with context="all" need every output; skip the upkeep otherwise.
-        self._keep_all = any(step.context == "all" for step in steps.values())
+        # Every output so far as a plain dict: copied whole for context="all",
+        # and a C-speed lookup for a step's dependencies otherwise.
         self._all = dict(self._base)
         self._all.update((k, v) for k, v in state.outputs.items() if k in graph.index)
         self._tasks: dict[asyncio.Task[Any], str] = {}
@@ -210,9 +210,8 @@ class Runner:
                 context = everything.copy()
             else:
                 context = self._base.copy()
-                outputs = self.state.outputs
                 for dep in step.depends_on:
-                    context[dep] = outputs[dep]
+                    context[dep] = everything[dep]
             body = None
             if step.name in self._direct and start.delay == 0 and (
                 self.approval is None or start.attempt > 1
@@ -243,11 +242,10 @@ class Runner:
         """The results of every task that finished since the last call."""
         results: list[Result] = []
         everything, finished, tasks = self._all, self._finished, self._tasks
-        keep_all = self._keep_all
         while finished:
             task = finished.popleft()
             result = self._result_of(task, tasks.pop(task))
-            if keep_all and isinstance(result, Succeeded):
+            if isinstance(result, Succeeded):
                 everything[result.name] = result.output
             results.append(result)
         return results
