@@ -31,6 +31,7 @@ from ekit_runtime import (
     PatternResult,
     SqliteStore,
     Step,
+    StoreLockedError,
     TokenUsage,
     UnencodableError,
     Workflow,
@@ -161,8 +162,8 @@ def test_executionkit_three_key_format(make: Factory) -> None:
         "cost": {"input_tokens": 7, "output_tokens": 3, "llm_calls": 2},
     }
     checkpoint = WorkflowCheckpoint.from_dict(legacy)
-    store = make()
-    store(checkpoint)
+    with make() as store:
+        store(checkpoint)
     loaded = make().load()
     assert loaded == checkpoint
     assert {k: loaded.to_dict()[k] for k in legacy} == legacy
@@ -259,7 +260,10 @@ def test_json_file_failed_replace_keeps_previous(tmp_path: Path, monkeypatch: py
         store(bigger)
     monkeypatch.undo()
     assert JsonFileStore(tmp_path / "cp.json").load() == seen[-1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json"]  # no temp file left
+    # No temp file left; the lock file goes with the store's lock.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json", "cp.json.lock"]
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json"]
 
 
 def test_json_file_fsyncs_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,6 +329,7 @@ def test_journal_resumed_in_new_process_writes_full_then_deltas(tmp_path: Path) 
 
     with pytest.raises(RuntimeError, match="stop"):
         workflow.run_sync(checkpoint_fn=stop, max_concurrency=1)
+    first.close()  # as its process would on exit
     # A new process, no load(): its first save has no in-memory previous.
     fresh = JournalStore(path)
     done = workflow.run_sync(checkpoint_fn=fresh, resume_from=JournalStore(path).load(),
@@ -333,6 +338,7 @@ def test_journal_resumed_in_new_process_writes_full_then_deltas(tmp_path: Path) 
     assert [r["kind"] for r in _lines(path)] == ["full", "delta", "delta"]
     assert list(_lines(path)[0]["outputs"]) == ["a", "b", "c"]
     assert JournalStore(path).load() == done.checkpoint
+    fresh.close()
     # After load(), the same object appends deltas against what it read.
     again = JournalStore(path)
     cp = again.load()
@@ -561,6 +567,7 @@ def test_journal_compact(tmp_path: Path) -> None:
     path = tmp_path / "cp.jsonl"
     store = JournalStore(path)
     seen = _run(_diamond(), store, max_concurrency=1)
+    store.close()
     assert JournalStore(path).compact() == seen[-1]
     assert [r["kind"] for r in _lines(path)] == ["full"]
     assert JournalStore(path).load() == seen[-1]
@@ -712,13 +719,23 @@ def test_sqlite_each_save_one_transaction_of_new_rows(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_sqlite_two_writers_same_run_stay_consistent(tmp_path: Path) -> None:
+def test_sqlite_a_writer_that_bypassed_the_lock_is_not_written_over(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    one, two = SqliteStore(db, run_id="r"), SqliteStore(db, run_id="r")
+    one = SqliteStore(db, run_id="r")
     seen = _run(_diamond(), one, max_concurrency=1)
-    two(seen[2])  # another writer goes back in time
-    one(seen[-1])  # one's delta would not fit: it must rewrite in full
-    assert SqliteStore(db, run_id="r").load() == seen[-1]
+    # Something that ignores the lock (an old ekit, a script) saves the run.
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("UPDATE ekit_runs SET saves = saves + 1, step_index = 99 WHERE run_id = 'r'")
+    other.close()
+    for save in (_extended(seen[-1]), dataclasses.replace(seen[-1], context=MappingProxyType({"x": 1}))):
+        # Neither a delta nor a full rewrite may write over what it saved.
+        with pytest.raises(StoreLockedError, match=r"runs\.db, run 'r': the run was saved by another"):
+            one(save)
+        assert SqliteStore(db, run_id="r").load().step_index == 99
+    assert one.load().step_index == 99  # load() again, and the store goes on from there
+    one(_extended(seen[-1]))
+    assert SqliteStore(db, run_id="r").load() == _extended(seen[-1])
+    one.close()
 
 
 def test_sqlite_bad_run_id(tmp_path: Path) -> None:

@@ -12,6 +12,11 @@ some children are also told to ``tear``: they SIGKILL themselves halfway
 through an append (see crash_child.py). Each of those must leave a torn tail
 that ``load()`` reports and ignores and that the next run's first append cuts
 off, so the torn-tail path is exercised on every run of the test, not by luck.
+
+Every child also takes the store's write lock at its first save and is
+killed holding it, at any moment of a save: the next child's saves succeed
+only because the OS dropped the dead child's lock, so each run is a test of
+takeover after SIGKILL too (see test_stores_writers.py for the lock itself).
 """
 
 from __future__ import annotations

@@ -1,31 +1,55 @@
-"""What every store shares: the codec, its error messages, atomic file writes, and "same run".
+"""What every store shares: the codec, its errors, first encodings, atomic files and write locks.
 
 Encoding happens in one place so that every store fails the same way on an
 output it cannot write: a :class:`UnencodableError` naming the step, raised
-before a single byte reaches storage.
+before a single byte reaches storage. :class:`OutputEncodings` keeps the
+mutation rule of docs/stores.md (what is stored for a step never changes);
+:class:`WriteLock` keeps "one writer per file, or per SQLite run" with an OS
+lock that dies with its holder, so that a crashed writer never locks a run
+for good.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import json
+import math
 import os
-import tempfile
+import secrets
+import stat
+import sys
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, NoReturn, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
+
+if sys.platform == "win32":
+    import msvcrt
+else:
+    import fcntl
 
 __all__ = [
     "CorruptStoreError",
     "Dumps",
     "Loads",
+    "OutputEncodings",
+    "ProcessLock",
+    "StoreLockedError",
     "UnencodableError",
+    "WriteLock",
     "atomic_write",
     "default_dumps",
+    "default_loads",
     "encode",
     "encode_text",
+    "file_identity",
     "fsync_dir",
+    "identity",
     "require_checkpoint",
     "same_run",
     "write_all",
@@ -65,9 +89,81 @@ class CorruptStoreError(ValueError):
         self.line = line
 
 
+class StoreLockedError(ValueError):
+    """Another writer has this store's file (or SQLite run): the save was refused, nothing written.
+
+    Raised when another store object, in this process or another, holds the
+    write lock; when this store lost its lock (its lock file was removed or
+    replaced while held); and when what is stored changed since this store
+    last read or wrote it, because another writer saved in between. ``path``
+    is the file or database, ``run_id`` the SQLite run (``None`` for a file
+    store), ``lock_path`` the lock file and ``pid`` the process holding it,
+    when known. To take over deliberately, close the other store (or end its
+    process), then ``load()`` and save again.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        problem: str,
+        *,
+        run_id: str | None = None,
+        lock_path: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        where = path if run_id is None else f"{path}, run {run_id!r}"
+        super().__init__(f"{where}: {problem}")
+        self.path = path
+        self.run_id = run_id
+        self.lock_path = lock_path
+        self.pid = pid
+
+
+# -- the codec -------------------------------------------------------------------
+
+
 def default_dumps(data: Any) -> str:
     """Compact, strict JSON on one line: utf-8 text kept as is, NaN and infinities refused."""
     return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise _NonFinite(name)
+
+
+def default_loads(text: str) -> Any:
+    """Strict JSON, the inverse of :func:`default_dumps`: NaN and infinities are refused here too.
+
+    ``json.loads`` reads ``NaN`` and ``Infinity``, which :func:`default_dumps`
+    never writes; reading them would make a resume fail later, at a save,
+    blaming an old output. The ``ValueError`` says where the value sits.
+    """
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except _NonFinite as exc:
+        where = _nonfinite_at(json.loads(text))
+        raise ValueError(
+            f"{exc.args[0]} at {where}: JSON has no NaN or infinities, and no store writes them"
+        ) from None
+
+
+def _nonfinite_at(data: Any) -> str:
+    """Where the first NaN or infinity in ``data`` is, as subscripts (``['outputs']['a'][0]``)."""
+    # A stack, not recursion: stored data may nest deeper than the recursion limit.
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "the top level"
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}[{k!r}]") for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(value))))
+    return "an unknown place"
 
 
 def _dump(value: Any, dumps: Dumps) -> str:
@@ -120,6 +216,14 @@ def encode_text(
         _blame(exc, dumps, outputs, context)
 
 
+def _output_error(name: str, exc: Exception) -> UnencodableError:
+    return UnencodableError(
+        f"cannot encode the output of step {name!r}: {type(exc).__name__}: {exc}; "
+        "nothing was saved (pass dumps=/loads= to store rich types)",
+        step=name,
+    )
+
+
 def _blame(
     cause: Exception,
     dumps: Dumps,
@@ -131,11 +235,7 @@ def _blame(
         try:
             _to_bytes(value, dumps)
         except Exception as exc:
-            raise UnencodableError(
-                f"cannot encode the output of step {name!r}: {type(exc).__name__}: {exc}; "
-                "nothing was saved (pass dumps=/loads= to store rich types)",
-                step=name,
-            ) from exc
+            raise _output_error(name, exc) from exc
     for key, value in (context or {}).items():
         try:
             _to_bytes(value, dumps)
@@ -147,6 +247,157 @@ def _blame(
     raise UnencodableError(
         f"cannot encode the checkpoint: {type(cause).__name__}: {cause}; nothing was saved"
     ) from cause
+
+
+# (the output object, b'"<step>":' + its encoding, where the encoding starts)
+_Entry: TypeAlias = tuple[Any, bytes, int]
+_Chosen: TypeAlias = list[tuple[str, _Entry]]
+_EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
+
+
+class OutputEncodings:
+    """The first encoding of each step's output, reused for as long as saves hand the same object.
+
+    The library never copies outputs, so a step may mutate an earlier
+    step's output after it was saved. The rule (docs/stores.md): a store
+    encodes each output once, the first time it saves or loads it, and
+    every later write of that step, a full rewrite included, uses that
+    encoding, so what is stored for a step never changes. An output is
+    "the same" while it is the same object (or, within one run, the same
+    by :meth:`WorkflowCheckpoint.delta_since`); another object under that
+    name (another run, a hand-made checkpoint) is encoded afresh.
+
+    With the default codec a document is spliced from the cached
+    fragments, so re-saving old outputs costs a copy, not an encoding.
+    Another codec's text cannot be spliced: old outputs are then decoded
+    from their first encoding and encoded again with the document.
+    """
+
+    __slots__ = ("_chosen", "_dumps", "_entries", "_fresh", "_json", "_loads", "_prev", "_usage")
+
+    def __init__(self, dumps: Dumps, loads: Loads) -> None:
+        self._dumps = dumps
+        self._loads = loads
+        self._json = dumps is default_dumps
+        self._entries: dict[str, _Entry] = {}
+        # Names encoded by the last members() call: their objects are the
+        # ones just encoded, so the slow path need not decode them back.
+        self._fresh: set[str] = set()
+        # The last checkpoint document_of() wrote, with its outputs' entries
+        # and usage members in order: the next one of the run adds a delta.
+        self._prev: WorkflowCheckpoint | None = None
+        self._chosen: _Chosen = []
+        self._usage: list[bytes] = []
+
+    def members(self, outputs: Iterable[tuple[str, Any]], *, every: bool = False) -> _Chosen:
+        """``(step, entry)`` for each ``(step, output)``: the cached entry, or a new encoding.
+
+        Raises :class:`UnencodableError` naming the step for an output that
+        cannot be encoded. ``every=True`` says that ``outputs`` are all of a
+        checkpoint's: entries of other steps are forgotten.
+        """
+        old = self._entries
+        entries = {} if every else old
+        chosen: _Chosen = []
+        fresh: set[str] = set()
+        for name, value in outputs:
+            entry = old.get(name)
+            if entry is None or entry[0] is not value:
+                entry = self._encode(name, value)
+                fresh.add(name)
+            entries[name] = entry
+            chosen.append((name, entry))
+        self._entries = entries
+        self._fresh = fresh
+        return chosen
+
+    def seed(self, outputs: Mapping[str, Any]) -> None:
+        """Remember ``outputs`` (just loaded) as stored: their encoding is what later writes use."""
+        entries: dict[str, _Entry] = {}
+        for name, value in outputs.items():
+            with contextlib.suppress(UnencodableError):
+                # A loads may build what its dumps cannot write; saving it will say so.
+                entries[name] = self._encode(name, value)
+        self._entries = entries
+        self._prev = None
+
+    def document_of(self, checkpoint: WorkflowCheckpoint, head: Mapping[str, Any]) -> bytes:
+        """``{**head, **checkpoint.to_dict()}`` encoded, each output from its first encoding.
+
+        Within one run only the outputs and usage new since the last call are
+        looked up (``delta_since``); the rest is spliced from that call's.
+        """
+        prev = self._prev
+        delta = checkpoint.delta_since(prev) if prev is not None and same_run(checkpoint, prev) else None
+        if delta is not None and delta.extends:
+            chosen = self._chosen + self.members(delta.outputs)
+            new_usage = delta.step_usage
+            usage = self._usage
+        else:
+            chosen = self.members(checkpoint.outputs.items(), every=True)
+            new_usage = tuple(checkpoint.step_usage.items())
+            usage = []
+        if self._json:
+            usage = usage + [
+                _to_bytes(name, default_dumps) + b":" + _to_bytes(u.to_dict(), default_dumps)
+                for name, u in new_usage
+            ]
+        self._prev, self._chosen, self._usage = checkpoint, chosen, usage
+        # to_dict of the checkpoint without its per-step parts: every other
+        # field, in order, as the core defines them (cheap, whatever the run's length).
+        record = {**head, **dataclasses.replace(checkpoint, outputs=_EMPTY, step_usage=_EMPTY).to_dict()}
+        if not self._json:
+            record["step_usage"] = {k: u.to_dict() for k, u in checkpoint.step_usage.items()}
+        return self.document(record, chosen, checkpoint.context, usage)
+
+    def document(
+        self,
+        record: Mapping[str, Any],
+        chosen: _Chosen,
+        context: Mapping[str, Any] | None,
+        usage: list[bytes] | None = None,
+    ) -> bytes:
+        """``dumps(record)`` as utf-8, ``record["outputs"]`` replaced by the ``chosen`` encodings.
+
+        ``usage``, when given, replaces ``record["step_usage"]`` the same way
+        (members ``"<step>":{...}``, default codec only).
+        """
+        if not self._json:
+            data = dict(record)
+            data["outputs"] = {
+                name: entry[0] if name in self._fresh else self._decoded(name, entry)
+                for name, entry in chosen
+            }
+            return encode(data, self._dumps, (), context)
+        # default_dumps has no spaces, so this is byte for byte default_dumps(record).
+        parts = []
+        for key, value in record.items():
+            head = _to_bytes(key, default_dumps) + b":"
+            if key == "outputs":
+                parts.append(head + b"{" + b",".join(entry[1] for _, entry in chosen) + b"}")
+            elif key == "step_usage" and usage is not None:
+                parts.append(head + b"{" + b",".join(usage) + b"}")
+            else:
+                parts.append(head + encode(value, self._dumps, (), context))
+        return b"{" + b",".join(parts) + b"}"
+
+    def _encode(self, name: str, value: Any) -> _Entry:
+        try:
+            head = _to_bytes(name, default_dumps) + b":"
+            body = _to_bytes(value, self._dumps)
+        except Exception as exc:
+            raise _output_error(name, exc) from exc
+        return (value, head + body, len(head))
+
+    def _decoded(self, name: str, entry: _Entry) -> Any:
+        try:
+            return self._loads(entry[1][entry[2] :].decode("utf-8"))
+        except Exception as exc:
+            raise UnencodableError(
+                f"cannot write the output of step {name!r} again: loads cannot read what dumps "
+                f"made of it ({type(exc).__name__}: {exc}); nothing was saved",
+                step=name,
+            ) from exc
 
 
 def same_run(checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
@@ -161,6 +412,27 @@ def same_run(checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bo
         # Checkpoints of one run share the graph object: skip the deep comparison.
         and (checkpoint.graph is previous.graph or checkpoint.graph == previous.graph)
     )
+
+
+# -- files -----------------------------------------------------------------------
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """``(device, inode, size, mtime in ns)``: what tells one version of a file from another.
+
+    The inode alone is not enough: a file system may give a freed inode
+    number to the next file created, and a replaced file can come back
+    under the number it had.
+    """
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def file_identity(path: str) -> tuple[int, int, int, int] | None:
+    """:func:`identity` of the file at ``path`` (through symlinks), or ``None`` if there is none."""
+    try:
+        return identity(os.stat(path))
+    except FileNotFoundError:
+        return None
 
 
 def fsync_dir(folder: str) -> None:
@@ -187,29 +459,313 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def atomic_write(path: str, data: bytes, *, durable: bool) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | getattr(os, "O_BINARY", 0)
 
-    Writes a temporary file in the same folder, fsyncs it (``durable``),
-    renames it over ``path`` and fsyncs the folder. A kill can leave the
-    temporary ``.<name>.*.tmp`` behind; it is never read.
+
+def _create_beside(target: str) -> tuple[int, str]:
+    folder, name = os.path.split(target)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+        try:
+            # 0o666 through the umask, as open() creates a file (mkstemp
+            # would make it 0o600 whatever the umask says).
+            return os.open(tmp, _TEMP_FLAGS, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target}: no free temporary file name beside it")
+
+
+def _keep_mode(fd: int, target: str) -> None:
+    """Give the new file the permission bits of the one it replaces (a ``chmod`` survives saves)."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, mode)
+
+
+def atomic_write(path: str, data: bytes, *, durable: bool) -> None:
+    """Replace the file at ``path`` with ``data`` so that a crash leaves the old or the new file.
+
+    Writes a temporary file beside the target, fsyncs it (``durable``),
+    renames it over the target and fsyncs the folder. A symlink is followed:
+    its target is replaced and the link stays a link. The file keeps the
+    permission bits it had; a new one gets what the umask leaves of 0o666.
+    A kill can leave the temporary ``.<name>.*.tmp`` behind; it is never read.
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    fd, tmp = _create_beside(target)
     try:
         try:
+            _keep_mode(fd, target)
             write_all(fd, data)
             if durable:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     if durable:
         fsync_dir(folder)
+
+
+# -- write locks -----------------------------------------------------------------
+
+if sys.platform == "win32":
+
+    def _try_lock(fd: int) -> bool:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+
+else:
+
+    def _try_lock(fd: int) -> bool:
+        # flock, not fcntl/lockf: its lock belongs to this open file, so two
+        # store objects of one process conflict too, and closing another
+        # descriptor of the same file does not drop it.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | _CLOEXEC
+# How often a lock file may be replaced under us before we give up.
+_LOCK_TRIES = 8
+_LOST = (
+    "this store lost its write lock (its lock file was removed or replaced while it held it), "
+    "so another writer may have taken over: nothing was saved, and this store object will "
+    "save nothing more. Open a new store and load() to go on"
+)
+
+
+def _busy_problem(lock_path: str, pid: int | None) -> str:
+    if pid == os.getpid():
+        holder = "held by another store object in this process"
+    elif pid is not None:
+        holder = f"held by process {pid}"
+    else:
+        holder = "held by another writer"
+    return (
+        f"another writer holds the write lock ({holder}; lock file {lock_path}); one writer at "
+        "a time, so nothing was saved. To take over, close that store (store.close(), or leave "
+        "its `with` block) or stop its process: the lock goes as soon as its holder closes, "
+        "is garbage-collected, exits or dies (even by SIGKILL)"
+    )
+
+
+def _holder(fd: int) -> int | None:
+    """The pid a holder wrote into the lock file, if it can be read."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return int(os.read(fd, 64).split(b"\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _let_go(fd: int, path: str, file: tuple[int, int], pid: int) -> None:
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == file:
+                # Removed while still locked: whoever opened it meanwhile
+                # sees, once it has the lock, that the path names another
+                # file now, and starts again (see WriteLock._acquire).
+                os.unlink(path)
+    # Closing drops the lock. A forked child only closes its copy, which
+    # leaves the parent's lock alone (flock(LOCK_UN) would drop it for both).
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+class WriteLock:
+    """The right to write one store file, or one SQLite run: an OS lock on a lock file.
+
+    :meth:`hold` takes it (``flock``; ``msvcrt.locking`` on Windows) on the
+    file ``lock_path()`` names, or raises :class:`StoreLockedError` when
+    another store object holds it, in this process or another. The OS drops
+    the lock when its holder calls :meth:`release`, is garbage-collected,
+    exits or is killed, even by SIGKILL, so a crashed writer never locks a
+    run for good. Released normally, the lock file is removed; after a
+    crash it stays, naming the dead writer's pid, and the next writer takes
+    it over as it is. ``lock_path`` is called once, at the first
+    :meth:`hold` (a store resolves symlinks then).
+    """
+
+    def __init__(self, path: str, lock_path: Callable[[], str], *, run_id: str | None = None) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.lock_path: str | None = None
+        self._make_path = lock_path
+        self._fd: int | None = None
+        self._pid = 0
+        self._file = (0, 0)
+        self._lost = False
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock, in this process."""
+        return self._fd is not None and self._pid == os.getpid()
+
+    def hold(self) -> None:
+        """Take the lock unless it is held; raise :class:`StoreLockedError` if another writer has it.
+
+        Called before every write, it also checks that a held lock is still
+        the one at the lock file's path: if that file was removed or
+        replaced, another writer may hold a new lock, so this store is
+        refused now and at every later save.
+        """
+        if self._lost:
+            raise self._error(_LOST)
+        if self._fd is not None:
+            if self._pid != os.getpid():
+                # A forked child shares its parent's lock, not its right to write.
+                self.release()
+            elif self._still_named():
+                return
+            else:
+                self._lost = True
+                self.release()
+                raise self._error(_LOST)
+        self._acquire()
+
+    def release(self) -> None:
+        """Let go of the lock and remove its lock file; a later :meth:`hold` takes it again."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._finalizer = None
+        self._fd = None
+
+    def _acquire(self) -> None:
+        if self.lock_path is None:
+            self.lock_path = self._make_path()
+        path = self.lock_path
+        collected = False
+        for _ in range(_LOCK_TRIES):
+            fd = os.open(path, _LOCK_FLAGS, 0o666)
+            try:
+                locked = _try_lock(fd)
+                if locked and _names(path, fd):
+                    self._own(fd, path)
+                    return
+                pid = None if locked else _holder(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            if locked:
+                continue  # the holder removed the file as it let go: lock the new one
+            if collected:
+                raise self._error(_busy_problem(path, pid), pid)
+            # A store object nobody references any more keeps its lock until
+            # the garbage collector frees it (a reference cycle, a traceback
+            # a failed run left): collect once before refusing.
+            gc.collect()
+            collected = True
+        raise self._error(_busy_problem(path, None))
+
+    def _own(self, fd: int, path: str) -> None:
+        st = os.fstat(fd)
+        pid = os.getpid()
+        # The pid is for the error message of the next writer that is refused.
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        write_all(fd, b"%d\n" % pid)
+        self._fd, self._pid, self._file = fd, pid, (st.st_dev, st.st_ino)
+        self._finalizer = weakref.finalize(self, _let_go, fd, path, self._file, pid)
+
+    def _still_named(self) -> bool:
+        assert self.lock_path is not None
+        try:
+            st = os.stat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self._file
+
+    def _error(self, problem: str, pid: int | None = None) -> StoreLockedError:
+        return StoreLockedError(
+            self.path, problem, run_id=self.run_id, lock_path=self.lock_path, pid=pid
+        )
+
+
+# Re-entrant: a finalizer run by the garbage collector may release a key
+# while this thread is inside ProcessLock.hold.
+_IN_PROCESS_GUARD = threading.RLock()
+_IN_PROCESS: set[str] = set()
+
+
+def _drop_key(key: str) -> None:
+    with _IN_PROCESS_GUARD:
+        _IN_PROCESS.discard(key)
+
+
+class ProcessLock:
+    """A :class:`WriteLock` for what only this process can reach: an in-memory SQLite database.
+
+    No file to lock, and no other process to keep out, so a set of held
+    ``key``s does. Same interface and errors as :class:`WriteLock`.
+    """
+
+    def __init__(self, path: str, key: str, *, run_id: str | None = None) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.lock_path: str | None = None
+        self._key = key
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._finalizer is not None and self._finalizer.alive
+
+    def hold(self) -> None:
+        """Take the lock unless it is held; raise :class:`StoreLockedError` if another object has it."""
+        if self.held:
+            return
+        for collect in (True, False):
+            with _IN_PROCESS_GUARD:
+                if self._key not in _IN_PROCESS:
+                    _IN_PROCESS.add(self._key)
+                    self._finalizer = weakref.finalize(self, _drop_key, self._key)
+                    return
+            if collect:
+                gc.collect()  # as WriteLock does: an unreachable store must not count
+        raise StoreLockedError(
+            self.path,
+            "another store object in this process holds the write lock; one writer at a time, "
+            "so nothing was saved. To take over, close that store (store.close(), or leave its "
+            "`with` block)",
+            run_id=self.run_id,
+            pid=os.getpid(),
+        )
+
+    def release(self) -> None:
+        """Let go of the lock; a later :meth:`hold` takes it again."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._finalizer = None
 
 
 def require_checkpoint(checkpoint: object) -> None:

@@ -18,7 +18,12 @@ or every ``compact_after`` deltas.
 A process killed mid-append leaves a last line that is a prefix of a record
 line (``{"c":"`` ...) without its newline, or one whose checksum does not
 match: :meth:`JournalStore.load` ignores it, reports its size in
-``torn_tail``, and the next append cuts it off first. Anything else is
+``torn_tail``, and the next append cuts it off first. Only such bytes are
+ever cut: whole lines that this store did not write (another writer's)
+make the save refuse with :class:`~ekit_runtime.stores.StoreLockedError`
+instead, though the write lock (``<file>.lock``, see
+:class:`~ekit_runtime.stores._common.WriteLock`) already keeps a second
+writer out. Anything else is
 corruption, not a crash, and raises
 :class:`~ekit_runtime.stores.CorruptStoreError` naming the line: a damaged
 line before the last, a last line that does not start like a record, and a
@@ -30,21 +35,25 @@ if they ended in ``\n``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 import zlib
+from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
     Loads,
+    OutputEncodings,
+    StoreLockedError,
+    WriteLock,
     atomic_write,
     default_dumps,
-    encode,
+    default_loads,
     require_checkpoint,
     same_run,
     write_all,
@@ -61,6 +70,12 @@ _FRAME_START = _HEAD + b"0" * 8 + _MID
 _HEX = frozenset(b"0123456789abcdef")
 # The keys of a delta record that have the shape of checkpoint fields.
 _DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures")
+# Sentinel inodes: the file's content is unknown to this store / there was no file.
+_UNKNOWN = -1
+_ABSENT = -2
+_BINARY = getattr(os, "O_BINARY", 0)
+# A delta record (its "outputs" a placeholder) and the new outputs it carries.
+_Record: TypeAlias = tuple[dict[str, Any], Sequence[tuple[str, Any]]]
 
 
 def _frame(body: bytes) -> bytes:
@@ -103,6 +118,33 @@ def _starts_like_a_line(fragment: bytes) -> bool:
         elif byte != _FRAME_START[i]:
             return False
     return True
+
+
+def _is_torn(tail: bytes) -> bool:
+    """Whether ``tail``, the bytes after the last whole line, is what a crash mid-append leaves.
+
+    That is part of one line: a prefix of a record line without its newline
+    (or a line whose checksum does not match), or NUL bytes where a power
+    cut left the file extended but unwritten; the same rule as
+    :meth:`JournalStore.load`. Whole, valid lines are some writer's records
+    and must never be cut off.
+    """
+    end = tail.find(b"\n")
+    if end >= 0 and (end != len(tail) - 1 or _unframe(tail) is not None):
+        return False
+    return _starts_like_a_line(tail) or not tail.strip(b"\0")
+
+
+def _read_at(fd: int, offset: int, size: int) -> bytes:
+    os.lseek(fd, offset, os.SEEK_SET)
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 @dataclasses.dataclass(slots=True)
@@ -150,10 +192,16 @@ class JournalStore:
     the journal was whole). Every line before it counts; the next save
     truncates them.
 
+    One writer per file, enforced: the first save (or :meth:`compact`) takes
+    a lock on ``<file>.lock``, held until :meth:`close` (or the end of a
+    ``with`` block, or of the process); a second writer is refused with
+    :class:`~ekit_runtime.stores.StoreLockedError`, and so is a save after
+    another writer changed the journal this store had loaded or saved.
+    :meth:`load` never needs the lock.
+
     ``dumps``/``loads`` replace the JSON codec; ``dumps`` must return one
     line. ``durable=False`` skips the fsyncs (still safe against a killed
-    process, not against a power cut). Saves are synchronous. One writer
-    per file.
+    process, not against a power cut). Saves are synchronous.
     """
 
     def __init__(
@@ -171,16 +219,22 @@ class JournalStore:
             raise ValueError(f"compact_after must be a positive int or None, got {compact_after!r}")
         self.path = os.fspath(path)
         self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else json.loads
+        self.loads: Loads = loads if loads is not None else default_loads
         self.durable = durable
         self.compact_after = compact_after
         self.torn_tail = 0
-        # What this object knows is on disk: the checkpoint the file folds to,
-        # the file's length and identity, and how many deltas follow its full
-        # record. ``_last is None`` means "unknown": the next save writes in full.
+        self._encodings = OutputEncodings(self.dumps, self.loads)
+        # Beside the symlink's target; the lambda must not hold ``self``, or
+        # only the cycle collector could free the store and drop its lock.
+        where = self.path
+        self._lock = WriteLock(where, lambda: os.path.realpath(where) + ".lock")
+        # What this object knows is on disk: the checkpoint the file folds to
+        # (``None``: no checkpoint, or unknown), the file's length and inode
+        # (``_UNKNOWN``: the next save writes it whole, ``_ABSENT``: there was
+        # none), and how many deltas follow its full record.
         self._last: WorkflowCheckpoint | None = None
         self._size = 0
-        self._ino = -1
+        self._ino = _UNKNOWN
         self._deltas = 0
 
     # -- saving -------------------------------------------------------------
@@ -189,35 +243,55 @@ class JournalStore:
         """Record ``checkpoint``: append what changed since the last save, or write it whole.
 
         Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
-        naming the step) before touching the file if an output cannot be encoded.
+        naming the step) if an output cannot be encoded, and
+        :class:`~ekit_runtime.stores.StoreLockedError` if another writer holds
+        the journal or changed it since this store last read or wrote it;
+        either way before touching the file.
         """
         require_checkpoint(checkpoint)
-        previous = self._last
-        record = None
-        if (
-            previous is not None
-            and (self.compact_after is None or self._deltas < self.compact_after)
-            and same_run(checkpoint, previous)
-        ):
-            record = self._delta(previous, checkpoint)
-        if record is None:
-            self._write_full(checkpoint)
-            return
-        if not record:
-            return  # nothing changed: the journal already folds to this checkpoint
-        new_outputs = record.get("outputs", {})
-        body = encode(record, self.dumps, new_outputs.items())
-        if not self._append(_frame(body)):
-            self._write_full(checkpoint)
-            return
+        self._lock.hold()
+        opened = self._open_known()
+        try:
+            step = self._next_record(checkpoint) if opened is not None else None
+            if step is None:
+                if opened is not None:
+                    os.close(opened[0])
+                    opened = None
+                self._write_full(checkpoint)
+                return
+            record, new_outputs = step
+            if not record:
+                return  # nothing changed: the journal already folds to this checkpoint
+            assert opened is not None
+            chosen = self._encodings.members(new_outputs)
+            line = _frame(self._encodings.document(record, chosen, None))
+            self._append(opened[0], opened[1], line)
+        finally:
+            if opened is not None:
+                os.close(opened[0])
         self._last = checkpoint
         self._deltas += 1
 
     __call__ = save
 
+    def _next_record(self, checkpoint: WorkflowCheckpoint) -> _Record | None:
+        """The delta to append for ``checkpoint``; ``None`` when it must be written whole."""
+        previous = self._last
+        if (
+            previous is None
+            or (self.compact_after is not None and self._deltas >= self.compact_after)
+            or not same_run(checkpoint, previous)
+        ):
+            return None
+        return self._delta(previous, checkpoint)
+
     @staticmethod
-    def _delta(previous: WorkflowCheckpoint, checkpoint: WorkflowCheckpoint) -> dict[str, Any] | None:
-        """The delta record from ``previous`` to ``checkpoint``; ``None`` if it needs a full one."""
+    def _delta(previous: WorkflowCheckpoint, checkpoint: WorkflowCheckpoint) -> _Record | None:
+        """The delta record from ``previous`` to ``checkpoint`` and its new outputs.
+
+        ``None`` if it needs a full record; an empty record if nothing changed.
+        ``record["outputs"]`` is a placeholder for the encodings of the new outputs.
+        """
         delta = checkpoint.delta_since(previous)
         cost = delta.cost
         if (
@@ -237,11 +311,11 @@ class JournalStore:
             and delta.cost.is_zero()
             and checkpoint.step_index == previous.step_index
         ):
-            return {}
+            return {}, ()
         record: dict[str, Any] = {
             "kind": "delta",
             "step_index": checkpoint.step_index,
-            "outputs": dict(delta.outputs),
+            "outputs": None,
             "cost": delta.cost.to_dict(),
         }
         if delta.step_usage:
@@ -250,64 +324,105 @@ class JournalStore:
             record["failures"] = {k: f.to_dict() for k, f in delta.failures.items()}
         if cleared:
             record["cleared"] = cleared
-        return record
+        return record, delta.outputs
+
+    def _open_known(self) -> tuple[int, int] | None:
+        """The journal opened to append after what this store knows it holds, and its size.
+
+        ``None`` when the file must be written whole: its content is unknown
+        to this store, or it is gone, empty or cut short (nothing of anyone
+        else's to keep). Raises :class:`StoreLockedError`, without writing,
+        when another writer changed it since this store read or wrote it:
+        replaced it, or appended whole lines (which a truncation would cut).
+        """
+        if self._ino == _UNKNOWN:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDWR | _BINARY)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if st.st_size == 0 or (st.st_ino == self._ino and st.st_size < self._size):
+                os.close(fd)
+                return None
+            if st.st_ino != self._ino or (
+                st.st_size > self._size
+                and not _is_torn(_read_at(fd, self._size, st.st_size - self._size))
+            ):
+                raise self._changed()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        return fd, st.st_size
+
+    def _changed(self) -> StoreLockedError:
+        return StoreLockedError(
+            self.path,
+            "the journal changed since this store last read or wrote it (another writer saved "
+            "in between); nothing was saved, and none of its lines were cut. load() again to "
+            "continue from what is stored",
+        )
 
     def _write_full(self, checkpoint: WorkflowCheckpoint) -> None:
-        record = {"kind": "full", **checkpoint.to_dict()}
-        line = _frame(encode(record, self.dumps, checkpoint.outputs.items(), checkpoint.context))
-        self._last = None
+        line = _frame(self._encodings.document_of(checkpoint, {"kind": "full"}))
+        self._forget()
         atomic_write(self.path, line, durable=self.durable)
-        self._known(checkpoint, len(line), deltas=0)
+        try:
+            ino = os.stat(self.path).st_ino
+        except OSError:
+            return
+        self._known(checkpoint, len(line), ino, deltas=0)
 
-    def _known(self, checkpoint: WorkflowCheckpoint | None, size: int, *, deltas: int) -> None:
+    def _known(self, checkpoint: WorkflowCheckpoint | None, size: int, ino: int, *, deltas: int) -> None:
         self._last = checkpoint
         self._size = size
+        self._ino = ino
         self._deltas = deltas
-        try:
-            self._ino = os.stat(self.path).st_ino
-        except OSError:
-            self._last = None
 
-    def _append(self, line: bytes) -> bool:
-        """Append ``line`` after the known end; ``False`` if the file is not the one we know."""
+    def _forget(self) -> None:
+        """What is on disk is uncertain: the next save writes the journal whole."""
+        self._last = None
+        self._ino = _UNKNOWN
+
+    def _append(self, fd: int, size: int, line: bytes) -> None:
+        """Append ``line`` after the known end of the journal open as ``fd`` (``size`` bytes long)."""
         try:
-            fd = os.open(self.path, os.O_WRONLY)
-        except FileNotFoundError:
-            self._last = None
-            return False
-        try:
-            stat = os.fstat(fd)
-            if stat.st_ino != self._ino or stat.st_size < self._size:
-                # Deleted, replaced or cut short behind our back: what it
-                # holds is unknown, so the caller rewrites it in full.
-                self._last = None
-                return False
-            if stat.st_size != self._size:
-                # Bytes of an append that a crash cut off: drop them, or the
-                # new line would be glued to a fragment.
+            if size != self._size:
+                # _open_known found there only part of one line, an append a
+                # crash cut short: drop it, or the new line would be glued to it.
                 os.ftruncate(fd, self._size)
             os.lseek(fd, self._size, os.SEEK_SET)
             write_all(fd, line)
             if self.durable:
                 os.fsync(fd)
         except BaseException:
-            # What is on disk is now uncertain: the next save starts afresh.
-            self._last = None
+            self._forget()
             raise
-        finally:
-            os.close(fd)
         self._size += len(line)
-        return True
 
     def compact(self) -> WorkflowCheckpoint | None:
         """Rewrite the journal as one full record of its latest checkpoint (atomically).
 
-        Returns that checkpoint, or ``None`` when nothing was saved yet.
+        Returns that checkpoint, or ``None`` when nothing was saved yet. Takes
+        the write lock, like a save.
         """
+        self._lock.hold()
         checkpoint = self.load()
         if checkpoint is not None:
             self._write_full(checkpoint)
         return checkpoint
+
+    def close(self) -> None:
+        """Release the write lock (if this store took it); a later save takes it again."""
+        self._lock.release()
+
+    def __enter__(self) -> JournalStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- loading ------------------------------------------------------------
 
@@ -319,15 +434,30 @@ class JournalStore:
         leave: a damaged first line (so a file that is not a journal is never
         mistaken for a torn one), a damaged line before the last, a last line
         that does not start like a record, or a record that does not fit the
-        format.
+        format (NaN and infinities included, with the default codec). Takes
+        no lock.
         """
-        self._last = None
+        self._forget()
         self.torn_tail = 0
         try:
             with open(self.path, "rb") as f:
+                ino = os.fstat(f.fileno()).st_ino
                 raw = f.read()
         except FileNotFoundError:
+            self._known(None, 0, _ABSENT, deltas=0)
             return None
+        folded, deltas, end = self._fold_lines(raw)
+        if folded is None:
+            # Only an empty file folds to nothing: line 1 is a full record or an error.
+            self._known(None, end, ino, deltas=0)
+            return None
+        checkpoint = folded.checkpoint()
+        self._encodings.seed(checkpoint.outputs)
+        self._known(checkpoint, end, ino, deltas=deltas)
+        return checkpoint
+
+    def _fold_lines(self, raw: bytes) -> tuple[_Fold | None, int, int]:
+        """Fold the journal's bytes: the fold, the deltas after its full record, where whole lines end."""
         folded: _Fold | None = None
         deltas = 0
         pos = 0
@@ -356,13 +486,7 @@ class JournalStore:
                     number,
                 )
             pos += len(line)
-        if folded is None:
-            # Only an empty file folds to nothing: line 1 is a full record or an error.
-            self._known(None, pos, deltas=0)
-            return None
-        checkpoint = folded.checkpoint()
-        self._known(checkpoint, pos, deltas=deltas)
-        return checkpoint
+        return folded, deltas, pos
 
     def _check_torn(self, line: bytes, number: int, *, last: bool) -> None:
         """Raise unless the damaged ``line`` is what a crash mid-append can leave."""

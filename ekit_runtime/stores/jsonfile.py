@@ -3,27 +3,37 @@
 Each save writes the full checkpoint (``WorkflowCheckpoint.to_dict()``) to a
 temporary file beside the target and renames it over the target, so a reader
 (or a resume after a kill) sees the previous checkpoint or the new one, never
-a mix. A save costs O(all outputs); for long runs see
+a mix. A save costs O(all outputs); with the default codec the outputs saved
+before are copied from their first encoding rather than encoded again (see
+:class:`~ekit_runtime.stores._common.OutputEncodings`). For long runs see
 :class:`~ekit_runtime.stores.JournalStore`.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from typing import Any
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
     Loads,
+    OutputEncodings,
+    StoreLockedError,
+    WriteLock,
     atomic_write,
     default_dumps,
-    encode,
+    default_loads,
+    file_identity,
+    identity,
     require_checkpoint,
 )
 
 __all__ = ["JsonFileStore"]
+
+# What the store knows of the file: nothing yet (a save replaces whatever is there).
+_UNKNOWN: Any = object()
 
 
 class JsonFileStore:
@@ -34,9 +44,16 @@ class JsonFileStore:
     exactly ``cp.to_dict()``, so ``json.load`` reads it and ExecutionKit's
     three-key files load too.
 
+    One writer per file, enforced: the first save takes a lock on
+    ``<file>.lock``, held until :meth:`close` (or the end of a ``with``
+    block, or of the process); a second writer is refused with
+    :class:`~ekit_runtime.stores.StoreLockedError`, and so is a save after
+    another writer replaced the file this store had loaded or saved.
+    :meth:`load` never needs the lock.
+
     ``dumps``/``loads`` replace the JSON codec (for outputs JSON cannot hold);
     ``durable=False`` skips the fsyncs, which still survives a killed process
-    but not a power cut. Saves are synchronous. One writer per file.
+    but not a power cut. Saves are synchronous.
     """
 
     def __init__(
@@ -49,20 +66,42 @@ class JsonFileStore:
     ) -> None:
         self.path = os.fspath(path)
         self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else json.loads
+        self.loads: Loads = loads if loads is not None else default_loads
         self.durable = durable
+        self._encodings = OutputEncodings(self.dumps, self.loads)
+        # The lock goes beside the file the symlink (if any) points to; the
+        # lambda must not hold ``self``, or the store could only be freed
+        # (and its lock dropped) by the cycle collector.
+        where = self.path
+        self._lock = WriteLock(where, lambda: os.path.realpath(where) + ".lock")
+        # The file as this store last read or wrote it: ``None`` if it was
+        # absent, ``_UNKNOWN`` before the first load() or save.
+        self._seen: Any = _UNKNOWN
 
     def save(self, checkpoint: WorkflowCheckpoint) -> None:
         """Replace the stored checkpoint with ``checkpoint``, atomically.
 
         Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
-        naming the step) before touching the file if an output cannot be encoded.
+        naming the step) if an output cannot be encoded, and
+        :class:`~ekit_runtime.stores.StoreLockedError` if another writer holds
+        the file or saved it since this store last read or wrote it; either
+        way before touching the file.
         """
         require_checkpoint(checkpoint)
-        data = encode(
-            checkpoint.to_dict(), self.dumps, checkpoint.outputs.items(), checkpoint.context
-        )
+        data = self._encodings.document_of(checkpoint, {})
+        self._lock.hold()
+        if self._seen is not _UNKNOWN:
+            now = file_identity(self.path)
+            if now is not None and now != self._seen:
+                raise StoreLockedError(
+                    self.path,
+                    "the file changed since this store last read or wrote it (another writer "
+                    "saved in between); nothing was saved. load() again to continue from what "
+                    "is stored",
+                )
+        self._seen = _UNKNOWN  # until the write is known to have happened
         atomic_write(self.path, data, durable=self.durable)
+        self._seen = file_identity(self.path)
 
     __call__ = save
 
@@ -70,13 +109,17 @@ class JsonFileStore:
         """The stored checkpoint, or ``None`` if nothing was saved yet.
 
         Raises :class:`~ekit_runtime.stores.CorruptStoreError` for a file that
-        does not decode and :class:`~ekit_core.CheckpointError` for one that
-        decodes to something other than a checkpoint (both ``ValueError``).
+        does not decode (NaN and infinities included: the default codec
+        refuses them both ways) and :class:`~ekit_core.CheckpointError` for
+        one that decodes to something other than a checkpoint (both
+        ``ValueError``). Takes no lock.
         """
         try:
             with open(self.path, "rb") as f:
+                seen = identity(os.fstat(f.fileno()))
                 raw = f.read()
         except FileNotFoundError:
+            self._seen = None
             return None
         try:
             data = self.loads(raw.decode("utf-8"))
@@ -85,10 +128,23 @@ class JsonFileStore:
                 self.path, f"not a readable checkpoint ({type(exc).__name__}: {exc})"
             ) from exc
         try:
-            return WorkflowCheckpoint.from_dict(data)
+            checkpoint = WorkflowCheckpoint.from_dict(data)
         except ValueError as exc:
             exc.add_note(f"while loading {self.path}")
             raise
+        self._encodings.seed(checkpoint.outputs)
+        self._seen = seen
+        return checkpoint
+
+    def close(self) -> None:
+        """Release the write lock (if this store took it); a later save takes it again."""
+        self._lock.release()
+
+    def __enter__(self) -> JsonFileStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.path!r})"

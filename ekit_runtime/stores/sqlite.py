@@ -2,31 +2,42 @@
 
 This module owns the database schema. ``ekit_runs`` holds one row per run
 id: the parts of the checkpoint that are not per step (``header``: format
-version, context, fingerprint, graph), the ``step_index``, the usage so far
-and the failures. ``ekit_entries`` holds one row per recorded output and
-per-step usage, each value encoded on its own. A save is one transaction
-that inserts only the new rows and updates the run's row, so it costs
-O(that step's output); the first save of a store object, or a checkpoint
-that does not extend the previous one, rewrites the run in full. Reads take
-a deferred transaction: one consistent snapshot without the write lock.
+version, context, fingerprint, graph), the ``step_index``, the usage so far,
+the failures and a save counter. ``ekit_entries`` holds one row per recorded
+output and per-step usage, each value encoded on its own. A save is one
+transaction that inserts only the new rows and updates the run's row, so it
+costs O(that step's output); the first save of a store object, or a
+checkpoint that does not extend the previous one, rewrites the run in full,
+with each output's first text (the mutation rule). Reads take a deferred
+transaction: one consistent snapshot without the write lock.
+
+One writer per run: a store takes the run's lock file (``<database>-ekit-
+<run>-<hash>.lock``, see :class:`~ekit_runtime.stores._common.WriteLock`)
+at its first save, and a save whose run row's counter is not the one this
+store last read or wrote is refused rather than written over.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
     Loads,
+    ProcessLock,
+    StoreLockedError,
     UnencodableError,
+    WriteLock,
     default_dumps,
+    default_loads,
     encode_text,
     require_checkpoint,
     same_run,
@@ -38,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
+Row: TypeAlias = tuple[str, str, str]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_runs (
@@ -60,6 +72,16 @@ CREATE TABLE IF NOT EXISTS ekit_entries (
 );
 """
 
+# Each table's columns and primary key, as _SCHEMA makes them.
+_TABLES = {
+    "ekit_runs": (
+        frozenset({"run_id", "header", "step_index", "input_tokens", "output_tokens",
+                   "llm_calls", "failures", "saves", "updated_at"}),
+        ("run_id",),
+    ),
+    "ekit_entries": (frozenset({"run_id", "kind", "name", "value"}), ("run_id", "kind", "name")),
+}
+
 # SQLite stores INTEGER as a signed 64-bit value; a larger Python int would
 # raise OverflowError in the middle of the transaction.
 _INT64 = range(-(2**63), 2**63)
@@ -71,6 +93,62 @@ def _damaged(exc: BaseException) -> bool:
 
     return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
+
+def _name_error(exc: BaseException, path: str) -> None:
+    """Put the database's name in front of an sqlite3 error's message, keeping its type."""
+    # args, not a new exception: callers may catch sqlite3.OperationalError
+    # and read sqlite_errorcode, and the traceback stays the original one.
+    if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith(f"{path}: "):
+        exc.args = (f"{path}: {exc.args[0]}", *exc.args[1:])
+
+
+def _check_tables(conn: sqlite3.Connection, path: str) -> None:
+    """Raise :class:`CorruptStoreError` if ``ekit_runs`` or ``ekit_entries`` are not the store's.
+
+    ``CREATE TABLE IF NOT EXISTS`` keeps a table of that name whatever its
+    columns (or a view), and the first save would then fail inside SQL.
+    """
+    import sqlite3
+
+    for table, (columns, key) in _TABLES.items():
+        found = conn.execute("SELECT type FROM sqlite_master WHERE name=?", (table,)).fetchone()
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        names = [r[1] for r in info]
+        primary = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
+        problem = None
+        if found is None or found[0] != "table":
+            problem = f"{table} is a {found[0] if found else 'missing table'}, not the store's table"
+        elif set(names) != columns or primary != key:
+            problem = (f"{table} is a table of its own (columns {', '.join(names)}; primary key "
+                       f"{', '.join(primary) or 'none'}), not SqliteStore's")
+        else:
+            try:
+                # load() orders entries by rowid, which a WITHOUT ROWID table lacks.
+                conn.execute(f"SELECT rowid FROM {table} LIMIT 0").fetchall()
+            except sqlite3.OperationalError:
+                problem = f"{table} is a WITHOUT ROWID table of its own, not SqliteStore's"
+        if problem is not None:
+            raise CorruptStoreError(
+                path, f"{problem}; use another database, or rename that table"
+            )
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    import sqlite3
+
+    try:
+        # Autocommit mode: transactions are the explicit BEGIN/COMMIT of the store.
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    except sqlite3.Error as exc:
+        _name_error(exc, path)
+        raise
+
+
+def _lock_file(file: str, run_id: str) -> str:
+    """The lock file of ``run_id`` in the database ``file``: readable, and unique per run id."""
+    slug = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in run_id[:32])
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{file}-ekit-{slug}-{digest}.lock"
 
 class SqliteStore:
     """Keep the checkpoints of many runs, keyed by ``run_id``, in one SQLite database.
@@ -86,7 +164,16 @@ class SqliteStore:
     previous checkpoint or the new one. ``durable=False`` sets
     ``synchronous=NORMAL`` (safe against a killed process, may lose the
     last saves on a power cut). ``dumps``/``loads`` encode each output.
-    Saves are synchronous. One writer per run id.
+    Saves are synchronous.
+
+    One writer per run id, enforced: the first save (or ``delete`` of the
+    run) takes a lock on ``<database>-ekit-<run>-<hash>.lock``, held until
+    :meth:`close` (or the end of a ``with`` block, or of the process); a
+    second writer of that run is refused with
+    :class:`~ekit_runtime.stores.StoreLockedError`, and so is a save after
+    another writer saved the run this store had loaded or saved. Other runs
+    of the database, and :meth:`load`, need no lock. Every ``sqlite3``
+    error a store raises names the database.
     """
 
     def __init__(
@@ -101,44 +188,74 @@ class SqliteStore:
         """Open (or share) ``database`` and create the store's tables if missing.
 
         Raises :class:`~ekit_runtime.stores.CorruptStoreError` (a
-        ``ValueError``) naming the file when it is not a SQLite database;
-        a connection the store opened is closed on any failure here.
+        ``ValueError``) naming the file when it is not a SQLite database, or
+        when it has an ``ekit_runs`` or ``ekit_entries`` of its own (another
+        table of that name); a connection the store opened is closed on any
+        failure here.
         """
         import sqlite3
 
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+        try:
+            run_id.encode("utf-8")
+        except UnicodeEncodeError:
+            # SQLite text is UTF-8: such a run could be neither saved nor found.
+            raise ValueError(f"run_id must be encodable as UTF-8, got {run_id!r}") from None
         self.run_id = run_id
         self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else json.loads
+        self.loads: Loads = loads if loads is not None else default_loads
         self._lock = threading.Lock()
         self._owned = not isinstance(database, sqlite3.Connection)
+        self.path = "<sqlite3.Connection>"
         if isinstance(database, sqlite3.Connection):
             self.conn = database
-            self.path = "<sqlite3.Connection>"
         else:
             self.path = os.fspath(database)
-            # Autocommit mode: transactions are the explicit BEGIN/COMMIT below.
-            self.conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-            )
+            self.conn = _connect(self.path)
         try:
-            if self._owned:
-                self.conn.execute("PRAGMA journal_mode=WAL")
-                self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._idle()
-            # executescript commits on its own; the DDL is idempotent.
-            self.conn.executescript(_SCHEMA)
+            file = self._open(durable)
         except BaseException as exc:
             if self._owned:
                 self.conn.close()
-            if _damaged(exc):
-                raise CorruptStoreError(self.path, f"not a usable SQLite database ({exc})") from exc
+            if isinstance(exc, sqlite3.Error):
+                if _damaged(exc):
+                    raise CorruptStoreError(
+                        self.path, f"not a usable SQLite database ({exc})"
+                    ) from exc
+                _name_error(exc, self.path)
             raise
-        # What this object knows is stored for its run id: the checkpoint and
-        # the run row's save counter. ``None`` means "unknown": save in full.
+        self._file = file
+        self._writer = self._lock_of(run_id)
+        # What this object knows is stored for its run id: the checkpoint,
+        # the run row's save counter (0: no row; ``None``: unknown, so the
+        # next save rewrites the run unchecked) and each output's stored text.
         self._last: WorkflowCheckpoint | None = None
-        self._saves = 0
+        self._saves: int | None = None
+        self._texts: dict[str, tuple[Any, str]] = {}
+
+    def _open(self, durable: bool) -> str:
+        """Configure the connection and check the tables; the database's file ("" if none)."""
+        conn = self.conn
+        if self._owned:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        file: str = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        if not self._owned and file:
+            self.path = file
+        self._idle()
+        # executescript commits on its own; the DDL is idempotent.
+        conn.executescript(_SCHEMA)
+        _check_tables(conn, self.path)
+        return os.path.realpath(file) if file else ""
+
+    def _lock_of(self, run_id: str) -> WriteLock | ProcessLock:
+        """The write lock of ``run_id``: a lock file beside the database, or one in this process."""
+        if not self._file:
+            # In memory: only this connection reaches the database.
+            return ProcessLock(self.path, f"{id(self.conn)}:{run_id}", run_id=run_id)
+        name = _lock_file(self._file, run_id)
+        return WriteLock(self.path, lambda: name, run_id=run_id)
 
     def _idle(self) -> None:
         if self.conn.in_transaction:
@@ -146,6 +263,19 @@ class SqliteStore:
                 "SqliteStore: the connection is inside a transaction; commit or roll it "
                 "back before using the store"
             )
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """Make an ``sqlite3`` error raised inside name the database (damage: CorruptStoreError)."""
+        import sqlite3
+
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if _damaged(exc):
+                raise CorruptStoreError(self.path, f"damaged database ({exc})") from exc
+            _name_error(exc, self.path)
+            raise
 
     def _transaction(self, body: Callable[[], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction: ``BEGIN IMMEDIATE`` to write, deferred to read.
@@ -181,41 +311,44 @@ class SqliteStore:
         """Record ``checkpoint`` as the latest of this store's run, in one transaction.
 
         Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
-        naming the step) before the transaction begins if an output cannot be
-        encoded; the stored checkpoint is then untouched.
+        naming the step) if an output cannot be encoded, and
+        :class:`~ekit_runtime.stores.StoreLockedError` if another writer holds
+        the run or saved it since this store last read or wrote it; the
+        stored checkpoint is then untouched.
         """
         require_checkpoint(checkpoint)
-        with self._lock:
+        with self._lock, self._named():
+            self._writer.hold()
             previous = self._last
-            full = previous is None or not self._saves or not same_run(checkpoint, previous)
-            rows: list[tuple[str, str, str]] | None = None
-            if previous is not None and not full:
+            rows: list[Row] | None = None
+            if previous is not None and same_run(checkpoint, previous):
                 delta = checkpoint.delta_since(previous)
                 if delta.extends and not delta.context_changed:
                     rows = self._rows(delta.outputs, delta.step_usage)
             header = None
             if rows is None:
                 header = self._header(checkpoint)
-            new_rows = rows if rows is not None else self._rows(
-                checkpoint.outputs.items(), checkpoint.step_usage.items()
-            )
+                rows = self._rows(
+                    checkpoint.outputs.items(), checkpoint.step_usage.items(), every=True
+                )
             failures = encode_text(
                 {k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ()
             )
             self._check_counts(checkpoint)
             # Unknown until the transaction commits: if it fails, save in full next time.
             self._last = None
+            written = rows
             try:
                 saves = self._transaction(
-                    lambda: self._write(checkpoint, new_rows, failures, header)
+                    lambda: self._write(checkpoint, written, failures, header)
                 )
             except _Stale:
-                all_rows = self._rows(checkpoint.outputs.items(), checkpoint.step_usage.items())
-                saves = self._transaction(
-                    lambda: self._write(
-                        checkpoint, all_rows, failures, self._header(checkpoint)
-                    )
-                )
+                raise StoreLockedError(
+                    self.path,
+                    "the run was saved by another writer since this store last read or wrote "
+                    "it; nothing was saved. load() again to continue from what is stored",
+                    run_id=self.run_id,
+                ) from None
             self._last = checkpoint
             self._saves = saves
 
@@ -243,16 +376,35 @@ class SqliteStore:
         return encode_text(meta, self.dumps, (), checkpoint.context)
 
     def _rows(
-        self, outputs: Iterable[tuple[str, Any]], usage: Iterable[tuple[str, TokenUsage]]
-    ) -> list[tuple[str, str, str]]:
-        rows = [("output", k, encode_text(v, self.dumps, ((k, v),))) for k, v in outputs]
+        self,
+        outputs: Iterable[tuple[str, Any]],
+        usage: Iterable[tuple[str, TokenUsage]],
+        *,
+        every: bool = False,
+    ) -> list[Row]:
+        """The rows of these outputs and usage, each output in the text it was first stored as.
+
+        The mutation rule (docs/stores.md): an output object saved (or loaded)
+        before keeps its first text, even in a full rewrite after a step
+        mutated it. ``every=True``: these are all the run's outputs.
+        """
+        old = self._texts
+        texts = {} if every else old
+        rows: list[Row] = []
+        for name, value in outputs:
+            entry = old.get(name)
+            if entry is None or entry[0] is not value:
+                entry = (value, encode_text(value, self.dumps, ((name, value),)))
+            texts[name] = entry
+            rows.append(("output", name, entry[1]))
         rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+        self._texts = texts
         return rows
 
     def _write(
         self,
         checkpoint: WorkflowCheckpoint,
-        rows: list[tuple[str, str, str]],
+        rows: list[Row],
         failures: str,
         header: str | None,
     ) -> int:
@@ -267,9 +419,12 @@ class SqliteStore:
                 (*counts, failures, now, run_id, self._saves),
             ).rowcount
             if updated != 1:
-                # Another writer saved this run since we last did: rewrite it whole.
                 raise _Stale
         else:
+            if self._saves is not None:
+                row = conn.execute("SELECT saves FROM ekit_runs WHERE run_id=?", (run_id,)).fetchone()
+                if (0 if row is None else row[0]) != self._saves:
+                    raise _Stale
             conn.execute("DELETE FROM ekit_entries WHERE run_id=?", (run_id,))
             conn.execute(
                 "INSERT INTO ekit_runs (run_id, header, step_index, input_tokens, "
@@ -296,50 +451,52 @@ class SqliteStore:
         """The latest checkpoint of ``run_id`` (default: this store's), or ``None``.
 
         Raises :class:`~ekit_runtime.stores.CorruptStoreError` for stored data
-        that does not decode and :class:`~ekit_core.CheckpointError` for data
-        that is not a checkpoint (both ``ValueError``).
+        that does not decode (NaN and infinities included, with the default
+        codec) and :class:`~ekit_core.CheckpointError` for data that is not a
+        checkpoint (both ``ValueError``). Takes no lock.
         """
         run = self.run_id if run_id is None else run_id
         if not isinstance(run, str):
             raise ValueError(f"run_id must be a string, got {type(run).__name__}")
-        import sqlite3
-
-        with self._lock:
-            try:
-                row, entries = self._read(run)
-            except sqlite3.DatabaseError as exc:
-                if _damaged(exc):
-                    raise CorruptStoreError(self.path, f"damaged database ({exc})") from exc
-                raise
+        with self._lock, self._named():
+            row, entries = self._read(run)
             if row is None:
                 if run == self.run_id:
-                    self._last = None
+                    self._last, self._saves, self._texts = None, 0, {}
                 return None
-            header, step_index, i, o, calls, failures, saves = row
-            where = f"{self.path}, run {run!r}"
-            data = self._decode(header, where, "header")
-            if not isinstance(data, dict):
-                raise CorruptStoreError(where, "header is not an object")
-            data["step_index"] = step_index
-            data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
-            data["failures"] = self._decode(failures, where, "failures")
-            outputs: dict[str, Any] = {}
-            usage: dict[str, Any] = {}
-            for kind, name, value in entries:
-                if kind == "output":
-                    outputs[name] = self._decode(value, where, f"output of step {name!r}")
-                else:
-                    usage[name] = self._decode(value, where, f"usage of step {name!r}")
-            data["outputs"] = outputs
-            data["step_usage"] = usage
-            try:
-                checkpoint = WorkflowCheckpoint.from_dict(data)
-            except ValueError as exc:
-                exc.add_note(f"while loading {where}")
-                raise
+            checkpoint, texts = self._decode_run(row, entries, f"{self.path}, run {run!r}")
             if run == self.run_id:
-                self._last, self._saves = checkpoint, saves
+                self._last, self._saves, self._texts = checkpoint, row[6], texts
             return checkpoint
+
+    def _decode_run(
+        self, row: Any, entries: list[Any], where: str
+    ) -> tuple[WorkflowCheckpoint, dict[str, tuple[Any, str]]]:
+        """The checkpoint stored as ``row`` and ``entries``, and each output's stored text."""
+        header, step_index, i, o, calls, failures, _ = row
+        data = self._decode(header, where, "header")
+        if not isinstance(data, dict):
+            raise CorruptStoreError(where, "header is not an object")
+        data["step_index"] = step_index
+        data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
+        data["failures"] = self._decode(failures, where, "failures")
+        outputs: dict[str, Any] = {}
+        usage: dict[str, Any] = {}
+        for kind, name, value in entries:
+            if kind == "output":
+                outputs[name] = self._decode(value, where, f"output of step {name!r}")
+            else:
+                usage[name] = self._decode(value, where, f"usage of step {name!r}")
+        data["outputs"] = outputs
+        data["step_usage"] = usage
+        try:
+            checkpoint = WorkflowCheckpoint.from_dict(data)
+        except ValueError as exc:
+            exc.add_note(f"while loading {where}")
+            raise
+        texts = {name: (checkpoint.outputs[name], value) for kind, name, value in entries
+                 if kind == "output"}
+        return checkpoint, texts
 
     def _read(self, run: str) -> tuple[Any, list[Any]]:
         def body() -> tuple[Any, list[Any]]:
@@ -361,7 +518,8 @@ class SqliteStore:
         return self._transaction(body, write=False)
 
     def _decode(self, text: str, where: str, what: str) -> Any:
-        loads = json.loads if what in ("failures",) or what.startswith("usage") else self.loads
+        # Failures and usage are always default JSON; outputs and the header use the codec.
+        loads = default_loads if what == "failures" or what.startswith("usage") else self.loads
         try:
             return loads(text)
         except Exception as exc:
@@ -371,25 +529,39 @@ class SqliteStore:
 
     def runs(self) -> list[str]:
         """The run ids that have a saved checkpoint, sorted."""
-        with self._lock:
+        with self._lock, self._named():
             return [r[0] for r in self.conn.execute("SELECT run_id FROM ekit_runs ORDER BY run_id")]
 
     def delete(self, run_id: str) -> bool:
-        """Forget every checkpoint of ``run_id``; ``True`` if there was one."""
-        with self._lock:
+        """Forget every checkpoint of ``run_id``; ``True`` if there was one.
+
+        A write: it takes the run's lock (and keeps it, for this store's own
+        run), so it raises :class:`~ekit_runtime.stores.StoreLockedError` while
+        another store writes that run.
+        """
+        with self._lock, self._named():
+            own = run_id == self.run_id
+            writer = self._writer if own else self._lock_of(run_id)
+            writer.hold()
+
             def body() -> bool:
                 self.conn.execute("DELETE FROM ekit_entries WHERE run_id=?", (run_id,))
                 return self.conn.execute(
                     "DELETE FROM ekit_runs WHERE run_id=?", (run_id,)
                 ).rowcount > 0
 
-            found = self._transaction(body)
-            if run_id == self.run_id:
-                self._last = None
+            try:
+                found = self._transaction(body)
+            finally:
+                if not own:
+                    writer.release()
+            if own:
+                self._last, self._saves, self._texts = None, 0, {}
             return found
 
     def close(self) -> None:
-        """Close the connection if this store opened it."""
+        """Release the run's write lock, and close the connection if this store opened it."""
+        self._writer.release()
         if self._owned:
             self.conn.close()
 
@@ -404,4 +576,4 @@ class SqliteStore:
 
 
 class _Stale(Exception):
-    """The run row changed since this store last wrote it."""
+    """The run row changed since this store last read or wrote it."""
