@@ -14,12 +14,14 @@ report, and nothing it is given is changed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 from ekit_core.checkpoint import FailureRecord, WorkflowCheckpoint
 from ekit_core.compat import graph_changes
 from ekit_core.graph import GraphSpec
+from ekit_core.transitions import initial_state
 from ekit_core.usage import TokenUsage
 
 __all__ = [
@@ -95,6 +97,9 @@ AnomalyKind = Literal[
     "unknown_output",
     "missing_dependency",
     "unknown_failure",
+    "context_collision",
+    "budget_reached",
+    "resume_refused",
 ]
 
 
@@ -112,7 +117,13 @@ class Anomaly:
       stored among the outputs);
     - ``"missing_dependency"``: a step's output is recorded but the output of
       one of its dependencies is not;
-    - ``"unknown_failure"``: a failure is recorded for a name that is not a step.
+    - ``"unknown_failure"``: a failure is recorded for a name that is not a step;
+    - ``"context_collision"``: a key of the recorded context is also a step
+      name, so a resume from the checkpoint is refused;
+    - ``"budget_reached"``: the recorded usage already reaches the budget
+      given to :func:`audit`, so a resume with that budget starts no step;
+    - ``"resume_refused"``: anything else a resume from the checkpoint
+      would refuse, with the core's reason.
 
     ``step`` names the step or key concerned, ``None`` for the whole checkpoint.
     """
@@ -260,6 +271,8 @@ def recorded_graph(checkpoint: WorkflowCheckpoint) -> GraphSpec:
 def audit(
     graph_or_workflow: GraphSpec | object | None,
     checkpoint: WorkflowCheckpoint | Mapping[str, Any],
+    *,
+    budget: TokenUsage | None = None,
 ) -> AuditReport:
     """Explain what resuming ``checkpoint`` into the graph would skip and run, and why.
 
@@ -267,11 +280,19 @@ def audit(
     with a ``graph`` attribute holding one), or ``None`` to audit against the
     graph the checkpoint records (``report.graph_source == "checkpoint"``).
     ``checkpoint`` may be a :class:`WorkflowCheckpoint` or its dict.
+    ``budget`` is the budget a resume would be given, if any: a checkpoint
+    whose recorded usage already reaches it is reported (``budget_reached``).
+
+    Everything a resume would refuse is an anomaly: a graph mismatch
+    (``fingerprint_mismatch``, with the steps added, removed and changed), a
+    context key that is also a step name (``context_collision``), and, as a
+    backstop, anything else :func:`~ekit_core.initial_state` refuses
+    (``resume_refused``).
 
     Raises ``ValueError`` for a graph that is neither, a malformed checkpoint
-    (:class:`~ekit_core.CheckpointError`), or ``None`` with a checkpoint that
-    records no graph. A graph mismatch is not an error here: it is reported
-    as an anomaly, with the steps added, removed and changed.
+    (:class:`~ekit_core.CheckpointError`), ``None`` with a checkpoint that
+    records no graph, or a ``budget`` that is not a non-negative
+    :class:`~ekit_core.TokenUsage`.
     """
     cp = load_checkpoint(checkpoint)
     if graph_or_workflow is None:
@@ -280,8 +301,41 @@ def audit(
     else:
         graph = graph_of(graph_or_workflow)
         source = "given"
-    outputs, usage, failures = cp.outputs, cp.step_usage, cp.failures
+    _check_budget(budget)
+    anomalies = [
+        *_graph_anomalies(graph, cp),
+        *_record_anomalies(graph, cp),
+        *_resume_anomalies(graph, cp, budget),
+    ]
+    return AuditReport(
+        steps=_rows(graph, cp),
+        anomalies=tuple(anomalies),
+        graph_source=source,
+        fingerprint=graph.fingerprint,
+        recorded_fingerprint=cp.fingerprint,
+        format_version=cp.format_version,
+        step_index=cp.step_index,
+        cost=cp.cost,
+    )
 
+
+def _check_budget(budget: object) -> None:
+    if budget is None:
+        return
+    if not isinstance(budget, TokenUsage):
+        raise ValueError(f"budget must be None or a TokenUsage, got {type(budget).__name__}")
+    if min(budget.input_tokens, budget.output_tokens, budget.llm_calls) < 0:
+        raise ValueError(f"budget counts must not be negative, got {budget!r}")
+
+
+def _rows(graph: GraphSpec, cp: WorkflowCheckpoint) -> tuple[StepAudit, ...]:
+    """One row per step: skipped exactly when its output is recorded (invariant 1).
+
+    A step with an output is skipped even when a failure is recorded for it
+    too: that failure is an old one, from an attempt before the one that
+    succeeded.
+    """
+    outputs, usage, failures = cp.outputs, cp.step_usage, cp.failures
     rows = []
     for name in graph.names:
         deps = graph.deps[name]
@@ -292,7 +346,11 @@ def audit(
         failure = failures.get(name)
         reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"
         rows.append(StepAudit(name, "run", reason, deps, waiting, failure, usage.get(name)))
+    return tuple(rows)
 
+
+def _graph_anomalies(graph: GraphSpec, cp: WorkflowCheckpoint) -> list[Anomaly]:
+    """Does the checkpoint come from this graph, and does its recorded graph hash right?"""
     anomalies: list[Anomaly] = []
     changes = graph_changes(graph, cp)
     if changes is not None:
@@ -322,6 +380,13 @@ def audit(
                         f"fingerprint {cp.fingerprint}",
                     )
                 )
+    return anomalies
+
+
+def _record_anomalies(graph: GraphSpec, cp: WorkflowCheckpoint) -> list[Anomaly]:
+    """Outputs and failures a clean run of ``graph`` would not have recorded."""
+    outputs = cp.outputs
+    anomalies: list[Anomaly] = []
     old_steps: Mapping[str, tuple[str, ...]] = cp.graph or {}
     for name in outputs:
         if name in graph.index:
@@ -348,19 +413,55 @@ def audit(
                         + ", ".join(map(repr, missing)),
                     )
                 )
-    for name in failures:
+    for name in cp.failures:
         if name not in graph.index:
             anomalies.append(
                 Anomaly("unknown_failure", name, f"failure recorded for {name!r}, not a step")
             )
+    return anomalies
 
-    return AuditReport(
-        steps=tuple(rows),
-        anomalies=tuple(anomalies),
-        graph_source=source,
-        fingerprint=graph.fingerprint,
-        recorded_fingerprint=cp.fingerprint,
-        format_version=cp.format_version,
-        step_index=cp.step_index,
-        cost=cp.cost,
-    )
+
+def _resume_anomalies(
+    graph: GraphSpec, cp: WorkflowCheckpoint, budget: TokenUsage | None
+) -> list[Anomaly]:
+    """What a resume from ``cp`` would refuse, asked of the core itself.
+
+    Context keys that collide with step names are reported one by one; then
+    :func:`~ekit_core.initial_state` is asked to resume from the checkpoint
+    without them, so that any other refusal (today's rules or one added to it
+    later) is reported too rather than passing as clean. The graph mismatch
+    is left out of that question: ``fingerprint_mismatch`` already says it,
+    with the steps concerned.
+    """
+    colliding = [k for k in cp.context if k in graph.index]
+    anomalies = [
+        Anomaly(
+            "context_collision",
+            key,
+            f"context key {key!r} is also a step name: a resume from this checkpoint "
+            "is refused, since the step's output would be shadowed",
+        )
+        for key in colliding
+    ]
+    if colliding:
+        kept = {k: v for k, v in cp.context.items() if k not in graph.index}
+        cp = replace(cp, context=MappingProxyType(kept))
+    try:
+        state = initial_state(graph, cp, budget=budget, allow_graph_change=True)
+    except ValueError as exc:
+        anomalies.append(
+            Anomaly("resume_refused", None, f"a resume from this checkpoint is refused: {exc}")
+        )
+        return anomalies
+    halt = state.halt
+    if halt is not None and halt.kind == "budget_exceeded" and budget is not None:
+        anomalies.append(
+            Anomaly(
+                "budget_reached",
+                None,
+                f"the recorded usage {_usage_text(cp.cost)} already reaches the budget "
+                f"{_usage_text(budget)}: a resume with it starts no step and raises "
+                "BudgetExceeded",
+            )
+        )
+    return anomalies

@@ -8,9 +8,10 @@ nothing downstream checks the shape again.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -26,13 +27,41 @@ class GraphError(ValueError):
         self.steps: tuple[str, ...] = tuple(steps)
 
 
+_SHOWN = 5
+"""Names shown at each end of a long list in an error message."""
+_SUGGESTED = 3
+"""Unknown dependencies that get a "did you mean" suggestion (each costs O(steps))."""
+
+
+def _shorten(parts: Sequence[str], sep: str, what: str) -> str:
+    """``parts`` joined by ``sep``, the middle left out (and counted) when there are many.
+
+    A graph can have hundreds of thousands of steps: an error message listing
+    them all would be megabytes on one line. The full list stays on the
+    exception as data (``GraphError.steps``, ``CycleError.cycle``).
+    """
+    if len(parts) <= 2 * _SHOWN + 1:
+        return sep.join(parts)
+    left_out = len(parts) - 2 * _SHOWN
+    return sep.join(
+        [*parts[:_SHOWN], f"... ({left_out} {what} left out) ...", *parts[-_SHOWN:]]
+    )
+
+
 class CycleError(GraphError):
-    """The dependencies form a cycle; ``cycle`` lists it, first step repeated last."""
+    """The dependencies form a cycle; ``cycle`` lists it, first step repeated last.
+
+    The message shows the whole cycle when it is short, and its first and
+    last steps, saying how many were left out, when it is long; ``cycle``
+    always holds all of it.
+    """
 
     def __init__(self, cycle: Iterable[str]) -> None:
         self.cycle: tuple[str, ...] = tuple(cycle)
+        size = len(self.cycle) - 1
+        label = "dependency cycle" if size <= 2 * _SHOWN else f"dependency cycle of {size} steps"
         super().__init__(
-            "dependency cycle: " + " -> ".join(self.cycle), steps=self.cycle[:-1]
+            f"{label}: {_shorten(self.cycle, ' -> ', 'steps')}", steps=self.cycle[:-1]
         )
 
 
@@ -40,10 +69,46 @@ def _refuse_edge(name: str, parents: tuple[str, ...], deps: Mapping[str, object]
     if name in parents:
         raise GraphError(f"step {name!r} depends on itself", [name])
     unknown = [d for d in parents if d not in deps]
+    shown = []
+    for i, d in enumerate(unknown):
+        hint = ""
+        if i < _SUGGESTED:
+            close = difflib.get_close_matches(d, deps.keys(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+        shown.append(f"{d!r}{hint}")
     raise GraphError(
-        f"step {name!r} depends on unknown step(s): {', '.join(map(repr, unknown))}",
+        f"step {name!r} depends on unknown step(s): {_shorten(shown, ', ', 'names')}",
         [name, *unknown],
     )
+
+
+def _parse_entry(entry: object) -> tuple[str, list[str]]:
+    """One ``(name, depends_on)`` pair, checked: the name and its dependency list."""
+    if not isinstance(entry, tuple) or len(entry) != 2:
+        raise GraphError(f"each step must be a (name, depends_on) pair, got {entry!r}")
+    name, raw = entry
+    if not isinstance(name, str):
+        raise GraphError(f"step name must be a str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise GraphError("step name must not be empty")
+    if isinstance(raw, str):
+        raise GraphError(
+            f"step {name!r}: depends_on must be a collection of names, not the string {raw!r}",
+            [name],
+        )
+    try:
+        dep_list = list(raw)
+    except TypeError:
+        raise GraphError(
+            f"step {name!r}: depends_on must be iterable, got {type(raw).__name__}", [name]
+        ) from None
+    for d in dep_list:
+        if not isinstance(d, str):
+            raise GraphError(
+                f"step {name!r}: dependency names must be str, got {type(d).__name__} {d!r}",
+                [name],
+            )
+    return name, dep_list
 
 
 def _find_cycle(
@@ -98,38 +163,18 @@ class GraphSpec:
         """Validate ``steps`` (name -> dependencies, or ``(name, deps)`` pairs).
 
         Raises :class:`GraphError` (a ``ValueError``) for an empty or non-string
-        name, a duplicate name, an unknown dependency or a self-dependency, and
-        :class:`CycleError` for a cycle.
+        name, a duplicate name, an unknown dependency (suggesting the closest
+        step name) or a self-dependency, and :class:`CycleError` for a cycle.
+        Messages stay short however large the graph: a long list of names is
+        cut in the middle, saying how many were left out, while the
+        exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
         names: list[str] = []
         deps: dict[str, tuple[str, ...]] = {}
         duplicates: list[str] = []
         for entry in pairs:
-            if not isinstance(entry, tuple) or len(entry) != 2:
-                raise GraphError(f"each step must be a (name, depends_on) pair, got {entry!r}")
-            name, raw = entry
-            if not isinstance(name, str):
-                raise GraphError(f"step name must be a str, got {type(name).__name__} {name!r}")
-            if not name:
-                raise GraphError("step name must not be empty")
-            if isinstance(raw, str):
-                raise GraphError(
-                    f"step {name!r}: depends_on must be a collection of names, not the string {raw!r}",
-                    [name],
-                )
-            try:
-                dep_list = list(raw)
-            except TypeError:
-                raise GraphError(
-                    f"step {name!r}: depends_on must be iterable, got {type(raw).__name__}", [name]
-                ) from None
-            for d in dep_list:
-                if not isinstance(d, str):
-                    raise GraphError(
-                        f"step {name!r}: dependency names must be str, got {type(d).__name__} {d!r}",
-                        [name],
-                    )
+            name, dep_list = _parse_entry(entry)
             if name in deps:
                 duplicates.append(name)
                 continue
@@ -137,7 +182,9 @@ class GraphSpec:
             deps[name] = tuple(dict.fromkeys(dep_list))
         if duplicates:
             dup = sorted(set(duplicates))
-            raise GraphError(f"duplicate step name(s): {', '.join(map(repr, dup))}", dup)
+            raise GraphError(
+                f"duplicate step name(s): {_shorten([repr(d) for d in dup], ', ', 'names')}", dup
+            )
         dependents: dict[str, list[str]] = {n: [] for n in names}
         for name in names:
             for d in deps[name]:

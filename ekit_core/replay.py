@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ekit_core.audit import GraphSource, graph_of, load_checkpoint, recorded_graph
-from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
+from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
 from ekit_core.graph import GraphSpec
 from ekit_core.usage import TokenUsage
@@ -219,14 +219,10 @@ class ReplayReport:
 
 
 def _same(a: object, b: object) -> bool:
-    # Outputs are arbitrary objects; one whose == is not a plain bool (an
-    # array, say) or raises counts as different rather than crashing replay.
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
+    # The rule delta_since uses: identity, then equality, then the JSON
+    # encoding, so that a NaN output (not == to itself), or one whose == is
+    # not a plain bool or raises, is not taken for a changed output.
+    return same_output(a, b)
 
 
 def _decreased(now: TokenUsage, before: TokenUsage) -> bool:

@@ -5,7 +5,8 @@ reads, and its exit codes. The decisions themselves are the pure
 :func:`ekit_core.audit` and :func:`ekit_core.replay`; this is the shell that
 reads files, imports workflows and prints.
 
-- ``ekit audit CHECKPOINT.json [--workflow MODULE:ATTR | --graph GRAPH.json] [--json]``
+- ``ekit audit CHECKPOINT.json [--workflow MODULE:ATTR | --graph GRAPH.json]
+  [--budget IN/OUT/CALLS] [--json]``
 - ``ekit replay CHECKPOINTS.jsonl [--workflow MODULE:ATTR | --graph GRAPH.json] [--json]``
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint CHECKPOINT.json)``
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed.
@@ -13,10 +14,14 @@ reads files, imports workflows and prints.
 Exit codes: ``0`` clean, ``1`` anomalies or violations found, ``2`` bad usage
 or unreadable input. An input problem (a missing file, invalid JSON, a
 malformed checkpoint or graph, a workflow that cannot be imported) prints one
-line naming the file and the problem to stderr, never a traceback. A file
-name of ``-`` reads standard input. An unexpected error is a bug: it prints
-one ``ekit: internal error: ...`` line and exits ``2`` too, so that it can never
-be taken for ``1``. Ctrl-C exits ``130``; a closed standard output (``| head``)
+line naming the file and the problem to stderr, never a traceback; so does
+a ``--workflow`` module that raises anything at all (a ``BaseException``
+such as ``GeneratorExit`` included) or calls ``sys.exit()`` while it is
+imported, read or asked for its graph. A file name of ``-`` reads standard
+input. An unexpected error is a bug: it prints one ``ekit: internal
+error: ...`` line and exits ``2`` too, so that it can never be taken for
+``1``. Ctrl-C (``KeyboardInterrupt``, also while a workflow
+module is being imported) exits ``130``; a closed standard output (``| head``)
 ``141``, quietly.
 """
 
@@ -28,11 +33,12 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
-from ekit_core import GraphSpec, WorkflowCheckpoint, audit, replay
+from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay
 from ekit_core.audit import graph_of, recorded_graph
+from ekit_runtime.queue import cli as queue_cli
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -174,12 +180,17 @@ def _import_graph(spec: str) -> GraphSpec:
         sys.path.insert(0, cwd)
     # The workflow's module is arbitrary code: besides raising, it may call
     # sys.exit() while being imported, which would otherwise end the command
-    # with that code and no output, reading as a clean audit.
+    # with that code and no output, reading as a clean audit, or raise a
+    # BaseException of its own (GeneratorExit, a custom subclass), which would
+    # otherwise end it with a traceback and exit 1, reading as "anomalies
+    # found". Only Ctrl-C is let through, to exit 130 as everywhere else.
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise InputError(f"--workflow {spec}: no module named {exc.name!r}") from None
-    except (Exception, SystemExit) as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise InputError(
             f"--workflow {spec}: importing {module_name!r} {_raised(exc)}"
         ) from None
@@ -188,6 +199,11 @@ def _import_graph(spec: str) -> GraphSpec:
             # The module may have edited sys.path itself.
             with contextlib.suppress(ValueError):
                 sys.path.remove(cwd)
+    return _graph_in(module, spec, module_name, attr)
+
+
+def _graph_in(module: object, spec: str, module_name: str, attr: str) -> GraphSpec:
+    """The graph of attribute ``attr`` (dotted) of ``module``; any failure is an InputError."""
     # Attribute reads run code too (properties, module __getattr__).
     obj: object = module
     for part in attr.split("."):
@@ -195,27 +211,54 @@ def _import_graph(spec: str) -> GraphSpec:
             obj = getattr(obj, part)
         except AttributeError:
             raise InputError(f"--workflow {spec}: {module_name!r} has no attribute {attr!r}") from None
-        except (Exception, SystemExit) as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             raise InputError(f"--workflow {spec}: reading {attr!r} {_raised(exc)}") from None
     try:
         return graph_of(obj)
     except ValueError as exc:
-        raise InputError(f"--workflow {spec}: {attr!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:
+        raise InputError(f"--workflow {spec}: {attr!r}: {_text_of(exc)}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise InputError(f"--workflow {spec}: reading {attr}.graph {_raised(exc)}") from None
 
 
 def _raised(exc: BaseException) -> str:
     """What ``exc`` says, as the end of a one-line message: ``raised KeyError: 'x'``."""
     if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r})"
-    return f"raised {_one_line(f'{type(exc).__name__}: {exc}')}"
+        return f"called sys.exit({_text_of(exc.code, repr)})"
+    text = _text_of(exc)
+    name = type(exc).__name__
+    return f"raised {_one_line(f'{name}: {text}' if text else name)}"
+
+
+def _text_of(value: object, show: Callable[[object], str] = str) -> str:
+    # An exception from arbitrary code may have a __str__ (or an exit code a
+    # __repr__) that raises in turn; the one-line message must still come out.
+    try:
+        return show(value)
+    except Exception:
+        return f"<{type(value).__name__} whose {show.__name__}() raised>"
 
 
 def _one_line(text: str) -> str:
     # Error messages go to stderr as exactly one line, whatever the exception
     # or file name held.
     return " ".join(text.splitlines())
+
+
+def _budget(text: str) -> TokenUsage:
+    """``--budget IN/OUT/CALLS``: input tokens, output tokens, LLM calls, as the audit prints usage."""
+    parts = text.split("/")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        # argparse turns this into "argument --budget: ..." on one line, exit 2.
+        raise argparse.ArgumentTypeError(
+            f"expected IN/OUT/CALLS, three non-negative integers such as 10000/2000/0 "
+            f"(0 = no limit), got {text!r}"
+        )
+    return TokenUsage(*(int(p) for p in parts))
 
 
 def _graph_option(args: argparse.Namespace) -> GraphSpec | None:
@@ -260,7 +303,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             f"{args.checkpoint}: the checkpoint records no graph; pass --workflow or --graph"
         )
     try:
-        report = audit(graph, checkpoint)
+        report = audit(graph, checkpoint, budget=args.budget)
     except ValueError as exc:
         raise InputError(f"{args.checkpoint}: {exc}") from None
     if args.json:
@@ -344,6 +387,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT.json")
     graph_options(p)
+    p.add_argument(
+        "--budget", metavar="IN/OUT/CALLS", type=_budget,
+        help="the budget a resume would be given (0 = no limit): report a checkpoint "
+        "whose usage already reaches it",
+    )
     p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser(
@@ -367,6 +415,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the demo (arguments go to it)", add_help=False)
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_demo)
+    queue_cli.add_parsers(sub)
     return parser
 
 
@@ -403,10 +452,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 os.close(devnull)
         return EXIT_BROKEN_PIPE
-    except Exception as exc:
-        # A bug (ours or an unforeseen input): it must not exit 1, which would
+    except BaseException as exc:
+        # A bug (ours or an unforeseen input), or a BaseException such as
+        # GeneratorExit from code we called: it must not exit 1, which would
         # read as "anomalies found", nor print a traceback.
-        _error(f"internal error: {_one_line(f'{type(exc).__name__}: {exc}')}")
+        _error(f"internal error: {_one_line(f'{type(exc).__name__}: {_text_of(exc)}')}")
         return EXIT_USAGE
 
 

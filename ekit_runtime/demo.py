@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import tempfile
@@ -249,18 +250,68 @@ def _demo(args: argparse.Namespace, directory: Path) -> int:
     return 0
 
 
+class _DirectoryError(Exception):
+    """The demo cannot write its checkpoint file; the message names the directory."""
+
+
+def _writable(directory: Path, label: str) -> None:
+    """Create ``directory`` if needed and check that a file can be written in it.
+
+    Checked before the first run starts, so that a read-only or missing
+    folder is one clear line, not an error from deep inside a checkpoint save.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise _DirectoryError(f"{label} {directory}: not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".ekit-demo-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _DirectoryError(
+            f"{label} {directory}: cannot write the checkpoint file there "
+            f"({exc.strerror or type(exc).__name__})"
+        ) from None
+
+
+def _run_in(args: argparse.Namespace, directory: Path, label: str) -> int:
+    _writable(directory, label)
+    try:
+        return _demo(args, directory)
+    except BrokenPipeError:
+        raise  # stdout went away: the caller's to handle, not the folder's fault
+    except OSError as exc:
+        # The folder was usable a moment ago: it filled up, or was made
+        # read-only or removed, during the run.
+        where = exc.filename if exc.filename is not None else directory
+        raise _DirectoryError(
+            f"{label} {directory}: writing {where} failed ({exc.strerror or type(exc).__name__})"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo with command-line arguments ``argv`` (``sys.argv[1:]`` if None).
 
     Returns the exit status: 0 when the resume skipped exactly the steps the
-    interrupted run recorded and finished the rest.
+    interrupted run recorded and finished the rest; 2, after one
+    ``ekit: demo: ...`` line on stderr naming the folder, when the checkpoint
+    file cannot be written (a read-only ``--dir``, say).
     """
     args = _parse(argv)
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)
-        return _demo(args, args.dir)
-    with tempfile.TemporaryDirectory(prefix="ekit-demo-") as tmp:
-        return _demo(args, Path(tmp))
+    try:
+        if args.dir is not None:
+            return _run_in(args, args.dir, "--dir")
+        try:
+            with tempfile.TemporaryDirectory(prefix="ekit-demo-") as tmp:
+                return _run_in(args, Path(tmp), "temporary directory")
+        except OSError as exc:
+            raise _DirectoryError(
+                f"cannot create a temporary directory in {tempfile.gettempdir()} "
+                f"({exc.strerror or type(exc).__name__}); pass --dir"
+            ) from None
+    except _DirectoryError as exc:
+        print(f"ekit: demo: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

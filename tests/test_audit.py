@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import given, settings
@@ -15,8 +16,10 @@ from ekit_core import (
     CheckpointError,
     Failed,
     GraphSpec,
+    RetryPolicy,
     Succeeded,
     TokenUsage,
+    WorkflowCheckpoint,
     apply,
     audit,
     checkpoint_of,
@@ -162,3 +165,203 @@ def test_report_renders_as_table_and_json_and_never_mutates() -> None:
     data = json.loads(json.dumps(report.to_dict()))
     assert data["skip"] == ["a"] and data["clean"] is True
     assert data["steps"][1]["failure"]["message"] == "rate limited"
+
+
+# A recorded step with an old failure: the output wins. A step that failed,
+# was retried and succeeded keeps its failure record; a resume skips it.
+
+
+def _checkpoint_with_b_failed_then_recorded() -> WorkflowCheckpoint:
+    policies = {"b": RetryPolicy(max_attempts=2, backoff_base=0)}
+    state = initial_state(DIAMOND, policies=policies)
+    state = apply(state, plan(state).starts)
+    state = apply(state, [Succeeded("a", "A")])
+    state = apply(state, plan(state).starts)  # b and c
+    state = apply(state, [Failed("b", TimeoutError("slow model"))])
+    state = apply(state, plan(state).starts)  # b again
+    state = apply(state, [Succeeded("b", "B", TokenUsage(7, 3, 1))])
+    return checkpoint_of(state)
+
+
+def test_a_recorded_step_with_an_old_failure_is_skipped() -> None:
+    cp = _checkpoint_with_b_failed_then_recorded()
+    assert "b" in cp.outputs and cp.failures["b"].error_type == "TimeoutError"
+    for given_cp in (cp, cp.to_dict(), json.loads(json.dumps(cp.to_dict()))):
+        report = audit(DIAMOND, given_cp)
+        assert report.clean
+        assert report.skipped == ("a", "b") and report.to_run == ("c", "d")
+        b = report.step("b")
+        assert (b.action, b.reason, b.why) == ("skip", "recorded", "output recorded")
+        assert b.usage == TokenUsage(7, 3, 1)
+        assert report.step("d").waiting_on == ("c",)
+    # And the core agrees: resuming starts c, never b again.
+    assert plan(initial_state(DIAMOND, cp)).names == ("c",)
+
+
+def test_an_old_failure_does_not_make_a_recorded_step_run_in_a_hand_made_checkpoint() -> None:
+    cp = {
+        "step_index": 2, "outputs": {"a": 1, "b": 2}, "cost": ZERO,
+        "failures": {"b": {"error_type": "E", "message": "m", "attempts": 3}},
+    }
+    report = audit(DIAMOND, cp)
+    assert report.step("b").action == "skip" and "b" not in report.to_run
+    assert report.step("b").failure is None  # the row explains the skip, not the old failure
+    assert report.to_dict()["steps"][1]["reason"] == "recorded"
+
+
+# Everything a resume would refuse is an anomaly.
+
+
+def _returns(value: str) -> Any:
+    return lambda ctx: value
+
+
+def test_a_context_key_that_is_a_step_name_is_an_anomaly_and_resume_refuses_it() -> None:
+    cp = _checkpoint_after_a_and_failed_b()
+    cp["context"] = {"topic": "owls", "c": "shadowed", "b": 1}
+    report = audit(DIAMOND, cp)
+    assert [(a.kind, a.step) for a in report.anomalies] == [
+        ("context_collision", "c"), ("context_collision", "b"),
+    ]
+    assert not report.clean and "'c'" in report.anomalies[0].message
+    with pytest.raises(CheckpointError, match="collide with step name"):
+        initial_state(DIAMOND, cp)
+    wf = Workflow([Step(n, _returns(n), DIAMOND.deps[n]) for n in DIAMOND.names])
+    with pytest.raises(ValueError, match="collide with step name"):
+        wf.run_sync(resume_from=cp)
+    # The same checkpoint without the colliding keys is clean and resumes.
+    cp["context"] = {"topic": "owls"}
+    assert audit(DIAMOND, cp).clean
+    initial_state(DIAMOND, cp)
+
+
+def test_anything_else_resume_refuses_is_reported_by_the_backstop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A rule added to initial_state later is reported without audit knowing it.
+    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+        raise ValueError("checkpoint field 'x': a rule added later")
+
+    # The module, not the function ekit_core re-exports under the same name.
+    monkeypatch.setattr(importlib.import_module("ekit_core.audit"), "initial_state", refuse)
+    report = audit(DIAMOND, _checkpoint_after_a_and_failed_b())
+    assert [(a.kind, a.step) for a in report.anomalies] == [("resume_refused", None)]
+    assert "a rule added later" in report.anomalies[0].message
+
+
+def test_a_budget_the_recorded_usage_reaches_is_an_anomaly() -> None:
+    cp = _checkpoint_after_a_and_failed_b()  # usage 10/5/1
+    assert audit(DIAMOND, cp, budget=TokenUsage(11, 0, 0)).clean
+    report = audit(DIAMOND, cp, budget=TokenUsage(10, 0, 0))
+    [anomaly] = report.anomalies
+    assert (anomaly.kind, anomaly.step) == ("budget_reached", None)
+    assert "10/5/1" in anomaly.message and "10/0/0" in anomaly.message
+    assert initial_state(DIAMOND, cp, budget=TokenUsage(10, 0, 0)).halt is not None
+    # A finished run reaching its budget has nothing left to refuse.
+    done = {**cp, "outputs": {n: n for n in DIAMOND.names}, "failures": {}}
+    assert audit(DIAMOND, done, budget=TokenUsage(1, 1, 1)).clean
+    for bad, fragment in [(5, "TokenUsage"), (TokenUsage(-1, 0, 0), "negative")]:
+        with pytest.raises(ValueError, match=fragment):
+            audit(DIAMOND, cp, budget=bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(graph=dags(max_steps=8), data=st.data())
+def test_audit_is_clean_exactly_when_a_resume_accepts_the_checkpoint(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    # A random legal prefix of a run, then a random context (keys that may be
+    # step names), a fingerprint that may be another graph's, and a budget.
+    state = initial_state(graph)
+    for _ in range(data.draw(st.integers(0, len(graph)), label="rounds")):
+        batch = plan(state)
+        if not batch:
+            break
+        state = apply(state, batch.starts)
+        # One step finishes per round, so that most prefixes leave work to do.
+        state = apply(state, [Succeeded(batch.starts[0].name, "out", TokenUsage(3, 1, 1))])
+    cp = checkpoint_of(state).to_dict()
+    # Each refusal drawn alone about as often as with the others.
+    keys = st.sampled_from([*graph.names, "topic", "user"]) if data.draw(
+        st.booleans(), label="colliding keys allowed"
+    ) else st.sampled_from(["topic", "user"])
+    cp["context"] = data.draw(st.dictionaries(keys, st.integers(), max_size=2), label="context")
+    if data.draw(st.booleans(), label="other graph"):
+        cp["fingerprint"] = GraphSpec.of({"other": []}).fingerprint
+    # Budgets near the recorded usage, so that both sides of "reached" occur.
+    spent = state.cost.input_tokens
+    budget = data.draw(
+        st.none() | st.builds(TokenUsage, st.integers(max(0, spent - 1), spent + 1)), label="budget"
+    )
+    try:
+        resumed = initial_state(graph, cp, budget=budget)
+    except ValueError:
+        refused = True
+    else:
+        refused = resumed.halt is not None  # starts nothing: the budget is spent
+    report = audit(graph, cp, budget=budget)
+    assert report.clean == (not refused), (report.format(), refused)
+
+
+# Rules that one test alone guarded: a second, direct test for each.
+
+
+def test_why_counts_attempts_and_names_what_a_failed_step_waits_on() -> None:
+    cp = {
+        "step_index": 1, "outputs": {"a": "A"}, "cost": ZERO,
+        "step_usage": {"a": {"input_tokens": 1, "output_tokens": 2, "llm_calls": 1},
+                       "d": {"input_tokens": 9, "output_tokens": 9, "llm_calls": 9}},
+        "failures": {
+            "b": {"error_type": "TimeoutError", "message": "slow", "attempts": 3},
+            "d": {"error_type": "ValueError", "message": "bad", "attempts": 1},
+        },
+    }
+    report = audit(DIAMOND, cp)
+    assert report.step("b").why == "recorded as failed 3 times: TimeoutError: slow"
+    # d failed once (an earlier run) and now also waits on b and c.
+    d = report.step("d")
+    assert (d.action, d.reason, d.waiting_on) == ("run", "failed", ("b", "c"))
+    assert d.why == "recorded as failed once: ValueError: bad; waiting on b, c"
+    assert d.usage == TokenUsage(9, 9, 9)  # a run row still shows what was recorded
+    assert report.to_dict()["steps"][3]["why"] == d.why
+
+
+def test_every_missing_dependency_is_named_singular_or_plural() -> None:
+    report = audit(DIAMOND, {"step_index": 2, "outputs": {"b": 1, "d": 2}, "cost": ZERO})
+    assert [(a.kind, a.step, a.message) for a in report.anomalies] == [
+        ("missing_dependency", "b", "output of 'b' is recorded but not that of its dependency 'a'"),
+        ("missing_dependency", "d", "output of 'd' is recorded but not that of its dependency 'c'"),
+    ]
+    report = audit(DIAMOND, {"step_index": 1, "outputs": {"d": 2}, "cost": ZERO})
+    [anomaly] = report.anomalies
+    assert anomaly.message.endswith("its dependencies 'b', 'c'")
+
+
+def test_outputs_and_failures_of_a_removed_step_and_a_context_key_are_told_apart() -> None:
+    wf = Workflow([Step(n, _returns(n), DIAMOND.deps[n]) for n in DIAMOND.names])
+    saved: list[WorkflowCheckpoint] = []
+    wf.run_sync({"topic": "owls"}, checkpoint_fn=saved.append)
+    cp = saved[-1].to_dict()
+    cp["outputs"]["topic"] = "owls"  # as ExecutionKit kept context among outputs
+    cp["failures"]["d"] = {"error_type": "E", "message": "m", "attempts": 1}
+    smaller = Workflow([Step(n, _returns(n), DIAMOND.deps[n]) for n in ("a", "b", "c")])
+    report = audit(smaller, cp)
+    found = {(a.kind, a.step): a.message for a in report.anomalies}
+    assert "removed" in found[("unknown_output", "d")]
+    assert found[("unknown_output", "topic")] == "output recorded for 'topic': a context key"
+    assert found[("unknown_failure", "d")] == "failure recorded for 'd', not a step"
+    assert ("fingerprint_mismatch", None) in found
+
+
+def test_a_recorded_graph_that_is_invalid_or_edited_is_a_graph_fingerprint_anomaly() -> None:
+    cp = _checkpoint_after_a_and_failed_b()
+    edited = copy.deepcopy(cp)
+    edited["graph"]["d"] = ["b"]  # the fingerprint still says DIAMOND
+    # Given the real graph, the fingerprint matches; only the recorded graph lies.
+    assert [a.kind for a in audit(DIAMOND, edited).anomalies] == ["graph_fingerprint"]
+    cyclic = copy.deepcopy(cp)
+    cyclic["graph"]["a"] = ["d"]
+    [anomaly] = audit(DIAMOND, cyclic).anomalies
+    assert anomaly.kind == "graph_fingerprint"
+    assert anomaly.message.startswith("the recorded graph is invalid: dependency cycle")
+    assert audit(DIAMOND, cp).clean

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from types import MappingProxyType
 from typing import Any
 
@@ -156,3 +157,102 @@ def test_token_usage_arithmetic_and_budget_rule() -> None:
     assert not TokenUsage().reached(TokenUsage(10**9, 10**9, 10**9))
     with pytest.raises(AttributeError):
         a.input_tokens = 5  # type: ignore[misc]
+
+
+# delta_since: an output is unchanged when it is the same object, an equal
+# one, or one stored alike; == alone is not reflexive for NaN.
+
+ZERO_COST = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
+
+
+def _loaded(outputs_json: str, context_json: str = "{}") -> WorkflowCheckpoint:
+    """A checkpoint parsed from JSON text, as a reader of a file gets it: fresh objects."""
+    text = f'{{"step_index": 0, "outputs": {outputs_json}, "cost": {json.dumps(ZERO_COST)}, ' \
+        f'"context": {context_json}}}'
+    return WorkflowCheckpoint.from_dict(json.loads(text))
+
+
+def test_a_nan_output_read_back_twice_is_not_a_change() -> None:
+    before = _loaded('{"a": NaN, "m": {"x": [NaN, Infinity]}}', '{"k": NaN}')
+    after = _loaded('{"a": NaN, "m": {"x": [NaN, Infinity]}, "b": 1}', '{"k": NaN}')
+    delta = after.delta_since(before)
+    assert delta.extends
+    assert delta.outputs == (("b", 1),)
+    assert delta.context_changed is False
+    # A NaN a step computed is another object than the one json.loads makes.
+    computed = float("inf") - float("inf")
+    in_memory = WorkflowCheckpoint(
+        1, MappingProxyType({"a": computed, "m": {"x": [computed, math.inf]}}),
+        context=MappingProxyType({"k": computed}),
+    )
+    assert in_memory.outputs["a"] is not after.outputs["a"]
+    delta = after.delta_since(in_memory)
+    assert delta.extends and delta.outputs == (("b", 1),) and not delta.context_changed
+
+
+def test_an_output_whose_eq_is_not_reflexive_or_raises_is_itself() -> None:
+    class NeverEqual:
+        def __eq__(self, other: object) -> bool:
+            return False
+
+        __hash__ = object.__hash__
+
+    class Ambiguous:  # as a numpy array: == gives something without a truth value
+        def __eq__(self, other: object) -> Any:
+            return self
+
+        def __bool__(self) -> bool:
+            raise ValueError("truth value is ambiguous")
+
+        __hash__ = object.__hash__
+
+    never, ambiguous = NeverEqual(), Ambiguous()
+    before = WorkflowCheckpoint(1, MappingProxyType({"a": never, "b": ambiguous}))
+    after = WorkflowCheckpoint(2, MappingProxyType({"a": never, "b": ambiguous, "c": 3}))
+    delta = after.delta_since(before)
+    assert delta.extends and delta.outputs == (("c", 3),)
+    # Another object of the same kind is a different output.
+    other = WorkflowCheckpoint(2, MappingProxyType({"a": NeverEqual(), "b": ambiguous}))
+    assert not other.delta_since(before).extends
+
+
+def test_a_value_stored_alike_is_not_a_change_but_a_different_one_is() -> None:
+    in_memory = WorkflowCheckpoint(1, MappingProxyType({"a": (1, 2), "n": float("nan")}))
+    read_back = WorkflowCheckpoint.from_dict(json.loads(json.dumps(in_memory.to_dict())))
+    assert read_back.outputs["a"] == [1, 2]
+    assert read_back.delta_since(in_memory).extends
+    for changed in ('{"a": [1, 2], "n": 1.0}', '{"a": [1, 3], "n": NaN}', '{"a": [1, 2]}'):
+        assert not _loaded(changed).delta_since(in_memory).extends, changed
+
+
+non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
+json_values_with_nan = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | non_finite | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    st.dictionaries(st.text(), non_finite | json_values_with_nan, max_size=5),
+    st.text(),
+    json_values_with_nan,
+)
+def test_a_checkpoint_read_back_extends_its_own_copy(
+    outputs: dict[str, Any], new_key: str, new_value: Any
+) -> None:
+    # Any JSON-safe outputs, NaN and infinities included: a checkpoint read
+    # from a file adds nothing to another read of the same file, and adding an
+    # output adds exactly that output.
+    cp = WorkflowCheckpoint(len(outputs), MappingProxyType(outputs))
+    text = json.dumps(cp.to_dict())
+    first, second = (WorkflowCheckpoint.from_dict(json.loads(text)) for _ in range(2))
+    delta = second.delta_since(first)
+    assert delta.extends and delta.outputs == () and not delta.context_changed
+    if new_key not in outputs:
+        grown = WorkflowCheckpoint.from_dict(
+            {**json.loads(text), "outputs": {**json.loads(text)["outputs"], new_key: new_value}}
+        )
+        grown_delta = grown.delta_since(first)
+        assert grown_delta.extends
+        assert [k for k, _ in grown_delta.outputs] == [new_key]

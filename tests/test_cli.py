@@ -370,7 +370,7 @@ def test_unencodable_names_are_escaped_not_a_crash(tmp_path: Path) -> None:
 def test_an_unexpected_error_is_exit_2_not_1(run_dir: Path) -> None:
     proc = ekit_patched(
         run_dir,
-        "def boom(*a):\n    raise RuntimeError('bug\\nhere')\ncli.audit = boom",
+        "def boom(*a, **k):\n    raise RuntimeError('bug\\nhere')\ncli.audit = boom",
         "audit", "final.json",
     )
     one_error_line(proc, "internal error: RuntimeError: bug here")
@@ -441,3 +441,160 @@ def test_demo_subcommand_without_the_module_is_exit_2(
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ekit: demo:") and err.count("\n") == 1
+
+
+# A --workflow module may raise any BaseException, not only an Exception:
+# every failure to load the workflow is one line and exit 2, never a
+# traceback and exit 1 (which reads as "anomalies found").
+
+BASE_RAISING = '''
+class Halt(BaseException):
+    """Neither an Exception nor SystemExit."""
+
+
+class Raising:
+    @property
+    def graph(self):
+        raise Halt("graph\\nrefused")
+
+
+class Holder:
+    @property
+    def flow(self):
+        raise GeneratorExit("closed")
+
+
+raising = Raising()
+holder = Holder()
+
+
+def __getattr__(name):
+    raise Halt(name)
+'''
+
+
+@pytest.mark.parametrize("command", ["audit", "replay", "graph"])
+@pytest.mark.parametrize(
+    ("module", "spec", "fragments"),
+    [
+        (
+            "class Halt(BaseException):\n    pass\n\nraise Halt('stop\\nnow')\n",
+            "importer:workflow", ["importing 'importer' raised Halt: stop now"],
+        ),
+        (BASE_RAISING, "hostile:flow", ["reading 'flow' raised Halt: flow"]),
+        (BASE_RAISING, "hostile:raising", ["reading raising.graph raised Halt: graph refused"]),
+    ],
+    ids=["on-import", "on-attribute", "on-graph"],
+)
+def test_a_workflow_raising_a_base_exception_is_exit_2_for_every_command(
+    run_dir: Path, tmp_path: Path, command: str, module: str, spec: str, fragments: list[str]
+) -> None:
+    (tmp_path / f"{spec.partition(':')[0]}.py").write_text(module, encoding="utf-8")
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    shutil.copy(run_dir / "run.jsonl", tmp_path / "run.jsonl")
+    target = {"audit": ["final.json"], "replay": ["run.jsonl"], "graph": []}[command]
+    proc = ekit(tmp_path, command, *target, "--workflow", spec)
+    one_error_line(proc, f"--workflow {spec}", *fragments)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("module", "spec", "fragment"),
+    [
+        ("raise GeneratorExit\n", "gen:workflow", "importing 'gen' raised GeneratorExit"),
+        (
+            "import asyncio\nraise asyncio.CancelledError('gone')\n",
+            "cancel:workflow", "importing 'cancel' raised CancelledError: gone",
+        ),
+        (BASE_RAISING, "hostile:holder.flow", "reading 'holder.flow' raised GeneratorExit: closed"),
+        (
+            # An exception whose own __str__ raises still gives its one line.
+            "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
+            "\nraise Odd()\n",
+            "odd:workflow", "importing 'odd' raised Odd: <Odd whose str() raised>",
+        ),
+    ],
+    ids=["generator-exit", "cancelled-error", "property-generator-exit", "unprintable"],
+)
+def test_any_exception_from_a_workflow_module_is_one_line(
+    run_dir: Path, tmp_path: Path, module: str, spec: str, fragment: str
+) -> None:
+    (tmp_path / f"{spec.partition(':')[0]}.py").write_text(module, encoding="utf-8")
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    one_error_line(ekit(tmp_path, "audit", "final.json", "--workflow", spec), fragment)
+
+
+def test_ctrl_c_while_importing_the_workflow_exits_130(run_dir: Path, tmp_path: Path) -> None:
+    # Decided: Ctrl-C is the user's, not the module's failure; it exits 130
+    # as everywhere else, with one line and no traceback.
+    (tmp_path / "slow.py").write_text("raise KeyboardInterrupt\n", encoding="utf-8")
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    proc = ekit(tmp_path, "audit", "final.json", "--workflow", "slow:workflow")
+    assert proc.returncode == 130, proc
+    assert proc.stderr == "ekit: interrupted\n" and proc.stdout == ""
+
+
+def test_a_base_exception_anywhere_else_is_an_internal_error_not_exit_1(run_dir: Path) -> None:
+    proc = ekit_patched(
+        run_dir,
+        "class Halt(BaseException):\n    pass\n"
+        "def boom(*a, **k):\n    raise Halt('deep')\ncli.audit = boom",
+        "audit", "final.json",
+    )
+    one_error_line(proc, "internal error: Halt: deep")
+
+
+# Audit flags everything a resume from the checkpoint would refuse.
+
+
+def test_audit_flags_a_context_key_that_resume_refuses(run_dir: Path, tmp_path: Path) -> None:
+    data = json.loads((run_dir / "failed.json").read_text())
+    data["context"] = {**data["context"], "publish": "shadowed"}
+    (tmp_path / "cp.json").write_text(json.dumps(data))
+    proc = ekit(tmp_path, "audit", "cp.json")
+    assert proc.returncode == 1, proc
+    assert "context_collision: context key 'publish' is also a step name" in proc.stdout
+    workflow = runpy.run_path(str(run_dir / "flows.py"))["workflow"]
+    with pytest.raises(ValueError, match="collide with step name"):
+        workflow.run_sync(resume_from=data)
+
+
+def test_audit_budget_option(run_dir: Path) -> None:
+    # failed.json recorded three steps of 100/20/1 each.
+    proc = ekit(run_dir, "audit", "failed.json", "--budget", "0/0/3", "--json")
+    assert proc.returncode == 1, proc
+    [anomaly] = json.loads(proc.stdout)["anomalies"]
+    assert anomaly["kind"] == "budget_reached" and "300/60/3" in anomaly["message"]
+    proc = ekit(run_dir, "audit", "failed.json", "--budget", "0/0/4")
+    assert proc.returncode == 0, proc
+    for bad in ("1/2", "a/b/c", "-1/0/0", "1/2/3/4", "\u00b2/0/0"):
+        one_error_line(
+            ekit(run_dir, "audit", "failed.json", f"--budget={bad}"), "--budget", "IN/OUT/CALLS"
+        )
+
+
+# replay of a real run whose outputs hold NaN, saved as the docs' example
+# saves (json.dumps allows NaN): not a resume, not a change.
+
+NAN_FLOWS = '''
+from ekit_runtime import Step, Workflow
+
+workflow = Workflow([
+    Step("score", lambda ctx: float("nan")),
+    Step("stats", lambda ctx: {"mean": float("nan"), "n": [float("inf")]}, ("score",)),
+    Step("report", lambda ctx: "done", ("stats",)),
+])
+'''
+
+
+def test_replay_of_a_run_with_nan_outputs_is_clean(tmp_path: Path) -> None:
+    (tmp_path / "nanflows.py").write_text(NAN_FLOWS, encoding="utf-8")
+    workflow = runpy.run_path(str(tmp_path / "nanflows.py"))["workflow"]
+    lines: list[str] = []
+    workflow.run_sync(checkpoint_fn=lambda cp: lines.append(json.dumps(cp.to_dict())))
+    (tmp_path / "run.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = ekit(tmp_path, "replay", "run.jsonl", "--workflow", "nanflows:workflow", "--json")
+    assert proc.returncode == 0, proc
+    data = json.loads(proc.stdout)
+    assert data["ok"] is True and data["resumes"] == []
+    assert [e["finished"] for e in data["timeline"]] == [["score"], ["stats"], ["report"]]

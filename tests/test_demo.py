@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import demo
+from ekit_runtime.cli import main as cli_main
+from ekit_runtime.stores import JsonFileStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,3 +124,111 @@ def test_python_dash_m_ekit_runtime_demo(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     _check(done.stdout)
+
+
+# A folder the demo cannot write in is one line naming it, exit 2, never an
+# "internal error".
+
+
+def _one_demo_error(err: str, *fragments: str) -> None:
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("ekit:")]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def _demo_in_a_child(argv: list[str]) -> tuple[int, str]:
+    """Run ``ekit demo ARGV`` in a forked child that cannot write a 0o555 folder.
+
+    root writes through any permission bits, so a root child first becomes
+    ``nobody``. Forked rather than spawned: the interpreter (which may live
+    where ``nobody`` cannot read) is already loaded. Returns the exit code and
+    everything the child wrote to stdout and stderr.
+    """
+    if os.name != "posix":
+        pytest.skip("permission bits are POSIX")
+    drop_to = None
+    if os.geteuid() == 0:
+        try:
+            drop_to = pwd.getpwnam("nobody")
+        except KeyError:
+            pytest.skip("running as root and there is no 'nobody' user to drop to")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            os.dup2(write_end, 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            if drop_to is not None:
+                os.setgroups([])
+                os.setgid(drop_to.pw_gid)
+                os.setuid(drop_to.pw_uid)
+            code = cli_main(["demo", *argv])
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with open(read_end, "rb") as pipe:
+        output = pipe.read().decode("utf-8", "backslashreplace")
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output
+
+
+def test_a_read_only_dir_is_one_clear_line_and_exit_2() -> None:
+    # mkdtemp (not tmp_path, whose parents are private to this user), so
+    # that a child that dropped to nobody can reach the folder.
+    folder = Path(tempfile.mkdtemp(prefix="ekit-demo-ro-"))
+    try:
+        folder.chmod(0o555)
+        code, output = _demo_in_a_child(["--fast", "--dir", str(folder)])
+        assert code == 2, output
+        _one_demo_error(
+            output, f"ekit: demo: --dir {folder}: cannot write the checkpoint file there",
+            "Permission denied",
+        )
+        assert output.count("\n") == 1  # nothing but that line: no run started
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+def test_a_dir_that_is_a_file_or_lies_under_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    assert demo.main(["--fast", "--dir", str(afile)]) == 2
+    _one_demo_error(capsys.readouterr().err, f"--dir {afile}: not a directory")
+    assert cli_main(["demo", "--fast", "--dir", str(afile / "sub")]) == 2
+    _one_demo_error(capsys.readouterr().err, f"--dir {afile / 'sub'}:", "Not a directory")
+    assert afile.read_text() == "x"
+
+
+def test_a_save_failing_during_the_run_names_the_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saves: list[int] = []
+
+    class FillsUp(JsonFileStore):
+        def save(self, checkpoint: WorkflowCheckpoint) -> None:
+            saves.append(1)
+            if len(saves) == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+            super().save(checkpoint)
+
+        __call__ = save
+
+    monkeypatch.setattr(demo, "JsonFileStore", FillsUp)
+    assert demo.main(["--fast", "--dir", str(tmp_path)]) == 2
+    _one_demo_error(
+        capsys.readouterr().err,
+        f"ekit: demo: --dir {tmp_path}: writing {tmp_path / demo.CHECKPOINT_FILE} failed",
+        os.strerror(errno.ENOSPC),
+    )

@@ -16,9 +16,9 @@ from ekit_core import (
     CheckpointError,
     Failed,
     GraphSpec,
+    Input,
     Interrupted,
     ReplayReport,
-    Result,
     State,
     Succeeded,
     TokenUsage,
@@ -66,7 +66,7 @@ def simulate(
             state = apply(state, batch.starts)
         running = state.running_steps()
         if not running:
-            if state.finished:
+            if state.complete:
                 break
             # Halted by a failure: a new run resumes from the last checkpoint.
             state = _resume(graph, cps, data)
@@ -87,12 +87,12 @@ def simulate(
             expected_resumes.append(len(cps))
             pending_soft = False
         cps.append(checkpoint_of(state))
-        if state.finished:
+        if state.complete:
             break
         crash = data.draw(st.sampled_from(["none", "none", "none", "hard", "soft"]), label="crash")
         if crash == "soft":
             # Cancellation: in-flight attempts are interrupted, a closing save is made.
-            closing: list[Result] = [Cancelled()]
+            closing: list[Input] = [Cancelled()]
             closing += [Interrupted(n) for n in state.running_steps()]
             cps.append(checkpoint_of(apply(state, closing)))
             pending_soft = True
@@ -393,3 +393,178 @@ def test_a_failed_and_resumed_runtime_run_replays_cleanly() -> None:
     assert report.ok, report.format()
     assert any(e.failed == ("b",) for e in report.timeline)
     assert report.finished_at("c") == len(saved) - 1
+
+
+# NaN outputs: nan != nan, so == alone would take an unchanged NaN for a
+# changed output and a run going on for a resume.
+
+CHAIN = GraphSpec.of({"a": [], "b": ["a"], "c": ["b"]})
+
+
+def _nan_run(resume_from_file: bool) -> list[WorkflowCheckpoint]:
+    """A run of CHAIN whose outputs hold NaN, killed after ``b`` and resumed."""
+    computed_nan = float("inf") - float("inf")
+    state = initial_state(CHAIN)
+    cps = []
+    for name in ("a", "b"):
+        state = apply(state, plan(state).starts)
+        state = apply(state, [Succeeded(name, {"score": computed_nan, "n": [computed_nan]})])
+        cps.append(checkpoint_of(state))
+    # Killed outright: the resume starts from the last checkpoint, read back
+    # from its file (fresh NaN objects, another ledger) or kept in memory.
+    source = json.loads(json.dumps(cps[-1].to_dict())) if resume_from_file else cps[-1]
+    state = initial_state(CHAIN, source)
+    state = apply(state, plan(state).starts)
+    state = apply(state, [Succeeded("c", computed_nan)])
+    cps.append(checkpoint_of(state))
+    return cps
+
+
+@pytest.mark.parametrize("resume_from_file", [True, False])
+def test_nan_outputs_are_not_a_resume_nor_a_change(resume_from_file: bool) -> None:
+    cps = _nan_run(resume_from_file)
+    for sequence in (cps, _loaded(cps)):
+        report = replay(CHAIN, sequence)
+        assert report.ok, report.format()
+        assert report.resumes == ()
+        assert [e.finished for e in report.timeline] == [("a",), ("b",), ("c",)]
+        assert report.timeline[-1].segment == 0
+
+
+def test_a_nan_output_kept_across_a_real_resume_is_not_reported_changed() -> None:
+    in_memory = _nan_run(resume_from_file=True)
+    cps = _loaded(in_memory)
+    # Checkpoint 0, read back from its file, saved again after checkpoint 1
+    # (a resume from it): b is lost, but a, NaN and all, is unchanged.
+    report = replay(CHAIN, [in_memory[0], in_memory[1], cps[0]])
+    assert report.resumes == (2,) and report.timeline[2].resumed_from == 0
+    assert _kinds(report) == {(2, "b", "output_removed"), (2, None, "step_index_decreased")}
+    # A NaN output that became a number is still a change.
+    forged = copy.deepcopy(cps)
+    forged[2]["outputs"]["a"]["score"] = 0.0
+    assert _kinds(replay(CHAIN, forged)) == {(2, "a", "output_changed")}
+
+
+# Rules that one test alone (or none) guarded: a second, direct test for each.
+
+
+def test_a_tampered_output_in_the_middle_is_one_violation_where_it_changed() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    cps[2]["outputs"]["b"] = "forged"  # checkpoint 3 holds the original again
+    report = replay(DIAMOND, cps)
+    assert [(v.index, v.step, v.kind) for v in report.violations] == [(2, "b", "output_changed")]
+    assert "checkpoint 1 recorded" in report.violations[0].message
+
+
+def test_changed_or_dropped_usage_is_reported_in_every_form() -> None:
+    base = [cp.to_dict() for cp in _diamond_run()]
+    a_usage = base[0]["step_usage"]["a"]
+    other = {"input_tokens": 1, "output_tokens": 1, "llm_calls": 1}
+    assert other != a_usage
+    # Changed along with a dropped output (the record does not extend its predecessor).
+    cps = copy.deepcopy(base)
+    cps[2]["step_usage"]["a"] = other
+    del cps[2]["outputs"]["b"], cps[2]["step_usage"]["b"]
+    assert (2, "a", "usage_changed") in _kinds(replay(DIAMOND, cps))
+    # Dropped while the output stays.
+    cps = copy.deepcopy(base)
+    del cps[2]["step_usage"]["a"]
+    violations = [v for v in replay(DIAMOND, cps).violations if v.kind == "usage_changed"]
+    assert [(v.index, v.step) for v in violations] == [(2, "a")]
+    assert "no longer recorded" in violations[0].message
+    # Recorded again, after being dropped, with another value.
+    cps = copy.deepcopy(base)
+    del cps[1]["outputs"]["a"], cps[1]["step_usage"]["a"]
+    cps[2]["step_usage"]["a"] = other
+    kinds = _kinds(replay(DIAMOND, cps))
+    assert (2, "a", "usage_changed") in kinds and (1, "a", "output_removed") in kinds
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens", "llm_calls"])
+def test_cost_going_down_in_any_one_count_is_reported(field: str) -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    assert cps[2]["cost"][field] > 0
+    cps[3]["cost"][field] = cps[2]["cost"][field] - 1
+    assert _kinds(replay(DIAMOND, cps)) == {(3, None, "cost_decreased")}
+
+
+def test_a_step_recorded_with_its_dependency_in_one_checkpoint_is_legal() -> None:
+    # A checkpoint_fn may skip saves: the docs allow a dependency recorded in
+    # the same checkpoint as the step that needs it.
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    report = replay(DIAMOND, [cps[1], cps[3]])
+    assert report.ok, report.format()
+    assert report.timeline[1].finished == ("c", "d")
+    assert report.timeline[0].finished == ("a", "b")
+
+
+def test_an_unknown_name_is_reported_each_time_it_is_newly_recorded_only() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    cps[1]["outputs"]["stray"] = 1
+    cps[2]["outputs"]["stray"] = 1  # still there: not reported again
+    kinds = _kinds(replay(DIAMOND, cps))
+    assert {k for k in kinds if k[2] == "unknown_step"} == {(1, "stray", "unknown_step")}
+    # Dropped, then back: its loss is reported, its return is not news.
+    del cps[2]["outputs"]["stray"]
+    cps[3]["outputs"]["stray"] = 1
+    kinds = _kinds(replay(DIAMOND, cps))
+    assert {k for k in kinds if k[1] == "stray"} == {
+        (1, "stray", "unknown_step"), (2, "stray", "output_removed"),
+    }
+    # An ExecutionKit-style context key in the first checkpoint is no violation,
+    # but the same kind of name appearing later is.
+    first = {"step_index": 1, "outputs": {"a": "A", "topic": "owls"}, "cost": TokenUsage().to_dict()}
+    later = {**first, "outputs": {**first["outputs"], "b": "B", "lang": "en"}, "step_index": 2}
+    assert _kinds(replay(DIAMOND, [first, later])) == {(1, "lang", "unknown_step")}
+
+
+def test_a_fingerprint_is_reported_at_each_change_not_at_each_checkpoint() -> None:
+    cps = [cp.to_dict() for cp in _diamond_run()]
+    other = GraphSpec.of({"x": []}).fingerprint
+    cps[1]["fingerprint"] = cps[2]["fingerprint"] = other
+    report = replay(DIAMOND, cps)
+    assert [(v.index, v.kind) for v in report.violations] == [(1, "fingerprint_mismatch")]
+    cps[3]["fingerprint"] = GraphSpec.of({"y": []}).fingerprint
+    assert [v.index for v in replay(DIAMOND, cps).violations] == [1, 3]
+
+
+def test_a_failure_alone_is_news_not_a_repeat_and_failures_keep_declaration_order() -> None:
+    state = initial_state(DIAMOND)
+    state = apply(state, plan(state).starts)
+    state = apply(state, [Succeeded("a", "A")])
+    first = checkpoint_of(state)
+    state = apply(state, plan(state).starts)  # b and c
+    state = apply(state, [Failed("c", ValueError("x")), Failed("b", ValueError("y"))])
+    failed = checkpoint_of(state)
+    report = replay(DIAMOND, [first, failed])
+    entry = report.timeline[1]
+    assert (entry.finished, entry.failed, entry.repeat, entry.resumed) == ((), ("b", "c"), False, False)
+    # The next run's progress from there is one segment on: a failure is not
+    # the closing save of a cancelled run.
+    resumed = initial_state(DIAMOND, failed)
+    resumed = apply(resumed, plan(resumed).starts)
+    resumed = apply(resumed, [Succeeded("b", "B"), Succeeded("c", "C")])
+    report = replay(DIAMOND, [first, failed, checkpoint_of(resumed)])
+    assert report.resumes == () and report.timeline[-1].segment == 0
+    # A first checkpoint that counts steps is not "nothing at all".
+    counted = {"step_index": 1, "outputs": {}, "cost": TokenUsage().to_dict()}
+    assert replay(DIAMOND, [counted]).timeline[0].repeat is False
+
+
+def test_segments_are_counted_and_finished_at_is_the_first_record() -> None:
+    cps = _diamond_run()
+    closing = checkpoint_of(apply(initial_state(DIAMOND, cps[1]), [Cancelled()]))
+    # After a cancelled run's closing save, a resume from checkpoint 0: c
+    # runs, b is lost, then b is recorded again.
+    state = initial_state(DIAMOND, cps[0])
+    state = apply(state, [s for s in plan(state) if s.name == "c"])
+    state = apply(state, [Succeeded("c", "C", _usage("c"))])
+    without_b = checkpoint_of(state)
+    state = apply(state, [s for s in plan(state) if s.name == "b"])
+    state = apply(state, [Succeeded("b", "B", _usage("b"))])
+    report = replay(DIAMOND, [cps[0], cps[1], closing, without_b, checkpoint_of(state)])
+    assert report.finished_at("b") == 1
+    assert [e.segment for e in report.timeline] == [0, 0, 0, 1, 1]
+    assert report.timeline[3].resumed_from == 0
+    assert "2 run segment(s)" in report.format()
+    assert _kinds(report) == {(3, "b", "output_removed")}
