@@ -12,21 +12,40 @@ leaves something ``load()`` reads: the previous checkpoint or the new one.
 - :class:`SqliteStore`: many runs in one SQLite database, keyed by run id.
 
 An output a store cannot encode raises :class:`UnencodableError` (a
-``ValueError`` naming the step) before anything is written. Stores encode
+``ValueError`` naming the step) before anything is written. One writer per
+file (per run id for SQLite), enforced by a lock that dies with its holder:
+a second writer is refused with :class:`StoreLockedError` (a ``ValueError``
+naming the file or run), and ``load()`` never needs the lock. Stores encode
 with JSON unless given ``dumps``/``loads``; nothing here unpickles or
 evaluates what it reads. Saves are synchronous: fast, local I/O on the
 event loop's thread.
 """
 
-from ekit_runtime.stores._common import CorruptStoreError, UnencodableError
+from typing import TYPE_CHECKING, Any
+
+from ekit_runtime.stores._common import CorruptStoreError, StoreLockedError, UnencodableError
 from ekit_runtime.stores.journal import JournalStore
 from ekit_runtime.stores.jsonfile import JsonFileStore
 from ekit_runtime.stores.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from ekit_runtime.stores.postgres import PostgresStore
 
 __all__ = [
     "CorruptStoreError",
     "JournalStore",
     "JsonFileStore",
+    "PostgresStore",
     "SqliteStore",
+    "StoreLockedError",
     "UnencodableError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresStore imports psycopg (the optional "postgres" extra): only when asked for.
+    if name == "PostgresStore":
+        from ekit_runtime.stores.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,537 @@
+"""``PostgresQueue``: the run queue on PostgreSQL (psycopg 3), for workers on several machines.
+
+This module owns the queue's PostgreSQL schema: the same tables as the
+SQLite queue (``ekit_queue_runs``, ``ekit_queue_entries`` with one row per
+output, ``ekit_queue_starts``, ``ekit_queue_usage``, ``ekit_queue_config``).
+Time is the server's (``now()``), so machines with skewed clocks agree on
+when a lease expires.
+
+- A claim is one short transaction: ``SELECT ... FOR UPDATE SKIP LOCKED``
+  picks a claimable run that no other claim or save holds, and the same
+  transaction increments its epoch. When the fleet has a cap or a start rate,
+  the claim first locks the config row, so concurrent claims count in turn.
+- A save is one statement: the ``UPDATE`` of the run row carries the fencing
+  check (``epoch = %s AND lease_until > now()``), and the new output rows are
+  inserted by the same statement only for the row it matched, so a refused
+  save writes nothing. It inserts only the outputs new since the last save:
+  O(that step's output). A full rewrite (a new run) is one statement too.
+  So every write a lease holder makes (save, renew, finish, release) is one
+  statement, and a holder that is paused or cut off between two calls holds
+  no lock: a takeover never waits for it.
+- No connection is borrowed and no transaction is open while a step runs:
+  every call is one statement or one transaction, in autocommit mode. The
+  multi-statement ones (claim, submit, cancel, prune) run under the server's
+  ``idle_in_transaction_session_timeout`` (``idle_timeout``), so a client
+  that stalls or vanishes inside one has its transaction rolled back and its
+  locks released instead of holding a run's row or the fleet's config row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_runtime.queue.base import QueueBase
+from ekit_runtime.queue.records import (
+    FINAL_STATUSES,
+    Lease,
+    LeaseLostError,
+    Limits,
+    RunInfo,
+    RunStatus,
+    UnknownRunError,
+    check_age,
+    check_run_id,
+    check_seconds,
+    check_status,
+)
+from ekit_runtime.stores._common import Dumps, Loads, default_dumps
+from ekit_runtime.stores._pg import PgConnection, psycopg
+from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint
+from ekit_runtime.workflow import WorkflowResult
+
+__all__ = ["PostgresQueue"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ekit_queue_runs (
+    seq bigserial PRIMARY KEY,
+    run_id text NOT NULL UNIQUE,
+    workflow text NOT NULL,
+    context text NOT NULL,
+    priority integer NOT NULL,
+    status text NOT NULL,
+    epoch bigint NOT NULL DEFAULT 0,
+    owner text,
+    lease_until double precision,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    error text,
+    fingerprint text,
+    header text,
+    step_index bigint NOT NULL DEFAULT 0,
+    input_tokens bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    llm_calls bigint NOT NULL DEFAULT 0,
+    failures text NOT NULL DEFAULT '{}',
+    saves bigint NOT NULL DEFAULT 0,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS ekit_queue_entries (
+    seq bigserial,
+    run_id text NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    value text NOT NULL,
+    epoch bigint NOT NULL,
+    PRIMARY KEY (run_id, kind, name)
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_starts (at double precision NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_usage (
+    at double precision NOT NULL, llm_calls bigint NOT NULL, tokens bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_config (key text PRIMARY KEY, value text NOT NULL);
+INSERT INTO ekit_queue_config (key, value) VALUES ('limits', '{}') ON CONFLICT (key) DO NOTHING;
+"""
+
+_NOW = "extract(epoch from now())::float8"
+_INFO = (
+    "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
+    "error, created_at, updated_at, fingerprint"
+)
+_HELD = f"run_id = %s AND epoch = %s AND status = 'running' AND lease_until > {_NOW}"
+_ROWS = (
+    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+    "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
+    "FROM fenced, unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS e(kind, name, value, ord) "
+    "ORDER BY e.ord "
+    "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
+)
+
+# A full rewrite of a run as one statement. The DELETE and the INSERT touch
+# disjoint rows (a statement's sub-statements must not modify the same row):
+# entries the new checkpoint lacks are deleted, the others upserted, each given
+# a fresh seq in checkpoint order so that loading keeps that order.
+_SAVE_FULL = (
+    "WITH fenced AS (UPDATE ekit_queue_runs SET header = %s, fingerprint = %s, step_index = %s, "
+    "input_tokens = %s, output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+    f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} RETURNING run_id, cancel_requested), "
+    "new AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS e(kind, name, value, ord)), "
+    "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE x.run_id = fenced.run_id "
+    "AND NOT EXISTS (SELECT 1 FROM new WHERE new.kind = x.kind AND new.name = x.name)), "
+    "added AS (INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+    "SELECT fenced.run_id, new.kind, new.name, new.value, %s FROM fenced, new ORDER BY new.ord "
+    "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch, "
+    "seq = excluded.seq), "
+    f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, %s, %s "
+    "FROM fenced WHERE %s) "
+    "SELECT cancel_requested FROM fenced"
+)
+
+
+def _info(row: tuple[Any, ...]) -> RunInfo:
+    return RunInfo(*row)
+
+
+def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+
+
+class PostgresQueue(QueueBase):
+    """A durable run queue in a PostgreSQL database, shared by workers on any number of machines.
+
+    ``dsn`` is a libpq connection string or URL (or an open
+    ``psycopg.Connection``, switched to autocommit). ``limits``, when given,
+    replaces the fleet's stored :class:`Limits`. ``idle_timeout`` (seconds,
+    default 10) is how long the server lets this connection sit idle inside
+    an open transaction before it rolls the transaction back and closes the
+    session (the next call reconnects). ``dumps``/``loads`` encode outputs
+    and contexts (JSON by default). One connection per object, used by one
+    thread at a time.
+    """
+
+    backend = "postgres"
+
+    def __init__(
+        self,
+        dsn: str | psycopg.Connection[Any],
+        *,
+        limits: Limits | None = None,
+        idle_timeout: float = 10.0,
+        dumps: Dumps | None = None,
+        loads: Loads | None = None,
+    ) -> None:
+        """Connect and create the queue's tables if missing."""
+        super().__init__(dumps=dumps, loads=loads)
+        idle = check_seconds(idle_timeout, "idle_timeout")
+        self.db = PgConnection(dsn, _SCHEMA, "ekit_queue_runs", idle_timeout=idle)
+        self.where = "postgresql"
+        if limits is not None:
+            self.set_limits(limits)
+
+    # -- submitting and asking ----------------------------------------------
+
+    def submit(
+        self,
+        workflow: str,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Queue a run of ``workflow``; idempotent for a given ``run_id`` (see :class:`SqliteQueue`)."""
+        sub = self._submission(workflow, context, run_id, priority)
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
+                f"updated_at) VALUES (%s, %s, %s, %s, 'queued', {_NOW}, {_NOW}) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                (sub.run_id, sub.workflow, sub.context, sub.priority),
+            )
+            row = conn.execute(
+                "SELECT workflow FROM ekit_queue_runs WHERE run_id = %s", (sub.run_id,)
+            ).fetchone()
+        if row is None or row[0] != sub.workflow:
+            raise ValueError(
+                f"run_id {sub.run_id!r} was already submitted for workflow {row and row[0]!r}, "
+                f"not {sub.workflow!r}"
+            )
+        return sub.run_id
+
+    def status(self, run_id: str) -> RunInfo:
+        """The run's record; :class:`UnknownRunError` if there is none."""
+        check_run_id(run_id)
+        row = self.db.run(
+            lambda c: c.execute(
+                f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        )
+        if row is None:
+            raise UnknownRunError(run_id)
+        return _info(row)
+
+    def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
+        """Every run (or those with ``status``), in submission order."""
+        check_status(status)
+        where, args = ("WHERE status = %s", (status,)) if status is not None else ("", ())
+        rows = self.db.run(
+            lambda c: c.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
+        )
+        return [_info(r) for r in rows]
+
+    def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
+        """The run's latest saved checkpoint (one snapshot), ``None`` before its first save."""
+        check_run_id(run_id)
+        with self.db.transaction(snapshot=True) as conn:
+            return self._load(conn, run_id, missing_ok=False)
+
+    def result(self, run_id: str) -> WorkflowResult | None:
+        """The outputs and cost of a finished run; ``None`` until it has finished."""
+        info = self.status(run_id)
+        checkpoint = self.checkpoint(run_id) if info.status == "finished" else None
+        if checkpoint is None:
+            return None
+        return WorkflowResult(checkpoint.outputs, checkpoint.cost, checkpoint)
+
+    def _load(
+        self, conn: psycopg.Connection[Any], run_id: str, *, missing_ok: bool
+    ) -> WorkflowCheckpoint | None:
+        row = conn.execute(
+            "SELECT header, step_index, input_tokens, output_tokens, llm_calls, failures "
+            "FROM ekit_queue_runs WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            if missing_ok:
+                return None
+            raise UnknownRunError(run_id)
+        if row[0] is None:
+            return None
+        entries = conn.execute(
+            "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = %s ORDER BY seq", (run_id,)
+        ).fetchall()
+        return decode_checkpoint(
+            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"postgresql run {run_id!r}"
+        )
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask for the run to stop; ``False`` if it had already ended (see :class:`SqliteQueue`)."""
+        check_run_id(run_id)
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                f"SELECT status, lease_until > {_NOW} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            status, live = row
+            if status in FINAL_STATUSES:
+                return False
+            if status == "running" and live:
+                conn.execute(
+                    "UPDATE ekit_queue_runs SET cancel_requested = true WHERE run_id = %s", (run_id,)
+                )
+            else:
+                conn.execute(
+                    "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
+                    f"cancel_requested = true, updated_at = {_NOW} WHERE run_id = %s",
+                    (run_id,),
+                )
+            return True
+
+    def prune(self, older_than: float) -> int:
+        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago."""
+        age = check_age(older_than)
+        final = f"status IN ('finished', 'failed', 'cancelled') AND updated_at < {_NOW} - %s"
+        with self.db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM ekit_queue_entries WHERE run_id IN "
+                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+                (age,),
+            )
+            return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (age,)).rowcount
+
+    def limits(self) -> Limits:
+        """The fleet's limits as stored in the database."""
+        return self.db.run(self._read_limits)
+
+    def set_limits(self, limits: Limits) -> None:
+        """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
+        if not isinstance(limits, Limits):
+            raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
+        text = default_dumps(limits.to_dict())
+        self.db.run(
+            lambda c: c.execute("UPDATE ekit_queue_config SET value = %s WHERE key = 'limits'", (text,))
+        )
+
+    def _read_limits(self, conn: psycopg.Connection[Any], *, lock: bool = False) -> Limits:
+        row = conn.execute(
+            "SELECT value FROM ekit_queue_config WHERE key = 'limits'" + (" FOR UPDATE" if lock else "")
+        ).fetchone()
+        return Limits() if row is None else Limits.from_dict(self.loads(row[0]))
+
+    # -- the worker's side --------------------------------------------------
+
+    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
+        """Lease the next claimable run of one of ``workflows`` (see :meth:`SqliteQueue.claim`)."""
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        with self.db.transaction() as conn:
+            row = self._claim(conn, str(worker), names, seconds)
+            if row is None:
+                return None
+            run_id, epoch, workflow, context, until = row
+            checkpoint = self._load(conn, run_id, missing_ok=True)
+        lease = Lease(run_id, epoch, workflow, self._context(context), checkpoint, until)
+        self._remember(lease, checkpoint)
+        return lease
+
+    def _claim(
+        self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> tuple[Any, ...] | None:
+        conn.execute(
+            f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
+            f"updated_at = {_NOW} WHERE status = 'running' AND cancel_requested AND lease_until <= {_NOW}"
+        )
+        limits = self._read_limits(conn)
+        conn.execute(f"DELETE FROM ekit_queue_usage WHERE at <= {_NOW} - %s", (limits.window,))
+        if limits.max_in_flight is not None or limits.runs_per_minute is not None:
+            # Serialise the claims that count: without this, two claims could
+            # both see one free slot and both take it.
+            limits = self._read_limits(conn, lock=True)
+            if not self._below_limits(conn, limits):
+                return None
+        row = conn.execute(
+            "SELECT r.run_id FROM ekit_queue_runs r "
+            "JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) "
+            "ON r.workflow = w.name AND (r.fingerprint IS NULL OR r.fingerprint = w.fp) "
+            f"WHERE r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= {_NOW}) "
+            "ORDER BY r.priority DESC, r.seq LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
+            ([n for n, _ in names], [fp for _, fp in names]),
+        ).fetchone()
+        if row is None:
+            return None
+        claimed = conn.execute(
+            f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+            f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE run_id = %s "
+            "RETURNING run_id, epoch, workflow, context, lease_until",
+            (worker, seconds, row[0]),
+        ).fetchone()
+        if limits.runs_per_minute is not None:
+            conn.execute(f"INSERT INTO ekit_queue_starts (at) VALUES ({_NOW})")
+        return claimed
+
+    @staticmethod
+    def _below_limits(conn: psycopg.Connection[Any], limits: Limits) -> bool:
+        if limits.max_in_flight is not None:
+            row = conn.execute(
+                f"SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > {_NOW}"
+            ).fetchone()
+            if row is not None and row[0] >= limits.max_in_flight:
+                return False
+        if limits.runs_per_minute is not None:
+            conn.execute(f"DELETE FROM ekit_queue_starts WHERE at <= {_NOW} - %s", (limits.window,))
+            row = conn.execute("SELECT count(*) FROM ekit_queue_starts").fetchone()
+            if row is not None and row[0] >= limits.runs_per_minute:
+                return False
+        return True
+
+    def renew(self, lease: Lease, lease_seconds: float) -> bool:
+        """Extend ``lease``; return whether a cancel was asked. :class:`LeaseLostError` if lost."""
+        seconds = self._lease_seconds(lease_seconds)
+        row = self.db.run(
+            lambda c: c.execute(
+                f"UPDATE ekit_queue_runs SET lease_until = {_NOW} + %s "
+                f"WHERE {_HELD} RETURNING cancel_requested",
+                (seconds, lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        return self._fenced(lease, row)
+
+    def _fenced(self, lease: Lease, row: tuple[Any, ...] | None) -> bool:
+        if row is None:
+            self._forget(lease.run_id)
+            raise LeaseLostError(lease.run_id, lease.epoch)
+        return bool(row[0])
+
+    def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
+        """Store ``checkpoint`` under ``lease`` and renew it; return whether a cancel was asked.
+
+        Raises :class:`LeaseLostError`, writing nothing, if the lease is no
+        longer held.
+        """
+        seconds = self._lease_seconds(lease_seconds)
+        with self.db._lock:
+            encoded, added = self._prepare_save(lease, checkpoint)
+            if encoded.full:
+                cancel = self._save_full(lease, encoded, seconds, checkpoint, added)
+            else:
+                cancel = self._save_delta(lease, encoded, seconds, added)
+            self._remember(lease, checkpoint)
+            return cancel
+
+    def _save_delta(self, lease: Lease, enc: EncodedCheckpoint, seconds: float, added: TokenUsage) -> bool:
+        used = added.llm_calls > 0 or added.total_tokens > 0
+        kinds, names, values = _columns(enc.rows)
+        # One statement: the fenced UPDATE, and inserts that exist only for the row it matched.
+        sql = (
+            "WITH fenced AS (UPDATE ekit_queue_runs SET step_index = %s, input_tokens = %s, "
+            "output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+            f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} "
+            "RETURNING run_id, cancel_requested), "
+            "added AS (" + _ROWS + "), "
+            f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, %s, %s "
+            "FROM fenced WHERE %s) "
+            "SELECT cancel_requested FROM fenced"
+        )
+        args = (
+            *enc.counts,
+            enc.failures,
+            seconds,
+            lease.run_id,
+            lease.epoch,
+            lease.epoch,
+            kinds,
+            names,
+            values,
+            added.llm_calls,
+            added.total_tokens,
+            used,
+        )
+        row = self.db.run(lambda c: c.execute(sql, args).fetchone())
+        return self._fenced(lease, row)
+
+    def _save_full(
+        self,
+        lease: Lease,
+        enc: EncodedCheckpoint,
+        seconds: float,
+        checkpoint: WorkflowCheckpoint,
+        added: TokenUsage,
+    ) -> bool:
+        kinds, names, values = _columns(enc.rows)
+        used = added.llm_calls > 0 or added.total_tokens > 0
+        # One statement, like the delta: a worker paused between the statements
+        # of a transaction would keep the run's row locked, so no claim could
+        # take the run over until it woke (claims skip locked rows).
+        args = (
+            enc.header,
+            checkpoint.fingerprint,
+            *enc.counts,
+            enc.failures,
+            seconds,
+            lease.run_id,
+            lease.epoch,
+            kinds,
+            names,
+            values,
+            lease.epoch,
+            added.llm_calls,
+            added.total_tokens,
+            used,
+        )
+        row = self.db.run(lambda c: c.execute(_SAVE_FULL, args).fetchone())
+        return self._fenced(lease, row)
+
+    def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
+        """End the run under ``lease``; :class:`LeaseLostError` if the lease is no longer held."""
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+        row = self.db.run(
+            lambda c: c.execute(
+                "UPDATE ekit_queue_runs SET status = %s, error = %s, lease_until = NULL, "
+                f"updated_at = {_NOW} "
+                f"WHERE {_HELD} RETURNING cancel_requested",
+                (status, error, lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        self._fenced(lease, row)
+        self._forget(lease.run_id)
+
+    def release(self, lease: Lease) -> bool:
+        """Give the run back to the queue; ``False`` if the lease was already lost."""
+        row = self.db.run(
+            lambda c: c.execute(
+                "UPDATE ekit_queue_runs SET status = 'queued', lease_until = NULL, owner = NULL, "
+                f"updated_at = {_NOW} WHERE {_HELD} RETURNING run_id",
+                (lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        self._forget(lease.run_id)
+        return row is not None
+
+    def usage_wait(self) -> float:
+        """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
+
+        def body(conn: psycopg.Connection[Any]) -> float:
+            limits = self._read_limits(conn)
+            if limits.llm_calls_per_minute is None and limits.tokens_per_minute is None:
+                return 0.0
+            row = conn.execute(
+                f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
+                f"FROM ekit_queue_usage WHERE at > {_NOW} - %s",
+                (limits.window,),
+            ).fetchone()
+            assert row is not None
+            calls, tokens, oldest, now = row
+            over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
+                limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
+            )
+            return max(float(oldest) + limits.window - float(now), 0.01) if over else 0.0
+
+        return self.db.run(body)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.db.close()
+
+    def __enter__(self) -> PostgresQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "PostgresQueue(...)"

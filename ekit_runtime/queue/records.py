@@ -1,0 +1,207 @@
+"""The values a run queue hands out: run records, leases, limits, and its errors.
+
+Plain frozen dataclasses, the same for every backend, and the checks that
+turn bad arguments into a ``ValueError`` naming the argument before any
+backend touches its database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, TypeAlias
+
+from ekit_core import WorkflowCheckpoint
+
+__all__ = [
+    "FINAL_STATUSES",
+    "STATUSES",
+    "Lease",
+    "LeaseLostError",
+    "Limits",
+    "RunInfo",
+    "RunStatus",
+    "UnknownRunError",
+    "check_age",
+    "check_priority",
+    "check_run_id",
+    "check_seconds",
+    "check_status",
+    "check_workflow_name",
+]
+
+RunStatus: TypeAlias = Literal["queued", "running", "finished", "failed", "cancelled"]
+"""Where a run is: waiting, leased by a worker, or one of the three final states."""
+
+STATUSES: tuple[RunStatus, ...] = ("queued", "running", "finished", "failed", "cancelled")
+"""Every status, in the order a run goes through them."""
+
+FINAL_STATUSES: frozenset[str] = frozenset({"finished", "failed", "cancelled"})
+"""The statuses a run never leaves (and that :meth:`prune` may delete)."""
+
+
+class LeaseLostError(RuntimeError):
+    """A write was refused: the lease on ``run_id`` at ``epoch`` is no longer held.
+
+    It expired, another worker took the run over (a higher epoch), or the run
+    was cancelled or finished meanwhile. Nothing of the refused write reached
+    the database; the worker stops driving that run.
+    """
+
+    def __init__(self, run_id: str, epoch: int) -> None:
+        super().__init__(
+            f"lease on run {run_id!r} at epoch {epoch} is lost (expired or taken over); the write was refused"
+        )
+        self.run_id = run_id
+        self.epoch = epoch
+
+
+class UnknownRunError(LookupError):
+    """No run with this ``run_id`` is in the queue."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in the queue")
+        self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """One run as the queue records it (no checkpoint: see ``queue.checkpoint``).
+
+    ``epoch`` counts the leases granted so far (0: never claimed); ``owner``
+    names the last worker that claimed it, for people reading logs, never for
+    recovery; ``lease_until`` is when the current lease expires (seconds since
+    the epoch, on the database's clock), ``None`` when none was granted.
+    """
+
+    run_id: str
+    workflow: str
+    status: RunStatus
+    priority: int
+    epoch: int
+    owner: str | None
+    lease_until: float | None
+    cancel_requested: bool
+    error: str | None
+    created_at: float
+    updated_at: float
+    fingerprint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to drive one run, until ``expires`` or until another epoch is granted.
+
+    ``epoch`` is the fencing token: every write the holder makes carries it,
+    and the database refuses the write unless the run's epoch still equals it
+    and the lease has not expired. ``checkpoint`` is the run's latest
+    checkpoint when the lease was granted (``None`` for a fresh run);
+    ``context`` the initial context it was submitted with.
+    """
+
+    run_id: str
+    epoch: int
+    workflow: str
+    context: MappingProxyType[str, Any]
+    checkpoint: WorkflowCheckpoint | None
+    expires: float
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits that hold across every worker of a queue (kept in its database).
+
+    - ``max_in_flight``: at most this many runs hold a live lease at once.
+    - ``runs_per_minute``: at most this many leases granted per window.
+    - ``llm_calls_per_minute`` / ``tokens_per_minute``: no step starts while
+      the usage recorded by the fleet in the trailing window has reached the
+      limit (input plus output tokens). Usage is known only when a step
+      finishes, so steps already running when the limit is reached may
+      overshoot it; see ``docs/queue.md``.
+    - ``window``: the length of the trailing window, in seconds (60 for the
+      per-minute limits; tests shorten it).
+
+    ``None`` means no limit.
+    """
+
+    max_in_flight: int | None = None
+    runs_per_minute: int | None = None
+    llm_calls_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    window: float = field(default=60.0)
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "runs_per_minute", "llm_calls_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"Limits.{name} must be a positive int or None, got {value!r}")
+        check_seconds(self.window, "Limits.window")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as stored in the queue's database."""
+        return {
+            "max_in_flight": self.max_in_flight,
+            "runs_per_minute": self.runs_per_minute,
+            "llm_calls_per_minute": self.llm_calls_per_minute,
+            "tokens_per_minute": self.tokens_per_minute,
+            "window": self.window,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Limits:
+        """The limits :meth:`to_dict` wrote (a ``ValueError`` naming a bad field)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"limits must be a mapping, got {type(data).__name__}")
+        return cls(**{k: data[k] for k in cls().to_dict() if k in data})
+
+
+def check_run_id(run_id: object, name: str = "run_id") -> str:
+    """``run_id`` if it is a non-empty string of at most 200 characters."""
+    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
+        raise ValueError(f"{name} must be a non-empty string of at most 200 characters, got {run_id!r}")
+    return run_id
+
+
+def check_workflow_name(workflow: object) -> str:
+    """``workflow`` if it is a non-empty string."""
+    if not isinstance(workflow, str) or not workflow:
+        raise ValueError(
+            f"workflow must be a non-empty string naming a registered workflow, got {workflow!r}"
+        )
+    return workflow
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int that fits a 32-bit column (higher runs first)."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+        raise ValueError(f"priority must be an int between -2**31 and 2**31-1, got {priority!r}")
+    return priority
+
+
+def check_seconds(value: object, name: str) -> float:
+    """``value`` as a float if it is a positive, finite number of seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_age(value: object) -> float:
+    """``value`` as a float if it is a non-negative, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"older_than must be a non-negative number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_status(status: object) -> RunStatus | None:
+    """``status`` if it is ``None`` or one of :data:`STATUSES`."""
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)} or None, got {status!r}")
+    return status

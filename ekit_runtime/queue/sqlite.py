@@ -1,0 +1,540 @@
+"""``SqliteQueue``: the embedded run queue, for several worker processes on one machine.
+
+This module owns the queue's SQLite schema. ``ekit_queue_runs`` holds one row
+per run: what was submitted, its status, its lease (``epoch``, the fencing
+token, and ``lease_until``) and the non-per-step parts of its latest
+checkpoint; ``ekit_queue_entries`` one row per recorded output and per-step
+usage, tagged with the epoch that wrote it. ``ekit_queue_starts`` and
+``ekit_queue_usage`` are the trailing windows the rate limits count, and
+``ekit_queue_config`` holds the fleet's :class:`Limits`.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, so SQLite's write lock
+serialises claims, saves and renewals across processes: the fencing check
+(``epoch = ? AND lease_until > now``) and the write it guards commit together
+or not at all. Reads take a deferred transaction (one WAL snapshot, no lock).
+The clock is the machine's (``time.time()``), shared by every process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_runtime.queue.base import QueueBase
+from ekit_runtime.queue.records import (
+    FINAL_STATUSES,
+    Lease,
+    LeaseLostError,
+    Limits,
+    RunInfo,
+    RunStatus,
+    UnknownRunError,
+    check_age,
+    check_run_id,
+    check_status,
+)
+from ekit_runtime.stores._common import Dumps, Loads, default_dumps
+from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint
+from ekit_runtime.workflow import WorkflowResult
+
+__all__ = ["SqliteQueue"]
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ekit_queue_runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    workflow TEXT NOT NULL,
+    context TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_until REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    fingerprint TEXT,
+    header TEXT,
+    step_index INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    llm_calls INTEGER NOT NULL DEFAULT 0,
+    failures TEXT NOT NULL DEFAULT '{}',
+    saves INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS ekit_queue_entries (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    PRIMARY KEY (run_id, kind, name)
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_starts (at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_usage (
+    at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_INFO = (
+    "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
+    "error, created_at, updated_at, fingerprint"
+)
+# A live lease: the fencing condition every holder's write carries.
+_HELD = "run_id = ? AND epoch = ? AND status = 'running' AND lease_until > ?"
+
+
+def _info(row: tuple[Any, ...]) -> RunInfo:
+    (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp) = row
+    return RunInfo(
+        run_id, workflow, status, priority, epoch, owner, until, bool(cancel), error, created, updated, fp
+    )
+
+
+class SqliteQueue(QueueBase):
+    """A durable run queue in one SQLite database file (WAL), shared by worker processes.
+
+    ``path`` is the database file (created if missing). ``limits``, when
+    given, replaces the fleet's stored :class:`Limits`. ``durable=False``
+    sets ``synchronous=NORMAL`` (a killed process loses nothing; a power cut
+    may lose the last commits). ``dumps``/``loads`` encode outputs and
+    contexts (JSON by default). An object may be shared by the threads of
+    one process; each process opens its own.
+    """
+
+    backend = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        limits: Limits | None = None,
+        durable: bool = True,
+        dumps: Dumps | None = None,
+        loads: Loads | None = None,
+    ) -> None:
+        """Open (creating if needed) the queue at ``path``."""
+        super().__init__(dumps=dumps, loads=loads)
+        self.path = os.fspath(path)
+        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60.0)
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self.conn.executescript(_SCHEMA)
+        except BaseException:
+            self.conn.close()
+            raise
+        if limits is not None:
+            self.set_limits(limits)
+
+    def _tx(self, body: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        """Run ``body`` in one transaction (``BEGIN IMMEDIATE`` to write); roll back on any error."""
+        with self._lock:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = body(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+
+    # -- submitting and asking ----------------------------------------------
+
+    def submit(
+        self,
+        workflow: str,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Queue a run of ``workflow`` and return its run id.
+
+        With ``run_id`` the call is idempotent: submitting an id that is
+        already queued (a retried submit) changes nothing and returns it; a
+        different ``workflow`` for that id is a ``ValueError``. Higher
+        ``priority`` runs are claimed first, then the oldest.
+        """
+        sub = self._submission(workflow, context, run_id, priority)
+        now = time.time()
+
+        def body(conn: sqlite3.Connection) -> str:
+            conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
+                "ON CONFLICT(run_id) DO NOTHING",
+                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now),
+            )
+            stored = conn.execute(
+                "SELECT workflow FROM ekit_queue_runs WHERE run_id = ?", (sub.run_id,)
+            ).fetchone()[0]
+            if stored != sub.workflow:
+                raise ValueError(
+                    f"run_id {sub.run_id!r} was already submitted for workflow {stored!r}, "
+                    f"not {sub.workflow!r}"
+                )
+            return sub.run_id
+
+        return self._tx(body)
+
+    def status(self, run_id: str) -> RunInfo:
+        """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
+        check_run_id(run_id)
+        row = self._tx(
+            lambda c: c.execute(
+                f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+            ).fetchone(),
+            write=False,
+        )
+        if row is None:
+            raise UnknownRunError(run_id)
+        return _info(row)
+
+    def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
+        """Every run (or those with ``status``), in submission order."""
+        check_status(status)
+        where, args = ("WHERE status = ?", (status,)) if status is not None else ("", ())
+        rows = self._tx(
+            lambda c: c.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall(),
+            write=False,
+        )
+        return [_info(r) for r in rows]
+
+    def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
+        """The run's latest saved checkpoint, ``None`` before its first save."""
+        check_run_id(run_id)
+        return self._tx(lambda c: self._load(c, run_id, missing_ok=False), write=False)
+
+    def result(self, run_id: str) -> WorkflowResult | None:
+        """The outputs and cost of a finished run; ``None`` until it has finished.
+
+        A failed or cancelled run has no result: its :meth:`status` says why.
+        """
+        info = self.status(run_id)
+        checkpoint = self.checkpoint(run_id) if info.status == "finished" else None
+        if checkpoint is None:
+            return None
+        return WorkflowResult(checkpoint.outputs, checkpoint.cost, checkpoint)
+
+    def _load(self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
+        row = conn.execute(
+            "SELECT header, step_index, input_tokens, output_tokens, llm_calls, failures "
+            "FROM ekit_queue_runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            if missing_ok:
+                return None
+            raise UnknownRunError(run_id)
+        if row[0] is None:
+            return None
+        entries = conn.execute(
+            "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY rowid", (run_id,)
+        ).fetchall()
+        return decode_checkpoint(
+            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"{self.path}, run {run_id!r}"
+        )
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask for the run to stop; ``False`` if it had already ended.
+
+        A queued run (or one whose lease expired) is cancelled at once; a
+        running one is flagged, and its worker stops it at its next heartbeat
+        or save, saving a final checkpoint first.
+        """
+        check_run_id(run_id)
+        now = time.time()
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT status, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            status, until = row
+            if status in FINAL_STATUSES:
+                return False
+            if status == "running" and until is not None and until > now:
+                conn.execute("UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
+            else:
+                conn.execute(
+                    "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+                    "lease_until = NULL, cancel_requested = 1, updated_at = ? WHERE run_id = ?",
+                    (now, run_id),
+                )
+            return True
+
+        return self._tx(body)
+
+    def prune(self, older_than: float) -> int:
+        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago."""
+        cutoff = time.time() - check_age(older_than)
+
+        def body(conn: sqlite3.Connection) -> int:
+            final = "status IN ('finished', 'failed', 'cancelled') AND updated_at < ?"
+            conn.execute(
+                f"DELETE FROM ekit_queue_entries WHERE run_id IN "
+                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+                (cutoff,),
+            )
+            return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (cutoff,)).rowcount
+
+        return self._tx(body)
+
+    def limits(self) -> Limits:
+        """The fleet's limits as stored in the database."""
+        return self._tx(self._read_limits, write=False)
+
+    def set_limits(self, limits: Limits) -> None:
+        """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
+        if not isinstance(limits, Limits):
+            raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
+        text = default_dumps(limits.to_dict())
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO ekit_queue_config (key, value) VALUES ('limits', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (text,),
+            )
+        )
+
+    def _read_limits(self, conn: sqlite3.Connection) -> Limits:
+        row = conn.execute("SELECT value FROM ekit_queue_config WHERE key = 'limits'").fetchone()
+        return Limits() if row is None else Limits.from_dict(self.loads(row[0]))
+
+    # -- the worker's side --------------------------------------------------
+
+    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
+        """Lease the next claimable run of one of ``workflows``, or ``None``.
+
+        ``workflows`` maps each workflow name the worker can drive to its
+        graph fingerprint; a run whose saved checkpoint has another
+        fingerprint is left for a worker that has that version. Claimable:
+        queued, or running with an expired lease. Each claim increments the
+        run's epoch. ``None`` also when the fleet is at a limit.
+        """
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        return self._tx(lambda c: self._claim(c, str(worker), names, seconds))
+
+    def _claim(
+        self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        now = time.time()
+        # A run whose cancel was asked while its worker was alive, and whose
+        # worker then died, is cancelled here rather than resumed.
+        conn.execute(
+            "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
+            "updated_at = ? WHERE status = 'running' AND cancel_requested = 1 AND lease_until <= ?",
+            (now, now),
+        )
+        if not self._below_limits(conn, now):
+            return None
+        match = " OR ".join("(workflow = ? AND (fingerprint IS NULL OR fingerprint = ?))" for _ in names)
+        row = conn.execute(
+            "SELECT run_id, epoch, workflow, context FROM ekit_queue_runs "
+            "WHERE (status = 'queued' OR (status = 'running' AND lease_until <= ?)) "
+            f"AND ({match}) ORDER BY priority DESC, seq LIMIT 1",
+            (now, *[v for pair in names for v in pair]),
+        ).fetchone()
+        if row is None:
+            return None
+        run_id, epoch, workflow, context = row
+        until = now + seconds
+        conn.execute(
+            "UPDATE ekit_queue_runs SET status = 'running', epoch = ?, owner = ?, lease_until = ?, "
+            "updated_at = ? WHERE run_id = ?",
+            (epoch + 1, worker, until, now, run_id),
+        )
+        conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
+        checkpoint = self._load(conn, run_id, missing_ok=True)
+        lease = Lease(run_id, epoch + 1, workflow, self._context(context), checkpoint, until)
+        self._remember(lease, checkpoint)
+        return lease
+
+    def _below_limits(self, conn: sqlite3.Connection, now: float) -> bool:
+        """Whether one more lease keeps the fleet within its cap and its start rate."""
+        limits = self._read_limits(conn)
+        if limits.max_in_flight is not None:
+            (live,) = conn.execute(
+                "SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > ?", (now,)
+            ).fetchone()
+            if live >= limits.max_in_flight:
+                return False
+        start = now - limits.window
+        conn.execute("DELETE FROM ekit_queue_starts WHERE at <= ?", (start,))
+        conn.execute("DELETE FROM ekit_queue_usage WHERE at <= ?", (start,))
+        if limits.runs_per_minute is not None:
+            (started,) = conn.execute(
+                "SELECT count(*) FROM ekit_queue_starts WHERE at > ?", (start,)
+            ).fetchone()
+            if started >= limits.runs_per_minute:
+                return False
+        return True
+
+    def renew(self, lease: Lease, lease_seconds: float) -> bool:
+        """Extend ``lease`` by ``lease_seconds`` from now; return whether a cancel was asked.
+
+        Raises :class:`LeaseLostError` if the lease expired or was taken over.
+        """
+        seconds = self._lease_seconds(lease_seconds)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            self._fence(
+                conn,
+                lease,
+                conn.execute(
+                    f"UPDATE ekit_queue_runs SET lease_until = ? WHERE {_HELD}",
+                    (now + seconds, lease.run_id, lease.epoch, now),
+                ).rowcount,
+            )
+            return self._cancel_asked(conn, lease.run_id)
+
+        return self._tx(body)
+
+    def _fence(self, conn: sqlite3.Connection, lease: Lease, updated: int) -> None:
+        if updated != 1:
+            self._forget(lease.run_id)
+            raise LeaseLostError(lease.run_id, lease.epoch)
+
+    @staticmethod
+    def _cancel_asked(conn: sqlite3.Connection, run_id: str) -> bool:
+        row = conn.execute(
+            "SELECT cancel_requested FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return bool(row[0])
+
+    def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
+        """Store ``checkpoint`` under ``lease`` and renew it; return whether a cancel was asked.
+
+        One transaction: the fencing check and the rows it guards commit
+        together. Raises :class:`LeaseLostError`, writing nothing, if the
+        lease is no longer held; ``UnencodableError`` before the transaction
+        for an output that cannot be encoded.
+        """
+        seconds = self._lease_seconds(lease_seconds)
+        with self._lock:
+            encoded, added = self._prepare_save(lease, checkpoint)
+            cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
+            self._remember(lease, checkpoint)
+            return cancel
+
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        lease: Lease,
+        enc: EncodedCheckpoint,
+        seconds: float,
+        checkpoint: WorkflowCheckpoint,
+        added: TokenUsage,
+    ) -> bool:
+        now = time.time()
+        sets = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?, "
+        args: list[Any] = [*enc.counts, enc.failures]
+        if enc.full:
+            sets += "header = ?, fingerprint = ?, "
+            args += [enc.header, checkpoint.fingerprint]
+        updated = conn.execute(
+            f"UPDATE ekit_queue_runs SET {sets}saves = saves + 1, lease_until = ?, updated_at = ? "
+            f"WHERE {_HELD}",
+            (*args, now + seconds, now, lease.run_id, lease.epoch, now),
+        ).rowcount
+        self._fence(conn, lease, updated)
+        if enc.full:
+            conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
+        conn.executemany(
+            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch",
+            [(lease.run_id, kind, name, value, lease.epoch) for kind, name, value in enc.rows],
+        )
+        if added.llm_calls > 0 or added.total_tokens > 0:
+            conn.execute(
+                "INSERT INTO ekit_queue_usage (at, llm_calls, tokens) VALUES (?, ?, ?)",
+                (now, added.llm_calls, added.input_tokens + added.output_tokens),
+            )
+        return self._cancel_asked(conn, lease.run_id)
+
+    def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
+        """End the run under ``lease`` as ``finished``, ``failed`` or ``cancelled``.
+
+        Raises :class:`LeaseLostError` if the lease is no longer held.
+        """
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            updated = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, updated_at = ? "
+                f"WHERE {_HELD}",
+                (status, error, now, lease.run_id, lease.epoch, now),
+            ).rowcount
+            self._fence(conn, lease, updated)
+
+        self._tx(body)
+        self._forget(lease.run_id)
+
+    def release(self, lease: Lease) -> bool:
+        """Give the run back to the queue (a worker shutting down); ``False`` if already lost."""
+
+        def body(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            return (
+                conn.execute(
+                    f"UPDATE ekit_queue_runs SET status = 'queued', lease_until = NULL, owner = NULL, "
+                    f"updated_at = ? WHERE {_HELD}",
+                    (now, lease.run_id, lease.epoch, now),
+                ).rowcount
+                == 1
+            )
+
+        released = self._tx(body)
+        self._forget(lease.run_id)
+        return released
+
+    def usage_wait(self) -> float:
+        """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
+
+        def body(conn: sqlite3.Connection) -> float:
+            limits = self._read_limits(conn)
+            if limits.llm_calls_per_minute is None and limits.tokens_per_minute is None:
+                return 0.0
+            now = time.time()
+            start = now - limits.window
+            calls, tokens, oldest = conn.execute(
+                "SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at) "
+                "FROM ekit_queue_usage WHERE at > ?",
+                (start,),
+            ).fetchone()
+            over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
+                limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
+            )
+            return max(oldest + limits.window - now, 0.01) if over else 0.0
+
+        return self._tx(body, write=False)
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self.conn.close()
+
+    def __enter__(self) -> SqliteQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteQueue({self.path!r})"

@@ -1,0 +1,112 @@
+"""The PostgreSQL plumbing shared by ``PostgresStore`` and ``PostgresQueue``: psycopg, imported here only.
+
+Importing this module imports psycopg 3 (the optional ``postgres`` extra);
+nothing else in ekit does, so the core install keeps zero dependencies.
+Connections are autocommit: a single statement is its own transaction, and
+multi-statement ones are explicit ``with conn.transaction()`` blocks, so no
+transaction is ever left open between calls (or while a step runs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+try:
+    import psycopg
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        "the PostgreSQL backends need psycopg 3: pip install 'ekit[postgres]'", name=exc.name
+    ) from exc
+
+__all__ = ["PgConnection", "psycopg"]
+
+T = TypeVar("T")
+
+# Any fixed number: serialises schema creation between processes starting at once
+# (CREATE TABLE IF NOT EXISTS is not safe against a concurrent twin).
+_SCHEMA_LOCK = 0x656B6974
+
+
+class PgConnection:
+    """One autocommit psycopg connection, reopened if it broke, used by one thread at a time."""
+
+    def __init__(
+        self,
+        conninfo: str | psycopg.Connection[Any],
+        schema: str,
+        probe: str,
+        *,
+        idle_timeout: float | None = None,
+    ) -> None:
+        """Connect (or adopt an open connection) and run ``schema`` (DDL) unless table ``probe`` exists.
+
+        ``idle_timeout`` (seconds) sets the session's
+        ``idle_in_transaction_session_timeout``, here and on every reconnect.
+        """
+        self._lock = threading.RLock()
+        self._idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
+        if isinstance(conninfo, psycopg.Connection):
+            self._conninfo: str | None = None
+            self.conn: psycopg.Connection[Any] = conninfo
+            conninfo.autocommit = True
+            self._configure(conninfo)
+        elif isinstance(conninfo, str) and conninfo:
+            self._conninfo = conninfo
+            self.conn = self._connect(conninfo)
+        else:
+            raise ValueError(
+                f"dsn must be a libpq connection string or a psycopg.Connection, got {conninfo!r}"
+            )
+        row = self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (probe,)).fetchone()
+        if row is not None and row[0]:
+            # Already there: skip the DDL, which would queue behind any
+            # transaction holding the table (a worker paused mid-claim).
+            return
+        with self.transaction() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(schema)
+
+    @contextmanager
+    def transaction(self, *, snapshot: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """One transaction; ``snapshot=True`` makes it a read-only REPEATABLE READ one."""
+        with self._lock:
+            conn = self._connection()
+            with conn.transaction():
+                if snapshot:
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield conn
+
+    def run(self, body: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``body(conn)`` with the connection, outside any transaction (each statement commits)."""
+        with self._lock:
+            return body(self._connection())
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self.conn.broken and self._conninfo is not None:
+            self.conn = self._connect(self._conninfo)
+        return self.conn
+
+    def _connect(self, conninfo: str) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(conninfo, autocommit=True)
+        try:
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # Without it a client that stops inside a transaction (paused, or its
+        # network gone) keeps that transaction's row locks until TCP gives up,
+        # which can be hours; SET takes no parameters, set_config does.
+        if self._idle_ms is not None:
+            conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (f"{self._idle_ms}ms",)
+            )
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()

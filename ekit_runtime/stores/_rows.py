@@ -1,0 +1,151 @@
+"""A checkpoint as database rows: one header, one row per output and per-step usage.
+
+Shared by the stores and queue backends that keep checkpoints in SQL tables
+(:class:`~ekit_runtime.stores.postgres.PostgresStore`, the run queues). A
+save writes the header only when the run is new or changed shape, and
+otherwise only the rows of the outputs that are new since the previous save,
+so it costs O(that step's output). Loading folds the rows back and parses
+the result with :meth:`WorkflowCheckpoint.from_dict`, the untrusted-input
+parser: nothing read is ever executed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_runtime.stores._common import (
+    CorruptStoreError,
+    Dumps,
+    Loads,
+    UnencodableError,
+    default_dumps,
+    encode_text,
+    require_checkpoint,
+    same_run,
+)
+
+__all__ = ["EncodedCheckpoint", "Row", "decode_checkpoint", "encode_checkpoint"]
+
+Row = tuple[str, str, str]
+"""``(kind, name, value)``: kind is ``"output"`` or ``"usage"``, value is encoded text."""
+
+# SQL integers (SQLite INTEGER, PostgreSQL bigint) are signed 64-bit.
+_INT64 = range(-(2**63), 2**63)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedCheckpoint:
+    """What one save writes.
+
+    ``header`` is ``None`` for a delta (the stored header stands and ``rows``
+    are only the new entries); otherwise the run is rewritten: ``header``
+    replaces the stored one and ``rows`` are every entry.
+    """
+
+    header: str | None
+    rows: list[Row]
+    failures: str
+    counts: tuple[int, int, int, int]
+
+    @property
+    def full(self) -> bool:
+        """Whether this save replaces the stored run rather than adding to it."""
+        return self.header is not None
+
+
+def _rows(
+    outputs: Iterable[tuple[str, Any]], usage: Iterable[tuple[str, TokenUsage]], dumps: Dumps
+) -> list[Row]:
+    rows = [("output", k, encode_text(v, dumps, ((k, v),))) for k, v in outputs]
+    rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+    return rows
+
+
+def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
+    meta = checkpoint.to_dict()
+    for key in ("outputs", "step_usage", "failures", "cost", "step_index"):
+        del meta[key]
+    return encode_text(meta, dumps, (), checkpoint.context)
+
+
+def _counts(checkpoint: WorkflowCheckpoint) -> tuple[int, int, int, int]:
+    cost = checkpoint.cost
+    named = (
+        ("step_index", checkpoint.step_index),
+        ("cost.input_tokens", cost.input_tokens),
+        ("cost.output_tokens", cost.output_tokens),
+        ("cost.llm_calls", cost.llm_calls),
+    )
+    for name, value in named:
+        if value not in _INT64:
+            raise UnencodableError(
+                f"cannot store {name} = {value}: SQL integers are 64-bit; nothing was saved"
+            )
+    return checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls
+
+
+def encode_checkpoint(
+    checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint | None, dumps: Dumps
+) -> EncodedCheckpoint:
+    """Encode ``checkpoint`` as a delta on ``previous`` (the stored one) when it extends it.
+
+    ``previous=None`` (unknown or nothing stored) gives a full rewrite. Raises
+    :class:`UnencodableError` naming the step before anything is written.
+    """
+    require_checkpoint(checkpoint)
+    failures = encode_text({k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ())
+    counts = _counts(checkpoint)
+    if previous is not None and same_run(checkpoint, previous):
+        delta = checkpoint.delta_since(previous)
+        if delta.extends and not delta.context_changed:
+            return EncodedCheckpoint(None, _rows(delta.outputs, delta.step_usage, dumps), failures, counts)
+    rows = _rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps)
+    return EncodedCheckpoint(_header(checkpoint, dumps), rows, failures, counts)
+
+
+def _decode(text: str, loads: Loads, where: str, what: str) -> Any:
+    try:
+        return loads(text)
+    except Exception as exc:
+        raise CorruptStoreError(where, f"{what} does not decode ({type(exc).__name__}: {exc})") from exc
+
+
+def decode_checkpoint(
+    header: str,
+    counts: tuple[int, int, int, int],
+    failures: str,
+    entries: Iterable[tuple[str, str, str]],
+    loads: Loads,
+    where: str,
+) -> WorkflowCheckpoint:
+    """The checkpoint stored as these rows (``entries`` in insertion order).
+
+    Raises :class:`CorruptStoreError` for text that does not decode and
+    :class:`~ekit_core.CheckpointError` for data that is not a checkpoint
+    (both ``ValueError``), with ``where`` in the message.
+    """
+    data = _decode(header, loads, where, "header")
+    if not isinstance(data, dict):
+        raise CorruptStoreError(where, "header is not an object")
+    step_index, i, o, calls = counts
+    data["step_index"] = step_index
+    data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
+    data["failures"] = _decode(failures, json.loads, where, "failures")
+    outputs: dict[str, Any] = {}
+    usage: dict[str, Any] = {}
+    for kind, name, value in entries:
+        if kind == "output":
+            outputs[name] = _decode(value, loads, where, f"output of step {name!r}")
+        else:
+            usage[name] = _decode(value, json.loads, where, f"usage of step {name!r}")
+    data["outputs"] = outputs
+    data["step_usage"] = usage
+    try:
+        return WorkflowCheckpoint.from_dict(data)
+    except ValueError as exc:
+        exc.add_note(f"while loading {where}")
+        raise

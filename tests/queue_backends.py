@@ -1,0 +1,203 @@
+"""Test support for the run queue: a fresh queue on each backend, and reading it from outside.
+
+The PostgreSQL backend runs against the real server that ``.ci/postgres``
+starts (``EKIT_TEST_POSTGRES_DSN``); each test gets a database of its own.
+Without that variable the PostgreSQL tests FAIL, so CI can never skip them
+silently; a developer without PostgreSQL sets ``EKIT_SKIP_POSTGRES=1`` to
+skip them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ekit_runtime.queue import RunQueue, open_queue
+
+BACKENDS = ("sqlite", "postgres")
+DSN_VAR = "EKIT_TEST_POSTGRES_DSN"
+SKIP_VAR = "EKIT_SKIP_POSTGRES"
+
+
+def postgres_dsn() -> str:
+    """The server's DSN, or a skip (only when the developer asked) or a failure."""
+    dsn = os.environ.get(DSN_VAR)
+    if dsn:
+        return dsn
+    if os.environ.get(SKIP_VAR) == "1":
+        pytest.skip(f"{SKIP_VAR}=1: PostgreSQL tests skipped")
+    pytest.fail(
+        f"{DSN_VAR} is not set: start a server with '. .ci/postgres' (bash .ci/run does), "
+        f"or set {SKIP_VAR}=1 to skip the PostgreSQL tests",
+        pytrace=False,
+    )
+
+
+@contextmanager
+def fresh_postgres() -> Iterator[str]:
+    """A URL for a new, empty database on the test server, dropped afterwards."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    dsn = postgres_dsn()
+    name = f"ekit_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = name
+    try:
+        yield "postgresql://?" + "&".join(f"{k}={v}" for k, v in params.items())
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def queue_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL for an empty queue on each backend (a temporary SQLite file, a fresh database)."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "queue.db")
+        return
+    with fresh_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A URL for a fresh, empty PostgreSQL database."""
+    with fresh_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def queue(queue_url: str) -> Iterator[RunQueue]:
+    """An open, empty queue on each backend."""
+    q = open_queue(queue_url)
+    try:
+        yield q
+    finally:
+        q.close()
+
+
+def live_leases(url: str) -> int:
+    """How many runs hold an unexpired lease, read straight from the database on its own clock."""
+    sql = "SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > {now}"
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(sql.format(now="extract(epoch from now())")).fetchone()
+            assert row is not None
+            return int(row[0])
+    conn = sqlite3.connect(url, timeout=30)
+    try:
+        return int(conn.execute(sql.format(now="?"), (time.time(),)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def entry_epochs(url: str, run_id: str) -> dict[str, int]:
+    """``step name -> epoch of the lease that wrote its output`` for one run."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows: list[Any] = conn.execute(
+                "SELECT name, epoch FROM ekit_queue_entries WHERE run_id = %s AND kind = 'output'", (run_id,)
+            ).fetchall()
+    else:
+        conn2 = sqlite3.connect(url, timeout=30)
+        try:
+            rows = conn2.execute(
+                "SELECT name, epoch FROM ekit_queue_entries WHERE run_id = ? AND kind = 'output'", (run_id,)
+            ).fetchall()
+        finally:
+            conn2.close()
+    return {name: epoch for name, epoch in rows}
+
+
+def open_writes(url: str) -> int:
+    """How many other connections are inside a write transaction that only their client can end.
+
+    SQLite: 1 if another connection holds the write lock (a ``BEGIN IMMEDIATE``
+    of ours cannot start). PostgreSQL: the sessions idle inside a transaction
+    (a statement the server is still running ends by itself, so those are
+    waited out first).
+    """
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        others = (
+            "datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+
+            def count(state: str) -> int:
+                sql = f"SELECT count(*) FROM pg_stat_activity WHERE {others} AND state LIKE %s"
+                row = conn.execute(sql, (state,)).fetchone()
+                return int(row[0]) if row is not None else 0
+
+            wait_for(lambda: count("active") == 0, timeout=30, what="running statements to end")
+            return count("idle in transaction%")
+    conn2 = sqlite3.connect(url, timeout=0, isolation_level=None)
+    try:
+        conn2.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        return 1
+    finally:
+        if conn2.in_transaction:
+            conn2.execute("ROLLBACK")
+        conn2.close()
+    return 0
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (by SIGSTOP): the kill delivers the signal, not the stop."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # no procfs (macOS): ask ps
+        state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
+    return state.strip()[:1] in ("T", "t")
+
+
+def pause_outside_writes(pid: int, url: str, *, tries: int = 50) -> int:
+    """SIGSTOP ``pid`` at a moment it holds no write transaction open; return the tries it took.
+
+    A pause inside a write transaction is another case (docs/queue.md): on
+    SQLite it holds the write lock, so every other worker waits for the paused
+    one. When a SIGSTOP lands in one, the process is let go (SIGCONT) until
+    that transaction has ended, and stopped again.
+    """
+    for attempt in range(1, tries + 1):
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(pid), timeout=30, what=f"process {pid} to stop")
+        if open_writes(url) == 0:
+            return attempt
+        os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: open_writes(url) == 0, timeout=30, what=f"process {pid} to end its write")
+    raise AssertionError(f"process {pid} was inside a write transaction at each of {tries} SIGSTOPs")
+
+
+def wait_for(condition: Any, *, timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
