@@ -70,6 +70,15 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_target(f"chain {size}: ekit time / floor time", _ratio(
             _median(ch, "ekit"), _median(ch, "floor")), 2.0, at_most=True, unit="x",
             note="context='dependencies', checkpoints on"))
+    if "fan_in" in sizes:
+        f_small, f_big = (str(n) for n in sizes["fan_in"])
+        fi4, fi16 = _case(result, "fan_in", f_small), _case(result, "fan_in", f_big)
+        ekit_growth = _ratio(_median(fi16, "ekit"), _median(fi4, "ekit"))
+        floor_growth = _ratio(_median(fi16, "floor"), _median(fi4, "floor"))
+        out.append(_target(f"fan-in {f_big}/{f_small} time ratio, ekit / floor", _ratio(
+            ekit_growth, floor_growth), 1.15, at_most=True, unit="x",
+            note="one join over every parent: ekit grows no faster than bare asyncio "
+                 "(thousands of tasks at once are superlinear there too)"))
     c4, c16 = _case(result, "chain", mid), _case(result, "chain", big)
     out.append(_target(f"chain {big}/{mid} time ratio (ekit)", _ratio(
         _median(c16, "ekit"), _median(c4, "ekit")), 4.6, at_most=True, unit="x",

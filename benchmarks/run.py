@@ -36,7 +36,7 @@ from benchmarks import workloads as wl
 Thunk = Callable[[], Awaitable[Any]]
 Runners = dict[str, Thunk | str]  # a str is the note saying why the runner is skipped
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
-WORKLOADS = ("fan_out", "chain", "layered", "makespan", "persistence", "resume")
+WORKLOADS = ("fan_out", "fan_in", "chain", "layered", "makespan", "persistence", "resume")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Sizes:
     """How big each workload is; ``QUICK`` is the smoke-test version."""
 
     fan_out: int = 10_000
+    fan_in: tuple[int, int] = (4_000, 16_000)  # parents of the one join
     chains: tuple[int, int, int] = (1_000, 4_000, 16_000)  # LangGraph-sized, 4k, 16k
     layered: tuple[int, int] = (5_000, 50)
     makespan_steps: int = 60
@@ -59,6 +60,7 @@ class Sizes:
 FULL = Sizes()
 QUICK = Sizes(
     fan_out=200,
+    fan_in=(100, 400),
     chains=(50, 100, 400),
     layered=(300, 10),
     makespan_steps=20,
@@ -155,6 +157,28 @@ async def fan_out(sizes: Sizes, repeats: int) -> dict[str, Any]:
     case = await time_case(str(sizes.fan_out), len(graph), runners, repeats)
     return {"status": "ok", "description": f"one root, {sizes.fan_out} children, no-op steps",
             "cases": [case]}
+
+
+async def fan_in(sizes: Sizes, repeats: int) -> dict[str, Any]:
+    """Workload 1b: many parents, one join; the 16k/4k ratio shows whether readiness is O(1)."""
+    cases = []
+    for n in sizes.fan_in:
+        graph = wl.fan_in(n)
+        await verify(graph)
+        runners = micro_runners(graph, executionkit=True,
+                                langgraph="skipped: one node with thousands of parents")
+        cases.append(await time_case(str(n), len(graph), runners, repeats))
+    small, big = sizes.fan_in
+    medians = {c["label"]: c["runners"] for c in cases}
+    lines = []
+    for runner in ("ekit", "ekit[all]", "floor", "executionkit"):
+        a = medians[str(big)][runner].get("median_s")
+        b = medians[str(small)][runner].get("median_s")
+        if a and b:
+            lines.append(f"{runner}: {big}/{small} time ratio {a / b:.2f} "
+                         f"(linear is {big / small:.0f})")
+    return {"status": "ok", "description": "independent no-op steps joined by one step",
+            "cases": cases, "lines": lines}
 
 
 async def chain(sizes: Sizes, repeats: int) -> dict[str, Any]:
@@ -365,6 +389,7 @@ async def resume(sizes: Sizes, repeats: int) -> dict[str, Any]:
 
 RUNS: dict[str, Callable[[Sizes, int], Awaitable[dict[str, Any]]]] = {
     "fan_out": fan_out,
+    "fan_in": fan_in,
     "chain": chain,
     "layered": layered,
     "makespan": makespan,

@@ -26,6 +26,7 @@ __all__ = [
     "checking_factory",
     "critical_path",
     "ekit_run",
+    "fan_in",
     "fan_out",
     "layered",
     "lower_bound",
@@ -57,6 +58,13 @@ def fan_out(children: int) -> Graph:
     """One root and ``children`` steps that each depend on it."""
     deps: dict[str, tuple[str, ...]] = {"root": ()}
     deps.update((f"c{i}", ("root",)) for i in range(children))
+    return Graph(deps)
+
+
+def fan_in(parents: int) -> Graph:
+    """``parents`` independent steps and one ``join`` that depends on all of them."""
+    deps: dict[str, tuple[str, ...]] = {f"p{i}": () for i in range(parents)}
+    deps["join"] = tuple(deps)
     return Graph(deps)
 
 

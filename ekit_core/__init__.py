@@ -3,56 +3,64 @@
 No I/O, no clock, no randomness, no asyncio: every function here is
 deterministic and never mutates its inputs. Build a :class:`GraphSpec`, make
 the first :class:`State` with :func:`initial_state`, then alternate
-:func:`plan` (what to start) and :func:`apply` (fold in what happened).
+:func:`plan` (what to start) and :func:`apply` (fold in what happened), or
+call :func:`advance`, which does both in one transition.
 :func:`checkpoint_of` projects a state onto the durable
-:class:`WorkflowCheckpoint`.
+:class:`WorkflowCheckpoint`; :func:`audit` and :func:`replay` explain
+recorded checkpoints. Every rule lives in :mod:`ekit_core.transitions`.
 """
 
 from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
-    CheckpointDelta,
     CheckpointError,
     FailureRecord,
     UnsupportedFormatError,
     WorkflowCheckpoint,
 )
-from ekit_core.compat import GraphChanges, GraphMismatchError, graph_changes
+from ekit_core.compat import GraphChanges, GraphMismatchError
+from ekit_core.errors import InternalError, TransitionError
 from ekit_core.events import (
     CheckpointSaved,
     Event,
-    RunFinished,
+    RunSettled,
     RunStarted,
     StepDenied,
     StepFailed,
     StepFinished,
     StepInterrupted,
+    StepOutdated,
     StepRetried,
     StepSkipped,
     StepStarted,
 )
 from ekit_core.graph import CycleError, GraphError, GraphSpec
-from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
-from ekit_core.results import Cancelled, Denied, Failed, Interrupted, Result, Start, Succeeded
-from ekit_core.state import Halt, Incidents, Limits, RunSpec, State, checkpoint_of, initial_state
-from ekit_core.transitions import Batch, advance, apply, plan
+from ekit_core.results import (
+    AttemptOutcome,
+    Began,
+    Cancelled,
+    Denied,
+    Failed,
+    Input,
+    Interrupted,
+    Start,
+    Succeeded,
+)
+from ekit_core.rewind import rewind
+from ekit_core.state import Halt, HaltKind, Outcome, State, checkpoint_of
+from ekit_core.transitions import Batch, advance, apply, initial_state, plan
 from ekit_core.usage import TokenUsage
 
 __all__ = [
-    "replay",
-    "Violation",
-    "TimelineEntry",
-    "ReplayReport",
-    "audit",
-    "StepAudit",
-    "AuditReport",
-    "Anomaly",
     "FORMAT_VERSION",
+    "Anomaly",
+    "AttemptOutcome",
+    "AuditReport",
     "Batch",
+    "Began",
     "Cancelled",
-    "CheckpointDelta",
     "CheckpointError",
     "CheckpointSaved",
     "CycleError",
@@ -65,32 +73,45 @@ __all__ = [
     "GraphMismatchError",
     "GraphSpec",
     "Halt",
-    "Incidents",
+    "HaltKind",
+    "Input",
+    "InternalError",
     "Interrupted",
-    "Ledger",
-    "Limits",
-    "Result",
-    "RunSpec",
+    "Outcome",
+    "ReplayReport",
     "RetryPolicy",
-    "RunFinished",
+    "RunSettled",
     "RunStarted",
     "Start",
     "State",
+    "StepAudit",
     "StepDenied",
     "StepFailed",
     "StepFinished",
     "StepInterrupted",
+    "StepOutdated",
     "StepRetried",
     "StepSkipped",
     "StepStarted",
     "Succeeded",
+    "TimelineEntry",
     "TokenUsage",
+    "TransitionError",
     "UnsupportedFormatError",
+    "Violation",
     "WorkflowCheckpoint",
     "advance",
     "apply",
+    "audit",
     "checkpoint_of",
-    "graph_changes",
     "initial_state",
     "plan",
+    "replay",
+    "rewind",
 ]
+
+# Tracebacks and reprs name the package users import, not the private module.
+for _name in ("CheckpointError", "UnsupportedFormatError", "GraphMismatchError", "CycleError",
+              "GraphError"):
+    globals()[_name].__module__ = "ekit_core"
+del _name

@@ -12,7 +12,8 @@ Format version 1 adds optional keys to the three that ExecutionKit wrote
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "FailureRecord",
     "UnsupportedFormatError",
     "WorkflowCheckpoint",
+    "same_output",
 ]
 
 FORMAT_VERSION = 1
@@ -59,6 +61,32 @@ class FailureRecord:
         return {"error_type": self.error_type, "message": self.message, "attempts": self.attempts}
 
 
+def storable_text(text: str) -> str:
+    """``text`` with what no store can encode (lone surrogates) escaped as ``\\udcxx``.
+
+    Failure records are text the library writes, so they must always reach
+    storage: an ``OSError`` naming a file from ``os.listdir`` may carry a
+    lone surrogate, which UTF-8 cannot hold.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def describe_error(error: BaseException) -> tuple[str, str]:
+    """``(type name, message)`` of ``error`` as a failure record holds them: always storable.
+
+    An exception whose ``__str__`` raises is described by its type alone.
+    """
+    try:
+        message = str(error)
+    except Exception as exc:
+        message = f"<unprintable {type(error).__name__}: str() raised {type(exc).__name__}>"
+    return storable_text(type(error).__qualname__), storable_text(message)
+
+
 def _empty() -> MappingProxyType[str, Any]:
     return MappingProxyType({})
 
@@ -72,8 +100,10 @@ class WorkflowCheckpoint:
     The other fields are optional: the initial ``context`` of the run,
     per-step usage, the latest failure of steps that failed (a failure is
     not an output: such a step runs again on resume), the ``graph`` the run
-    was made of (step -> dependencies) with its ``fingerprint``, and the
-    ``format_version``.
+    was made of (step -> dependencies) with its ``fingerprint``, the
+    ``format_version``, and the ``versions`` that steps declared (a tag the
+    user bumps when a step's code changes: a recorded output whose tag
+    differs runs again on resume).
     """
 
     step_index: int
@@ -85,6 +115,7 @@ class WorkflowCheckpoint:
     fingerprint: str | None = None
     graph: MappingProxyType[str, tuple[str, ...]] | None = None
     format_version: int = FORMAT_VERSION
+    versions: MappingProxyType[str, str] = field(default_factory=_empty)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta).
     # Two fields, not a tuple: one object fewer per checkpoint kept alive.
@@ -97,28 +128,34 @@ class WorkflowCheckpoint:
         Costs O(what changed) when both came from one run of the core, O(outputs)
         otherwise. ``extends`` is false when ``previous`` is not a prefix of this
         checkpoint (another run, or an output that changed); the delta then
-        holds everything.
+        holds everything. Outputs (and context values) are compared with
+        :func:`same_output`, so a NaN output, or one read back from a file as
+        a fresh but equal object, is not a change.
         """
         if previous is None:
             return _full_delta(self, extends=True)
         mine, theirs = self._outputs_ledger, previous._outputs_ledger
         my_usage, their_usage = self._usage_ledger, previous._usage_ledger
-        if mine is not None and theirs is not None and my_usage is not None and their_usage is not None:
-            if mine.extends(theirs) and my_usage.extends(their_usage):
-                new_outputs = mine.items_from(len(theirs))
-                new_usage = my_usage.items_from(len(their_usage))
-            else:
-                return _full_delta(self, extends=False)
-        else:
-            if any(
-                k not in self.outputs or self.outputs[k] != v for k, v in previous.outputs.items()
-            ) or any(
-                k not in self.step_usage or self.step_usage[k] != v
-                for k, v in previous.step_usage.items()
-            ):
-                return _full_delta(self, extends=False)
+        if (
+            mine is not None
+            and theirs is not None
+            and my_usage is not None
+            and their_usage is not None
+            and mine.extends(theirs)
+            and my_usage.extends(their_usage)
+        ):
+            new_outputs = mine.items_from(len(theirs))
+            new_usage = my_usage.items_from(len(their_usage))
+        elif _holds(self.outputs, previous.outputs, same_output) and _holds(
+            self.step_usage, previous.step_usage, _equal
+        ):
+            # The ledgers are only a fast path: ledgers of two runs (a resume
+            # from a checkpoint read back from a file, say) hold equal outputs
+            # as distinct objects, and a NaN among them is not == to itself.
             new_outputs = [(k, v) for k, v in self.outputs.items() if k not in previous.outputs]
             new_usage = [(k, v) for k, v in self.step_usage.items() if k not in previous.step_usage]
+        else:
+            return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f
         }
@@ -128,7 +165,11 @@ class WorkflowCheckpoint:
             step_usage=tuple(new_usage),
             failures=MappingProxyType(failures),
             cost=self.cost - previous.cost,
-            context_changed=self.context is not previous.context and self.context != previous.context,
+            context_changed=self.context is not previous.context
+            and not (
+                len(self.context) == len(previous.context)
+                and _holds(self.context, previous.context, same_output)
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,6 +191,8 @@ class WorkflowCheckpoint:
             data["fingerprint"] = self.fingerprint
         if self.graph is not None:
             data["graph"] = {name: list(deps) for name, deps in self.graph.items()}
+        if self.versions:
+            data["versions"] = dict(self.versions)
         return data
 
     @classmethod
@@ -187,6 +230,10 @@ class WorkflowCheckpoint:
             )
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
+        versions = _table(data.get("versions", {}), "versions")
+        for name, tag in versions.items():
+            if not isinstance(tag, str):
+                raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         return cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(_table(data["outputs"], "outputs")),
@@ -201,6 +248,7 @@ class WorkflowCheckpoint:
             fingerprint=fingerprint,
             graph=graph,
             format_version=version,
+            versions=MappingProxyType(versions),
         )
 
 
@@ -219,6 +267,48 @@ class CheckpointDelta:
     failures: MappingProxyType[str, FailureRecord]
     cost: TokenUsage
     context_changed: bool
+
+
+def same_output(a: object, b: object) -> bool:
+    """Whether two recorded values are the same output: identical, equal, or stored alike.
+
+    Identity comes first because ``==`` need not be reflexive: ``nan == nan``
+    is false, so a NaN output compared with itself would look changed. Then
+    equality (an ``==`` that raises or gives no plain truth value, as an
+    array's does, counts as not equal). Last, two values whose canonical JSON
+    encodings agree are the same: a checkpoint read back from a file holds a
+    fresh ``nan``, and a tuple comes back as a list; neither is a change. A
+    value JSON cannot encode is compared by identity and equality only.
+    """
+    if a is b:
+        return True
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # an output's __eq__ or __bool__ is arbitrary code
+        pass
+    mine = _encoded(a)
+    return mine is not None and mine == _encoded(b)
+
+
+def _encoded(value: object) -> str | None:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        # Not JSON (a custom object, a circular or too deep structure, keys
+        # that cannot be sorted): no encoding to compare.
+        return None
+
+
+def _equal(a: object, b: object) -> bool:
+    return a == b
+
+
+def _holds(
+    mine: Mapping[str, Any], theirs: Mapping[str, Any], same: Callable[[Any, Any], bool]
+) -> bool:
+    """Does ``mine`` hold every entry of ``theirs``, each the same by ``same``?"""
+    return all(key in mine and same(mine[key], value) for key, value in theirs.items())
 
 
 def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
@@ -259,6 +349,12 @@ def _names(value: object, name: str) -> tuple[str, ...]:
 
 
 def _usage(value: object, name: str) -> TokenUsage:
+    if type(value) is dict and len(value) == 3:
+        # The shape every writer produces, checked in one pass: a resume reads
+        # one of these per recorded step.
+        a, b, c = value.get("input_tokens"), value.get("output_tokens"), value.get("llm_calls")
+        if type(a) is int and type(b) is int and type(c) is int and a >= 0 and b >= 0 and c >= 0:
+            return TokenUsage(a, b, c) if a or b or c else NO_USAGE
     table = _table(value, name)
     counts = []
     for key in ("input_tokens", "output_tokens", "llm_calls"):
@@ -275,7 +371,7 @@ def _failure(value: object, name: str) -> FailureRecord:
         text = table.get(key)
         if not isinstance(text, str):
             raise CheckpointError(f"{name}.{key}", f"must be a string, got {type(text).__name__}")
-        texts.append(text)
+        texts.append(storable_text(text))
     attempts = _count(table.get("attempts", 1), f"{name}.attempts")
     if attempts < 1:
         raise CheckpointError(f"{name}.attempts", "must be at least 1")

@@ -1,5 +1,9 @@
 """Trace events: what each transition did, as small frozen values.
 
+Words used here: a step *finished* when its output is recorded; the run is
+*complete* when every output is; it has *settled* when nothing is in flight
+and nothing more will start, with an *outcome* saying how it ended.
+
 ``apply`` and ``initial_state`` record the events of a transition on the
 state they return (``state.events``), so the same inputs always give the
 same events. The shell forwards them to a ``trace`` callback, adding only
@@ -9,18 +13,24 @@ same events. The shell forwards them to a ``trace`` callback, adding only
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 from ekit_core.usage import TokenUsage
 
+Outcome: TypeAlias = Literal["finished", "failed", "budget_exceeded", "denied", "cancelled"]
+"""How a run ended: every output recorded, or the kind of halt that stopped it."""
+
 __all__ = [
     "CheckpointSaved",
+    "Outcome",
     "Event",
-    "RunFinished",
+    "RunSettled",
     "RunStarted",
     "StepDenied",
     "StepFailed",
     "StepFinished",
     "StepInterrupted",
+    "StepOutdated",
     "StepRetried",
     "StepSkipped",
     "StepStarted",
@@ -40,6 +50,18 @@ class StepSkipped:
     """A resumed run skips ``name`` because the checkpoint records its output."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutdated:
+    """A resumed run drops the recorded output of ``name`` and runs it again, for ``reason``.
+
+    Its ``version`` tag changed, its dependencies changed, or it depends on
+    a step that runs again for one of those reasons.
+    """
+
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +129,15 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True, slots=True)
-class RunFinished:
-    """The run settled with ``outcome``.
+class RunSettled:
+    """The run is over: nothing is in flight and nothing more will start.
 
-    One of ``"finished"``, ``"failed"``, ``"budget_exceeded"``, ``"denied"``,
-    ``"cancelled"``.
+    ``outcome`` says how it ended: ``"finished"`` (every output recorded),
+    ``"failed"``, ``"budget_exceeded"``, ``"denied"`` or ``"cancelled"``.
+    ``completed`` outputs are recorded, of ``total`` steps.
     """
 
-    outcome: str
+    outcome: Outcome
     completed: int
     total: int
     cost: TokenUsage
@@ -123,6 +146,7 @@ class RunFinished:
 Event = (
     RunStarted
     | StepSkipped
+    | StepOutdated
     | StepStarted
     | StepFinished
     | StepRetried
@@ -130,5 +154,5 @@ Event = (
     | StepDenied
     | StepInterrupted
     | CheckpointSaved
-    | RunFinished
+    | RunSettled
 )

@@ -57,6 +57,13 @@ class Ledger(Mapping[K, V]):
             raise KeyError(key)
         return self._b.values[i]
 
+    def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
+        """``self[key]``, or ``default`` when absent, without raising inside (a hot path)."""
+        i = self._b.index.get(key)
+        if i is None or i >= self._n:
+            return default
+        return self._b.values[i]
+
     def __contains__(self, key: object) -> bool:
         try:
             i = self._b.index.get(key)  # type: ignore[arg-type]

@@ -1,27 +1,58 @@
-"""What ``apply`` folds into a state: starts and outcomes of step attempts.
+"""What ``apply`` folds into a state: the inputs of the state machine.
 
 Each is a small frozen value. ``Start`` is what ``plan`` returns; the shell
-hands it back to ``apply`` once it has launched the attempt. The others
-report how an attempt ended, or that the whole run is being cancelled.
+hands it back to ``apply`` once it has launched the attempt. ``Began`` says
+that an attempt which first had to wait (a retry delay, an approval) has
+begun its work. ``Succeeded``, ``Failed``, ``Denied`` and ``Interrupted``
+say how an attempt ended; ``Cancelled`` that the whole run is being
+cancelled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from ekit_core.usage import NO_USAGE, TokenUsage
 
-__all__ = ["Cancelled", "Denied", "Failed", "Interrupted", "Result", "Start", "Succeeded"]
+__all__ = [
+    "AttemptOutcome",
+    "Began",
+    "Cancelled",
+    "Denied",
+    "Failed",
+    "Input",
+    "Interrupted",
+    "Start",
+    "Succeeded",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Start attempt ``attempt`` of step ``name`` after waiting ``delay`` seconds."""
+    """Start attempt ``attempt`` of step ``name``.
+
+    The attempt first waits ``delay`` seconds (a retry's backoff), then, if
+    ``approval`` is true, asks the run's approval callback; an attempt that
+    does either reports :class:`Began` when its work begins.
+    """
 
     name: str
     attempt: int = 1
     delay: float = 0.0
+    approval: bool = False
+
+    @property
+    def gated(self) -> bool:
+        """Whether the attempt waits (delay or approval) before its work begins."""
+        return self.delay > 0 or self.approval
+
+
+@dataclass(frozen=True, slots=True)
+class Began:
+    """The gated attempt of step ``name`` finished waiting and began its work."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,4 +96,8 @@ class Cancelled:
     reason: str = "cancelled"
 
 
-Result = Start | Succeeded | Failed | Denied | Interrupted | Cancelled
+AttemptOutcome: TypeAlias = Succeeded | Failed | Denied | Interrupted
+"""How one attempt of a step ended."""
+
+Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Cancelled
+"""Anything :func:`~ekit_core.apply` folds into a state."""

@@ -1,11 +1,10 @@
-"""The run state: an immutable value, and how a run's first state is built.
+"""The run state: immutable values, and the durable projection of a state.
 
 A ``State`` says what is done (outputs and per-step usage, in a shared
 append-only :class:`~ekit_core.ledger.Ledger`), what is ready and what is in
-flight (bit sets over declaration indices), what failed, and whether the run
-has been halted. Transitions live in :mod:`ekit_core.transitions`; this
-module owns the rules for starting a run: which arguments are valid, what a
-resumed checkpoint restores, and what the durable projection of a state is.
+flight, what failed, and whether the run has been halted. This module holds
+data only: every rule that makes or changes a state (the first state of a
+run included) lives in :mod:`ekit_core.transitions`.
 """
 
 from __future__ import annotations
@@ -13,24 +12,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
-from ekit_core.checkpoint import (
-    FORMAT_VERSION,
-    CheckpointError,
-    FailureRecord,
-    WorkflowCheckpoint,
-)
-from ekit_core.compat import GraphMismatchError, graph_changes
-from ekit_core.events import Event, RunFinished, RunStarted, StepSkipped
+from ekit_core.checkpoint import FORMAT_VERSION, FailureRecord, WorkflowCheckpoint
+from ekit_core.events import Event, Outcome
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
 
-__all__ = ["Halt", "Incidents", "Limits", "RunSpec", "State", "checkpoint_of", "initial_state"]
+__all__ = [
+    "OUTCOMES",
+    "Halt",
+    "HaltKind",
+    "Incidents",
+    "Limits",
+    "Outcome",
+    "RunSpec",
+    "State",
+    "bit_indices",
+    "checkpoint_of",
+]
 
-OUTCOMES = ("finished", "failed", "budget_exceeded", "denied", "cancelled")
+_NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
+_NO_DELAYS: MappingProxyType[str, float] = MappingProxyType({})
+
+
+HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
+"""Why a run stopped starting steps."""
+
+OUTCOMES: tuple[Outcome, ...] = ("finished", "failed", "budget_exceeded", "denied", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,27 +49,32 @@ class Halt:
     """Why a run stopped starting steps: ``kind`` is ``"failed"``, ``"budget_exceeded"``,
     ``"denied"`` or ``"cancelled"``; ``step`` and ``reason`` say more where known."""
 
-    kind: str
+    kind: HaltKind
     step: str | None = None
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a run may do: steps in flight at once, usage budget, per-step retry policies."""
+    """What a run may do: steps in flight at once, usage budget, per-step retry policies,
+    whether an approval callback gates each step's first attempt, and whether a
+    failure stops the run or only the steps that depend on it."""
 
     max_concurrency: int | None = None
     budget: TokenUsage | None = None
     policies: Mapping[str, RetryPolicy] = field(default_factory=lambda: MappingProxyType({}))
+    approval: bool = False
+    isolate_failures: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """What does not change during a run: the graph, the limits, the context."""
+    """What does not change during a run: the graph, the limits, the context, the steps' versions."""
 
     graph: GraphSpec
     limits: Limits
     context: MappingProxyType[str, Any]
+    versions: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +84,10 @@ class Incidents:
     ``failures`` is the durable record (attempts counted across runs);
     ``tries`` counts failed attempts per step in this run (what retry
     policies look at); ``delays`` holds the backoff before a retry;
-    ``errors`` the exceptions of failures that ended the run. Kept apart from
-    the hot fields of :class:`State` because it changes rarely.
+    ``errors`` the exceptions of failures that ended the run; ``gated`` the
+    attempts in flight that have not begun their work (waiting out a retry
+    delay or an approval), with their delay: what a halt withdraws. Kept
+    apart from the hot fields of :class:`State` because it changes rarely.
     """
 
     failures: MappingProxyType[str, FailureRecord] = field(
@@ -79,19 +97,22 @@ class Incidents:
     delays: MappingProxyType[str, float] = field(default_factory=lambda: MappingProxyType({}))
     halt: Halt | None = None
     errors: tuple[tuple[str, BaseException], ...] = ()
+    gated: MappingProxyType[str, float] = field(default_factory=lambda: _NO_DELAYS)
 
 
 @dataclass(frozen=True, slots=True)
 class State:
     """One moment of a run. Never mutated; transitions return new states.
 
-    ``ready`` and ``running`` are bit sets over a window of declaration
-    indices: bit ``i`` stands for ``graph.names[offset + i]``. The window
-    starts at the lowest step that is ready or in flight, so each transition
-    touches integers as wide as the unfinished frontier, not the graph (a
-    long chain stays O(1) per step). ``in_flight`` counts the running bits.
-    ``events`` is what the transition that made this state did. The
-    properties below read through to :class:`RunSpec` and :class:`Incidents`.
+    Read it through ``outputs``, ``step_usage``, ``completed``, ``cost``,
+    ``outcome``, ``events`` and the methods and properties below. The fields
+    with a leading underscore are the representation chosen for speed, for
+    :mod:`ekit_core.transitions` alone: ``_ready`` and ``_running`` are bit
+    sets over a window of declaration indices (bit ``i`` is
+    ``graph.names[_offset + i]``) that starts at the lowest unfinished step,
+    so a transition touches integers as wide as the frontier, not the graph;
+    ``_waiting`` counts the unfinished dependencies of steps that have
+    several and some done, so readiness costs O(1) per finished dependency.
     """
 
     spec: RunSpec
@@ -99,12 +120,14 @@ class State:
     step_usage: Ledger[str, TokenUsage]
     completed: int
     cost: TokenUsage
-    offset: int
-    ready: int
-    running: int
-    in_flight: int
     incidents: Incidents
     events: tuple[Event, ...]
+    outcome: Outcome | None
+    _offset: int
+    _ready: int
+    _running: int
+    _in_flight: int
+    _waiting: MappingProxyType[str, int] = field(default_factory=lambda: _NO_COUNTS)
 
     @property
     def graph(self) -> GraphSpec:
@@ -149,7 +172,12 @@ class State:
     @property
     def running_count(self) -> int:
         """Number of steps in flight."""
-        return self.in_flight
+        return self._in_flight
+
+    @property
+    def ready_count(self) -> int:
+        """Number of steps ready to start (including ones awaiting a retry)."""
+        return self._ready.bit_count()
 
     @property
     def total(self) -> int:
@@ -157,20 +185,14 @@ class State:
         return len(self.spec.graph.names)
 
     @property
-    def finished(self) -> bool:
-        """Every step's output is recorded."""
+    def complete(self) -> bool:
+        """Every step's output is recorded: nothing is left to run."""
         return self.completed == len(self.spec.graph.names)
 
     @property
     def settled(self) -> bool:
         """Nothing is in flight and nothing more will start: the run is over."""
-        return not self.running and (self.finished or self.incidents.halt is not None)
-
-    @property
-    def outcome(self) -> str | None:
-        """``None`` while running; else one of ``finished``, ``failed``,
-        ``budget_exceeded``, ``denied``, ``cancelled``."""
-        return outcome_of(self.completed, self.total, self.in_flight, self.incidents)
+        return self.outcome is not None
 
     def is_done(self, name: str) -> bool:
         """Is the output of step ``name`` recorded?"""
@@ -178,28 +200,21 @@ class State:
 
     def running_steps(self) -> tuple[str, ...]:
         """Steps in flight, in declaration order."""
-        names, offset = self.spec.graph.names, self.offset
-        return tuple(names[offset + i] for i in bit_indices(self.running))
+        names, offset = self.spec.graph.names, self._offset
+        return tuple(names[offset + i] for i in bit_indices(self._running))
 
     def ready_steps(self) -> tuple[str, ...]:
         """Steps whose dependencies are done and that wait to start, in declaration order."""
-        names, offset = self.spec.graph.names, self.offset
-        return tuple(names[offset + i] for i in bit_indices(self.ready))
+        names, offset = self.spec.graph.names, self._offset
+        return tuple(names[offset + i] for i in bit_indices(self._ready))
+
+    def gated_steps(self) -> tuple[str, ...]:
+        """Steps in flight whose attempt has not begun its work (a retry delay, an approval)."""
+        return tuple(self.incidents.gated)
 
     def attempt_of(self, name: str) -> int:
         """The attempt number the next (or current) attempt of ``name`` has in this run."""
         return self.incidents.tries.get(name, 0) + 1
-
-
-def outcome_of(completed: int, total: int, in_flight: int, incidents: Incidents) -> str | None:
-    """How a run with these counts has ended, or ``None`` while it has not."""
-    if in_flight or (completed < total and incidents.halt is None):
-        return None
-    if incidents.errors:
-        return "failed"
-    if completed == total or incidents.halt is None:
-        return "finished"
-    return incidents.halt.kind
 
 
 def bit_indices(bits: int, limit: int | None = None) -> list[int]:
@@ -223,128 +238,6 @@ def bit_indices(bits: int, limit: int | None = None) -> list[int]:
     return out
 
 
-def _check_limits(
-    graph: GraphSpec,
-    max_concurrency: int | None,
-    budget: TokenUsage | None,
-    policies: Mapping[str, RetryPolicy] | None,
-) -> Limits:
-    if max_concurrency is not None and (
-        isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1
-    ):
-        raise ValueError(f"max_concurrency must be None or an int >= 1, got {max_concurrency!r}")
-    if budget is not None:
-        if not isinstance(budget, TokenUsage):
-            raise ValueError(f"budget must be a TokenUsage, got {type(budget).__name__}")
-        if min(budget.input_tokens, budget.output_tokens, budget.llm_calls) < 0:
-            raise ValueError(f"budget counts must not be negative, got {budget!r}")
-    checked: dict[str, RetryPolicy] = {}
-    for name, policy in (policies or {}).items():
-        if name not in graph.index:
-            raise ValueError(f"retry policy given for unknown step {name!r}")
-        if not isinstance(policy, RetryPolicy):
-            raise ValueError(f"retry policy of step {name!r} must be a RetryPolicy")
-        checked[name] = policy
-    return Limits(max_concurrency, budget, MappingProxyType(checked))
-
-
-def _check_context(graph: GraphSpec, context: object, field_name: str) -> dict[str, Any]:
-    if not isinstance(context, Mapping):
-        raise ValueError(f"{field_name} must be a mapping, got {type(context).__name__}")
-    bad = [k for k in context if not isinstance(k, str)]
-    if bad:
-        raise ValueError(f"{field_name} keys must be strings, got {bad[0]!r}")
-    colliding = sorted(k for k in context if k in graph.index)
-    if colliding:
-        message = (
-            f"{field_name} key(s) collide with step name(s): {colliding}; a step's output "
-            "would be shadowed, so rename the key(s) or the step(s)"
-        )
-        if field_name == "initial_context":
-            raise ValueError(message)
-        raise CheckpointError("context", message)
-    return dict(context)
-
-
-def initial_state(
-    graph: GraphSpec,
-    resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
-    *,
-    context: Mapping[str, Any] | None = None,
-    max_concurrency: int | None = None,
-    budget: TokenUsage | None = None,
-    policies: Mapping[str, RetryPolicy] | None = None,
-    allow_graph_change: bool = False,
-) -> State:
-    """The first state of a run, fresh or resumed from a checkpoint.
-
-    A resumed run restores the checkpoint's outputs, usage, failures and
-    context verbatim; the steps counted as done are exactly those with a recorded output.
-    ``context`` is merged over the recorded context (its keys win). Every
-    argument is checked here, before any step could run: a bad one raises
-    ``ValueError`` naming it, and a checkpoint from another graph raises
-    :class:`~ekit_core.compat.GraphMismatchError` unless
-    ``allow_graph_change`` is true.
-    """
-    if not isinstance(graph, GraphSpec):
-        raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
-    limits = _check_limits(graph, max_concurrency, budget, policies)
-    new_context = _check_context(graph, context if context is not None else {}, "initial_context")
-    if resume_from is None:
-        checkpoint = WorkflowCheckpoint(0, MappingProxyType({}))
-    elif isinstance(resume_from, WorkflowCheckpoint):
-        checkpoint = resume_from
-    elif isinstance(resume_from, Mapping):
-        checkpoint = WorkflowCheckpoint.from_dict(dict(resume_from))
-    else:
-        raise ValueError(
-            f"resume_from must be a WorkflowCheckpoint or its dict, got {type(resume_from).__name__}"
-        )
-    if not allow_graph_change:
-        changes = graph_changes(graph, checkpoint)
-        if changes is not None:
-            raise GraphMismatchError(changes)
-    merged = _check_context(graph, checkpoint.context, "context") | new_context
-
-    outputs: Ledger[str, Any] = Ledger(checkpoint.outputs.items())
-    step_usage: Ledger[str, TokenUsage] = Ledger(
-        (k, u) for k, u in checkpoint.step_usage.items() if k in outputs
-    )
-    names = graph.names
-    recorded = [n for n in names if n in outputs]
-    ready = 0
-    for i, name in enumerate(names):
-        if name not in outputs and all(d in outputs for d in graph.deps[name]):
-            ready |= 1 << i
-    offset = (ready & -ready).bit_length() - 1 if ready else 0
-    halt = None
-    if (
-        limits.budget is not None
-        and limits.budget.reached(checkpoint.cost)
-        and len(recorded) < len(names)
-    ):
-        halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
-    incidents = Incidents(failures=checkpoint.failures, halt=halt)
-    events: list[Event] = [RunStarted(len(names), len(recorded))]
-    events.extend(StepSkipped(n) for n in recorded)
-    outcome = outcome_of(len(recorded), len(names), 0, incidents)
-    if outcome is not None:
-        events.append(RunFinished(outcome, len(recorded), len(names), checkpoint.cost))
-    return State(
-        spec=RunSpec(graph, limits, MappingProxyType(merged)),
-        outputs=outputs,
-        step_usage=step_usage,
-        completed=len(recorded),
-        cost=checkpoint.cost,
-        offset=offset,
-        ready=ready >> offset,
-        running=0,
-        in_flight=0,
-        incidents=incidents,
-        events=tuple(events),
-    )
-
-
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
@@ -360,6 +253,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         fingerprint=state.spec.graph.fingerprint,
         graph=state.spec.graph.deps,
         format_version=FORMAT_VERSION,
+        versions=state.spec.versions,
         _outputs_ledger=state.outputs,
         _usage_ledger=state.step_usage,
     )

@@ -6,13 +6,24 @@ sync) steps concurrently, hand a :class:`WorkflowCheckpoint` to
 recorded step. Every scheduling decision comes from :mod:`ekit_core`.
 """
 
+from typing import TYPE_CHECKING
+
 from ekit_core import (
     RetryPolicy,
     TokenUsage,
     WorkflowCheckpoint,
 )
 from ekit_runtime.approval import Approval
-from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunHalted, TraceCallbackWarning
+from ekit_runtime.context import StepContext
+from ekit_runtime.errors import (
+    ApprovalDenied,
+    BudgetExceeded,
+    RunHalted,
+    StepCancelledError,
+    StepTimeoutError,
+    TraceCallbackWarning,
+)
+from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
 from ekit_runtime.step import PatternResult, Step
@@ -21,28 +32,59 @@ from ekit_runtime.stores import (
     JournalStore,
     JsonFileStore,
     SqliteStore,
+    StoreLockedError,
     UnencodableError,
 )
-from ekit_runtime.workflow import Workflow, WorkflowResult
+from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
+
+if TYPE_CHECKING:
+    from ekit_runtime.dask import DaskExecutor, WorkerLostError
+    from ekit_runtime.stores.postgres import PostgresStore
 
 __all__ = [
     "Approval",
     "ApprovalDenied",
+    "BlockingStepWarning",
     "BudgetExceeded",
     "CorruptStoreError",
+    "DaskExecutor",
+    "Executor",
     "JournalStore",
     "JsonFileStore",
+    "LocalExecutor",
     "OtelTracer",
+    "PostgresStore",
     "PatternResult",
     "ProgressPrinter",
     "RetryPolicy",
+    "RunOptions",
     "RunHalted",
     "SqliteStore",
     "Step",
+    "StepCancelledError",
+    "StoreLockedError",
+    "StepContext",
+    "StepTimeoutError",
     "TokenUsage",
     "TraceCallbackWarning",
     "UnencodableError",
     "Workflow",
     "WorkflowCheckpoint",
+    "WorkerLostError",
     "WorkflowResult",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PostgresStore imports psycopg (the optional "postgres" extra): only when asked for.
+    if name == "PostgresStore":
+        from ekit_runtime.stores.postgres import PostgresStore
+
+        return PostgresStore
+    # The Dask names live in ekit_runtime.dask, which imports distributed (the
+    # optional "dask" extra) only when a DaskExecutor is built.
+    if name in ("DaskExecutor", "WorkerLostError"):
+        from ekit_runtime.dask import DaskExecutor, WorkerLostError
+
+        return DaskExecutor if name == "DaskExecutor" else WorkerLostError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

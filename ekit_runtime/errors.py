@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 
-__all__ = ["ApprovalDenied", "BudgetExceeded", "RunHalted", "TraceCallbackWarning"]
+__all__ = [
+    "ApprovalDenied",
+    "BudgetExceeded",
+    "RunHalted",
+    "StepCancelledError",
+    "StepTimeoutError",
+    "TraceCallbackWarning",
+]
 
 
 class RunHalted(Exception):
@@ -41,6 +48,32 @@ class ApprovalDenied(RunHalted):
         )
         self.step = step
         self.reason = reason
+
+
+class StepCancelledError(Exception):
+    """A step raised ``asyncio.CancelledError`` although nothing cancelled it.
+
+    Only the run's own cancellation (or a halt withdrawing an attempt that
+    has not begun) interrupts a step; a ``CancelledError`` the step raised
+    itself, say from a client library that cancels its own work, is the
+    step's failure like any other error: its retry policy decides what
+    follows (``__cause__`` holds the original ``CancelledError``). Without
+    this rule such a step would be restarted at once, forever.
+    """
+
+
+class StepTimeoutError(TimeoutError):
+    """An attempt of ``step`` ran past its ``timeout`` (seconds) and was stopped.
+
+    A ``TimeoutError``, so ``RetryPolicy(retry_on=(TimeoutError,))`` retries
+    it. A sync step running in a thread cannot be stopped: the attempt fails
+    at the deadline, and the thread runs on until the function returns.
+    """
+
+    def __init__(self, step: str, timeout: float) -> None:
+        super().__init__(f"step {step!r} timed out after {timeout:g}s")
+        self.step = step
+        self.timeout = timeout
 
 
 class TraceCallbackWarning(UserWarning):

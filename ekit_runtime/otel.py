@@ -23,7 +23,7 @@ from typing import Any
 from ekit_core import (
     CheckpointSaved,
     Event,
-    RunFinished,
+    RunSettled,
     RunStarted,
     StepDenied,
     StepFailed,
@@ -123,7 +123,7 @@ class OtelTracer:
         elif isinstance(event, CheckpointSaved):
             if self._run is not None:
                 self._run.add_event("ekit.checkpoint.saved", {"ekit.step_index": event.step_index})
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, RunSettled):
             # Anything still open belongs to this run; never leak a span.
             for name in list(self._steps):
                 self._end_step(name).end()

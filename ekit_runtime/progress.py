@@ -17,7 +17,7 @@ from typing import TextIO
 
 from ekit_core import (
     Event,
-    RunFinished,
+    RunSettled,
     RunStarted,
     StepDenied,
     StepFailed,
@@ -184,7 +184,7 @@ class ProgressPrinter:
         elif isinstance(event, StepInterrupted):
             self._running.pop(event.name, None)
             self._draw()
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, RunSettled):
             self._running.clear()
             self._done = event.completed
             summary = (

@@ -1,12 +1,14 @@
 """The async loop that carries out what the core decides.
 
-Each turn folds the completions that arrived into the state and learns what
-to start next, in one core transition (``advance``, which is ``apply`` then
-``plan``); it then starts those attempts as tasks and hands the new
-checkpoint to ``checkpoint_fn``. It owns only what is impure: tasks, sleeping out retry
-delays, timeouts, threads for blocking steps, calling callbacks, and
+Each turn folds what happened since the last one into the state and learns
+what to do next, in one core transition (``advance``, which is ``apply``
+then ``plan``); it then starts the attempts the batch names, cancels the
+ones it withdraws, and hands the new checkpoint to ``checkpoint_fn``. It
+owns only what is impure: tasks, sleeping out retry delays, asking for
+approval, timeouts, the executor a step runs in, calling callbacks, and
 winding down on cancellation so that no task outlives the run and the
-final checkpoint is saved even while the caller keeps cancelling.
+final checkpoint is saved even while the caller keeps cancelling. It holds
+no scheduling rule: what to start, retry, withdraw or stop is the core's.
 """
 
 from __future__ import annotations
@@ -15,21 +17,30 @@ import asyncio
 import inspect
 import warnings
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from time import perf_counter
-from types import CoroutineType
 from typing import Any, TypeAlias, cast
 
 from ekit_core import (
     Batch,
+    Began,
     Cancelled,
     CheckpointSaved,
     Denied,
     Event,
     Failed,
+    Input,
+    InternalError,
     Interrupted,
-    Result,
-    RunFinished,
+    RunSettled,
     Start,
     State,
     Succeeded,
@@ -38,14 +49,25 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
+from ekit_core.transitions import context_outputs
 from ekit_runtime.approval import ApprovalFn, ask
-from ekit_runtime.errors import TraceCallbackWarning
+from ekit_runtime.context import StepContext
+from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
+from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.step import Step, split_result
 
-__all__ = ["CheckpointFn", "Runner", "TraceFn"]
+__all__ = ["CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
 
 CheckpointFn: TypeAlias = Callable[[WorkflowCheckpoint], Awaitable[Any] | Any]
-TraceFn: TypeAlias = Callable[[Event], Awaitable[Any] | Any]
+TraceFn: TypeAlias = (
+    Callable[[Event], Awaitable[Any] | Any] | Sequence[Callable[[Event], Awaitable[Any] | Any]]
+)
+"""A callback receiving every trace event (sync or async), or a list of them."""
+Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
+"""Waits out a retry delay: ``asyncio.sleep`` unless a test injects another."""
+Context: TypeAlias = StepContext | dict[str, Any]
+Clock: TypeAlias = Callable[[], float]
+"""Seconds from an arbitrary origin, for step durations: ``time.perf_counter`` by default."""
 
 
 async def _settle(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
@@ -65,12 +87,17 @@ async def _settle(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
             cancelled = True
 
 
-def _split_finish(events: tuple[Event, ...]) -> tuple[tuple[Event, ...], tuple[Event, ...]]:
-    # RunFinished is reported last, after the final CheckpointSaved, so that a
-    # trace consumer may treat it as the end of the run.
-    if events and isinstance(events[-1], RunFinished):
-        return events[:-1], events[-1:]
-    return events, ()
+def _own_cancellation(name: str, task: asyncio.Task[Any]) -> StepCancelledError:
+    """The failure of a step that raised ``CancelledError`` nobody asked for."""
+    error = StepCancelledError(
+        f"step {name!r} raised CancelledError although neither the run nor its timeout "
+        "cancelled it; it counts as the step's failure"
+    )
+    try:
+        task.result()
+    except asyncio.CancelledError as exc:
+        error.__cause__ = exc
+    return error
 
 
 class Runner:
@@ -84,40 +111,61 @@ class Runner:
         checkpoint_fn: CheckpointFn | None,
         approval: ApprovalFn | None,
         trace: TraceFn | None,
+        executor: Executor | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = perf_counter,
     ) -> None:
         self.steps = steps
         self.state = state
-        # initial_state recorded RunStarted and the skips; advance() replaces
-        # the events with its own, so keep these to hand to the trace first.
-        self._initial_events = state.events
+        self.executor = executor if executor is not None else DEFAULT_EXECUTOR
         self.checkpoint_fn = checkpoint_fn
         self.approval = approval
         self.trace = trace
+        # One callback, or several in order: each sees every event, and one
+        # that raises loses only its own copy of the event.
+        self._traces: tuple[Callable[[Event], Any], ...] = ()
+        if isinstance(trace, list | tuple):
+            self._traces = tuple(trace)
+        elif trace is not None:
+            self._traces = (cast(Callable[[Event], Any], trace),)
+        self.sleep, self.clock = sleep, clock
         self.last_checkpoint: WorkflowCheckpoint | None = None
-        graph = state.graph
-        # Keys of a resumed ExecutionKit checkpoint that are not steps were its
-        # initial context: steps keep seeing them, the run's context wins.
-        self._base = {k: v for k, v in state.outputs.items() if k not in graph.index}
+        # initial_state recorded RunStarted and the skips; advance() replaces
+        # the events with its own, so keep these to hand to the trace first.
+        self._initial_events = state.events
+        # Recorded outputs that are not steps were an ExecutionKit run's
+        # context: steps keep seeing them, the run's own context wins.
+        self._base = context_outputs(state.graph, state.outputs)
         self._base.update(state.context)
-        # Every output so far as a plain dict: copied whole for context="all",
-        # and a C-speed lookup for a step's dependencies otherwise.
-        self._all = dict(self._base)
-        self._all.update((k, v) for k, v in state.outputs.items() if k in graph.index)
         self._tasks: dict[asyncio.Task[Any], str] = {}
         self._finished: deque[asyncio.Task[Any]] = deque()
+        self._reports: list[Input] = []  # Began, reported by gated attempts
         self._wakeup: asyncio.Future[None] | None = None
-        self._preparing: set[str] = set()
-        # Steps whose attempts need no wrapper (async, no timeout, no thread):
-        # their coroutine is the task. _began holds those tasks' start times.
-        self._direct = {
-            name
-            for name, step in steps.items()
-            if step.timeout is None and not step.blocking and inspect.iscoroutinefunction(step.run)
-        }
+        self._own = self._own_tasks(steps)
         self._began: dict[asyncio.Task[Any], float] = {}
+        # Tasks this runner cancelled: only their CancelledError is an
+        # interruption; any other is the step's own (StepCancelledError).
+        self._cancelled: set[asyncio.Task[Any]] = set()
+        # Inputs drained in a turn that ended by a step's BaseException:
+        # folded in by the wind-down so that no sibling's output is lost.
+        self._carried: list[Input] = []
         self._save_raised = False
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
+
+    def _own_tasks(self, steps: Mapping[str, Step]) -> frozenset[str]:
+        """Steps whose coroutine can be the attempt's task itself, with nothing around it.
+
+        An async step with no timeout, in the default executor: the fast path
+        of every run. Its outcome is read off the task (:meth:`_outcome_of`).
+        """
+        return frozenset(
+            name
+            for name, step in steps.items()
+            if step.timeout is None
+            and (step.executor or self.executor) is DEFAULT_EXECUTOR
+            and inspect.iscoroutinefunction(step.run)
+        )
 
     # -- the loop -----------------------------------------------------------
 
@@ -128,7 +176,7 @@ class Runner:
             while not self.state.settled:
                 await self._turn()
         except BaseException as exc:
-            await self._wind_down(exc)
+            await self._end(exc)
             raise
         return self.state
 
@@ -143,46 +191,62 @@ class Runner:
             while not self.state.settled:
                 yield await self._turn()
         except BaseException as exc:
-            await self._wind_down(exc)
+            await self._end(exc)
             raise
 
     async def _begin(self) -> None:
         state, batch = advance(self.state)
         self.state = state
         if self.trace is not None:
-            await self._emit(self._initial_events + state.events)
-        self._launch_all(batch)
+            await self._emit(self._initial_events)
+        self._carry_out(batch)
+        await self._report(state, save=False)
 
     async def _turn(self) -> State:
-        """Wait for completions, fold them in, start what is next, save."""
+        """Wait for completions, fold them in, do what the core says, save."""
         if not self._tasks:
-            raise RuntimeError("ekit: nothing can start and nothing is running")
-        if not self._finished and len(self._tasks) == 1:
+            raise InternalError("ekit: nothing can start and nothing is running")
+        if (
+            not self._finished
+            and not self._reports
+            and len(self._tasks) == 1
+            and not self.state.incidents.gated  # a gated attempt reports when it begins
+        ):
             await self._join_only_task()
-        while not self._finished:
+        while not self._finished and not self._reports:
             self._wakeup = asyncio.get_running_loop().create_future()
             await self._wakeup
         self._wakeup = None
-        state, batch = advance(self.state, self._drain(), record_events=self.record_events)
+        inputs = self._drain()
+        state, batch = advance(self.state, inputs, record_events=self.record_events)
         self.state = state
-        if state.incidents.halt is not None:
-            self._cancel_preparing()
-        self._launch_all(batch)
-        trace = self.trace
-        if trace is None:
+        self._carry_out(batch)
+        # An attempt that only began its work changed nothing a checkpoint holds.
+        await self._report(state, save=any(type(i) is not Began for i in inputs))
+        return state
+
+    async def _report(self, state: State, *, save: bool, saved: bool = False) -> None:
+        """The one order of reporting a transition: its events, the save, then the run's end.
+
+        ``save`` saves the checkpoint of ``state`` in between; ``saved`` says
+        that the caller already did (the wind-down saves before anything else).
+        """
+        if self.trace is None:
+            if save:
+                saving = self._save(state)
+                if saving is not None:
+                    await saving
+            return
+        events = state.events
+        finish = events[-1:] if events and isinstance(events[-1], RunSettled) else ()
+        await self._emit(events[: len(events) - len(finish)])
+        if save:
             saving = self._save(state)
             if saving is not None:
                 await saving
-            return state
-        events, finish = _split_finish(state.events)
-        await self._emit(events)
-        saving = self._save(state)
-        if saving is not None:
-            await saving
-        if self.checkpoint_fn is not None:
+        if (save or saved) and self.checkpoint_fn is not None:
             await self._emit((CheckpointSaved(state.completed),))
         await self._emit(finish)
-        return state
 
     async def _join_only_task(self) -> None:
         """Wait for the one task in flight by awaiting it directly.
@@ -190,7 +254,7 @@ class Runner:
         With a single task (every step of a chain) this saves a loop turn over
         the wake-up future: the task's own callbacks, ``_on_done`` first, run
         in the turn after it finishes. Its outcome is read later by
-        ``_result_of``, so an error it raised is not ours to raise here.
+        ``_outcome_of``, so an error it raised is not ours to raise here.
         """
         (task,) = self._tasks
         try:
@@ -202,69 +266,104 @@ class Runner:
         except Exception:
             pass
 
-    def _launch_all(self, batch: Batch) -> None:
-        everything = self._all
+    # -- starting and withdrawing attempts ------------------------------------
+
+    def _carry_out(self, batch: Batch) -> None:
+        for name in batch.withdraw:
+            for task, owner in self._tasks.items():
+                if owner == name:
+                    self._cancelled.add(task)
+                    task.cancel()
         for start in batch.starts:
-            step = self.steps[start.name]
-            if step.context == "all":
-                context = everything.copy()
-            else:
-                context = self._base.copy()
-                for dep in step.depends_on:
-                    context[dep] = everything[dep]
-            body = None
-            if step.name in self._direct and start.delay == 0 and (
-                self.approval is None or start.attempt > 1
-            ):
-                # Nothing to do around the body: run its coroutine as the task
-                # itself and read the outcome from the task (see _result_of).
-                # A call that raises at once (bad arguments) goes the slow way,
-                # where the error becomes the step's failure.
-                try:
-                    body = step.run(context)
-                except Exception:
-                    body = None
-            if body is not None:
-                task = asyncio.create_task(cast(Coroutine[Any, Any, Any], body))
-                self._began[task] = perf_counter()
-            else:
-                task = asyncio.create_task(self._attempt(step, start, context))
-            self._tasks[task] = step.name
-            task.add_done_callback(self._on_done)
+            self._launch(start)
+
+    def _context_for(self, step: Step) -> StepContext | dict[str, Any]:
+        outputs = self.state.outputs
+        if step.context == "all":
+            return StepContext(self._base, outputs)  # O(1): a snapshot, copy-on-write
+        context = self._base.copy()
+        for dep in step.depends_on:
+            context[dep] = outputs[dep]
+        return context
+
+    def _launch(self, start: Start) -> None:
+        step = self.steps[start.name]
+        context = self._context_for(step)
+        if start.gated:
+            task = asyncio.create_task(self._gated(step, start, context))
+        elif step.name in self._own:
+            task = self._own_task(step, context)
+        else:
+            task = asyncio.create_task(self._attempt(step, context))
+        self._tasks[task] = step.name
+        task.add_done_callback(self._on_done)
+
+    def _own_task(self, step: Step, context: Context) -> asyncio.Task[Any]:
+        """Run the step's coroutine as the task itself (its outcome is read off the task)."""
+        began = self.clock()
+        try:
+            body = step.run(context)
+        except Exception as exc:  # the call itself raised (bad arguments): its failure
+            task = asyncio.create_task(_failed_at_once(step.name, exc))
+        else:
+            task = asyncio.create_task(cast(Coroutine[Any, Any, Any], body))
+            self._began[task] = began
+        return task
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
+        self._wake()
+
+    def _wake(self) -> None:
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
 
-    def _drain(self) -> list[Result]:
-        """The results of every task that finished since the last call."""
-        results: list[Result] = []
-        everything, finished, tasks = self._all, self._finished, self._tasks
+    def _drain(self) -> list[Input]:
+        """Every input since the last call: attempts that began, then attempts that ended.
+
+        A step that raised a ``BaseException`` which is not an ``Exception``
+        (KeyboardInterrupt, SystemExit, GeneratorExit, a custom one) ends the
+        run: the first such exception is raised once every other finished
+        task has been read, and what was read is carried to the wind-down,
+        whatever order the tasks finished in.
+        """
+        inputs, self._reports = self._reports, []
+        finished, tasks = self._finished, self._tasks
+        fatal: BaseException | None = None
         while finished:
             task = finished.popleft()
-            result = self._result_of(task, tasks.pop(task))
-            if isinstance(result, Succeeded):
-                everything[result.name] = result.output
-            results.append(result)
-        return results
+            name = tasks.pop(task)
+            try:
+                outcome = self._outcome_of(task, name)
+            except BaseException as exc:
+                fatal = fatal or exc
+                outcome = Interrupted(name)
+            inputs.append(outcome)
+        if fatal is not None:
+            self._carried = inputs
+            raise fatal
+        return inputs
 
-    def _result_of(self, task: asyncio.Task[Any], name: str) -> Result:
-        """How the finished ``task`` of step ``name`` ended, as a core result.
+    def _outcome_of(self, task: asyncio.Task[Any], name: str) -> Input:
+        """How the finished ``task`` of step ``name`` ended, as a core input.
 
-        A wrapped attempt returns its result itself; a direct one (the step's
-        own coroutine) is read here. A ``BaseException`` that is not an
-        ``Exception`` (KeyboardInterrupt, SystemExit) is raised, not recorded.
+        A wrapped attempt returns its outcome itself; the step's own task is
+        read here. A ``BaseException`` that is not an ``Exception`` is raised,
+        not recorded; a ``CancelledError`` this runner did not cause is the
+        step's failure.
         """
         began = self._began.pop(task, None)
         if task.cancelled():
-            return Interrupted(name)
+            if task in self._cancelled:
+                return Interrupted(name)
+            duration = None if began is None else self.clock() - began
+            return Failed(name, _own_cancellation(name, task), duration)
         if began is None:
-            result: Result = task.result()
+            result: Input = task.result()
             return result
         error = task.exception()
-        duration = perf_counter() - began
+        duration = self.clock() - began
         if error is None:
             output, usage = split_result(task.result())
             return Succeeded(name, output, usage, duration)
@@ -272,53 +371,37 @@ class Runner:
             return Failed(name, error, duration)
         raise error
 
-    async def _attempt(self, step: Step, start: Start, context: dict[str, Any]) -> Result:
+    async def _gated(self, step: Step, start: Start, context: Context) -> Input:
+        """An attempt that first waits out its delay and asks for approval, then begins."""
         name = step.name
-        if start.delay > 0 or (self.approval is not None and start.attempt == 1):
-            self._preparing.add(name)
-            try:
-                if start.delay > 0:
-                    await asyncio.sleep(start.delay)
-                if self.approval is not None and start.attempt == 1:
-                    verdict = await ask(self.approval, name, step.metadata)
-                    if not verdict.approved:
-                        return Denied(name, verdict.reason)
-            except Exception as exc:
-                return Failed(name, exc)
-            finally:
-                self._preparing.discard(name)
-        began = perf_counter()
+        try:
+            if start.delay > 0:
+                await self.sleep(start.delay)
+            if start.approval:
+                if self.approval is None:
+                    raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
+                verdict = await ask(self.approval, name, step.metadata)
+                if not verdict.approved:
+                    return Denied(name, verdict.reason)
+        except Exception as exc:
+            return Failed(name, exc)
+        self._reports.append(Began(name))
+        self._wake()
+        return await self._attempt(step, context)
+
+    async def _attempt(self, step: Step, context: Context) -> Input:
+        name = step.name
+        began = self.clock()
+        executor = step.executor or self.executor
         try:
             if step.timeout is not None:
-                async with asyncio.timeout(step.timeout):
-                    returned = await self._call(step, context)
-            elif step.blocking:
-                returned = await self._call(step, context)
+                returned = await _within(step, executor.run(step, context))
             else:
-                returned = step.run(context)
-                if type(returned) is CoroutineType or inspect.isawaitable(returned):
-                    returned = await returned
+                returned = await executor.run(step, context)
         except Exception as exc:
-            return Failed(name, exc, perf_counter() - began)
+            return Failed(name, exc, self.clock() - began)
         output, usage = split_result(returned)
-        return Succeeded(name, output, usage, perf_counter() - began)
-
-    @staticmethod
-    async def _call(step: Step, context: dict[str, Any]) -> Any:
-        if step.blocking:
-            returned = await asyncio.to_thread(step.run, context)
-        else:
-            returned = step.run(context)
-        if inspect.isawaitable(returned):
-            returned = await returned
-        return returned
-
-    def _cancel_preparing(self) -> None:
-        # A halted run starts nothing new: attempts still sleeping out a retry
-        # delay or waiting for approval have not begun their work, so stop them.
-        for task, name in self._tasks.items():
-            if name in self._preparing:
-                task.cancel()
+        return Succeeded(name, output, usage, self.clock() - began)
 
     # -- callbacks ----------------------------------------------------------
 
@@ -326,18 +409,19 @@ class Runner:
         if self.trace is None:
             return
         for event in events:
-            try:
-                returned = self.trace(event)
-                if inspect.isawaitable(returned):
-                    await returned
-            except Exception as exc:
-                warnings.warn(
-                    TraceCallbackWarning(
-                        f"trace callback raised {type(exc).__name__}: {exc} "
-                        f"(event {type(event).__name__} dropped; the run goes on)"
-                    ),
-                    stacklevel=2,
-                )
+            for callback in self._traces:
+                try:
+                    returned = callback(event)
+                    if inspect.isawaitable(returned):
+                        await returned
+                except Exception as exc:
+                    warnings.warn(
+                        TraceCallbackWarning(
+                            f"trace callback raised {type(exc).__name__}: {exc} "
+                            f"(event {type(event).__name__} dropped for it; the run goes on)"
+                        ),
+                        stacklevel=2,
+                    )
 
     def _save(self, state: State) -> Awaitable[Any] | None:
         """Hand the checkpoint of ``state`` to ``checkpoint_fn``.
@@ -353,21 +437,32 @@ class Runner:
         self.last_checkpoint = checkpoint
         try:
             returned = fn(checkpoint)
-        except Exception:
-            self._save_raised = True
+        except Exception as exc:
+            self._save_failed(exc, checkpoint)
             raise
         if returned is not None and inspect.isawaitable(returned):
-            return self._finish_save(returned)
+            return self._finish_save(returned, checkpoint)
         return None
 
-    async def _finish_save(self, pending: Awaitable[Any]) -> None:
+    async def _finish_save(self, pending: Awaitable[Any], checkpoint: WorkflowCheckpoint) -> None:
         try:
             await pending
-        except Exception:
-            self._save_raised = True
+        except Exception as exc:
+            self._save_failed(exc, checkpoint)
             raise
 
+    def _save_failed(self, exc: Exception, checkpoint: WorkflowCheckpoint) -> None:
+        self._save_raised = True
+        exc.add_note(
+            f"ekit: checkpoint_fn raised saving the checkpoint with {checkpoint.step_index} "
+            "completed step(s); the checkpoint it last accepted stands"
+        )
+
     # -- winding down -------------------------------------------------------
+
+    async def _end(self, cause: BaseException) -> None:
+        await self._wind_down(cause)
+        self._keep_step_errors(cause)
 
     async def _wind_down(self, cause: BaseException) -> None:
         """Cancel what is in flight, fold in what finished, save once more.
@@ -377,35 +472,61 @@ class Runner:
         """
         tasks = list(self._tasks)
         for task in tasks:
+            self._cancelled.add(task)
             task.cancel()
         cancelled_again = False
         if tasks:
             _, cancelled_again = await _settle(asyncio.wait(tasks))
-        results: list[Result] = [Cancelled(type(cause).__name__)]
+        inputs: list[Input] = [*self._carried, *self._reports, Cancelled(type(cause).__name__)]
+        self._carried, self._reports = [], []
         for task in tasks:
             name = self._tasks.pop(task)
             try:
-                results.append(self._result_of(task, name))
+                inputs.append(self._outcome_of(task, name))
             except BaseException:
-                results.append(Interrupted(name))
+                inputs.append(Interrupted(name))
         self._finished.clear()
-        state = self.state = apply(self.state, results)
+        state = self.state = apply(self.state, inputs)
         # Calling a checkpoint_fn that just raised would most likely raise again
         # and hide the first error; the previous checkpoint stands.
-        saved = False
-        if not self._save_raised:
-            saved = self.checkpoint_fn is not None
+        saved = not self._save_raised and self.checkpoint_fn is not None
+        if saved:
             pending = self._save(state)
             if pending is not None:
                 _, again = await _settle(pending)
                 cancelled_again = cancelled_again or again
-        if self.trace is not None:
-            # Saved first so a slow trace cannot delay it, but reported in the
-            # same order as any other transition.
-            events, finish = _split_finish(state.events)
-            await self._emit(events)
-            if saved:
-                await self._emit((CheckpointSaved(state.completed),))
-            await self._emit(finish)
+        # Saved first, so that a slow trace cannot delay it; reported in the usual order.
+        await self._report(state, save=False, saved=saved)
         if cancelled_again and not isinstance(cause, asyncio.CancelledError):
             raise asyncio.CancelledError
+
+    def _keep_step_errors(self, exc: BaseException) -> None:
+        """Let the error that ended the run also show the steps that had failed.
+
+        A failed run whose final save raises would otherwise surface only the
+        save's error, and the step's own exception would be lost.
+        """
+        for name, error in self.state.errors:
+            if error is exc:
+                continue
+            exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
+            if exc.__context__ is None:
+                exc.__context__ = error
+
+
+async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
+    """Await ``attempt`` within the step's timeout; past it, a :class:`StepTimeoutError`."""
+    if step.timeout is None:
+        return await attempt
+    scope = asyncio.timeout(step.timeout)
+    try:
+        async with scope:
+            return await attempt
+    except TimeoutError as exc:
+        if not scope.expired():
+            raise  # the step's own TimeoutError, not our deadline
+        raise StepTimeoutError(step.name, step.timeout) from exc
+
+
+async def _failed_at_once(name: str, error: Exception) -> Failed:
+    return Failed(name, error)

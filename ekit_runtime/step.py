@@ -17,13 +17,19 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from ekit_core import RetryPolicy, TokenUsage
 from ekit_core.usage import NO_USAGE
+from ekit_runtime.executors import Executor
 
 __all__ = ["PatternResult", "Step", "StepFn", "split_result"]
 
 T = TypeVar("T")
 
-StepFn: TypeAlias = Callable[[dict[str, Any]], Awaitable[Any] | Any]
-"""A step body: takes the context dict, returns the output or an awaitable of it."""
+StepFn: TypeAlias = Callable[[Any], Awaitable[Any] | Any]
+"""A step body: takes the context, returns the output or an awaitable of it.
+
+The context is a :class:`~ekit_runtime.context.StepContext` (a
+``MutableMapping[str, Any]``) for ``context="all"`` and a plain ``dict`` for
+``context="dependencies"``; annotate the parameter as ``Mapping[str, Any]``.
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +77,22 @@ def split_result(returned: object) -> tuple[Any, TokenUsage]:
 class Step:
     """A named unit of work and the steps it depends on.
 
-    ``run`` receives a fresh ``dict`` context: the initial context plus the
-    outputs finished so far (``context="all"``, ExecutionKit's behaviour), or
-    the initial context plus only this step's dependencies
-    (``context="dependencies"``, O(dependencies) per start instead of
-    O(outputs), and the same on every run whatever finished first).
-    ``run`` may be sync or async; a sync one marked ``blocking=True`` runs in
-    a worker thread so it does not stall its siblings. ``retry`` and
-    ``timeout`` (seconds per attempt) are optional.
+    ``run`` receives its own context: the initial context plus the outputs
+    finished before it started (``context="all"``, ExecutionKit's behaviour,
+    as a copy-on-write :class:`~ekit_runtime.context.StepContext` built in
+    O(1)), or the initial context plus only this step's dependencies
+    (``context="dependencies"``, a plain ``dict``, the same on every run
+    whatever finished first). Writes to it are the step's own.
+    ``run`` may be sync or async. Where it runs is the ``executor``'s
+    business (the run's, unless the step names its own): by default async
+    steps run on the event loop and sync steps in a worker thread, so that
+    they never stall their siblings; ``inline=True`` runs a cheap sync step
+    on the loop's thread instead. ``blocking=True`` is accepted for
+    compatibility and changes nothing now (sync steps use a thread anyway).
+    ``retry`` and ``timeout`` (seconds per attempt) are optional.
+    ``version`` is a tag to bump when the step's code changes: a checkpoint
+    recorded under another tag runs this step again on resume, with
+    everything downstream of it.
     """
 
     name: str
@@ -89,6 +103,9 @@ class Step:
     timeout: float | None = None
     blocking: bool = False
     context: Literal["all", "dependencies"] = "all"
+    inline: bool = False
+    executor: Executor | None = None
+    version: str | None = None
 
     def __post_init__(self) -> None:
         # Checked once per step at construction; cheap on the valid path
@@ -117,3 +134,9 @@ class Step:
             raise bad("timeout must be a positive number of seconds or None")
         if self.context != "all" and self.context != "dependencies":
             raise bad("context must be 'all' or 'dependencies'")
+        if self.executor is not None and not isinstance(self.executor, Executor):
+            raise bad(f"executor must be an ekit Executor, got {type(self.executor).__name__}")
+        if self.version is not None and (not isinstance(self.version, str) or not self.version):
+            raise bad("version must be a non-empty string or None")
+        if self.inline and self.blocking:
+            raise bad("inline=True and blocking=True contradict each other")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from ekit_core import (
     GraphSpec,
+    InternalError,
     State,
     TokenUsage,
     WorkflowCheckpoint,
@@ -25,27 +27,60 @@ from ekit_core import (
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
-from ekit_runtime.runner import CheckpointFn, Runner, TraceFn
+from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.runner import CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step
 
-__all__ = ["Workflow", "WorkflowResult"]
+__all__ = ["RunOptions", "Workflow", "WorkflowResult"]
 
 
 @dataclass(frozen=True, slots=True)
 class WorkflowResult:
-    """What a finished run produced: every step's ``outputs`` and the total ``cost``.
+    """What a run produced: every step's ``outputs`` and the total ``cost``.
 
-    ``checkpoint`` is the final checkpoint of the run (resuming it runs nothing).
+    ``checkpoint`` is the final checkpoint of the run (resuming it runs what
+    is missing, and nothing when the run completed). A run with
+    ``isolate_failures=True`` returns even when steps failed: ``failed``
+    maps each step that failed (after its retries) to its exception, and
+    ``not_started`` lists the steps that waited on one; ``ok`` is false then.
     """
 
     outputs: MappingProxyType[str, Any]
     cost: TokenUsage = NO_USAGE
     checkpoint: WorkflowCheckpoint | None = None
+    failed: Mapping[str, BaseException] = field(default_factory=lambda: MappingProxyType({}))
+    not_started: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether every step's output is recorded."""
+        return not self.failed and not self.not_started
+
+
+def _check_options(options: Mapping[str, object]) -> None:
+    unknown = sorted(set(options) - set(RunOptions.__annotations__))
+    if unknown:
+        known = ", ".join(RunOptions.__annotations__)
+        raise ValueError(f"unknown run option(s): {', '.join(unknown)} (options: {known})")
 
 
 def _callable_or_none(value: object, name: str) -> None:
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
+class RunOptions(TypedDict, total=False):
+    """The options of one run, declared once: see :meth:`Workflow.run` for each."""
+
+    checkpoint_fn: CheckpointFn | None
+    resume_from: WorkflowCheckpoint | Mapping[str, Any] | None
+    max_concurrency: int | None
+    budget: TokenUsage | None
+    approval: ApprovalFn | None
+    trace: TraceFn | None
+    allow_graph_change: bool
+    executor: Executor | None
+    isolate_failures: bool
 
 
 class Workflow:
@@ -68,8 +103,13 @@ class Workflow:
         max_concurrency: int | None = None,
         budget: TokenUsage | None = None,
         allow_graph_change: bool = False,
+        approval: bool = False,
+        isolate_failures: bool = False,
     ) -> State:
-        """The core state a run with these arguments starts from (validates them all)."""
+        """The core state a run with these arguments starts from (validates them all).
+
+        ``approval`` says whether the run has an approval callback.
+        """
         return initial_state(
             self.graph,
             resume_from,
@@ -78,34 +118,67 @@ class Workflow:
             budget=budget,
             policies={s.name: s.retry for s in self.steps if s.retry is not None},
             allow_graph_change=allow_graph_change,
+            approval=approval,
+            isolate_failures=isolate_failures,
+            versions={s.name: s.version for s in self.steps if s.version is not None},
         )
 
     def runner(
         self,
         initial_context: Mapping[str, Any] | None = None,
         *,
-        checkpoint_fn: CheckpointFn | None = None,
-        resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
-        max_concurrency: int | None = None,
-        budget: TokenUsage | None = None,
-        approval: ApprovalFn | None = None,
-        trace: TraceFn | None = None,
-        allow_graph_change: bool = False,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = perf_counter,
+        **options: Unpack[RunOptions],
     ) -> Runner:
-        """A :class:`Runner` for one run; arguments as for :meth:`run`."""
+        """A :class:`Runner` for one run; options as for :meth:`run`.
+
+        Checks every argument (and asks each executor to check its steps)
+        before anything runs. ``sleep`` (what waits out a retry delay) and
+        ``clock`` (what times a step) are injectable, for tests: ``await
+        workflow.runner(sleep=fake).run()`` never waits for real.
+        """
+        _check_options(options)
+        checkpoint_fn = options.get("checkpoint_fn")
+        approval, trace = options.get("approval"), options.get("trace")
+        executor = options.get("executor")
         _callable_or_none(checkpoint_fn, "checkpoint_fn")
         _callable_or_none(approval, "approval")
-        _callable_or_none(trace, "trace")
+        if isinstance(trace, list | tuple):
+            for i, callback in enumerate(trace):
+                _callable_or_none(callback, f"trace[{i}]")
+        else:
+            _callable_or_none(trace, "trace")
+        if executor is not None and not isinstance(executor, Executor):
+            raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
         state = self.start_state(
             initial_context,
-            resume_from=resume_from,
-            max_concurrency=max_concurrency,
-            budget=budget,
-            allow_graph_change=allow_graph_change,
+            resume_from=options.get("resume_from"),
+            max_concurrency=options.get("max_concurrency"),
+            budget=options.get("budget"),
+            allow_graph_change=options.get("allow_graph_change", False),
+            approval=approval is not None,
+            isolate_failures=options.get("isolate_failures", False),
         )
+        self._check_executors(executor)
         return Runner(
-            self._by_name, state, checkpoint_fn=checkpoint_fn, approval=approval, trace=trace
+            self._by_name,
+            state,
+            checkpoint_fn=checkpoint_fn,
+            approval=approval,
+            trace=trace,
+            executor=executor,
+            sleep=sleep,
+            clock=clock,
         )
+
+    def _check_executors(self, default: Executor | None) -> None:
+        groups: dict[int, tuple[Executor, list[Step]]] = {}
+        for step in self.steps:
+            executor = step.executor or default or DEFAULT_EXECUTOR
+            groups.setdefault(id(executor), (executor, []))[1].append(step)
+        for executor, steps in groups.values():
+            executor.check(steps)
 
     async def run(
         self,
@@ -118,6 +191,8 @@ class Workflow:
         approval: ApprovalFn | None = None,
         trace: TraceFn | None = None,
         allow_graph_change: bool = False,
+        executor: Executor | None = None,
+        isolate_failures: bool = False,
     ) -> WorkflowResult:
         """Run every step not recorded in ``resume_from`` and return the outputs.
 
@@ -137,8 +212,15 @@ class Workflow:
           raises :class:`BudgetExceeded`.
         - ``approval``: ``approval(name, metadata)`` before each step's first
           attempt; a denial raises :class:`ApprovalDenied`.
-        - ``trace``: receives every :mod:`ekit_core.events` event.
+        - ``trace``: receives every :mod:`ekit_core.events` event (a callback,
+          or a list of callbacks that each receive every event).
         - ``allow_graph_change``: resume a checkpoint recorded from another graph.
+        - ``executor``: where steps run unless they name their own (default:
+          async steps on the loop, sync steps in a worker thread).
+        - ``isolate_failures``: a failed step (after its retries) stops only
+          the steps that depend on it; the rest run to completion, and the
+          result lists ``failed`` and ``not_started`` steps instead of
+          raising. A resume runs just those.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
@@ -146,29 +228,16 @@ class Workflow:
         Cancellation saves a final checkpoint and re-raises.
         """
         runner = self.runner(
-            initial_context,
-            checkpoint_fn=checkpoint_fn,
-            resume_from=resume_from,
-            max_concurrency=max_concurrency,
-            budget=budget,
-            approval=approval,
-            trace=trace,
-            allow_graph_change=allow_graph_change,
+            initial_context, checkpoint_fn=checkpoint_fn, resume_from=resume_from,
+            max_concurrency=max_concurrency, budget=budget, approval=approval, trace=trace,
+            allow_graph_change=allow_graph_change, executor=executor,
+            isolate_failures=isolate_failures,
         )
         await runner.run()
         return outcome(runner.state, runner.last_checkpoint)
 
     async def iterate(
-        self,
-        initial_context: Mapping[str, Any] | None = None,
-        *,
-        checkpoint_fn: CheckpointFn | None = None,
-        resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
-        max_concurrency: int | None = None,
-        budget: TokenUsage | None = None,
-        approval: ApprovalFn | None = None,
-        trace: TraceFn | None = None,
-        allow_graph_change: bool = False,
+        self, initial_context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
     ) -> AsyncGenerator[State, None]:
         """Run like :meth:`run`, yielding the core :class:`~ekit_core.State` after
         each group of completions (its checkpoint already handed to ``checkpoint_fn``).
@@ -179,16 +248,7 @@ class Workflow:
         than when the generator is collected. When the run ends short (failure,
         budget, denial) the iteration raises what :meth:`run` would.
         """
-        runner = self.runner(
-            initial_context,
-            checkpoint_fn=checkpoint_fn,
-            resume_from=resume_from,
-            max_concurrency=max_concurrency,
-            budget=budget,
-            approval=approval,
-            trace=trace,
-            allow_graph_change=allow_graph_change,
-        )
+        runner = self.runner(initial_context, **options)
         states = runner.states()
         try:
             async for state in states:
@@ -198,9 +258,7 @@ class Workflow:
         outcome(runner.state, runner.last_checkpoint)
 
     def run_sync(
-        self,
-        initial_context: Mapping[str, Any] | None = None,
-        **options: Any,
+        self, initial_context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
     ) -> WorkflowResult:
         """Run from synchronous code (a script): ``asyncio.run(self.run(...))``.
 
@@ -216,6 +274,7 @@ class Workflow:
                 "Workflow.run_sync() cannot be called from a running event loop; "
                 "use 'await workflow.run(...)' instead"
             )
+        _check_options(options)
         return asyncio.run(self.run(initial_context, **options))
 
 
@@ -225,6 +284,12 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
     kind = state.outcome
     if kind == "finished":
         return WorkflowResult(MappingProxyType(state.outputs), state.cost, checkpoint)
+    if kind == "failed" and state.limits.isolate_failures:
+        failed = dict(state.errors)
+        waiting = tuple(n for n in state.graph.names if n not in state.outputs and n not in failed)
+        return WorkflowResult(
+            MappingProxyType(state.outputs), state.cost, checkpoint, MappingProxyType(failed), waiting
+        )
     if kind == "failed":
         errors = []
         for name, error in state.errors:
@@ -239,10 +304,9 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
             raise errors[0]
         names = ", ".join(repr(n) for n, _ in state.errors)
         raise ExceptionGroup(f"{len(errors)} steps failed: {names}", errors)
-    if kind == "budget_exceeded":
-        assert state.limits.budget is not None
-        raise BudgetExceeded(checkpoint, state.limits.budget)
-    if kind == "denied":
-        assert state.halt is not None and state.halt.step is not None
-        raise ApprovalDenied(state.halt.step, state.halt.reason, checkpoint)
-    raise RuntimeError(f"ekit: run ended as {kind!r}")
+    halt, budget = state.halt, state.limits.budget
+    if kind == "budget_exceeded" and budget is not None:
+        raise BudgetExceeded(checkpoint, budget)
+    if kind == "denied" and halt is not None and halt.step is not None:
+        raise ApprovalDenied(halt.step, halt.reason, checkpoint)
+    raise InternalError(f"ekit: run ended as {kind!r}, which has no result")

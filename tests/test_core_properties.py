@@ -331,9 +331,11 @@ def test_advance_equals_apply_then_plan_then_apply(graph: GraphSpec, data: st.Da
         slow = apply(state, plan(state).starts)
         assert batch == plan(state)
         assert fused.ready_steps() == slow.ready_steps() and fused.running_steps() == slow.running_steps()
-        assert (fused.offset, fused.ready, fused.running, fused.completed) == (
-            slow.offset, slow.ready, slow.running, slow.completed
+        # The private bit window too: the fused path must build the very same value.
+        assert (fused._offset, fused._ready, fused._running, fused.completed) == (
+            slow._offset, slow._ready, slow._running, slow.completed
         )
+        assert fused == slow
         assert fused.events == slow.events
         name = data.draw(st.sampled_from(fused.running_steps()))
         state = apply(fused, [Succeeded(name, output_of(graph, name, fused.outputs))])
@@ -343,13 +345,13 @@ def test_transitions_never_mutate_their_input() -> None:
     graph = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"]})
     s0 = initial_state(graph)
     s1, batch = advance(s0)
-    snapshot = (s1.ready, s1.running, dict(s1.outputs), s1.completed, s1.events)
+    snapshot = (s1.ready_steps(), s1.running_steps(), dict(s1.outputs), s1.completed, s1.events)
     s2, _ = advance(s1, [Succeeded("a", 1)])
     s2b, _ = advance(s1, [Failed("a", Boom("x"))])  # a branch from the same state
-    assert (s1.ready, s1.running, dict(s1.outputs), s1.completed, s1.events) == snapshot
+    assert (s1.ready_steps(), s1.running_steps(), dict(s1.outputs), s1.completed, s1.events) == snapshot
     assert dict(s2.outputs) == {"a": 1} and dict(s2b.outputs) == {}
     assert s2.running_steps() == ("b", "c") and s2b.outcome == "failed"
-    assert batch.names == ("a",) and s0.running == 0 and s0.in_flight == 0
+    assert batch.names == ("a",) and s0.running_steps() == () and s0.running_count == 0
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
 """Every ```python block in README.md and docs/*.md runs, so examples cannot rot.
 
 The blocks of one file run in order in one namespace, in a fresh temporary
-working directory, so later blocks may use names earlier ones defined. Write
-a block that must not run as ```text (or any other language).
+working directory, so later blocks may use names earlier ones defined: each
+page runs on its own, as a reader following it would. The pages also use
+file names no other page uses, so that running them one after another in
+one folder (a reader trying several pages) works too. Write a block that
+must not run as ```text (or any other language).
 """
 
 from __future__ import annotations
@@ -30,6 +33,29 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for number, source in enumerate(_blocks(path), 1):
         code = compile(source, f"{path.name}[block {number}]", "exec")
         exec(code, namespace)
+
+
+FILE_NAME = re.compile(r"""["']([\w.-]+\.(?:json|jsonl|db|sqlite|txt))["']""")
+
+
+def test_pages_use_file_names_no_other_page_uses() -> None:
+    owners: dict[str, set[str]] = {}
+    for path in FILES:
+        for block in _blocks(path):
+            for name in FILE_NAME.findall(block):
+                owners.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    shared = {name: sorted(pages) for name, pages in owners.items() if len(pages) > 1}
+    assert shared == {}
+
+
+def test_every_page_runs_after_every_other_in_one_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for path in (p for p in FILES if _blocks(p)):
+        namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
+        for number, source in enumerate(_blocks(path), 1):
+            exec(compile(source, f"{path.name}[block {number}]", "exec"), namespace)
 
 
 def test_docs_have_examples() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ekit_core import Ledger
+from ekit_core.ledger import Ledger
 
 
 def test_extending_shares_storage_and_keeps_old_versions() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from ekit_core import (
     CheckpointSaved,
-    RunFinished,
+    RunSettled,
     RunStarted,
     StepFailed,
     StepFinished,
@@ -49,7 +49,7 @@ def test_plain_lines_for_ci_logs() -> None:
     p(StepStarted("c", 2, 0.5))
     clock.now += 2.0
     p(StepFailed("c", 2, "ValueError", "bad", 0.25))
-    p(RunFinished("failed", 2, 3, _usage(100)))
+    p(RunSettled("failed", 2, 3, _usage(100)))
     assert out.getvalue().splitlines() == [
         "run started: 3 steps, 1 recorded",
         "[2/3 1.5s] done b in 1.2s, 150 tokens",
@@ -83,7 +83,7 @@ def test_tty_rewrites_one_line_and_throttles() -> None:
     assert out.getvalue().endswith("\r1/4 steps | 2 running (c, d) | 1,500 tokens | 0.7s\x1b[K")
     p(StepInterrupted("c"))
     p(StepInterrupted("d"))
-    p(RunFinished("failed", 1, 4, _usage(1000)))
+    p(RunSettled("failed", 1, 4, _usage(1000)))
     text = out.getvalue()
     assert text.endswith("\x1b[K\nrun failed: 1/4 steps, 1,500 tokens this run, 0.7s\n")
     assert p.running == () and p.done == 1 and p.tokens == 1500
@@ -116,7 +116,7 @@ def test_minutes_are_shown_as_minutes() -> None:
     p = ProgressPrinter(out, clock=clock, tty=False)
     p(RunStarted(total=1, recorded=0))
     clock.now += 125
-    p(RunFinished("finished", 1, 1, TokenUsage()))
+    p(RunSettled("finished", 1, 1, TokenUsage()))
     assert out.getvalue().splitlines()[-1] == "run finished: 1/1 steps, 0 tokens this run, 2m05s"
 
 

@@ -49,7 +49,7 @@ def _workflow(*, fail: bool = False) -> Workflow:
 
     return Workflow(
         [
-            Step("draft", _llm("draft")),
+            Step("draft", _llm("draft"), version="2"),
             Step("critique", _llm("critique"), depends_on=("draft",)),
             Step("judge", judge, depends_on=("critique",), retry=RetryPolicy(2, backoff_base=0)),
         ]

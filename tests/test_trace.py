@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ekit_core import (
     CheckpointSaved,
     Event,
-    RunFinished,
+    RunSettled,
     RunStarted,
     StepFailed,
     StepFinished,
@@ -137,7 +137,7 @@ def test_event_sequence_of_one_order_in_full() -> None:
         StepFinished("d", 1, _usage("d"), None),
         StepStarted("e", 1, 0.0),
         StepFinished("e", 1, _usage("e"), None),
-        RunFinished("finished", 5, 5, sum(map(_usage, "abcde"), TokenUsage())),
+        RunSettled("finished", 5, 5, sum(map(_usage, "abcde"), TokenUsage())),
     ]
     # Each checkpoint is handed over after the completion it records and
     # before the next completion is reported.
@@ -191,13 +191,13 @@ def test_retries_and_failures_are_traced() -> None:
         "StepFinished",
         "StepStarted",
         "StepFailed",
-        "RunFinished",
+        "RunSettled",
     ]
     retried = next(e for e in events if isinstance(e, StepRetried))
     assert (retried.name, retried.attempt, retried.error_type) == ("flaky", 1, "TimeoutError")
     failed = next(e for e in events if isinstance(e, StepFailed))
     assert (failed.name, failed.error_type, failed.message) == ("broken", "ValueError", "bad prompt")
-    assert events[-1] == RunFinished("failed", 1, 2, TokenUsage())
+    assert events[-1] == RunSettled("failed", 1, 2, TokenUsage())
 
 
 def test_cancellation_traces_the_interrupted_steps() -> None:
@@ -218,7 +218,7 @@ def test_cancellation_traces_the_interrupted_steps() -> None:
         return events
 
     events = asyncio.run(main())
-    assert events[-2:] == [StepInterrupted("slow"), RunFinished("cancelled", 0, 1, TokenUsage())]
+    assert events[-2:] == [StepInterrupted("slow"), RunSettled("cancelled", 0, 1, TokenUsage())]
 
 
 def test_run_finished_is_the_last_event_and_follows_the_final_checkpoint() -> None:
@@ -243,12 +243,12 @@ def test_run_finished_is_the_last_event_and_follows_the_final_checkpoint() -> No
         return finished, cancelled
 
     finished, cancelled = asyncio.run(main())
-    assert [type(e) for e in finished[-3:]] == [StepFinished, CheckpointSaved, RunFinished]
+    assert [type(e) for e in finished[-3:]] == [StepFinished, CheckpointSaved, RunSettled]
     # Winding down reports like any transition: what happened, the save, the end.
     assert cancelled[-3:] == [
         StepInterrupted("slow"),
         CheckpointSaved(1),
-        RunFinished("cancelled", 1, 2, TokenUsage()),
+        RunSettled("cancelled", 1, 2, TokenUsage()),
     ]
 
 
@@ -279,7 +279,7 @@ def test_a_raising_trace_callback_does_not_corrupt_the_run(kind: str) -> None:
     assert result.cost == TokenUsage(1, 1, 1)
     assert [c.step_index for c in saved] == [1, 2]
     # Every event still reached the callback; each raising one gave one warning.
-    assert [type(e) for e in seen].count(RunFinished) == 1
+    assert [type(e) for e in seen].count(RunSettled) == 1
     raised = [e for e in seen if isinstance(e, StepStarted | CheckpointSaved)]
     assert len(record) == len(raised) == 4
     assert "StepStarted dropped" in str(record[0].message)

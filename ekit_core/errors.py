@@ -1,0 +1,27 @@
+"""The core's own error types: input it cannot fold, and a bug in ekit itself.
+
+Both are raised before a state changes: a transition either returns a new
+state or raises, and the state it was given is untouched either way.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InternalError", "TransitionError"]
+
+
+class TransitionError(ValueError):
+    """An input that does not fit the state it was folded into.
+
+    A start of a step that is not ready, an outcome for a step that is not in
+    flight, an unknown step, something that is not an input at all. Like
+    h11's ``LocalProtocolError``: the caller drove the state machine wrongly,
+    and the state it passed is unchanged.
+    """
+
+
+class InternalError(RuntimeError):
+    """ekit reached a state it believes impossible: a bug in ekit, please report it."""
+
+
+TransitionError.__module__ = "ekit_core"
+InternalError.__module__ = "ekit_core"

@@ -1,0 +1,116 @@
+"""Re-running work deliberately: which recorded outputs a change invalidates.
+
+This module owns one rule: **a step that runs again makes everything
+downstream of it run again** (its dependents consumed the old output).
+:func:`rewind` applies it to steps the user names; :func:`outdated_steps`
+finds the steps a resume must re-run because they changed since they were
+recorded (a bumped ``version`` tag, or dependencies that differ from the
+recorded graph). Both are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from ekit_core.checkpoint import WorkflowCheckpoint
+from ekit_core.graph import GraphSpec
+
+__all__ = ["downstream", "outdated_steps", "rewind"]
+
+
+def downstream(graph: GraphSpec, names: Iterable[str]) -> list[str]:
+    """``names`` and every step that depends on one of them, in declaration order."""
+    seen = set(names)
+    frontier = list(seen)
+    while frontier:
+        for child in graph.dependents[frontier.pop()]:
+            if child not in seen:
+                seen.add(child)
+                frontier.append(child)
+    return [n for n in graph.names if n in seen]
+
+
+def outdated_steps(
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Recorded steps a resume must run again, each with the reason, downstream ones included.
+
+    A recorded step is outdated when its ``version`` tag differs from the
+    recorded one (no tag on either side counts as equal), or when the
+    checkpoint records its dependencies and they differ from the graph's.
+    """
+    versions = versions or {}
+    recorded_versions = checkpoint.versions
+    recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
+    changed: dict[str, str] = {}
+    for name in graph.names:
+        if name not in checkpoint.outputs:
+            continue
+        old, new = recorded_versions.get(name), versions.get(name)
+        if old != new:
+            changed[name] = f"its version changed from {old!r} to {new!r}"
+        elif name in recorded_graph and set(recorded_graph[name]) != set(graph.deps[name]):
+            changed[name] = (
+                f"its dependencies changed from {sorted(recorded_graph[name])} "
+                f"to {sorted(graph.deps[name])}"
+            )
+    # Walk downstream once (O(steps + edges)), naming for each step the
+    # dependency through which the change reached it.
+    reasons = dict(changed)
+    reached = set(changed)
+    frontier = list(changed)
+    while frontier:
+        parent = frontier.pop()
+        for child in graph.dependents[parent]:
+            if child in reached:
+                continue
+            reached.add(child)
+            frontier.append(child)
+            if child in checkpoint.outputs:
+                reasons[child] = f"it depends on {parent!r}, which runs again"
+    return {n: reasons[n] for n in graph.names if n in reasons}
+
+
+def rewind(
+    graph: GraphSpec | Any, checkpoint: WorkflowCheckpoint, steps: Iterable[str]
+) -> WorkflowCheckpoint:
+    """``checkpoint`` without the outputs of ``steps`` and of everything downstream of them.
+
+    Resuming the result runs those steps again and skips the rest, as
+    LangGraph users do with a fork of a thread's state. ``graph`` is a
+    :class:`GraphSpec` or anything with one as ``.graph`` (a ``Workflow``).
+    Failures, cost, context and the graph record are kept: they are history.
+    Raises ``ValueError`` naming steps the graph does not have.
+    """
+    spec = graph if isinstance(graph, GraphSpec) else getattr(graph, "graph", None)
+    if not isinstance(spec, GraphSpec):
+        raise ValueError(f"graph must be a GraphSpec or a Workflow, got {type(graph).__name__}")
+    if not isinstance(checkpoint, WorkflowCheckpoint):
+        raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
+    wanted = list(dict.fromkeys(steps))
+    unknown = [n for n in wanted if n not in spec.index]
+    if unknown:
+        raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
+    return without(checkpoint, spec, downstream(spec, wanted))
+
+
+def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[str]) -> WorkflowCheckpoint:
+    """``checkpoint`` with the outputs and usage of ``names`` removed (nothing else changes)."""
+    gone = set(names)
+    if not gone & checkpoint.outputs.keys():
+        return checkpoint
+    outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
+    return WorkflowCheckpoint(
+        step_index=sum(1 for n in graph.names if n in outputs),
+        outputs=MappingProxyType(outputs),
+        cost=checkpoint.cost,
+        context=checkpoint.context,
+        step_usage=MappingProxyType({k: u for k, u in checkpoint.step_usage.items() if k not in gone}),
+        failures=checkpoint.failures,
+        fingerprint=checkpoint.fingerprint,
+        graph=checkpoint.graph,
+        format_version=checkpoint.format_version,
+        versions=checkpoint.versions,
+    )

@@ -1,0 +1,160 @@
+"""Where a step's attempt runs: the executor protocol and the default executor.
+
+An executor runs one attempt of one step, given the step and its context,
+and returns what the step returned (or raises what it raised). Nothing else:
+retries, timeouts, budgets and approval stay the core's decisions, the
+runner stays the only owner of the run's state and the only caller of
+``checkpoint_fn``, and cancelling the task awaiting :meth:`Executor.run`
+must cancel the attempt (as far as the executor can). Choose one per run
+(``Workflow.run(..., executor=...)``) and override it per step
+(``Step(..., executor=...)``).
+
+The default, :class:`LocalExecutor`, runs async steps on the event loop and
+sync steps in a worker thread, so that a sync step (most LLM SDK clients are
+sync) never blocks its siblings and its timeout can fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+import warnings
+import weakref
+from collections.abc import MutableMapping, Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ekit_runtime.step import Step
+
+__all__ = ["DEFAULT_EXECUTOR", "BlockingStepWarning", "Executor", "LocalExecutor", "is_async_step"]
+
+
+class BlockingStepWarning(RuntimeWarning):
+    """A step ran on the event loop's thread long enough to stall every other step."""
+
+
+def is_async_step(step: Step) -> bool:
+    """Whether ``step.run`` is an ``async def`` function (or a callable whose ``__call__`` is)."""
+    run = step.run
+    return inspect.iscoroutinefunction(run) or inspect.iscoroutinefunction(
+        getattr(run, "__call__", None)  # noqa: B004 - a callable object's own method
+    )
+
+
+class Executor:
+    """Runs one attempt of a step. Subclass it and implement :meth:`run`.
+
+    :meth:`check` is called once per run with the steps this executor will
+    run, before any step starts: raise ``ValueError`` naming a step that
+    cannot run here (a function a remote engine cannot serialise, say).
+    :meth:`run` must not retry on its own (the step's policy decides) and
+    must stop the attempt when the awaiting task is cancelled.
+    """
+
+    def check(self, steps: Sequence[Step]) -> None:
+        """Refuse, with a ``ValueError`` naming the step, what cannot run here."""
+
+    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
+        """Run ``step.run(context)`` once and return what it returned."""
+        raise NotImplementedError
+
+
+class LocalExecutor(Executor):
+    """Async steps on the event loop; sync steps in a thread of a pool of ``max_threads``.
+
+    ``Step(..., inline=True)`` runs a cheap sync step on the loop's thread
+    instead, saving the hop to a thread (about 50 microseconds). An inline
+    step that takes longer than ``warn_after`` seconds triggers one
+    :class:`BlockingStepWarning` per step name, since it stalled every other
+    step meanwhile.
+
+    A sync step's timeout fails the step at its deadline, but Python cannot
+    stop a thread: the thread runs on until the function returns, its result
+    is discarded, and it keeps its place in the pool until then. The pool's
+    threads are created as needed and shared by every run using this
+    executor; the interpreter waits for running ones at exit.
+    """
+
+    def __init__(self, *, max_threads: int = 64, warn_after: float = 0.1) -> None:
+        if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
+            raise ValueError(f"max_threads must be an int >= 1, got {max_threads!r}")
+        self.max_threads = max_threads
+        self.warn_after = warn_after
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        # Sync functions seen returning awaitables, by identity: weakly, so
+        # that a workflow's steps are not kept alive by the shared executor.
+        self._wraps_async: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.max_threads, thread_name_prefix="ekit-step"
+                )
+            return self._pool
+
+    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
+        """Await an async step here, run a sync one in a thread (or inline), and return its value.
+
+        A sync function that returns an awaitable (a ``lambda`` around an
+        ``async def``) only builds a coroutine: once seen doing so, it is
+        called on the loop from then on, since a thread would buy nothing.
+        """
+        if is_async_step(step):
+            return await step.run(context)
+        if step.inline or step.run in self._wraps_async:
+            began = perf_counter()
+            returned = step.run(context)
+            self._warn_if_slow(step.name, perf_counter() - began)
+        else:
+            returned = await self._in_thread(step, context)
+        if inspect.isawaitable(returned):
+            with contextlib.suppress(TypeError):  # a callable weakref cannot follow
+                self._wraps_async.add(step.run)
+            returned = await returned
+        return returned
+
+    async def _in_thread(self, step: Step, context: MutableMapping[str, Any]) -> Any:
+        work = self._threads().submit(step.run, context)
+        try:
+            return await asyncio.wrap_future(work)
+        except asyncio.CancelledError:
+            # The thread runs on; what it returns is dropped, and a coroutine
+            # it built must be closed rather than left never awaited.
+            work.add_done_callback(_close_returned)
+            raise
+
+    def _warn_if_slow(self, name: str, seconds: float) -> None:
+        if seconds >= self.warn_after and name not in self._warned:
+            self._warned.add(name)
+            warnings.warn(
+                BlockingStepWarning(
+                    f"step {name!r} ran inline for {seconds:.2f}s, blocking the event loop and "
+                    "every other step; drop inline=True so that it runs in a thread"
+                ),
+                stacklevel=2,
+            )
+
+    def shutdown(self) -> None:
+        """Let the pool's idle threads go (running ones finish first); it is re-created on demand."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+def _close_returned(work: concurrent.futures.Future[Any]) -> None:
+    if not work.cancelled() and work.exception() is None:
+        returned = work.result()
+        if inspect.iscoroutine(returned):
+            returned.close()
+
+
+DEFAULT_EXECUTOR = LocalExecutor()
+"""The executor of every step that names none, in every run that names none."""
