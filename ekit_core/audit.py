@@ -4,51 +4,62 @@ This module owns the explanation of a resume. :func:`audit` reads one
 checkpoint against a graph and returns an :class:`AuditReport` with one
 :class:`StepAudit` row per step, in declaration order, and the
 :class:`Anomaly` values it found. The rule it explains is invariant 1: the
-steps a resume skips are exactly those with a recorded output; a recorded failure is
-not an output, so a failed step runs again.
+steps a resume skips are exactly those with a recorded output that is not
+outdated (a step whose version tag or dependencies changed runs again, with
+everything downstream of it: :func:`~ekit_core.rewind.outdated_steps`); a
+recorded failure is not an output, so a failed step runs again.
 
-Everything here is pure: the same graph and checkpoint always give the same
-report, and nothing it is given is changed.
+Each anomaly kind is found by one named check (``_CHECKS``, in the order
+they are reported); each uses the core's own function for the rule it
+checks, so that audit cannot drift from what a resume does. Everything here
+is pure: the same graph and checkpoint always give the same report, and
+nothing it is given is changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from ekit_core.checkpoint import FailureRecord, WorkflowCheckpoint
-from ekit_core.compat import graph_changes
+from ekit_core import transitions as _rules
+from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.graph import GraphSpec
-from ekit_core.transitions import initial_state
+from ekit_core.report import (
+    GraphSource,
+    count,
+    findings,
+    load_checkpoint,
+    mismatch,
+    source_line,
+    subject_of,
+    table,
+    usage_text,
+)
+from ekit_core.rewind import outdated_steps, without
+from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
 
-__all__ = [
-    "Anomaly",
-    "AuditReport",
-    "StepAudit",
-    "audit",
-    "graph_of",
-    "load_checkpoint",
-    "recorded_graph",
-]
+__all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
 
 Action = Literal["skip", "run"]
-Reason = Literal["recorded", "ready", "failed", "waiting"]
-GraphSource = Literal["given", "checkpoint"]
+Reason = Literal["recorded", "outdated", "ready", "failed", "waiting"]
 
 
 @dataclass(frozen=True, slots=True)
 class StepAudit:
     """What a resume from the audited checkpoint does with one step, and why.
 
-    ``action`` is ``"skip"`` (its output is recorded) or ``"run"``.
-    ``reason`` is ``"recorded"`` for a skip; for a run it is ``"failed"``
-    (a failure is recorded, see ``failure``), ``"waiting"`` (never recorded and
-    some dependencies are not recorded either, see ``waiting_on``) or
-    ``"ready"`` (never recorded, every dependency recorded: it starts at once).
-    ``usage`` is the step's recorded token usage, when the checkpoint has it.
+    ``action`` is ``"skip"`` (its output is recorded and up to date) or
+    ``"run"``. ``reason`` is ``"recorded"`` for a skip; for a run it is
+    ``"outdated"`` (its output is recorded, but its version tag or its
+    dependencies changed, or one of its dependencies runs again: see
+    ``outdated``), ``"failed"`` (a failure is recorded, see ``failure``),
+    ``"waiting"`` (never recorded and some dependencies are not recorded
+    either, see ``waiting_on``) or ``"ready"`` (never recorded, every
+    dependency recorded: it starts at once). ``usage`` is the step's
+    recorded token usage, when the checkpoint has it.
     """
 
     name: str
@@ -58,22 +69,24 @@ class StepAudit:
     waiting_on: tuple[str, ...] = ()
     failure: FailureRecord | None = None
     usage: TokenUsage | None = None
+    outdated: str | None = None
 
     @property
     def why(self) -> str:
         """One human-readable line explaining ``action``."""
         if self.reason == "recorded":
             return "output recorded"
-        parts = []
-        if self.failure is not None:
+        if self.outdated is not None:
+            parts = [f"output recorded but outdated: {self.outdated}"]
+        elif self.failure is not None:
             f = self.failure
-            times = "once" if f.attempts == 1 else f"{f.attempts} times"
-            parts.append(f"recorded as failed {times}: {f.error_type}: {f.message}")
+            times = "once" if f.attempts == 1 else f"{count(f.attempts)} times"
+            parts = [f"recorded as failed {times}: {f.error_type}: {f.message}"]
         else:
-            parts.append("never recorded")
+            parts = ["never recorded"]
         if self.waiting_on:
             parts.append("waiting on " + ", ".join(self.waiting_on))
-        elif self.failure is None:
+        elif self.reason == "ready":
             parts.append("ready to start")
         return "; ".join(parts)
 
@@ -88,6 +101,7 @@ class StepAudit:
             "waiting_on": list(self.waiting_on),
             "failure": None if self.failure is None else self.failure.to_dict(),
             "usage": None if self.usage is None else self.usage.to_dict(),
+            "outdated": self.outdated,
         }
 
 
@@ -109,7 +123,8 @@ class Anomaly:
 
     ``kind`` is one of:
 
-    - ``"fingerprint_mismatch"``: the checkpoint was recorded from another graph;
+    - ``"fingerprint_mismatch"``: the checkpoint was recorded from another
+      graph (the message is the one a resume refuses it with);
     - ``"graph_fingerprint"``: the graph the checkpoint records does not hash
       to the fingerprint it records (edited by hand, or corrupted);
     - ``"unknown_output"``: an output is recorded for a name that is not a step
@@ -170,6 +185,11 @@ class AuditReport:
         """Steps a resume runs, in declaration order."""
         return tuple(s.name for s in self.steps if s.action == "run")
 
+    @property
+    def outdated(self) -> tuple[str, ...]:
+        """Steps whose recorded output a resume discards and runs again, in declaration order."""
+        return tuple(s.name for s in self.steps if s.reason == "outdated")
+
     def step(self, name: str) -> StepAudit:
         """The row of step ``name``; ``KeyError`` if there is none."""
         for row in self.steps:
@@ -189,83 +209,29 @@ class AuditReport:
             "cost": self.cost.to_dict(),
             "skip": list(self.skipped),
             "run": list(self.to_run),
+            "outdated": list(self.outdated),
             "steps": [s.to_dict() for s in self.steps],
             "anomalies": [a.to_dict() for a in self.anomalies],
         }
 
     def format(self) -> str:
         """A readable table: one line per step, then the anomalies."""
-        source = (
-            "graph given by the caller"
-            if self.graph_source == "given"
-            else "graph recorded in the checkpoint (no graph given)"
-        )
-        lines = [
-            f"{source}, fingerprint {self.fingerprint}",
-            f"checkpoint: format {self.format_version}, step_index {self.step_index}, "
-            f"usage {_usage_text(self.cost)}",
-            f"resume skips {len(self.skipped)} step(s), runs {len(self.to_run)}",
-            "",
-        ]
-        header = ("STEP", "ACTION", "USAGE in/out/calls", "WHY")
+        outdated = f" ({count(len(self.outdated))} outdated)" if self.outdated else ""
         rows = [
-            (s.name, s.action, "-" if s.usage is None else _usage_text(s.usage), s.why)
+            (s.name, s.action, "-" if s.usage is None else usage_text(s.usage), s.why)
             for s in self.steps
         ]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-        for row in [header, *rows]:
-            lines.append(
-                "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True))
-                + "  "
-                + row[3]
-            )
-        lines.append("")
-        if self.anomalies:
-            lines.append(f"{len(self.anomalies)} anomaly(ies):")
-            lines.extend(f"  {a.kind}: {a.message}" for a in self.anomalies)
-        else:
-            lines.append("no anomalies")
-        return "\n".join(lines)
-
-
-def _usage_text(usage: TokenUsage) -> str:
-    return f"{usage.input_tokens}/{usage.output_tokens}/{usage.llm_calls}"
-
-
-def graph_of(graph_or_workflow: object) -> GraphSpec:
-    """The :class:`GraphSpec` of a graph, or of anything with a ``graph`` attribute holding one.
-
-    Raises ``ValueError`` for anything else.
-    """
-    if isinstance(graph_or_workflow, GraphSpec):
-        return graph_or_workflow
-    graph = getattr(graph_or_workflow, "graph", None)
-    if isinstance(graph, GraphSpec):
-        return graph
-    raise ValueError(
-        "graph must be a GraphSpec or have a 'graph' attribute holding one (a Workflow), "
-        f"got {type(graph_or_workflow).__name__}"
-    )
-
-
-def load_checkpoint(checkpoint: WorkflowCheckpoint | Mapping[str, Any]) -> WorkflowCheckpoint:
-    """``checkpoint`` itself, or parsed from its dict (a ``CheckpointError`` if malformed)."""
-    if isinstance(checkpoint, WorkflowCheckpoint):
-        return checkpoint
-    if isinstance(checkpoint, Mapping):
-        return WorkflowCheckpoint.from_dict(dict(checkpoint))
-    raise ValueError(
-        f"checkpoint must be a WorkflowCheckpoint or its dict, got {type(checkpoint).__name__}"
-    )
-
-
-def recorded_graph(checkpoint: WorkflowCheckpoint) -> GraphSpec:
-    """The graph a checkpoint records; ``ValueError`` if it records none or an invalid one."""
-    if checkpoint.graph is None:
-        raise ValueError(
-            "checkpoint records no graph (ExecutionKit or hand-made); give the workflow's graph"
-        )
-    return GraphSpec.of(checkpoint.graph)
+        return "\n".join([
+            source_line(self.graph_source, self.fingerprint, plural=False),
+            f"checkpoint: format {self.format_version}, step_index {count(self.step_index)}, "
+            f"usage {usage_text(self.cost)}",
+            f"resume skips {count(len(self.skipped))} step(s), runs "
+            f"{count(len(self.to_run))}{outdated}",
+            "",
+            *table(("STEP", "ACTION", "USAGE in/out/calls", "WHY"), rows),
+            "",
+            *findings([f"{a.kind}: {a.message}" for a in self.anomalies], "anomaly(ies)", "no anomalies"),
+        ])
 
 
 def audit(
@@ -273,15 +239,25 @@ def audit(
     checkpoint: WorkflowCheckpoint | Mapping[str, Any],
     *,
     budget: TokenUsage | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> AuditReport:
     """Explain what resuming ``checkpoint`` into the graph would skip and run, and why.
 
     ``graph_or_workflow`` is a :class:`GraphSpec`, a ``Workflow`` (anything
-    with a ``graph`` attribute holding one), or ``None`` to audit against the
-    graph the checkpoint records (``report.graph_source == "checkpoint"``).
-    ``checkpoint`` may be a :class:`WorkflowCheckpoint` or its dict.
-    ``budget`` is the budget a resume would be given, if any: a checkpoint
-    whose recorded usage already reaches it is reported (``budget_reached``).
+    with a ``graph`` attribute holding one; its steps' ``version`` tags are
+    used too), or ``None`` to audit against the graph the checkpoint records
+    (``report.graph_source == "checkpoint"``). ``checkpoint`` may be a
+    :class:`WorkflowCheckpoint` or its dict. ``budget`` is the budget a
+    resume would be given, if any: a checkpoint whose recorded usage already
+    reaches it is reported (``budget_reached``). ``versions`` (step name ->
+    tag) are the tags the resuming steps declare, for a bare ``GraphSpec``;
+    without them a ``GraphSpec`` (or the recorded graph) is taken to keep
+    the recorded tags.
+
+    A recorded step whose tag differs from the checkpoint's ``versions``
+    entry, or whose dependencies differ from the recorded graph's, is
+    ``outdated``: it runs again, with everything downstream of it, as the
+    resume would (with ``allow_graph_change=True``, for a changed graph).
 
     Everything a resume would refuse is an anomaly: a graph mismatch
     (``fingerprint_mismatch``, with the steps added, removed and changed), a
@@ -291,25 +267,15 @@ def audit(
 
     Raises ``ValueError`` for a graph that is neither, a malformed checkpoint
     (:class:`~ekit_core.CheckpointError`), ``None`` with a checkpoint that
-    records no graph, or a ``budget`` that is not a non-negative
-    :class:`~ekit_core.TokenUsage`.
+    records no graph, a ``budget`` that is not a non-negative
+    :class:`~ekit_core.TokenUsage`, or ``versions`` naming unknown steps or
+    holding tags that are not strings.
     """
-    cp = load_checkpoint(checkpoint)
-    if graph_or_workflow is None:
-        graph = recorded_graph(cp)
-        source: GraphSource = "checkpoint"
-    else:
-        graph = graph_of(graph_or_workflow)
-        source = "given"
-    _check_budget(budget)
-    anomalies = [
-        *_graph_anomalies(graph, cp),
-        *_record_anomalies(graph, cp),
-        *_resume_anomalies(graph, cp, budget),
-    ]
+    audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
+    graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_rows(graph, cp),
-        anomalies=tuple(anomalies),
+        steps=_rows(audited),
+        anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
         recorded_fingerprint=cp.fingerprint,
@@ -319,149 +285,183 @@ def audit(
     )
 
 
-def _check_budget(budget: object) -> None:
-    if budget is None:
-        return
-    if not isinstance(budget, TokenUsage):
-        raise ValueError(f"budget must be None or a TokenUsage, got {type(budget).__name__}")
-    if min(budget.input_tokens, budget.output_tokens, budget.llm_calls) < 0:
-        raise ValueError(f"budget counts must not be negative, got {budget!r}")
+@dataclass(frozen=True, slots=True)
+class _Audited:
+    """What every check reads: the graph, the checkpoint, the resume's arguments, what is outdated."""
+
+    graph: GraphSpec
+    cp: WorkflowCheckpoint
+    budget: TokenUsage | None
+    versions: Mapping[str, str]
+    outdated: Mapping[str, str]
 
 
-def _rows(graph: GraphSpec, cp: WorkflowCheckpoint) -> tuple[StepAudit, ...]:
-    """One row per step: skipped exactly when its output is recorded (invariant 1).
+def _audited(
+    graph_or_workflow: object, checkpoint: object, budget: TokenUsage | None,
+    versions: Mapping[str, str] | None,
+) -> tuple[_Audited, GraphSource]:
+    """The checkpoint loaded, the graph and tags resolved, the arguments checked."""
+    try:
+        cp = load_checkpoint(checkpoint)
+    except CheckpointError:
+        raise
+    except ValueError as exc:
+        raise ValueError(f"checkpoint: {exc}") from None
+    subject = subject_of(graph_or_workflow, cp, versions)
+    graph = subject.graph
+    tags = subject.versions
+    if tags is None:  # not known: the recorded ones, for the steps this graph has
+        tags = {k: v for k, v in cp.versions.items() if k in graph.index}
+    # The rules a run applies to these arguments, asked without the
+    # checkpoint, so that bad arguments raise rather than read as a refusal.
+    _rules.initial_state(graph, budget=budget, versions=tags)
+    return _Audited(graph, cp, budget, tags, outdated_steps(graph, cp, tags)), subject.source
+
+
+def _rows(a: _Audited) -> tuple[StepAudit, ...]:
+    """One row per step: skipped exactly when its output is recorded and not outdated.
 
     A step with an output is skipped even when a failure is recorded for it
     too: that failure is an old one, from an attempt before the one that
-    succeeded.
+    succeeded. What a step waits on is read from the outputs the resume
+    keeps, outdated ones dropped.
     """
-    outputs, usage, failures = cp.outputs, cp.step_usage, cp.failures
+    graph, usage, failures = a.graph, a.cp.step_usage, a.cp.failures
+    kept = without(a.cp, graph, a.outdated).outputs
     rows = []
     for name in graph.names:
         deps = graph.deps[name]
-        if name in outputs:
+        if name in kept:
             rows.append(StepAudit(name, "skip", "recorded", deps, usage=usage.get(name)))
             continue
-        waiting = tuple(d for d in deps if d not in outputs)
+        ready = dependencies_recorded(graph, kept, name)
+        waiting = () if ready else tuple(d for d in deps if d not in kept)
+        if name in a.outdated:
+            rows.append(StepAudit(name, "run", "outdated", deps, waiting, None, usage.get(name),
+                                  a.outdated[name]))
+            continue
         failure = failures.get(name)
-        reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"
+        reason: Reason = "failed" if failure is not None else "ready" if ready else "waiting"
         rows.append(StepAudit(name, "run", reason, deps, waiting, failure, usage.get(name)))
     return tuple(rows)
 
 
-def _graph_anomalies(graph: GraphSpec, cp: WorkflowCheckpoint) -> list[Anomaly]:
-    """Does the checkpoint come from this graph, and does its recorded graph hash right?"""
-    anomalies: list[Anomaly] = []
-    changes = graph_changes(graph, cp)
-    if changes is not None:
-        anomalies.append(
-            Anomaly(
-                "fingerprint_mismatch",
-                None,
-                "checkpoint was recorded from a different graph: " + changes.describe(),
-            )
+# -- the checks, one per anomaly kind ------------------------------------------------
+
+
+def _from_another_graph(a: _Audited) -> Iterator[Anomaly]:
+    """``fingerprint_mismatch``: the checkpoint's fingerprint is another graph's (as a resume says)."""
+    message = mismatch(a.graph, a.cp)
+    if message is not None:
+        yield Anomaly("fingerprint_mismatch", None, message)
+
+
+def _recorded_graph_hashes_right(a: _Audited) -> Iterator[Anomaly]:
+    """``graph_fingerprint``: the recorded graph must be valid and hash to the recorded fingerprint."""
+    cp = a.cp
+    if cp.graph is None or cp.fingerprint is None:
+        return
+    # A recorded graph that does not hash to the recorded fingerprint was
+    # edited after the fact; the mismatch check trusts neither alone.
+    try:
+        own = GraphSpec.of(cp.graph).fingerprint
+    except ValueError as exc:
+        yield Anomaly("graph_fingerprint", None, f"the recorded graph is invalid: {exc}")
+        return
+    if own != cp.fingerprint:
+        yield Anomaly(
+            "graph_fingerprint", None,
+            f"the recorded graph hashes to {own}, not to the recorded fingerprint {cp.fingerprint}",
         )
-    if cp.graph is not None and cp.fingerprint is not None:
-        # A recorded graph that does not hash to the recorded fingerprint was
-        # edited after the fact; the mismatch check above trusts neither alone.
-        try:
-            own = GraphSpec.of(cp.graph).fingerprint
-        except ValueError as exc:
-            anomalies.append(
-                Anomaly("graph_fingerprint", None, f"the recorded graph is invalid: {exc}")
-            )
-        else:
-            if own != cp.fingerprint:
-                anomalies.append(
-                    Anomaly(
-                        "graph_fingerprint",
-                        None,
-                        f"the recorded graph hashes to {own}, not to the recorded "
-                        f"fingerprint {cp.fingerprint}",
-                    )
-                )
-    return anomalies
 
 
-def _record_anomalies(graph: GraphSpec, cp: WorkflowCheckpoint) -> list[Anomaly]:
-    """Outputs and failures a clean run of ``graph`` would not have recorded."""
-    outputs = cp.outputs
-    anomalies: list[Anomaly] = []
-    old_steps: Mapping[str, tuple[str, ...]] = cp.graph or {}
-    for name in outputs:
-        if name in graph.index:
-            continue
+def _outputs_are_steps(a: _Audited) -> Iterator[Anomaly]:
+    """``unknown_output``: outputs that are not steps (ExecutionKit's context, or removed steps)."""
+    old_steps: Mapping[str, tuple[str, ...]] = a.cp.graph or {}
+    for name in context_outputs(a.graph, a.cp.outputs):
         if name in old_steps:
             what = "a step of the recorded graph that this graph removed"
-        elif name in cp.context:
+        elif name in a.cp.context:
             what = "a context key"
         else:
             what = "not a step (an initial-context key ExecutionKit kept among outputs?)"
-        anomalies.append(
-            Anomaly("unknown_output", name, f"output recorded for {name!r}: {what}")
-        )
+        yield Anomaly("unknown_output", name, f"output recorded for {name!r}: {what}")
+
+
+def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
+    """``missing_dependency``: a recorded step must have every dependency recorded.
+
+    Every dependency it had when it was recorded, that is: one the graph
+    has added since is no anomaly (the step is outdated, and runs again).
+    """
+    graph, outputs = a.graph, a.cp.outputs
+    recorded: Mapping[str, tuple[str, ...]] = a.cp.graph or {}
     for name in graph.names:
-        if name in outputs:
-            missing = [d for d in graph.deps[name] if d not in outputs]
-            if missing:
-                anomalies.append(
-                    Anomaly(
-                        "missing_dependency",
-                        name,
-                        f"output of {name!r} is recorded but not that of its "
-                        f"dependenc{'y' if len(missing) == 1 else 'ies'} "
-                        + ", ".join(map(repr, missing)),
-                    )
-                )
-    for name in cp.failures:
-        if name not in graph.index:
-            anomalies.append(
-                Anomaly("unknown_failure", name, f"failure recorded for {name!r}, not a step")
+        if name in outputs and not dependencies_recorded(graph, outputs, name):
+            had = recorded.get(name, graph.deps[name])
+            missing = [d for d in graph.deps[name] if d not in outputs and d in had]
+            if not missing:
+                continue
+            yield Anomaly(
+                "missing_dependency", name,
+                f"output of {name!r} is recorded but not that of its "
+                f"dependenc{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)),
             )
-    return anomalies
 
 
-def _resume_anomalies(
-    graph: GraphSpec, cp: WorkflowCheckpoint, budget: TokenUsage | None
-) -> list[Anomaly]:
-    """What a resume from ``cp`` would refuse, asked of the core itself.
+def _failures_are_steps(a: _Audited) -> Iterator[Anomaly]:
+    """``unknown_failure``: a failure recorded for a name that is not a step."""
+    for name in a.cp.failures:
+        if name not in a.graph.index:
+            yield Anomaly("unknown_failure", name, f"failure recorded for {name!r}, not a step")
 
-    Context keys that collide with step names are reported one by one; then
+
+def _context_keys_are_not_steps(a: _Audited) -> Iterator[Anomaly]:
+    """``context_collision``: a context key that names a step, which a resume refuses."""
+    for key in a.cp.context:
+        if key in a.graph.index:
+            yield Anomaly(
+                "context_collision", key,
+                f"context key {key!r} is also a step name: a resume from this checkpoint "
+                "is refused, since the step's output would be shadowed",
+            )
+
+
+def _resume_accepts(a: _Audited) -> Iterator[Anomaly]:
+    """``resume_refused``, ``budget_reached``: what a resume from the checkpoint refuses, asked of the core.
+
     :func:`~ekit_core.initial_state` is asked to resume from the checkpoint
-    without them, so that any other refusal (today's rules or one added to it
+    without the context keys that collide with step names (reported one by
+    one above), so that any other refusal (today's rules or one added to it
     later) is reported too rather than passing as clean. The graph mismatch
     is left out of that question: ``fingerprint_mismatch`` already says it,
     with the steps concerned.
     """
-    colliding = [k for k in cp.context if k in graph.index]
-    anomalies = [
-        Anomaly(
-            "context_collision",
-            key,
-            f"context key {key!r} is also a step name: a resume from this checkpoint "
-            "is refused, since the step's output would be shadowed",
-        )
-        for key in colliding
-    ]
-    if colliding:
+    graph, cp, budget = a.graph, a.cp, a.budget
+    if any(k in graph.index for k in cp.context):
         kept = {k: v for k, v in cp.context.items() if k not in graph.index}
         cp = replace(cp, context=MappingProxyType(kept))
     try:
-        state = initial_state(graph, cp, budget=budget, allow_graph_change=True)
+        state = initial_state(graph, cp, budget=budget, allow_graph_change=True, versions=a.versions)
     except ValueError as exc:
-        anomalies.append(
-            Anomaly("resume_refused", None, f"a resume from this checkpoint is refused: {exc}")
-        )
-        return anomalies
+        yield Anomaly("resume_refused", None, f"a resume from this checkpoint is refused: {exc}")
+        return
     halt = state.halt
     if halt is not None and halt.kind == "budget_exceeded" and budget is not None:
-        anomalies.append(
-            Anomaly(
-                "budget_reached",
-                None,
-                f"the recorded usage {_usage_text(cp.cost)} already reaches the budget "
-                f"{_usage_text(budget)}: a resume with it starts no step and raises "
-                "BudgetExceeded",
-            )
+        yield Anomaly(
+            "budget_reached", None,
+            f"the recorded usage {usage_text(cp.cost)} already reaches the budget "
+            f"{usage_text(budget)}: a resume with it starts no step and raises BudgetExceeded",
         )
-    return anomalies
+
+
+_CHECKS: tuple[Callable[[_Audited], Iterator[Anomaly]], ...] = (
+    _from_another_graph,
+    _recorded_graph_hashes_right,
+    _outputs_are_steps,
+    _dependencies_recorded_first,
+    _failures_are_steps,
+    _context_keys_are_not_steps,
+    _resume_accepts,
+)
+"""Every check an audit makes, in the order its anomalies are reported."""

@@ -13,21 +13,35 @@ its resumes). :func:`replay` checks, against each checkpoint's predecessor:
 - after the first checkpoint, no output appears for a name that is not a step
   (the first may carry the initial-context keys an ExecutionKit checkpoint
   kept among its outputs);
-- every recorded fingerprint is the graph's (reported once per change).
+- the record ends on the graph (every fingerprint is the graph's once one
+  is; reported once per change).
+
+One exception to the first two rules: a resume may drop the outputs that
+were **outdated** when it began, as the runtime does: those of steps whose
+version tag changed between the two checkpoints (``versions``) or whose
+dependencies differ in the new checkpoint's graph, and everything downstream
+of them (:func:`~ekit_core.rewind.outdated_steps`). Such a step runs again,
+so its new output is its first. The timeline says which outputs were
+dropped and why (``TimelineEntry.outdated``, ``graph_changed``); any other
+output dropped or changed is still a violation. Checkpoints recorded from an
+earlier graph of the run are checked against the graph they record.
 
 It returns a :class:`ReplayReport`: a timeline (which steps finished at
 which checkpoint, where a resume began) and every :class:`Violation`, each
 naming the checkpoint index and the step.
 
 **Where a resume began.** Checkpoint ``i`` (``i >= 1``) begins a new run
-segment when either
+segment when
 
 1. it does not extend checkpoint ``i - 1`` (an output or a step's usage of
-   ``i - 1`` is missing or different): it was resumed from an older
-   checkpoint, ``resumed_from`` being the latest earlier one it extends
-   (``None`` if none; then it is a fresh run or a tampered record). The
-   outputs it dropped are still violations, since they are lost; or
-2. checkpoint ``i - 1`` is a *repeat* (it records nothing its predecessor
+   ``i - 1`` is missing or different, outdated outputs aside): it was
+   resumed from an older checkpoint, ``resumed_from`` being the latest
+   earlier one it extends (``None`` if none; then it is a fresh run or a
+   tampered record). The outputs it dropped are still violations, since
+   they are lost; or
+2. it was recorded with other version tags or another graph than
+   checkpoint ``i - 1``: a run has one of each, so this is a new run; or
+3. checkpoint ``i - 1`` is a *repeat* (it records nothing its predecessor
    did not: same outputs, usage, failures, cost and ``step_index``; for the
    first checkpoint, nothing at all) and checkpoint ``i`` is not: a repeat is
    the closing save a run makes when it is cancelled, crashes through
@@ -40,21 +54,34 @@ it is reported as one segment. Conversely, a halted run in which a step
 waiting out a retry delay is stopped while a sibling still runs saves a
 repeat too, and its sibling's completion is reported as a resume.
 
-Pure and deterministic like the rest of :mod:`ekit_core`. Checkpoints that
-came from one process are compared in O(what changed) via
-:meth:`~ekit_core.WorkflowCheckpoint.delta_since`.
+Each rule is one method of ``_Walk``. Pure and deterministic like the rest
+of :mod:`ekit_core`. Checkpoints that came from one process are compared in
+O(what changed) via :meth:`~ekit_core.WorkflowCheckpoint.delta_since`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
-from ekit_core.audit import GraphSource, graph_of, load_checkpoint, recorded_graph
-from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint, same_output
+from ekit_core.checkpoint import CheckpointDelta, CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
 from ekit_core.graph import GraphSpec
+from ekit_core.report import (
+    GraphSource,
+    Subject,
+    count,
+    findings,
+    load_checkpoint,
+    source_line,
+    subject_of,
+    table,
+    usage_text,
+)
+from ekit_core.rewind import outdated_steps, without
+from ekit_core.transitions import context_outputs, dependencies_recorded
 from ekit_core.usage import TokenUsage
 
 __all__ = ["ReplayReport", "TimelineEntry", "Violation", "replay"]
@@ -92,6 +119,10 @@ class Violation:
         return {"index": self.index, "step": self.step, "kind": self.kind, "message": self.message}
 
 
+def _no_reasons() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:
     """What checkpoint ``index`` of the sequence records that its predecessor did not.
@@ -102,7 +133,10 @@ class TimelineEntry:
     records nothing new. ``resumed`` is true when a new run segment begins
     here (see the module docs for the rule), ``resumed_from`` then being the
     index of the checkpoint that run resumed from, if any in the sequence.
-    ``segment`` counts segments from 0.
+    ``segment`` counts segments from 0. ``outdated`` maps each output of the
+    predecessor that this checkpoint legally dropped to the reason (a
+    changed version tag or dependencies, or a dependency that runs again);
+    ``graph_changed`` says how its graph differs from the predecessor's.
     """
 
     index: int
@@ -114,6 +148,30 @@ class TimelineEntry:
     resumed: bool
     resumed_from: int | None
     segment: int
+    outdated: Mapping[str, str] = field(default_factory=_no_reasons)
+    graph_changed: str | None = None
+
+    @property
+    def note(self) -> str:
+        """One line saying what else happened here: a resume, a graph change, outdated outputs, failures."""
+        notes = []
+        if self.resumed:
+            notes.append(
+                "resume began (from an unknown checkpoint)"
+                if self.resumed_from is None
+                else f"resume began (from checkpoint {self.resumed_from})"
+            )
+        if self.graph_changed is not None:
+            notes.append(f"graph changed ({self.graph_changed})")
+        if self.outdated:
+            notes.append(
+                "outdated: " + ", ".join(f"{n} ({why})" for n, why in self.outdated.items())
+            )
+        if self.failed:
+            notes.append("failed: " + ", ".join(self.failed))
+        if self.repeat:
+            notes.append("repeat: nothing new")
+        return "; ".join(notes)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data."""
@@ -127,6 +185,8 @@ class TimelineEntry:
             "resumed": self.resumed,
             "resumed_from": self.resumed_from,
             "segment": self.segment,
+            "outdated": dict(self.outdated),
+            "graph_changed": self.graph_changed,
         }
 
 
@@ -174,75 +234,24 @@ class ReplayReport:
 
     def format(self) -> str:
         """A readable timeline, then the violations."""
-        source = (
-            "graph given by the caller"
-            if self.graph_source == "given"
-            else "graph recorded in the checkpoints (no graph given)"
-        )
         segments = (self.timeline[-1].segment + 1) if self.timeline else 0
-        lines = [
-            f"{source}, fingerprint {self.fingerprint}",
-            f"{len(self.timeline)} checkpoint(s), {segments} run segment(s), "
-            f"{len(self.violations)} violation(s)",
-            "",
+        rows = [
+            (count(e.index), count(e.step_index), usage_text(e.cost), ", ".join(e.finished) or "-",
+             e.note)
+            for e in self.timeline
         ]
-        header = ("#", "STEP_INDEX", "FINISHED", "NOTE")
-        rows = []
-        for e in self.timeline:
-            notes = []
-            if e.resumed:
-                notes.append(
-                    "resume began (from an unknown checkpoint)"
-                    if e.resumed_from is None
-                    else f"resume began (from checkpoint {e.resumed_from})"
-                )
-            if e.failed:
-                notes.append("failed: " + ", ".join(e.failed))
-            if e.repeat:
-                notes.append("repeat: nothing new")
-            rows.append(
-                (str(e.index), str(e.step_index), ", ".join(e.finished) or "-", "; ".join(notes))
-            )
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-        for row in [header, *rows]:
-            cells = "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True))
-            lines.append(f"{cells}  {row[3]}".rstrip())
-        lines.append("")
-        if self.violations:
-            lines.append(f"{len(self.violations)} violation(s):")
-            lines.extend(
-                f"  checkpoint {v.index}: {v.kind}: {v.message}" for v in self.violations
-            )
-        else:
-            lines.append("no violations")
-        return "\n".join(lines)
-
-
-def _same(a: object, b: object) -> bool:
-    # The rule delta_since uses: identity, then equality, then the JSON
-    # encoding, so that a NaN output (not == to itself), or one whose == is
-    # not a plain bool or raises, is not taken for a changed output.
-    return same_output(a, b)
-
-
-def _decreased(now: TokenUsage, before: TokenUsage) -> bool:
-    return (
-        now.input_tokens < before.input_tokens
-        or now.output_tokens < before.output_tokens
-        or now.llm_calls < before.llm_calls
-    )
-
-
-def _adds_nothing(cp: WorkflowCheckpoint, prev: WorkflowCheckpoint | None) -> bool:
-    if prev is None:
-        return not cp.outputs and not cp.failures and cp.step_index == 0 and cp.cost.is_zero()
-    return (
-        cp.step_index == prev.step_index
-        and cp.cost == prev.cost
-        and len(cp.outputs) == len(prev.outputs)
-        and len(cp.step_usage) == len(prev.step_usage)
-        and cp.failures == prev.failures
-    )
+        return "\n".join([
+            source_line(self.graph_source, self.fingerprint, plural=True),
+            f"{count(len(self.timeline))} checkpoint(s), {count(segments)} run segment(s), "
+            f"{count(len(self.violations))} violation(s)",
+            "",
+            *table(("#", "STEP_INDEX", "USAGE in/out/calls", "FINISHED", "NOTE"), rows),
+            "",
+            *findings(
+                [f"checkpoint {v.index}: {v.kind}: {v.message}" for v in self.violations],
+                "violation(s)", "no violations",
+            ),
+        ])
 
 
 def replay(
@@ -269,142 +278,243 @@ def replay(
             raise type(exc)(f"[{i}].{exc.field}", exc.problem) from None
         except ValueError as exc:
             raise ValueError(f"checkpoint [{i}]: {exc}") from None
-    if graph_or_workflow is None:
-        with_graph = [cp for cp in cps if cp.graph is not None]
-        if not with_graph:
-            raise ValueError("no checkpoint records a graph; give the workflow's graph")
-        graph = recorded_graph(with_graph[-1])
-        source: GraphSource = "checkpoint"
-    else:
-        graph = graph_of(graph_or_workflow)
-        source = "given"
-
-    violations: list[Violation] = []
-    timeline: list[TimelineEntry] = []
-    # First recorded value of each output and step usage, and where it was recorded.
-    first: dict[str, tuple[Any, int]] = {}
-    first_usage: dict[str, TokenUsage] = {}
-    prev: WorkflowCheckpoint | None = None
-    prev_repeat = False
-    segment = 0
+    subject = subject_of(graph_or_workflow, cps)
+    walk = _Walk(subject, cps)
     for i, cp in enumerate(cps):
-        def report(step: str | None, kind: ViolationKind, message: str, i: int = i) -> None:
-            violations.append(Violation(i, step, kind, message))
+        walk.step(i, cp)
+    return ReplayReport(
+        tuple(walk.timeline), tuple(walk.violations), subject.source, subject.graph.fingerprint
+    )
 
-        delta = cp.delta_since(prev)
+
+def _decreased(now: TokenUsage, before: TokenUsage) -> bool:
+    return (
+        now.input_tokens < before.input_tokens
+        or now.output_tokens < before.output_tokens
+        or now.llm_calls < before.llm_calls
+    )
+
+
+def _adds_nothing(cp: WorkflowCheckpoint, prev: WorkflowCheckpoint | None) -> bool:
+    """Whether ``cp`` (which extends ``prev``) is a repeat: the closing save of a stopped run."""
+    if prev is None:
+        return not cp.outputs and not cp.failures and cp.step_index == 0 and cp.cost.is_zero()
+    return (
+        cp.step_index == prev.step_index
+        and cp.cost == prev.cost
+        and len(cp.outputs) == len(prev.outputs)
+        and len(cp.step_usage) == len(prev.step_usage)
+        and cp.failures == prev.failures
+    )
+
+
+def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
+    """Whether two checkpoints could come from one run: the same version tags and graph."""
+    if a.versions is not b.versions and a.versions != b.versions:
+        return False
+    return a.fingerprint is None or b.fingerprint is None or a.fingerprint == b.fingerprint
+
+
+class _Walk:
+    """What replay carries from one checkpoint to the next, and one method per rule it checks."""
+
+    def __init__(self, subject: Subject, cps: Sequence[WorkflowCheckpoint]) -> None:
+        self.graph = subject.graph
+        self.cps = cps
+        self.violations: list[Violation] = []
+        self.timeline: list[TimelineEntry] = []
+        # First recorded value of each output and step usage, and where it was recorded.
+        self.first: dict[str, tuple[Any, int]] = {}
+        self.first_usage: dict[str, TokenUsage] = {}
+        self.graphs: dict[str, GraphSpec] = {self.graph.fingerprint: self.graph}
+        # The record may start on earlier graphs of the run, and must end on this one.
+        self.ends_on_graph = any(cp.fingerprint == self.graph.fingerprint for cp in cps)
+        self.on_graph = False
+        self.prev: WorkflowCheckpoint | None = None
+        self.prev_repeat = False
+        self.segment = 0
+
+    def report(self, i: int, step: str | None, kind: ViolationKind, message: str) -> None:
+        self.violations.append(Violation(i, step, kind, message))
+
+    def graph_at(self, cp: WorkflowCheckpoint) -> GraphSpec:
+        """The graph ``cp`` was recorded from: the one it records, when that is another."""
+        fp = cp.fingerprint
+        if fp is None or cp.graph is None:
+            return self.graph
+        known = self.graphs.get(fp)
+        if known is None:
+            try:
+                known = GraphSpec.of(cp.graph)
+            except ValueError:  # an invalid record: judge it by the graph given
+                known = self.graph
+            self.graphs[fp] = known
+        return known
+
+    def base(self, earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint, graph: GraphSpec
+             ) -> tuple[WorkflowCheckpoint, dict[str, str]]:
+        """``earlier`` as the run that recorded ``cp`` resumed it: outdated outputs dropped."""
+        if _same_run(earlier, cp):
+            return earlier, {}
+        outdated = outdated_steps(graph, earlier, cp.versions)
+        return (without(earlier, graph, outdated) if outdated else earlier), outdated
+
+    def step(self, i: int, cp: WorkflowCheckpoint) -> None:
+        """Check checkpoint ``i`` against its predecessor (outdated outputs dropped), then add its entry."""
+        prev = self.prev
+        graph = self.graph_at(cp)
+        base, outdated = (None, {}) if prev is None else self.base(prev, cp, graph)
+        for name in outdated:  # it runs again: its next output is its first
+            self.first.pop(name, None)
+            self.first_usage.pop(name, None)
+        delta = cp.delta_since(base)
         if delta.extends:
             new = [name for name, _ in delta.outputs]
             new_usage = [name for name, _ in delta.step_usage]
         else:
-            assert prev is not None  # delta_since(None) always extends
-            # A value that differs from its predecessor's is reported only when
-            # it also differs from the first one recorded: a single tampered
-            # checkpoint then yields one violation, not a second for the
-            # checkpoint after it that holds the original again.
-            for name, value in prev.outputs.items():
-                if name not in cp.outputs:
-                    report(
-                        name, "output_removed",
-                        f"output of {name!r}, recorded by checkpoint {first[name][1]}, "
-                        "is no longer recorded",
-                    )
-                elif not _same(cp.outputs[name], value) and not _same(
-                    cp.outputs[name], first[name][0]
-                ):
-                    report(
-                        name, "output_changed",
-                        f"output of {name!r} differs from the one checkpoint "
-                        f"{first[name][1]} recorded",
-                    )
-            for name, usage in prev.step_usage.items():
-                if name not in cp.step_usage:
-                    # A dropped output already says its usage went with it.
-                    if name in cp.outputs:
-                        report(name, "usage_changed", f"usage of {name!r} is no longer recorded")
-                elif cp.step_usage[name] != usage and cp.step_usage[name] != first_usage[name]:
-                    report(
-                        name, "usage_changed",
-                        f"usage of {name!r} changed from {first_usage[name]} to "
-                        f"{cp.step_usage[name]}",
-                    )
-            new = [name for name in cp.outputs if name not in prev.outputs]
-            new_usage = [name for name in cp.step_usage if name not in prev.step_usage]
+            assert base is not None  # delta_since(None) always extends
+            self.outputs_kept(i, base, cp)
+            self.usage_kept(i, base, cp)
+            new = [name for name in cp.outputs if name not in base.outputs]
+            new_usage = [name for name in cp.step_usage if name not in base.step_usage]
+        self.come_back_unchanged(i, cp, new, new_usage)
+        if base is not None:
+            self.counts_grow(i, base, cp)
+        self.recorded_names_are_steps(i, graph, cp, new)
+        finished = [name for name in new if name in graph.index]
+        self.dependencies_first(i, graph, cp, finished)
+        self.ends_on_the_graph(i, prev, cp)
+        self.add_entry(i, cp, base, delta, finished, outdated, graph)
 
-        # A name recorded again after it was dropped must come back unchanged.
+    # -- the rules ------------------------------------------------------------------
+
+    def outputs_kept(self, i: int, base: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> None:
+        """``output_removed``, ``output_changed``: outputs only grow and never change.
+
+        A value that differs from its predecessor's is reported only when it
+        also differs from the first one recorded: a single tampered
+        checkpoint then yields one violation, not a second for the
+        checkpoint after it that holds the original again.
+        """
+        first = self.first
+        for name, value in base.outputs.items():
+            if name not in cp.outputs:
+                self.report(i, name, "output_removed",
+                            f"output of {name!r}, recorded by checkpoint {first[name][1]}, "
+                            "is no longer recorded")
+            elif not same_output(cp.outputs[name], value) and not same_output(
+                cp.outputs[name], first[name][0]
+            ):
+                self.report(i, name, "output_changed",
+                            f"output of {name!r} differs from the one checkpoint "
+                            f"{first[name][1]} recorded")
+
+    def usage_kept(self, i: int, base: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> None:
+        """``usage_changed``: a step's recorded usage never changes (nor goes while its output stays)."""
+        for name, usage in base.step_usage.items():
+            now = cp.step_usage.get(name)
+            if now is None:
+                # A dropped output already says its usage went with it.
+                if name in cp.outputs:
+                    self.report(i, name, "usage_changed", f"usage of {name!r} is no longer recorded")
+            elif now != usage and now != self.first_usage[name]:
+                self.report(i, name, "usage_changed",
+                            f"usage of {name!r} changed from {usage_text(self.first_usage[name])} "
+                            f"to {usage_text(now)}")
+
+    def come_back_unchanged(self, i: int, cp: WorkflowCheckpoint, new: list[str],
+                            new_usage: list[str]) -> None:
+        """``output_changed``, ``usage_changed``: a name recorded again after it was dropped."""
         for name in new:
-            earlier = first.get(name)
+            earlier = self.first.get(name)
             if earlier is None:
-                first[name] = (cp.outputs[name], i)
-            elif not _same(cp.outputs[name], earlier[0]):
-                report(
-                    name, "output_changed",
-                    f"output of {name!r} differs from the one checkpoint {earlier[1]} recorded",
-                )
+                self.first[name] = (cp.outputs[name], i)
+            elif not same_output(cp.outputs[name], earlier[0]):
+                self.report(i, name, "output_changed",
+                            f"output of {name!r} differs from the one checkpoint {earlier[1]} recorded")
         for name in new_usage:
             usage = cp.step_usage[name]
-            before = first_usage.setdefault(name, usage)
+            before = self.first_usage.setdefault(name, usage)
             if before != usage:
-                report(name, "usage_changed", f"usage of {name!r} differs from {before} recorded")
+                self.report(i, name, "usage_changed",
+                            f"usage of {name!r} differs from {usage_text(before)} recorded")
 
-        if prev is not None:
-            if cp.step_index < prev.step_index:
-                report(
-                    None, "step_index_decreased",
-                    f"step_index went down from {prev.step_index} to {cp.step_index}",
-                )
-            if _decreased(cp.cost, prev.cost):
-                report(None, "cost_decreased", f"cost went down from {prev.cost} to {cp.cost}")
+    def counts_grow(self, i: int, prev: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> None:
+        """``step_index_decreased``, ``cost_decreased``: neither ever goes down (outdated outputs aside)."""
+        if cp.step_index < prev.step_index:
+            self.report(i, None, "step_index_decreased",
+                        f"step_index went down from {count(prev.step_index)} to {count(cp.step_index)}")
+        if _decreased(cp.cost, prev.cost):
+            self.report(i, None, "cost_decreased",
+                        f"cost went down from {usage_text(prev.cost)} to {usage_text(cp.cost)}")
 
-        finished = []
-        for name in new:
-            if name not in graph.index:
-                if i > 0 and first[name][1] == i:
-                    report(name, "unknown_step", f"output recorded for {name!r}, not a step")
-                continue
-            finished.append(name)
-            missing = [d for d in graph.deps[name] if d not in cp.outputs]
-            if missing:
-                report(
-                    name, "dependency_not_recorded",
-                    f"{name!r} is recorded before its dependenc"
-                    f"{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)),
-                )
+    def recorded_names_are_steps(self, i: int, graph: GraphSpec, cp: WorkflowCheckpoint,
+                                 new: list[str]) -> None:
+        """``unknown_step``: after the first checkpoint, a new output must be a step's.
 
-        if cp.fingerprint is not None and cp.fingerprint != graph.fingerprint and (
-            prev is None or prev.fingerprint != cp.fingerprint
-        ):
-            changes = graph_changes(graph, cp)
-            detail = changes.describe() if changes is not None else cp.fingerprint
-            report(None, "fingerprint_mismatch", f"recorded from a different graph: {detail}")
+        The first checkpoint's other outputs were the run's context
+        (ExecutionKit's rule); a name dropped and recorded again is not news.
+        """
+        if i == 0:
+            return
+        for name in context_outputs(graph, {name: None for name in new}):
+            if self.first[name][1] == i:
+                self.report(i, name, "unknown_step", f"output recorded for {name!r}, not a step")
 
-        repeat = delta.extends and _adds_nothing(cp, prev)
-        resumed = False
-        resumed_from: int | None = None
+    def dependencies_first(self, i: int, graph: GraphSpec, cp: WorkflowCheckpoint,
+                           finished: list[str]) -> None:
+        """``dependency_not_recorded``: a step is recorded with or after all its dependencies."""
+        for name in finished:
+            if not dependencies_recorded(graph, cp.outputs, name):
+                missing = [d for d in graph.deps[name] if d not in cp.outputs]
+                self.report(i, name, "dependency_not_recorded",
+                            f"{name!r} is recorded before its dependenc"
+                            f"{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)))
+
+    def ends_on_the_graph(self, i: int, prev: WorkflowCheckpoint | None, cp: WorkflowCheckpoint) -> None:
+        """``fingerprint_mismatch``: once a checkpoint is on the graph, every later one is.
+
+        Checkpoints before it may come from earlier graphs of the run (a
+        resume with ``allow_graph_change``); a record never on the graph is
+        reported at each change of fingerprint.
+        """
+        fp = cp.fingerprint
+        if fp is None or fp == self.graph.fingerprint:
+            self.on_graph = self.on_graph or fp is not None
+            return
+        if (self.ends_on_graph and not self.on_graph) or (prev is not None and prev.fingerprint == fp):
+            return
+        changes = graph_changes(self.graph, cp)
+        detail = changes.describe() if changes is not None else fp
+        self.report(i, None, "fingerprint_mismatch", f"recorded from a different graph: {detail}")
+
+    # -- the timeline ---------------------------------------------------------------
+
+    def add_entry(self, i: int, cp: WorkflowCheckpoint, base: WorkflowCheckpoint | None,
+                  delta: CheckpointDelta, finished: list[str], outdated: Mapping[str, str],
+                  graph: GraphSpec) -> None:
+        """The timeline entry of checkpoint ``i``: what is new, and whether a run segment begins."""
+        prev = self.prev
+        repeat = delta.extends and _adds_nothing(cp, base)
+        resumed, resumed_from = False, None
         if prev is not None:
             if not delta.extends:
-                resumed = True
-                for j in range(i - 2, -1, -1):
-                    if cp.delta_since(cps[j]).extends:
-                        resumed_from = j
-                        break
-            elif prev_repeat and not repeat:
+                resumed, resumed_from = True, self.resumed_from(i, cp, graph)
+            elif not _same_run(prev, cp) or (self.prev_repeat and not repeat):
                 resumed, resumed_from = True, i - 1
-        if resumed:
-            segment += 1
+        self.segment += resumed
+        changes = None if prev is None else graph_changes(graph, prev)
         failed = tuple(sorted(delta.failures, key=lambda n: graph.index.get(n, len(graph))))
-        timeline.append(
-            TimelineEntry(
-                index=i,
-                step_index=cp.step_index,
-                finished=tuple(finished),
-                failed=failed,
-                cost=cp.cost,
-                repeat=repeat,
-                resumed=resumed,
-                resumed_from=resumed_from,
-                segment=segment,
-            )
-        )
-        prev, prev_repeat = cp, repeat
+        self.timeline.append(TimelineEntry(
+            i, cp.step_index, tuple(finished), failed, cp.cost, repeat, resumed, resumed_from,
+            self.segment, MappingProxyType(dict(outdated)),
+            None if changes is None else changes.describe(),
+        ))
+        self.prev, self.prev_repeat = cp, repeat
 
-    return ReplayReport(tuple(timeline), tuple(violations), source, graph.fingerprint)
+    def resumed_from(self, i: int, cp: WorkflowCheckpoint, graph: GraphSpec) -> int | None:
+        """The latest checkpoint before ``i - 1`` that ``cp`` extends (outdated outputs aside)."""
+        for j in range(i - 2, -1, -1):
+            if cp.delta_since(self.base(self.cps[j], cp, graph)[0]).extends:
+                return j
+        return None

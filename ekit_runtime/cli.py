@@ -1,28 +1,40 @@
-"""The ``ekit`` command line: audit and replay recorded checkpoints, print graphs.
+"""The ``ekit`` command line: inspect and repair recorded runs, print graphs, drive a run queue.
 
-This module owns the command line's contract: its subcommands, the files it
-reads, and its exit codes. The decisions themselves are the pure
-:func:`ekit_core.audit` and :func:`ekit_core.replay`; this is the shell that
-reads files, imports workflows and prints.
+This module owns the command line's contract: its subcommands, the inputs
+it reads, and its exit codes. The decisions themselves are the pure
+:func:`ekit_core.audit`, :func:`ekit_core.replay` and
+:func:`ekit_core.rewind`; this is the shell that reads inputs (through
+:mod:`ekit_runtime.sources`), imports workflows and prints.
 
-- ``ekit audit CHECKPOINT.json [--workflow MODULE:ATTR | --graph GRAPH.json]
-  [--budget IN/OUT/CALLS] [--json]``
-- ``ekit replay CHECKPOINTS.jsonl [--workflow MODULE:ATTR | --graph GRAPH.json] [--json]``
-- ``ekit graph (--workflow MODULE:ATTR | --checkpoint CHECKPOINT.json)``
-- ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed.
+- ``ekit audit SOURCE [--run-id RUN] [--workflow MODULE:ATTR | --graph GRAPH.json]
+  [--budget IN/OUT/CALLS] [--json]``: what a resume from the latest
+  checkpoint would skip and run, and why.
+- ``ekit replay SOURCE [--run-id RUN] [--workflow ... | --graph ...] [--json]``:
+  whether the recorded checkpoints are a legal execution, and their timeline.
+- ``ekit rewind SOURCE --step NAME [--step NAME ...] (--workflow ... | --graph ...
+  | --graph-from-checkpoint) [-o OUT]``: the latest checkpoint without the
+  outputs of those steps and everything downstream, as JSON.
+- ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
+- ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
+  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`.
+
+``SOURCE`` is anything :func:`~ekit_runtime.sources.read_checkpoints` reads:
+a checkpoint JSON, JSON lines, a ``JournalStore`` journal, a SQLite or
+PostgreSQL store or run queue (``--run-id`` picks the run; without it the
+runs are listed on standard output), told apart by content. ``-`` reads
+standard input. Numbers print with thousands separators everywhere.
 
 Exit codes: ``0`` clean, ``1`` anomalies or violations found, ``2`` bad usage
 or unreadable input. An input problem (a missing file, invalid JSON, a
 malformed checkpoint or graph, a workflow that cannot be imported) prints one
-line naming the file and the problem to stderr, never a traceback; so does
+line naming the input and the problem to stderr, never a traceback; so does
 a ``--workflow`` module that raises anything at all (a ``BaseException``
 such as ``GeneratorExit`` included) or calls ``sys.exit()`` while it is
-imported, read or asked for its graph. A file name of ``-`` reads standard
-input. An unexpected error is a bug: it prints one ``ekit: internal
-error: ...`` line and exits ``2`` too, so that it can never be taken for
-``1``. Ctrl-C (``KeyboardInterrupt``, also while a workflow
-module is being imported) exits ``130``; a closed standard output (``| head``)
-``141``, quietly.
+imported, read or asked for its graph. An unexpected error is a bug: it
+prints one ``ekit: internal error: ...`` line and exits ``2`` too, so that
+it can never be taken for ``1``. Ctrl-C (``KeyboardInterrupt``, also while a
+workflow module is being imported) exits ``130``; a closed standard output
+(``| head``) ``141``, quietly.
 """
 
 from __future__ import annotations
@@ -33,12 +45,23 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay
-from ekit_core.audit import graph_of, recorded_graph
+from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, rewind
+from ekit_core.report import count, graph_of, recorded_graph, table, versions_of
 from ekit_runtime.queue import cli as queue_cli
+from ekit_runtime.sources import (
+    Recorded,
+    RunIdNeeded,
+    RunListing,
+    SourceError,
+    parse_json,
+    read_checkpoints,
+    read_text,
+)
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -61,6 +84,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 """Standard output was closed by its reader (128 + SIGPIPE, as shells report it)."""
 
+Versions = Mapping[str, str] | None
+
 
 class InputError(Exception):
     """An input the command cannot use; its message is the one line printed to stderr."""
@@ -74,81 +99,43 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{self.prog.removeprefix('ekit').strip() or 'usage'}: {message}")
 
 
-def _read_text(path: str) -> str:
-    if path == "-":
-        return _read_stdin()
-    try:
-        # newline="": JSONL lines are split on "\n" alone (see
-        # _load_checkpoints), so a "\r" must not be turned into a line break.
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
-def _read_stdin() -> str:
-    # Decode the bytes ourselves: the files are UTF-8 whatever the locale says,
-    # and a decoding error must be an input error, not a traceback.
+def _stdin_bytes() -> bytes:
+    # Read bytes, not text: the inputs are UTF-8 or SQLite whatever the
+    # locale says, and a decoding error must be an input error, not a traceback.
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # replaced by a text-only stream (a test, an embedding)
-        return sys.stdin.read()
+        return sys.stdin.read().encode("utf-8", "surrogatepass")
+    return bytes(stream.read())
+
+
+def _read(args: argparse.Namespace, location: str) -> Recorded:
+    """The checkpoints at ``location``; a database without ``--run-id`` lists its runs on stdout."""
     try:
-        return bytes(stream.read()).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"-: not UTF-8 text ({exc.reason})") from None
+        return read_checkpoints(location, run_id=args.run_id, tables=args.tables, stdin=_stdin_bytes)
+    except RunIdNeeded as exc:
+        _list_runs(exc.runs, getattr(args, "json", False))
+        raise InputError(f"{exc} (the runs are listed on standard output)") from None
+    except SourceError as exc:
+        raise InputError(str(exc)) from None
 
 
-def _parse_json(text: str, where: str) -> Any:
+def _list_runs(runs: Sequence[RunListing], as_json: bool) -> None:
+    if as_json:
+        _print_json([r.to_dict() for r in runs], sys.stdout)
+        return
+    if all(r.tables == "store" for r in runs):
+        _print_text("\n".join(table(("RUN_ID",), [(r.run_id,) for r in runs])), sys.stdout)
+        return
+    rows = [(r.run_id, r.tables, r.status or "-", r.workflow or "-") for r in runs]
+    _print_text("\n".join(table(("RUN_ID", "TABLES", "STATUS", "WORKFLOW"), rows)), sys.stdout)
+
+
+def _load_graph(path: str) -> tuple[GraphSpec, Versions]:
+    """A graph file (``ekit graph``'s JSON, or a checkpoint's step -> dependencies table) and its tags."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{where}: invalid JSON: nested too deeply") from None
-    except ValueError as exc:
-        # Not a syntax error but a value json refuses to build, such as an int
-        # longer than sys.get_int_max_str_digits() digits.
-        raise InputError(f"{where}: unreadable JSON: {exc}") from None
-
-
-def _checkpoint(data: Any, where: str) -> WorkflowCheckpoint:
-    try:
-        return WorkflowCheckpoint.from_dict(data)
-    except ValueError as exc:
-        raise InputError(f"{where}: {exc}") from None
-
-
-def _load_checkpoint(path: str) -> WorkflowCheckpoint:
-    return _checkpoint(_parse_json(_read_text(path), path), path)
-
-
-def _load_checkpoints(path: str) -> list[WorkflowCheckpoint]:
-    text = _read_text(path)
-    checkpoints = []
-    # Split on "\n" only: str.splitlines() also breaks at U+2028, U+2029 and
-    # \x85, which JSON allows raw inside strings (the stores write
-    # ensure_ascii=False), and would cut such a checkpoint in two.
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        checkpoints.append(_checkpoint(_parse_json(line, where), where))
-    if not checkpoints:
-        raise InputError(f"{path}: holds no checkpoint (expected one JSON object per line)")
-    return checkpoints
-
-
-def _load_graph(path: str) -> GraphSpec:
-    data = _parse_json(_read_text(path), path)
+        data = parse_json(read_text(path, _stdin_bytes), path)
+    except SourceError as exc:
+        raise InputError(str(exc)) from None
     try:
         if isinstance(data, dict) and isinstance(data.get("steps"), list):
             graph = GraphSpec.from_dict(data)
@@ -158,10 +145,10 @@ def _load_graph(path: str) -> GraphSpec:
                     f"{path}: recorded fingerprint {recorded} does not match its steps "
                     f"({graph.fingerprint})"
                 )
-            return graph
+            return graph, _file_versions(data.get("versions"), path)
         if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
             # The ``graph`` table a checkpoint records: step -> dependencies.
-            return GraphSpec.of(data)
+            return GraphSpec.of(data), None
     except ValueError as exc:
         raise InputError(f"{path}: {exc}") from None
     raise InputError(
@@ -170,59 +157,86 @@ def _load_graph(path: str) -> GraphSpec:
     )
 
 
-def _import_graph(spec: str) -> GraphSpec:
+def _file_versions(value: object, path: str) -> Versions:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise InputError(f"{path}: field 'versions' must be an object of step name -> version tag")
+    return value
+
+
+def _import_object(spec: str, option: str) -> object:
+    """The attribute ``ATTR`` (dotted) of module ``MODULE`` that ``spec`` names; failures are InputErrors.
+
+    The current directory is put on ``sys.path`` while the module imports.
+    The module is arbitrary code: besides raising, it may call sys.exit()
+    while being imported, which would otherwise end the command with that
+    code and no output, reading as a clean audit, or raise a BaseException
+    of its own (GeneratorExit, a custom subclass), which would otherwise end
+    it with a traceback and exit 1, reading as "anomalies found". Each is
+    one line and exit 2. Only Ctrl-C is let through, to exit 130 as
+    everywhere else. ``option`` names the option in messages.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(f"--workflow {spec}: expected MODULE:ATTR, e.g. myflows:workflow")
+        raise InputError(f"{option} {spec}: expected MODULE:ATTR, e.g. myflows:workflow")
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
-    # The workflow's module is arbitrary code: besides raising, it may call
-    # sys.exit() while being imported, which would otherwise end the command
-    # with that code and no output, reading as a clean audit, or raise a
-    # BaseException of its own (GeneratorExit, a custom subclass), which would
-    # otherwise end it with a traceback and exit 1, reading as "anomalies
-    # found". Only Ctrl-C is let through, to exit 130 as everywhere else.
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise InputError(f"--workflow {spec}: no module named {exc.name!r}") from None
+        raise InputError(f"{option} {spec}: no module named {exc.name!r}") from None
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise InputError(
-            f"--workflow {spec}: importing {module_name!r} {_raised(exc)}"
-        ) from None
+        raise InputError(f"{option} {spec}: importing {module_name!r} {_raised(exc)}") from None
     finally:
         if added:
             # The module may have edited sys.path itself.
             with contextlib.suppress(ValueError):
                 sys.path.remove(cwd)
-    return _graph_in(module, spec, module_name, attr)
-
-
-def _graph_in(module: object, spec: str, module_name: str, attr: str) -> GraphSpec:
-    """The graph of attribute ``attr`` (dotted) of ``module``; any failure is an InputError."""
     # Attribute reads run code too (properties, module __getattr__).
     obj: object = module
+    missing = (AttributeError, lambda exc: f"{module_name!r} has no attribute {attr!r}")
     for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise InputError(f"--workflow {spec}: {module_name!r} has no attribute {attr!r}") from None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            raise InputError(f"--workflow {spec}: reading {attr!r} {_raised(exc)}") from None
+        obj = _guarded(_getter(obj, part), f"{option} {spec}", f"reading {attr!r}", missing)
+    return obj
+
+
+def _getter(obj: object, name: str) -> Callable[[], object]:
+    return lambda: getattr(obj, name)
+
+
+_Expected = tuple[type[BaseException], Callable[[BaseException], str]]
+
+
+def _guarded(read: Callable[[], Any], where: str, what: str, expected: _Expected | None = None) -> Any:
+    """``read()`` (code of the user's module); whatever it raises, Ctrl-C aside, is an InputError.
+
+    The message is ``where: what raised ...``, or for an ``expected``
+    exception type, ``where:`` and what its function says.
+    """
     try:
-        return graph_of(obj)
-    except ValueError as exc:
-        raise InputError(f"--workflow {spec}: {attr!r}: {_text_of(exc)}") from None
+        return read()
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise InputError(f"--workflow {spec}: reading {attr}.graph {_raised(exc)}") from None
+        if expected is not None and isinstance(exc, expected[0]):
+            raise InputError(f"{where}: {expected[1](exc)}") from None
+        raise InputError(f"{where}: {what} {_raised(exc)}") from None
+
+
+def _import_graph(spec: str) -> tuple[GraphSpec, Versions]:
+    """The graph of ``--workflow spec`` and the version tags its steps declare."""
+    obj = _import_object(spec, "--workflow")
+    attr = spec.partition(":")[2]
+    where = f"--workflow {spec}"
+    invalid = (ValueError, lambda exc: f"{attr!r}: {_text_of(exc)}")
+    graph = _guarded(lambda: graph_of(obj), where, f"reading {attr}.graph", invalid)
+    versions = _guarded(lambda: versions_of(obj), where, f"reading {attr}.steps")
+    return graph, versions
 
 
 def _raised(exc: BaseException) -> str:
@@ -251,22 +265,22 @@ def _one_line(text: str) -> str:
 
 def _budget(text: str) -> TokenUsage:
     """``--budget IN/OUT/CALLS``: input tokens, output tokens, LLM calls, as the audit prints usage."""
-    parts = text.split("/")
+    parts = [p.replace(",", "") for p in text.split("/")]
     if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
         # argparse turns this into "argument --budget: ..." on one line, exit 2.
         raise argparse.ArgumentTypeError(
-            f"expected IN/OUT/CALLS, three non-negative integers such as 10000/2000/0 "
+            f"expected IN/OUT/CALLS, three non-negative integers such as 10,000/2,000/0 "
             f"(0 = no limit), got {text!r}"
         )
     return TokenUsage(*(int(p) for p in parts))
 
 
-def _graph_option(args: argparse.Namespace) -> GraphSpec | None:
+def _graph_option(args: argparse.Namespace) -> tuple[GraphSpec | None, Versions]:
     if args.workflow is not None:
         return _import_graph(args.workflow)
     if args.graph is not None:
         return _load_graph(args.graph)
-    return None
+    return None, None
 
 
 def _print_json(data: object, out: TextIO) -> None:
@@ -295,57 +309,170 @@ def _print_text(text: str, out: TextIO) -> None:
     out.write(text)
 
 
-def _cmd_audit(args: argparse.Namespace) -> int:
-    checkpoint = _load_checkpoint(args.checkpoint)
-    graph = _graph_option(args)
-    if graph is None and checkpoint.graph is None:
-        raise InputError(
-            f"{args.checkpoint}: the checkpoint records no graph; pass --workflow or --graph"
-        )
-    try:
-        report = audit(graph, checkpoint, budget=args.budget)
-    except ValueError as exc:
-        raise InputError(f"{args.checkpoint}: {exc}") from None
-    if args.json:
-        _print_json({"checkpoint": args.checkpoint, **report.to_dict()}, sys.stdout)
-    else:
-        _print_text(f"audit of {args.checkpoint}\n{report.format()}", sys.stdout)
-    return EXIT_CLEAN if report.clean else EXIT_FOUND
+# -- audit and replay: one path ------------------------------------------------------
 
 
-def _cmd_replay(args: argparse.Namespace) -> int:
-    checkpoints = _load_checkpoints(args.checkpoints)
-    graph = _graph_option(args)
+@dataclass(frozen=True, slots=True)
+class _Explanation:
+    """How ``audit`` and ``replay`` differ; everything else they do is :func:`_cmd_explain`."""
+
+    name: str
+    json_key: str
+    # The checkpoints explained: audit takes the latest, replay all of them.
+    chosen: Callable[[Recorded], tuple[WorkflowCheckpoint, ...]]
+    explain: Callable[[GraphSpec | None, Versions, tuple[WorkflowCheckpoint, ...], argparse.Namespace], Any]
+    ok: Callable[[Any], bool]
+
+
+def _heading(how: _Explanation, recorded: Recorded) -> str:
+    """``audit of run.jsonl, the latest of its 5 checkpoints (a list of checkpoints)``."""
+    what = f"{how.name} of {recorded.label}"
+    n = len(recorded.checkpoints)
+    if how.name == "audit" and n > 1:
+        what += f", the latest of its {count(n)} checkpoints"
+    return what if recorded.kind == "json" else f"{what} ({recorded.description})"
+
+
+def _cmd_explain(args: argparse.Namespace, how: _Explanation) -> int:
+    recorded = _read(args, args.source)
+    checkpoints = how.chosen(recorded)
+    graph, versions = _graph_option(args)
     if graph is None and all(cp.graph is None for cp in checkpoints):
-        raise InputError(
-            f"{args.checkpoints}: no checkpoint records a graph; pass --workflow or --graph"
-        )
+        what = "the checkpoint records no graph" if len(checkpoints) == 1 else "no checkpoint records a graph"
+        raise InputError(f"{recorded.label}: {what}; pass --workflow or --graph")
     try:
-        report = replay(graph, checkpoints)
+        report = how.explain(graph, versions, checkpoints, args)
     except ValueError as exc:
-        raise InputError(f"{args.checkpoints}: {exc}") from None
+        raise InputError(f"{recorded.label}: {exc}") from None
     if args.json:
-        _print_json({"checkpoints_file": args.checkpoints, **report.to_dict()}, sys.stdout)
+        data = {how.json_key: recorded.label, "source": recorded.kind, **report.to_dict()}
+        _print_json(data, sys.stdout)
     else:
-        _print_text(f"replay of {args.checkpoints}\n{report.format()}", sys.stdout)
-    return EXIT_CLEAN if report.ok else EXIT_FOUND
+        _print_text(f"{_heading(how, recorded)}\n{report.format()}", sys.stdout)
+    return EXIT_CLEAN if how.ok(report) else EXIT_FOUND
+
+
+_AUDIT = _Explanation(
+    "audit", "checkpoint", lambda r: (r.latest,),
+    lambda graph, versions, cps, args: audit(graph, cps[0], budget=args.budget, versions=versions),
+    lambda report: bool(report.clean),
+)
+_REPLAY = _Explanation(
+    "replay", "checkpoints_file", lambda r: r.checkpoints,
+    lambda graph, versions, cps, args: replay(graph, cps),
+    lambda report: bool(report.ok),
+)
+
+
+# -- rewind and graph ------------------------------------------------------------------
+
+
+def _cmd_rewind(args: argparse.Namespace) -> int:
+    recorded = _read(args, args.source)
+    checkpoint = recorded.latest
+    given = None if args.graph_from_checkpoint else _graph_option(args)[0]
+    # argparse requires one of the three options: no graph given means the recorded one.
+    graph = given if given is not None else _recorded_graph_of(checkpoint, recorded.label)
+    try:
+        trimmed = rewind(graph, checkpoint, args.step)
+    except ValueError as exc:
+        raise InputError(f"{recorded.label}: {exc}") from None
+    # ensure_ascii: the file is readable whatever its reader's encoding, lone surrogates included.
+    text = json.dumps(trimmed.to_dict(), indent=2)
+    if args.output is None or args.output == "-":
+        _print_text(text, sys.stdout)
+        return EXIT_CLEAN
+    _write_file(args.output, text + "\n")
+    dropped = [n for n in checkpoint.outputs if n not in trimmed.outputs]
+    _print_text(
+        f"{args.output}: the checkpoint of {recorded.label} without {count(len(dropped))} "
+        f"output(s) ({', '.join(dropped) or 'none'}); a resume from it runs them again",
+        sys.stdout,
+    )
+    return EXIT_CLEAN
+
+
+def _write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a reader sees the old file or the whole new one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ekit-", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"-o {path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InputError(f"-o {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _recorded_graph_of(checkpoint: WorkflowCheckpoint, label: str) -> GraphSpec:
+    # recorded_graph's own message advises giving the workflow's graph,
+    # which is not the point here.
+    if checkpoint.graph is None:
+        raise InputError(f"{label}: the checkpoint records no graph")
+    try:
+        return recorded_graph(checkpoint)
+    except ValueError as exc:
+        raise InputError(f"{label}: recorded graph: {exc}") from None
 
 
 def _cmd_graph(args: argparse.Namespace) -> int:
     if args.workflow is not None:
-        graph = _import_graph(args.workflow)
+        graph, versions = _import_graph(args.workflow)
     else:
-        checkpoint = _load_checkpoint(args.checkpoint)
-        # recorded_graph's own message advises giving the workflow's graph,
-        # which is beside the point for this command.
-        if checkpoint.graph is None:
-            raise InputError(f"{args.checkpoint}: the checkpoint records no graph")
-        try:
-            graph = recorded_graph(checkpoint)
-        except ValueError as exc:
-            raise InputError(f"{args.checkpoint}: recorded graph: {exc}") from None
-    _print_json(graph.to_dict(), sys.stdout)
+        checkpoint = _read(args, args.checkpoint).latest
+        graph = _recorded_graph_of(checkpoint, args.checkpoint)
+        versions = dict(checkpoint.versions)
+    if args.format == "json":
+        data = graph.to_dict()
+        if versions:
+            data["versions"] = dict(versions)
+        _print_json(data, sys.stdout)
+    else:
+        _print_text(_GRAPH_FORMATS[args.format](graph), sys.stdout)
     return EXIT_CLEAN
+
+
+def mermaid(graph: GraphSpec) -> str:
+    """The graph as a Mermaid ``flowchart TD``: nodes ``s0, s1, ...`` labelled with the step names."""
+    lines = ["flowchart TD"]
+    ids = {name: f"s{i}" for i, name in enumerate(graph.names)}
+    lines.extend(f'    {ids[n]}["{_mermaid_label(n)}"]' for n in graph.names)
+    lines.extend(f"    {ids[d]} --> {ids[n]}" for n in graph.names for d in graph.deps[n])
+    return "\n".join(lines)
+
+
+def _mermaid_label(name: str) -> str:
+    # Inside a quoted label Mermaid reads "#<decimal>;" as a character: every
+    # character that could end the label, start markup or an entity, or that
+    # is not printable, is written that way.
+    safe = " _-.,:;/()[]{}+*=!?@$%^|~'"
+    return "".join(c if (c.isalnum() and c.isprintable()) or c in safe else f"#{ord(c)};" for c in name)
+
+
+def dot(graph: GraphSpec) -> str:
+    """The graph as a Graphviz ``digraph``: nodes ``n0, n1, ...`` labelled with the step names."""
+    ids = {name: f"n{i}" for i, name in enumerate(graph.names)}
+    lines = ["digraph workflow {", "    rankdir=TB;"]
+    lines.extend(f'    {ids[n]} [label="{_dot_label(n)}"];' for n in graph.names)
+    lines.extend(f"    {ids[d]} -> {ids[n]};" for n in graph.names for d in graph.deps[n])
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _dot_label(name: str) -> str:
+    # What UTF-8 cannot hold (a lone surrogate) is shown as its escape, then
+    # the label is escaped for DOT: backslashes, quotes and line breaks.
+    text = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if c.isprintable() else f"\\\\x{ord(c):02x}" for c in text)
+
+
+_GRAPH_FORMATS: dict[str, Callable[[GraphSpec], str]] = {"mermaid": mermaid, "dot": dot}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -359,59 +486,105 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="ekit",
-        description="Audit and replay recorded ekit checkpoints.",
-        epilog="Exit codes: 0 clean, 1 anomalies or violations found, "
-        "2 bad usage or unreadable input.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+# -- the parser ----------------------------------------------------------------------
 
-    def graph_options(p: argparse.ArgumentParser) -> None:
-        group = p.add_mutually_exclusive_group()
-        group.add_argument(
-            "--workflow", metavar="MODULE:ATTR",
-            help="import the workflow (or GraphSpec) ATTR of MODULE (current dir on sys.path)",
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ekit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _source_options(p: argparse.ArgumentParser, metavar: str = "SOURCE", *, positional: bool = True) -> None:
+    if positional:
+        p.add_argument(
+            "source", metavar=metavar,
+            help="a checkpoint JSON, JSON lines, a JournalStore journal, a SQLite database (store or "
+            "run queue), a postgresql:// URL, or - for standard input; told apart by content",
         )
-        group.add_argument(
-            "--graph", metavar="GRAPH.json", help="a graph written by 'ekit graph'"
+    p.add_argument("--run-id", metavar="RUN", help="the run to read from a database (omit to list them)")
+    p.add_argument("--tables", choices=("store", "queue"),
+                   help="read the store's or the queue's tables of a database that holds both")
+
+
+def _graph_options(p: argparse.ArgumentParser, *, required: bool = False) -> argparse._MutuallyExclusiveGroup:
+    group = p.add_mutually_exclusive_group(required=required)
+    group.add_argument(
+        "--workflow", metavar="MODULE:ATTR",
+        help="import the workflow (or GraphSpec) ATTR of MODULE (current dir on sys.path)",
+    )
+    group.add_argument("--graph", metavar="GRAPH.json", help="a graph written by 'ekit graph'")
+    return group
+
+
+def _add_explain(sub: Any, how: _Explanation, help_text: str, description: str) -> None:
+    p = sub.add_parser(how.name, help=help_text, description=description)
+    _source_options(p)
+    _graph_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    if how is _AUDIT:
+        p.add_argument(
+            "--budget", metavar="IN/OUT/CALLS", type=_budget,
+            help="the budget a resume would be given (0 = no limit): report a checkpoint "
+            "whose usage already reaches it",
         )
-        p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.set_defaults(func=lambda args: _cmd_explain(args, how))
+
+
+def _add_rewind_and_graph(sub: Any) -> None:
+    p = sub.add_parser(
+        "rewind", help="write a checkpoint that re-runs steps and everything downstream",
+        description="Write the latest checkpoint of SOURCE without the outputs of the --step steps "
+        "and of every step downstream of them, as JSON: resuming it runs them again.",
+    )
+    _source_options(p)
+    p.add_argument("--step", action="append", required=True, metavar="NAME", help="a step to re-run")
+    group = _graph_options(p, required=True)
+    group.add_argument("--graph-from-checkpoint", action="store_true",
+                       help="use the graph the checkpoint records")
+    p.add_argument("-o", "--output", metavar="OUT", help="write the checkpoint here (default: stdout)")
+    p.set_defaults(func=_cmd_rewind)
 
     p = sub.add_parser(
-        "audit", help="what a resume from a checkpoint would skip and run, and why",
-        description="Explain, step by step, what resuming CHECKPOINT would skip and run. "
-        "Without --workflow or --graph, audit against the graph the checkpoint records.",
-    )
-    p.add_argument("checkpoint", metavar="CHECKPOINT.json")
-    graph_options(p)
-    p.add_argument(
-        "--budget", metavar="IN/OUT/CALLS", type=_budget,
-        help="the budget a resume would be given (0 = no limit): report a checkpoint "
-        "whose usage already reaches it",
-    )
-    p.set_defaults(func=_cmd_audit)
-
-    p = sub.add_parser(
-        "replay", help="check a recorded sequence of checkpoints is a legal execution",
-        description="Check that the checkpoints (one JSON object per line, in the order "
-        "recorded) are a legal execution of the graph; print the timeline and violations.",
-    )
-    p.add_argument("checkpoints", metavar="CHECKPOINTS.jsonl")
-    graph_options(p)
-    p.set_defaults(func=_cmd_replay)
-
-    p = sub.add_parser(
-        "graph", help="print a workflow's graph as JSON",
-        description="Print the graph as JSON, so audits can run without the workflow's code.",
+        "graph", help="print a workflow's graph (JSON, Mermaid or Graphviz)",
+        description="Print the graph: as JSON (audits can then run without the workflow's code), "
+        "as a Mermaid flowchart or as a Graphviz digraph.",
     )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--workflow", metavar="MODULE:ATTR")
-    group.add_argument("--checkpoint", metavar="CHECKPOINT.json", help="the graph it records")
+    group.add_argument("--checkpoint", metavar="SOURCE", help="the graph its latest checkpoint records")
+    _source_options(p, positional=False)
+    p.add_argument("--format", choices=("json", "mermaid", "dot"), default="json")
     p.set_defaults(func=_cmd_graph)
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="ekit",
+        description="Inspect and repair recorded ekit runs and drive a run queue: audit what a resume "
+        "would skip and run, replay a run's history, rewind steps so that they run again, print a "
+        "workflow's graph, run workers. Reads checkpoint JSON, JSON lines, journals, SQLite and "
+        "PostgreSQL stores and queues.",
+        epilog="Exit codes: 0 clean, 1 anomalies or violations found, "
+        "2 bad usage or unreadable input.",
+    )
+    parser.add_argument("--version", action="version", version=f"ekit {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    _add_explain(
+        sub, _AUDIT, "what a resume from a checkpoint would skip and run, and why",
+        "Explain, step by step, what resuming the latest checkpoint of SOURCE would skip and run. "
+        "Without --workflow or --graph, audit against the graph the checkpoint records.",
+    )
+    _add_explain(
+        sub, _REPLAY, "check that recorded checkpoints are a legal execution",
+        "Check that the checkpoints of SOURCE, in the order recorded, are a legal execution of the "
+        "graph; print the timeline and violations.",
+    )
+    _add_rewind_and_graph(sub)
     p = sub.add_parser("demo", help="run the demo (arguments go to it)", add_help=False)
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_demo)
@@ -436,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return EXIT_USAGE
     except SystemExit as exc:
-        # ``--help`` exits through argparse; keep its code.
+        # ``--help`` and ``--version`` exit through argparse; keep their code.
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
         _error("interrupted")

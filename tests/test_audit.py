@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib
 import json
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from ekit_core import (
     CheckpointError,
     Failed,
+    GraphMismatchError,
     GraphSpec,
     RetryPolicy,
     Succeeded,
@@ -26,7 +28,8 @@ from ekit_core import (
     initial_state,
     plan,
 )
-from ekit_runtime import Step, Workflow
+from ekit_core.rewind import downstream
+from ekit_runtime import Step, StepTimeoutError, Workflow
 from tests.strategies import dags
 
 DIAMOND = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
@@ -365,3 +368,104 @@ def test_a_recorded_graph_that_is_invalid_or_edited_is_a_graph_fingerprint_anoma
     assert anomaly.kind == "graph_fingerprint"
     assert anomaly.message.startswith("the recorded graph is invalid: dependency cycle")
     assert audit(DIAMOND, cp).clean
+
+
+# Changed steps (a bumped version tag, changed dependencies) run again, with
+# everything downstream: audit says so, as the resume does.
+
+
+def _tagged(graph: GraphSpec, versions: dict[str, str], ran: list[str] | None = None) -> Workflow:
+    def make(name: str) -> Any:
+        def run(ctx: Any) -> str:
+            if ran is not None:
+                ran.append(name)
+            return name
+
+        return run
+
+    return Workflow([Step(n, make(n), graph.deps[n], version=versions.get(n)) for n in graph.names])
+
+
+def test_a_bumped_version_makes_the_step_and_its_descendants_outdated() -> None:
+    cp = _tagged(DIAMOND, {"a": "1", "b": "1"}).run_sync().checkpoint
+    assert cp is not None and dict(cp.versions) == {"a": "1", "b": "1"}
+    ran: list[str] = []
+    bumped = _tagged(DIAMOND, {"a": "1", "b": "2"}, ran)
+    report = audit(bumped, cp)
+    assert report.clean and report.outdated == ("b", "d")
+    assert report.skipped == ("a", "c") and report.to_run == ("b", "d")
+    b, d = report.step("b"), report.step("d")
+    assert (b.action, b.reason, b.outdated) == ("run", "outdated", "its version changed from '1' to '2'")
+    assert b.why == "output recorded but outdated: its version changed from '1' to '2'"
+    assert d.outdated == "it depends on 'b', which runs again" and d.waiting_on == ("b",)
+    assert "resume skips 2 step(s), runs 2 (2 outdated)" in report.format()
+    assert report.to_dict()["outdated"] == ["b", "d"]
+    # The resume does what the audit says.
+    bumped.run_sync(resume_from=cp)
+    assert sorted(ran) == sorted(report.to_run)
+
+
+def test_versions_for_a_bare_graph_and_their_checks() -> None:
+    cp = _tagged(DIAMOND, {"a": "1", "b": "1"}).run_sync().checkpoint
+    assert cp is not None
+    # A GraphSpec says nothing of tags: the recorded ones stand.
+    assert audit(DIAMOND, cp).outdated == ()
+    assert audit(None, cp).outdated == ()
+    assert audit(DIAMOND, cp, versions={"a": "2", "b": "1"}).outdated == ("a", "b", "c", "d")
+    # No tags at all, where the checkpoint recorded some: both changed.
+    assert audit(DIAMOND, cp, versions={}).outdated == ("a", "b", "c", "d")
+    assert audit(_tagged(DIAMOND, {}), cp).outdated == ("a", "b", "c", "d")
+    with pytest.raises(ValueError, match="version given for unknown step 'zz'"):
+        audit(DIAMOND, cp, versions={"zz": "1"})
+    with pytest.raises(ValueError, match="version of step 'a' must be a string"):
+        audit(DIAMOND, cp, versions={"a": 3})  # type: ignore[dict-item]
+
+
+def test_a_changed_dependency_is_outdated_and_the_mismatch_says_what_resume_says() -> None:
+    old = GraphSpec.of({"fetch": [], "summary": ["fetch"], "email": ["summary"], "other": []})
+    cp = _tagged(old, {}).run_sync().checkpoint
+    assert cp is not None
+    new = GraphSpec.of({"fetch": [], "style": [], "summary": ["fetch", "style"],
+                        "email": ["summary"], "other": []})
+    ran: list[str] = []
+    report = audit(_tagged(new, {}, ran), cp)
+    assert report.to_run == ("style", "summary", "email") and report.outdated == ("summary", "email")
+    assert "dependencies changed from ['fetch'] to ['fetch', 'style']" in report.step("summary").why
+    [anomaly] = report.anomalies
+    assert anomaly.kind == "fingerprint_mismatch"
+    # One loading path, one message: the anomaly is what the refused resume raises.
+    with pytest.raises(GraphMismatchError) as refused:
+        initial_state(new, cp)
+    assert anomaly.message == str(refused.value)
+    # With allow_graph_change the resume runs what the audit lists.
+    _tagged(new, {}, ran).run_sync(resume_from=cp, allow_graph_change=True)
+    assert ran == list(report.to_run)
+
+
+@settings(max_examples=80, deadline=None)
+@given(graph=dags(max_steps=9), data=st.data())
+def test_audit_of_a_version_bump_agrees_with_what_the_resume_runs(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    bumped = data.draw(st.sets(st.sampled_from(graph.names)), label="bumped")
+    cp = _tagged(graph, {n: "1" for n in graph.names}).run_sync().checkpoint
+    assert cp is not None
+    ran: list[str] = []
+    flow = _tagged(graph, {n: "2" if n in bumped else "1" for n in graph.names}, ran)
+    report = audit(flow, cp)
+    assert set(report.outdated) == set(downstream(graph, bumped))
+    flow.run_sync(resume_from=cp)
+    assert sorted(ran) == sorted(report.to_run)
+
+
+def test_a_step_timeout_is_shown_with_the_step_and_the_limit() -> None:
+    async def never(ctx: Any) -> str:
+        await asyncio.Event().wait()  # never set: only the timeout ends it
+        return "unreachable"
+
+    flow = Workflow([Step("quick", lambda ctx: "q"), Step("slow", never, ("quick",), timeout=0.05)])
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(StepTimeoutError, match=r"^step 'slow' timed out after 0\.05s"):
+        flow.run_sync(checkpoint_fn=saved.append)
+    row = audit(flow, saved[-1]).step("slow")
+    assert row.why == "recorded as failed once: StepTimeoutError: step 'slow' timed out after 0.05s"

@@ -401,7 +401,7 @@ def test_bad_graph_file_and_usage_are_exit_2(run_dir: Path, tmp_path: Path) -> N
     (tmp_path / "g.json").write_text('{"steps": [{"name": "a", "depends_on": ["a"]}]}')
     shutil.copy(run_dir / "final.json", tmp_path / "final.json")
     one_error_line(ekit(tmp_path, "audit", "final.json", "--graph", "g.json"), "g.json", "itself")
-    one_error_line(ekit(tmp_path, "audit"), "CHECKPOINT.json")
+    one_error_line(ekit(tmp_path, "audit"), "SOURCE")
     one_error_line(ekit(tmp_path, "frobnicate"), "invalid choice")
     one_error_line(ekit(tmp_path))
     both = ekit(tmp_path, "audit", "final.json", "--graph", "g.json", "--workflow", "x:y")

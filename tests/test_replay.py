@@ -29,6 +29,7 @@ from ekit_core import (
     plan,
     replay,
 )
+from ekit_core.rewind import downstream
 from ekit_runtime import Step, Workflow
 from tests.strategies import dags
 
@@ -568,3 +569,99 @@ def test_segments_are_counted_and_finished_at_is_the_first_record() -> None:
     assert report.timeline[3].resumed_from == 0
     assert "2 run segment(s)" in report.format()
     assert _kinds(report) == {(3, "b", "output_removed")}
+
+
+# A resume may drop outputs that were outdated (a version tag bumped, the
+# graph changed): legal, and said in the timeline. Anything else dropped or
+# changed is still a violation.
+
+
+def _flow(graph: GraphSpec, versions: dict[str, str], value: str = "v") -> Workflow:
+    def make(name: str) -> Any:
+        return lambda ctx: f"{name}:{value}"
+
+    return Workflow([Step(n, make(n), graph.deps[n], version=versions.get(n)) for n in graph.names])
+
+
+def _bumped_run() -> tuple[list[WorkflowCheckpoint], Workflow, int]:
+    """A run of DIAMOND with b at version 1, then a resume with b at 2; and where that resume began."""
+    saved: list[WorkflowCheckpoint] = []
+    _flow(DIAMOND, {"b": "1"}).run_sync(checkpoint_fn=saved.append)
+    first = len(saved)
+    bumped = _flow(DIAMOND, {"b": "2"}, value="new")
+    bumped.run_sync(checkpoint_fn=saved.append, resume_from=saved[-1])
+    return saved, bumped, first
+
+
+def test_a_resume_after_a_version_bump_is_legal_and_the_timeline_says_why() -> None:
+    saved, bumped, at = _bumped_run()
+    for sequence in (saved, _loaded(saved)):
+        report = replay(bumped, sequence)
+        assert report.ok, report.format()
+        entry = report.timeline[at]  # the resumed run's first save
+        assert entry.resumed and entry.resumed_from == at - 1 and entry.finished == ("b",)
+        assert dict(entry.outdated) == {
+            "b": "its version changed from '1' to '2'",
+            "d": "it depends on 'b', which runs again",
+        }
+        assert [e.finished for e in report.timeline[at:]] == [("b",), ("d",)]
+        assert "outdated: b (its version changed from '1' to '2')" in report.format()
+        assert replay(None, sequence).ok
+
+
+def test_outputs_dropped_or_changed_for_no_such_reason_are_still_violations() -> None:
+    saved, bumped, at = _bumped_run()
+    dropped = _loaded(saved)
+    del dropped[at]["outputs"]["c"], dropped[at]["step_usage"]["c"]  # c was not outdated
+    assert (at, "c", "output_removed") in _kinds(replay(bumped, dropped))
+    changed = _loaded(saved)
+    changed[at]["outputs"]["a"] = "forged"
+    assert _kinds(replay(bumped, changed)) == {(at, "a", "output_changed")}
+    # Without a version change, dropping d is a loss and b's new output a change.
+    same = _loaded(saved)
+    same[at]["versions"] = same[at - 1]["versions"]
+    kinds = _kinds(replay(bumped, same))
+    assert {(at, "d", "output_removed"), (at, "b", "output_changed")} <= kinds
+
+
+def test_a_resume_with_a_changed_graph_is_legal_and_says_how_the_graph_changed() -> None:
+    old = GraphSpec.of({"fetch": [], "summary": ["fetch"], "email": ["summary"], "other": []})
+    new = GraphSpec.of({"fetch": [], "style": [], "summary": ["fetch", "style"],
+                        "email": ["summary"], "other": []})
+    saved: list[WorkflowCheckpoint] = []
+    _flow(old, {}).run_sync(checkpoint_fn=saved.append)
+    at = len(saved)
+    changed = _flow(new, {}, value="new")
+    changed.run_sync(checkpoint_fn=saved.append, resume_from=saved[-1], allow_graph_change=True)
+    for graph in (changed, None):
+        report = replay(graph, _loaded(saved))
+        assert report.ok, report.format()
+        entry = report.timeline[at]
+        assert entry.resumed and entry.finished == ("style",)
+        assert entry.graph_changed == "added: 'style'; dependencies changed: 'summary'"
+        assert set(entry.outdated) == {"summary", "email"}
+    # Replayed against the old graph, the new checkpoints are from another one.
+    kinds = _kinds(replay(old, saved))
+    assert kinds == {(at, None, "fingerprint_mismatch")}
+    # A record may not go back to an earlier graph once it is on this one.
+    back = replay(changed, [*saved, saved[0]])
+    assert [(v.index, v.kind) for v in back.violations if v.kind == "fingerprint_mismatch"] == [
+        (len(saved), "fingerprint_mismatch")
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(graph=dags(max_steps=8), data=st.data())
+def test_any_version_bump_and_resume_replays_cleanly(graph: GraphSpec, data: st.DataObject) -> None:
+    bumped = data.draw(st.sets(st.sampled_from(graph.names), min_size=1), label="bumped")
+    saved: list[WorkflowCheckpoint] = []
+    _flow(graph, {n: "1" for n in graph.names}).run_sync(checkpoint_fn=saved.append)
+    first_run = len(saved)
+    tags = {n: "2" if n in bumped else "1" for n in graph.names}
+    _flow(graph, tags, value="new").run_sync(checkpoint_fn=saved.append, resume_from=saved[-1])
+    report = replay(graph, _loaded(saved))
+    assert report.ok, report.format()
+    entry = report.timeline[first_run]
+    assert entry.resumed and set(entry.outdated) == set(downstream(graph, bumped))
+    again = [n for e in report.timeline[first_run:] for n in e.finished]
+    assert sorted(again) == sorted(downstream(graph, bumped))

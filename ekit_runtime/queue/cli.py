@@ -6,8 +6,8 @@
   them back to the queue) or, with ``--until-idle``, until nothing is left.
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N]``, ``status RUN``, ``list [--status S]``, ``cancel RUN``,
-  ``prune --older-than SECONDS``, ``checkpoint RUN`` (the checkpoint as JSON,
-  for ``ekit audit -``), ``limits [--max-in-flight N] [--runs-per-minute N]
+  ``prune --older-than SECONDS``, ``checkpoint RUN`` (the checkpoint as JSON;
+  ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N]``.
 
 ``URL`` is ``sqlite:///PATH``, a file path, or ``postgresql://...``.
@@ -184,7 +184,7 @@ def add_parsers(sub: Any) -> None:
     for name, helptext in (
         ("status", "a run's record"),
         ("cancel", "ask a run to stop"),
-        ("checkpoint", "a run's latest checkpoint as JSON (pipe into 'ekit audit -')"),
+        ("checkpoint", "a run's latest checkpoint as JSON (or: ekit audit QUEUE --run-id RUN)"),
     ):
         actions.add_parser(name, help=helptext).add_argument("run_id")
     actions.add_parser("list", help="runs, by status").add_argument("--status")

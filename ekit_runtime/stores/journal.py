@@ -39,11 +39,13 @@ import contextlib
 import dataclasses
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
 from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
+from ekit_core.ledger import Ledger
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
@@ -567,3 +569,92 @@ class JournalStore:
 
     def __repr__(self) -> str:
         return f"JournalStore({self.path!r})"
+
+    # -- reading the whole history -------------------------------------------
+
+    def history(self) -> Iterator[WorkflowCheckpoint]:
+        """Every checkpoint the journal holds, oldest first: each line folded with those before it.
+
+        The first line is the checkpoint of the journal's full record; each
+        delta line gives the next one, as :meth:`load` would have returned
+        after that save. (A full rewrite, :meth:`compact` included, starts
+        the journal again: the history begins at its full record.) The last
+        checkpoint is the one :meth:`load` returns; a torn last line is
+        skipped, as there, and damage raises the same
+        :class:`~ekit_runtime.stores.CorruptStoreError`. Checkpoints share
+        their outputs (``delta_since`` between consecutive ones costs
+        O(what changed)), so reading a history of n saves costs O(its size).
+        Takes no lock and changes nothing this store knows; a missing file
+        has no history.
+        """
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return
+        pos, number = 0, 0
+        history: _History | None = None
+        while pos < len(raw):
+            number += 1
+            end = raw.find(b"\n", pos)
+            line = raw[pos : len(raw) if end < 0 else end + 1]
+            body = _unframe(line) if end >= 0 else None
+            if body is None:
+                self._check_torn(line, number, last=pos + len(line) == len(raw))
+                return
+            record = self._decode(body, number)
+            kind = record.get("kind")
+            if kind == "full":
+                history = _History(_Fold.of(self._start(record, number)))
+            elif kind != "delta":
+                raise CorruptStoreError(
+                    self.path, f"record kind must be 'full' or 'delta', got {kind!r}", number
+                )
+            elif history is None:
+                raise CorruptStoreError(self.path, "a delta record before any full one", number)
+            else:
+                self._fold(history.fold, record, number)
+            yield history.checkpoint()
+            pos += len(line)
+
+
+class _History:
+    """A journal's fold, and persistent copies of its outputs and usage for every checkpoint on the way.
+
+    :meth:`JournalStore._fold` grows plain dicts in place; each checkpoint
+    of a history needs its own view, which the ledgers give in O(1) per
+    new entry instead of a copy per line.
+    """
+
+    __slots__ = ("fold", "outputs", "usage")
+
+    def __init__(self, fold: _Fold) -> None:
+        self.fold = fold
+        self.outputs: Ledger[str, Any] = Ledger(fold.outputs.items())
+        self.usage: Ledger[str, TokenUsage] = Ledger(fold.step_usage.items())
+
+    def checkpoint(self) -> WorkflowCheckpoint:
+        fold = self.fold
+        # Entries only ever follow those before them (a delta that records a
+        # step twice is refused), so the new ones are the last of each dict.
+        for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage")):
+            ledger = getattr(self, attr)
+            added = len(table) - len(ledger)
+            if added:
+                for key, value in list(islice(reversed(table.items()), added))[::-1]:
+                    ledger = ledger.with_item(key, value)
+                setattr(self, attr, ledger)
+        return WorkflowCheckpoint(
+            step_index=fold.step_index,
+            outputs=MappingProxyType(self.outputs),
+            cost=fold.cost,
+            context=fold.start.context,
+            step_usage=MappingProxyType(self.usage),
+            failures=MappingProxyType(dict(fold.failures)),
+            fingerprint=fold.start.fingerprint,
+            graph=fold.start.graph,
+            format_version=fold.start.format_version,
+            versions=fold.start.versions,
+            _outputs_ledger=self.outputs,
+            _usage_ledger=self.usage,
+        )
