@@ -226,7 +226,7 @@ class WorkflowCheckpoint:
         graph = data.get("graph")
         if graph is not None:
             graph = MappingProxyType(
-                {k: _names(v, f"graph.{k}") for k, v in _table(graph, "graph").items()}
+                {k: _step_names(v, k) for k, v in _table(graph, "graph").items()}
             )
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
@@ -240,7 +240,7 @@ class WorkflowCheckpoint:
             cost=_usage(data["cost"], "cost"),
             context=MappingProxyType(_table(data.get("context", {}), "context")),
             step_usage=MappingProxyType(
-                {k: _usage(v, f"step_usage.{k}") for k, v in step_usage.items()}
+                {k: _step_usage(v, k) for k, v in step_usage.items()}
             ),
             failures=MappingProxyType(
                 {k: _failure(v, f"failures.{k}") for k, v in failures.items()}
@@ -348,13 +348,28 @@ def _names(value: object, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _usage(value: object, name: str) -> TokenUsage:
+def _step_names(value: object, step: str) -> tuple[str, ...]:
+    # One per recorded step on a resume: the field's name is only spelt out
+    # for an error, and a tuple of names is taken as it is.
+    if type(value) is list and all(type(item) is str for item in value):
+        return tuple(value)
+    return _names(value, f"graph.{step}")
+
+
+def _step_usage(value: object, step: str) -> TokenUsage:
+    return _plain_usage(value) or _usage(value, f"step_usage.{step}")
+
+
+def _plain_usage(value: object) -> TokenUsage | None:
+    """The shape every writer produces, checked in one pass (a resume reads one per step)."""
     if type(value) is dict and len(value) == 3:
-        # The shape every writer produces, checked in one pass: a resume reads
-        # one of these per recorded step.
         a, b, c = value.get("input_tokens"), value.get("output_tokens"), value.get("llm_calls")
         if type(a) is int and type(b) is int and type(c) is int and a >= 0 and b >= 0 and c >= 0:
             return TokenUsage(a, b, c) if a or b or c else NO_USAGE
+    return None
+
+
+def _usage(value: object, name: str) -> TokenUsage:
     table = _table(value, name)
     counts = []
     for key in ("input_tokens", "output_tokens", "llm_calls"):

@@ -111,6 +111,34 @@ def _parse_entry(entry: object) -> tuple[str, list[str]]:
     return name, dep_list
 
 
+def _entries(pairs: list[Any]) -> tuple[list[str], dict[str, tuple[str, ...]], list[str]]:
+    """The names in order, their dependencies (deduplicated), and the names given twice."""
+    names: list[str] = []
+    deps: dict[str, tuple[str, ...]] = {}
+    duplicates: list[str] = []
+    for entry in pairs:
+        # The shape Workflow passes (a str and a tuple of at most one str) is
+        # checked inline; anything else goes through _parse_entry.
+        if type(entry) is tuple and len(entry) == 2:
+            name, raw = entry
+            if type(name) is str and name and type(raw) is tuple and (
+                not raw or (len(raw) == 1 and type(raw[0]) is str)
+            ):
+                if name in deps:
+                    duplicates.append(name)
+                else:
+                    names.append(name)
+                    deps[name] = raw
+                continue
+        name, dep_list = _parse_entry(entry)
+        if name in deps:
+            duplicates.append(name)
+            continue
+        names.append(name)
+        deps[name] = tuple(dict.fromkeys(dep_list))
+    return names, deps, duplicates
+
+
 def _find_cycle(
     deps: Mapping[str, tuple[str, ...]],
     names: tuple[str, ...],
@@ -170,37 +198,34 @@ class GraphSpec:
         exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
-        names: list[str] = []
-        deps: dict[str, tuple[str, ...]] = {}
-        duplicates: list[str] = []
-        for entry in pairs:
-            name, dep_list = _parse_entry(entry)
-            if name in deps:
-                duplicates.append(name)
-                continue
-            names.append(name)
-            deps[name] = tuple(dict.fromkeys(dep_list))
+        names, deps, duplicates = _entries(pairs)
         if duplicates:
             dup = sorted(set(duplicates))
             raise GraphError(
                 f"duplicate step name(s): {_shorten([repr(d) for d in dup], ', ', 'names')}", dup
             )
         dependents: dict[str, list[str]] = {n: [] for n in names}
+        index = {n: i for i, n in enumerate(names)}
+        # Declared in an order that puts every dependency first (the usual
+        # case), a graph cannot have a cycle: Kahn's pass is then skipped.
+        ordered = True
         for name in names:
             for d in deps[name]:
                 children = dependents.get(d)
                 if children is None or d == name:
                     _refuse_edge(name, deps[name], deps)
                 children.append(name)
+                if ordered and index[d] > index[name]:
+                    ordered = False
         names_t = tuple(names)
-        cycle = _find_cycle(deps, names_t, dependents)
+        cycle = None if ordered else _find_cycle(deps, names_t, dependents)
         if cycle is not None:
             raise CycleError(cycle)
         return cls(
             names=names_t,
             deps=MappingProxyType(deps),
             dependents=MappingProxyType({n: tuple(v) for n, v in dependents.items()}),
-            index=MappingProxyType({n: i for i, n in enumerate(names_t)}),
+            index=MappingProxyType(index),
             fingerprint=_fingerprint(deps),
         )
 

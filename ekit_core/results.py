@@ -11,8 +11,9 @@ cancelled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
+from ekit_core._fast import twin
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
@@ -95,6 +96,22 @@ class Cancelled:
 
     reason: str = "cancelled"
 
+
+def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None) -> Succeeded:
+    """``Succeeded(...)`` for the shell, one per step, built through a twin class.
+
+    See :mod:`ekit_core._fast` for why; the value is the same.
+    """
+    value = _SucceededDraft()
+    value.name = name
+    value.output = output
+    value.usage = usage
+    value.duration = duration
+    value.__class__ = Succeeded
+    return cast(Succeeded, value)
+
+
+_SucceededDraft = twin(Succeeded)
 
 AttemptOutcome: TypeAlias = Succeeded | Failed | Denied | Interrupted
 """How one attempt of a step ended."""

@@ -12,14 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
+from ekit_core._fast import twin
 from ekit_core.checkpoint import FORMAT_VERSION, FailureRecord, WorkflowCheckpoint
 from ekit_core.events import Event, Outcome
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
+from ekit_core.results import Start
 from ekit_core.usage import TokenUsage
+
+if TYPE_CHECKING:
+    from ekit_core.transitions import Batch
 
 __all__ = [
     "OUTCOMES",
@@ -32,6 +37,7 @@ __all__ = [
     "State",
     "bit_indices",
     "checkpoint_of",
+    "make_state",
 ]
 
 _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
@@ -75,6 +81,18 @@ class RunSpec:
     limits: Limits
     context: MappingProxyType[str, Any]
     versions: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Each step's plain first attempt (no delay, no approval) as a ready-made
+    # batch, made once per run: a memo, invisible to equality and to readers.
+    _first: dict[str, Batch] = field(default_factory=dict, repr=False, compare=False)
+
+    def first_attempt(self, name: str) -> Batch:
+        """The batch that starts the plain first attempt of ``name`` (a memo of the run)."""
+        batch = self._first.get(name)
+        if batch is None:
+            from ekit_core.transitions import Batch  # the batch type lives with the rules
+
+            batch = self._first[name] = Batch((Start(name),))
+        return batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,20 +259,57 @@ def bit_indices(bits: int, limit: int | None = None) -> list[int]:
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
-    Costs O(1): the checkpoint shares the state's output ledger.
+    Costs O(1): the checkpoint shares the state's output ledger. Built
+    through a twin class (see :mod:`ekit_core._fast`), as :func:`make_state`
+    is: the shell makes one per step.
     """
-    return WorkflowCheckpoint(
-        step_index=state.completed,
-        outputs=MappingProxyType(state.outputs),
-        cost=state.cost,
-        context=state.spec.context,
-        step_usage=MappingProxyType(state.step_usage),
-        failures=state.incidents.failures,
-        fingerprint=state.spec.graph.fingerprint,
-        graph=state.spec.graph.deps,
-        format_version=FORMAT_VERSION,
-        versions=state.spec.versions,
-        _outputs_ledger=state.outputs,
-        _usage_ledger=state.step_usage,
-    )
+    spec, outputs, usage = state.spec, state.outputs, state.step_usage
+    graph = spec.graph
+    cp = _CheckpointDraft()
+    cp.step_index = state.completed
+    cp.outputs = MappingProxyType(outputs)
+    cp.cost = state.cost
+    cp.context = spec.context
+    cp.step_usage = MappingProxyType(usage)
+    cp.failures = state.incidents.failures
+    cp.fingerprint = graph.fingerprint
+    cp.graph = graph.deps
+    cp.format_version = FORMAT_VERSION
+    cp.versions = spec.versions
+    cp._outputs_ledger = outputs
+    cp._usage_ledger = usage
+    cp.__class__ = WorkflowCheckpoint
+    return cast(WorkflowCheckpoint, cp)
+
+
+def make_state(
+    spec: RunSpec, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], completed: int,
+    cost: TokenUsage, incidents: Incidents, events: tuple[Event, ...], outcome: Outcome | None,
+    offset: int, ready: int, running: int, in_flight: int, waiting: MappingProxyType[str, int],
+) -> State:
+    """``State(...)`` for the transitions, one per step, built through a twin class.
+
+    A frozen dataclass's generated ``__init__`` costs several times as much
+    (see :mod:`ekit_core._fast`); the value is the same, and as immutable.
+    """
+    state = _StateDraft()
+    state.spec = spec
+    state.outputs = outputs
+    state.step_usage = step_usage
+    state.completed = completed
+    state.cost = cost
+    state.incidents = incidents
+    state.events = events
+    state.outcome = outcome
+    state._offset = offset
+    state._ready = ready
+    state._running = running
+    state._in_flight = in_flight
+    state._waiting = waiting
+    state.__class__ = State
+    return cast(State, state)
+
+
+_StateDraft = twin(State)
+_CheckpointDraft = twin(WorkflowCheckpoint)
 

@@ -67,7 +67,16 @@ from ekit_core.results import (
     Succeeded,
 )
 from ekit_core.rewind import outdated_steps, without
-from ekit_core.state import Halt, Incidents, Limits, Outcome, RunSpec, State, bit_indices
+from ekit_core.state import (
+    Halt,
+    Incidents,
+    Limits,
+    Outcome,
+    RunSpec,
+    State,
+    bit_indices,
+    make_state,
+)
 from ekit_core.usage import TokenUsage
 
 __all__ = [
@@ -224,6 +233,19 @@ def resume_checkpoint(
     return checkpoint
 
 
+def _first_events(
+    total: int, recorded: list[str], outdated: Mapping[str, str], outcome: Outcome | None,
+    cost: TokenUsage,
+) -> tuple[Event, ...]:
+    # One StepSkipped per recorded step: built only for someone to read them.
+    events: list[Event] = [RunStarted(total, len(recorded))]
+    events.extend(StepOutdated(n, why) for n, why in outdated.items())
+    events.extend(StepSkipped(n) for n in recorded)
+    if outcome is not None:
+        events.append(RunSettled(outcome, len(recorded), total, cost))
+    return tuple(events)
+
+
 def _check_versions(graph: GraphSpec, versions: Mapping[str, str] | None) -> MappingProxyType[str, str]:
     checked: dict[str, str] = {}
     for name, tag in (versions or {}).items():
@@ -277,6 +299,7 @@ def initial_state(
     approval: bool = False,
     isolate_failures: bool = False,
     versions: Mapping[str, str] | None = None,
+    record_events: bool = True,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -289,8 +312,10 @@ def initial_state(
     wait, the rest of the run goes on, and the run ends ``"failed"``.
     ``versions`` holds the steps' version tags: a recorded step whose tag
     (or, with ``allow_graph_change``, whose dependencies) changed runs again,
-    with everything downstream of it (``StepOutdated`` events say why). Every argument is checked here, before
-    any step could run: a bad one raises ``ValueError`` naming it.
+    with everything downstream of it (``StepOutdated`` events say why).
+    With ``record_events=False`` the state's ``events`` is empty, as with
+    :func:`advance`. Every argument is checked here, before any step could
+    run: a bad one raises ``ValueError`` naming it.
     """
     if not isinstance(graph, GraphSpec):
         raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
@@ -312,15 +337,11 @@ def initial_state(
     if limits.budget is not None and limits.budget.reached(checkpoint.cost) and len(recorded) < len(graph):
         halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
     incidents = Incidents(failures=checkpoint.failures, halt=halt)
-    events: list[Event] = [RunStarted(len(graph), len(recorded))]
-    events.extend(StepOutdated(n, why) for n, why in outdated.items())
-    events.extend(StepSkipped(n) for n in recorded)
     outcome = outcome_of(len(recorded), len(graph), 0, ready, incidents)
-    if outcome is not None:
-        events.append(RunSettled(outcome, len(recorded), len(graph), checkpoint.cost))
+    events = _first_events(len(graph), recorded, outdated, outcome, checkpoint.cost) if record_events else ()
     return State(
         RunSpec(graph, limits, MappingProxyType(merged), tags), outputs, step_usage, len(recorded),
-        checkpoint.cost, incidents, tuple(events), outcome, offset, ready >> offset, 0, 0,
+        checkpoint.cost, incidents, events, outcome, offset, ready >> offset, 0, 0,
         MappingProxyType(waiting),
     )
 
@@ -528,6 +549,12 @@ def _rare(item: object) -> Callable[[_Draft, Any], None]:
     return handler
 
 
+def _fold_rare(item: object, d: _Draft) -> tuple[int, int, int, int, Incidents]:
+    """Fold one input other than a success; the window and incidents it leaves."""
+    _rare(item)(d, item)
+    return d.offset, d.ready, d.running, d.in_flight, d.inc
+
+
 def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
     """Move the bit window so that step index ``i`` falls inside it.
 
@@ -545,8 +572,7 @@ def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
 def _fold(
     state: State, inputs: Iterable[Input], *, start_next: bool, record_events: bool
 ) -> tuple[State, Batch]:
-    spec = state.spec
-    graph = spec.graph
+    spec, graph = state.spec, state.spec.graph
     index, deps, dependents = graph.index, graph.deps, graph.dependents
     budget, total = spec.limits.budget, len(graph.names)
     outputs, step_usage, completed, cost = state.outputs, state.step_usage, state.completed, state.cost
@@ -556,9 +582,8 @@ def _fold(
     events: list[Event] = []
     for item in inputs:
         if type(item) is not Succeeded and not isinstance(item, Succeeded):
-            d = _Draft(spec, offset, ready, running, in_flight, inc, events)
-            _rare(item)(d, item)
-            offset, ready, running, in_flight, inc = d.offset, d.ready, d.running, d.in_flight, d.inc
+            offset, ready, running, in_flight, inc = _fold_rare(
+                item, _Draft(spec, offset, ready, running, in_flight, inc, events))
             continue
         # The hot path of every run, kept to plain int and dict operations.
         name = item.name
@@ -596,10 +621,40 @@ def _fold(
             ready |= 1 << (k - offset)
         if budget is not None and inc.halt is None and completed < total and budget.reached(cost):
             inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
-    d = _Draft(spec, offset, ready, running, in_flight, inc, events)
-    batch = _launch(d, record_events) if start_next else _EMPTY
     counts = state._waiting if waiting is None else MappingProxyType(waiting)
+    d = _Draft(spec, offset, ready, running, in_flight, inc, events)
+    chain = start_next and _start_only(d, outputs, step_usage, completed, cost, counts, record_events)
+    if chain:
+        return chain
+    batch = _launch(d, record_events) if start_next else _EMPTY
     return _close(state, d, outputs, step_usage, completed, cost, counts, record_events), batch
+
+
+def _start_only(
+    d: _Draft, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
+    completed: int, cost: TokenUsage, waiting: MappingProxyType[str, int], record_events: bool,
+) -> tuple[State, Batch] | None:
+    """The fused path when exactly one step is ready (every step of a chain), or ``None``.
+
+    What :func:`_launch` and :func:`_close` would do, with the batch of a
+    plain first attempt made once per run.
+    """
+    ready, inc, limits = d.ready, d.inc, d.spec.limits
+    if (not ready or ready & (ready - 1) or inc.halt is not None or limits.approval
+            or limits.max_concurrency is not None):
+        return None
+    name = d.spec.graph.names[d.offset + ready.bit_length() - 1]
+    if name in inc.tries:  # a retry: its delay and attempt number are _launch's
+        return None
+    if record_events:
+        d.events.append(StepStarted(name, 1, 0.0))
+    offset, ready, running = _anchor(d.offset, 0, d.running | ready)
+    new = make_state(
+        d.spec, outputs, step_usage, completed, cost, inc,
+        tuple(d.events) if record_events else (), None, offset, ready, running, d.in_flight + 1,
+        waiting,
+    )
+    return new, d.spec.first_attempt(name)
 
 
 def _close(
@@ -612,7 +667,7 @@ def _close(
     if outcome is not None and not before.settled:
         d.events.append(RunSettled(outcome, completed, total, cost))
     offset, ready, running = _anchor(d.offset, d.ready, d.running)
-    return State(
+    return make_state(
         d.spec, outputs, step_usage, completed, cost, d.inc,
         tuple(d.events) if record_events else (), outcome, offset, ready, running, d.in_flight,
         waiting,

@@ -49,6 +49,7 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
+from ekit_core.results import succeeded
 from ekit_core.transitions import context_outputs
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.context import StepContext
@@ -217,12 +218,14 @@ class Runner:
             self._wakeup = asyncio.get_running_loop().create_future()
             await self._wakeup
         self._wakeup = None
+        reported = len(self._reports)
         inputs = self._drain()
         state, batch = advance(self.state, inputs, record_events=self.record_events)
         self.state = state
         self._carry_out(batch)
-        # An attempt that only began its work changed nothing a checkpoint holds.
-        await self._report(state, save=any(type(i) is not Began for i in inputs))
+        # An attempt that only began its work (a Began report, drained first)
+        # changed nothing a checkpoint holds.
+        await self._report(state, save=len(inputs) > reported)
         return state
 
     async def _report(self, state: State, *, save: bool, saved: bool = False) -> None:
@@ -269,13 +272,16 @@ class Runner:
     # -- starting and withdrawing attempts ------------------------------------
 
     def _carry_out(self, batch: Batch) -> None:
-        for name in batch.withdraw:
-            for task, owner in self._tasks.items():
-                if owner == name:
-                    self._cancelled.add(task)
-                    task.cancel()
+        if batch.withdraw:
+            self._withdraw(batch.withdraw)
         for start in batch.starts:
             self._launch(start)
+
+    def _withdraw(self, names: tuple[str, ...]) -> None:
+        for task, owner in self._tasks.items():
+            if owner in names:
+                self._cancelled.add(task)
+                task.cancel()
 
     def _context_for(self, step: Step) -> StepContext | dict[str, Any]:
         outputs = self.state.outputs
@@ -288,8 +294,12 @@ class Runner:
 
     def _launch(self, start: Start) -> None:
         step = self.steps[start.name]
-        context = self._context_for(step)
-        if start.gated:
+        context: Context = (
+            StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
+            if step.context == "all"
+            else self._context_for(step)
+        )
+        if start.delay > 0 or start.approval:  # gated: it reports when its work begins
             task = asyncio.create_task(self._gated(step, start, context))
         elif step.name in self._own:
             task = self._own_task(step, context)
@@ -366,7 +376,7 @@ class Runner:
         duration = self.clock() - began
         if error is None:
             output, usage = split_result(task.result())
-            return Succeeded(name, output, usage, duration)
+            return succeeded(name, output, usage, duration)
         if isinstance(error, Exception):
             return Failed(name, error, duration)
         raise error

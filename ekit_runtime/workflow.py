@@ -105,6 +105,7 @@ class Workflow:
         allow_graph_change: bool = False,
         approval: bool = False,
         isolate_failures: bool = False,
+        record_events: bool = True,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
@@ -121,6 +122,7 @@ class Workflow:
             approval=approval,
             isolate_failures=isolate_failures,
             versions={s.name: s.version for s in self.steps if s.version is not None},
+            record_events=record_events,
         )
 
     def runner(
@@ -129,6 +131,7 @@ class Workflow:
         *,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = perf_counter,
+        record_events: bool | None = None,
         **options: Unpack[RunOptions],
     ) -> Runner:
         """A :class:`Runner` for one run; options as for :meth:`run`.
@@ -137,6 +140,8 @@ class Workflow:
         before anything runs. ``sleep`` (what waits out a retry delay) and
         ``clock`` (what times a step) are injectable, for tests: ``await
         workflow.runner(sleep=fake).run()`` never waits for real.
+        ``record_events`` builds the core's events (default: when a ``trace``
+        is given; ``iterate`` always does).
         """
         _check_options(options)
         checkpoint_fn = options.get("checkpoint_fn")
@@ -159,6 +164,7 @@ class Workflow:
             allow_graph_change=options.get("allow_graph_change", False),
             approval=approval is not None,
             isolate_failures=options.get("isolate_failures", False),
+            record_events=trace is not None if record_events is None else record_events,
         )
         self._check_executors(executor)
         return Runner(
@@ -248,7 +254,7 @@ class Workflow:
         than when the generator is collected. When the run ends short (failure,
         budget, denial) the iteration raises what :meth:`run` would.
         """
-        runner = self.runner(initial_context, **options)
+        runner = self.runner(initial_context, record_events=True, **options)
         states = runner.states()
         try:
             async for state in states:
