@@ -54,7 +54,6 @@ from ekit_core.transitions import Batch, advance, apply, initial_state, plan
 from ekit_core.usage import TokenUsage
 
 __all__ = [
-    "FORMAT_VERSION",
     "Anomaly",
     "AttemptOutcome",
     "AuditReport",
@@ -66,6 +65,7 @@ __all__ = [
     "CycleError",
     "Denied",
     "Event",
+    "FORMAT_VERSION",
     "Failed",
     "FailureRecord",
     "GraphChanges",

@@ -53,26 +53,33 @@ __all__ = [
     "JsonFileStore",
     "LocalExecutor",
     "OtelTracer",
-    "PostgresStore",
     "PatternResult",
+    "PostgresStore",
     "ProgressPrinter",
     "RetryPolicy",
-    "RunOptions",
     "RunHalted",
+    "RunOptions",
     "SqliteStore",
     "Step",
     "StepCancelledError",
-    "StoreLockedError",
     "StepContext",
     "StepTimeoutError",
+    "StoreLockedError",
     "TokenUsage",
     "TraceCallbackWarning",
     "UnencodableError",
+    "WorkerLostError",
     "Workflow",
     "WorkflowCheckpoint",
-    "WorkerLostError",
     "WorkflowResult",
 ]
+
+
+# Tracebacks name the package users import, not the private module.
+for _error in (ApprovalDenied, BudgetExceeded, RunHalted, StepCancelledError, StepTimeoutError,
+               TraceCallbackWarning, BlockingStepWarning):
+    _error.__module__ = __name__
+del _error
 
 
 def __getattr__(name: str) -> object:

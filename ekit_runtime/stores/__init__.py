@@ -31,6 +31,11 @@ from ekit_runtime.stores.sqlite import SqliteStore
 if TYPE_CHECKING:
     from ekit_runtime.stores.postgres import PostgresStore
 
+# Tracebacks name the package users import, not the private module.
+for _error in (CorruptStoreError, StoreLockedError, UnencodableError):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "CorruptStoreError",
     "JournalStore",
