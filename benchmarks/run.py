@@ -169,16 +169,23 @@ async def fan_in(sizes: Sizes, repeats: int) -> dict[str, Any]:
                                 langgraph="skipped: one node with thousands of parents")
         cases.append(await time_case(str(n), len(graph), runners, repeats))
     small, big = sizes.fan_in
+    lines = growth_lines(cases, small, big, ("ekit", "ekit[all]", "floor", "executionkit"))
+    return {"status": "ok", "description": "independent no-op steps joined by one step",
+            "cases": cases, "lines": lines}
+
+
+def growth_lines(cases: list[dict[str, Any]], small: int, big: int,
+                 runners: tuple[str, ...]) -> list[str]:
+    """One line per runner: its time at ``big`` steps over its time at ``small``."""
     medians = {c["label"]: c["runners"] for c in cases}
     lines = []
-    for runner in ("ekit", "ekit[all]", "floor", "executionkit"):
+    for runner in runners:
         a = medians[str(big)][runner].get("median_s")
         b = medians[str(small)][runner].get("median_s")
         if a and b:
             lines.append(f"{runner}: {big}/{small} time ratio {a / b:.2f} "
                          f"(linear is {big / small:.0f})")
-    return {"status": "ok", "description": "independent no-op steps joined by one step",
-            "cases": cases, "lines": lines}
+    return lines
 
 
 async def chain(sizes: Sizes, repeats: int) -> dict[str, Any]:
@@ -193,15 +200,8 @@ async def chain(sizes: Sizes, repeats: int) -> dict[str, Any]:
             f"skipped above {sizes.langgraph_chain_max} steps (quadratic)")
         runners = micro_runners(graph, executionkit=ek, langgraph=lg)
         cases.append(await time_case(str(n), n, runners, repeats))
-    lines = []
     _, mid, big = sizes.chains
-    medians = {c["label"]: c["runners"] for c in cases}
-    for runner in ("ekit", "ekit[all]", "floor"):
-        a = medians[str(big)][runner].get("median_s")
-        b = medians[str(mid)][runner].get("median_s")
-        if a and b:
-            lines.append(f"{runner}: {big}/{mid} time ratio {a / b:.2f} "
-                         f"(linear is {big / mid:.0f})")
+    lines = growth_lines(cases, mid, big, ("ekit", "ekit[all]", "floor"))
     return {"status": "ok", "description": "sequential chains of no-op steps",
             "cases": cases, "lines": lines}
 
