@@ -300,12 +300,17 @@ def write_checkpoints(src: Path, runners: list[str], recorded: set[int],
 # -- the plan and the figures --------------------------------------------------------
 
 
+def installed(library: str) -> bool:
+    """Whether ``library`` can be imported here (ExecutionKit is an optional baseline)."""
+    return importlib.util.find_spec(library) is not None
+
+
 def measured_pair(runner: str, workload: str, index: int, sizes: Sizes) -> Pair | str:
     """The sizes ``runner`` is measured at for ``workload``'s pair ``index``, or a note
     saying why it is not measured there."""
     pair: Pair = getattr(sizes, workload)[index]
     if runner == "executionkit":
-        if importlib.util.find_spec("executionkit") is None:
+        if not installed("executionkit"):
             return "executionkit not installed (pip install executionkit==0.4.0)"
         if workload == "chain":
             return sizes.executionkit_chain if index == 0 else (
