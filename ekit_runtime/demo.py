@@ -217,21 +217,24 @@ def _demo(args: argparse.Namespace, directory: Path) -> int:
     say("")
     say(f"== run 1: interrupted (as if by Ctrl-C) once {args.stop_after} steps have finished ==")
     context = {"question": "why do resumable workflows matter?"}
-    cut = asyncio.run(_interrupted_run(workflow, context, JsonFileStore(path), args.stop_after))
+    # Closed at the block's end, as a stopped process would let go of the
+    # write lock: run 2 is the next writer of the same file.
+    with JsonFileStore(path) as first:
+        cut = asyncio.run(_interrupted_run(workflow, context, first, args.stop_after))
     say(f"cancelled in flight (not recorded, will run again): {len(cut)} ({_names(cut)})")
 
     # Read the file back as a fresh process would: nothing survives but the file.
-    store = JsonFileStore(path)
-    checkpoint = store.load()
-    if checkpoint is None:
-        say("error: the interrupted run left no checkpoint file")
-        return 1
-    recorded = list(checkpoint.outputs)
-    say(f"recorded before the interruption: {len(recorded)} ({_names(recorded)})")
-    say(f"tokens spent before the interruption: {checkpoint.cost.total_tokens}")
-    say("")
-    say(f"== run 2: resumed from {path.name} ==")
-    skipped, ran, result = asyncio.run(_resumed_run(workflow, checkpoint, store))
+    with JsonFileStore(path) as store:
+        checkpoint = store.load()
+        if checkpoint is None:
+            say("error: the interrupted run left no checkpoint file")
+            return 1
+        recorded = list(checkpoint.outputs)
+        say(f"recorded before the interruption: {len(recorded)} ({_names(recorded)})")
+        say(f"tokens spent before the interruption: {checkpoint.cost.total_tokens}")
+        say("")
+        say(f"== run 2: resumed from {path.name} ==")
+        skipped, ran, result = asyncio.run(_resumed_run(workflow, checkpoint, store))
     saved = sum(checkpoint.step_usage[n].total_tokens for n in skipped if n in checkpoint.step_usage)
     say(f"skipped on resume: {len(skipped)} ({_names(skipped)})")
     say(f"ran on resume: {len(ran)} ({_names(ran)})")

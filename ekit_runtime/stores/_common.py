@@ -24,7 +24,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, Self, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
 
@@ -39,10 +39,13 @@ __all__ = [
     "Loads",
     "OutputEncodings",
     "ProcessLock",
+    "Store",
     "StoreLockedError",
     "UnencodableError",
     "WriteLock",
     "atomic_write",
+    "check_run_id",
+    "codec",
     "default_dumps",
     "default_loads",
     "encode",
@@ -772,3 +775,42 @@ def require_checkpoint(checkpoint: object) -> None:
     """Refuse anything but a :class:`WorkflowCheckpoint` with a ``ValueError``."""
     if not isinstance(checkpoint, WorkflowCheckpoint):
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
+
+
+def codec(dumps: Dumps | None, loads: Loads | None) -> tuple[Dumps, Loads]:
+    """A store's ``(dumps, loads)``: the ones given, else the strict JSON pair (no NaN either way)."""
+    return (
+        dumps if dumps is not None else default_dumps,
+        loads if loads is not None else default_loads,
+    )
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` if it is non-empty text UTF-8 can hold, else a ``ValueError`` saying why.
+
+    SQL text (SQLite, PostgreSQL) is UTF-8: a run id with a lone surrogate
+    could be neither saved nor found, so it is refused when the store is made.
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"run_id must be encodable as UTF-8, got {run_id!r}") from None
+    return run_id
+
+
+class Store:
+    """What every store shares beyond its codec: ``with store:`` closes it at the block's end."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Let go of what the store holds (its write lock, its connection)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -4,14 +4,14 @@ Shared by the stores and queue backends that keep checkpoints in SQL tables
 (:class:`~ekit_runtime.stores.postgres.PostgresStore`, the run queues). A
 save writes the header only when the run is new or changed shape, and
 otherwise only the rows of the outputs that are new since the previous save,
-so it costs O(that step's output). Loading folds the rows back and parses
-the result with :meth:`WorkflowCheckpoint.from_dict`, the untrusted-input
-parser: nothing read is ever executed.
+so it costs O(that step's output). :class:`OutputTexts` keeps each output's
+first text (the mutation rule of docs/stores.md). Loading folds the rows back
+and parses the result with :meth:`WorkflowCheckpoint.from_dict`, the
+untrusted-input parser: nothing read is ever executed.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +23,13 @@ from ekit_runtime.stores._common import (
     Loads,
     UnencodableError,
     default_dumps,
+    default_loads,
     encode_text,
     require_checkpoint,
     same_run,
 )
 
-__all__ = ["EncodedCheckpoint", "Row", "decode_checkpoint", "encode_checkpoint"]
+__all__ = ["EncodedCheckpoint", "OutputTexts", "Row", "decode_checkpoint", "encode_checkpoint"]
 
 Row = tuple[str, str, str]
 """``(kind, name, value)``: kind is ``"output"`` or ``"usage"``, value is encoded text."""
@@ -57,12 +58,50 @@ class EncodedCheckpoint:
         return self.header is not None
 
 
-def _rows(
-    outputs: Iterable[tuple[str, Any]], usage: Iterable[tuple[str, TokenUsage]], dumps: Dumps
-) -> list[Row]:
-    rows = [("output", k, encode_text(v, dumps, ((k, v),))) for k, v in outputs]
-    rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
-    return rows
+class OutputTexts:
+    """The text each step's output was first stored as, reused while saves hand the same object.
+
+    The library never copies outputs, so a step may mutate an earlier
+    step's output after it was saved; the rule (docs/stores.md) is that what
+    is stored for a step never changes. A store that keeps one of these
+    encodes an output once, when it first saves (or loads) it, and every
+    later row of that step, a full rewrite included, carries that text.
+    """
+
+    __slots__ = ("_texts",)
+
+    def __init__(self) -> None:
+        self._texts: dict[str, tuple[Any, str]] = {}
+
+    def rows(
+        self,
+        outputs: Iterable[tuple[str, Any]],
+        usage: Iterable[tuple[str, TokenUsage]],
+        dumps: Dumps,
+        *,
+        every: bool = False,
+    ) -> list[Row]:
+        """The rows of these outputs and usage; ``every=True``: they are all the run's outputs."""
+        old = self._texts
+        texts = {} if every else old
+        rows: list[Row] = []
+        for name, value in outputs:
+            entry = old.get(name)
+            if entry is None or entry[0] is not value:
+                entry = (value, encode_text(value, dumps, ((name, value),)))
+            texts[name] = entry
+            rows.append(("output", name, entry[1]))
+        rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+        self._texts = texts
+        return rows
+
+    def seed(self, outputs: dict[str, Any], texts: dict[str, str]) -> None:
+        """Remember loaded ``outputs`` as stored in ``texts``: later rows of theirs reuse it."""
+        self._texts = {name: (value, texts[name]) for name, value in outputs.items()}
+
+    def clear(self) -> None:
+        """Forget every text (nothing is stored, or what is stored is unknown)."""
+        self._texts = {}
 
 
 def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
@@ -72,7 +111,7 @@ def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
     return encode_text(meta, dumps, (), checkpoint.context)
 
 
-def _counts(checkpoint: WorkflowCheckpoint) -> tuple[int, int, int, int]:
+def _counts(checkpoint: WorkflowCheckpoint, engine: str) -> tuple[int, int, int, int]:
     cost = checkpoint.cost
     named = (
         ("step_index", checkpoint.step_index),
@@ -83,27 +122,37 @@ def _counts(checkpoint: WorkflowCheckpoint) -> tuple[int, int, int, int]:
     for name, value in named:
         if value not in _INT64:
             raise UnencodableError(
-                f"cannot store {name} = {value}: SQL integers are 64-bit; nothing was saved"
+                f"cannot store {name} = {value}: {engine} integers are 64-bit; nothing was saved"
             )
     return checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls
 
 
 def encode_checkpoint(
-    checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint | None, dumps: Dumps
+    checkpoint: WorkflowCheckpoint,
+    previous: WorkflowCheckpoint | None,
+    dumps: Dumps,
+    texts: OutputTexts | None = None,
+    *,
+    engine: str = "SQL",
 ) -> EncodedCheckpoint:
     """Encode ``checkpoint`` as a delta on ``previous`` (the stored one) when it extends it.
 
-    ``previous=None`` (unknown or nothing stored) gives a full rewrite. Raises
-    :class:`UnencodableError` naming the step before anything is written.
+    ``previous=None`` (unknown or nothing stored) gives a full rewrite.
+    ``texts``, when given, supplies (and learns) each output's first text;
+    ``engine`` names the database in the error for a count beyond 64 bits.
+    Raises :class:`UnencodableError` naming the step before anything is written.
     """
     require_checkpoint(checkpoint)
+    if texts is None:
+        texts = OutputTexts()  # nothing to reuse: every output is encoded now
     failures = encode_text({k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ())
-    counts = _counts(checkpoint)
+    counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
         delta = checkpoint.delta_since(previous)
         if delta.extends and not delta.context_changed:
-            return EncodedCheckpoint(None, _rows(delta.outputs, delta.step_usage, dumps), failures, counts)
-    rows = _rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps)
+            rows = texts.rows(delta.outputs, delta.step_usage, dumps)
+            return EncodedCheckpoint(None, rows, failures, counts)
+    rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True)
     return EncodedCheckpoint(_header(checkpoint, dumps), rows, failures, counts)
 
 
@@ -121,8 +170,13 @@ def decode_checkpoint(
     entries: Iterable[tuple[str, str, str]],
     loads: Loads,
     where: str,
+    texts: OutputTexts | None = None,
 ) -> WorkflowCheckpoint:
     """The checkpoint stored as these rows (``entries`` in insertion order).
+
+    ``texts``, when given, is seeded with each output's stored text, which
+    the store's later saves reuse. Failures and usage are library-written
+    JSON, read with :func:`default_loads` (no NaN or infinities).
 
     Raises :class:`CorruptStoreError` for text that does not decode and
     :class:`~ekit_core.CheckpointError` for data that is not a checkpoint
@@ -134,18 +188,23 @@ def decode_checkpoint(
     step_index, i, o, calls = counts
     data["step_index"] = step_index
     data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
-    data["failures"] = _decode(failures, json.loads, where, "failures")
+    data["failures"] = _decode(failures, default_loads, where, "failures")
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
+    stored: dict[str, str] = {}
     for kind, name, value in entries:
         if kind == "output":
             outputs[name] = _decode(value, loads, where, f"output of step {name!r}")
+            stored[name] = value
         else:
-            usage[name] = _decode(value, json.loads, where, f"usage of step {name!r}")
+            usage[name] = _decode(value, default_loads, where, f"usage of step {name!r}")
     data["outputs"] = outputs
     data["step_usage"] = usage
     try:
-        return WorkflowCheckpoint.from_dict(data)
+        checkpoint = WorkflowCheckpoint.from_dict(data)
     except ValueError as exc:
         exc.add_note(f"while loading {where}")
         raise
+    if texts is not None:
+        texts.seed(dict(checkpoint.outputs), stored)
+    return checkpoint

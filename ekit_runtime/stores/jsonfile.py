@@ -20,11 +20,11 @@ from ekit_runtime.stores._common import (
     Dumps,
     Loads,
     OutputEncodings,
+    Store,
     StoreLockedError,
     WriteLock,
     atomic_write,
-    default_dumps,
-    default_loads,
+    codec,
     file_identity,
     identity,
     require_checkpoint,
@@ -36,7 +36,7 @@ __all__ = ["JsonFileStore"]
 _UNKNOWN: Any = object()
 
 
-class JsonFileStore:
+class JsonFileStore(Store):
     """Keep the latest checkpoint of a run in one JSON file.
 
     Use it as ``checkpoint_fn=store``; ``store.load()`` returns the saved
@@ -65,8 +65,7 @@ class JsonFileStore:
         durable: bool = True,
     ) -> None:
         self.path = os.fspath(path)
-        self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else default_loads
+        self.dumps, self.loads = codec(dumps, loads)
         self.durable = durable
         self._encodings = OutputEncodings(self.dumps, self.loads)
         # The lock goes beside the file the symlink (if any) points to; the
@@ -81,11 +80,9 @@ class JsonFileStore:
     def save(self, checkpoint: WorkflowCheckpoint) -> None:
         """Replace the stored checkpoint with ``checkpoint``, atomically.
 
-        Raises :class:`~ekit_runtime.stores.UnencodableError` (a ``ValueError``
-        naming the step) if an output cannot be encoded, and
-        :class:`~ekit_runtime.stores.StoreLockedError` if another writer holds
-        the file or saved it since this store last read or wrote it; either
-        way before touching the file.
+        Refuses, before touching the file, an output it cannot encode
+        (``UnencodableError``) and a file another writer holds or replaced
+        since this store last read or wrote it (``StoreLockedError``).
         """
         require_checkpoint(checkpoint)
         data = self._encodings.document_of(checkpoint, {})
@@ -139,12 +136,6 @@ class JsonFileStore:
     def close(self) -> None:
         """Release the write lock (if this store took it); a later save takes it again."""
         self._lock.release()
-
-    def __enter__(self) -> JsonFileStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"JsonFileStore({self.path!r})"

@@ -1,28 +1,37 @@
 """``PostgresStore``: the checkpoints of many runs in PostgreSQL (psycopg 3, optional).
 
 This module owns the store's schema: ``ekit_runs`` holds one row per run id
-(the checkpoint's header, counts, failures, and a save counter) and
-``ekit_entries`` one row per recorded output and per-step usage. A save that
-extends the previous one is a single statement: it updates the run row only
-if the save counter is still the one this store last wrote (else another
-writer saved meanwhile, and the run is rewritten whole) and inserts only the
-new entries, so it costs O(that step's output). Reads take one REPEATABLE
-READ snapshot. Importing this module imports psycopg; ``ekit_runtime``
-imports it only when ``PostgresStore`` is first used.
+(the checkpoint's header, counts, failures, a save counter and the epoch of
+the writer that holds the run) and ``ekit_entries`` one row per recorded
+output and per-step usage. A save that extends the previous one is a single
+statement that updates the run row and inserts only the new entries, so it
+costs O(that step's output). Reads take one REPEATABLE READ snapshot.
+
+One writer per run id, by fencing: the first save of a store object claims
+the run, giving its row a new writer epoch (from the sequence
+``ekit_run_writers``, so an epoch is never handed out twice, even to a run
+deleted and saved again); every later save is conditional on that epoch in
+the very statement that writes, so once another store object has claimed
+the run, this one's saves write nothing and raise ``StoreLockedError``.
+Nothing is held between saves: a crashed writer blocks nobody.
+
+Importing this module imports psycopg; ``ekit_runtime`` imports it only when
+``PostgresStore`` is first used.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, NoReturn
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.stores._common import Dumps, Loads, default_dumps
+from ekit_runtime.stores._common import Dumps, Loads, Store, StoreLockedError, check_run_id, codec
 from ekit_runtime.stores._pg import PgConnection, psycopg
-from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
+from ekit_runtime.stores._rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
 
 __all__ = ["PostgresStore"]
 
+# The ALTER brings a table made before fencing up to date; the schema runs
+# only while the sequence (the probe) is missing, so once per database.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_runs (
     run_id text PRIMARY KEY,
@@ -33,8 +42,10 @@ CREATE TABLE IF NOT EXISTS ekit_runs (
     llm_calls bigint NOT NULL,
     failures text NOT NULL,
     saves bigint NOT NULL,
+    writer bigint NOT NULL DEFAULT 0,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE ekit_runs ADD COLUMN IF NOT EXISTS writer bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS ekit_entries (
     seq bigserial,
     run_id text NOT NULL,
@@ -43,7 +54,9 @@ CREATE TABLE IF NOT EXISTS ekit_entries (
     value text NOT NULL,
     PRIMARY KEY (run_id, kind, name)
 );
+CREATE SEQUENCE IF NOT EXISTS ekit_run_writers;
 """
+_PROBE = "ekit_run_writers"
 
 _INSERT = (
     "INSERT INTO ekit_entries (run_id, kind, name, value) "
@@ -52,8 +65,39 @@ _INSERT = (
     "ORDER BY e.ord ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value"
 )
 
+# A delta: the run row's counts, and the new entries only if that update
+# matched, in one statement. {cond} is "saves" for a claim that extends what
+# this store loaded (it takes a new epoch), "writer" for a save under the epoch held.
+_DELTA = (
+    "WITH run AS (UPDATE ekit_runs SET step_index = %s, input_tokens = %s, output_tokens = %s, "
+    "llm_calls = %s, failures = %s, saves = saves + 1, writer = {writer}, updated_at = now() "
+    "WHERE run_id = %s AND {cond} = %s RETURNING run_id, saves, writer), "
+    "added AS (" + _INSERT.format(source="run.run_id", origin="run, ") + ") "
+    "SELECT saves, writer FROM run"
+)
 
-class PostgresStore:
+_COLUMNS = "header, step_index, input_tokens, output_tokens, llm_calls, failures"
+# A full rewrite's run row, which also locks it for the rest of the transaction.
+_CLAIM_ROW = (
+    f"INSERT INTO ekit_runs (run_id, {_COLUMNS}, saves, writer) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, 1, nextval('ekit_run_writers')) ON CONFLICT (run_id) DO UPDATE SET "
+    "header = excluded.header, step_index = excluded.step_index, "
+    "input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, "
+    "llm_calls = excluded.llm_calls, failures = excluded.failures, "
+    "saves = ekit_runs.saves + 1, writer = excluded.writer, updated_at = now() RETURNING saves, writer"
+)
+_FENCED_ROW = (
+    "UPDATE ekit_runs SET header = %s, step_index = %s, input_tokens = %s, output_tokens = %s, "
+    "llm_calls = %s, failures = %s, saves = saves + 1, updated_at = now() "
+    "WHERE run_id = %s AND writer = %s RETURNING saves, writer"
+)
+
+
+class _Fenced(Exception):
+    """The run row no longer carries this store's epoch; the transaction is rolled back."""
+
+
+class PostgresStore(Store):
     """Keep the checkpoints of many runs, keyed by ``run_id``, in a PostgreSQL database.
 
     ``dsn`` is a libpq connection string or URL, or an open
@@ -63,7 +107,15 @@ class PostgresStore:
     lists run ids; ``delete(run_id)`` forgets one. A save is one statement
     (or one transaction when the run is rewritten): a crash leaves the
     previous checkpoint or the new one. ``dumps``/``loads`` encode each
-    output. One writer per run id; for many writers use the run queue.
+    output (strict JSON by default: NaN is refused both ways).
+
+    One writer per run id, enforced by fencing: the first save of a store
+    object claims the run, and from then on a save of any store object that
+    claimed it before is refused with
+    :class:`~ekit_runtime.stores.StoreLockedError`, writing nothing. So a
+    new store object saving a run *takes it over*, deliberately: nothing is
+    held between saves, and a crashed writer blocks nobody. :meth:`load`
+    never claims. For many writers of many runs, use the run queue.
     """
 
     def __init__(
@@ -75,61 +127,100 @@ class PostgresStore:
         loads: Loads | None = None,
     ) -> None:
         """Connect and create the store's tables if missing."""
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
-        self.run_id = run_id
-        self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else json.loads
-        self.db = PgConnection(dsn, _SCHEMA, "ekit_runs")
-        # What is stored for run_id, as this object last wrote or read it.
+        self.run_id = check_run_id(run_id)
+        self.dumps, self.loads = codec(dumps, loads)
+        self.db = PgConnection(dsn, _SCHEMA, _PROBE)
+        # What is stored for run_id, as this object last wrote or read it,
+        # with the run row's save counter (0: no row) and each output's text.
         self._last: WorkflowCheckpoint | None = None
         self._saves = 0
+        self._texts = OutputTexts()
+        # The writer epoch this object claimed (None: not claimed yet), and
+        # whether another writer has taken the run over since.
+        self._epoch: int | None = None
+        self._fenced = False
 
     def save(self, checkpoint: WorkflowCheckpoint) -> None:
-        """Record ``checkpoint`` as the latest of this store's run.
+        """Record ``checkpoint`` as the latest of this store's run; the first save claims the run.
 
         Raises ``UnencodableError`` (a ``ValueError`` naming the step) before
-        anything is sent if an output cannot be encoded.
+        anything is sent if an output cannot be encoded, and
+        ``StoreLockedError``, writing nothing, once another store object has
+        claimed the run (or deleted it) since this one did.
         """
-        encoded = encode_checkpoint(checkpoint, self._last if self._saves else None, self.dumps)
+        if self._fenced:
+            raise self._refusal(None)
+        previous = self._last if self._saves else None
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps, self._texts, engine="PostgreSQL")
         self._last = None  # unknown until the write commits
-        saves = None if encoded.full else self._delta(encoded)
-        if saves is None:
-            full = encoded if encoded.full else encode_checkpoint(checkpoint, None, self.dumps)
-            saves = self._full(full)
-        self._last, self._saves = checkpoint, saves
+        row = None if encoded.full else self._delta(encoded)
+        if row is None and self._epoch is not None and not encoded.full:
+            self._fence()
+        if row is None:
+            full = encoded if encoded.full else encode_checkpoint(checkpoint, None, self.dumps, self._texts)
+            row = self._full(full)
+        self._last, (self._saves, self._epoch) = checkpoint, row
 
     __call__ = save
 
-    def _delta(self, enc: EncodedCheckpoint) -> int | None:
-        kinds, names, values = ([r[i] for r in enc.rows] for i in range(3))
-        sql = (
-            "WITH run AS (UPDATE ekit_runs SET step_index = %s, input_tokens = %s, output_tokens = %s, "
-            "llm_calls = %s, failures = %s, saves = saves + 1, updated_at = now() "
-            "WHERE run_id = %s AND saves = %s RETURNING run_id, saves), "
-            "added AS (" + _INSERT.format(source="run.run_id", origin="run, ") + ") "
-            "SELECT saves FROM run"
-        )
-        args = (*enc.counts, enc.failures, self.run_id, self._saves, kinds, names, values)
-        row = self.db.run(lambda c: c.execute(sql, args).fetchone())
-        return None if row is None else int(row[0])
+    def _delta(self, enc: EncodedCheckpoint) -> tuple[int, int] | None:
+        """Add ``enc`` to the run in one statement; ``None`` if the run row's condition failed.
 
-    def _full(self, enc: EncodedCheckpoint) -> int:
+        Without an epoch this is a claim, conditional on the save counter
+        this store loaded (else the run is rewritten whole, see :meth:`_full`).
+        """
         kinds, names, values = ([r[i] for r in enc.rows] for i in range(3))
-        with self.db.transaction() as conn:
-            conn.execute("DELETE FROM ekit_entries WHERE run_id = %s", (self.run_id,))
-            row = conn.execute(
-                "INSERT INTO ekit_runs (run_id, header, step_index, input_tokens, output_tokens, llm_calls, "
-                "failures, saves) VALUES (%s, %s, %s, %s, %s, %s, %s, 1) ON CONFLICT (run_id) DO UPDATE SET "
-                "header = excluded.header, step_index = excluded.step_index, "
-                "input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, "
-                "llm_calls = excluded.llm_calls, failures = excluded.failures, "
-                "saves = ekit_runs.saves + 1, updated_at = now() RETURNING saves",
-                (self.run_id, enc.header, *enc.counts, enc.failures),
-            ).fetchone()
-            conn.execute(_INSERT.format(source="%s", origin=""), (self.run_id, kinds, names, values))
-        assert row is not None
-        return int(row[0])
+        if self._epoch is None:
+            sql = _DELTA.format(writer="nextval('ekit_run_writers')", cond="saves")
+            expected = self._saves
+        else:
+            sql = _DELTA.format(writer="writer", cond="writer")
+            expected = self._epoch
+        args = (*enc.counts, enc.failures, self.run_id, expected, kinds, names, values)
+        row = self.db.run(lambda c: c.execute(sql, args).fetchone())
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def _full(self, enc: EncodedCheckpoint) -> tuple[int, int]:
+        """Rewrite the run whole in one transaction: claiming it, or under this store's epoch.
+
+        The run row is written first, which locks it: a concurrent claim
+        waits for this transaction, and one that came first makes the
+        fenced update match nothing, so the transaction is rolled back.
+        """
+        kinds, names, values = ([r[i] for r in enc.rows] for i in range(3))
+        try:
+            with self.db.transaction() as conn:
+                if self._epoch is None:
+                    cur = conn.execute(_CLAIM_ROW, (self.run_id, enc.header, *enc.counts, enc.failures))
+                else:
+                    args = (enc.header, *enc.counts, enc.failures, self.run_id, self._epoch)
+                    cur = conn.execute(_FENCED_ROW, args)
+                row = cur.fetchone()
+                if row is None:
+                    raise _Fenced
+                conn.execute("DELETE FROM ekit_entries WHERE run_id = %s", (self.run_id,))
+                conn.execute(_INSERT.format(source="%s", origin=""), (self.run_id, kinds, names, values))
+        except _Fenced:
+            self._fence()
+        return int(row[0]), int(row[1])
+
+    def _fence(self) -> NoReturn:
+        """Refuse this save, and every later one: another writer claimed (or deleted) the run."""
+        self._fenced = True
+        found = self.db.run(
+            lambda c: c.execute("SELECT writer FROM ekit_runs WHERE run_id = %s", (self.run_id,)).fetchone()
+        )
+        raise self._refusal(None if found is None else int(found[0]))
+
+    def _refusal(self, epoch: int | None) -> StoreLockedError:
+        now = "deleted" if epoch is None else f"claimed by another writer (epoch {epoch})"
+        return StoreLockedError(
+            "postgresql",
+            f"the run was {now} after this store claimed it (epoch {self._epoch}); one writer "
+            "per run id, so nothing was saved, and this store object will save nothing more. "
+            "To take the run back, make a new PostgresStore, load() and save: that fences the other",
+            run_id=self.run_id,
+        )
 
     def load(self, run_id: str | None = None) -> WorkflowCheckpoint | None:
         """The latest checkpoint of ``run_id`` (default: this store's), or ``None``."""
@@ -145,14 +236,18 @@ class PostgresStore:
             entries = conn.execute(
                 "SELECT kind, name, value FROM ekit_entries WHERE run_id = %s ORDER BY seq", (run,)
             ).fetchall()
+        own = run == self.run_id
         if row is None:
-            if run == self.run_id:
+            if own:
                 self._last, self._saves = None, 0
+                self._texts.clear()
             return None
         checkpoint = decode_checkpoint(
-            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"postgresql run {run!r}"
+            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"postgresql run {run!r}",
+            self._texts if own else None,
         )
-        if run == self.run_id:
+        if own:
+            # Only what is stored is learnt: the epoch (claimed or not) stays as it was.
             self._last, self._saves = checkpoint, int(row[6])
         return checkpoint
 
@@ -162,23 +257,23 @@ class PostgresStore:
         return [r[0] for r in rows]
 
     def delete(self, run_id: str) -> bool:
-        """Forget every checkpoint of ``run_id``; ``True`` if there was one."""
+        """Forget every checkpoint of ``run_id``; ``True`` if there was one.
+
+        Whoever writes that run is refused at its next save (its epoch is
+        gone with the row). Deleting this store's own run starts it afresh:
+        its next save claims the run again.
+        """
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM ekit_entries WHERE run_id = %s", (run_id,))
             found = conn.execute("DELETE FROM ekit_runs WHERE run_id = %s", (run_id,)).rowcount > 0
         if run_id == self.run_id:
-            self._last, self._saves = None, 0
+            self._last, self._saves, self._epoch, self._fenced = None, 0, None, False
+            self._texts.clear()
         return found
 
     def close(self) -> None:
         """Close the connection."""
         self.db.close()
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"PostgresStore(run_id={self.run_id!r})"

@@ -24,24 +24,23 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core import WorkflowCheckpoint
 from ekit_runtime.stores._common import (
     CorruptStoreError,
     Dumps,
     Loads,
     ProcessLock,
+    Store,
     StoreLockedError,
-    UnencodableError,
     WriteLock,
-    default_dumps,
-    default_loads,
-    encode_text,
+    check_run_id,
+    codec,
     require_checkpoint,
-    same_run,
 )
+from ekit_runtime.stores._rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
 
 if TYPE_CHECKING:
     import sqlite3
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
-Row: TypeAlias = tuple[str, str, str]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_runs (
@@ -81,11 +79,6 @@ _TABLES = {
     ),
     "ekit_entries": (frozenset({"run_id", "kind", "name", "value"}), ("run_id", "kind", "name")),
 }
-
-# SQLite stores INTEGER as a signed 64-bit value; a larger Python int would
-# raise OverflowError in the middle of the transaction.
-_INT64 = range(-(2**63), 2**63)
-
 
 def _damaged(exc: BaseException) -> bool:
     """Whether a sqlite3 error says the file is not a database or is corrupt."""
@@ -150,7 +143,7 @@ def _lock_file(file: str, run_id: str) -> str:
     digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{file}-ekit-{slug}-{digest}.lock"
 
-class SqliteStore:
+class SqliteStore(Store):
     """Keep the checkpoints of many runs, keyed by ``run_id``, in one SQLite database.
 
     ``database`` is a path (opened in WAL mode) or an open
@@ -195,16 +188,8 @@ class SqliteStore:
         """
         import sqlite3
 
-        if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
-        try:
-            run_id.encode("utf-8")
-        except UnicodeEncodeError:
-            # SQLite text is UTF-8: such a run could be neither saved nor found.
-            raise ValueError(f"run_id must be encodable as UTF-8, got {run_id!r}") from None
-        self.run_id = run_id
-        self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else default_loads
+        self.run_id = check_run_id(run_id)
+        self.dumps, self.loads = codec(dumps, loads)
         self._lock = threading.Lock()
         self._owned = not isinstance(database, sqlite3.Connection)
         self.path = "<sqlite3.Connection>"
@@ -232,7 +217,7 @@ class SqliteStore:
         # next save rewrites the run unchecked) and each output's stored text.
         self._last: WorkflowCheckpoint | None = None
         self._saves: int | None = None
-        self._texts: dict[str, tuple[Any, str]] = {}
+        self._texts = OutputTexts()
 
     def _open(self, durable: bool) -> str:
         """Configure the connection and check the tables; the database's file ("" if none)."""
@@ -319,29 +304,13 @@ class SqliteStore:
         require_checkpoint(checkpoint)
         with self._lock, self._named():
             self._writer.hold()
-            previous = self._last
-            rows: list[Row] | None = None
-            if previous is not None and same_run(checkpoint, previous):
-                delta = checkpoint.delta_since(previous)
-                if delta.extends and not delta.context_changed:
-                    rows = self._rows(delta.outputs, delta.step_usage)
-            header = None
-            if rows is None:
-                header = self._header(checkpoint)
-                rows = self._rows(
-                    checkpoint.outputs.items(), checkpoint.step_usage.items(), every=True
-                )
-            failures = encode_text(
-                {k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ()
+            encoded = encode_checkpoint(
+                checkpoint, self._last, self.dumps, self._texts, engine="SQLite"
             )
-            self._check_counts(checkpoint)
             # Unknown until the transaction commits: if it fails, save in full next time.
             self._last = None
-            written = rows
             try:
-                saves = self._transaction(
-                    lambda: self._write(checkpoint, written, failures, header)
-                )
+                saves = self._transaction(lambda: self._write(encoded))
             except _Stale:
                 raise StoreLockedError(
                     self.path,
@@ -354,62 +323,9 @@ class SqliteStore:
 
     __call__ = save
 
-    @staticmethod
-    def _check_counts(checkpoint: WorkflowCheckpoint) -> None:
-        """Refuse, before the transaction, a count that does not fit an SQLite INTEGER."""
-        cost = checkpoint.cost
-        for name, value in (
-            ("step_index", checkpoint.step_index),
-            ("cost.input_tokens", cost.input_tokens),
-            ("cost.output_tokens", cost.output_tokens),
-            ("cost.llm_calls", cost.llm_calls),
-        ):
-            if value not in _INT64:
-                raise UnencodableError(
-                    f"cannot store {name} = {value}: SQLite integers are 64-bit; nothing was saved"
-                )
-
-    def _header(self, checkpoint: WorkflowCheckpoint) -> str:
-        meta = checkpoint.to_dict()
-        for key in ("outputs", "step_usage", "failures", "cost", "step_index"):
-            del meta[key]
-        return encode_text(meta, self.dumps, (), checkpoint.context)
-
-    def _rows(
-        self,
-        outputs: Iterable[tuple[str, Any]],
-        usage: Iterable[tuple[str, TokenUsage]],
-        *,
-        every: bool = False,
-    ) -> list[Row]:
-        """The rows of these outputs and usage, each output in the text it was first stored as.
-
-        The mutation rule (docs/stores.md): an output object saved (or loaded)
-        before keeps its first text, even in a full rewrite after a step
-        mutated it. ``every=True``: these are all the run's outputs.
-        """
-        old = self._texts
-        texts = {} if every else old
-        rows: list[Row] = []
-        for name, value in outputs:
-            entry = old.get(name)
-            if entry is None or entry[0] is not value:
-                entry = (value, encode_text(value, self.dumps, ((name, value),)))
-            texts[name] = entry
-            rows.append(("output", name, entry[1]))
-        rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
-        self._texts = texts
-        return rows
-
-    def _write(
-        self,
-        checkpoint: WorkflowCheckpoint,
-        rows: list[Row],
-        failures: str,
-        header: str | None,
-    ) -> int:
-        conn, run_id, cost = self.conn, self.run_id, checkpoint.cost
-        counts = (checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls)
+    def _write(self, encoded: EncodedCheckpoint) -> int:
+        conn, run_id = self.conn, self.run_id
+        counts, failures, header = encoded.counts, encoded.failures, encoded.header
         now = time.time()
         if header is None:
             updated = conn.execute(
@@ -438,7 +354,7 @@ class SqliteStore:
             )
         conn.executemany(
             "INSERT INTO ekit_entries (run_id, kind, name, value) VALUES (?, ?, ?, ?)",
-            [(run_id, *row) for row in rows],
+            [(run_id, *row) for row in encoded.rows],
         )
         saves: int = conn.execute(
             "SELECT saves FROM ekit_runs WHERE run_id=?", (run_id,)
@@ -460,43 +376,19 @@ class SqliteStore:
             raise ValueError(f"run_id must be a string, got {type(run).__name__}")
         with self._lock, self._named():
             row, entries = self._read(run)
+            own = run == self.run_id
             if row is None:
-                if run == self.run_id:
-                    self._last, self._saves, self._texts = None, 0, {}
+                if own:
+                    self._last, self._saves = None, 0
+                    self._texts.clear()
                 return None
-            checkpoint, texts = self._decode_run(row, entries, f"{self.path}, run {run!r}")
-            if run == self.run_id:
-                self._last, self._saves, self._texts = checkpoint, row[6], texts
+            checkpoint = decode_checkpoint(
+                row[0], tuple(row[1:5]), row[5], entries, self.loads,
+                f"{self.path}, run {run!r}", self._texts if own else None,
+            )
+            if own:
+                self._last, self._saves = checkpoint, row[6]
             return checkpoint
-
-    def _decode_run(
-        self, row: Any, entries: list[Any], where: str
-    ) -> tuple[WorkflowCheckpoint, dict[str, tuple[Any, str]]]:
-        """The checkpoint stored as ``row`` and ``entries``, and each output's stored text."""
-        header, step_index, i, o, calls, failures, _ = row
-        data = self._decode(header, where, "header")
-        if not isinstance(data, dict):
-            raise CorruptStoreError(where, "header is not an object")
-        data["step_index"] = step_index
-        data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
-        data["failures"] = self._decode(failures, where, "failures")
-        outputs: dict[str, Any] = {}
-        usage: dict[str, Any] = {}
-        for kind, name, value in entries:
-            if kind == "output":
-                outputs[name] = self._decode(value, where, f"output of step {name!r}")
-            else:
-                usage[name] = self._decode(value, where, f"usage of step {name!r}")
-        data["outputs"] = outputs
-        data["step_usage"] = usage
-        try:
-            checkpoint = WorkflowCheckpoint.from_dict(data)
-        except ValueError as exc:
-            exc.add_note(f"while loading {where}")
-            raise
-        texts = {name: (checkpoint.outputs[name], value) for kind, name, value in entries
-                 if kind == "output"}
-        return checkpoint, texts
 
     def _read(self, run: str) -> tuple[Any, list[Any]]:
         def body() -> tuple[Any, list[Any]]:
@@ -516,16 +408,6 @@ class SqliteStore:
         # One transaction, so the run row and its entries come from one
         # snapshot; deferred, so a read neither takes nor waits for the write lock.
         return self._transaction(body, write=False)
-
-    def _decode(self, text: str, where: str, what: str) -> Any:
-        # Failures and usage are always default JSON; outputs and the header use the codec.
-        loads = default_loads if what == "failures" or what.startswith("usage") else self.loads
-        try:
-            return loads(text)
-        except Exception as exc:
-            raise CorruptStoreError(
-                where, f"{what} does not decode ({type(exc).__name__}: {exc})"
-            ) from exc
 
     def runs(self) -> list[str]:
         """The run ids that have a saved checkpoint, sorted."""
@@ -556,7 +438,8 @@ class SqliteStore:
                 if not own:
                     writer.release()
             if own:
-                self._last, self._saves, self._texts = None, 0, {}
+                self._last, self._saves = None, 0
+                self._texts.clear()
             return found
 
     def close(self) -> None:
@@ -564,12 +447,6 @@ class SqliteStore:
         self._writer.release()
         if self._owned:
             self.conn.close()
-
-    def __enter__(self) -> SqliteStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r}, run_id={self.run_id!r})"
