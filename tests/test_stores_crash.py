@@ -129,6 +129,9 @@ def _worker(kind: str, folder: Path, worker: int, kills: int) -> dict[str, int]:
     return stats
 
 
+# Fifty real processes killed per store: slower than the suite's 20 s default
+# on a loaded 2-core machine, yet a hang still fails within minutes.
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", child.KINDS)
 def test_sigkill_at_random_moments(kind: str, tmp_path: Path) -> None:
     # Independent runs side by side: a child spends most of its life starting
