@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from ekit_core.checkpoint import (
     CheckpointError,
@@ -399,7 +399,7 @@ def apply(state: State, inputs: Iterable[Input]) -> State:
     an outcome of a step that is not in flight, an unknown step or input
     type); ``state`` is unchanged then too.
     """
-    return _fold(state, inputs, start_next=False, record_events=True)[0]
+    return _fold(state, inputs, False, True)[0]
 
 
 def advance(
@@ -412,7 +412,7 @@ def advance(
     per group of completions. With ``record_events=False`` the new state's
     ``events`` is empty, which saves building event objects nobody will read.
     """
-    return _fold(state, inputs, start_next=True, record_events=record_events)
+    return _fold(state, inputs, True, record_events)
 
 
 class _Draft:
@@ -570,16 +570,15 @@ def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
 
 
 def _fold(
-    state: State, inputs: Iterable[Input], *, start_next: bool, record_events: bool
+    state: State, inputs: Iterable[Input], start_next: bool, record_events: bool
 ) -> tuple[State, Batch]:
     spec, graph = state.spec, state.spec.graph
     index, deps, dependents = graph.index, graph.deps, graph.dependents
     budget, total = spec.limits.budget, len(graph.names)
     outputs, step_usage, completed, cost = state.outputs, state.step_usage, state.completed, state.cost
     offset, ready, running, in_flight = state._offset, state._ready, state._running, state._in_flight
-    inc = state.incidents
+    inc, events = state.incidents, cast(list[Event], [])
     waiting: dict[str, int] | None = None  # copied from the state on first write
-    events: list[Event] = []
     for item in inputs:
         if type(item) is not Succeeded and not isinstance(item, Succeeded):
             offset, ready, running, in_flight, inc = _fold_rare(
@@ -622,39 +621,41 @@ def _fold(
         if budget is not None and inc.halt is None and completed < total and budget.reached(cost):
             inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
     counts = state._waiting if waiting is None else MappingProxyType(waiting)
+    if start_next and ready and not ready & (ready - 1):
+        chain = _start_only(spec, offset, ready, running, in_flight, inc, events, outputs,
+                            step_usage, completed, cost, counts, record_events)
+        if chain is not None:
+            return chain
     d = _Draft(spec, offset, ready, running, in_flight, inc, events)
-    chain = start_next and _start_only(d, outputs, step_usage, completed, cost, counts, record_events)
-    if chain:
-        return chain
-    batch = _launch(d, record_events) if start_next else _EMPTY
+    batch = _launch(d, record_events) if start_next else _EMPTY  # what plan() would start
     return _close(state, d, outputs, step_usage, completed, cost, counts, record_events), batch
 
 
 def _start_only(
-    d: _Draft, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
+    spec: RunSpec, offset: int, ready: int, running: int, in_flight: int, inc: Incidents,
+    events: list[Event], outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
     completed: int, cost: TokenUsage, waiting: MappingProxyType[str, int], record_events: bool,
 ) -> tuple[State, Batch] | None:
     """The fused path when exactly one step is ready (every step of a chain), or ``None``.
 
-    What :func:`_launch` and :func:`_close` would do, with the batch of a
-    plain first attempt made once per run.
+    What :func:`_launch` and :func:`_close` would do, on the fold's own
+    values, with the batch of a plain first attempt made once per run.
     """
-    ready, inc, limits = d.ready, d.inc, d.spec.limits
-    if (not ready or ready & (ready - 1) or inc.halt is not None or limits.approval
-            or limits.max_concurrency is not None):
+    limits = spec.limits
+    if inc.halt is not None or limits.approval or limits.max_concurrency is not None:
         return None
-    name = d.spec.graph.names[d.offset + ready.bit_length() - 1]
+    name = spec.graph.names[offset + ready.bit_length() - 1]
     if name in inc.tries:  # a retry: its delay and attempt number are _launch's
         return None
     if record_events:
-        d.events.append(StepStarted(name, 1, 0.0))
-    offset, ready, running = _anchor(d.offset, 0, d.running | ready)
+        events.append(StepStarted(name, 1, 0.0))
+    offset, ready, running = _anchor(offset, 0, running | ready)
     new = make_state(
-        d.spec, outputs, step_usage, completed, cost, inc,
-        tuple(d.events) if record_events else (), None, offset, ready, running, d.in_flight + 1,
+        spec, outputs, step_usage, completed, cost, inc,
+        tuple(events) if record_events else (), None, offset, ready, running, in_flight + 1,
         waiting,
     )
-    return new, d.spec.first_attempt(name)
+    return new, spec.first_attempt(name)
 
 
 def _close(
