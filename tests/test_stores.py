@@ -37,23 +37,9 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
+from tests.store_helpers import Factory, store_factories
 
-Factory = Callable[..., Any]
-
-
-def _json(folder: Path, **kw: Any) -> JsonFileStore:
-    return JsonFileStore(folder / "cp.json", **kw)
-
-
-def _journal(folder: Path, **kw: Any) -> JournalStore:
-    return JournalStore(folder / "cp.jsonl", **kw)
-
-
-def _sqlite(folder: Path, **kw: Any) -> SqliteStore:
-    return SqliteStore(folder / "cp.db", run_id="run-1", **kw)
-
-
-FACTORIES = {"json": _json, "journal": _journal, "sqlite": _sqlite}
+FACTORIES = store_factories("run-1")
 
 
 @pytest.fixture(params=sorted(FACTORIES))

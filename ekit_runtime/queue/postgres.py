@@ -36,7 +36,6 @@ from ekit_runtime.queue.base import QueueBase
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
-    LeaseLostError,
     Limits,
     RunInfo,
     RunStatus,
@@ -46,10 +45,9 @@ from ekit_runtime.queue.records import (
     check_seconds,
     check_status,
 )
-from ekit_runtime.stores._common import Dumps, Loads, default_dumps
+from ekit_runtime.stores._common import Dumps, Loads
 from ekit_runtime.stores._pg import PgConnection, psycopg
-from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint
-from ekit_runtime.workflow import WorkflowResult
+from ekit_runtime.stores._rows import EncodedCheckpoint
 
 __all__ = ["PostgresQueue"]
 
@@ -227,14 +225,6 @@ class PostgresQueue(QueueBase):
         with self.db.transaction(snapshot=True) as conn:
             return self._load(conn, run_id, missing_ok=False)
 
-    def result(self, run_id: str) -> WorkflowResult | None:
-        """The outputs and cost of a finished run; ``None`` until it has finished."""
-        info = self.status(run_id)
-        checkpoint = self.checkpoint(run_id) if info.status == "finished" else None
-        if checkpoint is None:
-            return None
-        return WorkflowResult(checkpoint.outputs, checkpoint.cost, checkpoint)
-
     def _load(
         self, conn: psycopg.Connection[Any], run_id: str, *, missing_ok: bool
     ) -> WorkflowCheckpoint | None:
@@ -243,18 +233,13 @@ class PostgresQueue(QueueBase):
             "FROM ekit_queue_runs WHERE run_id = %s",
             (run_id,),
         ).fetchone()
-        if row is None:
-            if missing_ok:
-                return None
-            raise UnknownRunError(run_id)
-        if row[0] is None:
-            return None
-        entries = conn.execute(
-            "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = %s ORDER BY seq", (run_id,)
-        ).fetchall()
-        return decode_checkpoint(
-            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"postgresql run {run_id!r}"
-        )
+
+        def entries() -> list[tuple[str, str, str]]:
+            return conn.execute(
+                "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = %s ORDER BY seq", (run_id,)
+            ).fetchall()
+
+        return self._decode_run(row, run_id, entries, f"postgresql run {run_id!r}", missing_ok=missing_ok)
 
     def cancel(self, run_id: str) -> bool:
         """Ask for the run to stop; ``False`` if it had already ended (see :class:`SqliteQueue`)."""
@@ -299,9 +284,7 @@ class PostgresQueue(QueueBase):
 
     def set_limits(self, limits: Limits) -> None:
         """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
-        if not isinstance(limits, Limits):
-            raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
-        text = default_dumps(limits.to_dict())
+        text = self._limits_text(limits)
         self.db.run(
             lambda c: c.execute("UPDATE ekit_queue_config SET value = %s WHERE key = 'limits'", (text,))
         )
@@ -310,7 +293,7 @@ class PostgresQueue(QueueBase):
         row = conn.execute(
             "SELECT value FROM ekit_queue_config WHERE key = 'limits'" + (" FOR UPDATE" if lock else "")
         ).fetchone()
-        return Limits() if row is None else Limits.from_dict(self.loads(row[0]))
+        return self._limits_from(row)
 
     # -- the worker's side --------------------------------------------------
 
@@ -324,9 +307,7 @@ class PostgresQueue(QueueBase):
                 return None
             run_id, epoch, workflow, context, until = row
             checkpoint = self._load(conn, run_id, missing_ok=True)
-        lease = Lease(run_id, epoch, workflow, self._context(context), checkpoint, until)
-        self._remember(lease, checkpoint)
-        return lease
+        return self._granted(run_id, epoch, workflow, context, checkpoint, until)
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -392,8 +373,7 @@ class PostgresQueue(QueueBase):
 
     def _fenced(self, lease: Lease, row: tuple[Any, ...] | None) -> bool:
         if row is None:
-            self._forget(lease.run_id)
-            raise LeaseLostError(lease.run_id, lease.epoch)
+            self._lost(lease)
         return bool(row[0])
 
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
@@ -413,7 +393,7 @@ class PostgresQueue(QueueBase):
             return cancel
 
     def _save_delta(self, lease: Lease, enc: EncodedCheckpoint, seconds: float, added: TokenUsage) -> bool:
-        used = added.llm_calls > 0 or added.total_tokens > 0
+        used = self._uses(added)
         kinds, names, values = _columns(enc.rows)
         # One statement: the fenced UPDATE, and inserts that exist only for the row it matched.
         sql = (
@@ -452,7 +432,7 @@ class PostgresQueue(QueueBase):
         added: TokenUsage,
     ) -> bool:
         kinds, names, values = _columns(enc.rows)
-        used = added.llm_calls > 0 or added.total_tokens > 0
+        used = self._uses(added)
         # One statement, like the delta: a worker paused between the statements
         # of a transaction would keep the run's row locked, so no claim could
         # take the run over until it woke (claims skip locked rows).
@@ -477,8 +457,7 @@ class PostgresQueue(QueueBase):
 
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
         """End the run under ``lease``; :class:`LeaseLostError` if the lease is no longer held."""
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+        self._final(status)
         row = self.db.run(
             lambda c: c.execute(
                 "UPDATE ekit_queue_runs SET status = %s, error = %s, lease_until = NULL, "
@@ -507,7 +486,7 @@ class PostgresQueue(QueueBase):
 
         def body(conn: psycopg.Connection[Any]) -> float:
             limits = self._read_limits(conn)
-            if limits.llm_calls_per_minute is None and limits.tokens_per_minute is None:
+            if not self._usage_limited(limits):
                 return 0.0
             row = conn.execute(
                 f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
@@ -516,22 +495,13 @@ class PostgresQueue(QueueBase):
             ).fetchone()
             assert row is not None
             calls, tokens, oldest, now = row
-            over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
-                limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
-            )
-            return max(float(oldest) + limits.window - float(now), 0.01) if over else 0.0
+            return self._usage_wait(limits, calls, tokens, oldest, now)
 
         return self.db.run(body)
 
     def close(self) -> None:
         """Close the connection."""
         self.db.close()
-
-    def __enter__(self) -> PostgresQueue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return "PostgresQueue(...)"

@@ -28,7 +28,6 @@ from ekit_runtime.queue.base import QueueBase
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
-    LeaseLostError,
     Limits,
     RunInfo,
     RunStatus,
@@ -37,9 +36,8 @@ from ekit_runtime.queue.records import (
     check_run_id,
     check_status,
 )
-from ekit_runtime.stores._common import Dumps, Loads, default_dumps
-from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint
-from ekit_runtime.workflow import WorkflowResult
+from ekit_runtime.stores._common import Dumps, Loads
+from ekit_runtime.stores._rows import EncodedCheckpoint
 
 __all__ = ["SqliteQueue"]
 
@@ -217,35 +215,19 @@ class SqliteQueue(QueueBase):
         check_run_id(run_id)
         return self._tx(lambda c: self._load(c, run_id, missing_ok=False), write=False)
 
-    def result(self, run_id: str) -> WorkflowResult | None:
-        """The outputs and cost of a finished run; ``None`` until it has finished.
-
-        A failed or cancelled run has no result: its :meth:`status` says why.
-        """
-        info = self.status(run_id)
-        checkpoint = self.checkpoint(run_id) if info.status == "finished" else None
-        if checkpoint is None:
-            return None
-        return WorkflowResult(checkpoint.outputs, checkpoint.cost, checkpoint)
-
     def _load(self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
         row = conn.execute(
             "SELECT header, step_index, input_tokens, output_tokens, llm_calls, failures "
             "FROM ekit_queue_runs WHERE run_id = ?",
             (run_id,),
         ).fetchone()
-        if row is None:
-            if missing_ok:
-                return None
-            raise UnknownRunError(run_id)
-        if row[0] is None:
-            return None
-        entries = conn.execute(
-            "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY rowid", (run_id,)
-        ).fetchall()
-        return decode_checkpoint(
-            row[0], tuple(row[1:5]), row[5], entries, self.loads, f"{self.path}, run {run_id!r}"
-        )
+
+        def entries() -> list[tuple[str, str, str]]:
+            return conn.execute(
+                "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY rowid", (run_id,)
+            ).fetchall()
+
+        return self._decode_run(row, run_id, entries, f"{self.path}, run {run_id!r}", missing_ok=missing_ok)
 
     def cancel(self, run_id: str) -> bool:
         """Ask for the run to stop; ``False`` if it had already ended.
@@ -299,9 +281,7 @@ class SqliteQueue(QueueBase):
 
     def set_limits(self, limits: Limits) -> None:
         """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
-        if not isinstance(limits, Limits):
-            raise ValueError(f"limits must be a Limits, got {type(limits).__name__}")
-        text = default_dumps(limits.to_dict())
+        text = self._limits_text(limits)
         self._tx(
             lambda c: c.execute(
                 "INSERT INTO ekit_queue_config (key, value) VALUES ('limits', ?) "
@@ -312,7 +292,7 @@ class SqliteQueue(QueueBase):
 
     def _read_limits(self, conn: sqlite3.Connection) -> Limits:
         row = conn.execute("SELECT value FROM ekit_queue_config WHERE key = 'limits'").fetchone()
-        return Limits() if row is None else Limits.from_dict(self.loads(row[0]))
+        return self._limits_from(row)
 
     # -- the worker's side --------------------------------------------------
 
@@ -360,9 +340,7 @@ class SqliteQueue(QueueBase):
         )
         conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
         checkpoint = self._load(conn, run_id, missing_ok=True)
-        lease = Lease(run_id, epoch + 1, workflow, self._context(context), checkpoint, until)
-        self._remember(lease, checkpoint)
-        return lease
+        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until)
 
     def _below_limits(self, conn: sqlite3.Connection, now: float) -> bool:
         """Whether one more lease keeps the fleet within its cap and its start rate."""
@@ -407,8 +385,7 @@ class SqliteQueue(QueueBase):
 
     def _fence(self, conn: sqlite3.Connection, lease: Lease, updated: int) -> None:
         if updated != 1:
-            self._forget(lease.run_id)
-            raise LeaseLostError(lease.run_id, lease.epoch)
+            self._lost(lease)
 
     @staticmethod
     def _cancel_asked(conn: sqlite3.Connection, run_id: str) -> bool:
@@ -460,7 +437,7 @@ class SqliteQueue(QueueBase):
             "ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch",
             [(lease.run_id, kind, name, value, lease.epoch) for kind, name, value in enc.rows],
         )
-        if added.llm_calls > 0 or added.total_tokens > 0:
+        if self._uses(added):
             conn.execute(
                 "INSERT INTO ekit_queue_usage (at, llm_calls, tokens) VALUES (?, ?, ?)",
                 (now, added.llm_calls, added.input_tokens + added.output_tokens),
@@ -472,8 +449,7 @@ class SqliteQueue(QueueBase):
 
         Raises :class:`LeaseLostError` if the lease is no longer held.
         """
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+        self._final(status)
 
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
@@ -510,7 +486,7 @@ class SqliteQueue(QueueBase):
 
         def body(conn: sqlite3.Connection) -> float:
             limits = self._read_limits(conn)
-            if limits.llm_calls_per_minute is None and limits.tokens_per_minute is None:
+            if not self._usage_limited(limits):
                 return 0.0
             now = time.time()
             start = now - limits.window
@@ -519,22 +495,13 @@ class SqliteQueue(QueueBase):
                 "FROM ekit_queue_usage WHERE at > ?",
                 (start,),
             ).fetchone()
-            over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
-                limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
-            )
-            return max(oldest + limits.window - now, 0.01) if over else 0.0
+            return self._usage_wait(limits, calls, tokens, oldest, now)
 
         return self._tx(body, write=False)
 
     def close(self) -> None:
         """Close the database connection."""
         self.conn.close()
-
-    def __enter__(self) -> SqliteQueue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SqliteQueue({self.path!r})"
