@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import os
 import threading
 import warnings
 import weakref
@@ -85,7 +86,9 @@ class LocalExecutor(Executor):
         self.max_threads = max_threads
         self.warn_after = warn_after
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
         self._lock = threading.Lock()
+        _EXECUTORS.add(self)
         self._warned: set[str] = set()
         # Sync functions seen returning awaitables, by identity: weakly, so
         # that a workflow's steps are not kept alive by the shared executor.
@@ -93,7 +96,10 @@ class LocalExecutor(Executor):
 
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._pid != os.getpid():
+                # A forked child inherits the pool object but none of its
+                # threads: a pool from before a fork would never run a step.
+                self._pid = os.getpid()
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.max_threads, thread_name_prefix="ekit-step"
                 )
@@ -155,6 +161,18 @@ def _close_returned(work: concurrent.futures.Future[Any]) -> None:
         if inspect.iscoroutine(returned):
             returned.close()
 
+
+def _after_fork_in_child() -> None:
+    # The parent's threads do not survive a fork, and a lock one of them held
+    # would stay held: every executor starts afresh in the child.
+    for executor in list(_EXECUTORS):
+        executor._lock = threading.Lock()
+        executor._pool = None
+
+
+_EXECUTORS: weakref.WeakSet[LocalExecutor] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 DEFAULT_EXECUTOR = LocalExecutor()
 """The executor of every step that names none, in every run that names none."""

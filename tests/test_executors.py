@@ -224,3 +224,27 @@ def test_a_coroutine_built_in_a_thread_after_cancellation_is_closed_not_leaked()
     pool.shutdown(wait=True)  # the thread has returned and the done-callback ran
     (coroutine,) = built
     assert coroutine.cr_frame is None  # closed: no "never awaited" warning at collection
+
+
+def _run_a_sync_step_in_a_fork(conn: Any) -> None:
+    result = Workflow([Step("s", lambda context: threading.get_ident())]).run_sync()
+    conn.send(result.outputs["s"] != threading.get_ident())  # it ran in a thread of the child
+    conn.close()
+
+
+def test_a_forked_child_runs_sync_steps_with_the_default_executor() -> None:
+    import multiprocessing
+
+    Workflow([Step("warm", lambda context: 1)]).run_sync()  # the parent's pool now has a thread
+    fork = multiprocessing.get_context("fork")
+    parent, child = fork.Pipe()
+    process = fork.Process(target=_run_a_sync_step_in_a_fork, args=(child,))
+    process.start()
+    try:
+        assert parent.poll(10), "the forked child's sync step never ran"
+        assert parent.recv() is True
+    finally:
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+    assert process.exitcode == 0
