@@ -463,7 +463,29 @@ class JournalStore:
         folded: _Fold | None = None
         deltas = 0
         pos = 0
-        number = 0
+        for number, record, end in self._records(raw):
+            if record is None:
+                self.torn_tail = end - pos
+                break
+            if record["kind"] == "full":
+                folded = _Fold.of(self._start(record, number))
+                deltas = 0
+            else:
+                if folded is None:
+                    raise CorruptStoreError(self.path, "a delta record before any full one", number)
+                self._fold(folded, record, number)
+                deltas += 1
+            pos = end
+        return folded, deltas, pos
+
+    def _records(self, raw: bytes) -> Iterator[tuple[int, dict[str, Any] | None, int]]:
+        """Each line's ``(number, record, where it ends)``, the one walk every reader shares.
+
+        A damaged last line that a crash mid-append can leave ends the walk
+        with ``record`` set to ``None``; any other damage, and a record of
+        neither kind, raises :class:`~ekit_runtime.stores.CorruptStoreError`.
+        """
+        pos, number = 0, 0
         while pos < len(raw):
             number += 1
             end = raw.find(b"\n", pos)
@@ -471,24 +493,16 @@ class JournalStore:
             body = _unframe(line) if end >= 0 else None
             if body is None:
                 self._check_torn(line, number, last=pos + len(line) == len(raw))
-                self.torn_tail = len(line)
-                break
+                yield number, None, pos + len(line)
+                return
             record = self._decode(body, number)
-            if record.get("kind") == "full":
-                folded = _Fold.of(self._start(record, number))
-                deltas = 0
-            elif record.get("kind") == "delta":
-                if folded is None:
-                    raise CorruptStoreError(self.path, "a delta record before any full one", number)
-                self._fold(folded, record, number)
-                deltas += 1
-            else:
+            kind = record.get("kind")
+            if kind not in ("full", "delta"):
                 raise CorruptStoreError(
-                    self.path, f"record kind must be 'full' or 'delta', got {record.get('kind')!r}",
-                    number,
+                    self.path, f"record kind must be 'full' or 'delta', got {kind!r}", number
                 )
             pos += len(line)
-        return folded, deltas, pos
+            yield number, record, pos
 
     def _check_torn(self, line: bytes, number: int, *, last: bool) -> None:
         """Raise unless the damaged ``line`` is what a crash mid-append can leave."""
@@ -592,30 +606,17 @@ class JournalStore:
                 raw = f.read()
         except FileNotFoundError:
             return
-        pos, number = 0, 0
         history: _History | None = None
-        while pos < len(raw):
-            number += 1
-            end = raw.find(b"\n", pos)
-            line = raw[pos : len(raw) if end < 0 else end + 1]
-            body = _unframe(line) if end >= 0 else None
-            if body is None:
-                self._check_torn(line, number, last=pos + len(line) == len(raw))
+        for number, record, _ in self._records(raw):
+            if record is None:
                 return
-            record = self._decode(body, number)
-            kind = record.get("kind")
-            if kind == "full":
+            if record["kind"] == "full":
                 history = _History(_Fold.of(self._start(record, number)))
-            elif kind != "delta":
-                raise CorruptStoreError(
-                    self.path, f"record kind must be 'full' or 'delta', got {kind!r}", number
-                )
             elif history is None:
                 raise CorruptStoreError(self.path, "a delta record before any full one", number)
             else:
                 self._fold(history.fold, record, number)
             yield history.checkpoint()
-            pos += len(line)
 
 
 class _History:
