@@ -13,8 +13,9 @@ Format version 1 adds optional keys to the three that ExecutionKit wrote
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import Any
 
@@ -113,7 +114,9 @@ class WorkflowCheckpoint:
     step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
     failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)
     fingerprint: str | None = None
-    graph: MappingProxyType[str, tuple[str, ...]] | None = None
+    # Left out of the repr (the fingerprint names the graph): asyncio and
+    # loggers repr results in passing, and a graph may have many thousands of steps.
+    graph: MappingProxyType[str, tuple[str, ...]] | None = field(default=None, repr=False)
     format_version: int = FORMAT_VERSION
     versions: MappingProxyType[str, str] = field(default_factory=_empty)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
@@ -225,9 +228,7 @@ class WorkflowCheckpoint:
             )
         graph = data.get("graph")
         if graph is not None:
-            graph = MappingProxyType(
-                {k: _step_names(v, k) for k, v in _table(graph, "graph").items()}
-            )
+            graph = MappingProxyType(_graph(graph))
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
         versions = _table(data.get("versions", {}), "versions")
@@ -333,10 +334,20 @@ def _count(value: object, name: str) -> int:
 def _table(value: object, name: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise CheckpointError(name, f"must be a dict, got {type(value).__name__}")
-    for key in value:
-        if not isinstance(key, str):
-            raise CheckpointError(name, f"keys must be strings, got {type(key).__name__} {key!r}")
+    if not _all_str(value):
+        for key in value:
+            if not isinstance(key, str):
+                raise CheckpointError(name, f"keys must be strings, got {type(key).__name__} {key!r}")
     return dict(value)
+
+
+def _all_str(items: Iterable[object]) -> bool:
+    """Is every item a ``str``? One C loop: a resume checks a key per recorded step."""
+    try:
+        "".join(items)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
 
 
 def _names(value: object, name: str) -> tuple[str, ...]:
@@ -348,12 +359,15 @@ def _names(value: object, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _step_names(value: object, step: str) -> tuple[str, ...]:
-    # One per recorded step on a resume: the field's name is only spelt out
-    # for an error, and a tuple of names is taken as it is.
-    if type(value) is list and all(type(item) is str for item in value):
-        return tuple(value)
-    return _names(value, f"graph.{step}")
+def _graph(value: object) -> dict[str, tuple[str, ...]]:
+    """The ``graph`` field: step name -> its dependencies, as tuples."""
+    table = _table(value, "graph")
+    lists = table.values()
+    # The shape every writer produces (lists of names), checked by C loops
+    # over all entries at once; anything else is checked entry by entry.
+    if all(type(v) is list for v in lists) and _all_str(chain.from_iterable(lists)):
+        return dict(zip(table, map(tuple, lists), strict=True))
+    return {k: _names(v, f"graph.{k}") for k, v in table.items()}
 
 
 def _step_usage(value: object, step: str) -> TokenUsage:

@@ -142,7 +142,7 @@ def _entries(pairs: list[Any]) -> tuple[list[str], dict[str, tuple[str, ...]], l
 def _find_cycle(
     deps: Mapping[str, tuple[str, ...]],
     names: tuple[str, ...],
-    dependents: Mapping[str, list[str]],
+    dependents: Mapping[str, tuple[str, ...]],
 ) -> list[str] | None:
     # Kahn's algorithm strips every step that can be ordered; anything left
     # sits on or behind a cycle, and following dependencies among the leftovers
@@ -204,19 +204,34 @@ class GraphSpec:
             raise GraphError(
                 f"duplicate step name(s): {_shorten([repr(d) for d in dup], ', ', 'names')}", dup
             )
-        dependents: dict[str, list[str]] = {n: [] for n in names}
         index = {n: i for i, n in enumerate(names)}
         # Declared in an order that puts every dependency first (the usual
         # case), a graph cannot have a cycle: Kahn's pass is then skipped.
         ordered = True
+        # Most steps have at most one dependent: a 1-tuple, made a list only
+        # for a second one (fewer objects for the collector to walk).
+        children: dict[str, Any] = {}
+        several: list[str] = []
         for name in names:
+            position = index[name]
             for d in deps[name]:
-                children = dependents.get(d)
-                if children is None or d == name:
+                at = index.get(d)
+                if at is None or d == name:
                     _refuse_edge(name, deps[name], deps)
-                children.append(name)
-                if ordered and index[d] > index[name]:
+                if ordered and at > position:
                     ordered = False
+                kids = children.get(d)
+                if kids is None:
+                    children[d] = (name,)
+                elif type(kids) is tuple:
+                    children[d] = [*kids, name]
+                    several.append(d)
+                else:
+                    kids.append(name)
+        for d in several:
+            children[d] = tuple(children[d])
+        dependents: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
+        dependents.update(children)
         names_t = tuple(names)
         cycle = None if ordered else _find_cycle(deps, names_t, dependents)
         if cycle is not None:
@@ -224,7 +239,7 @@ class GraphSpec:
         return cls(
             names=names_t,
             deps=MappingProxyType(deps),
-            dependents=MappingProxyType({n: tuple(v) for n, v in dependents.items()}),
+            dependents=MappingProxyType(dependents),
             index=MappingProxyType(index),
             fingerprint=_fingerprint(deps),
         )
@@ -261,12 +276,16 @@ class GraphSpec:
         return cls.of(pairs)
 
 
+_CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False)
+
+
 def _fingerprint(deps: Mapping[str, tuple[str, ...]]) -> str:
     # Order-independent on purpose: declaring the same steps in another order
-    # changes no dependency, so a checkpoint stays valid for it.
-    canonical = json.dumps(
-        sorted([name, sorted(ds)] for name, ds in deps.items()),
-        ensure_ascii=True,
-        separators=(",", ":"),
+    # changes no dependency, so a checkpoint stays valid for it. The digest
+    # is of [[name, [sorted deps]], ...] sorted by name (names are unique);
+    # a tuple encodes as the list it holds, and one of at most one name is
+    # already sorted.
+    canonical = _CANONICAL.encode(
+        [[name, ds if len(ds := deps[name]) < 2 else sorted(ds)] for name in sorted(deps)]
     )
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()

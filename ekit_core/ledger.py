@@ -40,14 +40,24 @@ class Ledger(Mapping[K, V]):
 
     __slots__ = ("_b", "_n")
 
-    def __init__(self, items: Iterable[tuple[K, V]] = ()) -> None:
+    def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        # Built once per resume from every recorded output: the columns are
+        # made by C loops (zip, dict), not one Python step per entry.
         backing: _Backing[K, V] = _Backing()
-        for key, value in items:
-            if key in backing.index:
-                raise ValueError(f"duplicate key {key!r}")
-            backing.index[key] = len(backing.keys)
-            backing.keys.append(key)
-            backing.values.append(value)
+        if isinstance(items, Mapping):
+            keys, values = list(items.keys()), list(items.values())
+        else:
+            pairs = list(items)
+            keys, values = (list(c) for c in zip(*pairs, strict=True)) if pairs else ([], [])
+        if keys:
+            backing.keys, backing.values = keys, values
+            backing.index = dict(zip(keys, range(len(keys)), strict=True))
+            if len(backing.index) != len(keys):
+                seen: set[K] = set()
+                for key in keys:
+                    if key in seen:
+                        raise ValueError(f"duplicate key {key!r}")
+                    seen.add(key)
         self._b = backing
         self._n = len(backing.keys)
 
@@ -83,6 +93,12 @@ class Ledger(Mapping[K, V]):
         shown = ", ".join(f"{k!r}: {v!r}" for k, v in self._slice(0, 8))
         more = f", ... ({self._n} entries)" if self._n > 8 else ""
         return f"Ledger({{{shown}{more}}})"
+
+    def as_dict(self) -> dict[K, V]:
+        """A plain ``dict`` of the entries, in insertion order: one O(n) copy."""
+        b = self._b
+        # Bounded by n: the store may hold a longer branch's entries.
+        return dict(islice(zip(b.keys, b.values, strict=False), self._n))
 
     def items_from(self, start: int) -> list[tuple[K, V]]:
         """The entries after the first ``start``, in insertion order, in O(len(result))."""

@@ -131,6 +131,7 @@ class State:
     so a transition touches integers as wide as the frontier, not the graph;
     ``_waiting`` counts the unfinished dependencies of steps that have
     several and some done, so readiness costs O(1) per finished dependency.
+    ``step_usage`` is sparse: a step that spent nothing has no entry.
     """
 
     spec: RunSpec

@@ -326,12 +326,15 @@ def initial_state(
     outdated = _outdated(graph, checkpoint, tags)
     checkpoint = without(checkpoint, graph, outdated)
     merged = _check_context(graph, checkpoint.context, "context") | new_context
-    outputs: Ledger[str, Any] = Ledger(checkpoint.outputs.items())
+    # Membership is asked of the checkpoint's own mapping (a dict's lookup,
+    # one per step), not of the ledger built from it.
+    recorded_outputs = checkpoint.outputs
+    outputs: Ledger[str, Any] = Ledger(recorded_outputs)
     step_usage: Ledger[str, TokenUsage] = Ledger(
-        (k, u) for k, u in checkpoint.step_usage.items() if k in outputs
+        [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded_outputs]
     )
-    recorded = [n for n in graph.names if n in outputs]
-    ready, waiting = _first_ready(graph, outputs)
+    recorded = [n for n in graph.names if n in recorded_outputs]
+    ready, waiting = _first_ready(graph, recorded_outputs)
     offset = (ready & -ready).bit_length() - 1 if ready else 0
     halt = None
     if limits.budget is not None and limits.budget.reached(checkpoint.cost) and len(recorded) < len(graph):
@@ -596,9 +599,9 @@ def _fold(
         in_flight -= 1
         usage = item.usage
         outputs = outputs.with_item(name, item.output)
-        step_usage = step_usage.with_item(name, usage)
         completed += 1
-        if usage.input_tokens or usage.output_tokens or usage.llm_calls:
+        if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
+            step_usage = step_usage.with_item(name, usage)
             cost = cost + usage
         if record_events:
             events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, item.duration))

@@ -26,7 +26,9 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from inspect import CO_COROUTINE
 from time import perf_counter
+from types import FunctionType
 from typing import Any, TypeAlias, cast
 
 from ekit_core import (
@@ -131,18 +133,26 @@ class Runner:
             self._traces = (cast(Callable[[Event], Any], trace),)
         self.sleep, self.clock = sleep, clock
         self.last_checkpoint: WorkflowCheckpoint | None = None
+        self._loop: asyncio.AbstractEventLoop  # the running loop, set as the run begins
         # initial_state recorded RunStarted and the skips; advance() replaces
         # the events with its own, so keep these to hand to the trace first.
         self._initial_events = state.events
         # Recorded outputs that are not steps were an ExecutionKit run's
         # context: steps keep seeing them, the run's own context wins.
-        self._base = context_outputs(state.graph, state.outputs)
+        # (Only a checkpoint holding more outputs than recorded steps has any.)
+        self._base = (
+            context_outputs(state.graph, state.outputs)
+            if len(state.outputs) > state.completed
+            else {}
+        )
         self._base.update(state.context)
         self._tasks: dict[asyncio.Task[Any], str] = {}
         self._finished: deque[asyncio.Task[Any]] = deque()
         self._reports: list[Input] = []  # Began, reported by gated attempts
         self._wakeup: asyncio.Future[None] | None = None
-        self._own = self._own_tasks(steps)
+        # Which steps run as their own task, decided at each step's first
+        # launch: a resume pays nothing for the steps it skips.
+        self._own: dict[str, bool] = {}
         self._began: dict[asyncio.Task[Any], float] = {}
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
@@ -154,19 +164,23 @@ class Runner:
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
 
-    def _own_tasks(self, steps: Mapping[str, Step]) -> frozenset[str]:
-        """Steps whose coroutine can be the attempt's task itself, with nothing around it.
+    def _runs_as_own_task(self, step: Step) -> bool:
+        """Can the step's coroutine be the attempt's task itself, with nothing around it?
 
         An async step with no timeout, in the default executor: the fast path
         of every run. Its outcome is read off the task (:meth:`_outcome_of`).
         """
-        return frozenset(
-            name
-            for name, step in steps.items()
-            if step.timeout is None
+        run = step.run
+        own = self._own[step.name] = (
+            step.timeout is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
-            and inspect.iscoroutinefunction(step.run)
+            and (
+                # A plain `async def` (inspect's answer, without its unwrapping).
+                (type(run) is FunctionType and bool(run.__code__.co_flags & CO_COROUTINE))
+                or inspect.iscoroutinefunction(run)
+            )
         )
+        return own
 
     # -- the loop -----------------------------------------------------------
 
@@ -196,6 +210,7 @@ class Runner:
             raise
 
     async def _begin(self) -> None:
+        self._loop = asyncio.get_running_loop()
         state, batch = advance(self.state)
         self.state = state
         if self.trace is not None:
@@ -215,7 +230,7 @@ class Runner:
         ):
             await self._join_only_task()
         while not self._finished and not self._reports:
-            self._wakeup = asyncio.get_running_loop().create_future()
+            self._wakeup = self._loop.create_future()
             await self._wakeup
         self._wakeup = None
         reported = len(self._reports)
@@ -299,12 +314,15 @@ class Runner:
             if step.context == "all"
             else self._context_for(step)
         )
+        own = self._own.get(step.name)
+        if own is None:
+            own = self._runs_as_own_task(step)
         if start.delay > 0 or start.approval:  # gated: it reports when its work begins
-            task = asyncio.create_task(self._gated(step, start, context))
-        elif step.name in self._own:
+            task = self._loop.create_task(self._gated(step, start, context))
+        elif own:
             task = self._own_task(step, context)
         else:
-            task = asyncio.create_task(self._attempt(step, context))
+            task = self._loop.create_task(self._attempt(step, context))
         self._tasks[task] = step.name
         task.add_done_callback(self._on_done)
 
@@ -314,15 +332,17 @@ class Runner:
         try:
             body = step.run(context)
         except Exception as exc:  # the call itself raised (bad arguments): its failure
-            task = asyncio.create_task(_failed_at_once(step.name, exc))
+            task = self._loop.create_task(_failed_at_once(step.name, exc))
         else:
-            task = asyncio.create_task(cast(Coroutine[Any, Any, Any], body))
+            task = self._loop.create_task(cast(Coroutine[Any, Any, Any], body))
             self._began[task] = began
         return task
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
-        self._wake()
+        wakeup = self._wakeup  # what _wake does, inline: one call per step
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     def _wake(self) -> None:
         wakeup = self._wakeup

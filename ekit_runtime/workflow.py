@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from time import perf_counter
 from types import MappingProxyType
 from typing import Any, TypedDict, Unpack
@@ -56,6 +57,19 @@ class WorkflowResult:
         """Whether every step's output is recorded."""
         return not self.failed and not self.not_started
 
+    def __repr__(self) -> str:
+        # Bounded, as the output ledger's is: asyncio reprs a finished task's
+        # result in passing (asyncio.run does, twice), and a run may hold many
+        # thousands of outputs.
+        outputs = self.outputs
+        shown = ", ".join(f"{k!r}: {v!r}" for k, v in islice(outputs.items(), 8))
+        more = f", ... ({len(outputs)} entries)" if len(outputs) > 8 else ""
+        return (
+            f"WorkflowResult(outputs={{{shown}{more}}}, cost={self.cost!r}, "
+            f"checkpoint={self.checkpoint!r}, failed={dict(self.failed)!r}, "
+            f"not_started={self.not_started!r})"
+        )
+
 
 def _check_options(options: Mapping[str, object]) -> None:
     unknown = sorted(set(options) - set(RunOptions.__annotations__))
@@ -88,12 +102,20 @@ class Workflow:
 
     def __init__(self, steps: Sequence[Step]) -> None:
         steps = tuple(steps)
+        pairs: list[tuple[str, tuple[str, ...]]] = []
+        # Steps with an option that start_state or the executors must see:
+        # one pass here, instead of one per option per run.
+        options: list[Step] = []
         for i, step in enumerate(steps):
-            if not isinstance(step, Step):
+            if type(step) is not Step and not isinstance(step, Step):
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
+            pairs.append((step.name, step.depends_on))
+            if step.retry is not None or step.version is not None or step.executor is not None:
+                options.append(step)
         self.steps: tuple[Step, ...] = steps
-        self.graph: GraphSpec = GraphSpec.of((s.name, s.depends_on) for s in steps)
-        self._by_name: dict[str, Step] = {s.name: s for s in steps}
+        self.graph: GraphSpec = GraphSpec.of(pairs)
+        self._by_name: dict[str, Step] = dict(zip(self.graph.names, steps, strict=True))
+        self._with_options = tuple(options)
 
     def start_state(
         self,
@@ -117,11 +139,11 @@ class Workflow:
             context=initial_context,
             max_concurrency=max_concurrency,
             budget=budget,
-            policies={s.name: s.retry for s in self.steps if s.retry is not None},
+            policies={s.name: s.retry for s in self._with_options if s.retry is not None},
             allow_graph_change=allow_graph_change,
             approval=approval,
             isolate_failures=isolate_failures,
-            versions={s.name: s.version for s in self.steps if s.version is not None},
+            versions={s.name: s.version for s in self._with_options if s.version is not None},
             record_events=record_events,
         )
 
@@ -179,6 +201,9 @@ class Workflow:
         )
 
     def _check_executors(self, default: Executor | None) -> None:
+        if not any(s.executor is not None for s in self._with_options):
+            (default or DEFAULT_EXECUTOR).check(self.steps)
+            return
         groups: dict[int, tuple[Executor, list[Step]]] = {}
         for step in self.steps:
             executor = step.executor or default or DEFAULT_EXECUTOR
@@ -289,12 +314,13 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
     checkpoint = last if last is not None else checkpoint_of(state)
     kind = state.outcome
     if kind == "finished":
-        return WorkflowResult(MappingProxyType(state.outputs), state.cost, checkpoint)
+        return WorkflowResult(MappingProxyType(state.outputs.as_dict()), state.cost, checkpoint)
     if kind == "failed" and state.limits.isolate_failures:
         failed = dict(state.errors)
         waiting = tuple(n for n in state.graph.names if n not in state.outputs and n not in failed)
         return WorkflowResult(
-            MappingProxyType(state.outputs), state.cost, checkpoint, MappingProxyType(failed), waiting
+            MappingProxyType(state.outputs.as_dict()), state.cost, checkpoint, MappingProxyType(failed),
+            waiting,
         )
     if kind == "failed":
         errors = []
