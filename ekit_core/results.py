@@ -113,6 +113,20 @@ def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None)
 
 _SucceededDraft = twin(Succeeded)
 
+
+def first_start(name: str) -> Start:
+    """``Start(name)``, a plain first attempt, built through a twin class (one per step)."""
+    value = _StartDraft()
+    value.name = name
+    value.attempt = 1
+    value.delay = 0.0
+    value.approval = False
+    value.__class__ = Start
+    return cast(Start, value)
+
+
+_StartDraft = twin(Start)
+
 AttemptOutcome: TypeAlias = Succeeded | Failed | Denied | Interrupted
 """How one attempt of a step ended."""
 

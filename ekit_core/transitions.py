@@ -65,6 +65,7 @@ from ekit_core.results import (
     Interrupted,
     Start,
     Succeeded,
+    first_start,
 )
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.state import (
@@ -365,6 +366,8 @@ def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight
     if not ready & (ready - 1) and not gate:  # one ready step: the whole batch of a chain
         name = names[offset + ready.bit_length() - 1]
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)),)
+    if not (tries or delays or gate):  # plain first attempts: a fan-out's batch
+        return tuple([first_start(names[offset + i]) for i in bit_indices(ready, room)])
     starts = []
     for i in bit_indices(ready, room):
         name = names[offset + i]
@@ -552,8 +555,11 @@ def _rare(item: object) -> Callable[[_Draft, Any], None]:
     return handler
 
 
-def _fold_rare(item: object, d: _Draft) -> tuple[int, int, int, int, Incidents]:
-    """Fold one input other than a success; the window and incidents it leaves."""
+def _fold_rare(
+    item: object, d: _Draft, done: list[int], fresh: list[int]
+) -> tuple[int, int, int, int, Incidents]:
+    """Fold one input other than a success (after the pending ones); the window and incidents it leaves."""
+    d.offset, d.ready, d.running = _settle(d.spec.graph, d.offset, d.ready, d.running, done, fresh)
     _rare(item)(d, item)
     return d.offset, d.ready, d.running, d.in_flight, d.inc
 
@@ -575,63 +581,126 @@ def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
 def _fold(
     state: State, inputs: Iterable[Input], start_next: bool, record_events: bool
 ) -> tuple[State, Batch]:
-    spec, graph = state.spec, state.spec.graph
-    index, deps, dependents = graph.index, graph.deps, graph.dependents
-    budget, total = spec.limits.budget, len(graph.names)
+    spec, graph, budget = state.spec, state.spec.graph, state.spec.limits.budget
+    index, deps, dependents, total = graph.index, graph.deps, graph.dependents, len(graph.names)
     outputs, step_usage, completed, cost = state.outputs, state.step_usage, state.completed, state.cost
     offset, ready, running, in_flight = state._offset, state._ready, state._running, state._in_flight
     inc, events = state.incidents, cast(list[Event], [])
     waiting: dict[str, int] | None = None  # copied from the state on first write
+    done: list[int] = []  # finished, and made ready: for _settle
+    fresh: list[int] = []
     for item in inputs:
         if type(item) is not Succeeded and not isinstance(item, Succeeded):
             offset, ready, running, in_flight, inc = _fold_rare(
-                item, _Draft(spec, offset, ready, running, in_flight, inc, events))
+                item, _Draft(spec, offset, ready, running, in_flight, inc, events), done, fresh)
             continue
-        # The hot path of every run, kept to plain int and dict operations.
-        name = item.name
+        name = item.name  # the hot path of every run: plain int and dict operations
         i = index.get(name)
         if i is None:
             raise TransitionError(f"unknown step {name!r}")
-        j = i - offset
-        if j < 0 or not (running >> j) & 1:
-            raise TransitionError(f"success reported for step {name!r}, which is not in flight")
-        running ^= 1 << j
-        in_flight -= 1
-        usage = item.usage
-        outputs = outputs.with_item(name, item.output)
-        completed += 1
+        if running < _NARROW:  # a window of a few hundred bits: change it in place
+            j = i - offset
+            if j < 0 or not (running >> j) & 1:
+                raise _not_in_flight(name)
+            running ^= 1 << j
+        else:
+            done.append(i)
+        try:
+            outputs = outputs.with_item(name, item.output)
+        except ValueError:  # recorded already: reported twice in one fold
+            raise _not_in_flight(name) from None
+        in_flight, completed, usage = in_flight - 1, completed + 1, item.usage
         if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
-            step_usage = step_usage.with_item(name, usage)
-            cost = cost + usage
+            step_usage, cost = step_usage.with_item(name, usage), cost + usage
         if record_events:
             events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, item.duration))
         for child in dependents[name]:
             if child in outputs:  # recorded before a dependency was added
                 continue
             parents = len(deps[child])
-            if parents > 1:
-                # dependencies_recorded(), as a countdown (a join over n parents stays O(n)).
-                if waiting is None:
-                    waiting = dict(state._waiting)
+            if parents > 1:  # dependencies_recorded(), as a countdown: a join stays O(n)
+                waiting = dict(state._waiting) if waiting is None else waiting
                 left = waiting.pop(child, parents) - 1
                 if left:
                     waiting[child] = left
                     continue
             k = index[child]
-            if k < offset or not (ready or running):
-                offset, ready, running = _fit(offset, ready, running, k)
-            ready |= 1 << (k - offset)
+            if not (ready or running):  # an empty window moves to the child
+                offset, ready = k, 1
+            elif ready < _NARROW and offset <= k < offset + 256:
+                ready |= 1 << (k - offset)
+            else:
+                fresh.append(k)
         if budget is not None and inc.halt is None and completed < total and budget.reached(cost):
             inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
+    if done or fresh:
+        offset, ready, running = _settle(graph, offset, ready, running, done, fresh)
     counts = state._waiting if waiting is None else MappingProxyType(waiting)
+    return _conclude(state, spec, offset, ready, running, in_flight, inc, events, outputs,
+                     step_usage, completed, cost, counts, start_next, record_events)
+
+
+def _conclude(
+    before: State, spec: RunSpec, offset: int, ready: int, running: int, in_flight: int,
+    inc: Incidents, events: list[Event], outputs: Ledger[str, Any],
+    step_usage: Ledger[str, TokenUsage], completed: int, cost: TokenUsage,
+    waiting: MappingProxyType[str, int], start_next: bool, record_events: bool,
+) -> tuple[State, Batch]:
+    """The end of a fold: start what :func:`plan` would (if asked), then close the state."""
     if start_next and ready and not ready & (ready - 1):
         chain = _start_only(spec, offset, ready, running, in_flight, inc, events, outputs,
-                            step_usage, completed, cost, counts, record_events)
+                            step_usage, completed, cost, waiting, record_events)
         if chain is not None:
             return chain
     d = _Draft(spec, offset, ready, running, in_flight, inc, events)
     batch = _launch(d, record_events) if start_next else _EMPTY  # what plan() would start
-    return _close(state, d, outputs, step_usage, completed, cost, counts, record_events), batch
+    return _close(before, d, outputs, step_usage, completed, cost, waiting, record_events), batch
+
+
+def _not_in_flight(name: str) -> TransitionError:
+    return TransitionError(f"success reported for step {name!r}, which is not in flight")
+
+
+_NARROW = 1 << 256  # below it, an int's operations cost about as much as a call
+
+
+def _settle(
+    graph: GraphSpec, offset: int, ready: int, running: int, done: list[int], fresh: list[int]
+) -> tuple[int, int, int]:
+    """Take the ``done`` steps off the running set and add the ``fresh`` ones to the ready set.
+
+    One mask each, not one operation per step: an operation on an int costs
+    its width, and a fan-out's window is as wide as the fan-out. Empties both
+    lists. A step reported done that was not in flight is a :class:`TransitionError`.
+    """
+    if done:
+        finished = _mask(done, offset) if min(done) >= offset else -1
+        if finished < 0 or running & finished != finished:
+            name = next(graph.names[i] for i in done if i < offset or not (running >> (i - offset)) & 1)
+            raise _not_in_flight(name)
+        running ^= finished
+        done.clear()
+    if fresh:
+        low = min(fresh)
+        if low < offset or not (ready or running):
+            offset, ready, running = _fit(offset, ready, running, low)
+        ready |= _mask(fresh, offset)
+        fresh.clear()
+    return offset, ready, running
+
+
+def _mask(indices: list[int], offset: int) -> int:
+    """The int with bit ``i - offset`` set for each ``i`` in ``indices`` (all >= ``offset``)."""
+    if len(indices) <= 4:
+        mask = 0
+        for i in indices:
+            mask |= 1 << (i - offset)
+        return mask
+    bits = bytearray(((max(indices) - offset) >> 3) + 1)
+    for i in indices:
+        j = i - offset
+        bits[j >> 3] |= 1 << (j & 7)
+    return int.from_bytes(bits, "little")
 
 
 def _start_only(
@@ -681,13 +750,17 @@ def _close(
 def _launch(d: _Draft, record_events: bool) -> Batch:
     """The fused half of :func:`advance`: choose the starts and mark them running."""
     starts = _choose(d.spec.graph, d.spec.limits, d.offset, d.ready, d.in_flight, d.inc)
-    index = d.spec.graph.index
-    for start in starts:
-        bit = 1 << (index[start.name] - d.offset)
-        d.ready ^= bit
-        d.running |= bit
-        d.in_flight += 1
-        _launched(d, start, record=record_events)
+    if starts:
+        # _choose takes the lowest ready bits: mark them running with one
+        # mask, not one operation per start on integers as wide as the batch.
+        last = d.spec.graph.index[starts[-1].name] - d.offset
+        chosen = d.ready & ((2 << last) - 1)
+        d.ready ^= chosen
+        d.running |= chosen
+        d.in_flight += len(starts)
+        if record_events or d.inc.delays or d.spec.limits.approval:
+            for start in starts:
+                _launched(d, start, record=record_events)
     withdraw = _withdrawn(d.inc)
     return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
