@@ -281,11 +281,21 @@ _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_ci
 
 def _fingerprint(deps: Mapping[str, tuple[str, ...]]) -> str:
     # Order-independent on purpose: declaring the same steps in another order
-    # changes no dependency, so a checkpoint stays valid for it. The digest
-    # is of [[name, [sorted deps]], ...] sorted by name (names are unique);
-    # a tuple encodes as the list it holds, and one of at most one name is
-    # already sorted.
-    canonical = _CANONICAL.encode(
-        [[name, ds if len(ds := deps[name]) < 2 else sorted(ds)] for name in sorted(deps)]
-    )
+    # changes no dependency, so a checkpoint stays valid for it. The digest is
+    # of the JSON text of [[name, [sorted deps]], ...] sorted by name.
+    names = sorted(deps)
+    every = "".join(names)  # dependencies are step names too
+    if every.isascii() and every.isprintable() and '"' not in every and "\\" not in every:
+        # Nothing to escape (the usual names): the same text, spelt out directly.
+        canonical = "[" + ",".join([
+            f'["{n}",[]]' if not (ds := deps[n])
+            else f'["{n}",["{ds[0]}"]]' if len(ds) == 1
+            else f'["{n}",["' + '","'.join(sorted(ds)) + '"]]'
+            for n in names
+        ]) + "]"
+    else:
+        # A tuple encodes as the list it holds; one of at most one name is sorted.
+        canonical = _CANONICAL.encode(
+            [[n, ds if len(ds := deps[n]) < 2 else sorted(ds)] for n in names]
+        )
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()

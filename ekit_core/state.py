@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast
 
 from ekit_core._fast import twin
 from ekit_core.checkpoint import FORMAT_VERSION, FailureRecord, WorkflowCheckpoint
@@ -20,11 +20,7 @@ from ekit_core.events import Event, Outcome
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
-from ekit_core.results import Start
 from ekit_core.usage import TokenUsage
-
-if TYPE_CHECKING:
-    from ekit_core.transitions import Batch
 
 __all__ = [
     "OUTCOMES",
@@ -81,18 +77,6 @@ class RunSpec:
     limits: Limits
     context: MappingProxyType[str, Any]
     versions: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # Each step's plain first attempt (no delay, no approval) as a ready-made
-    # batch, made once per run: a memo, invisible to equality and to readers.
-    _first: dict[str, Batch] = field(default_factory=dict, repr=False, compare=False)
-
-    def first_attempt(self, name: str) -> Batch:
-        """The batch that starts the plain first attempt of ``name`` (a memo of the run)."""
-        batch = self._first.get(name)
-        if batch is None:
-            from ekit_core.transitions import Batch  # the batch type lives with the rules
-
-            batch = self._first[name] = Batch((Start(name),))
-        return batch
 
 
 @dataclass(frozen=True, slots=True)

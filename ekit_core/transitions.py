@@ -31,6 +31,7 @@ from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, cast
 
+from ekit_core._fast import twin
 from ekit_core.checkpoint import (
     CheckpointError,
     FailureRecord,
@@ -374,6 +375,18 @@ def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight
         attempt = tries.get(name, 0) + 1
         starts.append(Start(name, attempt, delays.get(name, 0.0), gate and attempt == 1))
     return tuple(starts)
+
+
+def _first_batch(name: str) -> Batch:
+    """``Batch((Start(name),))``, built through a twin class: a chain makes one per step."""
+    batch = _BatchDraft()
+    batch.starts = (first_start(name),)
+    batch.withdraw = ()
+    batch.__class__ = Batch
+    return cast(Batch, batch)
+
+
+_BatchDraft = twin(Batch)
 
 
 def _withdrawn(inc: Incidents) -> tuple[str, ...]:
@@ -727,7 +740,7 @@ def _start_only(
         tuple(events) if record_events else (), None, offset, ready, running, in_flight + 1,
         waiting,
     )
-    return new, spec.first_attempt(name)
+    return new, _first_batch(name)
 
 
 def _close(

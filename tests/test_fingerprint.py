@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ekit_core import (
     FORMAT_VERSION,
@@ -128,3 +132,29 @@ def test_a_newer_format_version_is_refused_clearly() -> None:
     with pytest.raises(UnsupportedFormatError, match="version 99 was written by a newer ekit"):
         _workflow(DIAMOND_STEPS, calls).run_sync(resume_from=data)
     assert calls == []
+
+
+def _reference_fingerprint(steps: dict[str, list[str]]) -> str:
+    """The hashing rule as first written: sha256 of the JSON of [[name, sorted deps]] by name."""
+    canonical = json.dumps(
+        sorted([name, sorted(set(deps))] for name, deps in steps.items()),
+        ensure_ascii=True, separators=(",", ":"),
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+_names = st.text(min_size=1, max_size=6) | st.sampled_from(
+    ['a"b', "back\\slash", "tab\there", "del\x7f", "é", "日本", "\x00", "plain", "s1", "s10"]
+)
+
+
+@given(st.lists(_names, min_size=1, max_size=12, unique=True), st.data())
+def test_the_fingerprint_is_the_pinned_hashing_rule_for_any_names(
+    names: list[str], data: st.DataObject
+) -> None:
+    # Dependencies only on earlier names: acyclic. Any number of them, repeated.
+    steps = {
+        name: data.draw(st.lists(st.sampled_from(names[:i]), max_size=4)) if i else []
+        for i, name in enumerate(names)
+    }
+    assert GraphSpec.of(steps).fingerprint == _reference_fingerprint(steps)
