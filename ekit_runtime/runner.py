@@ -53,11 +53,12 @@ from ekit_core import (
 )
 from ekit_core.results import succeeded
 from ekit_core.transitions import context_outputs
+from ekit_core.usage import NO_USAGE
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.step import Step, split_result
+from ekit_runtime.step import PLAIN_OUTPUTS, Step, split_result
 
 __all__ = ["CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
 
@@ -319,24 +320,19 @@ class Runner:
             own = self._runs_as_own_task(step)
         if start.delay > 0 or start.approval:  # gated: it reports when its work begins
             task = self._loop.create_task(self._gated(step, start, context))
-        elif own:
-            task = self._own_task(step, context)
+        elif own:  # the step's coroutine is the task itself; _drain reads its outcome
+            began = self.clock()
+            try:
+                body = step.run(context)
+            except Exception as exc:  # the call itself raised (bad arguments): its failure
+                task = self._loop.create_task(_failed_at_once(step.name, exc))
+            else:
+                task = self._loop.create_task(cast(Coroutine[Any, Any, Any], body))
+                self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context))
         self._tasks[task] = step.name
         task.add_done_callback(self._on_done)
-
-    def _own_task(self, step: Step, context: Context) -> asyncio.Task[Any]:
-        """Run the step's coroutine as the task itself (its outcome is read off the task)."""
-        began = self.clock()
-        try:
-            body = step.run(context)
-        except Exception as exc:  # the call itself raised (bad arguments): its failure
-            task = self._loop.create_task(_failed_at_once(step.name, exc))
-        else:
-            task = self._loop.create_task(cast(Coroutine[Any, Any, Any], body))
-            self._began[task] = began
-        return task
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
@@ -359,13 +355,21 @@ class Runner:
         whatever order the tasks finished in.
         """
         inputs, self._reports = self._reports, []
-        finished, tasks = self._finished, self._tasks
+        finished, tasks, began_at = self._finished, self._tasks, self._began
         fatal: BaseException | None = None
         while finished:
             task = finished.popleft()
             name = tasks.pop(task)
+            began = began_at.pop(task, None)
+            # The common case inline (a step's own task that returned a plain
+            # value): one per step of every run.
+            if began is not None and not task.cancelled() and task.exception() is None:
+                output = task.result()
+                if type(output) in PLAIN_OUTPUTS:  # split_result's first rule
+                    inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began))
+                    continue
             try:
-                outcome = self._outcome_of(task, name)
+                outcome = self._outcome_of(task, name, began)
             except BaseException as exc:
                 fatal = fatal or exc
                 outcome = Interrupted(name)
@@ -375,15 +379,14 @@ class Runner:
             raise fatal
         return inputs
 
-    def _outcome_of(self, task: asyncio.Task[Any], name: str) -> Input:
+    def _outcome_of(self, task: asyncio.Task[Any], name: str, began: float | None) -> Input:
         """How the finished ``task`` of step ``name`` ended, as a core input.
 
-        A wrapped attempt returns its outcome itself; the step's own task is
-        read here. A ``BaseException`` that is not an ``Exception`` is raised,
-        not recorded; a ``CancelledError`` this runner did not cause is the
-        step's failure.
+        A wrapped attempt returns its outcome itself; the step's own task
+        (``began`` is when it did) is read here. A ``BaseException`` that is
+        not an ``Exception`` is raised, not recorded; a ``CancelledError``
+        this runner did not cause is the step's failure.
         """
-        began = self._began.pop(task, None)
         if task.cancelled():
             if task in self._cancelled:
                 return Interrupted(name)
@@ -512,7 +515,7 @@ class Runner:
         for task in tasks:
             name = self._tasks.pop(task)
             try:
-                inputs.append(self._outcome_of(task, name))
+                inputs.append(self._outcome_of(task, name, self._began.pop(task, None)))
             except BaseException:
                 inputs.append(Interrupted(name))
         self._finished.clear()

@@ -58,12 +58,13 @@ def _usage_of(cost: object) -> TokenUsage | None:
     return TokenUsage(*counts)
 
 
-_PLAIN = frozenset({str, int, float, bool, bytes, dict, list, tuple, type(None)})
+PLAIN_OUTPUTS = frozenset({str, int, float, bool, bytes, dict, list, tuple, type(None)})
+"""Types whose values are outputs as they are, with no usage (no ``value``/``cost`` to read)."""
 
 
 def split_result(returned: object) -> tuple[Any, TokenUsage]:
     """Split what a step returned into ``(output, usage)`` by the rule above."""
-    if type(returned) in _PLAIN:
+    if type(returned) in PLAIN_OUTPUTS:
         return returned, NO_USAGE
     if isinstance(returned, PatternResult):
         return returned.value, returned.cost
