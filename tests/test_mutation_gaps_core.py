@@ -1,0 +1,161 @@
+"""Rules of the core that a mutation run (``python -m tools.mutation``) found unguarded.
+
+Each test pins behaviour a user relies on: the arguments a retry policy
+refuses and the delays it gives, what a budget counts as reached, the
+message of a graph mismatch, how ledgers compare and print, and that the
+fast constructors build the same values as the ordinary ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ekit_core import (
+    GraphMismatchError,
+    GraphSpec,
+    RetryPolicy,
+    Succeeded,
+    TokenUsage,
+    WorkflowCheckpoint,
+    initial_state,
+)
+from ekit_core.ledger import Ledger
+from ekit_core.results import Start, first_start, succeeded
+
+# -- retry policies ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": True}, "max_attempts"),
+        ({"max_attempts": 2.0}, "max_attempts"),
+        ({"backoff_base": -0.1}, "backoff_base"),
+        ({"backoff_base": True}, "backoff_base"),
+        ({"backoff_base": "1"}, "backoff_base"),
+        ({"backoff_cap": -1}, "backoff_cap"),
+        ({"backoff_cap": False}, "backoff_cap"),
+        ({"backoff_factor": 0.99}, "backoff_factor"),
+        ({"backoff_factor": True}, "backoff_factor"),
+        ({"backoff_factor": None}, "backoff_factor"),
+        ({"retry_on": ValueError()}, "retry_on"),
+        ({"retry_on": (ValueError, int)}, "retry_on"),
+        ({"retry_on": [ValueError]}, "retry_on"),
+    ],
+)
+def test_a_retry_policy_refuses_each_bad_argument_by_name(arguments: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^RetryPolicy\.{field} must"):
+        RetryPolicy(**arguments)
+
+
+def test_a_retry_policy_accepts_every_boundary_value() -> None:
+    policy = RetryPolicy(max_attempts=1, backoff_base=0, backoff_cap=0, backoff_factor=1)
+    assert (policy.max_attempts, policy.backoff_base, policy.backoff_cap, policy.backoff_factor) == (
+        1, 0, 0, 1,
+    )
+    single = RetryPolicy(retry_on=KeyError)  # one type: made a tuple
+    assert single.retry_on == (KeyError,)
+    assert single.retries(KeyError("k"), 1) and not single.retries(ValueError("v"), 1)
+    assert RetryPolicy(retry_on=(KeyboardInterrupt,)).retry_on == (KeyboardInterrupt,)
+
+
+def test_retry_delays_follow_the_documented_formula() -> None:
+    policy = RetryPolicy(max_attempts=9, backoff_base=0.5, backoff_cap=3.0, backoff_factor=3)
+    assert [policy.delay(k) for k in (-1, 0, 1, 2, 3, 4)] == [0.0, 0.0, 0.5, 1.5, 3.0, 3.0]
+    assert isinstance(policy.delay(1), float)
+    assert RetryPolicy(backoff_base=2, backoff_factor=1).delay(5) == 2.0
+    assert not policy.retries(ValueError(), 9) and policy.retries(ValueError(), 8)
+
+
+# -- usage and budgets ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens", "llm_calls"])
+def test_a_budget_of_one_is_reached_by_one_in_its_own_field(field: str) -> None:
+    budget = TokenUsage(**{field: 1})
+    assert budget.reached(TokenUsage(**{field: 1}))
+    assert not budget.reached(TokenUsage())
+    others = {f: 5 for f in ("input_tokens", "output_tokens", "llm_calls") if f != field}
+    assert not budget.reached(TokenUsage(**others))  # a zero field places no limit
+    assert not TokenUsage(**{field: 1}).is_zero()
+    assert TokenUsage().is_zero()
+
+
+# -- graph mismatch ------------------------------------------------------------------
+
+
+def _recorded(steps: dict[str, list[str]]) -> WorkflowCheckpoint:
+    graph = GraphSpec.of(steps)
+    return WorkflowCheckpoint(
+        1, {"a": 1}, fingerprint=graph.fingerprint,  # type: ignore[arg-type]
+        graph={k: tuple(v) for k, v in steps.items()},  # type: ignore[arg-type]
+    )
+
+
+def test_a_graph_mismatch_names_what_was_added_removed_and_rewired() -> None:
+    recorded = _recorded({"a": [], "b": ["a"], "gone": ["a"]})
+    current = GraphSpec.of({"a": [], "b": [], "new": ["a"]})
+    with pytest.raises(GraphMismatchError) as info:
+        initial_state(current, recorded)
+    message = str(info.value)
+    assert message == (
+        "checkpoint was recorded from a different workflow graph (added: 'new'; "
+        "removed: 'gone'; dependencies changed: 'b'); pass allow_graph_change=True to resume anyway"
+    )
+    changes = info.value.changes
+    assert (changes.added, changes.removed, changes.changed) == (("new",), ("gone",), ("b",))
+    assert changes.recorded_fingerprint == recorded.fingerprint
+    assert changes.current_fingerprint == current.fingerprint
+
+
+def test_a_mismatch_without_a_recorded_graph_names_both_fingerprints() -> None:
+    current = GraphSpec.of({"a": []})
+    recorded = WorkflowCheckpoint(1, {"a": 1}, fingerprint="sha256:" + "0" * 64)  # type: ignore[arg-type]
+    with pytest.raises(GraphMismatchError) as info:
+        initial_state(current, recorded)
+    assert f"recorded fingerprint sha256:{'0' * 64} is not {current.fingerprint}" in str(info.value)
+    assert info.value.changes.added == () and info.value.changes.removed == ()
+
+
+# -- ledgers --------------------------------------------------------------------------
+
+
+def test_a_ledger_extends_an_equal_prefix_of_another_store_but_not_a_changed_one() -> None:
+    base = Ledger([("a", [1]), ("b", 2)])
+    copy = Ledger([("a", [1]), ("b", 2), ("c", 3)])  # equal values, other objects
+    assert copy.extends(base) and copy.extends(Ledger()) and base.extends(base)
+    assert not base.extends(copy)  # longer
+    assert not Ledger([("a", [1]), ("b", 3)]).extends(base)  # a value changed
+    assert not Ledger([("x", [1]), ("b", 2)]).extends(base)  # a key changed
+    shared = base.with_item("c", 3)
+    assert shared.extends(base) and not base.extends(shared)
+
+
+def test_a_ledger_slices_and_prints_a_bounded_view() -> None:
+    ledger = Ledger([(f"k{i}", i) for i in range(10)])
+    prefix = Ledger([("k0", 0), ("k1", 1)])
+    assert ledger.items_from(8) == [("k8", 8), ("k9", 9)]
+    assert ledger.items_from(-3) == ledger.items_from(0) and len(ledger.items_from(0)) == 10
+    assert ledger.items_from(11) == []
+    assert repr(prefix) == "Ledger({'k0': 0, 'k1': 1})"
+    shown = ", ".join(f"'k{i}': {i}" for i in range(8))
+    assert repr(ledger) == f"Ledger({{{shown}, ... (10 entries)}})"
+    assert repr(Ledger()) == "Ledger({})"
+
+
+# -- fast constructors ------------------------------------------------------------------
+
+
+def test_the_fast_constructors_build_the_ordinary_values() -> None:
+    usage = TokenUsage(3, 2, 1)
+    fast = succeeded("s", {"x": 1}, usage, 0.25)
+    assert fast == Succeeded("s", {"x": 1}, usage, 0.25)
+    assert (fast.name, fast.output, fast.usage, fast.duration) == ("s", {"x": 1}, usage, 0.25)
+    assert type(fast) is Succeeded and hash(first_start("s")) == hash(Start("s"))
+    start = first_start("s")
+    assert start == Start("s", 1, 0.0, False) and not start.gated
+    with pytest.raises(AttributeError):
+        fast.name = "other"  # type: ignore[misc]
