@@ -340,3 +340,18 @@ def test_an_unprintable_error_is_described_by_both_types() -> None:
         "test_an_unprintable_error_is_described_by_both_types.<locals>.Unprintable",
         "<unprintable Unprintable: str() raised KeyError>",
     )
+
+
+@pytest.mark.parametrize("counts", [(1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 0), (4, 5, 6)])
+def test_each_usage_count_is_read_as_written(counts: tuple[int, int, int]) -> None:
+    usage = dict(zip(("input_tokens", "output_tokens", "llm_calls"), counts, strict=True))
+    cp = WorkflowCheckpoint.from_dict({**_BASE, "step_usage": {"a": usage}, "cost": usage})
+    assert cp.step_usage["a"] == TokenUsage(*counts) == cp.cost
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens", "llm_calls"])
+def test_a_usage_count_of_another_type_is_named(field: str) -> None:
+    usage: dict[str, object] = {"input_tokens": 1, "output_tokens": 2, "llm_calls": 3, field: "2"}
+    with pytest.raises(CheckpointError) as info:
+        WorkflowCheckpoint.from_dict({**_BASE, "step_usage": {"a": usage}})
+    assert info.value.field == f"step_usage.a.{field}"
