@@ -15,8 +15,10 @@ import pytest
 from ekit_core import (
     Began,
     Cancelled,
+    CycleError,
     Denied,
     Failed,
+    GraphError,
     GraphMismatchError,
     GraphSpec,
     Interrupted,
@@ -355,3 +357,54 @@ def test_a_usage_count_of_another_type_is_named(field: str) -> None:
     with pytest.raises(CheckpointError) as info:
         WorkflowCheckpoint.from_dict({**_BASE, "step_usage": {"a": usage}})
     assert info.value.field == f"step_usage.a.{field}"
+
+
+# -- graph messages --------------------------------------------------------------------
+
+
+def test_unknown_dependencies_get_one_suggestion_each_for_the_first_three() -> None:
+    steps = {"alpha": [], "beta": [], "x": ["alpah", "betta", "alpa", "bet"]}
+    with pytest.raises(GraphError) as info:
+        GraphSpec.of(steps)
+    assert str(info.value) == (
+        "step 'x' depends on unknown step(s): 'alpah' (did you mean 'alpha'?), "
+        "'betta' (did you mean 'beta'?), 'alpa' (did you mean 'alpha'?), 'bet'"
+    )
+    assert info.value.steps == ("x", "alpah", "betta", "alpa", "bet")
+
+
+@pytest.mark.parametrize("count", [11, 12])
+def test_a_list_of_unknown_steps_is_cut_past_eleven(count: int) -> None:
+    missing = [f"m{i:02d}" for i in range(count)]
+    with pytest.raises(GraphError) as info:
+        GraphSpec.of({"x": missing})
+    message = str(info.value)
+    if count == 11:
+        assert "left out" not in message and all(repr(m) in message for m in missing)
+    else:
+        assert "... (2 names left out) ..." in message and "'m05'" not in message
+    assert info.value.steps == ("x", *missing)
+
+
+@pytest.mark.parametrize(
+    ("size", "label"), [(10, "dependency cycle:"), (11, "dependency cycle of 11 steps:")]
+)
+def test_a_cycle_message_names_its_size_once_it_is_cut(size: int, label: str) -> None:
+    names = [f"c{i:02d}" for i in range(size)]
+    steps = {name: [names[i - 1]] for i, name in enumerate(names)}
+    with pytest.raises(CycleError) as info:
+        GraphSpec.of(steps)
+    assert str(info.value).startswith(label)
+    assert len(info.value.cycle) == size + 1
+
+
+def test_a_graph_round_trips_through_its_dict_form() -> None:
+    graph = GraphSpec.of({"a": [], "b": ["a"]})
+    data = graph.to_dict()
+    assert data == {"steps": [{"name": "a", "depends_on": []}, {"name": "b", "depends_on": ["a"]}],
+                    "fingerprint": graph.fingerprint}
+    assert GraphSpec.from_dict({"steps": [{"name": "a"}, {"name": "b", "depends_on": ["a"]}]}) == graph
+    with pytest.raises(GraphError, match=r"^graph must be a JSON object, got list$"):
+        GraphSpec.from_dict([])
+    with pytest.raises(GraphError, match=r"^graph field 'steps' must be a list$"):
+        GraphSpec.from_dict({"steps": 3})
