@@ -544,6 +544,42 @@ def test_history_of_a_delta_before_any_full_record_names_file_and_line(tmp_path:
     assert str(info.value) == f"{path}, line 1: a delta record before any full one"
 
 
+def test_load_of_a_delta_before_any_full_record_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    _journal_of(path, *_three())
+    lines = _journal_lines(path)
+    path.write_bytes(lines[1] + lines[2])
+    with pytest.raises(CorruptStoreError) as info:
+        JournalStore(path).load()
+    assert (info.value.path, info.value.line) == (str(path), 1)
+    assert str(info.value) == f"{path}, line 1: a delta record before any full one"
+
+
+def _read_history(store: JournalStore) -> None:
+    list(store.history())
+
+
+def _read_load(store: JournalStore) -> None:
+    store.load()
+
+
+@pytest.mark.parametrize("read", [_read_history, _read_load], ids=["history", "load"])
+@pytest.mark.parametrize("bad_line", [1, 2])
+def test_a_record_with_a_bad_field_names_its_line(tmp_path: Path, read: Any, bad_line: int) -> None:
+    path = tmp_path / "cp.jsonl"
+    _journal_of(path, *_three())
+    lines = _journal_lines(path)
+    record = json.loads(lines[bad_line - 1][len(b'{"c":"00000000","r":') : -2])
+    record["step_index"] = "one"
+    lines[bad_line - 1] = _framed(json.dumps(record).encode())
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(CorruptStoreError) as info:
+        read(JournalStore(path))
+    assert (info.value.path, info.value.line) == (str(path), bad_line)
+    assert str(info.value).startswith(f"{path}, line {bad_line}: ")
+    assert "step_index" in str(info.value)
+
+
 # -- sqlite ---------------------------------------------------------------------------------
 
 
