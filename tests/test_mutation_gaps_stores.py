@@ -738,3 +738,321 @@ def test_sqlite_a_failed_rollback_is_a_note_on_the_original_error(tmp_path: Path
     real.execute("ROLLBACK")
     store.conn = real
     store.close()
+
+
+# -- _common, second pass: temporary files, lost locks, the first encoding -------------------
+
+
+def test_the_temporary_file_of_a_save_is_created_beside_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename is atomic only within one folder: the temporary file goes beside the target."""
+    folder, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    real = os.replace
+    renamed: list[tuple[str, str]] = []
+
+    def spy(src: Any, dst: Any) -> None:
+        renamed.append((os.fspath(src), os.fspath(dst)))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    with JsonFileStore(folder / "cp.json") as store:
+        store(_cp(1, {"a": 1}))
+    [(src, dst)] = renamed
+    assert dst == os.path.realpath(folder / "cp.json")
+    assert os.path.dirname(src) == os.path.dirname(dst)
+    assert os.path.basename(src).startswith(".cp.json.") and src.endswith(".tmp")
+    assert os.listdir(elsewhere) == []
+
+
+def test_closing_a_store_whose_lock_file_is_already_gone_is_quiet(tmp_path: Path) -> None:
+    store = json_store(tmp_path)
+    store(_cp(1, {"a": 1}))
+    Path(os.path.realpath(tmp_path / "cp.json") + ".lock").unlink()
+    store.close()
+    assert JsonFileStore(tmp_path / "cp.json").load() == _cp(1, {"a": 1})
+
+
+@pytest.mark.parametrize("make", [json_store, journal_store], ids=["json", "journal"])
+def test_a_store_whose_lock_file_was_removed_saves_nothing_more(tmp_path: Path, make: Any) -> None:
+    store = make(tmp_path)
+    first, second, third = _three()
+    store(first)
+    Path(os.path.realpath(store.path) + ".lock").unlink()
+    for checkpoint in (second, third):
+        with pytest.raises(StoreLockedError, match="this store lost its write lock") as info:
+            store(checkpoint)
+        assert info.value.path == store.path
+    store.close()
+    assert make(tmp_path).load() == first
+
+
+def _changed_fingerprint(checkpoint: WorkflowCheckpoint) -> dict[str, Any]:
+    return {"fingerprint": "other"}
+
+
+def _changed_graph(checkpoint: WorkflowCheckpoint) -> dict[str, Any]:
+    return {"graph": {"a": (), "b": ("a",)}}
+
+
+@pytest.mark.parametrize("make", [json_store, journal_store], ids=["json", "journal"])
+@pytest.mark.parametrize("change", [_changed_fingerprint, _changed_graph], ids=["fingerprint", "graph"])
+def test_an_output_of_another_version_of_the_workflow_is_encoded_afresh(
+    tmp_path: Path, make: Any, change: Any
+) -> None:
+    """Another fingerprint or graph is another run: an equal-looking new object is not the saved one."""
+    shared = [1]
+    first = _cp(1, {"a": shared}, fingerprint="f", graph={"a": ()})
+    with make(tmp_path) as store:
+        store(first)
+        shared.append(2)  # mutated after it was saved: the stored text stays [1]
+        second = _cp(2, {"a": [1, 2], "b": 1}, **{"fingerprint": "f", "graph": {"a": ()}, **change(first)})
+        store(second)
+    loaded = make(tmp_path).load()
+    assert loaded is not None and loaded.outputs["a"] == [1, 2]
+    assert loaded == second
+
+
+@pytest.mark.parametrize("make", [json_store, journal_store], ids=["json", "journal"])
+def test_a_full_rewrite_keeps_the_first_encoding_of_an_output_mutated_since(
+    tmp_path: Path, make: Any
+) -> None:
+    """Another output changed, so the save is written whole; the mutated one keeps its first text."""
+    shared = [1]
+    with make(tmp_path) as store:
+        store(_cp(1, {"a": shared}))
+        store(_cp(2, {"a": shared, "b": 1}))  # only "b" is new: "a" is not looked at again
+        shared.append(2)
+        store(_cp(3, {"a": shared, "b": 2}))
+        store(_cp(4, {"a": shared, "b": 3}))
+    loaded = make(tmp_path).load()
+    assert loaded is not None and loaded.outputs == {"a": [1], "b": 3}
+
+
+@pytest.mark.parametrize("make", [json_store, journal_store], ids=["json", "journal"])
+def test_an_output_that_left_the_checkpoint_is_encoded_afresh_when_it_comes_back(
+    tmp_path: Path, make: Any
+) -> None:
+    """Its stored text went with it: what comes back under that name is written as it is now."""
+    shared = [1]
+    with make(tmp_path) as store:
+        store(_cp(1, {"a": shared}))
+        store(_cp(0, {}))  # rewound: nothing of "a" is stored any more
+        shared.append(2)
+        store(_cp(1, {"a": shared}))
+    loaded = make(tmp_path).load()
+    assert loaded is not None and loaded.outputs == {"a": [1, 2]}
+
+
+@pytest.mark.parametrize("make", [json_store, journal_store], ids=["json", "journal"])
+def test_a_save_writes_every_byte_when_the_os_writes_a_few_at_a_time(
+    tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data[:5])))
+    first, second, third = _three()
+    with make(tmp_path) as store:
+        store(first)
+        store(second)
+        store(third)
+    monkeypatch.undo()
+    assert make(tmp_path).load() == third
+
+
+def _names_in_turn(monkeypatch: pytest.MonkeyPatch, names: list[str]) -> None:
+    """Make the temporary file names ``.<file>.<name>.tmp``, the ``names`` in turn (the last one repeated)."""
+    import secrets
+
+    def token_hex(nbytes: int | None = None) -> str:
+        return names.pop(0) if len(names) > 1 else names[0]
+
+    monkeypatch.setattr(secrets, "token_hex", token_hex)
+
+
+def test_a_taken_temporary_file_name_is_left_alone_and_another_one_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = tmp_path / ".cp.json.taken.tmp"
+    taken.write_bytes(b"someone else's")
+    _names_in_turn(monkeypatch, ["taken", "free"])
+    with json_store(tmp_path) as store:
+        store(_cp(1, {"a": 1}))
+    assert taken.read_bytes() == b"someone else's"
+    assert not (tmp_path / ".cp.json.free.tmp").exists()
+    assert json_store(tmp_path).load() == _cp(1, {"a": 1})
+
+
+def test_no_free_temporary_file_name_is_an_error_naming_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".cp.json.taken.tmp").write_bytes(b"")
+    _names_in_turn(monkeypatch, ["taken"])
+    target = os.path.realpath(tmp_path / "cp.json")
+    with json_store(tmp_path) as store, pytest.raises(FileExistsError) as info:
+        store(_cp(1, {"a": 1}))
+    assert str(info.value) == f"{target}: no free temporary file name beside it"
+    assert not (tmp_path / "cp.json").exists()
+
+
+def test_a_failed_rename_whose_temporary_file_is_gone_raises_the_renames_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clean-up of the temporary file never hides why the save failed."""
+
+    def vanish(src: Any, dst: Any) -> None:
+        os.unlink(src)  # removed meanwhile (by a cleaner, say): the rename finds nothing
+        raise FileNotFoundError(2, "No such file or directory", os.fspath(src))
+
+    monkeypatch.setattr(os, "replace", vanish)
+    with json_store(tmp_path) as store, pytest.raises(FileNotFoundError, match="No such file"):
+        store(_cp(1, {"a": 1}))
+    assert os.listdir(tmp_path) == []
+
+
+def _lock_of(tmp_path: Path) -> Path:
+    return Path(os.path.realpath(tmp_path / "cp.json") + ".lock")
+
+
+def test_a_lock_file_removed_as_its_holder_let_go_is_taken_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened just before the holder removed it: the lock on that nameless file is no write lock."""
+    import ekit_runtime.stores._common as common
+
+    real = common._try_lock
+    calls: list[int] = []
+
+    def holder_lets_go_first(fd: int) -> bool:
+        calls.append(fd)
+        if len(calls) == 1:
+            _lock_of(tmp_path).unlink()
+        return real(fd)
+
+    monkeypatch.setattr(common, "_try_lock", holder_lets_go_first)
+    with json_store(tmp_path) as store:
+        store(_cp(1, {"a": 1}))
+        assert len(calls) == 2
+        assert _lock_of(tmp_path).read_text() == f"{os.getpid()}\n"
+        store(_cp(2, {"a": 1, "b": 2}))
+        with pytest.raises(StoreLockedError):
+            json_store(tmp_path)(_cp(1, {"x": 1}))
+    assert json_store(tmp_path).load() == _cp(2, {"a": 1, "b": 2})
+
+
+def test_a_lock_file_replaced_at_every_try_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ekit_runtime.stores._common as common
+
+    real = common._try_lock
+
+    def always_replaced(fd: int) -> bool:
+        _lock_of(tmp_path).unlink()
+        return real(fd)
+
+    monkeypatch.setattr(common, "_try_lock", always_replaced)
+    with pytest.raises(StoreLockedError) as info:
+        json_store(tmp_path)(_cp(1, {"a": 1}))
+    lock = _lock_of(tmp_path)
+    assert (info.value.path, info.value.lock_path) == (str(tmp_path / "cp.json"), str(lock))
+    assert info.value.pid is None
+    assert f"(held by another writer; lock file {lock})" in str(info.value)
+    assert not (tmp_path / "cp.json").exists()
+
+
+def test_a_lock_whose_pid_cannot_be_written_fails_with_that_error_and_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ekit_runtime.stores._common as common
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(common, "write_all", full)
+    with pytest.raises(OSError, match="No space"):
+        json_store(tmp_path)(_cp(1, {"a": 1}))
+    monkeypatch.undo()
+    with json_store(tmp_path) as store:
+        store(_cp(1, {"a": 1}))
+    assert json_store(tmp_path).load() == _cp(1, {"a": 1})
+
+
+def _plain_dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def test_another_codec_names_the_context_key_it_cannot_encode(tmp_path: Path) -> None:
+    store = JsonFileStore(tmp_path / "cp.json", dumps=_plain_dumps, loads=json.loads)
+    with pytest.raises(UnencodableError) as info:
+        store(_cp(1, {"a": 1}, context={"fine": 1, "bad": object()}))
+    assert info.value.step is None
+    assert str(info.value).startswith("cannot encode context key 'bad': TypeError: ")
+    store.close()
+    assert not (tmp_path / "cp.json").exists()
+
+
+# -- journal, second pass: defaults, arguments, a failed append ------------------------------
+
+
+def test_a_journal_is_durable_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    store = JournalStore(tmp_path / "cp.jsonl")
+    assert store.durable is True
+    store(_cp(1, {"a": 1}))
+    full = len(synced)
+    store(_cp(2, {"a": 1, "b": 2}))
+    store.close()
+    assert full >= 1 and len(synced) > full  # the full write and the append are both fsynced
+
+
+@pytest.mark.parametrize("bad", [True, False, 0, -1, 2.5, "3"])
+def test_a_journal_refuses_a_compact_after_that_is_not_a_positive_int(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"^compact_after must be a positive int or None, got "):
+        JournalStore(tmp_path / "cp.jsonl", compact_after=bad)
+
+
+def test_a_journal_has_no_torn_tail_before_any_load(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    assert JournalStore(path).torn_tail == 0
+    _journal_of(path, *_three())
+    store = JournalStore(path)
+    assert store.torn_tail == 0
+    store(_cp(9, {"x": 1}))
+    assert store.torn_tail == 0
+    store.close()
+
+
+def test_a_failed_journal_append_does_not_refuse_the_next_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an append that failed, the file is unknown to the store: the next save writes it whole."""
+    import ekit_runtime.stores.journal as journal
+
+    path = tmp_path / "cp.jsonl"
+    real = journal.write_all
+    calls: list[int] = []
+
+    def fail_once(fd: int, data: bytes) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(fd, data)
+
+    first, second, third = _three()
+    with JournalStore(path) as store:
+        store(first)
+        monkeypatch.setattr(journal, "write_all", fail_once)
+        with pytest.raises(OSError, match="No space"):
+            store(second)
+        store(third)
+    assert JournalStore(path).load() == third
