@@ -724,7 +724,7 @@ def _start_only(
     """The fused path when exactly one step is ready (every step of a chain), or ``None``.
 
     What :func:`_launch` and :func:`_close` would do, on the fold's own
-    values, with the batch of a plain first attempt made once per run.
+    values, with the batch of a plain first attempt built through twins (_first_batch).
     """
     limits = spec.limits
     if inc.halt is not None or limits.approval or limits.max_concurrency is not None:
