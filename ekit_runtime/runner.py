@@ -162,6 +162,9 @@ class Runner:
         # folded in by the wind-down so that no sibling's output is lost.
         self._carried: list[Input] = []
         self._save_raised = False
+        # Cancellations asked of the task driving the run when it began: one
+        # more later is the run's own, even when a step swallowed it.
+        self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
 
@@ -212,6 +215,8 @@ class Runner:
 
     async def _begin(self) -> None:
         self._loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        self._cancelling = current.cancelling() if current is not None else 0
         state, batch = advance(self.state)
         self.state = state
         if self.trace is not None:
@@ -274,16 +279,28 @@ class Runner:
         the wake-up future: the task's own callbacks, ``_on_done`` first, run
         in the turn after it finishes. Its outcome is read later by
         ``_outcome_of``, so an error it raised is not ours to raise here.
+
+        But asyncio hands a cancellation of the awaiting task to what it
+        awaits: a cancellation of the run (Ctrl-C, even one that arrived
+        before this await) reaches the step's task instead. A step that
+        swallows it (returns, or raises something else) must not swallow
+        the run's, so the run's is told by its count of cancel requests.
         """
         (task,) = self._tasks
+        current = asyncio.current_task()
         try:
             await task
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not task.done() or (current is not None and current.cancelling()):
+            if not task.done() or self._cancel_requested(current):
                 raise  # we are being cancelled, not just the task
         except Exception:
             pass
+        if self._cancel_requested(current):
+            raise asyncio.CancelledError  # the run's, whatever the step made of it
+
+    def _cancel_requested(self, current: asyncio.Task[Any] | None) -> bool:
+        """Whether the run was asked to cancel since it began (``current`` drives it)."""
+        return current is not None and current.cancelling() > self._cancelling
 
     # -- starting and withdrawing attempts ------------------------------------
 

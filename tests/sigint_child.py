@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
+
+# A child started from a shell's background job (`cmd &` without job control)
+# inherits SIGINT ignored, and asyncio.run then (rightly) leaves it ignored:
+# the SIGINT below would be lost and the run would wait forever. Give it the
+# handler a script run from a terminal has, so that this tests the runner.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 path = Path(sys.argv[1])
 

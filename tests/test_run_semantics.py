@@ -188,6 +188,46 @@ def test_cancelling_run_saves_finished_work_and_leaves_no_tasks() -> None:
     assert gates.finished == ["done"]
 
 
+@pytest.mark.parametrize("sibling", [False, True])
+def test_cancelling_run_is_not_lost_when_a_step_swallows_its_cancellation(sibling: bool) -> None:
+    """The runner awaits a lone task directly, so asyncio hands the run's
+    cancellation to the step; a step that swallows it must not make the run
+    go on to the next step (nor return as if it had finished). With a
+    sibling in flight the runner waits on its own future instead: the same."""
+    started: list[str] = []
+
+    async def waits(ctx: dict[str, Any]) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    async def swallows(ctx: dict[str, Any]) -> str:
+        run.cancel()  # the run is cancelled while it awaits this step alone
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "stopped"
+        return "never"
+
+    async def after(ctx: dict[str, Any]) -> str:
+        started.append("after")
+        return "after"
+
+    steps = [Step("slow", swallows), Step("after", after, ("slow",))]
+    wf = Workflow([Step("sibling", waits), *steps] if sibling else steps)
+    saved: list[WorkflowCheckpoint] = []
+    run: asyncio.Task[Any]
+
+    async def main() -> None:
+        nonlocal run
+        run = asyncio.create_task(wf.run(checkpoint_fn=saved.append))
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(main())
+    assert started == []
+    assert dict(saved[-1].outputs) == {"slow": "stopped"}  # what it returned is kept
+
+
 def test_keyboard_interrupt_in_a_step_saves_a_final_checkpoint() -> None:
     saved: list[WorkflowCheckpoint] = []
 
