@@ -361,12 +361,14 @@ def _names(value: object, name: str) -> tuple[str, ...]:
 
 def _graph(value: object) -> dict[str, tuple[str, ...]]:
     """The ``graph`` field: step name -> its dependencies, as tuples."""
+    # The shape every writer produces (a dict of lists of names), checked by
+    # C loops over all entries at once and copied once; anything else is
+    # checked entry by entry.
+    if type(value) is dict and _all_str(value):
+        lists = value.values()
+        if all(type(v) is list for v in lists) and _all_str(chain.from_iterable(lists)):
+            return dict(zip(value, map(tuple, lists), strict=True))
     table = _table(value, "graph")
-    lists = table.values()
-    # The shape every writer produces (lists of names), checked by C loops
-    # over all entries at once; anything else is checked entry by entry.
-    if all(type(v) is list for v in lists) and _all_str(chain.from_iterable(lists)):
-        return dict(zip(table, map(tuple, lists), strict=True))
     return {k: _names(v, f"graph.{k}") for k, v in table.items()}
 
 

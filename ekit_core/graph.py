@@ -172,6 +172,63 @@ def _find_cycle(
     return [*cycle, cycle[0]]
 
 
+def _in_order(pairs: list[Any]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]] | None:
+    """The index and dependencies of a graph that declares every dependency
+    before its dependents (the usual case, and then there is no cycle), in
+    the shape :class:`Workflow` passes; ``None`` for anything else, which
+    the step-by-step checks then accept or refuse, naming the fault.
+
+    One loop, one membership test per edge: a resume builds the graph of
+    every recorded step, so this is most of what it costs per step.
+    """
+    index: dict[str, int] = {}
+    deps: dict[str, tuple[str, ...]] = {}
+    try:
+        for name, raw in pairs:
+            if type(name) is not str or type(raw) is not tuple or name in index or not name:
+                return None
+            if raw:
+                if len(raw) == 1:
+                    if type(raw[0]) is not str or raw[0] not in index:
+                        return None
+                else:
+                    for d in raw:
+                        if type(d) is not str or d not in index:
+                            return None
+                    if len(set(raw)) != len(raw):
+                        return None
+            index[name] = len(deps)
+            deps[name] = raw
+    except (TypeError, ValueError):  # not a (name, dependencies) pair
+        return None
+    return index, deps
+
+
+def _dependents(
+    names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """Each name's dependents, in declaration order (``()`` for none)."""
+    # Most steps have at most one dependent: a 1-tuple, made a list only
+    # for a second one (fewer objects for the collector to walk).
+    children: dict[str, Any] = {}
+    several: list[str] = []
+    for name in names:
+        for d in deps[name]:
+            kids = children.get(d)
+            if kids is None:
+                children[d] = (name,)
+            elif type(kids) is tuple:
+                children[d] = [*kids, name]
+                several.append(d)
+            else:
+                kids.append(name)
+    for d in several:
+        children[d] = tuple(children[d])
+    dependents: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
+    dependents.update(children)
+    return dependents
+
+
 @dataclass(frozen=True, slots=True)
 class GraphSpec:
     """A validated DAG of step names, in declaration order.
@@ -182,9 +239,13 @@ class GraphSpec:
 
     names: tuple[str, ...]
     deps: MappingProxyType[str, tuple[str, ...]]
-    dependents: MappingProxyType[str, tuple[str, ...]] = field(repr=False)
     index: MappingProxyType[str, int] = field(repr=False)
     fingerprint: str = field(repr=False)
+    # Built on first use: a resume reads the dependents of the steps it runs
+    # only (see ekit_core.transitions), not of every recorded one.
+    _dependents: MappingProxyType[str, tuple[str, ...]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
@@ -198,6 +259,21 @@ class GraphSpec:
         exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
+        spec = cls._proved(_in_order(pairs))
+        return spec if spec is not None else cls._checked(pairs)
+
+    @classmethod
+    def _proved(
+        cls, proved: tuple[dict[str, int], dict[str, tuple[str, ...]]] | None
+    ) -> GraphSpec | None:
+        if proved is None:
+            return None
+        index, deps = proved
+        return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index), _fingerprint(deps))
+
+    @classmethod
+    def _checked(cls, pairs: list[Any]) -> GraphSpec:
+        # Step by step: slower than _in_order, but it finds and names any fault.
         names, deps, duplicates = _entries(pairs)
         if duplicates:
             dup = sorted(set(duplicates))
@@ -205,44 +281,41 @@ class GraphSpec:
                 f"duplicate step name(s): {_shorten([repr(d) for d in dup], ', ', 'names')}", dup
             )
         index = {n: i for i, n in enumerate(names)}
-        # Declared in an order that puts every dependency first (the usual
-        # case), a graph cannot have a cycle: Kahn's pass is then skipped.
+        # Declared in an order that puts every dependency first, a graph
+        # cannot have a cycle: Kahn's pass is then skipped.
         ordered = True
-        # Most steps have at most one dependent: a 1-tuple, made a list only
-        # for a second one (fewer objects for the collector to walk).
-        children: dict[str, Any] = {}
-        several: list[str] = []
         for name in names:
             position = index[name]
             for d in deps[name]:
                 at = index.get(d)
                 if at is None or d == name:
                     _refuse_edge(name, deps[name], deps)
-                if ordered and at > position:
+                if at > position:
                     ordered = False
-                kids = children.get(d)
-                if kids is None:
-                    children[d] = (name,)
-                elif type(kids) is tuple:
-                    children[d] = [*kids, name]
-                    several.append(d)
-                else:
-                    kids.append(name)
-        for d in several:
-            children[d] = tuple(children[d])
-        dependents: dict[str, tuple[str, ...]] = dict.fromkeys(names, ())
-        dependents.update(children)
         names_t = tuple(names)
-        cycle = None if ordered else _find_cycle(deps, names_t, dependents)
+        spec = cls(names_t, MappingProxyType(deps), MappingProxyType(index), _fingerprint(deps))
+        cycle = None if ordered else _find_cycle(deps, names_t, spec.dependents)
         if cycle is not None:
             raise CycleError(cycle)
-        return cls(
-            names=names_t,
-            deps=MappingProxyType(deps),
-            dependents=MappingProxyType(dependents),
-            index=MappingProxyType(index),
-            fingerprint=_fingerprint(deps),
-        )
+        return spec
+
+    def dependents_among(self, names: Iterable[str]) -> MappingProxyType[str, tuple[str, ...]]:
+        """The dependents index cut down to ``names`` (steps of this graph).
+
+        ``among[p]`` lists, in declaration order, the steps of ``names``
+        that depend on ``p``; every name in ``names`` has an entry. It costs
+        the edges of ``names`` only: a resume asks for its unrecorded steps.
+        """
+        return MappingProxyType(_dependents(tuple(names), self.deps))
+
+    @property
+    def dependents(self) -> MappingProxyType[str, tuple[str, ...]]:
+        """Each step's dependents (the steps that list it), in declaration order."""
+        dependents = self._dependents
+        if dependents is None:
+            dependents = MappingProxyType(_dependents(self.names, self.deps))
+            object.__setattr__(self, "_dependents", dependents)
+        return dependents
 
     def __len__(self) -> int:
         return len(self.names)

@@ -69,6 +69,9 @@ class Limits:
     isolate_failures: bool = False
 
 
+_FROM_GRAPH: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class RunSpec:
     """What does not change during a run: the graph, the limits, the context, the steps' versions."""
@@ -77,6 +80,18 @@ class RunSpec:
     limits: Limits
     context: MappingProxyType[str, Any]
     versions: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # What the fold reads when a step finishes: ``graph.dependents`` unless
+    # given, and in a resumed run the dependents among the steps left to run
+    # (a recorded step never finishes again, and a recorded dependent is
+    # skipped anyway), so that a resume pays nothing here per recorded step.
+    # Derived: left out of comparisons.
+    dependents: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: _FROM_GRAPH, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.dependents is _FROM_GRAPH:
+            object.__setattr__(self, "dependents", self.graph.dependents)
 
 
 @dataclass(frozen=True, slots=True)

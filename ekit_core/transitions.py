@@ -236,10 +236,12 @@ def resume_checkpoint(
 
 
 def _first_events(
-    total: int, recorded: list[str], outdated: Mapping[str, str], outcome: Outcome | None,
-    cost: TokenUsage,
+    graph: GraphSpec, outputs: Mapping[str, Any], outdated: Mapping[str, str],
+    outcome: Outcome | None, cost: TokenUsage,
 ) -> tuple[Event, ...]:
     # One StepSkipped per recorded step: built only for someone to read them.
+    recorded = [n for n in graph.names if n in outputs]
+    total = len(graph)
     events: list[Event] = [RunStarted(total, len(recorded))]
     events.extend(StepOutdated(n, why) for n, why in outdated.items())
     events.extend(StepSkipped(n) for n in recorded)
@@ -269,13 +271,19 @@ def _outdated(
     return outdated_steps(graph, checkpoint, versions)
 
 
-def _first_ready(graph: GraphSpec, outputs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+def _first_ready(
+    graph: GraphSpec, outputs: Mapping[str, Any]
+) -> tuple[int, dict[str, int], int, Mapping[str, tuple[str, ...]]]:
+    """The steps ready at once (as bits), the countdowns of joins partly
+    recorded, how many steps are recorded, and the dependents the fold reads."""
     ready = 0
     waiting: dict[str, int] = {}
+    pending: list[str] = []
     deps = graph.deps
     for i, name in enumerate(graph.names):
         if name in outputs:
             continue
+        pending.append(name)
         parents = deps[name]
         if len(parents) < 2:  # most steps: no generator needed
             if not parents or parents[0] in outputs:
@@ -286,7 +294,10 @@ def _first_ready(graph: GraphSpec, outputs: Mapping[str, Any]) -> tuple[int, dic
             ready |= 1 << i
         elif missing < len(parents):
             waiting[name] = missing
-    return ready, waiting
+    done = len(graph) - len(pending)
+    # A fresh run reads the graph's own dependents (built once per graph);
+    # a resume only those among the steps it may run.
+    return ready, waiting, done, graph.dependents_among(pending) if done else graph.dependents
 
 
 def initial_state(
@@ -335,18 +346,18 @@ def initial_state(
     step_usage: Ledger[str, TokenUsage] = Ledger(
         [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded_outputs]
     )
-    recorded = [n for n in graph.names if n in recorded_outputs]
-    ready, waiting = _first_ready(graph, recorded_outputs)
+    ready, waiting, done, dependents = _first_ready(graph, recorded_outputs)
     offset = (ready & -ready).bit_length() - 1 if ready else 0
     halt = None
-    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and len(recorded) < len(graph):
+    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and done < len(graph):
         halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
     incidents = Incidents(failures=checkpoint.failures, halt=halt)
-    outcome = outcome_of(len(recorded), len(graph), 0, ready, incidents)
-    events = _first_events(len(graph), recorded, outdated, outcome, checkpoint.cost) if record_events else ()
+    outcome = outcome_of(done, len(graph), 0, ready, incidents)
+    events = (_first_events(graph, recorded_outputs, outdated, outcome, checkpoint.cost)
+              if record_events else ())
     return State(
-        RunSpec(graph, limits, MappingProxyType(merged), tags), outputs, step_usage, len(recorded),
-        checkpoint.cost, incidents, events, outcome, offset, ready >> offset, 0, 0,
+        RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
+        done, checkpoint.cost, incidents, events, outcome, offset, ready >> offset, 0, 0,
         MappingProxyType(waiting),
     )
 
@@ -595,7 +606,7 @@ def _fold(
     state: State, inputs: Iterable[Input], start_next: bool, record_events: bool
 ) -> tuple[State, Batch]:
     spec, graph, budget = state.spec, state.spec.graph, state.spec.limits.budget
-    index, deps, dependents, total = graph.index, graph.deps, graph.dependents, len(graph.names)
+    index, deps, dependents, total = graph.index, graph.deps, spec.dependents, len(graph.names)
     outputs, step_usage, completed, cost = state.outputs, state.step_usage, state.completed, state.cost
     offset, ready, running, in_flight = state._offset, state._ready, state._running, state._in_flight
     inc, events = state.incidents, cast(list[Event], [])

@@ -140,7 +140,7 @@ class Step:
             and timeout is None
             and executor is None
             and version is None
-            and context == "all"
+            and (context == "all" or context == "dependencies")
             and blocking is False
             and inline is False
             and callable(run)

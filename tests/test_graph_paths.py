@@ -1,0 +1,109 @@
+"""The two ways a graph is validated agree: the one-loop proof for graphs
+declared in order, and the step-by-step checks that name any fault.
+
+``GraphSpec.of`` tries the proof first and falls back to the checks; a
+graph the proof accepts must be exactly the spec the checks build, and a
+graph it refuses must get the checks' verdict (the same spec, or the same
+error). The dependents a resume reads (``dependents_among``) must be the
+graph's dependents cut down to the steps left to run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from ekit_core import GraphError, GraphSpec
+from ekit_core.graph import _in_order
+from tests.strategies import dags
+
+NAMES = ["a", "b", "c", "d", "e", "f"]
+
+
+FAULTS = ["unknown", "self", "list", "str_deps", "non_str_dep", "name", "empty", "duplicate",
+          "not_a_pair", "repeated_dep"]
+
+
+@st.composite
+def raw_graphs(draw: st.DrawFn) -> list[Any]:
+    """Pairs as a caller may pass them: in order or not, with at most one fault,
+    so that the proof sees every fault on its own in a graph it would accept."""
+    n = draw(st.integers(0, 6))
+    names = NAMES[:n]
+    in_order = draw(st.booleans())
+    at = draw(st.integers(0, max(n - 1, 0)))
+    fault = draw(st.sampled_from(["none", *FAULTS]))
+    pairs: list[Any] = []
+    for i, name in enumerate(names):
+        earlier = names[:i] if in_order else names  # later ones: out of order, or a cycle
+        deps = draw(st.lists(st.sampled_from(earlier), unique=True, max_size=3)) if earlier else []
+        name_out: Any = name
+        deps_out: Any = tuple(deps)
+        here = fault if i == at else "none"
+        if here == "unknown":
+            deps_out = (*deps, "zz")
+        elif here == "self":
+            deps_out = (*deps, name)
+        elif here == "list":
+            deps_out = list(deps)
+        elif here == "str_deps":
+            deps_out = "ab"
+        elif here == "non_str_dep":
+            deps_out = (*deps, 7)
+        elif here == "name":
+            name_out = 3
+        elif here == "empty":
+            name_out = ""
+        elif here == "duplicate" and pairs:
+            name_out = pairs[0][0]
+        elif here == "repeated_dep" and deps:
+            deps_out = (*deps, deps[0])
+        elif here == "not_a_pair":
+            pairs.append((name, deps_out, "extra"))
+            continue
+        pairs.append((name_out, deps_out))
+    return pairs
+
+
+def _verdict(build: Any) -> tuple[str, Any]:
+    try:
+        spec = build()
+    except GraphError as exc:
+        return type(exc).__name__, (str(exc), exc.steps)
+    return "spec", (spec.names, dict(spec.deps), dict(spec.index), spec.fingerprint,
+                    dict(spec.dependents))
+
+
+@given(raw_graphs())
+@settings(max_examples=300)
+@example([("a", ()), ("b", ("a", "a"))])  # a dependency listed twice: kept once
+@example([("a", ()), ("", ("a",))])
+@example([("a", ()), ("b", ("a",)), ("a", ())])
+def test_the_proof_and_the_checks_agree_on_every_graph(pairs: list[Any]) -> None:
+    assert _verdict(lambda: GraphSpec.of(pairs)) == _verdict(lambda: GraphSpec._checked(pairs))
+
+
+@given(dags())
+def test_a_graph_declared_in_order_takes_the_one_loop_proof(graph: GraphSpec) -> None:
+    # The proof is what keeps a resume cheap: it must not quietly stop applying.
+    ordered = sorted(graph.names, key=lambda n: int(n[1:]))  # dags() only draws earlier deps
+    pairs = [(n, graph.deps[n]) for n in ordered]
+    assert _in_order(pairs) is not None
+    forward = any(graph.index[d] > graph.index[n] for n in graph.names for d in graph.deps[n])
+    declared = [(n, graph.deps[n]) for n in graph.names]
+    assert (_in_order(declared) is None) == forward
+
+
+@given(dags(), st.data())
+def test_dependents_among_is_the_graphs_cut_down_to_the_steps_given(
+    graph: GraphSpec, data: st.DataObject
+) -> None:
+    pending = data.draw(st.lists(st.sampled_from(graph.names), unique=True))
+    pending.sort(key=graph.index.__getitem__)
+    among = graph.dependents_among(pending)
+    for name in pending:
+        assert among[name] == tuple(c for c in graph.dependents[name] if c in pending)
+    for parent, children in among.items():
+        assert children == tuple(c for c in graph.dependents[parent] if c in pending)
