@@ -183,24 +183,27 @@ def _in_order(pairs: list[Any]) -> tuple[dict[str, int], dict[str, tuple[str, ..
     """
     index: dict[str, int] = {}
     deps: dict[str, tuple[str, ...]] = {}
-    try:
-        for name, raw in pairs:
-            if type(name) is not str or type(raw) is not tuple or name in index or not name:
-                return None
-            if raw:
-                if len(raw) == 1:
-                    if type(raw[0]) is not str or raw[0] not in index:
+    for entry in pairs:
+        if type(entry) is not tuple:
+            return None
+        try:
+            name, raw = entry
+        except ValueError:  # a tuple, but not a pair
+            return None
+        if type(name) is not str or type(raw) is not tuple or name in index or not name:
+            return None
+        if raw:
+            if len(raw) == 1:
+                if type(raw[0]) is not str or raw[0] not in index:
+                    return None
+            else:
+                for d in raw:
+                    if type(d) is not str or d not in index:
                         return None
-                else:
-                    for d in raw:
-                        if type(d) is not str or d not in index:
-                            return None
-                    if len(set(raw)) != len(raw):
-                        return None
-            index[name] = len(deps)
-            deps[name] = raw
-    except (TypeError, ValueError):  # not a (name, dependencies) pair
-        return None
+                if len(set(raw)) != len(raw):
+                    return None
+        index[name] = len(deps)
+        deps[name] = raw
     return index, deps
 
 
@@ -300,11 +303,12 @@ class GraphSpec:
         return spec
 
     def dependents_among(self, names: Iterable[str]) -> MappingProxyType[str, tuple[str, ...]]:
-        """The dependents index cut down to ``names`` (steps of this graph).
+        """The dependents index cut down to ``names``: steps of this graph,
+        each once, in declaration order (a resume's unrecorded steps).
 
-        ``among[p]`` lists, in declaration order, the steps of ``names``
-        that depend on ``p``; every name in ``names`` has an entry. It costs
-        the edges of ``names`` only: a resume asks for its unrecorded steps.
+        ``among[p]`` lists the steps of ``names`` that depend on ``p``, in
+        the order of ``names``; every name in ``names`` has an entry. It
+        costs the edges of ``names`` only.
         """
         return MappingProxyType(_dependents(tuple(names), self.deps))
 

@@ -23,7 +23,7 @@ NAMES = ["a", "b", "c", "d", "e", "f"]
 
 
 FAULTS = ["unknown", "self", "list", "str_deps", "non_str_dep", "name", "empty", "duplicate",
-          "not_a_pair", "repeated_dep"]
+          "not_a_pair", "list_entry", "iterator_entry", "repeated_dep"]
 
 
 @st.composite
@@ -63,6 +63,12 @@ def raw_graphs(draw: st.DrawFn) -> list[Any]:
         elif here == "not_a_pair":
             pairs.append((name, deps_out, "extra"))
             continue
+        elif here == "list_entry":  # two items, but not a pair
+            pairs.append([name, deps_out])
+            continue
+        elif here == "iterator_entry":
+            pairs.append(iter((name, deps_out)))
+            continue
         pairs.append((name_out, deps_out))
     return pairs
 
@@ -81,6 +87,7 @@ def _verdict(build: Any) -> tuple[str, Any]:
 @example([("a", ()), ("b", ("a", "a"))])  # a dependency listed twice: kept once
 @example([("a", ()), ("", ("a",))])
 @example([("a", ()), ("b", ("a",)), ("a", ())])
+@example([["a", ()], ["b", ("a",)]])
 def test_the_proof_and_the_checks_agree_on_every_graph(pairs: list[Any]) -> None:
     assert _verdict(lambda: GraphSpec.of(pairs)) == _verdict(lambda: GraphSpec._checked(pairs))
 
