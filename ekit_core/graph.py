@@ -262,15 +262,9 @@ class GraphSpec:
         exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
-        spec = cls._proved(_in_order(pairs))
-        return spec if spec is not None else cls._checked(pairs)
-
-    @classmethod
-    def _proved(
-        cls, proved: tuple[dict[str, int], dict[str, tuple[str, ...]]] | None
-    ) -> GraphSpec | None:
+        proved = _in_order(pairs)
         if proved is None:
-            return None
+            return cls._checked(pairs)
         index, deps = proved
         return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index), _fingerprint(deps))
 

@@ -61,6 +61,20 @@ def _three(start: int = 1) -> list[WorkflowCheckpoint]:
     return [_cp(i, {f"s{j}": j for j in range(i)}) for i in range(start, start + 3)]
 
 
+def _full_disk_on_call(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, n: int) -> None:
+    """Make ``module.name``'s ``n``-th call from now fail as a full disk; the others run it."""
+    real = getattr(module, name)
+    calls: list[int] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == n:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, failing)
+
+
 def _rewrite_in_place(path: Path, data: bytes) -> None:
     """Give the file new content without replacing it (the inode stays)."""
     with open(path, "r+b") as f:
@@ -199,16 +213,7 @@ def test_a_failed_json_save_does_not_refuse_the_next_one(
     import ekit_runtime.stores.jsonfile as jsonfile
 
     path = tmp_path / "cp.json"
-    real = jsonfile.atomic_write
-    calls: list[int] = []
-
-    def fail_once(target: str, data: bytes, *, durable: bool) -> None:
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        real(target, data, durable=durable)
-
-    monkeypatch.setattr(jsonfile, "atomic_write", fail_once)
+    _full_disk_on_call(monkeypatch, jsonfile, "atomic_write", 2)
     with JsonFileStore(path) as store:
         store(_cp(1, {"a": 1}))
         with pytest.raises(OSError, match="No space"):
@@ -1039,19 +1044,10 @@ def test_a_failed_journal_append_does_not_refuse_the_next_save(
     import ekit_runtime.stores.journal as journal
 
     path = tmp_path / "cp.jsonl"
-    real = journal.write_all
-    calls: list[int] = []
-
-    def fail_once(fd: int, data: bytes) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise OSError(28, "No space left on device")
-        real(fd, data)
-
     first, second, third = _three()
     with JournalStore(path) as store:
         store(first)
-        monkeypatch.setattr(journal, "write_all", fail_once)
+        _full_disk_on_call(monkeypatch, journal, "write_all", 1)
         with pytest.raises(OSError, match="No space"):
             store(second)
         store(third)
