@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.usage import NO_USAGE, TokenUsage
 
@@ -113,9 +114,10 @@ class WorkflowCheckpoint:
     context: MappingProxyType[str, Any] = field(default_factory=_empty)
     step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
     failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)
-    fingerprint: str | None = None
-    # Left out of the repr (the fingerprint names the graph): asyncio and
-    # loggers repr results in passing, and a graph may have many thousands of steps.
+    # Both left out of the repr: asyncio and loggers repr results in passing,
+    # a graph may have many thousands of steps, and reading the fingerprint
+    # may hash it (see _graph_spec below).
+    fingerprint: str | None = field(default=None, repr=False)
     graph: MappingProxyType[str, tuple[str, ...]] | None = field(default=None, repr=False)
     format_version: int = FORMAT_VERSION
     versions: MappingProxyType[str, str] = field(default_factory=_empty)
@@ -124,6 +126,57 @@ class WorkflowCheckpoint:
     # Two fields, not a tuple: one object fewer per checkpoint kept alive.
     _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
     _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
+    # Two fields that may be left unset, and are then made when first read
+    # (see __getattr__). The core leaves ``fingerprint`` unset on the
+    # checkpoints it makes and keeps its graph spec here, so that a run whose
+    # checkpoints are never written out, or a resume that compares graphs,
+    # hashes nothing.
+    _graph_spec: GraphSpec | None = field(default=None, repr=False, compare=False)
+    # from_dict leaves ``graph`` unset when the recorded graph has the shape
+    # every writer produces, and keeps it here checked, as three flat tuples
+    # (names, how many dependencies each, all dependencies in a row), not as
+    # a tuple per step: a resume compares them with its own graph (see
+    # _records_graph), and most never build the mapping.
+    _graph_parts: tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would read any attribute as Any
+
+        def __getattr__(self, name: str) -> Any:
+            # Called only for an attribute that is not set: one of the two
+            # above, or a name that does not exist.
+            if name == "fingerprint":
+                spec = self._graph_spec
+                value = None if spec is None else spec.fingerprint
+            elif name == "graph":
+                value = _assembled(self._graph_parts)
+            else:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            object.__setattr__(self, name, value)
+            return value
+
+    def _records_graph(self, deps: Mapping[str, tuple[str, ...]]) -> bool:
+        """Whether the recorded graph is ``deps`` (same steps, in the same
+        order, with the same dependencies), compared without building it.
+
+        On a match the graph is left as ``deps`` (the same value, already
+        built), and the parts are dropped: a second question costs nothing.
+        """
+        parts = self._graph_parts
+        if parts is None:
+            graph = self.graph
+            return graph is not None and (graph is deps or graph == deps)
+        names, lens, flat = parts
+        if (
+            names == tuple(deps)
+            and lens == tuple(map(len, deps.values()))
+            and flat == tuple(chain.from_iterable(deps.values()))
+        ):
+            object.__setattr__(self, "graph", deps)
+            object.__setattr__(self, "_graph_parts", None)
+            return True
+        return False
 
     def delta_since(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
         """What this checkpoint adds to ``previous``, an earlier checkpoint of the same run.
@@ -227,7 +280,8 @@ class WorkflowCheckpoint:
                 "fingerprint", f"must be a string, got {type(fingerprint).__name__}"
             )
         graph = data.get("graph")
-        if graph is not None:
+        parts = None if graph is None else _parts(graph)
+        if graph is not None and parts is None:
             graph = MappingProxyType(_graph(graph))
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
@@ -235,7 +289,7 @@ class WorkflowCheckpoint:
         for name, tag in versions.items():
             if not isinstance(tag, str):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
-        return cls(
+        checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(_table(data["outputs"], "outputs")),
             cost=_usage(data["cost"], "cost"),
@@ -251,6 +305,10 @@ class WorkflowCheckpoint:
             format_version=version,
             versions=MappingProxyType(versions),
         )
+        if parts is not None:  # the graph is made from its parts when first read
+            object.__delattr__(checkpoint, "graph")
+            object.__setattr__(checkpoint, "_graph_parts", parts)
+        return checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,15 +417,32 @@ def _names(value: object, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _graph(value: object) -> dict[str, tuple[str, ...]]:
-    """The ``graph`` field: step name -> its dependencies, as tuples."""
-    # The shape every writer produces (a dict of lists of names), checked by
-    # C loops over all entries at once and copied once; anything else is
-    # checked entry by entry.
+def _parts(value: object) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None:
+    """The ``graph`` field in the shape every writer produces (a dict of
+    lists of names) as the three tuples of ``WorkflowCheckpoint._graph_parts``,
+    checked by C loops over all entries at once; ``None`` for any other shape."""
     if type(value) is dict and _all_str(value):
         lists = value.values()
-        if all(type(v) is list for v in lists) and _all_str(chain.from_iterable(lists)):
-            return dict(zip(value, map(tuple, lists), strict=True))
+        if set(map(type, lists)) <= {list}:
+            flat = tuple(chain.from_iterable(lists))
+            if _all_str(flat):
+                return tuple(value), tuple(map(len, lists)), flat
+    return None
+
+
+def _assembled(
+    parts: tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None,
+) -> MappingProxyType[str, tuple[str, ...]] | None:
+    """The graph mapping that :func:`_parts` took apart."""
+    if parts is None:
+        return None
+    names, lens, flat = parts
+    deps = iter(flat)
+    return MappingProxyType({n: tuple(islice(deps, k)) for n, k in zip(names, lens, strict=True)})
+
+
+def _graph(value: object) -> dict[str, tuple[str, ...]]:
+    """The ``graph`` field in any other shape: step name -> its dependencies, as tuples."""
     table = _table(value, "graph")
     return {k: _names(v, f"graph.{k}") for k, v in table.items()}
 

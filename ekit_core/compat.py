@@ -5,6 +5,15 @@ that graph's fingerprint. Resuming it into a different graph could skip a
 step whose inputs changed, so it is refused unless the caller opts in. A
 checkpoint without a fingerprint (ExecutionKit's three keys, or hand-made)
 carries no claim and is accepted.
+
+The recorded graph is the claim, the fingerprint its summary: a recorded
+graph equal to the one resuming is the same graph, found by comparing the
+two entry by entry, with nothing hashed. Only a checkpoint without a
+recorded graph, or whose graph differs in the order of its entries or of a
+step's dependencies, has its fingerprint compared. (So a fingerprint
+edited by hand next to an intact graph does not stop a resume; the
+resumed run's checkpoints carry the right one, and ``ekit audit`` reports
+the edited one as ``graph_fingerprint``.)
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from dataclasses import dataclass
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.graph import GraphSpec
 
-__all__ = ["GraphChanges", "GraphMismatchError", "graph_changes"]
+__all__ = ["GraphChanges", "GraphMismatchError", "graph_changes", "recorded_from"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +71,25 @@ class GraphMismatchError(ValueError):
         self.changes = changes
 
 
+def recorded_from(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> bool:
+    """Whether ``checkpoint`` says it was recorded from ``graph``: its recorded
+    graph equals ``graph``'s dependencies, or else its fingerprint is ``graph``'s."""
+    if checkpoint._records_graph(graph.deps):
+        return True
+    recorded = checkpoint.fingerprint
+    return recorded is not None and recorded == graph.fingerprint
+
+
 def graph_changes(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> GraphChanges | None:
     """The differences between ``graph`` and the checkpoint's recorded graph.
 
-    ``None`` when the checkpoint has no fingerprint or the fingerprints match.
+    ``None`` when the checkpoint has no fingerprint or says it was recorded
+    from ``graph`` (:func:`recorded_from`).
     """
+    if recorded_from(graph, checkpoint):
+        return None
     recorded = checkpoint.fingerprint
-    if recorded is None or recorded == graph.fingerprint:
+    if recorded is None:
         return None
     old: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     added = tuple(n for n in graph.names if old and n not in old)

@@ -172,39 +172,35 @@ def _find_cycle(
     return [*cycle, cycle[0]]
 
 
-def _in_order(pairs: list[Any]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]] | None:
-    """The index and dependencies of a graph that declares every dependency
-    before its dependents (the usual case, and then there is no cycle), in
-    the shape :class:`Workflow` passes; ``None`` for anything else, which
-    the step-by-step checks then accept or refuse, naming the fault.
+def _in_order(steps: Sequence[Any]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]] | None:
+    """The index and dependencies of ``steps`` (objects with ``name`` and
+    ``depends_on``) when every dependency is declared before the steps that
+    need it (the usual case, and then there is no cycle) and every field has
+    the plain shape (a ``str`` name, a tuple of ``str``); ``None`` for
+    anything else, which the step-by-step checks then accept or refuse,
+    naming the fault.
 
-    One loop, one membership test per edge: a resume builds the graph of
-    every recorded step, so this is most of what it costs per step.
+    One loop, one membership test per edge, reading each step's two
+    attributes directly: a resume builds the graph of every recorded step,
+    so this is most of what it costs per step.
     """
-    index: dict[str, int] = {}
     deps: dict[str, tuple[str, ...]] = {}
-    for entry in pairs:
-        if type(entry) is not tuple:
-            return None
-        try:
-            name, raw = entry
-        except ValueError:  # a tuple, but not a pair
-            return None
-        if type(name) is not str or type(raw) is not tuple or name in index or not name:
+    for step in steps:
+        name, raw = step.name, step.depends_on
+        if type(name) is not str or type(raw) is not tuple or name in deps or not name:
             return None
         if raw:
             if len(raw) == 1:
-                if type(raw[0]) is not str or raw[0] not in index:
+                if type(raw[0]) is not str or raw[0] not in deps:
                     return None
             else:
                 for d in raw:
-                    if type(d) is not str or d not in index:
+                    if type(d) is not str or d not in deps:
                         return None
                 if len(set(raw)) != len(raw):
                     return None
-        index[name] = len(deps)
         deps[name] = raw
-    return index, deps
+    return dict(zip(deps, range(len(deps)), strict=True)), deps
 
 
 def _dependents(
@@ -236,19 +232,21 @@ def _dependents(
 class GraphSpec:
     """A validated DAG of step names, in declaration order.
 
-    Build one with :meth:`of`. ``names`` keeps declaration order, which is
-    the order :func:`~ekit_core.plan` starts ready steps in.
+    Build one with :meth:`of` (or :meth:`of_steps`). ``names`` keeps
+    declaration order, which is the order :func:`~ekit_core.plan` starts
+    ready steps in.
     """
 
     names: tuple[str, ...]
     deps: MappingProxyType[str, tuple[str, ...]]
     index: MappingProxyType[str, int] = field(repr=False)
-    fingerprint: str = field(repr=False)
-    # Built on first use: a resume reads the dependents of the steps it runs
-    # only (see ekit_core.transitions), not of every recorded one.
+    # Both built on first use. A resume reads the dependents of the steps it
+    # runs only (see ekit_core.transitions), and compares a recorded graph
+    # with this one instead of hashing it (see ekit_core.compat).
     _dependents: MappingProxyType[str, tuple[str, ...]] | None = field(
         default=None, repr=False, compare=False
     )
+    _fingerprint: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
@@ -262,11 +260,35 @@ class GraphSpec:
         exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
-        proved = _in_order(pairs)
+        return cls._checked(pairs)
+
+    @classmethod
+    def of_steps(cls, steps: Sequence[Any]) -> GraphSpec:
+        """:meth:`of` for objects with a ``name`` and a ``depends_on``
+        attribute, such as the shell's ``Step``: the same spec, the same errors.
+
+        A list declared in order (every dependency before the steps that
+        need it, each name a ``str`` and each ``depends_on`` a tuple of them)
+        is proved valid in one loop; anything else goes through the checks
+        of :meth:`of`. An item without the two attributes is a
+        :class:`GraphError` naming its position.
+        """
+        try:
+            proved = _in_order(steps)
+        except AttributeError:
+            proved = None
         if proved is None:
+            pairs = []
+            for i, step in enumerate(steps):
+                try:
+                    pairs.append((step.name, step.depends_on))
+                except AttributeError:
+                    raise GraphError(
+                        f"steps[{i}] must have a name and a depends_on, got {type(step).__name__}"
+                    ) from None
             return cls._checked(pairs)
         index, deps = proved
-        return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index), _fingerprint(deps))
+        return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index))
 
     @classmethod
     def _checked(cls, pairs: list[Any]) -> GraphSpec:
@@ -290,7 +312,7 @@ class GraphSpec:
                 if at > position:
                     ordered = False
         names_t = tuple(names)
-        spec = cls(names_t, MappingProxyType(deps), MappingProxyType(index), _fingerprint(deps))
+        spec = cls(names_t, MappingProxyType(deps), MappingProxyType(index))
         cycle = None if ordered else _find_cycle(deps, names_t, spec.dependents)
         if cycle is not None:
             raise CycleError(cycle)
@@ -314,6 +336,17 @@ class GraphSpec:
             dependents = MappingProxyType(_dependents(self.names, self.deps))
             object.__setattr__(self, "_dependents", dependents)
         return dependents
+
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:`` and the hex digest of the graph, whatever order its steps
+        (and each step's dependencies) are declared in: what a checkpoint
+        records to say which graph it belongs to."""
+        fingerprint = self._fingerprint
+        if fingerprint is None:
+            fingerprint = _fingerprint(self.deps)
+            object.__setattr__(self, "_fingerprint", fingerprint)
+        return fingerprint
 
     def __len__(self) -> int:
         return len(self.names)

@@ -272,8 +272,9 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     cp.context = spec.context
     cp.step_usage = MappingProxyType(usage)
     cp.failures = state.incidents.failures
-    cp.fingerprint = graph.fingerprint
+    cp._graph_spec = graph  # and cp.fingerprint left unset: hashed when first read
     cp.graph = graph.deps
+    cp._graph_parts = None
     cp.format_version = FORMAT_VERSION
     cp.versions = spec.versions
     cp._outputs_ledger = outputs

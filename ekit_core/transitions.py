@@ -39,7 +39,7 @@ from ekit_core.checkpoint import (
     describe_error,
     storable_text,
 )
-from ekit_core.compat import GraphMismatchError, graph_changes
+from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
     Event,
@@ -265,7 +265,7 @@ def _outdated(
     graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str]
 ) -> dict[str, str]:
     # The common resume (no tags, same graph) pays nothing for the rule.
-    same_graph = checkpoint.graph is None or checkpoint.fingerprint == graph.fingerprint
+    same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
     if same_graph and not versions and not checkpoint.versions:
         return {}
     return outdated_steps(graph, checkpoint, versions)

@@ -23,7 +23,6 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
-    Mapping,
     Sequence,
 )
 from inspect import CO_COROUTINE
@@ -105,11 +104,14 @@ def _own_cancellation(name: str, task: asyncio.Task[Any]) -> StepCancelledError:
 
 
 class Runner:
-    """One run of a workflow: the loop, its tasks and its callbacks."""
+    """One run of a workflow: the loop, its tasks and its callbacks.
+
+    ``steps`` holds the workflow's steps in the order of ``state.graph.names``.
+    """
 
     def __init__(
         self,
-        steps: Mapping[str, Step],
+        steps: Sequence[Step],
         state: State,
         *,
         checkpoint_fn: CheckpointFn | None,
@@ -119,7 +121,7 @@ class Runner:
         sleep: Sleep = asyncio.sleep,
         clock: Clock = perf_counter,
     ) -> None:
-        self.steps = steps
+        self.steps, self._index = steps, state.graph.index
         self.state = state
         self.executor = executor if executor is not None else DEFAULT_EXECUTOR
         self.checkpoint_fn = checkpoint_fn
@@ -326,7 +328,7 @@ class Runner:
         return context
 
     def _launch(self, start: Start) -> None:
-        step = self.steps[start.name]
+        step = self.steps[self._index[start.name]]
         context: Context = (
             StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
             if step.context == "all"

@@ -102,20 +102,17 @@ class Workflow:
 
     def __init__(self, steps: Sequence[Step]) -> None:
         steps = tuple(steps)
-        pairs: list[tuple[str, tuple[str, ...]]] = []
-        # Steps with an option that start_state or the executors must see:
-        # one pass here, instead of one per option per run.
-        options: list[Step] = []
-        for i, step in enumerate(steps):
-            if type(step) is not Step and not isinstance(step, Step):
-                raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
-            pairs.append((step.name, step.depends_on))
-            if step.retry is not None or step.version is not None or step.executor is not None:
-                options.append(step)
+        if set(map(type, steps)) - {Step}:  # one C pass for the usual list of plain Steps
+            for i, step in enumerate(steps):
+                if not isinstance(step, Step):
+                    raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
         self.steps: tuple[Step, ...] = steps
-        self.graph: GraphSpec = GraphSpec.of(pairs)
-        self._by_name: dict[str, Step] = dict(zip(self.graph.names, steps, strict=True))
-        self._with_options = tuple(options)
+        self.graph: GraphSpec = GraphSpec.of_steps(steps)
+        # Steps with an option that start_state or the executors must see:
+        # found once here, instead of once per option per run.
+        self._with_options = tuple([
+            s for s in steps if s.retry is not None or s.version is not None or s.executor is not None
+        ])
 
     def start_state(
         self,
@@ -190,7 +187,7 @@ class Workflow:
         )
         self._check_executors(executor)
         return Runner(
-            self._by_name,
+            self.steps,
             state,
             checkpoint_fn=checkpoint_fn,
             approval=approval,

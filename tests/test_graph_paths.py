@@ -1,17 +1,21 @@
-"""The two ways a graph is validated agree: the one-loop proof for graphs
+"""The two ways a graph is validated agree: the one-loop proof for steps
 declared in order, and the step-by-step checks that name any fault.
 
-``GraphSpec.of`` tries the proof first and falls back to the checks; a
-graph the proof accepts must be exactly the spec the checks build, and a
-graph it refuses must get the checks' verdict (the same spec, or the same
-error). The dependents a resume reads (``dependents_among``) must be the
-graph's dependents cut down to the steps left to run.
+``GraphSpec.of_steps`` (what ``Workflow`` calls) tries the proof first and
+falls back to the checks that ``GraphSpec.of`` runs; a graph the proof
+accepts must be exactly the spec the checks build, and a graph it refuses
+must get the checks' verdict (the same spec, or the same error). The
+dependents a resume reads (``dependents_among``) must be the graph's
+dependents cut down to the steps left to run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -23,19 +27,31 @@ NAMES = ["a", "b", "c", "d", "e", "f"]
 
 
 FAULTS = ["unknown", "self", "list", "str_deps", "non_str_dep", "name", "empty", "duplicate",
-          "not_a_pair", "list_entry", "iterator_entry", "repeated_dep"]
+          "repeated_dep", "str_subclass_name", "iterator_deps"]
+
+
+@dataclass
+class Entry:
+    """A step as the graph sees it: any object with these two attributes."""
+
+    name: Any
+    depends_on: Any
+
+
+class Name(str):
+    """A str subclass: not the plain shape, so the proof leaves it to the checks."""
 
 
 @st.composite
-def raw_graphs(draw: st.DrawFn) -> list[Any]:
-    """Pairs as a caller may pass them: in order or not, with at most one fault,
+def raw_graphs(draw: st.DrawFn) -> list[Entry]:
+    """Steps as a caller may build them: in order or not, with at most one fault,
     so that the proof sees every fault on its own in a graph it would accept."""
     n = draw(st.integers(0, 6))
     names = NAMES[:n]
     in_order = draw(st.booleans())
     at = draw(st.integers(0, max(n - 1, 0)))
     fault = draw(st.sampled_from(["none", *FAULTS]))
-    pairs: list[Any] = []
+    entries: list[Entry] = []
     for i, name in enumerate(names):
         earlier = names[:i] if in_order else names  # later ones: out of order, or a cycle
         deps = draw(st.lists(st.sampled_from(earlier), unique=True, max_size=3)) if earlier else []
@@ -56,21 +72,16 @@ def raw_graphs(draw: st.DrawFn) -> list[Any]:
             name_out = 3
         elif here == "empty":
             name_out = ""
-        elif here == "duplicate" and pairs:
-            name_out = pairs[0][0]
+        elif here == "duplicate" and entries:
+            name_out = entries[0].name
         elif here == "repeated_dep" and deps:
             deps_out = (*deps, deps[0])
-        elif here == "not_a_pair":
-            pairs.append((name, deps_out, "extra"))
-            continue
-        elif here == "list_entry":  # two items, but not a pair
-            pairs.append([name, deps_out])
-            continue
-        elif here == "iterator_entry":
-            pairs.append(iter((name, deps_out)))
-            continue
-        pairs.append((name_out, deps_out))
-    return pairs
+        elif here == "str_subclass_name":
+            name_out = Name(name)
+        elif here == "iterator_deps":
+            deps_out = iter(deps)
+        entries.append(Entry(name_out, deps_out))
+    return entries
 
 
 def _verdict(build: Any) -> tuple[str, Any]:
@@ -84,22 +95,30 @@ def _verdict(build: Any) -> tuple[str, Any]:
 
 @given(raw_graphs())
 @settings(max_examples=300)
-@example([("a", ()), ("b", ("a", "a"))])  # a dependency listed twice: kept once
-@example([("a", ()), ("", ("a",))])
-@example([("a", ()), ("b", ("a",)), ("a", ())])
-@example([["a", ()], ["b", ("a",)]])
-def test_the_proof_and_the_checks_agree_on_every_graph(pairs: list[Any]) -> None:
-    assert _verdict(lambda: GraphSpec.of(pairs)) == _verdict(lambda: GraphSpec._checked(pairs))
+@example([Entry("a", ()), Entry("b", ("a", "a"))])  # a dependency listed twice: kept once
+@example([Entry("a", ()), Entry("", ("a",))])
+@example([Entry("a", ()), Entry("b", ("a",)), Entry("a", ())])
+def test_the_proof_and_the_checks_agree_on_every_graph(entries: list[Entry]) -> None:
+    # Each side gets its own iterator of dependencies: one can be read once only.
+    held = [(e.name, e.depends_on, list(e.depends_on) if isinstance(e.depends_on, Iterator) else None)
+            for e in entries]
+    steps = [Entry(n, d if kept is None else iter(kept)) for n, d, kept in held]
+    pairs = [(n, d if kept is None else iter(kept)) for n, d, kept in held]
+    assert _verdict(lambda: GraphSpec.of_steps(steps)) == _verdict(lambda: GraphSpec.of(pairs))
+
+
+def test_an_item_without_the_two_attributes_is_named_by_its_position() -> None:
+    with pytest.raises(GraphError, match=r"steps\[1\] must have a name and a depends_on, got int"):
+        GraphSpec.of_steps([Entry("a", ()), 5])
 
 
 @given(dags())
 def test_a_graph_declared_in_order_takes_the_one_loop_proof(graph: GraphSpec) -> None:
     # The proof is what keeps a resume cheap: it must not quietly stop applying.
     ordered = sorted(graph.names, key=lambda n: int(n[1:]))  # dags() only draws earlier deps
-    pairs = [(n, graph.deps[n]) for n in ordered]
-    assert _in_order(pairs) is not None
+    assert _in_order([Entry(n, graph.deps[n]) for n in ordered]) is not None
     forward = any(graph.index[d] > graph.index[n] for n in graph.names for d in graph.deps[n])
-    declared = [(n, graph.deps[n]) for n in graph.names]
+    declared = [Entry(n, graph.deps[n]) for n in graph.names]
     assert (_in_order(declared) is None) == forward
 
 
