@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
+from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from ekit_core import RetryPolicy, TokenUsage
 from ekit_core._fast import twin
@@ -75,6 +75,33 @@ def split_result(returned: object) -> tuple[Any, TokenUsage]:
     return returned, NO_USAGE
 
 
+class _NoMetadata(dict[str, Any]):
+    """The metadata of every step given none: one empty dict, shared and read-only.
+
+    Shared so that building a step allocates one object, not two: a resume
+    builds a ``Step`` for every recorded step, and each allocation brings the
+    next pass of the garbage collector nearer. It is a ``dict`` (``{}`` to
+    ``==``, ``json.dumps`` and ``isinstance``); writing to it raises
+    ``TypeError``: pass ``metadata={...}`` to give a step its own.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            "a step given no metadata shares one empty, read-only dict: "
+            "pass metadata={...} to give the step its own"
+        )
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> str:
+        return "_NO_METADATA"  # unpickles as the shared one
+
+
+_NO_METADATA = _NoMetadata()
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Step:
     """A named unit of work and the steps it depends on.
@@ -92,6 +119,8 @@ class Step:
     on the loop's thread instead. ``blocking=True`` is accepted for
     compatibility and changes nothing now (sync steps use a thread anyway).
     ``retry`` and ``timeout`` (seconds per attempt) are optional.
+    ``metadata`` (handed to the approval callback) defaults to one empty
+    ``dict`` shared by every step given none, which refuses writes.
     ``version`` is a tag to bump when the step's code changes: a checkpoint
     recorded under another tag runs this step again on resume, with
     everything downstream of it.
@@ -100,7 +129,7 @@ class Step:
     name: str
     run: StepFn
     depends_on: tuple[str, ...] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _NO_METADATA)
     retry: RetryPolicy | None = None
     timeout: float | None = None
     blocking: bool = False
@@ -129,7 +158,7 @@ class Step:
         # dependencies, every option at its default) passes one test.
         step = _StepDraft()
         step.name, step.run, step.depends_on = name, run, depends_on
-        step.metadata = {} if metadata is None else metadata
+        step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
         step.__class__ = cls
@@ -147,6 +176,14 @@ class Step:
         ):
             step._check()
         return cast(Step, step)
+
+    def __reduce__(self) -> tuple[type[Step], tuple[Any, ...]]:
+        # Rebuilt through the constructor: pickle's default calls __new__
+        # with no arguments (copy.deepcopy too).
+        return type(self), (
+            self.name, self.run, self.depends_on, self.metadata, self.retry, self.timeout,
+            self.blocking, self.context, self.inline, self.executor, self.version,
+        )
 
     def _check(self) -> None:
         def bad(problem: str) -> ValueError:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import pickle
 import threading
 from dataclasses import FrozenInstanceError, dataclass
 from types import MappingProxyType
@@ -35,6 +37,31 @@ def test_executionkit_names_are_importable() -> None:
     with pytest.raises(FrozenInstanceError):
         step.name = "b"  # type: ignore[misc]
     assert Step("b", lambda c: 1, ["a"]).depends_on == ("a",)  # lists are accepted
+
+
+def _body(ctx: object) -> int:  # importable by name, so a step holding it pickles
+    return 1
+
+
+def test_steps_given_no_metadata_share_one_empty_dict_that_refuses_writes() -> None:
+    a, b = Step("a", _body), Step("b", _body, ("a",))
+    assert a.metadata is b.metadata and a.metadata == {} and isinstance(a.metadata, dict)
+    assert json.dumps(a.metadata) == "{}" and a == Step("a", _body, metadata={})
+    for write in (lambda m: m.__setitem__("k", 1), lambda m: m.update(k=1), lambda m: m.pop("k"),
+                  lambda m: m.setdefault("k", 1), lambda m: m.clear(), lambda m: m.popitem()):
+        with pytest.raises(TypeError, match=r"pass metadata=\{\.\.\.\}"):
+            write(a.metadata)
+    assert a.metadata == {} and dict(Step("c", _body, metadata={"k": 1}).metadata) == {"k": 1}
+
+
+def test_a_step_pickles_and_copies_as_the_same_step() -> None:
+    plain = Step("a", _body)
+    full = Step("b", _body, ("a",), metadata={"k": 1}, timeout=2.0, context="dependencies",
+                inline=True, version="v1")
+    for step in (plain, full):
+        for copied in (pickle.loads(pickle.dumps(step)), copy.deepcopy(step), copy.copy(step)):
+            assert copied == step and type(copied) is Step
+    assert pickle.loads(pickle.dumps(plain)).metadata is plain.metadata  # still the shared one
 
 
 def test_bad_steps_and_graphs_fail_at_construction() -> None:
