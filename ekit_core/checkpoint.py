@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, islice
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
@@ -126,55 +126,48 @@ class WorkflowCheckpoint:
     # Two fields, not a tuple: one object fewer per checkpoint kept alive.
     _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
     _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
-    # Two fields that may be left unset, and are then made when first read
-    # (see __getattr__). The core leaves ``fingerprint`` unset on the
-    # checkpoints it makes and keeps its graph spec here, so that a run whose
-    # checkpoints are never written out, or a resume that compares graphs,
-    # hashes nothing.
-    _graph_spec: GraphSpec | None = field(default=None, repr=False, compare=False)
+    # ``fingerprint`` and ``graph`` may be left unset, and are then made when
+    # first read (see _read_fingerprint and _read_graph below). The core
+    # leaves ``fingerprint`` unset on the checkpoints it makes and keeps its
+    # graph spec here, so that a run whose checkpoints are never written out,
+    # or a resume that compares graphs, hashes nothing.
+    _graph_spec: GraphSpec | None = field(default=None, init=False, repr=False, compare=False)
     # from_dict leaves ``graph`` unset when the recorded graph has the shape
     # every writer produces, and keeps it here checked, as three flat tuples
     # (names, how many dependencies each, all dependencies in a row), not as
     # a tuple per step: a resume compares them with its own graph (see
-    # _records_graph), and most never build the mapping.
+    # _records_graph), and most never build the mapping. Neither of these two
+    # goes through __init__, so dataclasses.replace never carries them over to
+    # a checkpoint with another graph.
     _graph_parts: tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None = field(
-        default=None, repr=False, compare=False
+        default=None, init=False, repr=False, compare=False
     )
-
-    if not TYPE_CHECKING:  # hidden from mypy, which would read any attribute as Any
-
-        def __getattr__(self, name: str) -> Any:
-            # Called only for an attribute that is not set: one of the two
-            # above, or a name that does not exist.
-            if name == "fingerprint":
-                spec = self._graph_spec
-                value = None if spec is None else spec.fingerprint
-            elif name == "graph":
-                value = _assembled(self._graph_parts)
-            else:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            object.__setattr__(self, name, value)
-            return value
 
     def _records_graph(self, deps: Mapping[str, tuple[str, ...]]) -> bool:
         """Whether the recorded graph is ``deps`` (same steps, in the same
         order, with the same dependencies), compared without building it.
 
         On a match the graph is left as ``deps`` (the same value, already
-        built), and the parts are dropped: a second question costs nothing.
+        built), so that asking again costs nothing.
         """
         parts = self._graph_parts
         if parts is None:
             graph = self.graph
             return graph is not None and (graph is deps or graph == deps)
+        try:
+            if _GRAPH_SLOT.__get__(self, WorkflowCheckpoint) is deps:
+                return True
+        except AttributeError:  # not built yet
+            pass
         names, lens, flat = parts
         if (
             names == tuple(deps)
             and lens == tuple(map(len, deps.values()))
             and flat == tuple(chain.from_iterable(deps.values()))
         ):
-            object.__setattr__(self, "graph", deps)
-            object.__setattr__(self, "_graph_parts", None)
+            # The parts stay: a thread building the graph from them meanwhile
+            # must still find them.
+            _GRAPH_SLOT.__set__(self, deps)
             return True
         return False
 
@@ -309,6 +302,51 @@ class WorkflowCheckpoint:
             object.__delattr__(checkpoint, "graph")
             object.__setattr__(checkpoint, "_graph_parts", parts)
         return checkpoint
+
+
+# ``fingerprint`` and ``graph`` may be left unset (see the fields' comment):
+# each becomes a property over its own slot, which stays on the class under
+# a second name, so that reading a set field costs one property call and a
+# plain slot read, and the other fields keep their plain slots. (A
+# ``__getattr__`` would do the same, but makes every read of every field
+# slower.) The names are spelt out: a slot read by a constant name is the
+# interpreter's fastest attribute read.
+
+
+def _read_fingerprint(cp: Any) -> str | None:
+    """The fingerprint of the graph the checkpoint was recorded from (``None``: no claim)."""
+    try:
+        fingerprint: str | None = cp._stored_fingerprint
+    except AttributeError:  # left unset by checkpoint_of: hashed once, by the spec
+        spec = cp._graph_spec
+        fingerprint = None if spec is None else spec.fingerprint
+        object.__setattr__(cp, "_stored_fingerprint", fingerprint)
+    return fingerprint
+
+
+def _read_graph(cp: Any) -> MappingProxyType[str, tuple[str, ...]] | None:
+    """The graph the checkpoint was recorded from, step name to its dependencies."""
+    try:
+        graph: MappingProxyType[str, tuple[str, ...]] | None = cp._stored_graph
+    except AttributeError:  # left unset by from_dict: built from the parts, once
+        graph = _assembled(cp._graph_parts)
+        object.__setattr__(cp, "_stored_graph", graph)
+    return graph
+
+
+def _property_over_slot(name: str, read: Callable[[Any], Any]) -> property:
+    stored = f"_stored_{name}"
+    setattr(WorkflowCheckpoint, stored, vars(WorkflowCheckpoint)[name])
+    return property(
+        read,
+        lambda cp, value: object.__setattr__(cp, stored, value),
+        lambda cp: object.__delattr__(cp, stored),
+    )
+
+
+_GRAPH_SLOT = vars(WorkflowCheckpoint)["graph"]
+WorkflowCheckpoint.fingerprint = _property_over_slot("fingerprint", _read_fingerprint)  # type: ignore[assignment,misc]
+WorkflowCheckpoint.graph = _property_over_slot("graph", _read_graph)  # type: ignore[assignment,misc]
 
 
 @dataclass(frozen=True, slots=True)

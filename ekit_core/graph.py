@@ -244,9 +244,9 @@ class GraphSpec:
     # runs only (see ekit_core.transitions), and compares a recorded graph
     # with this one instead of hashing it (see ekit_core.compat).
     _dependents: MappingProxyType[str, tuple[str, ...]] | None = field(
-        default=None, repr=False, compare=False
+        default=None, init=False, repr=False, compare=False
     )
-    _fingerprint: str | None = field(default=None, repr=False, compare=False)
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
@@ -263,7 +263,7 @@ class GraphSpec:
         return cls._checked(pairs)
 
     @classmethod
-    def of_steps(cls, steps: Sequence[Any]) -> GraphSpec:
+    def of_steps(cls, steps: Iterable[Any]) -> GraphSpec:
         """:meth:`of` for objects with a ``name`` and a ``depends_on``
         attribute, such as the shell's ``Step``: the same spec, the same errors.
 
@@ -273,6 +273,8 @@ class GraphSpec:
         of :meth:`of`. An item without the two attributes is a
         :class:`GraphError` naming its position.
         """
+        if type(steps) is not tuple and type(steps) is not list:
+            steps = list(steps)  # read twice when the proof gives up
         try:
             proved = _in_order(steps)
         except AttributeError:

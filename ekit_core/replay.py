@@ -485,8 +485,13 @@ class _Walk:
         if (self.ends_on_graph and not self.on_graph) or (prev is not None and prev.fingerprint == fp):
             return
         changes = graph_changes(self.graph, cp)
-        detail = changes.describe() if changes is not None else fp
-        self.report(i, None, "fingerprint_mismatch", f"recorded from a different graph: {detail}")
+        if changes is None:  # a resume takes it (its recorded graph is this one), but the record lies
+            self.report(i, None, "fingerprint_mismatch",
+                        f"its fingerprint {fp} is not that of the graph it records, which is this "
+                        f"one ({self.graph.fingerprint})")
+        else:
+            self.report(i, None, "fingerprint_mismatch",
+                        f"recorded from a different graph: {changes.describe()}")
 
     # -- the timeline ---------------------------------------------------------------
 

@@ -272,7 +272,9 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     cp.context = spec.context
     cp.step_usage = MappingProxyType(usage)
     cp.failures = state.incidents.failures
-    cp._graph_spec = graph  # and cp.fingerprint left unset: hashed when first read
+    cp._graph_spec = graph
+    if graph._fingerprint is not None:  # else left unset: hashed when first read
+        cp.fingerprint = graph._fingerprint
     cp.graph = graph.deps
     cp._graph_parts = None
     cp.format_version = FORMAT_VERSION

@@ -98,6 +98,12 @@ class _NoMetadata(dict[str, Any]):
     def __reduce__(self) -> str:
         return "_NO_METADATA"  # unpickles as the shared one
 
+    def __copy__(self) -> dict[str, Any]:
+        return {}  # a copy is made to be written to: a plain dict of its own
+
+    def __deepcopy__(self, memo: object) -> dict[str, Any]:
+        return {}
+
 
 _NO_METADATA = _NoMetadata()
 

@@ -106,13 +106,23 @@ class Workflow:
             for i, step in enumerate(steps):
                 if not isinstance(step, Step):
                     raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
-        self.steps: tuple[Step, ...] = steps
-        self.graph: GraphSpec = GraphSpec.of_steps(steps)
+        self._steps = steps
+        self._graph = GraphSpec.of_steps(steps)
         # Steps with an option that start_state or the executors must see:
         # found once here, instead of once per option per run.
         self._with_options = tuple([
             s for s in steps if s.retry is not None or s.version is not None or s.executor is not None
         ])
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps, in declaration order (read-only: the graph was validated from them)."""
+        return self._steps
+
+    @property
+    def graph(self) -> GraphSpec:
+        """The validated graph of the steps."""
+        return self._graph
 
     def start_state(
         self,

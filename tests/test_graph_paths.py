@@ -11,8 +11,10 @@ dependents cut down to the steps left to run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -105,6 +107,22 @@ def test_the_proof_and_the_checks_agree_on_every_graph(entries: list[Entry]) -> 
     steps = [Entry(n, d if kept is None else iter(kept)) for n, d, kept in held]
     pairs = [(n, d if kept is None else iter(kept)) for n, d, kept in held]
     assert _verdict(lambda: GraphSpec.of_steps(steps)) == _verdict(lambda: GraphSpec.of(pairs))
+
+
+def test_steps_given_as_an_iterator_are_read_once_as_a_list() -> None:
+    entries = [Entry("b", ()), Entry("a", ("b",)), Entry("c", ("a",)), Entry("a", ())]
+    pairs = [(e.name, e.depends_on) for e in entries]
+    for n in (3, 4):  # in order; then with a duplicate, where the proof gives up
+        steps = iter(entries[:n])
+        assert _verdict(lambda: GraphSpec.of_steps(steps)) == _verdict(  # noqa: B023
+            lambda: GraphSpec.of(pairs[:n]))  # noqa: B023
+
+
+def test_the_caches_are_not_constructor_arguments() -> None:
+    spec = GraphSpec.of({"a": []})
+    with pytest.raises(TypeError):
+        GraphSpec(spec.names, spec.deps, spec.index, "sha256:x")  # type: ignore[call-arg]
+    assert dataclasses.replace(spec, deps=MappingProxyType({"a": ()})).fingerprint == spec.fingerprint
 
 
 def test_an_item_without_the_two_attributes_is_named_by_its_position() -> None:

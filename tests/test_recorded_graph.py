@@ -30,6 +30,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.checkpoint import _assembled
 from ekit_core.compat import recorded_from
 from ekit_runtime import Step, Workflow
 from tests.strategies import dags
@@ -185,3 +186,29 @@ def test_replace_copy_and_unknown_names_behave_as_on_any_checkpoint() -> None:
         assert not hasattr(cp, "nope")
         with pytest.raises(AttributeError, match="'WorkflowCheckpoint' object has no attribute 'nope'"):
             cp.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_graph_replaced_on_a_read_checkpoint_is_the_one_a_resume_checks() -> None:
+    # dataclasses.replace must not carry over the parts of the graph it replaces.
+    graph, other = GraphSpec.of({"a": [], "b": ["a"]}), GraphSpec.of({"a": [], "b": []})
+    read = _read_back(_made(graph, {"a": 1, "b": 2}))
+    moved = dataclasses.replace(read, graph=other.deps, fingerprint=other.fingerprint)
+    assert dict(moved.graph or {}) == {"a": (), "b": ()}
+    with pytest.raises(GraphMismatchError, match="dependencies changed: 'b'"):
+        initial_state(graph, moved)
+    # Without a fingerprint there is no claim, but b's dependencies changed: b runs again.
+    bare = dataclasses.replace(read, graph=other.deps, fingerprint=None)
+    state = initial_state(graph, bare)
+    assert dict(state.outputs) == {"a": 1}
+    assert dict(read.graph or {}) == dict(graph.deps)  # the checkpoint replaced from is unchanged
+
+
+def test_a_reader_that_missed_the_graph_before_a_resume_matched_it_still_builds_it() -> None:
+    # The interleaving of two threads: one reads ``graph`` (finds it unset and
+    # goes to build it from the parts) while another resumes, which sets it.
+    graph = GraphSpec.of({"a": [], "b": ["a"]})
+    cp = _read_back(_made(graph, {"a": 1}))
+    assert recorded_from(graph, cp)
+    assert _assembled(cp._graph_parts) == graph.deps  # what the reader builds after its miss
+    assert cp.graph == graph.deps and cp.to_dict()["graph"] == {
+        "a": [], "b": ["a"]}

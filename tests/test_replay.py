@@ -525,6 +525,9 @@ def test_a_fingerprint_is_reported_at_each_change_not_at_each_checkpoint() -> No
     cps[1]["fingerprint"] = cps[2]["fingerprint"] = other
     report = replay(DIAMOND, cps)
     assert [(v.index, v.kind) for v in report.violations] == [(1, "fingerprint_mismatch")]
+    # Only the fingerprint was edited: a resume takes it, the record still says it was edited.
+    assert f"is not that of the graph it records, which is this one ({DIAMOND.fingerprint})" in (
+        report.violations[0].message)
     cps[3]["fingerprint"] = GraphSpec.of({"y": []}).fingerprint
     assert [v.index for v in replay(DIAMOND, cps).violations] == [1, 3]
 

@@ -52,6 +52,18 @@ def test_steps_given_no_metadata_share_one_empty_dict_that_refuses_writes() -> N
         with pytest.raises(TypeError, match=r"pass metadata=\{\.\.\.\}"):
             write(a.metadata)
     assert a.metadata == {} and dict(Step("c", _body, metadata={"k": 1}).metadata) == {"k": 1}
+    for mine in (copy.copy(a.metadata), copy.deepcopy(a.metadata), a.metadata.copy(), dict(a.metadata)):
+        mine["k"] = 1  # a copy is a plain dict of its own
+        assert type(mine) is dict and a.metadata == {}
+
+
+def test_a_workflows_steps_and_graph_are_read_only() -> None:
+    workflow = Workflow([Step("a", _body), Step("b", _body, ("a",))])
+    with pytest.raises(AttributeError):
+        workflow.steps = (Step("b", _body),)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        workflow.graph = GraphSpec.of({"b": []})  # type: ignore[misc]
+    assert workflow.run_sync().outputs == {"a": 1, "b": 1}
 
 
 def test_a_step_pickles_and_copies_as_the_same_step() -> None:
