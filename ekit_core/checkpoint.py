@@ -154,11 +154,8 @@ class WorkflowCheckpoint:
         if parts is None:
             graph = self.graph
             return graph is not None and (graph is deps or graph == deps)
-        try:
-            if _GRAPH_SLOT.__get__(self, WorkflowCheckpoint) is deps:
-                return True
-        except AttributeError:  # not built yet
-            pass
+        if getattr(self, "_stored_graph", None) is deps:  # matched before (unset: not built yet)
+            return True
         names, lens, flat = parts
         if (
             names == tuple(deps)
@@ -167,7 +164,7 @@ class WorkflowCheckpoint:
         ):
             # The parts stay: a thread building the graph from them meanwhile
             # must still find them.
-            _GRAPH_SLOT.__set__(self, deps)
+            object.__setattr__(self, "graph", deps)
             return True
         return False
 
@@ -344,7 +341,6 @@ def _property_over_slot(name: str, read: Callable[[Any], Any]) -> property:
     )
 
 
-_GRAPH_SLOT = vars(WorkflowCheckpoint)["graph"]
 WorkflowCheckpoint.fingerprint = _property_over_slot("fingerprint", _read_fingerprint)  # type: ignore[assignment,misc]
 WorkflowCheckpoint.graph = _property_over_slot("graph", _read_graph)  # type: ignore[assignment,misc]
 

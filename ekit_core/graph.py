@@ -117,8 +117,8 @@ def _entries(pairs: list[Any]) -> tuple[list[str], dict[str, tuple[str, ...]], l
     deps: dict[str, tuple[str, ...]] = {}
     duplicates: list[str] = []
     for entry in pairs:
-        # The shape Workflow passes (a str and a tuple of at most one str) is
-        # checked inline; anything else goes through _parse_entry.
+        # The usual shape (a str and a tuple of at most one str) is checked
+        # inline; anything else goes through _parse_entry.
         if type(entry) is tuple and len(entry) == 2:
             name, raw = entry
             if type(name) is str and name and type(raw) is tuple and (
