@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, islice
 from types import MappingProxyType
 from typing import Any
 
 from ekit_core.graph import GraphSpec
+from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
 from ekit_core.usage import NO_USAGE, TokenUsage
 
@@ -132,41 +132,48 @@ class WorkflowCheckpoint:
     # graph spec here, so that a run whose checkpoints are never written out,
     # or a resume that compares graphs, hashes nothing.
     _graph_spec: GraphSpec | None = field(default=None, init=False, repr=False, compare=False)
-    # from_dict leaves ``graph`` unset when the recorded graph has the shape
-    # every writer produces, and keeps it here checked, as three flat tuples
-    # (names, how many dependencies each, all dependencies in a row), not as
-    # a tuple per step: a resume compares them with its own graph (see
-    # _records_graph), and most never build the mapping. Neither of these two
-    # goes through __init__, so dataclasses.replace never carries them over to
-    # a checkpoint with another graph.
-    _graph_parts: tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None = field(
+    # from_dict keeps the recorded graph here as the two strings it was
+    # written as (see ekit_core.graph_text), leaving ``graph`` unset: a
+    # resume compares them with its own graph's (see _records_graph), and
+    # most never decode them. Neither of these two goes through __init__, so
+    # dataclasses.replace never carries them over to a checkpoint with
+    # another graph.
+    _graph_texts: tuple[str, str] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
-    def _records_graph(self, deps: Mapping[str, tuple[str, ...]]) -> bool:
-        """Whether the recorded graph is ``deps`` (same steps, in the same
-        order, with the same dependencies), compared without building it.
+    def _records_graph(self, spec: GraphSpec) -> bool:
+        """Whether the recorded graph is ``spec``'s (same steps, in the same
+        order, with the same dependencies), compared without decoding it.
 
-        On a match the graph is left as ``deps`` (the same value, already
-        built), so that asking again costs nothing.
+        On a match the graph is left as ``spec.deps`` (the same value,
+        already built), so that asking again costs nothing.
         """
-        parts = self._graph_parts
-        if parts is None:
+        deps = spec.deps
+        texts = self._graph_texts
+        if texts is None:
             graph = self.graph
             return graph is not None and (graph is deps or graph == deps)
-        if getattr(self, "_stored_graph", None) is deps:  # matched before (unset: not built yet)
+        if getattr(self, "_stored_graph", None) is deps:  # matched before (unset: not decoded)
             return True
-        names, lens, flat = parts
-        if (
-            names == tuple(deps)
-            and lens == tuple(map(len, deps.values()))
-            and flat == tuple(chain.from_iterable(deps.values()))
-        ):
-            # The parts stay: a thread building the graph from them meanwhile
-            # must still find them.
+        if texts == spec.texts:
+            # The texts stay: a thread decoding them meanwhile must still find them.
             object.__setattr__(self, "graph", deps)
             return True
         return False
+
+    def _recorded_texts(self) -> tuple[str, str] | None:
+        """The recorded graph as ``to_dict`` writes it: as read, or spelt."""
+        texts = self._graph_texts
+        if texts is not None:
+            return texts
+        graph = self.graph
+        if graph is None:
+            return None
+        spec = self._graph_spec
+        if spec is not None and graph is spec.deps:
+            return spec.texts  # spelt once per graph, however many checkpoints
+        return spell(tuple(graph), graph)
 
     def delta_since(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
         """What this checkpoint adds to ``previous``, an earlier checkpoint of the same run.
@@ -218,25 +225,30 @@ class WorkflowCheckpoint:
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, per_step: bool = True) -> dict[str, Any]:
         """Plain Python values only: dicts, str, int and the outputs as given.
 
         ``json.dumps(cp.to_dict())`` works whenever the outputs and context are
-        JSON-safe.
+        JSON-safe. The graph is written as ``graph_steps`` and ``graph_needs``
+        (see docs/checkpoint-format.md). ``per_step=False`` leaves ``outputs``
+        and ``step_usage`` empty, for a writer that encodes those itself,
+        entry by entry (the stores do), so that the rest costs the same
+        however many steps are recorded.
         """
         data: dict[str, Any] = {
             "format_version": self.format_version,
             "step_index": self.step_index,
-            "outputs": dict(self.outputs),
+            "outputs": dict(self.outputs) if per_step else {},
             "cost": self.cost.to_dict(),
             "context": dict(self.context),
-            "step_usage": {k: u.to_dict() for k, u in self.step_usage.items()},
+            "step_usage": {k: u.to_dict() for k, u in self.step_usage.items()} if per_step else {},
             "failures": {k: f.to_dict() for k, f in self.failures.items()},
         }
         if self.fingerprint is not None:
             data["fingerprint"] = self.fingerprint
-        if self.graph is not None:
-            data["graph"] = {name: list(deps) for name, deps in self.graph.items()}
+        texts = self._recorded_texts()
+        if texts is not None:
+            data["graph_steps"], data["graph_needs"] = texts
         if self.versions:
             data["versions"] = dict(self.versions)
         return data
@@ -269,10 +281,7 @@ class WorkflowCheckpoint:
             raise CheckpointError(
                 "fingerprint", f"must be a string, got {type(fingerprint).__name__}"
             )
-        graph = data.get("graph")
-        parts = None if graph is None else _parts(graph)
-        if graph is not None and parts is None:
-            graph = MappingProxyType(_graph(graph))
+        texts, graph = _recorded_graph(data)
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
         versions = _table(data.get("versions", {}), "versions")
@@ -295,9 +304,10 @@ class WorkflowCheckpoint:
             format_version=version,
             versions=MappingProxyType(versions),
         )
-        if parts is not None:  # the graph is made from its parts when first read
-            object.__delattr__(checkpoint, "graph")
-            object.__setattr__(checkpoint, "_graph_parts", parts)
+        if texts is not None:
+            if graph is None:  # decoded when first read, if ever
+                object.__delattr__(checkpoint, "graph")
+            object.__setattr__(checkpoint, "_graph_texts", texts)
         return checkpoint
 
 
@@ -322,11 +332,15 @@ def _read_fingerprint(cp: Any) -> str | None:
 
 
 def _read_graph(cp: Any) -> MappingProxyType[str, tuple[str, ...]] | None:
-    """The graph the checkpoint was recorded from, step name to its dependencies."""
+    """The graph the checkpoint was recorded from, step name to its dependencies.
+
+    Left unset by ``from_dict``, it is decoded from the recorded texts on
+    first read; a text that repeats a step name raises :class:`CheckpointError`.
+    """
     try:
         graph: MappingProxyType[str, tuple[str, ...]] | None = cp._stored_graph
-    except AttributeError:  # left unset by from_dict: built from the parts, once
-        graph = _assembled(cp._graph_parts)
+    except AttributeError:
+        graph = MappingProxyType(_decoded(*cp._graph_texts))
         object.__setattr__(cp, "_stored_graph", graph)
     return graph
 
@@ -451,34 +465,48 @@ def _names(value: object, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parts(value: object) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None:
-    """The ``graph`` field in the shape every writer produces (a dict of
-    lists of names) as the three tuples of ``WorkflowCheckpoint._graph_parts``,
-    checked by C loops over all entries at once; ``None`` for any other shape."""
-    if type(value) is dict and _all_str(value):
-        lists = value.values()
-        if set(map(type, lists)) <= {list}:
-            flat = tuple(chain.from_iterable(lists))
-            if _all_str(flat):
-                return tuple(value), tuple(map(len, lists)), flat
-    return None
+def _recorded_graph(
+    data: Mapping[str, Any],
+) -> tuple[tuple[str, str] | None, MappingProxyType[str, tuple[str, ...]] | None]:
+    """The recorded graph of ``data``: its texts (``graph_steps`` and
+    ``graph_needs``) if it has them, and the mapping when decoded now.
+
+    Texts are checked by C loops (see :func:`ekit_core.graph_text.check`) and
+    decoded when first read; texts with an escape, rare, are decoded (and so
+    checked in full) at once. ``graph``, the mapping that files written
+    before the texts hold, is read as it is.
+    """
+    steps, needs, graph = data.get("graph_steps"), data.get("graph_needs"), data.get("graph")
+    if steps is None and needs is None:
+        if graph is None:
+            return None, None
+        table = _table(graph, "graph")
+        return None, MappingProxyType({k: _names(v, f"graph.{k}") for k, v in table.items()})
+    if graph is not None:
+        raise CheckpointError("graph", "given beside graph_steps and graph_needs: record one graph")
+    texts = (_text(steps, "graph_steps"), _text(needs, "graph_needs"))
+    if "\\" in texts[0] or "\\" in texts[1]:
+        return texts, MappingProxyType(_decoded(*texts))
+    try:
+        check(*texts)
+    except GraphTextError as err:
+        raise CheckpointError(err.field, err.problem) from None
+    return texts, None
 
 
-def _assembled(
-    parts: tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]] | None,
-) -> MappingProxyType[str, tuple[str, ...]] | None:
-    """The graph mapping that :func:`_parts` took apart."""
-    if parts is None:
-        return None
-    names, lens, flat = parts
-    deps = iter(flat)
-    return MappingProxyType({n: tuple(islice(deps, k)) for n, k in zip(names, lens, strict=True)})
+def _text(value: object, name: str) -> str:
+    if value is None:
+        raise CheckpointError(name, "missing: graph_steps and graph_needs come together")
+    if not isinstance(value, str):
+        raise CheckpointError(name, f"must be a string, got {type(value).__name__}")
+    return value
 
 
-def _graph(value: object) -> dict[str, tuple[str, ...]]:
-    """The ``graph`` field in any other shape: step name -> its dependencies, as tuples."""
-    table = _table(value, "graph")
-    return {k: _names(v, f"graph.{k}") for k, v in table.items()}
+def _decoded(steps: str, needs: str) -> dict[str, tuple[str, ...]]:
+    try:
+        return read(steps, needs)
+    except GraphTextError as err:
+        raise CheckpointError(err.field, err.problem) from None
 
 
 def _step_usage(value: object, step: str) -> TokenUsage:

@@ -74,7 +74,7 @@ class GraphMismatchError(ValueError):
 def recorded_from(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> bool:
     """Whether ``checkpoint`` says it was recorded from ``graph``: its recorded
     graph equals ``graph``'s dependencies, or else its fingerprint is ``graph``'s."""
-    if checkpoint._records_graph(graph.deps):
+    if checkpoint._records_graph(graph):
         return True
     recorded = checkpoint.fingerprint
     return recorded is not None and recorded == graph.fingerprint

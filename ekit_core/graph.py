@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from ekit_core.graph_text import spell
+
 __all__ = ["CycleError", "GraphError", "GraphSpec"]
 
 
@@ -240,13 +242,14 @@ class GraphSpec:
     names: tuple[str, ...]
     deps: MappingProxyType[str, tuple[str, ...]]
     index: MappingProxyType[str, int] = field(repr=False)
-    # Both built on first use. A resume reads the dependents of the steps it
+    # All built on first use. A resume reads the dependents of the steps it
     # runs only (see ekit_core.transitions), and compares a recorded graph
-    # with this one instead of hashing it (see ekit_core.compat).
+    # with this one's texts instead of hashing it (see ekit_core.compat).
     _dependents: MappingProxyType[str, tuple[str, ...]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
     _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
+    _texts: tuple[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
@@ -349,6 +352,16 @@ class GraphSpec:
             fingerprint = _fingerprint(self.deps)
             object.__setattr__(self, "_fingerprint", fingerprint)
         return fingerprint
+
+    @property
+    def texts(self) -> tuple[str, str]:
+        """``(graph_steps, graph_needs)``: this graph as a checkpoint records it
+        (see :mod:`ekit_core.graph_text`), spelt on first read."""
+        texts = self._texts
+        if texts is None:
+            texts = spell(self.names, self.deps, closed=True)
+            object.__setattr__(self, "_texts", texts)
+        return texts
 
     def __len__(self) -> int:
         return len(self.names)

@@ -276,7 +276,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     if graph._fingerprint is not None:  # else left unset: hashed when first read
         cp.fingerprint = graph._fingerprint
     cp.graph = graph.deps
-    cp._graph_parts = None
+    cp._graph_texts = None
     cp.format_version = FORMAT_VERSION
     cp.versions = spec.versions
     cp._outputs_ledger = outputs

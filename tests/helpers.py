@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ekit_core.graph_text import read, spell
 from ekit_runtime import PatternResult, TokenUsage
 
 
@@ -45,3 +46,17 @@ class Gates:
 
     def running(self) -> set[str]:
         return set(self.started) - set(self.finished)
+
+
+def recorded_graph(data: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The graph a checkpoint dict records, step name to its dependencies (either spelling)."""
+    if "graph_steps" in data:
+        return {k: list(v) for k, v in read(data["graph_steps"], data["graph_needs"]).items()}
+    return {k: list(v) for k, v in data["graph"].items()}
+
+
+def with_recorded_graph(data: Mapping[str, Any], graph: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """A copy of the checkpoint dict ``data`` recording ``graph`` instead, spelt as ``to_dict`` spells it."""
+    out = {k: v for k, v in data.items() if k not in ("graph", "graph_steps", "graph_needs")}
+    out["graph_steps"], out["graph_needs"] = spell(list(graph), graph)
+    return out

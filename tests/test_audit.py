@@ -30,6 +30,7 @@ from ekit_core import (
 )
 from ekit_core.rewind import downstream
 from ekit_runtime import Step, StepTimeoutError, Workflow
+from tests.helpers import recorded_graph, with_recorded_graph
 from tests.strategies import dags
 
 DIAMOND = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
@@ -138,7 +139,7 @@ def test_removed_step_output_is_named_as_such() -> None:
 
 def test_a_recorded_graph_that_does_not_match_its_fingerprint_is_an_anomaly() -> None:
     cp = _checkpoint_after_a_and_failed_b()
-    cp["graph"]["d"] = ["b"]
+    cp = with_recorded_graph(cp, {**recorded_graph(cp), "d": ["b"]})
     report = audit(None, cp)
     assert report.graph_source == "checkpoint"
     # A resume compares the recorded graph with its own (here the same one)
@@ -293,7 +294,8 @@ def test_audit_is_clean_exactly_when_a_resume_accepts_the_checkpoint(
     ) else st.sampled_from(["topic", "user"])
     cp["context"] = data.draw(st.dictionaries(keys, st.integers(), max_size=2), label="context")
     if data.draw(st.booleans(), label="other graph"):
-        cp["graph"], cp["fingerprint"] = {"other": []}, GraphSpec.of({"other": []}).fingerprint
+        cp = with_recorded_graph(cp, {"other": []})
+        cp["fingerprint"] = GraphSpec.of({"other": []}).fingerprint
     # Budgets near the recorded usage, so that both sides of "reached" occur.
     spent = state.cost.input_tokens
     budget = data.draw(
@@ -361,12 +363,10 @@ def test_outputs_and_failures_of_a_removed_step_and_a_context_key_are_told_apart
 
 def test_a_recorded_graph_that_is_invalid_or_edited_is_a_graph_fingerprint_anomaly() -> None:
     cp = _checkpoint_after_a_and_failed_b()
-    edited = copy.deepcopy(cp)
-    edited["graph"]["d"] = ["b"]  # the fingerprint still says DIAMOND
+    edited = with_recorded_graph(cp, {**recorded_graph(cp), "d": ["b"]})  # the fingerprint still says DIAMOND
     # Given the real graph, the fingerprint matches; only the recorded graph lies.
     assert [a.kind for a in audit(DIAMOND, edited).anomalies] == ["graph_fingerprint"]
-    cyclic = copy.deepcopy(cp)
-    cyclic["graph"]["a"] = ["d"]
+    cyclic = with_recorded_graph(cp, {**recorded_graph(cp), "a": ["d"]})
     [anomaly] = audit(DIAMOND, cyclic).anomalies
     assert anomaly.kind == "graph_fingerprint"
     assert anomaly.message.startswith("the recorded graph is invalid: dependency cycle")

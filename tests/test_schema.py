@@ -71,7 +71,23 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
         _valid(data)
         # Every key the writer emits is one the schema describes.
         assert set(data) <= set(SCHEMA["properties"])
-    assert set(_json(saved[-1])) == set(SCHEMA["properties"])
+    # All of them but "graph", which files written before graph_steps and
+    # graph_needs hold: read, no longer written.
+    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph"}
+
+
+def test_a_checkpoint_written_with_the_graph_mapping_still_validates_and_resumes() -> None:
+    saved: list[WorkflowCheckpoint] = []
+    _workflow().run_sync({"topic": "tides"}, checkpoint_fn=saved.append)
+    data = _json(saved[1])
+    old = {k: v for k, v in data.items() if k not in ("graph_steps", "graph_needs")}
+    old["graph"] = {"draft": [], "critique": ["draft"], "judge": ["critique"]}
+    _valid(old)
+    resumed = WorkflowCheckpoint.from_dict(old)
+    assert resumed.graph == WorkflowCheckpoint.from_dict(data).graph
+    result = _workflow().run_sync(resume_from=old)
+    assert result.outputs["judge"] == "verdict" and result.checkpoint.to_dict()["graph_steps"] == (
+        "draft|critique|judge")
 
 
 def test_checkpoints_of_a_failed_run_record_failures_and_validate() -> None:
@@ -140,7 +156,10 @@ def test_an_executionkit_three_key_checkpoint_validates_and_loads() -> None:
         lambda d: d.update(format_version=0),
         lambda d: d.update(failures={"x": {"error_type": "E"}}),
         lambda d: d.update(fingerprint=3),
-        lambda d: d.update(graph={"a": "b"}),
+        lambda d: d.update(graph={"draft": []}),  # beside graph_steps and graph_needs
+        lambda d: d.pop("graph_needs"),
+        lambda d: d.update(graph_steps=3),
+        lambda d: d.update(graph_steps=None, graph_needs=None, graph={"a": "b"}),
     ],
 )
 def test_what_the_parser_refuses_the_schema_refuses(breakage: Any) -> None:

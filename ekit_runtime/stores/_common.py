@@ -12,7 +12,6 @@ for good.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import math
@@ -23,7 +22,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
 from typing import Any, NoReturn, Self, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
@@ -255,7 +253,6 @@ def _blame(
 # (the output object, b'"<step>":' + its encoding, where the encoding starts)
 _Entry: TypeAlias = tuple[Any, bytes, int]
 _Chosen: TypeAlias = list[tuple[str, _Entry]]
-_EMPTY: MappingProxyType[str, Any] = MappingProxyType({})
 
 
 class OutputEncodings:
@@ -347,8 +344,9 @@ class OutputEncodings:
             ]
         self._prev, self._chosen, self._usage = checkpoint, chosen, usage
         # to_dict of the checkpoint without its per-step parts: every other
-        # field, in order, as the core defines them (cheap, whatever the run's length).
-        record = {**head, **dataclasses.replace(checkpoint, outputs=_EMPTY, step_usage=_EMPTY).to_dict()}
+        # field, in order, as the core defines them (cheap, whatever the
+        # run's length: the graph's two strings are spelt once per graph).
+        record = {**head, **checkpoint.to_dict(per_step=False)}
         if not self._json:
             record["step_usage"] = {k: u.to_dict() for k, u in checkpoint.step_usage.items()}
         return self.document(record, chosen, checkpoint.context, usage)
