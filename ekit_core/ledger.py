@@ -11,7 +11,8 @@ side by side, from any thread.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import islice
+from itertools import chain, islice
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 __all__ = ["Ledger"]
@@ -21,15 +22,30 @@ V = TypeVar("V")
 
 
 class _Backing(Generic[K, V]):
-    __slots__ = ("claims", "index", "keys", "values")
+    __slots__ = ("base", "base_columns", "claims", "index", "keys", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, base: dict[K, V] | None = None) -> None:
+        # The first entries, as a dict of their own (a resume's recorded
+        # outputs): looked up there, never indexed or copied into the
+        # columns, so that building a ledger over them costs one C copy.
+        # Never changed once the backing exists.
+        self.base: dict[K, V] = {} if base is None else base
+        self.base_columns: tuple[list[K], list[V]] | None = None  # made if read by position
+        # The entries after the base: index maps each key to its place in
+        # keys and values.
         self.index: dict[K, int] = {}
         self.keys: list[K] = []
         self.values: list[V] = []
-        # Position -> the view that extended the store there. setdefault is
+        # Place -> the view that extended the store there. setdefault is
         # atomic in CPython, so two branches can never both append at one slot.
         self.claims: dict[int, object] = {}
+
+    def columns(self) -> tuple[list[K], list[V]]:
+        """The base's keys and values, in order (made on first use, then shared)."""
+        columns = self.base_columns
+        if columns is None:
+            columns = self.base_columns = (list(self.base), list(self.base.values()))
+        return columns
 
 
 class Ledger(Mapping[K, V]):
@@ -38,89 +54,123 @@ class Ledger(Mapping[K, V]):
     Iteration follows insertion order. Equality is that of any ``Mapping``.
     """
 
+    # _n counts the entries after the base that this view sees.
     __slots__ = ("_b", "_n")
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
-        # Built once per resume from every recorded output: the columns are
-        # made by C loops (zip, dict), not one Python step per entry.
-        backing: _Backing[K, V] = _Backing()
-        if isinstance(items, Mapping):
-            keys, values = list(items.keys()), list(items.values())
-        else:
-            pairs = list(items)
-            keys, values = (list(c) for c in zip(*pairs, strict=True)) if pairs else ([], [])
-        if keys:
-            backing.keys, backing.values = keys, values
-            backing.index = dict(zip(keys, range(len(keys)), strict=True))
-            if len(backing.index) != len(keys):
-                seen: set[K] = set()
-                for key in keys:
-                    if key in seen:
-                        raise ValueError(f"duplicate key {key!r}")
-                    seen.add(key)
+        # Built once per resume from every recorded output: a dict (or a
+        # read-only view of one) becomes the base by one C copy; anything
+        # else is made into columns by C loops (zip, dict), not one Python
+        # step per entry.
+        base = None
+        if type(items) is dict or type(items) is MappingProxyType:
+            try:
+                base = items.copy()
+            except AttributeError:  # a view of a mapping without copy(): columns below
+                base = None
+            if type(base) is not dict:
+                base = None
+        backing: _Backing[K, V] = _Backing(base)
+        if base is None:
+            if isinstance(items, Mapping):
+                keys, values = list(items.keys()), list(items.values())
+            else:
+                pairs = list(items)
+                keys, values = (list(c) for c in zip(*pairs, strict=True)) if pairs else ([], [])
+            if keys:
+                backing.keys, backing.values = keys, values
+                backing.index = dict(zip(keys, range(len(keys)), strict=True))
+                if len(backing.index) != len(keys):
+                    seen: set[K] = set()
+                    for key in keys:
+                        if key in seen:
+                            raise ValueError(f"duplicate key {key!r}")
+                        seen.add(key)
         self._b = backing
         self._n = len(backing.keys)
 
     def __getitem__(self, key: K) -> V:
-        i = self._b.index.get(key)
-        if i is None or i >= self._n:
+        b = self._b
+        i = b.index.get(key)
+        if i is None:
+            return b.base[key]
+        if i >= self._n:
             raise KeyError(key)
-        return self._b.values[i]
+        return b.values[i]
 
     def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
         """``self[key]``, or ``default`` when absent, without raising inside (a hot path)."""
-        i = self._b.index.get(key)
-        if i is None or i >= self._n:
+        b = self._b
+        i = b.index.get(key)
+        if i is None:
+            return b.base.get(key, default)
+        if i >= self._n:
             return default
-        return self._b.values[i]
+        return b.values[i]
 
     def __contains__(self, key: object) -> bool:
+        b = self._b
         try:
-            i = self._b.index.get(key)  # type: ignore[arg-type]
+            i = b.index.get(key)  # type: ignore[arg-type]
         except TypeError:  # unhashable keys are simply absent
             return False
-        return i is not None and i < self._n
+        if i is None:
+            return key in b.base
+        return i < self._n
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._b.base) + self._n
 
     def __iter__(self) -> Iterator[K]:
-        return islice(self._b.keys, self._n)
+        b = self._b
+        if b.base:
+            return chain(b.base, islice(b.keys, self._n))
+        return islice(b.keys, self._n)
 
     def __repr__(self) -> str:
         # Bounded: asyncio and loggers repr results in passing, and a run may
         # hold many thousands of outputs.
         shown = ", ".join(f"{k!r}: {v!r}" for k, v in self._slice(0, 8))
-        more = f", ... ({self._n} entries)" if self._n > 8 else ""
+        more = f", ... ({len(self)} entries)" if len(self) > 8 else ""
         return f"Ledger({{{shown}{more}}})"
 
     def as_dict(self) -> dict[K, V]:
         """A plain ``dict`` of the entries, in insertion order: one O(n) copy."""
         b = self._b
+        entries = dict(b.base)
         # Bounded by n: the store may hold a longer branch's entries.
-        return dict(islice(zip(b.keys, b.values, strict=False), self._n))
+        entries.update(islice(zip(b.keys, b.values, strict=False), self._n))
+        return entries
 
     def items_from(self, start: int) -> list[tuple[K, V]]:
         """The entries after the first ``start``, in insertion order, in O(len(result))."""
-        return self._slice(start, self._n)
+        return self._slice(start, len(self))
 
     def _slice(self, start: int, stop: int) -> list[tuple[K, V]]:
         b = self._b
-        stop = min(stop, self._n)
+        stop = min(stop, len(self))
         start = max(0, min(start, stop))
-        return list(zip(b.keys[start:stop], b.values[start:stop], strict=True))
+        m = len(b.base)
+        out: list[tuple[K, V]] = []
+        if start < m:
+            keys, values = b.columns()
+            out = list(zip(keys[start : min(stop, m)], values[start : min(stop, m)], strict=True))
+        if stop > m:
+            first, last = max(start, m) - m, stop - m
+            out.extend(zip(b.keys[first:last], b.values[first:last], strict=True))
+        return out
 
     def extends(self, other: Ledger[K, V]) -> bool:
         """Is ``other`` a prefix of this ledger? O(1) when they share storage."""
-        if other._n > self._n:
+        if len(other) > len(self):
             return False
         if other._b is self._b:
             return True
-        mine, theirs = self._b, other._b
         return all(
-            mine.keys[i] == theirs.keys[i]
-            and (mine.values[i] is theirs.values[i] or mine.values[i] == theirs.values[i])
-            for i in range(other._n)
+            k == ok and (v is ov or v == ov)
+            for (k, v), (ok, ov) in zip(
+                self._slice(0, len(other)), other._slice(0, len(other)), strict=True
+            )
         )
 
     def with_item(self, key: K, value: V) -> Ledger[K, V]:
@@ -130,10 +180,11 @@ class Ledger(Mapping[K, V]):
         """
         backing, n = self._b, self._n
         i = backing.index.get(key)
-        if i is not None and i < n:
+        if (i is not None and i < n) or (backing.base and key in backing.base):
             raise ValueError(f"{key!r} is already recorded and cannot change")
         if len(backing.keys) != n or backing.claims.setdefault(n, self) is not self:
-            backing = _Backing()
+            backing = _Backing(self._b.base)  # the base is never changed: shared
+            backing.base_columns = self._b.base_columns
             for k, v in zip(islice(self._b.keys, n), islice(self._b.values, n), strict=True):
                 backing.index[k] = len(backing.keys)
                 backing.keys.append(k)

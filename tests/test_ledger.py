@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,3 +53,55 @@ def test_random_branching_matches_a_dict_model(ops: list[tuple[bool, int]]) -> N
         assert list(ledger) == list(model)  # insertion order
         assert all(k in ledger for k in model) and len(ledger) == len(model)
         assert ledger.items_from(len(model) // 2) == list(model.items())[len(model) // 2 :]
+
+
+def _start(kind: str, entries: dict[int, int]) -> Ledger[int, int]:
+    """A first ledger holding ``entries``, built the way ``kind`` names."""
+    if kind == "dict":  # a resume's recorded outputs: the base path
+        return Ledger(dict(entries))
+    if kind == "proxy":
+        return Ledger(MappingProxyType(dict(entries)))
+    if kind == "pairs":
+        return Ledger(list(entries.items()))
+    ledger: Ledger[int, int] = Ledger()  # grown one entry at a time
+    for k, v in entries.items():
+        ledger = ledger.with_item(k, v)
+    return ledger
+
+
+@given(
+    st.sampled_from(["dict", "proxy", "pairs", "grown"]),
+    st.dictionaries(st.integers(100, 130), st.integers(), max_size=12),
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 30)), max_size=30),
+    st.data(),
+)
+def test_every_way_of_building_a_ledger_reads_like_a_dict(
+    kind: str, first: dict[int, int], ops: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    # A ledger built over a dict keeps it as its base (looked up, not
+    # indexed): every read, every branch and every prefix test must be the
+    # same as for a ledger that holds the same entries in its columns.
+    source = dict(first)
+    versions: list[tuple[Ledger[int, int], dict[int, int]]] = [(_start(kind, source), dict(first))]
+    source[999] = 0  # the ledger took its own copy: a later write to the source is not seen
+    for pick, key in ops:
+        ledger, model = versions[pick % len(versions)]
+        if key in model:
+            with pytest.raises(ValueError, match="already recorded"):
+                ledger.with_item(key, 0)
+            continue
+        versions.append((ledger.with_item(key, key * 2), {**model, key: key * 2}))
+    for (ledger, model), (other, other_model) in zip(
+        versions, data.draw(st.permutations(versions)), strict=True
+    ):
+        assert dict(ledger) == model and ledger.as_dict() == model
+        assert list(ledger) == list(model) and len(ledger) == len(model)
+        assert all(ledger[k] == v and ledger.get(k) == v and k in ledger for k, v in model.items())
+        assert 999 not in ledger and ledger.get(999, -1) == -1 and [] not in ledger
+        with pytest.raises(KeyError):
+            ledger[999]
+        start = data.draw(st.integers(0, len(model) + 1))
+        assert ledger.items_from(start) == list(model.items())[start:]
+        prefix = list(other_model.items()) == list(model.items())[: len(other_model)]
+        assert ledger.extends(other) == prefix
+        assert repr(ledger).startswith("Ledger({")
