@@ -309,9 +309,19 @@ def measure_one(runner: str, workload: str, n: int, path: str | None) -> None:
             text = file.read()
     gc.collect()
     gc.freeze()
+    kept: list[dict[str, Any]] = []
     # -- the measured part: everything the runner does, from its imports on.
-    outputs: dict[str, Any] | None = asyncio.run(_RUN[runner](deps, noop_factory, text))
-    del outputs, deps, text
+    asyncio.run(_kept(kept, _RUN[runner](deps, noop_factory, text)))
+    del kept, deps, text
+
+
+async def _kept(into: list[dict[str, Any]], run: Awaitable[dict[str, Any]]) -> None:
+    # The outputs are kept aside, not returned: asyncio.run's teardown reprs
+    # its main task (restoring the SIGINT handler formats an error message
+    # holding the task), and a task's repr sorts the keys of a dict result,
+    # n log n per measurement, but only in a process whose SIGINT is not
+    # ignored: a count would then depend on how the process was started.
+    into.append(await run)
 
 
 def _forked(runner: str, spec: tuple[str, int, str | None]) -> int:
