@@ -22,7 +22,7 @@ V = TypeVar("V")
 
 
 class _Backing(Generic[K, V]):
-    __slots__ = ("base", "base_columns", "claims", "index", "keys", "values")
+    __slots__ = ("base", "claims", "index", "keys", "values")
 
     def __init__(self, base: dict[K, V] | None = None) -> None:
         # The first entries, as a dict of their own (a resume's recorded
@@ -30,7 +30,6 @@ class _Backing(Generic[K, V]):
         # columns, so that building a ledger over them costs one C copy.
         # Never changed once the backing exists.
         self.base: dict[K, V] = {} if base is None else base
-        self.base_columns: tuple[list[K], list[V]] | None = None  # made if read by position
         # The entries after the base: index maps each key to its place in
         # keys and values.
         self.index: dict[K, int] = {}
@@ -39,13 +38,6 @@ class _Backing(Generic[K, V]):
         # Place -> the view that extended the store there. setdefault is
         # atomic in CPython, so two branches can never both append at one slot.
         self.claims: dict[int, object] = {}
-
-    def columns(self) -> tuple[list[K], list[V]]:
-        """The base's keys and values, in order (made on first use, then shared)."""
-        columns = self.base_columns
-        if columns is None:
-            columns = self.base_columns = (list(self.base), list(self.base.values()))
-        return columns
 
 
 class Ledger(Mapping[K, V]):
@@ -130,7 +122,7 @@ class Ledger(Mapping[K, V]):
     def __repr__(self) -> str:
         # Bounded: asyncio and loggers repr results in passing, and a run may
         # hold many thousands of outputs.
-        shown = ", ".join(f"{k!r}: {v!r}" for k, v in self._slice(0, 8))
+        shown = ", ".join(f"{k!r}: {v!r}" for k, v in self._entries(0, 8))
         more = f", ... ({len(self)} entries)" if len(self) > 8 else ""
         return f"Ledger({{{shown}{more}}})"
 
@@ -143,22 +135,23 @@ class Ledger(Mapping[K, V]):
         return entries
 
     def items_from(self, start: int) -> list[tuple[K, V]]:
-        """The entries after the first ``start``, in insertion order, in O(len(result))."""
-        return self._slice(start, len(self))
+        """The entries after the first ``start``, in insertion order: in
+        O(len(result)) past the base, and a C walk to ``start`` inside it."""
+        return list(self._entries(start, len(self)))
 
-    def _slice(self, start: int, stop: int) -> list[tuple[K, V]]:
+    def _entries(self, start: int, stop: int) -> Iterator[tuple[K, V]]:
+        """The entries from position ``start`` up to ``stop``, lazily."""
         b = self._b
         stop = min(stop, len(self))
         start = max(0, min(start, stop))
         m = len(b.base)
-        out: list[tuple[K, V]] = []
-        if start < m:
-            keys, values = b.columns()
-            out = list(zip(keys[start : min(stop, m)], values[start : min(stop, m)], strict=True))
+        rest: Iterator[tuple[K, V]] = iter(())
         if stop > m:
             first, last = max(start, m) - m, stop - m
-            out.extend(zip(b.keys[first:last], b.values[first:last], strict=True))
-        return out
+            rest = zip(b.keys[first:last], b.values[first:last], strict=True)
+        if start < m:
+            return chain(islice(b.base.items(), start, min(stop, m)), rest)
+        return rest
 
     def extends(self, other: Ledger[K, V]) -> bool:
         """Is ``other`` a prefix of this ledger? O(1) when they share storage."""
@@ -169,7 +162,7 @@ class Ledger(Mapping[K, V]):
         return all(
             k == ok and (v is ov or v == ov)
             for (k, v), (ok, ov) in zip(
-                self._slice(0, len(other)), other._slice(0, len(other)), strict=True
+                self._entries(0, len(other)), other._entries(0, len(other)), strict=True
             )
         )
 
@@ -184,7 +177,6 @@ class Ledger(Mapping[K, V]):
             raise ValueError(f"{key!r} is already recorded and cannot change")
         if len(backing.keys) != n or backing.claims.setdefault(n, self) is not self:
             backing = _Backing(self._b.base)  # the base is never changed: shared
-            backing.base_columns = self._b.base_columns
             for k, v in zip(islice(self._b.keys, n), islice(self._b.values, n), strict=True):
                 backing.index[k] = len(backing.keys)
                 backing.keys.append(k)
