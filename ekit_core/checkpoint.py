@@ -135,9 +135,11 @@ class WorkflowCheckpoint:
     # from_dict keeps the recorded graph here as the two strings it was
     # written as (see ekit_core.graph_text), leaving ``graph`` unset: a
     # resume compares them with its own graph's (see _records_graph), and
-    # most never decode them. Neither of these two goes through __init__, so
-    # dataclasses.replace never carries them over to a checkpoint with
-    # another graph.
+    # most never decode them. When both are set they agree: ``graph`` is only
+    # ever set to the mapping the texts spell (decoded, or the graph whose
+    # texts they equal), which is why to_dict writes the texts as read.
+    # Neither of these two goes through __init__, so dataclasses.replace
+    # never carries them over to a checkpoint with another graph.
     _graph_texts: tuple[str, str] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -277,10 +279,12 @@ class WorkflowCheckpoint:
             if key not in data:
                 raise CheckpointError(key, "missing")
         fingerprint = data.get("fingerprint")
-        if fingerprint is not None and not isinstance(fingerprint, str):
-            raise CheckpointError(
-                "fingerprint", f"must be a string, got {type(fingerprint).__name__}"
-            )
+        if fingerprint is not None:
+            if not isinstance(fingerprint, str):
+                raise CheckpointError(
+                    "fingerprint", f"must be a string, got {type(fingerprint).__name__}"
+                )
+            fingerprint = _plain(fingerprint)
         texts, graph = _recorded_graph(data)
         step_usage = _table(data.get("step_usage", {}), "step_usage")
         failures = _table(data.get("failures", {}), "failures")
@@ -462,6 +466,8 @@ def _names(value: object, name: str) -> tuple[str, ...]:
     for item in value:
         if not isinstance(item, str):
             raise CheckpointError(name, f"must hold step names, got {type(item).__name__}")
+        if not item:
+            raise CheckpointError(name, "holds an empty step name")
     return tuple(value)
 
 
@@ -481,6 +487,8 @@ def _recorded_graph(
         if graph is None:
             return None, None
         table = _table(graph, "graph")
+        if "" in table:
+            raise CheckpointError("graph", "holds an empty step name")
         return None, MappingProxyType({k: _names(v, f"graph.{k}") for k, v in table.items()})
     if graph is not None:
         raise CheckpointError("graph", "given beside graph_steps and graph_needs: record one graph")
@@ -499,7 +507,13 @@ def _text(value: object, name: str) -> str:
         raise CheckpointError(name, "missing: graph_steps and graph_needs come together")
     if not isinstance(value, str):
         raise CheckpointError(name, f"must be a string, got {type(value).__name__}")
-    return value
+    return _plain(value)
+
+
+def _plain(text: str) -> str:
+    """``text`` as a plain ``str``: a subclass's own ``==`` or ``count`` must not
+    decide whether a recorded graph is the resuming one."""
+    return text if type(text) is str else str.__add__("", text)
 
 
 def _decoded(steps: str, needs: str) -> dict[str, tuple[str, ...]]:

@@ -7,10 +7,12 @@ checkpoint without a fingerprint (ExecutionKit's three keys, or hand-made)
 carries no claim and is accepted.
 
 The recorded graph is the claim, the fingerprint its summary: a recorded
-graph equal to the one resuming is the same graph, found by comparing the
-two entry by entry, with nothing hashed. Only a checkpoint without a
-recorded graph, or whose graph differs in the order of its entries or of a
-step's dependencies, has its fingerprint compared. (So a fingerprint
+graph spelt exactly as the resuming one spells itself is the same graph,
+found by comparing two pairs of strings, with nothing hashed or decoded.
+Only a checkpoint without a recorded graph, or whose graph differs in the
+order of its entries or of a step's dependencies, has its fingerprint
+compared; its recorded graph is decoded first, so that a malformed one is
+refused even beside a fingerprint that fits. (So a fingerprint
 edited by hand next to an intact graph does not stop a resume; the
 resumed run's checkpoints carry the right one, and ``ekit audit`` reports
 the edited one as ``graph_fingerprint``.)
@@ -76,6 +78,7 @@ def recorded_from(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> bool:
     graph equals ``graph``'s dependencies, or else its fingerprint is ``graph``'s."""
     if checkpoint._records_graph(graph):
         return True
+    checkpoint.graph  # noqa: B018  # decoded before the fingerprint is trusted: a fault raises here
     recorded = checkpoint.fingerprint
     return recorded is not None and recorded == graph.fingerprint
 

@@ -40,10 +40,10 @@ def spell(
 ) -> tuple[str, str]:
     """``(graph_steps, graph_needs)`` for the steps ``names`` with dependencies ``deps``.
 
-    Every name, dependencies included, must be a non-empty string (a
-    ``ValueError`` otherwise). ``closed=True`` says that every dependency is
-    one of ``names`` (as in a valid graph), so that only ``names`` are looked
-    at for characters to escape.
+    Every name must be a ``str`` and not empty (an empty one is a
+    ``ValueError``). ``closed=True`` says that every dependency is one of
+    ``names`` (as in a valid graph), so that only ``names`` are looked at, for
+    emptiness and for characters to escape.
     """
     # In the order of names; a graph's deps are (a mapping proxy's item
     # lookup, one per step, would cost more than the rest together).

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
 from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, rewind
+from ekit_core.graph_text import read
 from ekit_core.report import count, graph_of, recorded_graph, table, versions_of
 from ekit_runtime.queue import cli as queue_cli
 from ekit_runtime.sources import (
@@ -131,7 +132,9 @@ def _list_runs(runs: Sequence[RunListing], as_json: bool) -> None:
 
 
 def _load_graph(path: str) -> tuple[GraphSpec, Versions]:
-    """A graph file (``ekit graph``'s JSON, or a checkpoint's step -> dependencies table) and its tags."""
+    """A graph file and its tags: ``ekit graph``'s JSON, or the graph a checkpoint
+    records (a checkpoint file, or its ``graph_steps`` and ``graph_needs`` alone,
+    or the step -> dependencies table that older checkpoints hold)."""
     try:
         data = parse_json(read_text(path, _stdin_bytes), path)
     except SourceError as exc:
@@ -146,6 +149,11 @@ def _load_graph(path: str) -> tuple[GraphSpec, Versions]:
                     f"({graph.fingerprint})"
                 )
             return graph, _file_versions(data.get("versions"), path)
+        if isinstance(data, dict) and "graph_steps" in data:
+            steps, needs = data["graph_steps"], data.get("graph_needs")
+            if not isinstance(steps, str) or not isinstance(needs, str):
+                raise InputError(f"{path}: graph_steps and graph_needs must both be strings")
+            return GraphSpec.of(read(steps, needs)), None
         if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
             # The ``graph`` table a checkpoint records: step -> dependencies.
             return GraphSpec.of(data), None

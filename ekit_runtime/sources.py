@@ -209,9 +209,13 @@ def parse_json(text: str, where: str) -> Any:
 
 def _checkpoint(data: Any, where: str) -> WorkflowCheckpoint:
     try:
-        return WorkflowCheckpoint.from_dict(data)
+        checkpoint = WorkflowCheckpoint.from_dict(data)
+        # Decoded now, so that a fault in the recorded graph (a step named
+        # twice) is told with the file, as any other malformed field is.
+        checkpoint.graph  # noqa: B018
     except ValueError as exc:
         raise SourceError(f"{where}: {exc}") from None
+    return checkpoint
 
 
 def _lines(text: str) -> Iterator[tuple[int, str]]:

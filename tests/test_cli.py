@@ -598,3 +598,19 @@ def test_replay_of_a_run_with_nan_outputs_is_clean(tmp_path: Path) -> None:
     data = json.loads(proc.stdout)
     assert data["ok"] is True and data["resumes"] == []
     assert [e["finished"] for e in data["timeline"]] == [["score"], ["stats"], ["report"]]
+
+
+def test_a_checkpoint_file_gives_its_recorded_graph_to_graph_option(run_dir: Path, tmp_path: Path) -> None:
+    # --graph takes a checkpoint (its graph_steps and graph_needs) as well as
+    # 'ekit graph' output and the mapping older checkpoints hold.
+    shutil.copy(run_dir / "final.json", tmp_path / "final.json")
+    final = json.loads((tmp_path / "final.json").read_text())
+    assert "graph_steps" in final
+    as_graph = json.loads(ekit(tmp_path, "audit", "final.json", "--graph", "final.json", "--json").stdout)
+    by_itself = json.loads(ekit(tmp_path, "audit", "final.json", "--json").stdout)
+    assert as_graph["fingerprint"] == by_itself["fingerprint"] == final["fingerprint"]
+    assert as_graph["steps"] == by_itself["steps"] and as_graph["graph_source"] == "given"
+    (tmp_path / "half.json").write_text(json.dumps({"graph_steps": "a|b", "graph_needs": 3}))
+    one_error_line(ekit(tmp_path, "audit", "final.json", "--graph", "half.json"), "half.json", "strings")
+    (tmp_path / "dup.json").write_text(json.dumps({"graph_steps": "a|a", "graph_needs": "|"}))
+    one_error_line(ekit(tmp_path, "audit", "final.json", "--graph", "dup.json"), "dup.json", "twice")

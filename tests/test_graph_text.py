@@ -9,6 +9,9 @@ of the characters the rule must escape.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from hypothesis import strategies as st
 from ekit_core import CheckpointError, GraphMismatchError, GraphSpec, WorkflowCheckpoint, audit
 from ekit_core.graph_text import GraphTextError, read, spell
 from ekit_runtime import Step, Workflow
+from ekit_runtime.stores import CorruptStoreError, JournalStore
 from tests.strategies import dags
 
 ZERO = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
@@ -155,16 +159,69 @@ def _noop_workflow(graph: dict[str, tuple[str, ...]], ran: list[str]) -> Workflo
     return Workflow([Step(n, body(n), d) for n, d in graph.items()])
 
 
-def test_a_repeated_step_name_stops_a_resume_before_any_step_runs() -> None:
+@pytest.mark.parametrize("right_fingerprint", [True, False])
+@pytest.mark.parametrize("allow_graph_change", [True, False])
+def test_a_repeated_step_name_stops_a_resume_before_any_step_runs(
+    right_fingerprint: bool, allow_graph_change: bool
+) -> None:
     graph = {"a": (), "b": ("a",)}
     ran: list[str] = []
-    data = {"step_index": 1, "outputs": {"a": "a"}, "cost": ZERO, "fingerprint": "sha256:" + "0" * 64,
-            "graph_steps": "a|a", "graph_needs": "|"}
+    fingerprint = GraphSpec.of(graph).fingerprint if right_fingerprint else "sha256:" + "0" * 64
+    data = {"step_index": 1, "outputs": {"a": "a"}, "cost": ZERO, "fingerprint": fingerprint,
+            "graph_steps": "a|b|a", "graph_needs": "|a|"}
     with pytest.raises(CheckpointError, match="names step 'a' twice") as raised:
-        _noop_workflow(graph, ran).run_sync(resume_from=data)
+        _noop_workflow(graph, ran).run_sync(resume_from=data, allow_graph_change=allow_graph_change)
     assert raised.value.field == "graph_steps" and ran == []
     with pytest.raises(CheckpointError, match="twice"):
         audit(GraphSpec.of(graph), data)
+
+
+def test_a_repeated_step_name_is_told_with_the_file_it_is_in(tmp_path: Path) -> None:
+    data = {"step_index": 1, "outputs": {"a": "a"}, "cost": ZERO,
+            "graph_steps": "a|a", "graph_needs": "|"}
+    journal = tmp_path / "run.jsonl"
+    JournalStore(journal)(WorkflowCheckpoint.from_dict(data))  # written as read, undecoded
+    with pytest.raises(CorruptStoreError, match="names step 'a' twice") as raised:
+        JournalStore(journal).load()
+    assert "line 1" in str(raised.value) and str(journal) in str(raised.value)
+    (tmp_path / "cp.json").write_text(json.dumps(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ekit_runtime", "audit", "cp.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("ekit: cp.json:") and "names step 'a' twice" in proc.stderr
+    assert "internal error" not in proc.stderr
+
+
+def test_a_recorded_mapping_with_an_empty_name_is_refused_as_the_texts_would_be() -> None:
+    for graph, field in (({"a": [""]}, "graph.a"), ({"": [], "a": []}, "graph")):
+        with pytest.raises(CheckpointError, match="empty step name") as raised:
+            WorkflowCheckpoint.from_dict({"step_index": 0, "outputs": {}, "cost": ZERO, "graph": graph})
+        assert raised.value.field == field
+
+
+def test_a_text_or_fingerprint_of_a_str_subclass_is_read_as_plain_text() -> None:
+    # Its own == must not decide whether a recorded graph is the resuming one.
+    class Agreeable(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = str.__hash__
+
+        def count(self, *args: Any) -> int:
+            raise RuntimeError("not asked")
+
+    graph = {"a": (), "b": ("a",)}
+    data = {"step_index": 1, "outputs": {"a": "a"}, "cost": ZERO,
+            "fingerprint": Agreeable("sha256:" + "0" * 64),
+            "graph_steps": Agreeable("x|y"), "graph_needs": Agreeable("|x")}
+    cp = WorkflowCheckpoint.from_dict(data)
+    assert type(cp.fingerprint) is str and {type(t) for t in cp._graph_texts or ()} == {str}
+    ran: list[str] = []
+    with pytest.raises(GraphMismatchError):
+        _noop_workflow(graph, ran).run_sync(resume_from=cp)
+    assert ran == []
 
 
 @settings(max_examples=300, deadline=None)
@@ -182,12 +239,20 @@ def test_any_texts_resume_or_are_refused_with_a_value_error_before_a_step_runs(
             "fingerprint": fingerprint, "graph_steps": steps, "graph_needs": needs}
     spells_it = (steps, needs) == ("a|b", "|a")
     try:
+        read(steps, needs)
+    except GraphTextError:
+        reads = False
+    else:
+        reads = True
+    try:
         result = _noop_workflow(graph, ran).run_sync(resume_from=json.loads(json.dumps(data)))
     except ValueError:
         assert ran == [] and not spells_it
     else:
         assert ran == ["b"] and result.outputs == {"a": "A", "b": "b"}
-        assert spells_it or right_fingerprint
+        # Texts other than this graph's are decoded before the fingerprint is
+        # trusted: malformed ones are refused whatever the fingerprint says.
+        assert spells_it or (right_fingerprint and reads)
 
 
 def test_a_checkpoint_of_names_that_need_escapes_resumes_and_round_trips() -> None:

@@ -105,7 +105,7 @@ class OutputTexts:
 
 
 def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
-    meta = checkpoint.to_dict()
+    meta = checkpoint.to_dict(per_step=False)
     for key in ("outputs", "step_usage", "failures", "cost", "step_index"):
         del meta[key]
     return encode_text(meta, dumps, (), checkpoint.context)

@@ -549,9 +549,13 @@ class JournalStore:
 
     def _start(self, record: dict[str, Any], number: int) -> WorkflowCheckpoint:
         try:
-            return WorkflowCheckpoint.from_dict({k: v for k, v in record.items() if k != "kind"})
+            start = WorkflowCheckpoint.from_dict({k: v for k, v in record.items() if k != "kind"})
+            # Decoded here, where a fault (a step named twice) is told with its
+            # line: every checkpoint folded from this record reads it.
+            start.graph  # noqa: B018
         except ValueError as exc:
             raise CorruptStoreError(self.path, str(exc), number) from exc
+        return start
 
     def _fold(self, folded: _Fold, record: dict[str, Any], number: int) -> None:
         def bad(problem: str) -> CorruptStoreError:
