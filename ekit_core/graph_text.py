@@ -12,8 +12,8 @@ Two strings, not a list per step, because a resume reads the graph only to
 compare it with its own: parsing two strings costs a fraction of parsing a
 list per step, and comparing them is a comparison of two strings (see
 ``WorkflowCheckpoint._records_graph``). They are decoded into a mapping only
-when something reads the graph itself, and :func:`read` then checks every
-rule below.
+when they are not the resuming graph's or something reads the graph itself,
+and :func:`read` then checks every rule.
 """
 
 from __future__ import annotations
