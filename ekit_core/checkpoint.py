@@ -164,6 +164,16 @@ class WorkflowCheckpoint:
             return True
         return False
 
+    def check_graph(self) -> None:
+        """Decode the recorded graph now if ``from_dict`` kept it as read:
+        texts naming a step twice raise :class:`CheckpointError` here.
+
+        Loaders call it so that the fault is told where the checkpoint was
+        read; a resume into another graph calls it before it trusts the
+        fingerprint. A no-op once the graph is decoded or matched.
+        """
+        _read_graph(self)
+
     def _recorded_texts(self) -> tuple[str, str] | None:
         """The recorded graph as ``to_dict`` writes it: as read, or spelt."""
         texts = self._graph_texts

@@ -78,7 +78,7 @@ def recorded_from(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> bool:
     graph equals ``graph``'s dependencies, or else its fingerprint is ``graph``'s."""
     if checkpoint._records_graph(graph):
         return True
-    checkpoint.graph  # noqa: B018  # decoded before the fingerprint is trusted: a fault raises here
+    checkpoint.check_graph()  # before the fingerprint is trusted: a malformed graph raises here
     recorded = checkpoint.fingerprint
     return recorded is not None and recorded == graph.fingerprint
 

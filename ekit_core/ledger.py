@@ -11,6 +11,7 @@ side by side, from any thread.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import suppress
 from itertools import chain, islice
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -56,10 +57,8 @@ class Ledger(Mapping[K, V]):
         # step per entry.
         base = None
         if type(items) is dict or type(items) is MappingProxyType:
-            try:
+            with suppress(AttributeError):  # a view of a mapping without copy(): columns below
                 base = items.copy()
-            except AttributeError:  # a view of a mapping without copy(): columns below
-                base = None
             if type(base) is not dict:
                 base = None
         backing: _Backing[K, V] = _Backing(base)

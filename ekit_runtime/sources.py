@@ -212,7 +212,7 @@ def _checkpoint(data: Any, where: str) -> WorkflowCheckpoint:
         checkpoint = WorkflowCheckpoint.from_dict(data)
         # Decoded now, so that a fault in the recorded graph (a step named
         # twice) is told with the file, as any other malformed field is.
-        checkpoint.graph  # noqa: B018
+        checkpoint.check_graph()
     except ValueError as exc:
         raise SourceError(f"{where}: {exc}") from None
     return checkpoint

@@ -7,7 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ekit_core.graph_text import read, spell
+from ekit_core import WorkflowCheckpoint
+from ekit_core.graph_text import spell
 from ekit_runtime import PatternResult, TokenUsage
 
 
@@ -50,9 +51,8 @@ class Gates:
 
 def recorded_graph(data: Mapping[str, Any]) -> dict[str, list[str]]:
     """The graph a checkpoint dict records, step name to its dependencies (either spelling)."""
-    if "graph_steps" in data:
-        return {k: list(v) for k, v in read(data["graph_steps"], data["graph_needs"]).items()}
-    return {k: list(v) for k, v in data["graph"].items()}
+    graph = WorkflowCheckpoint.from_dict(dict(data)).graph or {}
+    return {k: list(v) for k, v in graph.items()}
 
 
 def with_recorded_graph(data: Mapping[str, Any], graph: Mapping[str, Sequence[str]]) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def test_malformed_texts_are_refused_naming_the_string(
     data = {"step_index": 0, "outputs": {}, "cost": ZERO, "graph_steps": steps, "graph_needs": needs}
     try:  # from_dict finds all but a repeated name at once; that one when first decoded
         cp = WorkflowCheckpoint.from_dict(data)
-        cp.graph  # noqa: B018
+        cp.check_graph()
     except CheckpointError as err:
         assert (err.field, fragment in err.problem) == (field, True)
     else:

@@ -552,7 +552,7 @@ class JournalStore:
             start = WorkflowCheckpoint.from_dict({k: v for k, v in record.items() if k != "kind"})
             # Decoded here, where a fault (a step named twice) is told with its
             # line: every checkpoint folded from this record reads it.
-            start.graph  # noqa: B018
+            start.check_graph()
         except ValueError as exc:
             raise CorruptStoreError(self.path, str(exc), number) from exc
         return start
