@@ -74,7 +74,7 @@ def outdated_steps(
 
 
 def rewind(
-    graph: GraphSpec | Any, checkpoint: WorkflowCheckpoint, steps: Iterable[str]
+    graph: GraphSpec | Any, checkpoint: WorkflowCheckpoint, steps: str | Iterable[str]
 ) -> WorkflowCheckpoint:
     """``checkpoint`` without the outputs of ``steps`` and of everything downstream of them.
 
@@ -82,18 +82,36 @@ def rewind(
     LangGraph users do with a fork of a thread's state. ``graph`` is a
     :class:`GraphSpec` or anything with one as ``.graph`` (a ``Workflow``).
     Failures, cost, context and the graph record are kept: they are history.
-    Raises ``ValueError`` naming steps the graph does not have.
+    ``steps`` is an iterable of step names, or one name as a plain string
+    (``"ab"`` is the step ``ab``, not ``a`` and ``b``). Raises ``ValueError``
+    naming steps the graph does not have, or for ``steps`` that is neither.
     """
     spec = graph if isinstance(graph, GraphSpec) else getattr(graph, "graph", None)
     if not isinstance(spec, GraphSpec):
         raise ValueError(f"graph must be a GraphSpec or a Workflow, got {type(graph).__name__}")
     if not isinstance(checkpoint, WorkflowCheckpoint):
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
-    wanted = list(dict.fromkeys(steps))
+    wanted = list(dict.fromkeys(_step_names(steps)))
     unknown = [n for n in wanted if n not in spec.index]
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
     return without(checkpoint, spec, downstream(spec, wanted))
+
+
+def _step_names(steps: object) -> list[str]:
+    """``steps`` as a list of names: one string is one name, never its characters."""
+    if isinstance(steps, str):
+        return [steps]
+    # bytes iterate as ints: never a list of names someone meant.
+    if isinstance(steps, bytes | bytearray) or not isinstance(steps, Iterable):
+        raise ValueError(
+            f"steps must be a step name or an iterable of step names, got {type(steps).__name__}"
+        )
+    names = list(steps)
+    wrong = [n for n in names if not isinstance(n, str)]
+    if wrong:
+        raise ValueError(f"steps must hold step names (strings), got {wrong[0]!r}")
+    return names
 
 
 def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[str]) -> WorkflowCheckpoint:
