@@ -12,8 +12,10 @@ it reads, and its exit codes. The decisions themselves are the pure
 - ``ekit replay SOURCE [--run-id RUN] [--workflow ... | --graph ...] [--json]``:
   whether the recorded checkpoints are a legal execution, and their timeline.
 - ``ekit rewind SOURCE --step NAME [--step NAME ...] (--workflow ... | --graph ...
-  | --graph-from-checkpoint) [-o OUT]``: the latest checkpoint without the
-  outputs of those steps and everything downstream, as JSON.
+  | --graph-from-checkpoint) [-o OUT [--output-run-id RUN]]``: the latest
+  checkpoint without the outputs of those steps and everything downstream,
+  as JSON; ``-o`` writes it through the store that owns ``OUT``
+  (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
   ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`.
@@ -32,7 +34,10 @@ a ``--workflow`` module that raises anything at all (a ``BaseException``
 such as ``GeneratorExit`` included) or calls ``sys.exit()`` while it is
 imported, read or asked for its graph. An unexpected error is a bug: it
 prints one ``ekit: internal error: ...`` line and exits ``2`` too, so that
-it can never be taken for ``1``. Ctrl-C (``KeyboardInterrupt``, also while a
+it can never be taken for ``1``. A database driver's error (an unreachable
+server, a file that is not a database) is an input problem: one line, exit
+``2``. No password of a DSN among the arguments is printed or logged
+(:class:`~ekit_runtime.redaction.Redactor`). Ctrl-C (``KeyboardInterrupt``, also while a
 workflow module is being imported) exits ``130``; a closed standard output
 (``| head``) ``141``, quietly.
 """
@@ -45,7 +50,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
@@ -54,6 +58,7 @@ from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, 
 from ekit_core.graph_text import read
 from ekit_core.report import count, graph_of, recorded_graph, table, versions_of
 from ekit_runtime.queue import cli as queue_cli
+from ekit_runtime.redaction import Redactor
 from ekit_runtime.sources import (
     Recorded,
     RunIdNeeded,
@@ -63,6 +68,7 @@ from ekit_runtime.sources import (
     read_checkpoints,
     read_text,
 )
+from ekit_runtime.targets import TargetError, write_checkpoint
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -390,31 +396,18 @@ def _cmd_rewind(args: argparse.Namespace) -> int:
     if args.output is None or args.output == "-":
         _print_text(text, sys.stdout)
         return EXIT_CLEAN
-    _write_file(args.output, text + "\n")
+    run_id = args.output_run_id if args.output_run_id is not None else args.run_id
+    try:
+        how = write_checkpoint(args.output, trimmed, run_id=run_id)
+    except TargetError as exc:
+        raise InputError(f"-o {exc}") from None
     dropped = [n for n in checkpoint.outputs if n not in trimmed.outputs]
     _print_text(
         f"{args.output}: the checkpoint of {recorded.label} without {count(len(dropped))} "
-        f"output(s) ({', '.join(dropped) or 'none'}); a resume from it runs them again",
+        f"output(s) ({', '.join(dropped) or 'none'}), written {how}; a resume from it runs them again",
         sys.stdout,
     )
     return EXIT_CLEAN
-
-
-def _write_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a reader sees the old file or the whole new one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ekit-", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"-o {path}: cannot write: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise InputError(f"-o {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _recorded_graph_of(checkpoint: WorkflowCheckpoint, label: str) -> GraphSpec:
@@ -553,7 +546,14 @@ def _add_rewind_and_graph(sub: Any) -> None:
     group = _graph_options(p, required=True)
     group.add_argument("--graph-from-checkpoint", action="store_true",
                        help="use the graph the checkpoint records")
-    p.add_argument("-o", "--output", metavar="OUT", help="write the checkpoint here (default: stdout)")
+    p.add_argument(
+        "-o", "--output", metavar="OUT",
+        help="write the checkpoint into this file (default: stdout), through the store that owns it: "
+        "a new or checkpoint JSON file, a JournalStore journal, a SqliteStore database; refuses a "
+        "run queue, a file another run is writing, and any other kind of file",
+    )
+    p.add_argument("--output-run-id", metavar="RUN",
+                   help="the run to write in a SqliteStore database given to -o (default: --run-id)")
     p.set_defaults(func=_cmd_rewind)
 
     p = sub.add_parser(
@@ -601,8 +601,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``ekit`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    """Run the ``ekit`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    No password of a database URL or key=value DSN among the arguments is
+    printed, in any message or log line, whatever a driver says: see
+    :mod:`ekit_runtime.redaction`.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    redactor = Redactor.of(argv)
+    with redactor.scrubbing_logs():
+        return _main(argv, redactor)
+
+
+def _main(argv: list[str], redactor: Redactor) -> int:
+    def error(message: str) -> None:
+        _error(redactor.scrub(message))
+
     try:
         if argv[:1] == ["demo"]:
             # Everything after ``demo`` belongs to the demo, options included,
@@ -614,13 +628,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except InputError as exc:
-        _error(str(exc))
+        error(str(exc))
         return EXIT_USAGE
     except SystemExit as exc:
         # ``--help`` and ``--version`` exit through argparse; keep their code.
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:
-        _error("interrupted")
+        error("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (``ekit replay run.jsonl | head``): stop quietly.
@@ -634,11 +648,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.close(devnull)
         return EXIT_BROKEN_PIPE
     except BaseException as exc:
+        if _is_driver_error(exc):
+            # A database the command was given failed (unreachable, not a
+            # database, refused us): an input problem, not a bug.
+            error(_driver_message(argv, exc, redactor))
+            return EXIT_USAGE
         # A bug (ours or an unforeseen input), or a BaseException such as
         # GeneratorExit from code we called: it must not exit 1, which would
         # read as "anomalies found", nor print a traceback.
-        _error(f"internal error: {_one_line(f'{type(exc).__name__}: {_text_of(exc)}')}")
+        error(f"internal error: {_one_line(f'{type(exc).__name__}: {_text_of(exc)}')}")
         return EXIT_USAGE
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """An error of a database driver: sqlite3's, or psycopg's (never imported here for this)."""
+    import sqlite3
+
+    if isinstance(exc, sqlite3.Error):
+        return True
+    return any(c.__module__.split(".")[0] == "psycopg" and c.__name__ == "Error" for c in type(exc).__mro__)
+
+
+def _driver_message(argv: list[str], exc: BaseException, redactor: Redactor) -> str:
+    """``COMMAND: DATABASE: ErrorClass: what the driver said`` (withheld if it may hold a password)."""
+    command = next((a for a in argv if not a.startswith("-")), "ekit")
+    where = redactor.labels[0] if len(redactor.labels) == 1 else _option(argv, "--queue")
+    text = redactor.scrub(_one_line(_text_of(exc)), withhold=True)
+    named = f"{where}: " if where else ""
+    return f"{command}: {named}the database failed: {type(exc).__name__}: {text}"
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of option ``name`` in ``argv`` (``--name VALUE`` or ``--name=VALUE``), if given."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
 
 
 def _error(message: str) -> None:

@@ -1,7 +1,8 @@
 """Reading recorded checkpoints from wherever ekit keeps them, told apart by their content.
 
 This module owns what the ``ekit`` command reads. :func:`read_checkpoints`
-takes a file name (``-`` for standard input) or a PostgreSQL URL and returns
+takes a file name (``-`` for standard input) or a PostgreSQL DSN (a URL or a
+libpq key=value string) and returns
 the :class:`Recorded` checkpoints it holds, oldest first:
 
 - a checkpoint JSON (``checkpoint.to_dict()``; a ``JsonFileStore`` file), or
@@ -33,9 +34,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import quote
 
 from ekit_core import WorkflowCheckpoint
+from ekit_runtime.redaction import is_keyword_dsn, redacted, scrub
 
 __all__ = [
     "SQLITE_MAGIC",
@@ -132,14 +134,18 @@ def read_checkpoints(
     tables: Tables | None = None,
     stdin: Callable[[], bytes] | None = None,
 ) -> Recorded:
-    """The checkpoints recorded at ``location``: a file, ``-`` (``stdin()``'s bytes) or a PostgreSQL URL.
+    """The checkpoints recorded at ``location``: a file, ``-`` (``stdin()``'s bytes) or a PostgreSQL DSN.
+
+    A PostgreSQL DSN is a ``postgresql://`` (or ``postgres://``) URL or a
+    libpq key=value string (``host=db dbname=runs``: one that starts with a
+    libpq keyword and ``=``), never a file name.
 
     ``run_id`` picks the run of a database (:class:`RunIdNeeded` lists them
     when it is missing); ``tables`` picks the store's or the queue's tables
     of a database that holds both. Raises :class:`SourceError` for anything
     that cannot be read.
     """
-    if location.startswith(("postgresql://", "postgres://")):
+    if location.startswith(("postgresql://", "postgres://")) or is_keyword_dsn(location):
         return _read_postgres(location, run_id, tables)
     if location == "-":
         if stdin is None:
@@ -372,11 +378,11 @@ def _queue_table(kind: SourceKind, open_queue: Callable[[], Any]) -> _Table:
 def _read_postgres(url: str, run_id: str | None, tables: Tables | None) -> Recorded:
     label = redacted(url)
     try:
-        from ekit_runtime.stores._pg import psycopg
+        from ekit_runtime.stores._pg import connect, psycopg
     except ModuleNotFoundError as exc:
         raise SourceError(f"{label}: {exc}") from None
-    with _database_errors(label, psycopg.Error):
-        with psycopg.connect(url, autocommit=True) as conn:
+    with _database_errors(label, psycopg.Error, dsn=url):
+        with connect(url) as conn:
             row = conn.execute(
                 "SELECT to_regclass('ekit_runs') IS NOT NULL, to_regclass('ekit_queue_runs') IS NOT NULL"
             ).fetchone()
@@ -410,12 +416,13 @@ def _postgres_queue(url: str) -> _Table:
 
 
 @contextmanager
-def _database_errors(label: str, driver_error: type[Exception]) -> Iterator[None]:
+def _database_errors(label: str, driver_error: type[Exception], *, dsn: str = "") -> Iterator[None]:
     """Turn what reading a database raises into a one-line :class:`SourceError` naming it.
 
     ``driver_error`` is the driver's base class (``sqlite3.Error``,
     ``psycopg.Error``); a ``ValueError`` is a store's corrupt data, a
-    ``LookupError`` a queue's unknown run.
+    ``LookupError`` a queue's unknown run. The exception's text is scrubbed
+    of ``dsn``'s password (a driver that cannot parse a URL quotes it back).
     """
     try:
         yield
@@ -423,25 +430,8 @@ def _database_errors(label: str, driver_error: type[Exception]) -> Iterator[None
         raise
     except (driver_error, ValueError, LookupError, OSError) as exc:
         # A driver's message may hold tabs and line breaks: one line, single spaces.
-        raise SourceError(f"{label}: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password (``user:PASSWORD@`` or ``?password=``) shown as ``***``, fit for messages."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<a database URL that does not parse>"
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if password is None and all(k != "password" for k, _ in pairs):
-        return url
-    netloc = parts.netloc
-    if password is not None:
-        netloc = f"{parts.username}:***@{netloc.rsplit('@', 1)[1]}"
-    query = "&".join(f"{k}=***" if k == "password" else f"{k}={v}" for k, v in pairs)
-    # urlunsplit would drop the "//" of a URL without a host: keep the text as given.
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+        text = scrub(" ".join(str(exc).split()), dsn)
+        raise SourceError(f"{label}: {type(exc).__name__}: {text}") from None
 
 
 def _one_line(text: str) -> str:

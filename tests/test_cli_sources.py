@@ -247,3 +247,23 @@ def test_urls_are_shown_without_their_password() -> None:
     assert redacted("postgresql://u:pw@h:5/db?sslmode=x") == "postgresql://u:***@h:5/db?sslmode=x"
     assert redacted("postgresql://?host=h&password=pw") == "postgresql://?host=h&password=***"
     assert redacted("postgresql://h/db") == "postgresql://h/db"
+
+
+def test_a_libpq_key_value_string_is_read_as_a_postgresql_source(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from ekit_runtime import Step, Workflow
+    from ekit_runtime.cli import main
+    from ekit_runtime.stores import PostgresStore
+
+    with PostgresStore(postgres_url, run_id="kv-1") as store:
+        Workflow([Step("a", lambda ctx: "A")]).run_sync(checkpoint_fn=store)
+    keywords = " ".join(f"{k}={v}" for k, v in conninfo_to_dict(postgres_url).items()) + " password=s3cret"
+    assert main(["audit", keywords, "--run-id", "kv-1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["source"] == "postgres-store" and "s3cret" not in out + err
+    assert main(["audit", keywords]) == 2
+    out, err = capsys.readouterr()
+    assert "kv-1" in out and "password=***" in err and "s3cret" not in out + err

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ekit_runtime.redaction import scrub
+
 try:
     import psycopg
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
@@ -21,13 +23,40 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
         "the PostgreSQL backends need psycopg 3: pip install 'ekit[postgres]'", name=exc.name
     ) from exc
 
-__all__ = ["PgConnection", "psycopg"]
+__all__ = ["PgConnection", "connect", "psycopg"]
 
 T = TypeVar("T")
 
 # Any fixed number: serialises schema creation between processes starting at once
 # (CREATE TABLE IF NOT EXISTS is not safe against a concurrent twin).
 _SCHEMA_LOCK = 0x656B6974
+
+
+def connect(conninfo: str) -> psycopg.Connection[Any]:
+    """``psycopg.connect(conninfo, autocommit=True)``, its errors free of the password.
+
+    libpq quotes a URL it cannot parse back in its message (``invalid
+    percent-encoded token: "pa%zzSECRET"``): the error is raised again, of
+    the same class, with the password scrubbed from its text (or the text
+    withheld, see :func:`ekit_runtime.redaction.scrub`) and without the
+    original as its cause or context, which a traceback would print.
+    """
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        safe = _scrubbed(exc, conninfo)
+    raise safe from None
+
+
+def _scrubbed(exc: psycopg.Error, conninfo: str) -> psycopg.Error:
+    text = scrub(str(exc), conninfo)
+    try:
+        safe = type(exc)(text)
+    except Exception:  # a subclass with a constructor of its own
+        safe = psycopg.OperationalError(text)
+    for note in getattr(exc, "__notes__", ()):
+        safe.add_note(scrub(str(note), conninfo))
+    return safe
 
 
 class PgConnection:
@@ -90,7 +119,7 @@ class PgConnection:
         return self.conn
 
     def _connect(self, conninfo: str) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(conninfo, autocommit=True)
+        conn = connect(conninfo)
         try:
             self._configure(conn)
         except BaseException:
