@@ -34,6 +34,25 @@ _CLEAR_LINE = "\x1b[K"
 _SHOWN_RUNNING = 3
 
 
+# What the runner notes on an exception that ``checkpoint_fn`` raised.
+_SAVE_NOTE = "ekit: checkpoint_fn raised"
+
+
+def _ending(event: RunSettled) -> str:
+    """How the run ended, in words: a run stopped by a failed save says so, not "cancelled".
+
+    The core settles such a run as cancelled (it stops starting steps, as on
+    Ctrl-C); the save's error is the one the runner is handling while it
+    reports the end, so it is what ``sys.exc_info`` sees here.
+    """
+    if event.outcome == "cancelled":
+        cause = sys.exc_info()[1]
+        notes = getattr(cause, "__notes__", None) or ()
+        if any(isinstance(n, str) and n.startswith(_SAVE_NOTE) for n in notes):
+            return f"stopped: its checkpoint could not be saved ({type(cause).__name__}: {cause})"
+    return event.outcome
+
+
 def _seconds(value: float) -> str:
     if value < 60:
         return f"{value:.1f}s"
@@ -188,7 +207,7 @@ class ProgressPrinter:
             self._running.clear()
             self._done = event.completed
             summary = (
-                f"run {event.outcome}: {event.completed}/{event.total} steps"
+                f"run {_ending(event)}: {event.completed}/{event.total} steps"
                 + (f" ({self._skipped} skipped)" if self._skipped else "")
                 + f", {self._tokens:,} tokens this run, {_seconds(self.elapsed())}"
             )

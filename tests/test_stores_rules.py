@@ -449,7 +449,9 @@ def test_sqlite_a_foreign_table_of_the_same_name_is_refused_at_open(
 
 def test_sqlite_errors_name_the_database(tmp_path: Path) -> None:
     missing = tmp_path / "no such folder" / "cp.db"
-    with pytest.raises(sqlite3.OperationalError, match=rf"^{re.escape(str(missing))}: unable to open"):
+    # Refused before sqlite3 is asked, naming the argument and the folder.
+    expected = rf"^database {re.escape(repr(str(missing)))}: its folder .* does not exist"
+    with pytest.raises(ValueError, match=expected):
         SqliteStore(missing, run_id="r")
     db = tmp_path / "cp.db"
     with SqliteStore(db, run_id="r") as store:

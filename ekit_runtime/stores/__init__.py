@@ -15,7 +15,11 @@ An output a store cannot encode raises :class:`UnencodableError` (a
 ``ValueError`` naming the step) before anything is written. One writer per
 file (per run id for SQLite), enforced by a lock that dies with its holder:
 a second writer is refused with :class:`StoreLockedError` (a ``ValueError``
-naming the file or run), and ``load()`` never needs the lock. Stores encode
+naming the file or run), and ``load()`` never needs the lock; a lock file
+that is not a regular file of this user's (a symlink...) is refused, never
+written through. Under ``Workflow.run`` each store's ``prepare_run`` takes
+the lock and checks what a save would refuse before the first step runs;
+a path no save could write is refused when the store is made. Stores encode
 with JSON unless given ``dumps``/``loads``; nothing here unpickles or
 evaluates what it reads. Saves are synchronous: fast, local I/O on the
 event loop's thread.

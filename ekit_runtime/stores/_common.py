@@ -12,6 +12,7 @@ for good.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import math
@@ -42,7 +43,10 @@ __all__ = [
     "UnencodableError",
     "WriteLock",
     "atomic_write",
+    "check_folder_writable",
     "check_run_id",
+    "check_store_path",
+    "check_text",
     "codec",
     "default_dumps",
     "default_loads",
@@ -51,8 +55,12 @@ __all__ = [
     "file_identity",
     "fsync_dir",
     "identity",
+    "kind_of",
+    "open_to_read",
+    "read_file",
     "require_checkpoint",
     "same_run",
+    "utf8_problem",
     "write_all",
 ]
 
@@ -96,11 +104,15 @@ class StoreLockedError(ValueError):
     Raised when another store object, in this process or another, holds the
     write lock; when this store lost its lock (its lock file was removed or
     replaced while held); and when what is stored changed since this store
-    last read or wrote it, because another writer saved in between. ``path``
-    is the file or database, ``run_id`` the SQLite run (``None`` for a file
-    store), ``lock_path`` the lock file and ``pid`` the process holding it,
-    when known. To take over deliberately, close the other store (or end its
-    process), then ``load()`` and save again.
+    last read or wrote it, because another writer saved in between. Also
+    when the store cannot take a write lock at all: its lock file is not a
+    regular file of this user's (a symlink, a FIFO, a directory, a device, a
+    file with other hard links, another user's file), which is never opened
+    through a link nor written, or its folder is not writable by this user.
+    ``path`` is the file or database, ``run_id`` the SQLite run (``None``
+    for a file store), ``lock_path`` the lock file and ``pid`` the process
+    holding it, when known. To take over deliberately, close the other store
+    (or end its process), then ``load()`` and save again.
     """
 
     def __init__(
@@ -321,6 +333,17 @@ class OutputEncodings:
         self._entries = entries
         self._prev = None
 
+    def check(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Raise the :class:`UnencodableError` a save of ``checkpoint`` would, writing nothing.
+
+        Encodes every field but the per-step ones, and each output not
+        encoded yet (those loaded are), which the next save then reuses:
+        what a run starts from is checked before its first step.
+        """
+        check_text(checkpoint)
+        encode(checkpoint.to_dict(per_step=False), self._dumps, (), checkpoint.context)
+        self.members(checkpoint.outputs.items())
+
     def document_of(self, checkpoint: WorkflowCheckpoint, head: Mapping[str, Any]) -> bytes:
         """``{**head, **checkpoint.to_dict()}`` encoded, each output from its first encoding.
 
@@ -439,7 +462,9 @@ def file_identity(path: str) -> tuple[int, int, int, int] | None:
 def fsync_dir(folder: str) -> None:
     """Make a rename in ``folder`` durable (a no-op where folders cannot be opened)."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        # O_DIRECTORY and O_NONBLOCK: a FIFO put where the folder was is never waited on.
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+        fd = os.open(folder, flags)
     except OSError:
         return
     try:
@@ -461,7 +486,87 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | getattr(os, "O_BINARY", 0)
+# Never through a symlink, never blocking on a FIFO or becoming a terminal's
+# controlling process: the files a store opens are regular files or refused.
+_SAFE = (
+    _CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+)
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE
+_READ_FLAGS = os.O_RDONLY | (_SAFE & ~getattr(os, "O_NOFOLLOW", 0))
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, in words: ``"a directory"``, ``"a FIFO"``..."""
+    for test, words in (
+        (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_store_path(path: object, argument: str = "path") -> str:
+    """``path`` as text, or a ``ValueError`` naming ``argument`` if no save could ever write it.
+
+    Checked when a store is made, so that a typo fails before the first step
+    runs rather than at its save: the folder (of the file a symlink points
+    to) must exist, and the file, if there is one, must be a regular file (a
+    directory cannot be replaced, and reading a FIFO would wait forever).
+    Whether the folder is writable is the write lock's to find out (see
+    :meth:`WriteLock.hold`): a store that only loads needs no write access.
+    """
+    try:
+        text = os.fspath(path)  # type: ignore[call-overload]
+    except TypeError:
+        text = None
+    if not isinstance(text, str):
+        raise ValueError(f"{argument} must be a str or an os.PathLike of one, got {path!r}")
+    target = os.path.realpath(text)
+    folder = os.path.dirname(target)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        if not os.path.isdir(folder):
+            raise ValueError(
+                f"{argument} {text!r}: its folder {folder!r} does not exist (or is not a folder); "
+                "create it before making the store, so that no step runs only for its save to fail"
+            ) from None
+        return text
+    except OSError as exc:
+        raise ValueError(f"{argument} {text!r} cannot be used: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"{argument} {text!r} is {kind_of(st.st_mode)}, not a store file; give the path of a "
+            "file (which a save creates if it does not exist)"
+        )
+    return text
+
+
+def open_to_read(path: str) -> int:
+    """``path`` opened to read (through symlinks), or :class:`CorruptStoreError` if not a regular file.
+
+    Raises ``FileNotFoundError`` when there is no file. Opened without
+    blocking, so that a FIFO put in the store's place is refused, not waited on.
+    """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CorruptStoreError(path, f"is {kind_of(mode)}, not a store file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_file(path: str) -> tuple[os.stat_result, bytes]:
+    """The stat and content of the regular file at ``path`` (see :func:`open_to_read`)."""
+    fd = open_to_read(path)
+    with os.fdopen(fd, "rb") as f:
+        return os.fstat(fd), f.read()
 
 
 def _create_beside(target: str) -> tuple[int, str]:
@@ -495,6 +600,8 @@ def atomic_write(path: str, data: bytes, *, durable: bool) -> None:
     its target is replaced and the link stays a link. The file keeps the
     permission bits it had; a new one gets what the umask leaves of 0o666.
     A kill can leave the temporary ``.<name>.*.tmp`` behind; it is never read.
+    Its name is random and it is created with ``O_EXCL | O_NOFOLLOW``: a
+    name taken by anything (a link planted there included) is skipped.
     """
     target = os.path.realpath(path)
     folder = os.path.dirname(target)
@@ -541,7 +648,10 @@ else:
         return True
 
 
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | _CLOEXEC
+_LOCK_FLAGS = os.O_RDWR | _SAFE
+# Why a lock file cannot be created that no retry cures: the folder is gone,
+# is not a folder, or this user may not write it. (A full disk passes as is.)
+_CANNOT_CREATE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
 # How often a lock file may be replaced under us before we give up.
 _LOCK_TRIES = 8
 _LOST = (
@@ -566,6 +676,67 @@ def _busy_problem(lock_path: str, pid: int | None) -> str:
     )
 
 
+class _Unsafe(Exception):
+    """The lock path names a file no store may write into (its ``args[0]`` says why)."""
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """Why the file ``st`` describes (not followed) cannot be a lock file of ours; ``None`` if it can."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {kind_of(st.st_mode)}"
+    if st.st_nlink != 1:
+        # Another name of some other file: writing our pid would change it.
+        return f"has {st.st_nlink} hard links (it is another file too)"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid}), maybe left by a crashed run of theirs"
+    return None
+
+
+def _unsafe_problem(lock_path: str, why: str) -> str:
+    return (
+        f"the lock file {lock_path} {why}; a store only locks a regular file of its own, never "
+        "through a link (which would make a save write into another file), so nothing was "
+        "saved. If no ekit process is using this store, remove that file and try again"
+    )
+
+
+def _open_lock(path: str) -> int | None:
+    """The lock file at ``path`` opened read-write, created if absent; ``None``: it changed, try again.
+
+    Creates it with ``O_EXCL``, which never follows a link; an existing one
+    is looked at first (``lstat``, so a FIFO or device is never opened) and
+    then opened without following links and checked to be the file looked
+    at. Raises :class:`_Unsafe` for what cannot be our lock file.
+    """
+    try:
+        return os.open(path, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        pass
+    try:
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        return None  # its holder let go meanwhile
+    why = _unsafe(seen)
+    if why is not None:
+        raise _Unsafe(why)
+    try:
+        fd = os.open(path, _LOCK_FLAGS)
+    except OSError as exc:
+        # Gone, or a link (ELOOP; EMLINK on BSD) put there since the lstat:
+        # the next try looks again.
+        if isinstance(exc, FileNotFoundError) or exc.errno in (errno.ELOOP, errno.EMLINK):
+            return None
+        raise
+    st = os.fstat(fd)
+    why = _unsafe(st)
+    if why is not None or (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino):
+        os.close(fd)
+        if why is not None:
+            raise _Unsafe(why)
+        return None
+    return fd
+
+
 def _holder(fd: int) -> int | None:
     """The pid a holder wrote into the lock file, if it can be read."""
     try:
@@ -576,9 +747,9 @@ def _holder(fd: int) -> int | None:
 
 
 def _names(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
+    """Whether ``path`` still names the file open as ``fd`` (itself, not a link to it)."""
     try:
-        on_disk = os.stat(path)
+        on_disk = os.lstat(path)
     except FileNotFoundError:
         return False
     mine = os.fstat(fd)
@@ -588,7 +759,7 @@ def _names(path: str, fd: int) -> bool:
 def _let_go(fd: int, path: str, file: tuple[int, int], pid: int) -> None:
     if os.getpid() == pid:
         with contextlib.suppress(OSError):
-            st = os.stat(path)
+            st = os.lstat(path)
             if (st.st_dev, st.st_ino) == file:
                 # Removed while still locked: whoever opened it meanwhile
                 # sees, once it has the lock, that the path names another
@@ -612,6 +783,13 @@ class WriteLock:
     crash it stays, naming the dead writer's pid, and the next writer takes
     it over as it is. ``lock_path`` is called once, at the first
     :meth:`hold` (a store resolves symlinks then).
+
+    Anyone who can write the folder can predict the lock file's name, so
+    it is created with ``O_EXCL`` and opened with ``O_NOFOLLOW``, and only a
+    regular file of this user's with no other hard link is ever locked or
+    written: anything else there (a symlink, a FIFO, a directory, a
+    device, another user's file) is refused with :class:`StoreLockedError`
+    naming it and left untouched.
     """
 
     def __init__(self, path: str, lock_path: Callable[[], str], *, run_id: str | None = None) -> None:
@@ -639,7 +817,7 @@ class WriteLock:
         refused now and at every later save.
         """
         if self._lost:
-            raise self._error(_LOST)
+            raise self.error(_LOST)
         if self._fd is not None:
             if self._pid != os.getpid():
                 # A forked child shares its parent's lock, not its right to write.
@@ -649,7 +827,7 @@ class WriteLock:
             else:
                 self._lost = True
                 self.release()
-                raise self._error(_LOST)
+                raise self.error(_LOST)
         self._acquire()
 
     def release(self) -> None:
@@ -665,7 +843,9 @@ class WriteLock:
         path = self.lock_path
         collected = False
         for _ in range(_LOCK_TRIES):
-            fd = os.open(path, _LOCK_FLAGS, 0o666)
+            fd = self._open(path)
+            if fd is None:
+                continue
             try:
                 locked = _try_lock(fd)
                 if locked and _names(path, fd):
@@ -679,13 +859,26 @@ class WriteLock:
             if locked:
                 continue  # the holder removed the file as it let go: lock the new one
             if collected:
-                raise self._error(_busy_problem(path, pid), pid)
+                raise self.error(_busy_problem(path, pid), pid)
             # A store object nobody references any more keeps its lock until
             # the garbage collector frees it (a reference cycle, a traceback
             # a failed run left): collect once before refusing.
             gc.collect()
             collected = True
-        raise self._error(_busy_problem(path, None))
+        raise self.error(_busy_problem(path, None))
+
+    def _open(self, path: str) -> int | None:
+        try:
+            return _open_lock(path)
+        except _Unsafe as exc:
+            raise self.error(_unsafe_problem(path, exc.args[0])) from None
+        except OSError as exc:
+            if exc.errno not in _CANNOT_CREATE:
+                raise
+            raise self.error(
+                f"cannot create the lock file {path} ({type(exc).__name__}: {exc.strerror}): the "
+                "folder must exist and be writable by this user; nothing was saved"
+            ) from exc
 
     def _own(self, fd: int, path: str) -> None:
         st = os.fstat(fd)
@@ -700,12 +893,13 @@ class WriteLock:
     def _still_named(self) -> bool:
         assert self.lock_path is not None
         try:
-            st = os.stat(self.lock_path)
+            st = os.lstat(self.lock_path)
         except FileNotFoundError:
             return False
         return (st.st_dev, st.st_ino) == self._file
 
-    def _error(self, problem: str, pid: int | None = None) -> StoreLockedError:
+    def error(self, problem: str, pid: int | None = None) -> StoreLockedError:
+        """A :class:`StoreLockedError` for this lock's store, saying ``problem``."""
         return StoreLockedError(
             self.path, problem, run_id=self.run_id, lock_path=self.lock_path, pid=pid
         )
@@ -769,6 +963,55 @@ class ProcessLock:
         self._finalizer = None
 
 
+def utf8_problem(text: str) -> str | None:
+    """Why UTF-8 (every store's text) cannot hold ``text``, or ``None`` if it can."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"it holds {text[exc.start:exc.end]!r} at {exc.start}, which UTF-8 cannot encode"
+    return None
+
+
+def check_text(
+    checkpoint: WorkflowCheckpoint, name_problem: Callable[[str], str | None] = utf8_problem
+) -> None:
+    """Refuse a step name, version tag or context key of ``checkpoint`` that no save could write.
+
+    Raises :class:`UnencodableError` naming the step (or the context key)
+    for text UTF-8 cannot hold, and for a step name that ``name_problem``
+    finds fault with (a database may have stricter rules for its keys).
+    Stores run it on the checkpoint a run starts from (see ``prepare_run``),
+    so that a name they could never write fails before the first step, not
+    at its save; it costs O(steps), whatever the outputs.
+    """
+    graph = checkpoint.graph
+    names = graph.keys() if graph is not None else checkpoint.outputs.keys()
+    checks: list[tuple[str, Callable[[str], str | None], str, str | None]] = [
+        (n, name_problem, f"the name of step {n!r}", n) for n in names
+    ]
+    checks += [
+        (tag, utf8_problem, f"the version tag of step {n!r}", n) for n, tag in checkpoint.versions.items()
+    ]
+    checks += [(key, utf8_problem, f"context key {key!r}", None) for key in checkpoint.context]
+    for text, problem, what, step in checks:
+        why = problem(text) if isinstance(text, str) else None
+        if why is not None:
+            raise UnencodableError(f"cannot store {what}: {why}; nothing was saved", step=step)
+
+
+def check_folder_writable(path: str, lock: WriteLock) -> None:
+    """Refuse with :class:`StoreLockedError` a store whose saves could not create files beside ``path``."""
+    folder = os.path.dirname(os.path.realpath(path))
+    effective = os.access in os.supports_effective_ids
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        raise lock.error(
+            f"this user cannot create files in the folder {folder}, which every save does (a "
+            "temporary file renamed over the store's); nothing was saved"
+        )
+
+
 def require_checkpoint(checkpoint: object) -> None:
     """Refuse anything but a :class:`WorkflowCheckpoint` with a ``ValueError``."""
     if not isinstance(checkpoint, WorkflowCheckpoint):
@@ -776,7 +1019,14 @@ def require_checkpoint(checkpoint: object) -> None:
 
 
 def codec(dumps: Dumps | None, loads: Loads | None) -> tuple[Dumps, Loads]:
-    """A store's ``(dumps, loads)``: the ones given, else the strict JSON pair (no NaN either way)."""
+    """A store's ``(dumps, loads)``: the ones given, else the strict JSON pair (no NaN either way).
+
+    Refuses one that is not callable with a ``ValueError`` naming it, when
+    the store is made rather than at its first save.
+    """
+    for name, fn in (("dumps", dumps), ("loads", loads)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{name} must be a callable or None, got {type(fn).__name__}")
     return (
         dumps if dumps is not None else default_dumps,
         loads if loads is not None else default_loads,

@@ -27,15 +27,64 @@ from ekit_runtime.stores._common import (
     encode_text,
     require_checkpoint,
     same_run,
+    utf8_problem,
 )
 
-__all__ = ["EncodedCheckpoint", "OutputTexts", "Row", "decode_checkpoint", "encode_checkpoint"]
+__all__ = [
+    "PG_KEY_BYTES",
+    "EncodedCheckpoint",
+    "OutputTexts",
+    "Row",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "pg_text_problem",
+]
 
 Row = tuple[str, str, str]
 """``(kind, name, value)``: kind is ``"output"`` or ``"usage"``, value is encoded text."""
 
 # SQL integers (SQLite INTEGER, PostgreSQL bigint) are signed 64-bit.
 _INT64 = range(-(2**63), 2**63)
+
+PG_KEY_BYTES = 1024
+"""The most UTF-8 bytes of a run id or step name in PostgreSQL, where both are keys.
+
+A btree index entry holds at most 2704 bytes (8 KB pages), and the entries
+table's key is (run id, kind, step name): two of these fit with room to spare.
+"""
+
+
+def pg_text_problem(text: str) -> str | None:
+    """Why PostgreSQL cannot keep ``text`` as a key (run id, step name), or ``None`` if it can."""
+    why = utf8_problem(text)
+    if why is not None:
+        return why
+    if "\x00" in text:
+        return f"it holds a NUL character (at {text.index(chr(0))}), which PostgreSQL text cannot"
+    # Four bytes at most per character: short text needs no encoding to be measured.
+    if len(text) * 4 > PG_KEY_BYTES and len(text.encode("utf-8")) > PG_KEY_BYTES:
+        return (
+            f"it is {len(text.encode('utf-8'))} bytes in UTF-8, over the {PG_KEY_BYTES} that a "
+            "PostgreSQL key of the store may hold"
+        )
+    return None
+
+
+def _check_pg(rows: list[Row], header: str | None) -> None:
+    """Refuse, naming the step, a row PostgreSQL would reject (``psycopg.DataError`` mid-save)."""
+    for kind, name, value in rows:
+        why = pg_text_problem(name)
+        if why is None and "\x00" in value:
+            why = f"its encoded {kind} holds a NUL character, which PostgreSQL text cannot"
+        if why is not None:
+            raise UnencodableError(
+                f"cannot store step {name!r} in PostgreSQL: {why}; nothing was saved", step=name
+            )
+    if header is not None and "\x00" in header:
+        raise UnencodableError(
+            "cannot store the checkpoint in PostgreSQL: its encoded context, graph or versions "
+            "hold a NUL character, which PostgreSQL text cannot; nothing was saved"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +188,10 @@ def encode_checkpoint(
 
     ``previous=None`` (unknown or nothing stored) gives a full rewrite.
     ``texts``, when given, supplies (and learns) each output's first text;
-    ``engine`` names the database in the error for a count beyond 64 bits.
-    Raises :class:`UnencodableError` naming the step before anything is written.
+    ``engine`` names the database in the error for a count beyond 64 bits;
+    ``"PostgreSQL"`` also refuses the step names and text that PostgreSQL
+    cannot hold (see :func:`pg_text_problem`). Raises
+    :class:`UnencodableError` naming the step before anything is written.
     """
     require_checkpoint(checkpoint)
     if texts is None:
@@ -151,9 +202,14 @@ def encode_checkpoint(
         delta = checkpoint.delta_since(previous)
         if delta.extends and not delta.context_changed:
             rows = texts.rows(delta.outputs, delta.step_usage, dumps)
+            if engine == "PostgreSQL":
+                _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
     rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True)
-    return EncodedCheckpoint(_header(checkpoint, dumps), rows, failures, counts)
+    header = _header(checkpoint, dumps)
+    if engine == "PostgreSQL":
+        _check_pg(rows, header)
+    return EncodedCheckpoint(header, rows, failures, counts)
 
 
 def _decode(text: str, loads: Loads, where: str, what: str) -> Any:

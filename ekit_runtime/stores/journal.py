@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import stat
 import zlib
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -54,8 +55,11 @@ from ekit_runtime.stores._common import (
     StoreLockedError,
     WriteLock,
     atomic_write,
-    default_dumps,
-    default_loads,
+    check_folder_writable,
+    check_store_path,
+    codec,
+    kind_of,
+    read_file,
     require_checkpoint,
     same_run,
     write_all,
@@ -75,7 +79,13 @@ _DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures")
 # Sentinel inodes: the file's content is unknown to this store / there was no file.
 _UNKNOWN = -1
 _ABSENT = -2
-_BINARY = getattr(os, "O_BINARY", 0)
+# Appends open the journal through a symlink (a symlinked store file is the
+# user's), never blocking on what is not a regular file; what was opened is
+# then checked to be the very file this store wrote (device and inode).
+_APPEND_FLAGS = (
+    os.O_RDWR | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 # A delta record (its "outputs" a placeholder) and the new outputs it carries.
 _Record: TypeAlias = tuple[dict[str, Any], Sequence[tuple[str, Any]]]
 
@@ -204,6 +214,12 @@ class JournalStore:
     ``dumps``/``loads`` replace the JSON codec; ``dumps`` must return one
     line. ``durable=False`` skips the fsyncs (still safe against a killed
     process, not against a power cut). Saves are synchronous.
+
+    A ``ValueError`` naming ``path`` when the store is made if no save could
+    write it (its folder is missing, or it is a directory, a FIFO...); a
+    symlink at ``path`` is followed. Under :meth:`Workflow.run
+    <ekit_runtime.Workflow.run>` the rest is checked before the first step
+    (:meth:`prepare_run`).
     """
 
     def __init__(
@@ -219,9 +235,8 @@ class JournalStore:
             isinstance(compact_after, bool) or not isinstance(compact_after, int) or compact_after < 1
         ):
             raise ValueError(f"compact_after must be a positive int or None, got {compact_after!r}")
-        self.path = os.fspath(path)
-        self.dumps: Dumps = dumps if dumps is not None else default_dumps
-        self.loads: Loads = loads if loads is not None else default_loads
+        self.path = check_store_path(path)
+        self.dumps, self.loads = codec(dumps, loads)
         self.durable = durable
         self.compact_after = compact_after
         self.torn_tail = 0
@@ -233,10 +248,11 @@ class JournalStore:
         # What this object knows is on disk: the checkpoint the file folds to
         # (``None``: no checkpoint, or unknown), the file's length and inode
         # (``_UNKNOWN``: the next save writes it whole, ``_ABSENT``: there was
-        # none), and how many deltas follow its full record.
+        # none) with its device, and how many deltas follow its full record.
         self._last: WorkflowCheckpoint | None = None
         self._size = 0
         self._ino = _UNKNOWN
+        self._dev = 0
         self._deltas = 0
 
     # -- saving -------------------------------------------------------------
@@ -275,6 +291,27 @@ class JournalStore:
         self._deltas += 1
 
     __call__ = save
+
+    def prepare_run(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Refuse now, before any step runs, a run whose saves this store would refuse.
+
+        :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
+        checkpoint the run starts from. It takes the write lock (kept until
+        :meth:`close`), and raises :class:`~ekit_runtime.stores.StoreLockedError`
+        if another writer holds it, its lock file is not a regular file of
+        this user's, the folder is not writable, or another writer changed
+        the journal since this store loaded it;
+        :class:`~ekit_runtime.stores.UnencodableError` if a step name, version
+        tag, context value or recorded output cannot be encoded. Writes
+        nothing but the lock file.
+        """
+        require_checkpoint(checkpoint)
+        self._encodings.check(checkpoint)
+        self._lock.hold()
+        check_folder_writable(self.path, self._lock)
+        opened = self._open_known()
+        if opened is not None:
+            os.close(opened[0])
 
     def _next_record(self, checkpoint: WorkflowCheckpoint) -> _Record | None:
         """The delta to append for ``checkpoint``; ``None`` when it must be written whole."""
@@ -340,15 +377,18 @@ class JournalStore:
         if self._ino == _UNKNOWN:
             return None
         try:
-            fd = os.open(self.path, os.O_RDWR | _BINARY)
+            fd = os.open(self.path, _APPEND_FLAGS)
         except FileNotFoundError:
             return None
         try:
             st = os.fstat(fd)
-            if st.st_size == 0 or (st.st_ino == self._ino and st.st_size < self._size):
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptStoreError(self.path, f"is {kind_of(st.st_mode)}, not a journal")
+            same = (st.st_dev, st.st_ino) == (self._dev, self._ino)
+            if st.st_size == 0 or (same and st.st_size < self._size):
                 os.close(fd)
                 return None
-            if st.st_ino != self._ino or (
+            if not same or (
                 st.st_size > self._size
                 and not _is_torn(_read_at(fd, self._size, st.st_size - self._size))
             ):
@@ -372,15 +412,17 @@ class JournalStore:
         self._forget()
         atomic_write(self.path, line, durable=self.durable)
         try:
-            ino = os.stat(self.path).st_ino
+            st = os.stat(self.path)
         except OSError:
             return
-        self._known(checkpoint, len(line), ino, deltas=0)
+        self._known(checkpoint, len(line), st, deltas=0)
 
-    def _known(self, checkpoint: WorkflowCheckpoint | None, size: int, ino: int, *, deltas: int) -> None:
+    def _known(
+        self, checkpoint: WorkflowCheckpoint | None, size: int, st: os.stat_result | int, *, deltas: int
+    ) -> None:
         self._last = checkpoint
         self._size = size
-        self._ino = ino
+        self._dev, self._ino = (0, st) if isinstance(st, int) else (st.st_dev, st.st_ino)
         self._deltas = deltas
 
     def _forget(self) -> None:
@@ -442,20 +484,18 @@ class JournalStore:
         self._forget()
         self.torn_tail = 0
         try:
-            with open(self.path, "rb") as f:
-                ino = os.fstat(f.fileno()).st_ino
-                raw = f.read()
+            st, raw = read_file(self.path)
         except FileNotFoundError:
             self._known(None, 0, _ABSENT, deltas=0)
             return None
         folded, deltas, end = self._fold_lines(raw)
         if folded is None:
             # Only an empty file folds to nothing: line 1 is a full record or an error.
-            self._known(None, end, ino, deltas=0)
+            self._known(None, end, st, deltas=0)
             return None
         checkpoint = folded.checkpoint()
         self._encodings.seed(checkpoint.outputs)
-        self._known(checkpoint, end, ino, deltas=deltas)
+        self._known(checkpoint, end, st, deltas=deltas)
         return checkpoint
 
     def _fold_lines(self, raw: bytes) -> tuple[_Fold | None, int, int]:
@@ -606,8 +646,7 @@ class JournalStore:
         has no history.
         """
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            _, raw = read_file(self.path)
         except FileNotFoundError:
             return
         history: _History | None = None

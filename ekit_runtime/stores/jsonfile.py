@@ -24,9 +24,12 @@ from ekit_runtime.stores._common import (
     StoreLockedError,
     WriteLock,
     atomic_write,
+    check_folder_writable,
+    check_store_path,
     codec,
     file_identity,
     identity,
+    read_file,
     require_checkpoint,
 )
 
@@ -54,6 +57,13 @@ class JsonFileStore(Store):
     ``dumps``/``loads`` replace the JSON codec (for outputs JSON cannot hold);
     ``durable=False`` skips the fsyncs, which still survives a killed process
     but not a power cut. Saves are synchronous.
+
+    A ``ValueError`` naming ``path`` when the store is made if no save could
+    write it (its folder is missing, or it is a directory, a FIFO...); a
+    symlink at ``path`` is followed (the file it points to is replaced, the
+    lock goes beside that file). Under :meth:`Workflow.run
+    <ekit_runtime.Workflow.run>` the rest is checked before the first step
+    (:meth:`prepare_run`).
     """
 
     def __init__(
@@ -64,7 +74,7 @@ class JsonFileStore(Store):
         loads: Loads | None = None,
         durable: bool = True,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = check_store_path(path)
         self.dumps, self.loads = codec(dumps, loads)
         self.durable = durable
         self._encodings = OutputEncodings(self.dumps, self.loads)
@@ -87,6 +97,32 @@ class JsonFileStore(Store):
         require_checkpoint(checkpoint)
         data = self._encodings.document_of(checkpoint, {})
         self._lock.hold()
+        self._check_unchanged()
+        self._seen = _UNKNOWN  # until the write is known to have happened
+        atomic_write(self.path, data, durable=self.durable)
+        self._seen = file_identity(self.path)
+
+    __call__ = save
+
+    def prepare_run(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Refuse now, before any step runs, a run whose saves this store would refuse.
+
+        :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
+        checkpoint the run starts from. It takes the write lock (kept until
+        :meth:`close`), and raises :class:`~ekit_runtime.stores.StoreLockedError`
+        if another writer holds it, its lock file is not a regular file of
+        this user's, the folder is not writable, or another writer saved
+        since this store loaded; :class:`~ekit_runtime.stores.UnencodableError`
+        if a step name, version tag, context value or recorded output cannot
+        be encoded. Writes nothing but the lock file.
+        """
+        require_checkpoint(checkpoint)
+        self._encodings.check(checkpoint)
+        self._lock.hold()
+        check_folder_writable(self.path, self._lock)
+        self._check_unchanged()
+
+    def _check_unchanged(self) -> None:
         if self._seen is not _UNKNOWN:
             now = file_identity(self.path)
             if now is not None and now != self._seen:
@@ -96,11 +132,6 @@ class JsonFileStore(Store):
                     "saved in between); nothing was saved. load() again to continue from what "
                     "is stored",
                 )
-        self._seen = _UNKNOWN  # until the write is known to have happened
-        atomic_write(self.path, data, durable=self.durable)
-        self._seen = file_identity(self.path)
-
-    __call__ = save
 
     def load(self) -> WorkflowCheckpoint | None:
         """The stored checkpoint, or ``None`` if nothing was saved yet.
@@ -112,9 +143,8 @@ class JsonFileStore(Store):
         ``ValueError``). Takes no lock.
         """
         try:
-            with open(self.path, "rb") as f:
-                seen = identity(os.fstat(f.fileno()))
-                raw = f.read()
+            st, raw = read_file(self.path)
+            seen = identity(st)
         except FileNotFoundError:
             self._seen = None
             return None

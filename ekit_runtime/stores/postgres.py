@@ -24,9 +24,24 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.stores._common import Dumps, Loads, Store, StoreLockedError, check_run_id, codec
+from ekit_runtime.stores._common import (
+    Dumps,
+    Loads,
+    Store,
+    StoreLockedError,
+    check_run_id,
+    check_text,
+    codec,
+    require_checkpoint,
+)
 from ekit_runtime.stores._pg import PgConnection, psycopg
-from ekit_runtime.stores._rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
+from ekit_runtime.stores._rows import (
+    EncodedCheckpoint,
+    OutputTexts,
+    decode_checkpoint,
+    encode_checkpoint,
+    pg_text_problem,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -93,6 +108,16 @@ _FENCED_ROW = (
 )
 
 
+def _pg_run_id(run_id: object, argument: str = "run_id") -> str:
+    """``run_id`` if PostgreSQL can keep it as a key, else a ``ValueError`` naming ``argument``."""
+    if not isinstance(run_id, str):
+        raise ValueError(f"{argument} must be a string, got {type(run_id).__name__}")
+    why = pg_text_problem(run_id)
+    if why is not None:
+        raise ValueError(f"{argument} {run_id!r} cannot be a PostgreSQL key: {why}")
+    return run_id
+
+
 class _Fenced(Exception):
     """The run row no longer carries this store's epoch; the transaction is rolled back."""
 
@@ -116,6 +141,11 @@ class PostgresStore(Store):
     new store object saving a run *takes it over*, deliberately: nothing is
     held between saves, and a crashed writer blocks nobody. :meth:`load`
     never claims. For many writers of many runs, use the run queue.
+
+    PostgreSQL text holds no NUL character, and the store's keys at most
+    1024 bytes of UTF-8 (``PG_KEY_BYTES``): a run id beyond that is refused
+    when the store is made, a step name beyond it before the run's first
+    step (:meth:`prepare_run`) or at the save, with a ``ValueError`` naming it.
     """
 
     def __init__(
@@ -126,8 +156,11 @@ class PostgresStore(Store):
         dumps: Dumps | None = None,
         loads: Loads | None = None,
     ) -> None:
-        """Connect and create the store's tables if missing."""
-        self.run_id = check_run_id(run_id)
+        """Connect and create the store's tables if missing.
+
+        Refuses a ``run_id`` PostgreSQL cannot keep (see above) before connecting.
+        """
+        self.run_id = _pg_run_id(check_run_id(run_id))
         self.dumps, self.loads = codec(dumps, loads)
         self.db = PgConnection(dsn, _SCHEMA, _PROBE)
         # What is stored for run_id, as this object last wrote or read it,
@@ -157,11 +190,26 @@ class PostgresStore(Store):
         if row is None and self._epoch is not None and not encoded.full:
             self._fence()
         if row is None:
-            full = encoded if encoded.full else encode_checkpoint(checkpoint, None, self.dumps, self._texts)
+            full = encoded if encoded.full else encode_checkpoint(
+                checkpoint, None, self.dumps, self._texts, engine="PostgreSQL"
+            )
             row = self._full(full)
         self._last, (self._saves, self._epoch) = checkpoint, row
 
     __call__ = save
+
+    def prepare_run(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Refuse now, before any step runs, a run whose saves PostgreSQL would reject.
+
+        :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
+        checkpoint the run starts from: a step name, version tag, context
+        value or recorded output that cannot be stored raises
+        :class:`~ekit_runtime.stores.UnencodableError` naming it. Sends
+        nothing and claims nothing: the first save still claims the run.
+        """
+        require_checkpoint(checkpoint)
+        check_text(checkpoint, pg_text_problem)
+        encode_checkpoint(checkpoint, None, self.dumps, self._texts, engine="PostgreSQL")
 
     def _delta(self, enc: EncodedCheckpoint) -> tuple[int, int] | None:
         """Add ``enc`` to the run in one statement; ``None`` if the run row's condition failed.
@@ -224,9 +272,7 @@ class PostgresStore(Store):
 
     def load(self, run_id: str | None = None) -> WorkflowCheckpoint | None:
         """The latest checkpoint of ``run_id`` (default: this store's), or ``None``."""
-        run = self.run_id if run_id is None else run_id
-        if not isinstance(run, str):
-            raise ValueError(f"run_id must be a string, got {type(run).__name__}")
+        run = self.run_id if run_id is None else _pg_run_id(run_id)
         with self.db.transaction(snapshot=True) as conn:
             row = conn.execute(
                 "SELECT header, step_index, input_tokens, output_tokens, llm_calls, failures, saves "
@@ -263,6 +309,7 @@ class PostgresStore(Store):
         gone with the row). Deleting this store's own run starts it afresh:
         its next save claims the run again.
         """
+        _pg_run_id(run_id)
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM ekit_entries WHERE run_id = %s", (run_id,))
             found = conn.execute("DELETE FROM ekit_runs WHERE run_id = %s", (run_id,)).rowcount > 0

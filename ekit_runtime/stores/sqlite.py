@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +38,10 @@ from ekit_runtime.stores._common import (
     StoreLockedError,
     WriteLock,
     check_run_id,
+    check_store_path,
+    check_text,
     codec,
+    kind_of,
     require_checkpoint,
 )
 from ekit_runtime.stores._rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
@@ -137,6 +141,26 @@ def _connect(path: str) -> sqlite3.Connection:
         raise
 
 
+def _check_companions(path: str) -> None:
+    """Refuse a database whose ``-wal``, ``-shm`` or ``-journal`` file is not a regular file.
+
+    SQLite never opens those through a link (nor could it use a FIFO), and
+    would only say "unable to open database file", naming neither.
+    """
+    file = os.path.realpath(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        try:
+            mode = os.lstat(file + suffix).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"database {path!r}: its file {file + suffix} is {kind_of(mode)}, where SQLite "
+                "keeps a regular file of its own (it never follows a link there); remove it if "
+                "no process uses the database"
+            )
+
+
 def _lock_file(file: str, run_id: str) -> str:
     """The lock file of ``run_id`` in the database ``file``: readable, and unique per run id."""
     slug = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in run_id[:32])
@@ -166,7 +190,9 @@ class SqliteStore(Store):
     :class:`~ekit_runtime.stores.StoreLockedError`, and so is a save after
     another writer saved the run this store had loaded or saved. Other runs
     of the database, and :meth:`load`, need no lock. Every ``sqlite3``
-    error a store raises names the database.
+    error a store raises names the database. Under :meth:`Workflow.run
+    <ekit_runtime.Workflow.run>` the lock is taken, and the rest checked,
+    before the first step (:meth:`prepare_run`).
     """
 
     def __init__(
@@ -183,8 +209,9 @@ class SqliteStore(Store):
         Raises :class:`~ekit_runtime.stores.CorruptStoreError` (a
         ``ValueError``) naming the file when it is not a SQLite database, or
         when it has an ``ekit_runs`` or ``ekit_entries`` of its own (another
-        table of that name); a connection the store opened is closed on any
-        failure here.
+        table of that name), and a ``ValueError`` naming ``database`` when
+        its folder is missing or it is not a regular file (a directory, a
+        FIFO...); a connection the store opened is closed on any failure here.
         """
         import sqlite3
 
@@ -197,6 +224,9 @@ class SqliteStore(Store):
             self.conn = database
         else:
             self.path = os.fspath(database)
+            if isinstance(self.path, str) and self.path not in ("", ":memory:"):
+                check_store_path(self.path, "database")
+                _check_companions(self.path)
             self.conn = _connect(self.path)
         try:
             file = self._open(durable)
@@ -312,16 +342,61 @@ class SqliteStore(Store):
             try:
                 saves = self._transaction(lambda: self._write(encoded))
             except _Stale:
-                raise StoreLockedError(
-                    self.path,
-                    "the run was saved by another writer since this store last read or wrote "
-                    "it; nothing was saved. load() again to continue from what is stored",
-                    run_id=self.run_id,
-                ) from None
+                raise self._stale() from None
             self._last = checkpoint
             self._saves = saves
 
     __call__ = save
+
+    def prepare_run(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Refuse now, before any step runs, a run whose saves this store would refuse.
+
+        :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
+        checkpoint the run starts from. It takes the run's write lock (kept
+        until :meth:`close`), and raises
+        :class:`~ekit_runtime.stores.StoreLockedError` if another writer
+        holds it, its lock file is not a regular file of this user's, the
+        database is read-only, or another writer saved the run since this
+        store loaded it; :class:`~ekit_runtime.stores.UnencodableError` if a
+        step name, version tag, context value or recorded output cannot be
+        encoded. Writes nothing but the lock file.
+        """
+        import sqlite3
+
+        require_checkpoint(checkpoint)
+        check_text(checkpoint)
+        with self._lock, self._named():
+            encode_checkpoint(checkpoint, None, self.dumps, self._texts, engine="SQLite")
+            self._writer.hold()
+            try:
+                # A write that changes nothing: a read-only database (or file)
+                # refuses it, as it would the first save.
+                saves = self._transaction(self._probe)
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
+                    raise
+                raise StoreLockedError(
+                    self.path, f"the database is read-only for this store ({exc}); nothing was saved",
+                    run_id=self.run_id,
+                ) from exc
+            if self._saves is not None and saves != self._saves:
+                raise self._stale()
+
+    def _probe(self) -> int:
+        self.conn.execute("UPDATE ekit_runs SET saves = saves WHERE 0")
+        return self._saves_of(self.run_id)
+
+    def _saves_of(self, run_id: str) -> int:
+        row = self.conn.execute("SELECT saves FROM ekit_runs WHERE run_id=?", (run_id,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _stale(self) -> StoreLockedError:
+        return StoreLockedError(
+            self.path,
+            "the run was saved by another writer since this store last read or wrote "
+            "it; nothing was saved. load() again to continue from what is stored",
+            run_id=self.run_id,
+        )
 
     def _write(self, encoded: EncodedCheckpoint) -> int:
         conn, run_id = self.conn, self.run_id
@@ -337,10 +412,8 @@ class SqliteStore(Store):
             if updated != 1:
                 raise _Stale
         else:
-            if self._saves is not None:
-                row = conn.execute("SELECT saves FROM ekit_runs WHERE run_id=?", (run_id,)).fetchone()
-                if (0 if row is None else row[0]) != self._saves:
-                    raise _Stale
+            if self._saves is not None and self._saves_of(run_id) != self._saves:
+                raise _Stale
             conn.execute("DELETE FROM ekit_entries WHERE run_id=?", (run_id,))
             conn.execute(
                 "INSERT INTO ekit_runs (run_id, header, step_index, input_tokens, "
