@@ -72,10 +72,13 @@ def write_checkpoint(path: str, checkpoint: WorkflowCheckpoint, *, run_id: str |
     except TargetError:
         raise
     except StoreLockedError as exc:
-        holder = f"process {exc.pid}" if exc.pid is not None else "another writer"
+        if exc.pid is None:
+            # Not a live holder: the store's own message says why (a changed
+            # file, a lock file that is a link or not ours, a folder not writable).
+            raise TargetError(_one_line(str(exc))) from None  # it names the file itself
         lock = f" (lock file {exc.lock_path})" if exc.lock_path else ""
         raise TargetError(
-            f"{path}: {target.what} that {holder} is writing{lock}: nothing was written. "
+            f"{path}: {target.what} that process {exc.pid} is writing{lock}: nothing was written. "
             "Let that run end (or stop it), then rewind again"
         ) from None
     except ValueError as exc:
