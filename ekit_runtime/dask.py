@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import socket
 import threading
 import uuid
 import warnings
@@ -188,6 +190,10 @@ class DaskExecutor(Executor):
         if client is None:
             client = await asyncio.to_thread(self._connect)
         packed = await self._on_client_loop(client, self._attempt(client, name, function, packed_context))
+        if isinstance(packed, _Raised):
+            # Raised here, in the attempt's task, as a local step's would be: the
+            # run ends by it exactly as it does under the LocalExecutor.
+            raise packed.rebuild(self._pickle)
         try:
             return self._pickle.loads(packed)
         except Exception as exc:
@@ -247,7 +253,9 @@ class DaskExecutor(Executor):
         return data
 
     @staticmethod
-    async def _on_client_loop(client: Any, work: Coroutine[Any, Any, bytes]) -> bytes:
+    async def _on_client_loop(
+        client: Any, work: Coroutine[Any, Any, bytes | _Raised]
+    ) -> bytes | _Raised:
         """Await ``work`` on the client's event loop, from whichever loop this run is on."""
         loop = client.loop.asyncio_loop
         if loop is asyncio.get_running_loop():
@@ -262,7 +270,9 @@ class DaskExecutor(Executor):
         # wrapper cancels the task there, which cancels the Dask future.
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
-    async def _attempt(self, client: Any, name: str, function: bytes, context: bytes) -> bytes:
+    async def _attempt(
+        self, client: Any, name: str, function: bytes, context: bytes
+    ) -> bytes | _Raised:
         """Submit one task and wait for it, on the client's loop; cancelling it cancels the task."""
         if not self._config_checked:
             await self._check_config(client)
@@ -274,7 +284,7 @@ class DaskExecutor(Executor):
             _run_on_worker, name, function, context, key=key, pure=False, retries=0
         )
         try:
-            packed: bytes = await future
+            packed: bytes | _Raised = await future
             return packed
         except asyncio.CancelledError:
             # The run was cancelled, halted or timed out: stop the task too (a
@@ -331,18 +341,85 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-def _run_on_worker(name: str, function: bytes, context: bytes) -> bytes:
+class _Raised:
+    """A ``BaseException`` that is not an ``Exception``, raised by a step on a worker, sent back.
+
+    Dask lets ``SystemExit`` and ``KeyboardInterrupt`` out of a task to stop
+    the worker, and the driver would then see a lost worker (a retryable
+    :class:`WorkerLostError`); other ones it ships as the task's error. So
+    the task returns this instead, and the driver raises the exception
+    again. ``pickled`` is the exception itself, when Dask's pickler took it;
+    else (or when the driver cannot unpickle it) the nearest built-in class
+    (``base``) is raised with its message, and a note names the original.
+    """
+
+    __slots__ = ("base", "kind", "message", "pickled", "step", "where")
+
+    def __init__(self, step: str, exc: BaseException, pickled: bytes | None) -> None:
+        self.step = step
+        self.kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        self.base = next(c for c in type(exc).__mro__ if c in _BASES).__name__
+        self.message = _message_of(exc)
+        self.pickled = pickled
+        self.where = f"pid {os.getpid()} on {socket.gethostname()}"
+
+    def rebuild(self, pickle: Any) -> BaseException:
+        """The exception to raise on the driver."""
+        note = f"ekit: step {self.step!r} raised this on a Dask worker ({self.where})"
+        exc: object = None
+        why = "it could not be pickled there"
+        if self.pickled is not None:
+            try:
+                exc = pickle.loads(self.pickled)
+            except Exception as error:
+                why = f"unpickling it here raised {type(error).__name__}: {error}"
+        if not isinstance(exc, BaseException):
+            exc = _BASES_BY_NAME[self.base](self.message)
+            note += f"; it was a {self.kind}, raised here as a {self.base} since {why}"
+        exc.add_note(note)
+        return exc
+
+
+_BASES: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit, BaseException,
+)
+_BASES_BY_NAME = {c.__name__: c for c in _BASES}
+
+
+def _message_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a __str__ that raises: the type says enough
+        return type(exc).__name__
+
+
+def _pickled_or_none(pickle: Any, exc: BaseException) -> bytes | None:
+    try:
+        data: bytes = pickle.dumps(exc)
+    except Exception:
+        return None
+    return data
+
+
+def _run_on_worker(name: str, function: bytes, context: bytes) -> bytes | _Raised:
     """The Dask task of one attempt: run the step function, return its pickled output.
 
     Runs in a worker's task thread, where no event loop runs: an ``async def``
     step gets its own ``asyncio.run``. The output is pickled here so that an
     unpicklable one fails the attempt with a message naming the step, rather
-    than later inside Dask's transfer.
+    than later inside Dask's transfer. A ``BaseException`` that is not an
+    ``Exception`` comes back as a :class:`_Raised` (see there): the worker
+    lives on, and the run ends by it as it would locally.
     """
     pickle = _pickle()
-    returned = pickle.loads(function)(pickle.loads(context))
-    if inspect.isawaitable(returned):
-        returned = asyncio.run(_awaited(returned))
+    try:
+        returned = pickle.loads(function)(pickle.loads(context))
+        if inspect.isawaitable(returned):
+            returned = asyncio.run(_awaited(returned))
+    except Exception:
+        raise  # the attempt's failure: Dask ships it back as it is
+    except BaseException as exc:
+        return _Raised(name, exc, _pickled_or_none(pickle, exc))
     try:
         data: bytes = pickle.dumps(returned)
     except Exception as exc:

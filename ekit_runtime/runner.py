@@ -53,6 +53,7 @@ from ekit_core import (
 from ekit_core.results import succeeded
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
+from ekit_runtime import signal_wakeup
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
@@ -108,6 +109,13 @@ class Runner:
 
     ``steps`` holds the workflow's steps in the order of ``state.graph.names``.
     """
+
+    # What the run holds to make signals wake its loop, while it runs: see _begin.
+    _signals: signal_wakeup.SignalWakeup | None = None
+    # Python is closing the run's coroutines, in which nothing may await: see _join_only_task.
+    _closing = False
+    # Whether a lone task in flight is awaited directly: see _join_only_task and states.
+    _join_directly = True
 
     def __init__(
         self,
@@ -192,6 +200,7 @@ class Runner:
 
     async def run(self) -> State:
         """Drive the run to its end and return the settled state."""
+        await self._prepare()
         try:
             await self._begin()
             while not self.state.settled:
@@ -199,6 +208,8 @@ class Runner:
         except BaseException as exc:
             await self._end(exc)
             raise
+        finally:
+            signal_wakeup.release(self._signals)
         return self.state
 
     async def states(self) -> AsyncGenerator[State, None]:
@@ -207,6 +218,13 @@ class Runner:
         Closing the generator early winds the run down like a cancellation.
         """
         self.record_events = True
+        # A GeneratorExit that a lone step raises, awaited directly, would be
+        # thrown into the consumer's task, which cannot close the generator
+        # frames between: awaiting the wake-up future instead costs a loop
+        # turn per step, and the step's GeneratorExit then ends the run as
+        # any BaseException does.
+        self._join_directly = False
+        await self._prepare()
         try:
             await self._begin()
             while not self.state.settled:
@@ -214,9 +232,32 @@ class Runner:
         except BaseException as exc:
             await self._end(exc)
             raise
+        finally:
+            signal_wakeup.release(self._signals)
+
+    async def _prepare(self) -> None:
+        """Let ``checkpoint_fn`` refuse the run before any step starts (and before any event).
+
+        A ``checkpoint_fn`` (or the object of a bound method) with a
+        ``prepare_run(checkpoint)`` method, as every store has, is called
+        once with the checkpoint the run starts from, and awaited if async:
+        what it raises ends the run there, nothing started, nothing saved.
+        """
+        fn = self.checkpoint_fn
+        prepare = getattr(fn, "prepare_run", None)
+        if prepare is None and inspect.ismethod(fn):
+            prepare = getattr(fn.__self__, "prepare_run", None)
+        if prepare is not None:
+            returned = prepare(checkpoint_of(self.state))
+            if inspect.isawaitable(returned):
+                await returned
 
     async def _begin(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # Until the run ends (its wind-down included), a signal the kernel
+        # gives to a step's thread still wakes this loop, so that the handler
+        # that cancels the run gets to run: see signal_wakeup.
+        self._signals = signal_wakeup.hold(self._loop)
         current = asyncio.current_task()
         self._cancelling = current.cancelling() if current is not None else 0
         state, batch = advance(self.state)
@@ -234,6 +275,7 @@ class Runner:
             not self._finished
             and not self._reports
             and len(self._tasks) == 1
+            and self._join_directly
             and not self.state.incidents.gated  # a gated attempt reports when it begins
         ):
             await self._join_only_task()
@@ -297,6 +339,13 @@ class Runner:
                 raise  # we are being cancelled, not just the task
         except Exception:
             pass
+        except GeneratorExit:
+            # The step raised GeneratorExit: asyncio throws it into the task
+            # driving the run, and Python then closes this chain of coroutines,
+            # in which nothing may await any more (it would end as "coroutine
+            # ignored GeneratorExit" instead). See _end.
+            self._closing = True
+            raise
         if self._cancel_requested(current):
             raise asyncio.CancelledError  # the run's, whatever the step made of it
 
@@ -513,8 +562,32 @@ class Runner:
     # -- winding down -------------------------------------------------------
 
     async def _end(self, cause: BaseException) -> None:
-        await self._wind_down(cause)
+        if self._closing:
+            self._fold_in_closing(cause)
+        else:
+            await self._wind_down(cause)
         self._keep_step_errors(cause)
+
+    def _fold_in_closing(self, cause: BaseException) -> None:
+        """The wind-down of a run that Python is closing: the same, with no await.
+
+        Reached only from :meth:`_join_only_task`, with one task: every
+        output that finished is folded in and saved already, and that task
+        adds none (it raised, or the run is closed by the garbage collector
+        while it still runs, and is cancelled here), so there is no new
+        checkpoint to save.
+        """
+        inputs: list[Input] = [*self._carried, *self._reports, Cancelled(type(cause).__name__)]
+        for task, name in self._tasks.items():
+            if not task.done():
+                self._cancelled.add(task)
+                task.cancel()
+            inputs.append(Interrupted(name))
+        self._carried, self._reports = [], []
+        self._tasks.clear()
+        self._finished.clear()
+        self._began.clear()
+        self.state = apply(self.state, inputs)
 
     async def _wind_down(self, cause: BaseException) -> None:
         """Cancel what is in flight, fold in what finished, save once more.

@@ -75,6 +75,26 @@ def split_result(returned: object) -> tuple[Any, TokenUsage]:
     return returned, NO_USAGE
 
 
+def unencodable(text: str) -> str | None:
+    """Why no store could keep ``text``, a step name or version tag, or ``None`` if one can.
+
+    Every store writes text as UTF-8, which cannot hold a lone surrogate
+    (what ``os.listdir`` returns for a file name that is not UTF-8). Such a
+    name fails no check of the graph; refused here, it fails before any
+    step runs rather than at the first save, after paid work.
+    """
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"holds {text[exc.start:exc.end]!r} at {exc.start}, which UTF-8 cannot encode, "
+            "so no store could save it"
+        )
+    return None
+
+
 class _NoMetadata(dict[str, Any]):
     """The metadata of every step given none: one empty dict, shared and read-only.
 
@@ -220,6 +240,12 @@ class Step:
             raise bad(f"executor must be an ekit Executor, got {type(self.executor).__name__}")
         if self.version is not None and (not isinstance(self.version, str) or not self.version):
             raise bad("version must be a non-empty string or None")
+        # The text a checkpoint records (Workflow checks the names of steps
+        # built the quick way, which skip this method).
+        for field_name, text in (("name", self.name), ("version", self.version)):
+            why = unencodable(text) if isinstance(text, str) else None
+            if why is not None:
+                raise bad(f"{field_name} {why}")
         if self.inline and self.blocking:
             raise bad("inline=True and blocking=True contradict each other")
 

@@ -30,7 +30,7 @@ from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.runner import CheckpointFn, Clock, Runner, Sleep, TraceFn
-from ekit_runtime.step import Step
+from ekit_runtime.step import Step, unencodable
 
 __all__ = ["RunOptions", "Workflow", "WorkflowResult"]
 
@@ -122,6 +122,12 @@ class Workflow:
         self._steps = steps
         self._graph = GraphSpec.of_steps(steps)
         self._with_options = tuple(with_options)
+        names = self._graph.names
+        if not "".join(names).isascii():  # one pass in C over every name (their dependencies too)
+            for name in names:
+                why = unencodable(name)
+                if why is not None:
+                    raise ValueError(f"step {name!r}: name {why}")
 
     @property
     def steps(self) -> tuple[Step, ...]:

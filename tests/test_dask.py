@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - CI installs it with the test extra
     )
 
 from ekit_core import Event, StepRetried
-from ekit_runtime import RetryPolicy, Step, Workflow, WorkflowCheckpoint
+from ekit_runtime import RetryPolicy, Step, StepCancelledError, Workflow, WorkflowCheckpoint
 from ekit_runtime.dask import DaskConfigWarning, DaskExecutor, WorkerLostError, local_cluster
 
 # Cluster start-up (two spawned worker processes) counts against the first test.
@@ -98,6 +98,65 @@ def dies_first_time(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
 
 def returns_a_lock(ctx: dict[str, Any]) -> Any:
     return threading.Lock()
+
+
+class Custom(BaseException):
+    """A BaseException of the user's own: not an Exception, not one asyncio or Dask special-cases."""
+
+
+class Unpicklable(KeyboardInterrupt):
+    """A KeyboardInterrupt that holds a lock, so that it cannot travel back from a worker."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+FATAL: dict[str, type[BaseException]] = {
+    "SystemExit": SystemExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+    "Custom": Custom,
+    "CancelledError": asyncio.CancelledError,
+    "Unpicklable": Unpicklable,
+}
+
+
+def save_names(path: Path, checkpoint: WorkflowCheckpoint) -> None:
+    """The checkpoint_fn of the raising scenario: the recorded names, readable by the workers."""
+    partial_path = path.with_suffix(".part")
+    partial_path.write_text(" ".join(sorted(checkpoint.outputs)))
+    os.replace(partial_path, path)
+
+
+def _sibling_saved(ctx: dict[str, Any]) -> bool:
+    saved = Path(ctx["dir"]) / "saved"
+    return "sib" in (saved.read_text().split() if saved.exists() else ())
+
+
+def _raise(kind: str, ctx: dict[str, Any]) -> None:
+    (Path(ctx["dir"]) / "raiser-pid").write_text(str(os.getpid()))
+    raise FATAL[kind]("gave up")
+
+
+def raises_once_sibling_saved(kind: str, ctx: dict[str, Any]) -> None:
+    """Wait until the sibling's output is saved, note this process, raise a ``FATAL[kind]``."""
+    deadline = time.monotonic() + DEADLINE
+    while not _sibling_saved(ctx):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the sibling's output was never saved")
+        time.sleep(0.005)
+    _raise(kind, ctx)
+
+
+async def async_raises_once_sibling_saved(kind: str, ctx: dict[str, Any]) -> None:
+    """The same as an ``async def`` step (locally on the loop, on a worker under asyncio.run)."""
+    deadline = time.monotonic() + DEADLINE
+    while not _sibling_saved(ctx):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the sibling's output was never saved")
+        await asyncio.sleep(0.005)
+    _raise(kind, ctx)
 
 
 def _processing(dask_scheduler: Any) -> list[str]:
@@ -329,6 +388,81 @@ def test_a_timeout_fails_the_attempt_and_cancels_the_remote_task(
             time.sleep(0.01)
     finally:
         (tmp_path / "release").touch()
+
+
+def _raising_run(
+    kind: str, body: Any, directory: Path, executor: DaskExecutor | None
+) -> tuple[BaseException, WorkflowCheckpoint]:
+    """Run a, then sib beside a raiser that raises ``kind`` once sib is saved."""
+    directory.mkdir()
+    checkpoints: list[WorkflowCheckpoint] = []
+
+    def save(checkpoint: WorkflowCheckpoint) -> None:
+        checkpoints.append(checkpoint)
+        save_names(directory / "saved", checkpoint)
+
+    workflow = Workflow(
+        [
+            step("a", partial(plain, "a")),
+            step("sib", partial(plain, "sib"), "a"),
+            step("raiser", partial(body, kind), "a"),
+        ]
+    )
+    with pytest.raises(BaseException) as caught:
+        workflow.run_sync({"dir": str(directory)}, executor=executor, checkpoint_fn=save)
+    return caught.value, checkpoints[-1]
+
+
+@pytest.mark.parametrize("body", [raises_once_sibling_saved, async_raises_once_sibling_saved])
+@pytest.mark.parametrize(
+    "kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "Custom", "CancelledError"]
+)
+def test_a_base_exception_from_a_step_ends_the_run_as_it_does_locally(
+    client: distributed.Client, tmp_path: Path, kind: str, body: Any
+) -> None:
+    """One rule whatever the executor: the same exception ends the run (a step's
+    own CancelledError is its failure, StepCancelledError), the final checkpoint
+    holds the sibling's output, and the Dask worker lives on to serve the next task."""
+    workers = client.run(os.getpid)
+    local, local_final = _raising_run(kind, body, tmp_path / "local", None)
+    remote, remote_final = _raising_run(kind, body, tmp_path / "dask", DaskExecutor(client))
+    assert type(remote) is type(local)
+    assert str(remote) == str(local)
+    expected = StepCancelledError if kind == "CancelledError" else FATAL[kind]
+    assert type(local) is expected
+    if kind == "CancelledError":
+        assert isinstance(remote.__cause__, asyncio.CancelledError)
+    for final in (local_final, remote_final):
+        assert dict(final.outputs) == {"a": plain_output("a", final), "sib": plain_output("sib", final)}
+        assert set(final.failures) == ({"raiser"} if kind == "CancelledError" else set())
+    # The worker that ran the raiser is the same process, and still serves tasks.
+    raiser_pid = int((tmp_path / "dask" / "raiser-pid").read_text())
+    assert client.run(os.getpid) == workers
+    (address,) = [a for a, pid in workers.items() if pid == raiser_pid]
+    assert client.submit(os.getpid, workers=[address], pure=False).result(timeout=DEADLINE) == raiser_pid
+
+
+def plain_output(name: str, checkpoint: WorkflowCheckpoint) -> Any:
+    output = checkpoint.outputs[name]
+    assert output["value"] == f"{name}({'a()' if name == 'sib' else ''})"
+    return output
+
+
+def test_a_base_exception_that_cannot_travel_back_is_raised_as_its_builtin_base(
+    client: distributed.Client, tmp_path: Path
+) -> None:
+    """An exception Dask cannot pickle still ends the run, as the nearest built-in
+    class, with its message and a note naming the original type and the worker."""
+    workers = client.run(os.getpid)
+    error, final = _raising_run(
+        "Unpicklable", raises_once_sibling_saved, tmp_path / "dask", DaskExecutor(client)
+    )
+    assert type(error) is KeyboardInterrupt and str(error) == "gave up"
+    (note,) = error.__notes__
+    assert "step 'raiser' raised this on a Dask worker (pid" in note
+    assert "it was a tests.test_dask.Unpicklable, raised here as a KeyboardInterrupt" in note
+    assert set(final.outputs) == {"a", "sib"} and not final.failures
+    assert client.run(os.getpid) == workers
 
 
 def test_a_step_dask_cannot_serialise_is_refused_before_anything_runs(

@@ -11,6 +11,7 @@ step) and wrapped (a timeout set), since those read outcomes differently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,49 @@ def test_a_base_exception_keeps_outputs_of_every_finished_step_across_turns(
     ])
     again.run_sync(resume_from=saved[-1])
     assert sorted(resumed) == ["raiser", "slow"]
+
+
+def _raise_generator_exit(context: Any) -> None:
+    raise GeneratorExit("step gave up")
+
+
+async def _async_raise_generator_exit(context: Any) -> None:
+    await asyncio.sleep(0)
+    raise GeneratorExit("step gave up")
+
+
+@pytest.mark.parametrize("timeout", WRAPPED)
+@pytest.mark.parametrize("body", [_raise_generator_exit, _async_raise_generator_exit])
+@pytest.mark.parametrize("driver", ["run_sync", "awaited", "iterate"])
+def test_a_generator_exit_from_the_only_step_in_flight_ends_the_run_as_itself(
+    timeout: float | None, body: Callable[[Any], Any], driver: str
+) -> None:
+    """With one task in flight the runner awaits it directly, and asyncio throws
+    the step's GeneratorExit into the task driving the run, which makes Python
+    close the run's coroutines: the run must still end by that GeneratorExit,
+    not by "coroutine ignored GeneratorExit" (or, iterating, by "asynchronous
+    generator is already running"), with what finished saved."""
+    saved: list[WorkflowCheckpoint] = []
+    wf = Workflow([
+        Step("first", lambda context: "done"),
+        Step("raiser", body, ("first",), timeout=timeout),
+    ])
+
+    async def awaited() -> None:
+        await wf.run(checkpoint_fn=saved.append)
+
+    async def iterated() -> None:
+        async with contextlib.aclosing(wf.iterate(checkpoint_fn=saved.append)) as states:
+            async for _ in states:
+                pass
+
+    with pytest.raises(GeneratorExit, match="step gave up"):
+        if driver == "run_sync":  # the run's own coroutine is the task's
+            wf.run_sync(checkpoint_fn=saved.append)
+        else:
+            asyncio.run(awaited() if driver == "awaited" else iterated())
+    assert dict(saved[-1].outputs) == {"first": "done"}
+    assert "raiser" not in saved[-1].failures  # not the step's failure: a resume runs it again
 
 
 BAD_NAME = "report-\udc80.txt"  # what os.listdir returns for a name that is not UTF-8
