@@ -25,7 +25,7 @@ from ekit_runtime.queue import (
     attempt_key,
     open_queue,
 )
-from ekit_runtime.queue.keys import keyed_workflow
+from ekit_runtime.queue.keys import keyed
 from tests.queue_backends import queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
@@ -238,7 +238,7 @@ def test_attempt_keys_count_retries_and_survive_an_unsaved_finish(queue: RunQueu
         attempt_key()
 
 
-def test_keyed_workflow_keeps_the_graph_and_runs_blocking_steps_in_threads() -> None:
+def test_keyed_workflow_keeps_the_graph_and_runs_blocking_steps_in_threads(queue: RunQueue) -> None:
     names: list[str] = []
 
     def blocking(ctx: dict[str, Any]) -> str:
@@ -246,10 +246,12 @@ def test_keyed_workflow_keeps_the_graph_and_runs_blocking_steps_in_threads() -> 
         return "ok"
 
     wf = Workflow([Step("a", blocking, blocking=True)])
-    keyed = keyed_workflow(wf, "r", None)
-    assert keyed.graph.fingerprint == wf.graph.fingerprint
-    assert dict(keyed.run_sync().outputs) == {"a": "ok"}
-    assert names[0].endswith("|r/a/1") and not names[0].startswith("MainThread")
+    assert keyed(wf).graph.fingerprint == wf.graph.fingerprint
+    queue.submit("two", run_id="r")
+    assert _drain(queue, {"two": wf}) == 1
+    assert dict(queue.result("r").outputs) == {"a": "ok"}  # type: ignore[union-attr]
+    # The default executor's threads, as in a plain run, with the key set there.
+    assert names == [names[0]] and names[0].startswith("ekit-step") and names[0].endswith("|r/a/1")
 
 
 def test_runs_per_minute_holds_across_workers(queue: RunQueue, queue_url: str) -> None:

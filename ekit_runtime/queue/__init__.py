@@ -15,6 +15,7 @@ worker, which resumes the run from its last checkpoint. See ``docs/queue.md``.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.queue.contract import RunQueue
@@ -25,12 +26,14 @@ from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
     Limits,
+    QueueUnavailableError,
     RunInfo,
     RunStatus,
     UnknownRunError,
 )
 from ekit_runtime.queue.sqlite import SqliteQueue
 from ekit_runtime.queue.worker import Worker
+from ekit_runtime.redaction import redacted
 
 if TYPE_CHECKING:
     from ekit_runtime.queue.postgres import PostgresQueue
@@ -43,6 +46,7 @@ __all__ = [
     "LeaseLostError",
     "Limits",
     "PostgresQueue",
+    "QueueUnavailableError",
     "RunInfo",
     "RunQueue",
     "RunStatus",
@@ -63,23 +67,54 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_queue(url: str, **options: Any) -> RunQueue:
-    """Open the queue at ``url``: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
-    a plain file path (SQLite), or ``postgresql://...`` / ``postgres://...`` (a libpq URL).
+# libpq's connection keywords: a string that starts with one of them and "="
+# is a key=value connection string (``host=db port=5432 dbname=runs``), never
+# a file name, however it goes on.
+_LIBPQ_KEYWORDS = frozenset(
+    {
+        *("host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth"),
+        *("channel_binding", "connect_timeout", "client_encoding", "options", "application_name"),
+        *("fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval"),
+        *("keepalives_count", "tcp_user_timeout", "replication", "gssencmode", "sslmode", "requiressl"),
+        *("sslnegotiation", "sslcompression", "sslcert", "sslkey", "sslkeylogfile", "sslpassword"),
+        *("sslcertmode", "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer"),
+        *("ssl_min_protocol_version", "ssl_max_protocol_version", "krbsrvname", "gsslib"),
+        *("gssdelegation", "service", "target_session_attrs", "load_balance_hosts"),
+    }
+)
+_KEYWORD = re.compile(r"\s*([A-Za-z_]+)\s*=")
 
-    ``options`` go to the backend's constructor (``limits=``, ...).
+
+def open_queue(url: str, **options: Any) -> RunQueue:
+    """Open the queue at ``url``, whichever way it is written.
+
+    - SQLite: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, or a
+      plain file path.
+    - PostgreSQL: a libpq URL (``postgresql://...`` / ``postgres://...``) or
+      a libpq key=value string (``host=db port=5432 dbname=runs``).
+
+    Anything else (another scheme such as ``mysql://``) is a
+    :class:`QueueUnavailableError` (a ``ValueError``), with any password in
+    ``url`` hidden. ``options`` go to the backend's constructor (``limits=``, ...).
     """
-    if not isinstance(url, str) or not url:
+    if not isinstance(url, str) or not url.strip():
         raise ValueError(f"queue url must be a non-empty string, got {url!r}")
-    if url.startswith(("postgresql://", "postgres://")):
+    keyword = _KEYWORD.match(url)
+    if url.startswith(("postgresql://", "postgres://")) or (
+        keyword is not None and keyword.group(1) in _LIBPQ_KEYWORDS
+    ):
         from ekit_runtime.queue.postgres import PostgresQueue
 
         return PostgresQueue(url, **options)
     if url.startswith("sqlite://"):
         path = url.removeprefix("sqlite://").removeprefix("/")
         if not path:
-            raise ValueError(f"queue url {url!r} names no database file")
+            raise QueueUnavailableError(url, "names no database file (sqlite:///PATH)")
         return SqliteQueue(path, **options)
-    if "://" in url:
-        raise ValueError(f"queue url {url!r}: expected sqlite:///PATH or postgresql://...")
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url) or keyword is not None:
+        raise QueueUnavailableError(
+            redacted(url),
+            "not a queue url: expected sqlite:///PATH or postgresql://... (or a file path, "
+            "./NAME for a file so named, or a libpq key=value string: host=... dbname=...)",
+        )
     return SqliteQueue(url, **options)

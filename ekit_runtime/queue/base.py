@@ -10,6 +10,7 @@ database is touched; the rest turns the rows a statement read into records
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,13 +30,15 @@ from ekit_runtime.queue.records import (
     check_priority,
     check_run_id,
     check_seconds,
+    check_step_name,
+    check_text,
     check_workflow_name,
 )
-from ekit_runtime.stores._common import Dumps, Loads, default_dumps, encode_text
+from ekit_runtime.stores._common import Dumps, Loads, UnencodableError, default_dumps, encode_text
 from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
 from ekit_runtime.workflow import WorkflowResult
 
-__all__ = ["QueueBase", "Submission"]
+__all__ = ["QueueBase", "Submission", "schema_columns", "schema_problem"]
 
 
 class Submission:
@@ -57,21 +60,82 @@ class Submission:
         ctx = {} if context is None else context
         if not isinstance(ctx, Mapping) or not all(isinstance(k, str) for k in ctx):
             raise ValueError("context must be a mapping with string keys or None")
-        self.context = encode_text(dict(ctx), dumps, (), ctx)
+        try:
+            text = encode_text(dict(ctx), dumps, (), ctx)
+        except UnencodableError as exc:
+            if "context" in str(exc):
+                raise
+            # The codec's own words name "the checkpoint": it is the context being encoded here.
+            raise UnencodableError(f"cannot encode the context: {exc}") from None
+        self.context = _storable(text, "the encoded context")
+
+
+def _storable(text: str, what: str, step: str | None = None) -> str:
+    """``text`` unless it holds a NUL, which PostgreSQL text cannot (refused on SQLite too, alike)."""
+    if "\x00" in text:
+        raise UnencodableError(
+            f"{what} holds a NUL character, which the queue cannot store; nothing was saved", step=step
+        )
+    return text
+
+
+def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
+    """Refuse a checkpoint naming a step the queue cannot store, naming that step."""
+    if not isinstance(checkpoint, WorkflowCheckpoint):
+        return  # encode_checkpoint says what it is instead
+    graph = checkpoint.graph if checkpoint.graph is not None else {}
+    for name in {*checkpoint.outputs, *checkpoint.step_usage, *checkpoint.failures, *graph}:
+        try:
+            check_step_name(name)
+        except ValueError as exc:
+            raise UnencodableError(f"{exc}; nothing was saved", step=name) from None
+
+
+def _error_text(error: object) -> str | None:
+    """A run's error message as the queue can store it: a NUL or lone surrogate is escaped, not refused."""
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        raise ValueError(f"error must be a string or None, got {type(error).__name__}")
+    # A failed run's message comes from an exception: refusing it would leave the run unfinished.
+    text = error.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")
+
+
+def schema_columns(schema: str) -> dict[str, set[str]]:
+    """Each table a ``CREATE TABLE`` of ``schema`` makes, and the names of its columns."""
+    tables: dict[str, set[str]] = {}
+    for match in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\);", schema, re.S):
+        body = re.sub(r"PRIMARY KEY \([^)]*\)", "", match.group(2))
+        tables[match.group(1)] = {p.split()[0] for p in body.split(",") if p.strip()}
+    return tables
+
+
+def schema_problem(expected: dict[str, set[str]], found: dict[str, set[str]]) -> str | None:
+    """What keeps the tables ``found`` (table -> its columns) from being the queue's, or ``None``."""
+    for table, columns in expected.items():
+        missing = sorted(columns - found.get(table, set()))
+        if missing:
+            return (
+                f"table {table} lacks column(s) {', '.join(missing)}: not a run-queue database "
+                "(or one of another ekit version); use another database"
+            )
+    return None
 
 
 class QueueBase:
     """Bookkeeping shared by the backends: codec, lock, and the last save of each lease.
 
-    ``_saved`` maps a run id to the epoch this object holds it at and the
-    checkpoint it last stored, so that the next save writes only a delta.
+    ``_saved`` maps a run id to the epoch this object holds it at, the
+    checkpoint it last stored (so that the next save writes only a delta) and
+    the usage already counted in the fleet's window for it.
     """
 
     def __init__(self, *, dumps: Dumps | None, loads: Loads | None) -> None:
         self.dumps: Dumps = dumps if dumps is not None else default_dumps
         self.loads: Loads = loads if loads is not None else json.loads
         self._lock = threading.RLock()
-        self._saved: dict[str, tuple[int, WorkflowCheckpoint | None]] = {}
+        self._saved: dict[str, tuple[int, WorkflowCheckpoint | None, TokenUsage]] = {}
 
     def _submission(
         self, workflow: object, context: Mapping[str, Any] | None, run_id: object, priority: object
@@ -80,28 +144,44 @@ class QueueBase:
 
     def _previous(self, lease: Lease) -> WorkflowCheckpoint | None:
         """The checkpoint this object last stored under ``lease`` (else the one it was granted with)."""
-        epoch, previous = self._saved.get(lease.run_id, (lease.epoch, lease.checkpoint))
-        return previous if epoch == lease.epoch else lease.checkpoint
+        entry = self._saved.get(lease.run_id)
+        return entry[1] if entry is not None and entry[0] == lease.epoch else lease.checkpoint
+
+    def _counted(self, lease: Lease) -> TokenUsage:
+        """The run's usage already in the fleet's window, as far as this object knows."""
+        entry = self._saved.get(lease.run_id)
+        if entry is not None and entry[0] == lease.epoch:
+            return entry[2]
+        return lease.checkpoint.cost if lease.checkpoint is not None else NO_USAGE
 
     def _encode(self, lease: Lease, checkpoint: WorkflowCheckpoint) -> EncodedCheckpoint:
         """The rows a save under ``lease`` writes: a delta on what this lease stored last."""
         if not isinstance(lease, Lease):
             raise ValueError(f"lease must be a Lease, got {type(lease).__name__}")
-        return encode_checkpoint(checkpoint, self._previous(lease), self.dumps)
+        _check_step_names(checkpoint)
+        encoded = encode_checkpoint(checkpoint, self._previous(lease), self.dumps)
+        for _kind, name, value in encoded.rows:
+            _storable(value, f"the encoded output of step {name!r}", name)
+        if encoded.header is not None:
+            _storable(encoded.header, "the encoded checkpoint")
+        return encoded
 
     def _prepare_save(
         self, lease: Lease, checkpoint: WorkflowCheckpoint
     ) -> tuple[EncodedCheckpoint, TokenUsage]:
         """The rows a save writes and the usage it adds to the fleet's rate window."""
         encoded = self._encode(lease, checkpoint)
-        previous = self._previous(lease)
-        added = checkpoint.cost - (previous.cost if previous is not None else NO_USAGE)
-        # Unknown until the write commits: if it fails, the next save is in full.
-        self._remember(lease, None)
+        counted = self._counted(lease)
+        added = checkpoint.cost - counted
+        # What is stored is unknown until the write commits: if it fails (a
+        # dropped session, a full disk), the next save is in full. The usage
+        # counted stays, so a retried save does not count the whole run again.
+        self._saved[lease.run_id] = (lease.epoch, None, counted)
         return encoded, added
 
     def _remember(self, lease: Lease, checkpoint: WorkflowCheckpoint | None) -> None:
-        self._saved[lease.run_id] = (lease.epoch, checkpoint)
+        cost = checkpoint.cost if checkpoint is not None else NO_USAGE
+        self._saved[lease.run_id] = (lease.epoch, checkpoint, cost)
 
     def _forget(self, run_id: str) -> None:
         self._saved.pop(run_id, None)
@@ -165,9 +245,15 @@ class QueueBase:
         return Limits() if row is None else Limits.from_dict(self.loads(row[0]))
 
     @staticmethod
-    def _final(status: RunStatus) -> None:
+    def _final(status: RunStatus, error: str | None) -> str | None:
+        """``error`` as stored, once ``status`` is known to be final."""
         if status not in FINAL_STATUSES:
             raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+        return _error_text(error)
+
+    @staticmethod
+    def _worker_name(worker: object) -> str:
+        return check_text(str(worker), "worker", limit=200)
 
     @staticmethod
     def _uses(added: TokenUsage) -> bool:
@@ -220,4 +306,8 @@ class QueueBase:
     def _workflows(workflows: Mapping[str, str | None]) -> list[tuple[str, str | None]]:
         if not isinstance(workflows, Mapping) or not workflows:
             raise ValueError("workflows must be a non-empty mapping of workflow name to graph fingerprint")
-        return [(check_workflow_name(name), fp) for name, fp in workflows.items()]
+        checked = []
+        for name, fp in workflows.items():
+            fingerprint = None if fp is None else check_text(fp, f"fingerprint of {name!r}", limit=200)
+            checked.append((check_workflow_name(name), fingerprint))
+        return checked

@@ -28,15 +28,17 @@ when a lease expires.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase
+from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
     Limits,
+    QueueUnavailableError,
     RunInfo,
     RunStatus,
     UnknownRunError,
@@ -45,7 +47,8 @@ from ekit_runtime.queue.records import (
     check_seconds,
     check_status,
 )
-from ekit_runtime.stores._common import Dumps, Loads
+from ekit_runtime.redaction import redacted, scrub
+from ekit_runtime.stores._common import CorruptStoreError, Dumps, Loads
 from ekit_runtime.stores._pg import PgConnection, psycopg
 from ekit_runtime.stores._rows import EncodedCheckpoint
 
@@ -129,6 +132,95 @@ _SAVE_FULL = (
 )
 
 
+_COLUMNS = schema_columns(_SCHEMA)
+_MAX_IDLE = (2**31 - 1) // 1000
+
+
+def _columns_found(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
+    """The columns of the queue's tables as they are in the database (on its search path)."""
+    rows = conn.execute(
+        "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "WHERE c.oid = ANY (SELECT to_regclass(t)::oid FROM unnest(%s::text[]) AS t) "
+        "AND a.attnum > 0 AND NOT a.attisdropped",
+        (list(_COLUMNS),),
+    ).fetchall()
+    found: dict[str, set[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, set()).add(column)
+    return found
+
+
+class _QueueConnection(PgConnection):
+    """The queue's connection: reopened whenever it is not ready, refused once the queue is closed.
+
+    A session the server ended while idle (``pg_terminate_backend``, a
+    failover, a restart) is noticed before the next call, which runs on a
+    new one; a session that ends during a call fails that call with a
+    transient error, and the next call reconnects: a dead session never
+    poisons the queue. An adopted ``psycopg.Connection`` is never
+    replaced (its owner decides). After
+    :meth:`close`, every call is a ``RuntimeError`` (not a transient error a
+    worker would wait out).
+    """
+
+    _closed_by_caller = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._farewell: dict[int, bool] = {}
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            conn = getattr(self, "conn", None)
+            if conn is not None and self._conninfo is not None:
+                conn.close()  # opened here, then the schema failed: do not leak it
+            raise
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed_by_caller:
+            raise RuntimeError("the PostgresQueue is closed")
+        conn = self.conn
+        if self._conninfo is not None and self._hung_up(conn):
+            self._farewell.pop(id(conn), None)
+            with contextlib.suppress(Exception):
+                conn.close()
+            self.conn = self._connect(self._conninfo)
+        return self.conn
+
+    def _connect(self, conninfo: str) -> psycopg.Connection[Any]:
+        conn = super()._connect(conninfo)
+        key = id(conn)
+        self._farewell[key] = False
+
+        def heard(diag: psycopg.errors.Diagnostic) -> None:
+            # An error the server sends an idle session is its farewell (FATAL, then it hangs up).
+            if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+                self._farewell[key] = True
+
+        conn.add_notice_handler(heard)
+        return conn
+
+    def _hung_up(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the server already ended this idle session (its farewell waits in the socket).
+
+        A session ended while idle (``pg_terminate_backend``, a server
+        restart) is sent a FATAL error, then end-of-file; libpq notices only
+        when it next reads. Reading now, without blocking, lets the call
+        reconnect first instead of failing on it. A session that dies while a
+        statement runs still fails that statement (with a transient error).
+        """
+        try:
+            conn.pgconn.consume_input()
+            conn.pgconn.is_busy()  # parses what was read: an idle session's error goes to `heard`
+            conn.pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        return self._farewell.get(id(conn), False) or conn.pgconn.status != psycopg.pq.ConnStatus.OK
+
+    def close(self) -> None:
+        self._closed_by_caller = True
+        super().close()
+
+
 def _info(row: tuple[Any, ...]) -> RunInfo:
     return RunInfo(*row)
 
@@ -147,7 +239,12 @@ class PostgresQueue(QueueBase):
     an open transaction before it rolls the transaction back and closes the
     session (the next call reconnects). ``dumps``/``loads`` encode outputs
     and contexts (JSON by default). One connection per object, used by one
-    thread at a time.
+    thread at a time; a session the server ended fails the call that meets
+    it (a transient error) and the next call reconnects.
+
+    A server that cannot be reached, or a DSN that cannot be parsed, is a
+    :class:`QueueUnavailableError` naming the DSN with its password hidden;
+    a database whose queue tables lack columns, a ``CorruptStoreError``.
     """
 
     backend = "postgres"
@@ -164,8 +261,23 @@ class PostgresQueue(QueueBase):
         """Connect and create the queue's tables if missing."""
         super().__init__(dumps=dumps, loads=loads)
         idle = check_seconds(idle_timeout, "idle_timeout")
-        self.db = PgConnection(dsn, _SCHEMA, "ekit_queue_runs", idle_timeout=idle)
-        self.where = "postgresql"
+        if idle > _MAX_IDLE:  # the server keeps it in milliseconds, in a 32-bit int
+            raise ValueError(f"idle_timeout must be at most {_MAX_IDLE} seconds, got {idle_timeout!r}")
+        # Named in errors with its password hidden; the driver's own words are scrubbed of it too.
+        self.where = redacted(dsn) if isinstance(dsn, str) else "postgresql (an open connection)"
+        try:
+            self.db = _QueueConnection(dsn, _SCHEMA, "ekit_queue_runs", idle_timeout=idle)
+            problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
+        except psycopg.Error as exc:
+            said = " ".join(str(exc).split())
+            if isinstance(dsn, str):
+                said = scrub(said, dsn)
+            raise QueueUnavailableError(
+                self.where, f"cannot open the queue's database ({type(exc).__name__}: {said})"
+            ) from None
+        if problem is not None:
+            self.db.close()
+            raise CorruptStoreError(self.where, problem)
         if limits is not None:
             self.set_limits(limits)
 
@@ -301,8 +413,9 @@ class PostgresQueue(QueueBase):
         """Lease the next claimable run of one of ``workflows`` (see :meth:`SqliteQueue.claim`)."""
         names = self._workflows(workflows)
         seconds = self._lease_seconds(lease_seconds)
+        who = self._worker_name(worker)
         with self.db.transaction() as conn:
-            row = self._claim(conn, str(worker), names, seconds)
+            row = self._claim(conn, who, names, seconds)
             if row is None:
                 return None
             run_id, epoch, workflow, context, until = row
@@ -457,7 +570,7 @@ class PostgresQueue(QueueBase):
 
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
         """End the run under ``lease``; :class:`LeaseLostError` if the lease is no longer held."""
-        self._final(status)
+        error = self._final(status, error)
         row = self.db.run(
             lambda c: c.execute(
                 "UPDATE ekit_queue_runs SET status = %s, error = %s, lease_until = NULL, "

@@ -21,6 +21,7 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "Limits",
+    "QueueUnavailableError",
     "RunInfo",
     "RunStatus",
     "UnknownRunError",
@@ -29,6 +30,8 @@ __all__ = [
     "check_run_id",
     "check_seconds",
     "check_status",
+    "check_step_name",
+    "check_text",
     "check_workflow_name",
 ]
 
@@ -56,6 +59,19 @@ class LeaseLostError(RuntimeError):
         )
         self.run_id = run_id
         self.epoch = epoch
+
+
+class QueueUnavailableError(ValueError):
+    """The queue's database cannot be opened: unreachable, refused, or not a path or URL a queue takes.
+
+    ``where`` names it: the SQLite path, or the PostgreSQL DSN with its
+    password shown as ``***``. The message never holds a password, whatever
+    the driver said.
+    """
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
 
 
 class UnknownRunError(LookupError):
@@ -158,20 +174,55 @@ class Limits:
         return cls(**{k: data[k] for k in cls().to_dict() if k in data})
 
 
+# PostgreSQL text cannot hold a NUL, and neither backend can store a lone
+# surrogate (it is not UTF-8): refused here, naming the argument, rather than
+# by the driver halfway through a save.
+def check_text(value: object, name: str, *, limit: int) -> str:
+    """``value`` if it is a non-empty string of at most ``limit`` characters that every backend stores.
+
+    Refused (``ValueError`` naming ``name``): not a string, empty, longer than
+    ``limit``, holding a NUL character, or a lone surrogate (not UTF-8).
+    """
+    if not isinstance(value, str) or not value or len(value) > limit:
+        problem = f"must be a non-empty string of at most {limit} characters"
+    elif "\x00" in value:
+        problem = "must not contain a NUL character"
+    elif not _utf8(value):
+        problem = "must be valid Unicode (it holds a lone surrogate)"
+    else:
+        return value
+    raise ValueError(f"{name} {problem}, got {value!r:.300}")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_run_id(run_id: object, name: str = "run_id") -> str:
-    """``run_id`` if it is a non-empty string of at most 200 characters."""
-    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
-        raise ValueError(f"{name} must be a non-empty string of at most 200 characters, got {run_id!r}")
-    return run_id
+    """``run_id`` if it is a non-empty string of at most 200 characters, with no NUL nor lone surrogate."""
+    return check_text(run_id, name, limit=200)
 
 
-def check_workflow_name(workflow: object) -> str:
-    """``workflow`` if it is a non-empty string."""
-    if not isinstance(workflow, str) or not workflow:
-        raise ValueError(
-            f"workflow must be a non-empty string naming a registered workflow, got {workflow!r}"
-        )
-    return workflow
+def check_workflow_name(workflow: object, name: str = "workflow") -> str:
+    """``workflow`` if it is a non-empty string of at most 200 characters, with no NUL nor lone surrogate."""
+    return check_text(workflow, name, limit=200)
+
+
+def check_step_name(step: object) -> str:
+    """``step`` if a queue can store it as a step name: at most 1,000 characters, no NUL nor lone surrogate.
+
+    PostgreSQL indexes step names with the run id, and an index entry must fit
+    in about 2,700 bytes: 1,000 characters of up to 4 UTF-8 bytes would not, so
+    the encoded length is bounded too (1,800 bytes).
+    """
+    text = check_text(step, "step name", limit=1000)
+    if len(text.encode("utf-8")) > 1800:
+        raise ValueError(f"step name must be at most 1800 bytes in UTF-8, got {text!r:.300}")
+    return text
 
 
 def check_priority(priority: object) -> int:

@@ -17,6 +17,7 @@ The clock is the machine's (``time.time()``), shared by every process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -24,11 +25,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase
+from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
     Limits,
+    QueueUnavailableError,
     RunInfo,
     RunStatus,
     UnknownRunError,
@@ -36,7 +38,7 @@ from ekit_runtime.queue.records import (
     check_run_id,
     check_status,
 )
-from ekit_runtime.stores._common import Dumps, Loads
+from ekit_runtime.stores._common import CorruptStoreError, Dumps, Loads
 from ekit_runtime.stores._rows import EncodedCheckpoint
 
 __all__ = ["SqliteQueue"]
@@ -83,6 +85,8 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
+_COLUMNS = schema_columns(_SCHEMA)
+
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
     "error, created_at, updated_at, fingerprint"
@@ -107,6 +111,10 @@ class SqliteQueue(QueueBase):
     may lose the last commits). ``dumps``/``loads`` encode outputs and
     contexts (JSON by default). An object may be shared by the threads of
     one process; each process opens its own.
+
+    A file that is not an SQLite database, or whose queue tables are not a
+    queue's, is a ``CorruptStoreError`` naming it; a file that cannot be
+    opened, a :class:`QueueUnavailableError`.
     """
 
     backend = "sqlite"
@@ -123,28 +131,64 @@ class SqliteQueue(QueueBase):
         """Open (creating if needed) the queue at ``path``."""
         super().__init__(dumps=dumps, loads=loads)
         self.path = os.fspath(path)
-        self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60.0)
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self.conn.executescript(_SCHEMA)
-        except BaseException:
+            self.conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=60.0
+            )
+        except sqlite3.Error as exc:
+            raise QueueUnavailableError(self.path, f"cannot open the queue's database ({exc})") from None
+        try:
+            self._open(durable)
+        except BaseException as exc:
             self.conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise self._open_error(exc) from exc
             raise
         if limits is not None:
             self.set_limits(limits)
+
+    def _open(self, durable: bool) -> None:
+        """Configure the connection, create the tables if missing and check they are the queue's."""
+        conn = self.conn
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        conn.executescript(_SCHEMA)
+        found = {
+            table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS
+        }
+        problem = schema_problem(_COLUMNS, found)
+        if problem is not None:
+            raise CorruptStoreError(self.path, problem)
+
+    def _open_error(self, exc: sqlite3.Error) -> ValueError:
+        """The error naming the file for an ``sqlite3`` error raised while opening it."""
+        code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return CorruptStoreError(self.path, f"not a usable SQLite database ({exc})")
+        if code == sqlite3.SQLITE_ERROR:
+            # CREATE ... IF NOT EXISTS kept a table, view or index of that name that is not the queue's.
+            return CorruptStoreError(
+                self.path, f"holds tables that are not a run queue's ({exc}); use another database"
+            )
+        # Locked past the timeout, read-only, out of space, an I/O error: the file is not at fault.
+        return QueueUnavailableError(self.path, f"cannot open the queue's database ({exc})")
 
     def _tx(self, body: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction (``BEGIN IMMEDIATE`` to write); roll back on any error."""
         with self._lock:
             conn = self.conn
+            if conn.in_transaction:
+                # A ROLLBACK that failed (disk full, I/O error) left one open: end it first.
+                conn.execute("ROLLBACK")
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 result = body(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    # A failing ROLLBACK must not hide why the transaction failed.
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
                 raise
             return result
 
@@ -307,7 +351,8 @@ class SqliteQueue(QueueBase):
         """
         names = self._workflows(workflows)
         seconds = self._lease_seconds(lease_seconds)
-        return self._tx(lambda c: self._claim(c, str(worker), names, seconds))
+        who = self._worker_name(worker)
+        return self._tx(lambda c: self._claim(c, who, names, seconds))
 
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -449,7 +494,7 @@ class SqliteQueue(QueueBase):
 
         Raises :class:`LeaseLostError` if the lease is no longer held.
         """
-        self._final(status)
+        error = self._final(status, error)
 
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
