@@ -33,7 +33,7 @@ from ekit_runtime.queue.records import (
 )
 from ekit_runtime.queue.sqlite import SqliteQueue
 from ekit_runtime.queue.worker import Worker
-from ekit_runtime.redaction import redacted
+from ekit_runtime.redaction import is_keyword_dsn, redacted
 
 if TYPE_CHECKING:
     from ekit_runtime.queue.postgres import PostgresQueue
@@ -67,21 +67,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# libpq's connection keywords: a string that starts with one of them and "="
-# is a key=value connection string (``host=db port=5432 dbname=runs``), never
-# a file name, however it goes on.
-_LIBPQ_KEYWORDS = frozenset(
-    {
-        *("host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth"),
-        *("channel_binding", "connect_timeout", "client_encoding", "options", "application_name"),
-        *("fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval"),
-        *("keepalives_count", "tcp_user_timeout", "replication", "gssencmode", "sslmode", "requiressl"),
-        *("sslnegotiation", "sslcompression", "sslcert", "sslkey", "sslkeylogfile", "sslpassword"),
-        *("sslcertmode", "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer"),
-        *("ssl_min_protocol_version", "ssl_max_protocol_version", "krbsrvname", "gsslib"),
-        *("gssdelegation", "service", "target_session_attrs", "load_balance_hosts"),
-    }
-)
+# A word and "=" at the start: a key=value string of some kind, never a queue
+# file we would create (is_keyword_dsn says whether libpq would take it).
 _KEYWORD = re.compile(r"\s*([A-Za-z_]+)\s*=")
 
 
@@ -100,9 +87,7 @@ def open_queue(url: str, **options: Any) -> RunQueue:
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"queue url must be a non-empty string, got {url!r}")
     keyword = _KEYWORD.match(url)
-    if url.startswith(("postgresql://", "postgres://")) or (
-        keyword is not None and keyword.group(1) in _LIBPQ_KEYWORDS
-    ):
+    if url.startswith(("postgresql://", "postgres://")) or is_keyword_dsn(url):
         from ekit_runtime.queue.postgres import PostgresQueue
 
         return PostgresQueue(url, **options)
