@@ -342,14 +342,16 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
 
 
 class _Raised:
-    """A ``BaseException`` that is not an ``Exception``, raised by a step on a worker, sent back.
+    """What a step raised on a worker that Dask would let out of the task, sent back instead.
 
     Dask lets ``SystemExit`` and ``KeyboardInterrupt`` out of a task to stop
-    the worker, and the driver would then see a lost worker (a retryable
-    :class:`WorkerLostError`); other ones it ships as the task's error. So
-    the task returns this instead, and the driver raises the exception
-    again. ``pickled`` is the exception itself, when Dask's pickler took it;
-    else (or when the driver cannot unpickle it) the nearest built-in class
+    the worker, even of a class that derives from ``Exception`` too, and the
+    driver would then see a lost worker (a retryable :class:`WorkerLostError`);
+    other ones it ships as the task's error. So the task returns this for
+    those two and for every ``BaseException`` that is not an ``Exception``,
+    and the driver raises the exception again.
+    ``pickled`` is the exception itself, when Dask's pickler took it; else
+    (or when the driver cannot unpickle it) the nearest built-in class
     (``base``) is raised with its message, and a note names the original.
     """
 
@@ -389,14 +391,19 @@ _BASES_BY_NAME = {c.__name__: c for c in _BASES}
 def _message_of(exc: BaseException) -> str:
     try:
         return str(exc)
-    except Exception:  # a __str__ that raises: the type says enough
+    except BaseException:  # a __str__ that raises (anything: it must not stop the worker)
         return type(exc).__name__
+
+
+# What Dask's worker lets out of a task to stop itself, even when it is also an
+# Exception (a class deriving from SystemExit and Exception, say).
+_STOPS_THE_WORKER = (SystemExit, KeyboardInterrupt)
 
 
 def _pickled_or_none(pickle: Any, exc: BaseException) -> bytes | None:
     try:
         data: bytes = pickle.dumps(exc)
-    except Exception:
+    except BaseException:  # a __reduce__ may raise anything: out of here it would stop the worker
         return None
     return data
 
@@ -416,13 +423,13 @@ def _run_on_worker(name: str, function: bytes, context: bytes) -> bytes | _Raise
         returned = pickle.loads(function)(pickle.loads(context))
         if inspect.isawaitable(returned):
             returned = asyncio.run(_awaited(returned))
-    except Exception:
-        raise  # the attempt's failure: Dask ships it back as it is
     except BaseException as exc:
+        if isinstance(exc, Exception) and not isinstance(exc, _STOPS_THE_WORKER):
+            raise  # the attempt's failure: Dask ships it back as it is
         return _Raised(name, exc, _pickled_or_none(pickle, exc))
     try:
         data: bytes = pickle.dumps(returned)
-    except Exception as exc:
+    except BaseException as exc:  # a __reduce__ raising SystemExit would stop the worker
         # The cause is in the message: a chained exception would not survive
         # the trip back to the driver, and may itself not pickle.
         raise TypeError(

@@ -27,15 +27,12 @@ from ekit_core import (
     StepSkipped,
     StepStarted,
 )
+from ekit_runtime.runner import SAVE_FAILED_NOTE
 
 __all__ = ["ProgressPrinter"]
 
 _CLEAR_LINE = "\x1b[K"
 _SHOWN_RUNNING = 3
-
-
-# What the runner notes on an exception that ``checkpoint_fn`` raised.
-_SAVE_NOTE = "ekit: checkpoint_fn raised"
 
 
 def _ending(event: RunSettled) -> str:
@@ -48,7 +45,7 @@ def _ending(event: RunSettled) -> str:
     if event.outcome == "cancelled":
         cause = sys.exc_info()[1]
         notes = getattr(cause, "__notes__", None) or ()
-        if any(isinstance(n, str) and n.startswith(_SAVE_NOTE) for n in notes):
+        if any(isinstance(n, str) and n.startswith(SAVE_FAILED_NOTE) for n in notes):
             return f"stopped: its checkpoint could not be saved ({type(cause).__name__}: {cause})"
     return event.outcome
 

@@ -69,8 +69,11 @@ _MASK = "***"
 _MIN_FRAGMENT = 4
 # libpq's two secret parameters: the password, and the SSL client key's passphrase.
 _SECRET_KEYS = frozenset({"password", "sslpassword"})
-_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)([^&#]*)")
-_PASSWORD_KEY = re.compile(r"(?<![\w.-])(?:ssl)?password\s*=")
+# Every "?key=value" and "&key=value", overlapping (a raw "?" may start another
+# key inside a value): libpq percent-decodes a query key, so "pass%77ord" is
+# the password too. Keys are compared without case, erring towards masking.
+_QUERY_PARAMETER = re.compile(r"(?=[?&]([^&#=]*)=([^&#]*))")
+_PASSWORD_KEY = re.compile(r"(?<![\w.-])(?:ssl)?password\s*=", re.IGNORECASE)
 _OPTION = re.compile(r"--[\w-]+=")
 _KEYWORD_START = re.compile(r"\s*([A-Za-z_]+)\s*=")
 
@@ -183,7 +186,9 @@ def _url_secrets(dsn: str) -> Secrets:
         if colon >= 0 and at > start + colon + 1:
             spans.append((start + colon + 1, at))
             forms.extend(_decoded(dsn[start + colon + 1:at]))
-    for match in _QUERY_PASSWORD.finditer(dsn, start):
+    for match in _QUERY_PARAMETER.finditer(dsn, start):
+        if not _is_secret_key(match.group(1)):
+            continue
         end = match.end(2)
         rest = dsn[end:]
         if rest.startswith("#") or any(_not_a_parameter(p) for p in rest.split("&")[1:]):
@@ -196,6 +201,10 @@ def _url_secrets(dsn: str) -> Secrets:
             spans.append((match.start(2), end))
             forms.extend(_decoded(dsn[match.start(2):end]))
     return Secrets(tuple(spans), tuple(forms), certain, tuple(fragments))
+
+
+def _is_secret_key(key: str) -> bool:
+    return any(form.lower() in _SECRET_KEYS for form in _decoded(key))
 
 
 def _not_a_parameter(text: str) -> bool:
@@ -264,7 +273,7 @@ def _keyword_value(dsn: str, pos: int) -> tuple[tuple[int, int], str, int] | Non
 
 def _unclear(dsn: str, spans: list[tuple[int, int]], forms: list[str]) -> Secrets:
     """A key=value string libpq would refuse: everything after a ``password`` keyword may be it."""
-    for match in re.finditer(r"password\s*=\s*", dsn):
+    for match in re.finditer(r"password\s*=\s*", dsn, re.IGNORECASE):
         end = match.end()
         spans.append((end, len(dsn)))
         tail = dsn[end:]

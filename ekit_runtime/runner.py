@@ -14,6 +14,7 @@ no scheduling rule: what to start, retry, withdraw or stop is the core's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import warnings
 from collections import deque
@@ -61,6 +62,9 @@ from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.step import PLAIN_OUTPUTS, Step, split_result
 
 __all__ = ["CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
+
+SAVE_FAILED_NOTE = "ekit: checkpoint_fn raised"
+"""How the note the runner adds to an exception ``checkpoint_fn`` raised begins (progress.py reads it)."""
 
 CheckpointFn: TypeAlias = Callable[[WorkflowCheckpoint], Awaitable[Any] | Any]
 TraceFn: TypeAlias = (
@@ -238,12 +242,15 @@ class Runner:
     async def _prepare(self) -> None:
         """Let ``checkpoint_fn`` refuse the run before any step starts (and before any event).
 
-        A ``checkpoint_fn`` (or the object of a bound method) with a
-        ``prepare_run(checkpoint)`` method, as every store has, is called
-        once with the checkpoint the run starts from, and awaited if async:
-        what it raises ends the run there, nothing started, nothing saved.
+        A ``checkpoint_fn`` (or the object of a bound method, or what a
+        ``functools.partial`` wraps) with a ``prepare_run(checkpoint)``
+        method, as every store has, is called once with the checkpoint the
+        run starts from, and awaited if async: what it raises ends the run
+        there, nothing started, nothing saved.
         """
-        fn = self.checkpoint_fn
+        fn: Any = self.checkpoint_fn
+        while isinstance(fn, functools.partial) and getattr(fn, "prepare_run", None) is None:
+            fn = fn.func  # partial(store.save, ...) saves through the store all the same
         prepare = getattr(fn, "prepare_run", None)
         if prepare is None and inspect.ismethod(fn):
             prepare = getattr(fn.__self__, "prepare_run", None)
@@ -555,7 +562,7 @@ class Runner:
     def _save_failed(self, exc: Exception, checkpoint: WorkflowCheckpoint) -> None:
         self._save_raised = True
         exc.add_note(
-            f"ekit: checkpoint_fn raised saving the checkpoint with {checkpoint.step_index} "
+            f"{SAVE_FAILED_NOTE} saving the checkpoint with {checkpoint.step_index} "
             "completed step(s); the checkpoint it last accepted stands"
         )
 

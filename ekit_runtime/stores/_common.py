@@ -22,7 +22,7 @@ import stat
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, Self, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
@@ -54,6 +54,7 @@ __all__ = [
     "encode_text",
     "file_identity",
     "fsync_dir",
+    "holding",
     "identity",
     "kind_of",
     "open_to_read",
@@ -700,16 +701,19 @@ def _unsafe_problem(lock_path: str, why: str) -> str:
     )
 
 
-def _open_lock(path: str) -> int | None:
-    """The lock file at ``path`` opened read-write, created if absent; ``None``: it changed, try again.
+def _open_lock(path: str) -> tuple[int, bool] | None:
+    """The lock file at ``path`` opened read-write, and whether it was created now; ``None``: try again.
 
     Creates it with ``O_EXCL``, which never follows a link; an existing one
     is looked at first (``lstat``, so a FIFO or device is never opened) and
     then opened without following links and checked to be the file looked
-    at. Raises :class:`_Unsafe` for what cannot be our lock file.
+    at. Raises :class:`_Unsafe` for what cannot be our lock file. Those
+    checks cannot be atomic (a hard link made and removed meanwhile shows
+    one link in both ``stat`` calls), so an existing file is only ever
+    locked, never written: see :meth:`WriteLock._acquire`.
     """
     try:
-        return os.open(path, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o666)
+        return os.open(path, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o666), True
     except FileExistsError:
         pass
     try:
@@ -734,7 +738,7 @@ def _open_lock(path: str) -> int | None:
         if why is not None:
             raise _Unsafe(why)
         return None
-    return fd
+    return fd, False
 
 
 def _holder(fd: int) -> int | None:
@@ -780,16 +784,18 @@ class WriteLock:
     the lock when its holder calls :meth:`release`, is garbage-collected,
     exits or is killed, even by SIGKILL, so a crashed writer never locks a
     run for good. Released normally, the lock file is removed; after a
-    crash it stays, naming the dead writer's pid, and the next writer takes
-    it over as it is. ``lock_path`` is called once, at the first
-    :meth:`hold` (a store resolves symlinks then).
+    crash it stays, naming the dead writer's pid, and the next writer
+    removes it (under its lock) and creates its own. ``lock_path`` is
+    called once, at the first :meth:`hold` (a store resolves symlinks then).
 
     Anyone who can write the folder can predict the lock file's name, so
     it is created with ``O_EXCL`` and opened with ``O_NOFOLLOW``, and only a
     regular file of this user's with no other hard link is ever locked or
     written: anything else there (a symlink, a FIFO, a directory, a
     device, another user's file) is refused with :class:`StoreLockedError`
-    naming it and left untouched.
+    naming it and left untouched. Those checks race with whoever renames
+    links into place, so the pid is only ever written into a file this
+    store created (``O_EXCL``): an existing one is locked, never written.
     """
 
     def __init__(self, path: str, lock_path: Callable[[], str], *, run_id: str | None = None) -> None:
@@ -843,14 +849,21 @@ class WriteLock:
         path = self.lock_path
         collected = False
         for _ in range(_LOCK_TRIES):
-            fd = self._open(path)
-            if fd is None:
+            opened = self._open(path)
+            if opened is None:
                 continue
+            fd, created = opened
             try:
                 locked = _try_lock(fd)
                 if locked and _names(path, fd):
-                    self._own(fd, path)
-                    return
+                    if created or sys.platform == "win32":
+                        self._own(fd, path)
+                        return
+                    # A lock file left by a writer that died. It passed the
+                    # checks, but the name may have been another file's for a
+                    # moment: never write into it. Removed under its lock (as a
+                    # holder's release does), a fresh one is created next try.
+                    self._remove_stale(path)
                 pid = None if locked else _holder(fd)
             except BaseException:
                 os.close(fd)
@@ -867,7 +880,7 @@ class WriteLock:
             collected = True
         raise self.error(_busy_problem(path, None))
 
-    def _open(self, path: str) -> int | None:
+    def _open(self, path: str) -> tuple[int, bool] | None:
         try:
             return _open_lock(path)
         except _Unsafe as exc:
@@ -875,10 +888,23 @@ class WriteLock:
         except OSError as exc:
             if exc.errno not in _CANNOT_CREATE:
                 raise
-            raise self.error(
-                f"cannot create the lock file {path} ({type(exc).__name__}: {exc.strerror}): the "
-                "folder must exist and be writable by this user; nothing was saved"
-            ) from exc
+            raise self._cannot_create(path, exc) from exc
+
+    def _remove_stale(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, IsADirectoryError):
+            pass  # gone, or something else put there meanwhile: the next try looks at it
+        except OSError as exc:
+            if exc.errno not in _CANNOT_CREATE:
+                raise
+            raise self.error(_folder_problem(os.path.dirname(path))) from exc
+
+    def _cannot_create(self, path: str, exc: OSError) -> StoreLockedError:
+        return self.error(
+            f"cannot create the lock file {path} ({type(exc).__name__}: {exc.strerror}): the "
+            "folder must exist and be writable by this user; nothing was saved"
+        )
 
     def _own(self, fd: int, path: str) -> None:
         st = os.fstat(fd)
@@ -963,6 +989,23 @@ class ProcessLock:
         self._finalizer = None
 
 
+@contextlib.contextmanager
+def holding(lock: WriteLock | ProcessLock) -> Iterator[None]:
+    """Hold ``lock`` through the block; if the block raises, let go of the lock it took.
+
+    For ``prepare_run``: a store that refuses a run keeps no lock it did not
+    have, so that another store object (``load()``ed afresh) can run next.
+    """
+    had = lock.held
+    lock.hold()
+    try:
+        yield
+    except BaseException:
+        if not had:
+            lock.release()
+        raise
+
+
 def utf8_problem(text: str) -> str | None:
     """Why UTF-8 (every store's text) cannot hold ``text``, or ``None`` if it can."""
     if text.isascii():
@@ -1006,10 +1049,14 @@ def check_folder_writable(path: str, lock: WriteLock) -> None:
     folder = os.path.dirname(os.path.realpath(path))
     effective = os.access in os.supports_effective_ids
     if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
-        raise lock.error(
-            f"this user cannot create files in the folder {folder}, which every save does (a "
-            "temporary file renamed over the store's); nothing was saved"
-        )
+        raise lock.error(_folder_problem(folder))
+
+
+def _folder_problem(folder: str) -> str:
+    return (
+        f"this user cannot create files in the folder {folder}, which every save does (a "
+        "temporary file renamed over the store's); nothing was saved"
+    )
 
 
 def require_checkpoint(checkpoint: object) -> None:

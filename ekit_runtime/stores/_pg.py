@@ -86,9 +86,9 @@ class PgConnection:
             self._conninfo = conninfo
             self.conn = self._connect(conninfo)
         else:
-            raise ValueError(
-                f"dsn must be a libpq connection string or a psycopg.Connection, got {conninfo!r}"
-            )
+            # Its type only, never its value: a DSN given as bytes holds the password.
+            got = "an empty string" if conninfo == "" else type(conninfo).__name__
+            raise ValueError(f"dsn must be a libpq connection string or a psycopg.Connection, got {got}")
         row = self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (probe,)).fetchone()
         if row is not None and row[0]:
             # Already there: skip the DDL, which would queue behind any

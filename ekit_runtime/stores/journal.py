@@ -58,6 +58,7 @@ from ekit_runtime.stores._common import (
     check_folder_writable,
     check_store_path,
     codec,
+    holding,
     kind_of,
     read_file,
     require_checkpoint,
@@ -297,7 +298,8 @@ class JournalStore:
 
         :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
         checkpoint the run starts from. It takes the write lock (kept until
-        :meth:`close`), and raises :class:`~ekit_runtime.stores.StoreLockedError`
+        :meth:`close`; a refusal keeps none it took), and raises
+        :class:`~ekit_runtime.stores.StoreLockedError`
         if another writer holds it, its lock file is not a regular file of
         this user's, the folder is not writable, or another writer changed
         the journal since this store loaded it;
@@ -307,11 +309,11 @@ class JournalStore:
         """
         require_checkpoint(checkpoint)
         self._encodings.check(checkpoint)
-        self._lock.hold()
-        check_folder_writable(self.path, self._lock)
-        opened = self._open_known()
-        if opened is not None:
-            os.close(opened[0])
+        with holding(self._lock):
+            check_folder_writable(self.path, self._lock)
+            opened = self._open_known()
+            if opened is not None:
+                os.close(opened[0])
 
     def _next_record(self, checkpoint: WorkflowCheckpoint) -> _Record | None:
         """The delta to append for ``checkpoint``; ``None`` when it must be written whole."""

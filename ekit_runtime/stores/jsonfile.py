@@ -28,6 +28,7 @@ from ekit_runtime.stores._common import (
     check_store_path,
     codec,
     file_identity,
+    holding,
     identity,
     read_file,
     require_checkpoint,
@@ -109,7 +110,8 @@ class JsonFileStore(Store):
 
         :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
         checkpoint the run starts from. It takes the write lock (kept until
-        :meth:`close`), and raises :class:`~ekit_runtime.stores.StoreLockedError`
+        :meth:`close`; a refusal keeps none it took), and raises
+        :class:`~ekit_runtime.stores.StoreLockedError`
         if another writer holds it, its lock file is not a regular file of
         this user's, the folder is not writable, or another writer saved
         since this store loaded; :class:`~ekit_runtime.stores.UnencodableError`
@@ -118,9 +120,9 @@ class JsonFileStore(Store):
         """
         require_checkpoint(checkpoint)
         self._encodings.check(checkpoint)
-        self._lock.hold()
-        check_folder_writable(self.path, self._lock)
-        self._check_unchanged()
+        with holding(self._lock):
+            check_folder_writable(self.path, self._lock)
+            self._check_unchanged()
 
     def _check_unchanged(self) -> None:
         if self._seen is not _UNKNOWN:

@@ -41,6 +41,7 @@ from ekit_runtime.stores._common import (
     check_store_path,
     check_text,
     codec,
+    holding,
     kind_of,
     require_checkpoint,
 )
@@ -353,7 +354,7 @@ class SqliteStore(Store):
 
         :meth:`Workflow.run <ekit_runtime.Workflow.run>` calls it with the
         checkpoint the run starts from. It takes the run's write lock (kept
-        until :meth:`close`), and raises
+        until :meth:`close`; a refusal keeps none it took), and raises
         :class:`~ekit_runtime.stores.StoreLockedError` if another writer
         holds it, its lock file is not a regular file of this user's, the
         database is read-only, or another writer saved the run since this
@@ -367,20 +368,20 @@ class SqliteStore(Store):
         check_text(checkpoint)
         with self._lock, self._named():
             encode_checkpoint(checkpoint, None, self.dumps, self._texts, engine="SQLite")
-            self._writer.hold()
-            try:
-                # A write that changes nothing: a read-only database (or file)
-                # refuses it, as it would the first save.
-                saves = self._transaction(self._probe)
-            except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
-                    raise
-                raise StoreLockedError(
-                    self.path, f"the database is read-only for this store ({exc}); nothing was saved",
-                    run_id=self.run_id,
-                ) from exc
-            if self._saves is not None and saves != self._saves:
-                raise self._stale()
+            with holding(self._writer):
+                try:
+                    # A write that changes nothing: a read-only database (or
+                    # file) refuses it, as it would the first save.
+                    saves = self._transaction(self._probe)
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
+                        raise
+                    raise StoreLockedError(
+                        self.path, f"the database is read-only for this store ({exc}); nothing was saved",
+                        run_id=self.run_id,
+                    ) from exc
+                if self._saves is not None and saves != self._saves:
+                    raise self._stale()
 
     def _probe(self) -> int:
         self.conn.execute("UPDATE ekit_runs SET saves = saves WHERE 0")
