@@ -96,3 +96,14 @@ def test_a_dsn_given_as_bytes_is_refused_without_quoting_it() -> None:
         with pytest.raises(ValueError, match="bytes") as caught:
             make()
         assert CORE not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url", [b"postgresql://u:SECRETBYTES@127.0.0.1:1/db", bytearray(b"host=x password=SECRETBYTES")]
+)
+def test_a_queue_url_that_is_not_a_string_is_refused_without_its_text(url: object) -> None:
+    from ekit_runtime.queue import open_queue
+
+    with pytest.raises(ValueError, match="must be a non-empty string") as caught:
+        open_queue(url)  # type: ignore[arg-type]
+    assert "SECRETBYTES" not in str(caught.value)

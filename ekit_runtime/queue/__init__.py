@@ -84,7 +84,10 @@ def open_queue(url: str, **options: Any) -> RunQueue:
     :class:`QueueUnavailableError` (a ``ValueError``), with any password in
     ``url`` hidden. ``options`` go to the backend's constructor (``limits=``, ...).
     """
-    if not isinstance(url, str) or not url.strip():
+    if not isinstance(url, str):
+        # Never its repr: bytes or any other object may spell a password.
+        raise ValueError(f"queue url must be a non-empty string, got {type(url).__name__}")
+    if not url.strip():
         raise ValueError(f"queue url must be a non-empty string, got {url!r}")
     keyword = _KEYWORD.match(url)
     if url.startswith(("postgresql://", "postgres://")) or is_keyword_dsn(url):
