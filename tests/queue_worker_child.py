@@ -7,6 +7,15 @@ works and ``end ...`` after; every run this process marks finished appends
 ``finish RUN PID`` to ``LOGDIR/finish-PID.log``. Lines are single
 ``os.write`` calls on ``O_APPEND`` files, so a SIGKILL never leaves half a
 line that the parent would misread.
+
+Synchronisation is by files in LOGDIR, never by time: with ``--hold-after
+N`` every step attempt after this process's N-th waits forever once it has
+logged its start (and writes ``LOGDIR/held-PID.log``), so the parent knows
+the process is mid-run; the ``stall`` workflow's ``a`` stalls this process
+(and writes ``LOGDIR/stalled-PID.log``) when ``LOGDIR/stall-PID`` exists,
+until ``LOGDIR/go`` does: by blocking the event loop (``stall-PID`` holds
+``loop``), or by waiting politely, for the parent to SIGSTOP the process
+(``sigstop``).
 """
 
 from __future__ import annotations
@@ -17,12 +26,15 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, Worker, attempt_key, open_queue
 
 LOGDIR = ""
+HOLD_AFTER: int | None = None
+_started = [0]
 
 
 def _log(kind: str, line: str) -> None:
@@ -33,10 +45,22 @@ def _log(kind: str, line: str) -> None:
         os.close(fd)
 
 
+def _path(name: str) -> str:
+    return os.path.join(LOGDIR, name)
+
+
+async def _hold_if_asked() -> None:
+    _started[0] += 1
+    if HOLD_AFTER is not None and _started[0] > HOLD_AFTER:
+        _log("held", f"held {os.getpid()}")
+        await asyncio.Event().wait()
+
+
 def _step(name: str) -> Any:
     async def run(ctx: dict[str, Any]) -> str:
         key = attempt_key()
         _log("steps", f"start {key.run_id} {name} {key.attempt} {os.getpid()}")
+        await _hold_if_asked()
         await asyncio.sleep(float(ctx.get(f"{name}_delay", ctx.get("delay", 0.0))))
         _log("steps", f"end {key.run_id} {name} {key.attempt} {os.getpid()}")
         return f"{name}@{os.getpid()}"
@@ -44,11 +68,34 @@ def _step(name: str) -> Any:
     return run
 
 
+async def _stall_a(ctx: dict[str, Any]) -> str:
+    key = attempt_key()
+    _log("steps", f"start {key.run_id} a {key.attempt} {os.getpid()}")
+    try:
+        with open(_path(f"stall-{os.getpid()}")) as f:  # noqa: ASYNC230 - a tiny local file
+            how = f.read().strip()
+    except FileNotFoundError:
+        how = ""
+    if how:
+        _log("stalled", f"stalled {os.getpid()}")
+    while how and not os.path.exists(_path("go")):  # noqa: ASYNC240
+        if how == "loop":
+            time.sleep(0.005)  # noqa: ASYNC251 - a sync call in an async step: the loop stalls
+        else:
+            await asyncio.sleep(0.005)  # the loop runs on, until the parent's SIGSTOP
+    _log("steps", f"end {key.run_id} a {key.attempt} {os.getpid()}")
+    return f"a@{os.getpid()}"
+
+
 REGISTRY = {
     "crash": Workflow(
         [Step("a", _step("a")), Step("b", _step("b"), ("a",)), Step("c", _step("c"), ("a", "b"))]
     ),
     "slow": Workflow([Step("a", _step("a")), Step("b", _step("b"), ("a",)), Step("c", _step("c"), ("b",))]),
+    # a, then three steps that each start only once a's output is in.
+    "stall": Workflow(
+        [Step("a", _stall_a)] + [Step(n, _step(n), ("a",)) for n in ("b", "c", "d")]
+    ),
 }
 
 
@@ -92,7 +139,9 @@ if __name__ == "__main__":
     parser.add_argument("--lease", type=float, default=1.0)
     parser.add_argument("--heartbeat", type=float, default=0.2)
     parser.add_argument("--max-runs", type=int, default=2)
+    parser.add_argument("--hold-after", type=int, default=None)
     ns = parser.parse_args()
     LOGDIR = ns.logdir
+    HOLD_AFTER = ns.hold_after
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(name)s: %(message)s")
     asyncio.run(_main(ns))

@@ -36,10 +36,12 @@ class Fleet:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(
-        self, *, lease: float = 1.0, heartbeat: float = 0.2, max_runs: int = 2
+        self, *, lease: float = 1.0, heartbeat: float = 0.2, max_runs: int = 2, hold_after: int | None = None
     ) -> subprocess.Popen[str]:
         argv = [sys.executable, "-m", "tests.queue_worker_child", self.url, str(self.logdir)]
         argv += ["--lease", str(lease), "--heartbeat", str(heartbeat), "--max-runs", str(max_runs)]
+        if hold_after is not None:
+            argv += ["--hold-after", str(hold_after)]
         with open(self.logdir / f"stderr-{len(self.procs)}", "w") as stderr:
             # The child keeps its own copy of the file descriptor.
             proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -95,14 +97,25 @@ def test_three_workers_drain_forty_runs_through_a_sigkill(queue_url: str, fleet:
     ids = [q.submit("crash", {"delay": 0.03}, run_id=f"run-{i:02d}") for i in range(40)]
     sampler = Sampler(queue_url)
     sampler.start()
-    victim, *_ = [fleet.start(max_runs=2) for _ in range(3)]
+    # The victim's attempts after its sixth wait forever: once one does (a
+    # file says so), it is mid-run, however loaded the machine.
+    victim = fleet.start(max_runs=2, hold_after=6)
 
     def victim_runs_in_flight() -> set[str]:
         mine = [ln for ln in fleet.lines("steps") if ln[-1] == str(victim.pid)]
         done = {ln[1] for ln in fleet.lines("finish") if ln[0] == "finishing" and ln[-1] == str(victim.pid)}
-        return {ln[1] for ln in mine} - done if len(mine) >= 6 else set()
+        return {ln[1] for ln in mine} - done
 
-    wait_for(victim_runs_in_flight, timeout=30, what="the victim to be mid-run")
+    wait_for(lambda: fleet.lines("held"), timeout=60, what="the victim to be mid-run")
+    others = [fleet.start(max_runs=2) for _ in range(2)]
+    # Killed while the others work. (Not each of them: with the victim's two
+    # leases, the cap leaves room for two runs, which one worker may take.)
+    pids = {str(p.pid) for p in others}
+    wait_for(
+        lambda: any(ln[-1] in pids for ln in fleet.lines("steps")),
+        timeout=60,
+        what="the other workers to start steps",
+    )
     victim.kill()
     victim.wait()
     recorded = {(r, s) for r in ids for s in (q.checkpoint(r) or _empty()).outputs}

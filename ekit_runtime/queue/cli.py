@@ -2,8 +2,13 @@
 
 - ``ekit worker --queue URL --workflows MODULE:ATTR [--max-runs N] [--lease S]
   [--heartbeat S] [--until-idle]`` drives runs until SIGTERM or Ctrl-C (then
-  it cancels the runs in flight, each saving a final checkpoint, and gives
-  them back to the queue) or, with ``--until-idle``, until nothing is left.
+  it cancels the runs in flight, each saving a final checkpoint, gives them
+  back to the queue, and exits 0 without waiting for a sync step's thread,
+  which Python cannot stop; a second SIGTERM or Ctrl-C exits at once, with
+  ``128 + signal``, leaving its runs to be taken over when their leases
+  expire) or, with ``--until-idle``, until nothing is claimable: it exits 0
+  if no run is left waiting in the queue, else ``3``, with a warning line
+  per run left (queued or running) saying why this worker did not take it.
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N]``, ``status RUN``, ``list [--status S]``, ``cancel RUN``,
   ``prune --older-than SECONDS``, ``checkpoint RUN`` (the checkpoint as JSON;
@@ -26,13 +31,21 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping
+from types import FrameType
 from typing import Any
 
-from ekit_runtime.queue import RunQueue, Worker, open_queue
+from ekit_runtime.queue import FINAL_STATUSES, RunInfo, RunQueue, Worker, open_queue
+from ekit_runtime.queue.keys import busy_sync_steps
 from ekit_runtime.workflow import Workflow
 
-__all__ = ["add_parsers"]
+__all__ = ["EXIT_LEFT", "add_parsers"]
+
+EXIT_LEFT = 3
+"""``ekit worker --until-idle`` went idle with runs still waiting in the queue that it did not take."""
+
+log = logging.getLogger("ekit.worker")
 
 
 def _input_error(message: str) -> Exception:
@@ -81,13 +94,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             name=args.name,
         )
     except ValueError as exc:
+        queue.close()
         raise _input_error(f"worker: {exc}") from None
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, worker.stop)
+        _on_signals(worker)
         if args.until_idle:
             await worker.run_until_idle()
         else:
@@ -95,13 +106,99 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+        left = _left_behind(queue, worker) if args.until_idle else {}
     finally:
         queue.close()
+    for run_id, why in left.items():
+        log.warning("worker %s: run %r was left in the queue: %s", worker.name, run_id, why)
     counts: dict[str, int] = {}
     for outcome in worker.outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
-    print(json.dumps({"worker": worker.name, "runs": counts}))
-    return 0
+    summary: dict[str, Any] = {"worker": worker.name, "runs": counts}
+    if args.until_idle:
+        summary["left"] = left
+    print(json.dumps(summary))
+    code = EXIT_LEFT if left else 0
+    _exit_past_stuck_threads(worker, code)
+    return code
+
+
+def _on_signals(worker: Worker) -> None:
+    """SIGTERM / Ctrl-C: the first stops the worker, the second exits at once.
+
+    The loop's own handler wakes it whichever thread received the signal
+    (and calls ``worker.stop``); the Python-level handler, which runs in the
+    main thread even while a step blocks the loop, counts the signals.
+    """
+    loop = asyncio.get_running_loop()
+    received = [0]
+
+    def count(signum: int, frame: FrameType | None) -> None:
+        received[0] += 1
+        if received[0] == 1:
+            # os.write: a signal handler must not take the locks print or logging take.
+            os.write(2, b"ekit worker: stopping, giving the runs in flight back (again: exit at once)\n")
+            return
+        os.write(2, b"ekit worker: exiting at once; its runs are taken over when their leases expire\n")
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, worker.stop)
+            signal.signal(sig, count)
+
+
+def _exit_past_stuck_threads(worker: Worker, code: int) -> None:
+    """Exit now, with ``code``, if a sync step still runs in a thread: its run was given back.
+
+    Python cannot stop a thread, and the interpreter waits for the step pool's
+    threads at exit: without this a stopped worker would linger until the step
+    returned on its own, which may be never.
+    """
+    stuck = busy_sync_steps()
+    if not stuck:
+        return
+    log.warning(
+        "worker %s: %d sync step(s) still running in their threads, which Python cannot stop; "
+        "their runs were given back, so exiting without waiting for them",
+        worker.name,
+        stuck,
+    )
+    logging.shutdown()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _left_behind(queue: RunQueue, worker: Worker) -> dict[str, str]:
+    """``run id -> why this worker did not take it``, for every run still waiting in the queue."""
+    now = time.time()
+    waiting = [*queue.runs("queued"), *queue.runs("running")]
+    return {i.run_id: _why_left(i, worker, now) for i in waiting if i.status not in FINAL_STATUSES}
+
+
+def _why_left(info: RunInfo, worker: Worker, now: float) -> str:
+    name = info.workflow
+    if name not in worker.registry:
+        known = ", ".join(repr(k) for k in sorted(worker.registry))
+        return f"{info.status}; its workflow {name!r} is not one this worker has (it has {known})"
+    mine = worker.fingerprints[name]
+    if info.fingerprint is not None and info.fingerprint != mine:
+        return (
+            f"{info.status}; it was begun by another version of workflow {name!r} (graph "
+            f"fingerprint {info.fingerprint[:12]}, this worker's is {mine[:12]}): only a worker "
+            "with that version resumes it"
+        )
+    if info.status == "running" and info.lease_until is not None and info.lease_until > now:
+        return (
+            f"running; leased to {info.owner!r} (epoch {info.epoch}) for {info.lease_until - now:.1f} s "
+            "more: a live worker, or a dead one whose lease has not expired yet"
+        )
+    return (
+        f"{info.status}; claimable, but held back by the fleet's limits, or submitted after this "
+        "worker went idle"
+    )
 
 
 def _info(info: Any) -> dict[str, Any]:

@@ -8,13 +8,26 @@ means the lease is lost: the worker cancels that run, writes nothing more
 for it, and logs it. A cancel asked through the queue is seen at the next
 renewal or save and stops the run the same way, after its final checkpoint.
 
-A renewal that fails for another reason (the database is locked, the
-server is unreachable) is logged and tried again at the next heartbeat, for
-as long as the lease may still be valid; once the worker's own conservative
-clock says it has run out, the lease is lost like a refused one. A claim that
-fails for a transient reason (see :mod:`ekit_runtime.queue.transient`) is
-logged and retried after a backoff that doubles from ``poll`` up to 5 s; any
-other error from a claim ends :meth:`Worker.run`.
+The worker keeps its own conservative view of each lease: the start of the
+last call that granted or renewed it, plus the lease length, on the
+monotonic clock. Before any attempt of a step starts (a first attempt, a
+retry after its delay, an approved one), it waits for a save of that run
+still pending, then checks that view: with less than a safety margin left
+it renews first, and once the lease may have run out (a stalled loop, a
+SIGSTOP, a database it could not reach) it starts nothing more and gives the
+run up as lost, so that paid work is never started by two workers.
+
+A renewal or a save that fails for another reason than a refusal (the
+database is locked, the server is unreachable, the session was ended, the
+disk is full: see :mod:`ekit_runtime.queue.transient`) is logged and tried
+again for as long as the lease may still be valid (a renewal at the next
+heartbeat, a save after a short backoff, before any new step starts); once
+the worker's own clock says the lease has run out, the run is lost like a
+refused one, and the next taker resumes from what was stored. A save that
+fails for a permanent reason (an output that cannot be encoded) is the run's
+failure. A claim that fails for a transient reason is logged and retried
+after a backoff that doubles from ``poll`` up to 5 s; any other error from a
+claim ends :meth:`Worker.run`.
 
 Database calls run on one thread of the worker's own, so a slow database
 never blocks the event loop the steps run on.
@@ -29,15 +42,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ekit_core import WorkflowCheckpoint
+from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.queue.contract import RunQueue
-from ekit_runtime.queue.keys import Gate, keyed_workflow
-from ekit_runtime.queue.records import Lease, LeaseLostError, check_seconds
+from ekit_runtime.queue.keys import KeyedExecutor, keyed, run_context
+from ekit_runtime.queue.records import (
+    Lease,
+    LeaseLostError,
+    check_seconds,
+    check_step_name,
+    check_workflow_name,
+)
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.workflow import Workflow
 
@@ -50,6 +70,9 @@ log = logging.getLogger("ekit.worker")
 # enough that a worker is back at work seconds after the database is, long
 # enough not to hammer one that is struggling.
 _MAX_BACKOFF = 5.0
+# The first wait before a save that failed transiently is tried again; it
+# doubles up to a quarter of the heartbeat. Short: no step starts meanwhile.
+_SAVE_RETRY = 0.02
 
 
 @dataclass(slots=True)
@@ -66,6 +89,15 @@ class _Drive:
     cancel_asked: bool = False
     stopping: bool = False
     outcome: str = field(default="")
+    saves: int = 0
+    """Saves handed over by the runner and not yet done: no attempt starts meanwhile."""
+    saved: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set whenever ``saves`` is 0."""
+    confirming: asyncio.Future[None] | None = None
+    """A renewal asked by an attempt about to start near the lease's end, shared by all."""
+
+    def __post_init__(self) -> None:
+        self.saved.set()
 
 
 class Worker:
@@ -75,12 +107,15 @@ class Worker:
       recovery never looks at it). Default ``host:pid``.
     - ``max_runs``: runs this worker drives at once.
     - ``lease_seconds``: how long a lease lasts without renewal;
-      ``heartbeat`` (default a third of it) how often it is renewed.
+      ``heartbeat`` (default a third of it, and shorter than it) how often
+      it is renewed.
     - ``poll``: seconds between claims while the queue has nothing to give.
 
     ``await worker.run()`` works until :meth:`stop` (or cancellation);
     ``await worker.run_until_idle()`` returns once nothing is claimable and
     nothing is in flight. Either can run inside an application's own loop.
+    Steps run where a plain ``workflow.run`` runs them (sync steps in the
+    default executor's threads, or the step's own executor).
     """
 
     def __init__(
@@ -100,6 +135,10 @@ class Worker:
         for key, workflow in registry.items():
             if not isinstance(workflow, Workflow):
                 raise ValueError(f"registry[{key!r}] must be a Workflow, got {type(workflow).__name__}")
+            # What the queue cannot store is refused here, before any step of any run is paid for.
+            check_workflow_name(key, "registry key")
+            for step in workflow.graph.names:
+                check_step_name(step)
         if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
             raise ValueError(f"max_runs must be a positive int, got {max_runs!r}")
         self.queue = queue
@@ -117,6 +156,13 @@ class Worker:
         self.outcomes: dict[str, str] = {}
         """``run id -> how this worker's last drive of it ended``: finished, failed,
         cancelled, lost (lease lost), released (given back on stop)."""
+        # Less than this left of a lease, an attempt about to start renews it
+        # first. A healthy worker always has more left (it renews every
+        # heartbeat), so only a stall or a failing database ever gets here.
+        self.start_margin = min(self.lease_seconds / 10, (self.lease_seconds - self.heartbeat) / 2)
+        # Built once: every attempt of every run passes through these.
+        self._workflows = {k: keyed(w) for k, w in self.registry.items()}
+        self._run_executor = KeyedExecutor(DEFAULT_EXECUTOR)
         self._drives: dict[asyncio.Task[None], _Drive] = {}
         self._stop: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -136,7 +182,10 @@ class Worker:
         return len(self.outcomes) - before
 
     def stop(self) -> None:
-        """Stop claiming; cancel the runs in flight (each saves a final checkpoint) and give them back."""
+        """Stop claiming; cancel the runs in flight (each saves a final checkpoint) and give them back.
+
+        A run claimed while the stop was asked is given back without starting.
+        """
         if self._stop is not None:
             self._stop.set()
 
@@ -221,6 +270,8 @@ class Worker:
 
     async def _stop_all(self) -> None:
         for drive in self._drives.values():
+            # A drive whose run has not started yet sees this flag and gives
+            # the run back without starting it.
             drive.stopping = True
             if drive.task is not None:
                 drive.task.cancel()
@@ -241,18 +292,20 @@ class Worker:
 
     async def _drive(self, drive: _Drive) -> None:
         lease = drive.lease
-        workflow = keyed_workflow(
-            self.registry[lease.workflow],
-            lease.run_id,
-            lease.checkpoint,
-            self._gate() if self._gated else None,
-        )
+        if drive.stopping:
+            # Claimed while the worker was being stopped: give it back untouched.
+            await self._give_back(drive)
+            return
+        gate = self._usage_gate() if self._gated else None
+        context = run_context(lease.run_id, lease.checkpoint, functools.partial(self._admit, drive, gate))
         drive.task = asyncio.create_task(
-            workflow.run(
+            self._workflows[lease.workflow].run(
                 None if lease.checkpoint is not None else dict(lease.context),
-                checkpoint_fn=functools.partial(self._save, drive),
+                checkpoint_fn=functools.partial(self._checkpoint, drive),
                 resume_from=lease.checkpoint,
-            )
+                executor=self._run_executor,
+            ),
+            context=context,
         )
         beat = asyncio.create_task(self._heartbeat(drive))
         try:
@@ -275,8 +328,7 @@ class Worker:
             )
             return
         if drive.stopping and not drive.cancel_asked:
-            drive.outcome = "released"
-            await self._db(self.queue.release, lease)
+            await self._give_back(drive)
             return
         if drive.cancel_asked and (task.cancelled() or isinstance(error, asyncio.CancelledError)):
             status, message = "cancelled", None
@@ -296,35 +348,107 @@ class Worker:
                 status,
             )
 
-    async def _save(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> None:
-        if drive.lost:
-            # Known lost: refuse without touching the database.
-            raise LeaseLostError(drive.lease.run_id, drive.lease.epoch)
-        asked = time.monotonic()
+    async def _give_back(self, drive: _Drive) -> None:
+        """Release the run to the queue (a stop): any worker may claim it at once."""
         try:
-            cancel = await self._db(self.queue.save, drive.lease, checkpoint, self.lease_seconds)
+            await self._db(self.queue.release, drive.lease)
         except LeaseLostError:
-            drive.lost = True
-            raise
-        drive.valid_until = asked + self.lease_seconds  # every save renews the lease
+            drive.outcome = "lost"
+            return
+        drive.outcome = "released"
+
+    def _checkpoint(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> Awaitable[None]:
+        """The run's ``checkpoint_fn``: counts the save as pending at once, before any step can start."""
+        drive.saves += 1
+        drive.saved.clear()
+        return self._save(drive, checkpoint)
+
+    async def _save(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> None:
+        try:
+            await self._store(drive, checkpoint)
+        finally:
+            drive.saves -= 1
+            if not drive.saves:
+                drive.saved.set()
+
+    async def _store(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> None:
+        """Save ``checkpoint``, retrying a transient failure while the lease may still be held."""
+        lease = drive.lease
+        failures = 0
+        while True:
+            if drive.lost:
+                # Known lost: refuse without touching the database.
+                raise LeaseLostError(lease.run_id, lease.epoch)
+            asked = time.monotonic()
+            try:
+                cancel = await self._db(self.queue.save, lease, checkpoint, self.lease_seconds)
+            except LeaseLostError:
+                drive.lost = True
+                raise
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise  # an output that cannot be stored: the run's failure
+                failures += 1
+                left = drive.valid_until - time.monotonic()
+                self._save_failed(drive, exc, left, failures)
+                if left <= 0:
+                    raise
+                # Doubling from _SAVE_RETRY up to a quarter of the heartbeat.
+                delay = min(_SAVE_RETRY * 2.0 ** min(failures - 1, 16), max(self.heartbeat / 4, _SAVE_RETRY))
+                await asyncio.sleep(min(delay, left))
+                continue
+            self._renewed(drive, asked, cancel)  # every save renews the lease
+            return
+
+    def _save_failed(self, drive: _Drive, exc: Exception, left: float, failures: int) -> None:
+        """Log a save that failed transiently; lose the lease once it may have run out."""
+        lease = drive.lease
+        what = f"saving run {lease.run_id!r} (epoch {lease.epoch}) failed ({type(exc).__name__}: {exc})"
+        if left > 0:
+            if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th ... failure in a row
+                log.warning(
+                    "worker %s: %s; retrying, %.2f s before the lease may run out, and starting no "
+                    "step of it meanwhile (failure %d in a row)",
+                    self.name,
+                    what,
+                    left,
+                    failures,
+                )
+            return
+        log.warning(
+            "worker %s: %s and the lease may have run out; giving the run up (the next taker "
+            "resumes from its last stored checkpoint)",
+            self.name,
+            what,
+        )
+        # Not cancelled from here: this runs inside the run's own task, and
+        # the error raised next ends the run (nothing more is written for it).
+        drive.lost = True
+
+    def _renewed(self, drive: _Drive, asked: float, cancel: bool) -> None:
+        """A save or renewal asked at ``asked`` went through: the lease holds a while longer."""
+        drive.valid_until = max(drive.valid_until, asked + self.lease_seconds)
         self._on_cancel_flag(drive, cancel)
 
     async def _heartbeat(self, drive: _Drive) -> None:
         while not drive.lost:
             await asyncio.sleep(self.heartbeat)
-            asked = time.monotonic()
-            try:
-                cancel = await self._db(self.queue.renew, drive.lease, self.lease_seconds)
-            except LeaseLostError:
-                self._lose(drive)
-                return
-            except Exception as exc:
-                # Not a refusal: the database could not be asked. The lease may
-                # still be ours, so keep it alive rather than let it lapse.
-                self._renewal_failed(drive, exc)
-                continue
-            drive.valid_until = asked + self.lease_seconds
-            self._on_cancel_flag(drive, cancel)
+            await self._renew(drive)
+
+    async def _renew(self, drive: _Drive) -> None:
+        """Renew the lease once: extended, still to be retried, or lost."""
+        asked = time.monotonic()
+        try:
+            cancel = await self._db(self.queue.renew, drive.lease, self.lease_seconds)
+        except LeaseLostError:
+            self._lose(drive)
+            return
+        except Exception as exc:
+            # Not a refusal: the database could not be asked. The lease may
+            # still be ours, so keep it alive rather than let it lapse.
+            self._renewal_failed(drive, exc)
+            return
+        self._renewed(drive, asked, cancel)
 
     def _renewal_failed(self, drive: _Drive, exc: Exception) -> None:
         """Log a renewal that raised; lose the lease once it has surely expired."""
@@ -366,7 +490,55 @@ class Worker:
             if drive.task is not None:
                 drive.task.cancel()
 
-    def _gate(self) -> Gate:
+    # -- before each attempt -------------------------------------------------
+
+    async def _admit(self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None) -> None:
+        """Let an attempt of ``drive``'s run start, or never return (the run is then cancelled).
+
+        In order: the fleet's usage limits; every save handed over before
+        (a step never starts ahead of a save that may yet fail and give the
+        run up); the lease, last, so that nothing is awaited between the
+        verdict and the start.
+        """
+        if gate is not None:
+            await gate()
+        while not drive.lost:
+            if drive.saves:
+                await drive.saved.wait()
+                continue  # (a renewal below awaits too: a save handed over meanwhile is waited for)
+            left = drive.valid_until - time.monotonic()
+            if left > self.start_margin:
+                return
+            if left <= 0:
+                self._lapsed(drive)
+                break
+            await self._confirm(drive, left)
+        # Lost: the run is being cancelled; this attempt waits for it and never starts.
+        await asyncio.Event().wait()
+
+    async def _confirm(self, drive: _Drive, left: float) -> None:
+        """Renew the lease before an attempt starts near its end (one renewal for all who ask)."""
+        if drive.confirming is None or drive.confirming.done():
+            drive.confirming = asyncio.ensure_future(self._renew(drive))
+        await asyncio.shield(drive.confirming)
+        if not drive.lost and drive.valid_until - time.monotonic() <= self.start_margin:
+            # It failed without a refusal: try again shortly, while the lease may hold.
+            await asyncio.sleep(min(self.start_margin / 4, left))
+
+    def _lapsed(self, drive: _Drive) -> None:
+        lease = drive.lease
+        log.warning(
+            "worker %s: the lease on run %r (epoch %d) may have run out by this worker's clock "
+            "(not renewed for %.2f s of a %.2f s lease); starting no step and giving the run up",
+            self.name,
+            lease.run_id,
+            lease.epoch,
+            time.monotonic() - (drive.valid_until - self.lease_seconds),
+            self.lease_seconds,
+        )
+        self._lose(drive)
+
+    def _usage_gate(self) -> Callable[[], Awaitable[None]]:
         async def gate() -> None:
             while True:
                 wait = await self._db(self.queue.usage_wait)
