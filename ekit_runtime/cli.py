@@ -39,7 +39,10 @@ server, a file that is not a database) is an input problem: one line, exit
 ``2``. No password of a DSN among the arguments is printed or logged
 (:class:`~ekit_runtime.redaction.Redactor`). Ctrl-C (``KeyboardInterrupt``, also while a
 workflow module is being imported) exits ``130``; a closed standard output
-(``| head``) ``141``, quietly.
+(``| head``) ``141``, quietly. ``ekit worker --until-idle`` exits ``3`` when
+it went idle with runs left waiting in the queue (each named on stderr with
+the reason it was not taken), and a second SIGTERM or Ctrl-C makes ``ekit
+worker`` exit at once with ``143`` or ``130``.
 """
 
 from __future__ import annotations
@@ -577,7 +580,7 @@ def _parser() -> argparse.ArgumentParser:
         "workflow's graph, run workers. Reads checkpoint JSON, JSON lines, journals, SQLite and "
         "PostgreSQL stores and queues.",
         epilog="Exit codes: 0 clean, 1 anomalies or violations found, "
-        "2 bad usage or unreadable input.",
+        "2 bad usage or unreadable input, 3 (worker --until-idle) runs left waiting.",
     )
     parser.add_argument("--version", action="version", version=f"ekit {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
