@@ -378,7 +378,7 @@ def _queue_table(kind: SourceKind, open_queue: Callable[[], Any]) -> _Table:
 def _read_postgres(url: str, run_id: str | None, tables: Tables | None) -> Recorded:
     label = redacted(url)
     try:
-        from ekit_runtime.stores._pg import connect, psycopg
+        from ekit_runtime.stores.pg import connect, psycopg
     except ModuleNotFoundError as exc:
         raise SourceError(f"{label}: {exc}") from None
     with _database_errors(label, psycopg.Error, dsn=url):

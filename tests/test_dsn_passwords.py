@@ -104,7 +104,7 @@ def test_redacted_and_scrub_never_keep_the_password(password: str, shape: str) -
     ],
 )
 def test_what_the_driver_says_is_scrubbed_or_withheld(dsn: str, withheld: bool) -> None:
-    from ekit_runtime.stores._pg import connect, psycopg
+    from ekit_runtime.stores.pg import connect, psycopg
 
     with pytest.raises(psycopg.Error) as caught:
         connect(dsn)

@@ -925,9 +925,9 @@ def test_a_lock_file_removed_as_its_holder_let_go_is_taken_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Opened just before the holder removed it: the lock on that nameless file is no write lock."""
-    import ekit_runtime.stores._common as common
+    import ekit_runtime.stores.locks as locks
 
-    real = common._try_lock
+    real = locks._try_lock
     calls: list[int] = []
 
     def holder_lets_go_first(fd: int) -> bool:
@@ -936,7 +936,7 @@ def test_a_lock_file_removed_as_its_holder_let_go_is_taken_anew(
             _lock_of(tmp_path).unlink()
         return real(fd)
 
-    monkeypatch.setattr(common, "_try_lock", holder_lets_go_first)
+    monkeypatch.setattr(locks, "_try_lock", holder_lets_go_first)
     with json_store(tmp_path) as store:
         store(_cp(1, {"a": 1}))
         assert len(calls) == 2
@@ -950,15 +950,15 @@ def test_a_lock_file_removed_as_its_holder_let_go_is_taken_anew(
 def test_a_lock_file_replaced_at_every_try_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ekit_runtime.stores._common as common
+    import ekit_runtime.stores.locks as locks
 
-    real = common._try_lock
+    real = locks._try_lock
 
     def always_replaced(fd: int) -> bool:
         _lock_of(tmp_path).unlink()
         return real(fd)
 
-    monkeypatch.setattr(common, "_try_lock", always_replaced)
+    monkeypatch.setattr(locks, "_try_lock", always_replaced)
     with pytest.raises(StoreLockedError) as info:
         json_store(tmp_path)(_cp(1, {"a": 1}))
     lock = _lock_of(tmp_path)
@@ -971,12 +971,12 @@ def test_a_lock_file_replaced_at_every_try_is_refused_naming_it(
 def test_a_lock_whose_pid_cannot_be_written_fails_with_that_error_and_holds_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ekit_runtime.stores._common as common
+    import ekit_runtime.stores.locks as locks
 
     def full(fd: int, data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(common, "write_all", full)
+    monkeypatch.setattr(locks, "write_all", full)
     with pytest.raises(OSError, match="No space"):
         json_store(tmp_path)(_cp(1, {"a": 1}))
     monkeypatch.undo()

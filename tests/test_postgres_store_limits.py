@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import PostgresStore, Step, UnencodableError, Workflow, WorkflowCheckpoint
-from ekit_runtime.stores._rows import PG_KEY_BYTES
+from ekit_runtime.stores.rows import PG_KEY_BYTES
 from tests.queue_backends import postgres_url
 
 __all__ = ["postgres_url"]

@@ -167,7 +167,7 @@ def test_a_hostile_file_at_the_temporary_name_is_skipped(
     """The temporary name is random; made predictable here, what sits there is never opened."""
     import secrets as real_secrets
 
-    import ekit_runtime.stores._common as common
+    import ekit_runtime.stores.files as files
 
     names = iter(["0" * 16])
 
@@ -179,7 +179,7 @@ def test_a_hostile_file_at_the_temporary_name_is_skipped(
     victim = _victim(tmp_path)
     planted = tmp_path / f".{NAMES[kind]}.{'0' * 16}.tmp"
     _plant(hostile, planted, victim)
-    monkeypatch.setattr(common, "secrets", Predictable)
+    monkeypatch.setattr(files, "secrets", Predictable)
     with _open(kind, tmp_path) as store:
         store(_cp(1))
     assert _open(kind, tmp_path).load() == _cp(1)

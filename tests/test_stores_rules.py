@@ -128,7 +128,7 @@ def test_a_different_object_under_a_name_is_encoded_afresh(make: Factory) -> Non
 
 
 def test_the_json_file_is_still_exactly_to_dict(tmp_path: Path) -> None:
-    from ekit_runtime.stores._common import default_dumps
+    from ekit_runtime.stores.codec import default_dumps
 
     store = JsonFileStore(tmp_path / "cp.json")
     outputs: dict[str, Any] = {}

@@ -34,8 +34,9 @@ from ekit_runtime.queue.records import (
     check_text,
     check_workflow_name,
 )
-from ekit_runtime.stores._common import Dumps, Loads, UnencodableError, default_dumps, encode_text
-from ekit_runtime.stores._rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
+from ekit_runtime.stores.codec import Dumps, Loads, default_dumps, encode_text
+from ekit_runtime.stores.errors import UnencodableError
+from ekit_runtime.stores.rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
 from ekit_runtime.workflow import WorkflowResult
 
 __all__ = ["QueueBase", "Submission", "schema_columns", "schema_problem"]

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
+from ekit_runtime import run_ids
 
 __all__ = [
     "FINAL_STATUSES",
@@ -203,8 +204,11 @@ def _utf8(text: str) -> bool:
 
 
 def check_run_id(run_id: object, name: str = "run_id") -> str:
-    """``run_id`` if it is a non-empty string of at most 200 characters, with no NUL nor lone surrogate."""
-    return check_text(run_id, name, limit=200)
+    """``run_id`` if it is a run id (:func:`ekit_runtime.run_ids.check_run_id`) a queue can keep.
+
+    The queue's limits on top of the one rule: at most 200 characters, no NUL.
+    """
+    return check_text(run_ids.check_run_id(run_id, name), name, limit=200)
 
 
 def check_workflow_name(workflow: object, name: str = "workflow") -> str:

@@ -38,8 +38,9 @@ from ekit_runtime.queue.records import (
     check_run_id,
     check_status,
 )
-from ekit_runtime.stores._common import CorruptStoreError, Dumps, Loads
-from ekit_runtime.stores._rows import EncodedCheckpoint
+from ekit_runtime.stores.codec import Dumps, Loads
+from ekit_runtime.stores.errors import CorruptStoreError
+from ekit_runtime.stores.rows import EncodedCheckpoint
 
 __all__ = ["SqliteQueue"]
 

@@ -27,7 +27,7 @@ event loop's thread.
 
 from typing import TYPE_CHECKING, Any
 
-from ekit_runtime.stores._common import CorruptStoreError, StoreLockedError, UnencodableError
+from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError, UnencodableError
 from ekit_runtime.stores.journal import JournalStore
 from ekit_runtime.stores.jsonfile import JsonFileStore
 from ekit_runtime.stores.sqlite import SqliteStore

@@ -22,7 +22,7 @@ match: :meth:`JournalStore.load` ignores it, reports its size in
 ever cut: whole lines that this store did not write (another writer's)
 make the save refuse with :class:`~ekit_runtime.stores.StoreLockedError`
 instead, though the write lock (``<file>.lock``, see
-:class:`~ekit_runtime.stores._common.WriteLock`) already keeps a second
+:class:`~ekit_runtime.stores.locks.WriteLock`) already keeps a second
 writer out. Anything else is
 corruption, not a crash, and raises
 :class:`~ekit_runtime.stores.CorruptStoreError` naming the line: a damaged
@@ -47,24 +47,11 @@ from typing import Any, TypeAlias
 
 from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
 from ekit_core.ledger import Ledger
-from ekit_runtime.stores._common import (
-    CorruptStoreError,
-    Dumps,
-    Loads,
-    OutputEncodings,
-    StoreLockedError,
-    WriteLock,
-    atomic_write,
-    check_folder_writable,
-    check_store_path,
-    codec,
-    holding,
-    kind_of,
-    read_file,
-    require_checkpoint,
-    same_run,
-    write_all,
-)
+from ekit_runtime.stores.base import require_checkpoint
+from ekit_runtime.stores.codec import Dumps, Loads, OutputEncodings, codec, same_run
+from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
+from ekit_runtime.stores.files import atomic_write, check_store_path, kind_of, read_file, write_all
+from ekit_runtime.stores.locks import WriteLock, check_folder_writable, holding
 
 __all__ = ["JournalStore"]
 

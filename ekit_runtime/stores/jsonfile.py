@@ -5,7 +5,7 @@ temporary file beside the target and renames it over the target, so a reader
 (or a resume after a kill) sees the previous checkpoint or the new one, never
 a mix. A save costs O(all outputs); with the default codec the outputs saved
 before are copied from their first encoding rather than encoded again (see
-:class:`~ekit_runtime.stores._common.OutputEncodings`). For long runs see
+:class:`~ekit_runtime.stores.codec.OutputEncodings`). For long runs see
 :class:`~ekit_runtime.stores.JournalStore`.
 """
 
@@ -15,24 +15,11 @@ import os
 from typing import Any
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.stores._common import (
-    CorruptStoreError,
-    Dumps,
-    Loads,
-    OutputEncodings,
-    Store,
-    StoreLockedError,
-    WriteLock,
-    atomic_write,
-    check_folder_writable,
-    check_store_path,
-    codec,
-    file_identity,
-    holding,
-    identity,
-    read_file,
-    require_checkpoint,
-)
+from ekit_runtime.stores.base import Store, require_checkpoint
+from ekit_runtime.stores.codec import Dumps, Loads, OutputEncodings, codec
+from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
+from ekit_runtime.stores.files import atomic_write, check_store_path, file_identity, identity, read_file
+from ekit_runtime.stores.locks import WriteLock, check_folder_writable, holding
 
 __all__ = ["JsonFileStore"]
 

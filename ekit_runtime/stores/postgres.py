@@ -24,18 +24,12 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.stores._common import (
-    Dumps,
-    Loads,
-    Store,
-    StoreLockedError,
-    check_run_id,
-    check_text,
-    codec,
-    require_checkpoint,
-)
-from ekit_runtime.stores._pg import PgConnection, psycopg
-from ekit_runtime.stores._rows import (
+from ekit_runtime.run_ids import check_run_id
+from ekit_runtime.stores.base import Store, require_checkpoint
+from ekit_runtime.stores.codec import Dumps, Loads, check_text, codec
+from ekit_runtime.stores.errors import StoreLockedError
+from ekit_runtime.stores.pg import PgConnection, psycopg
+from ekit_runtime.stores.rows import (
     EncodedCheckpoint,
     OutputTexts,
     decode_checkpoint,

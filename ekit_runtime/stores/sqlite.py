@@ -12,7 +12,7 @@ with each output's first text (the mutation rule). Reads take a deferred
 transaction: one consistent snapshot without the write lock.
 
 One writer per run: a store takes the run's lock file (``<database>-ekit-
-<run>-<hash>.lock``, see :class:`~ekit_runtime.stores._common.WriteLock`)
+<run>-<hash>.lock``, see :class:`~ekit_runtime.stores.locks.WriteLock`)
 at its first save, and a save whose run row's counter is not the one this
 store last read or wrote is refused rather than written over.
 """
@@ -29,23 +29,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.stores._common import (
-    CorruptStoreError,
-    Dumps,
-    Loads,
-    ProcessLock,
-    Store,
-    StoreLockedError,
-    WriteLock,
-    check_run_id,
-    check_store_path,
-    check_text,
-    codec,
-    holding,
-    kind_of,
-    require_checkpoint,
-)
-from ekit_runtime.stores._rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
+from ekit_runtime.run_ids import check_run_id
+from ekit_runtime.stores.base import Store, require_checkpoint
+from ekit_runtime.stores.codec import Dumps, Loads, check_text, codec
+from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
+from ekit_runtime.stores.files import check_store_path, kind_of
+from ekit_runtime.stores.locks import ProcessLock, WriteLock, holding
+from ekit_runtime.stores.rows import EncodedCheckpoint, OutputTexts, decode_checkpoint, encode_checkpoint
 
 if TYPE_CHECKING:
     import sqlite3

@@ -17,18 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.stores._common import (
-    CorruptStoreError,
+from ekit_runtime.stores.base import require_checkpoint
+from ekit_runtime.stores.codec import (
     Dumps,
     Loads,
-    UnencodableError,
     default_dumps,
     default_loads,
     encode_text,
-    require_checkpoint,
     same_run,
     utf8_problem,
 )
+from ekit_runtime.stores.errors import CorruptStoreError, UnencodableError
 
 __all__ = [
     "PG_KEY_BYTES",
