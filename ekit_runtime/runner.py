@@ -78,7 +78,7 @@ Clock: TypeAlias = Callable[[], float]
 """Seconds from an arbitrary origin, for step durations: ``time.perf_counter`` by default."""
 
 
-async def _settle(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
+async def _await_through_cancellation(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
     """Await ``awaitable`` to the end even if we are cancelled meanwhile.
 
     Returns its result and whether a cancellation arrived, which the caller
@@ -608,7 +608,7 @@ class Runner:
             task.cancel()
         cancelled_again = False
         if tasks:
-            _, cancelled_again = await _settle(asyncio.wait(tasks))
+            _, cancelled_again = await _await_through_cancellation(asyncio.wait(tasks))
         inputs: list[Input] = [*self._carried, *self._reports, Cancelled(type(cause).__name__)]
         self._carried, self._reports = [], []
         for task in tasks:
@@ -625,7 +625,7 @@ class Runner:
         if saved:
             pending = self._save(state)
             if pending is not None:
-                _, again = await _settle(pending)
+                _, again = await _await_through_cancellation(pending)
                 cancelled_again = cancelled_again or again
         # Saved first, so that a slow trace cannot delay it; reported in the usual order.
         await self._report(state, save=False, saved=saved)

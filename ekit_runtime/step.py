@@ -158,6 +158,10 @@ class Step:
     metadata: Mapping[str, Any] = field(default_factory=lambda: _NO_METADATA)
     retry: RetryPolicy | None = None
     timeout: float | None = None
+    # Accepted for compatibility with versions that needed it to put a sync
+    # step in a thread; it changes nothing now (sync steps use a thread
+    # anyway). Kept, compared and pickled as any field; its one effect is
+    # refusing inline=True beside it (see _check). Nothing else reads it.
     blocking: bool = False
     context: Literal["all", "dependencies"] = "all"
     inline: bool = False
@@ -246,7 +250,7 @@ class Step:
             why = unencodable(text) if isinstance(text, str) else None
             if why is not None:
                 raise bad(f"{field_name} {why}")
-        if self.inline and self.blocking:
+        if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
 
 
