@@ -1,13 +1,18 @@
-"""Test helpers for the checkpoint stores: open each store kind in a folder, by name."""
+"""Test helpers for the checkpoint stores: open each kind by name, make checkpoints and journal lines."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import pytest
+
+from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import JournalStore, JsonFileStore, SqliteStore
 
 Factory = Callable[..., Any]
@@ -53,3 +58,50 @@ class Holder:
     def __exit__(self, *exc: object) -> None:
         _, err = self.proc.communicate(b"exit\n", timeout=30)
         assert self.proc.returncode == 0, err.decode()
+
+
+def make_checkpoint(
+    step_index: int,
+    outputs: dict[str, Any],
+    cost: TokenUsage | None = None,
+    **fields: Any,
+) -> WorkflowCheckpoint:
+    """A checkpoint at ``step_index`` holding ``outputs``; mappings among ``fields`` made read-only."""
+    wrapped = {k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in fields.items()}
+    return WorkflowCheckpoint(step_index, MappingProxyType(outputs), cost or TokenUsage(), **wrapped)
+
+
+def framed_line(body: bytes) -> bytes:
+    """One journal line holding ``body`` with a correct checksum (the journal's own framing)."""
+    return b'{"c":"%08x","r":%s}\n' % (zlib.crc32(body), body)
+
+
+def journal_lines(path: Path) -> list[bytes]:
+    """The journal's lines, each with its newline."""
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def journal_of(path: Path, *checkpoints: WorkflowCheckpoint) -> None:
+    """A journal at ``path`` holding ``checkpoints``, saved in turn by one store."""
+    with JournalStore(path) as store:
+        for checkpoint in checkpoints:
+            store(checkpoint)
+
+
+def three_checkpoints(start: int = 1) -> list[WorkflowCheckpoint]:
+    """Three checkpoints of one run, from ``step_index=start``, each adding one output."""
+    return [make_checkpoint(i, {f"s{j}": j for j in range(i)}) for i in range(start, start + 3)]
+
+
+def full_disk_on_call(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, n: int) -> None:
+    """Make ``module.name``'s ``n``-th call from now fail as a full disk; the others run it."""
+    real = getattr(module, name)
+    calls: list[int] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == n:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, failing)

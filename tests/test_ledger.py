@@ -105,3 +105,38 @@ def test_every_way_of_building_a_ledger_reads_like_a_dict(
         prefix = list(other_model.items()) == list(model.items())[: len(other_model)]
         assert ledger.extends(other) == prefix
         assert repr(ledger).startswith("Ledger({")
+
+
+# -- comparing, slicing and printing ---------------------------------------------------
+
+
+def test_a_ledger_extends_an_equal_prefix_of_another_store_but_not_a_changed_one() -> None:
+    base = Ledger([("a", [1]), ("b", 2)])
+    copy = Ledger([("a", [1]), ("b", 2), ("c", 3)])  # equal values, other objects
+    assert copy.extends(base) and copy.extends(Ledger()) and base.extends(base)
+    assert not base.extends(copy)  # longer
+    assert not Ledger([("a", [1]), ("b", 3)]).extends(base)  # a value changed
+    assert not Ledger([("x", [1]), ("b", 2)]).extends(base)  # a key changed
+    shared = base.with_item("c", 3)
+    assert shared.extends(base) and not base.extends(shared)
+
+
+def test_a_ledger_slices_and_prints_a_bounded_view() -> None:
+    ledger = Ledger([(f"k{i}", i) for i in range(10)])
+    prefix = Ledger([("k0", 0), ("k1", 1)])
+    assert ledger.items_from(8) == [("k8", 8), ("k9", 9)]
+    assert ledger.items_from(-3) == ledger.items_from(0) and len(ledger.items_from(0)) == 10
+    assert ledger.items_from(11) == []
+    assert repr(prefix) == "Ledger({'k0': 0, 'k1': 1})"
+    shown = ", ".join(f"'k{i}': {i}" for i in range(8))
+    assert repr(ledger) == f"Ledger({{{shown}, ... (10 entries)}})"
+    assert repr(Ledger()) == "Ledger({})"
+
+
+def test_an_older_ledger_does_not_see_what_a_newer_one_added() -> None:
+    older = Ledger([("a", 1)])
+    newer = older.with_item("b", 2)
+    assert newer.get("b") == 2
+    assert older.get("b") is None
+    assert older.get("b", 0) == 0
+    assert "b" not in older and dict(older) == {"a": 1}

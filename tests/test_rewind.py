@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ekit_core import Event, GraphSpec, StepOutdated, WorkflowCheckpoint, rewind
-from ekit_core.rewind import downstream
+from ekit_core.rewind import downstream, outdated_steps
 from ekit_runtime import Step, Workflow
 from tests.strategies import dags
 
@@ -114,3 +114,35 @@ def test_rewind_refuses_unknown_steps_and_bad_arguments() -> None:
             "input_tokens": 0, "output_tokens": 0, "llm_calls": 0}, "versions": {"a": 3}})
 
 
+def _diamond_ladder(levels: int) -> Workflow:
+    steps = [Step("j0", lambda ctx: 0)]
+    for i in range(1, levels + 1):
+        steps += [
+            Step(f"l{i}", lambda ctx: 0, (f"j{i - 1}",)),
+            Step(f"r{i}", lambda ctx: 0, (f"j{i - 1}",)),
+            Step(f"j{i}", lambda ctx: 0, (f"l{i}", f"r{i}")),
+        ]
+    return Workflow(steps)
+
+
+def test_outdated_steps_walks_each_step_once_however_many_paths_reach_it() -> None:
+    """40 diamonds in a row: 2**40 paths from the root, 121 steps to walk."""
+    workflow = _diamond_ladder(40)
+    recorded = workflow.run_sync().checkpoint
+    outdated = outdated_steps(workflow.graph, recorded, {"j0": "2"})
+    assert list(outdated) == list(workflow.graph.names)
+    assert outdated["j0"] == "its version changed from None to '2'"
+    assert outdated["j1"] in {"it depends on 'l1', which runs again", "it depends on 'r1', which runs again"}
+
+
+def test_rewind_errors_name_what_was_passed() -> None:
+    workflow = _diamond_ladder(1)
+    recorded = workflow.run_sync().checkpoint
+    assert isinstance(workflow.graph, GraphSpec)
+    with pytest.raises(ValueError, match=r"graph must be a GraphSpec or a Workflow, got int$"):
+        rewind(5, recorded, ["j0"])
+    with pytest.raises(ValueError, match=r"checkpoint must be a WorkflowCheckpoint, got str$"):
+        rewind(workflow, "cp", ["j0"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        rewind(workflow, recorded, ["nope", "j0", "zip"])
+    assert str(info.value) == "cannot rewind unknown step(s): 'nope', 'zip'"

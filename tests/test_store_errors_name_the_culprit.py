@@ -1,8 +1,5 @@
-"""Tests for what a mutation run (``python -m tools.mutation``, docs/testing.md) found unguarded.
-
-Each test names the rule it pins; the mutants it kills are listed in the
-closing note of the issue that added it. They are deterministic and fast:
-no sleeps, no processes, garbage collection driven by hand where it matters.
+"""What a store's refusal names: the step, context key or field it cannot encode, the run and process
+holding an in-memory database's lock, the journal line another writer changed.
 """
 
 from __future__ import annotations
@@ -18,17 +15,12 @@ from typing import Any
 
 import pytest
 
-from ekit_core import GraphSpec, rewind
-from ekit_core.ledger import Ledger
-from ekit_core.rewind import outdated_steps
 from ekit_runtime import (
     CorruptStoreError,
     JournalStore,
     JsonFileStore,
     SqliteStore,
-    Step,
     StoreLockedError,
-    Workflow,
     WorkflowCheckpoint,
 )
 from ekit_runtime.stores import UnencodableError
@@ -220,49 +212,3 @@ def test_a_first_record_that_is_no_checkpoint_is_corruption_naming_file_and_line
     with pytest.raises(CorruptStoreError, match=r"cp\.jsonl, line 1: .*step_index") as info:
         JournalStore(path).load()
     assert (info.value.path, info.value.line) == (str(path), 1)
-
-
-# -- the core ------------------------------------------------------------------------------
-
-
-def test_an_older_ledger_does_not_see_what_a_newer_one_added() -> None:
-    older = Ledger([("a", 1)])
-    newer = older.with_item("b", 2)
-    assert newer.get("b") == 2
-    assert older.get("b") is None
-    assert older.get("b", 0) == 0
-    assert "b" not in older and dict(older) == {"a": 1}
-
-
-def _diamond_ladder(levels: int) -> Workflow:
-    steps = [Step("j0", lambda ctx: 0)]
-    for i in range(1, levels + 1):
-        steps += [
-            Step(f"l{i}", lambda ctx: 0, (f"j{i - 1}",)),
-            Step(f"r{i}", lambda ctx: 0, (f"j{i - 1}",)),
-            Step(f"j{i}", lambda ctx: 0, (f"l{i}", f"r{i}")),
-        ]
-    return Workflow(steps)
-
-
-def test_outdated_steps_walks_each_step_once_however_many_paths_reach_it() -> None:
-    """40 diamonds in a row: 2**40 paths from the root, 121 steps to walk."""
-    workflow = _diamond_ladder(40)
-    recorded = workflow.run_sync().checkpoint
-    outdated = outdated_steps(workflow.graph, recorded, {"j0": "2"})
-    assert list(outdated) == list(workflow.graph.names)
-    assert outdated["j0"] == "its version changed from None to '2'"
-    assert outdated["j1"] in {"it depends on 'l1', which runs again", "it depends on 'r1', which runs again"}
-
-
-def test_rewind_errors_name_what_was_passed() -> None:
-    workflow = _diamond_ladder(1)
-    recorded = workflow.run_sync().checkpoint
-    assert isinstance(workflow.graph, GraphSpec)
-    with pytest.raises(ValueError, match=r"graph must be a GraphSpec or a Workflow, got int$"):
-        rewind(5, recorded, ["j0"])
-    with pytest.raises(ValueError, match=r"checkpoint must be a WorkflowCheckpoint, got str$"):
-        rewind(workflow, "cp", ["j0"])  # type: ignore[arg-type]
-    with pytest.raises(ValueError) as info:
-        rewind(workflow, recorded, ["nope", "j0", "zip"])
-    assert str(info.value) == "cannot rewind unknown step(s): 'nope', 'zip'"
