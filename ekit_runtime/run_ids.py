@@ -16,14 +16,15 @@ def check_run_id(run_id: object, name: str = "run_id") -> str:
     """``run_id`` if it is non-empty text UTF-8 can hold, else a ``ValueError`` naming ``name``.
 
     Checked when a store or queue is handed the id, so that one it could
-    never write fails then, not at its first save.
+    never write fails then, not at its first save. The message shows at most
+    300 characters of what was given: a hostile id may be megabytes long.
     """
     if not isinstance(run_id, str) or not run_id:
-        raise ValueError(f"{name} must be a non-empty string, got {run_id!r}")
+        raise ValueError(f"{name} must be a non-empty string, got {run_id!r:.300}")
     try:
         run_id.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(
-            f"{name} must be encodable as UTF-8 (it holds a lone surrogate), got {run_id!r}"
+            f"{name} must be encodable as UTF-8 (it holds a lone surrogate), got {run_id!r:.300}"
         ) from None
     return run_id
