@@ -23,7 +23,7 @@ __all__ = [
     "Dumps",
     "Loads",
     "OutputEncodings",
-    "check_text",
+    "check_checkpoint_text",
     "codec",
     "default_dumps",
     "default_loads",
@@ -260,7 +260,7 @@ class OutputEncodings:
         encoded yet (those loaded are), which the next save then reuses:
         what a run starts from is checked before its first step.
         """
-        check_text(checkpoint)
+        check_checkpoint_text(checkpoint)
         encode(checkpoint.to_dict(per_step=False), self._dumps, (), checkpoint.context)
         self.members(checkpoint.outputs.items())
 
@@ -369,7 +369,7 @@ def utf8_problem(text: str) -> str | None:
     return None
 
 
-def check_text(
+def check_checkpoint_text(
     checkpoint: WorkflowCheckpoint, name_problem: Callable[[str], str | None] = utf8_problem
 ) -> None:
     """Refuse a step name, version tag or context key of ``checkpoint`` that no save could write.

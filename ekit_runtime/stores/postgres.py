@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.stores.base import Store, require_checkpoint
-from ekit_runtime.stores.codec import Dumps, Loads, check_text, codec
+from ekit_runtime.stores.codec import Dumps, Loads, check_checkpoint_text, codec
 from ekit_runtime.stores.errors import StoreLockedError
 from ekit_runtime.stores.pg import PgConnection, psycopg
 from ekit_runtime.stores.rows import (
@@ -202,7 +202,7 @@ class PostgresStore(Store):
         nothing and claims nothing: the first save still claims the run.
         """
         require_checkpoint(checkpoint)
-        check_text(checkpoint, pg_text_problem)
+        check_checkpoint_text(checkpoint, pg_text_problem)
         encode_checkpoint(checkpoint, None, self.dumps, self._texts, engine="PostgreSQL")
 
     def _delta(self, enc: EncodedCheckpoint) -> tuple[int, int] | None:

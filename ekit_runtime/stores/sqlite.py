@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.stores.base import Store, require_checkpoint
-from ekit_runtime.stores.codec import Dumps, Loads, check_text, codec
+from ekit_runtime.stores.codec import Dumps, Loads, check_checkpoint_text, codec
 from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
 from ekit_runtime.stores.files import check_store_path, kind_of
 from ekit_runtime.stores.locks import ProcessLock, WriteLock, holding
@@ -355,7 +355,7 @@ class SqliteStore(Store):
         import sqlite3
 
         require_checkpoint(checkpoint)
-        check_text(checkpoint)
+        check_checkpoint_text(checkpoint)
         with self._lock, self._named():
             encode_checkpoint(checkpoint, None, self.dumps, self._texts, engine="SQLite")
             with holding(self._writer):
