@@ -260,18 +260,6 @@ class QueueBase:
         """Whether a save adds calls or tokens to the fleet's usage window."""
         return added.llm_calls > 0 or added.total_tokens > 0
 
-    @staticmethod
-    def _usage_limited(limits: Limits) -> bool:
-        return limits.llm_calls_per_minute is not None or limits.tokens_per_minute is not None
-
-    @staticmethod
-    def _usage_wait(limits: Limits, calls: int, tokens: int, oldest: Any, now: float) -> float:
-        """Seconds before the window's ``calls`` and ``tokens`` (oldest at ``oldest``) let a step start."""
-        over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
-            limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
-        )
-        return max(float(oldest) + limits.window - float(now), 0.01) if over else 0.0
-
     # What each backend supplies, and the methods above and below build on.
 
     def status(self, run_id: str) -> RunInfo:
