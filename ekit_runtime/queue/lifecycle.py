@@ -88,6 +88,7 @@ __all__ = [
     "cancel_effect",
     "claimable",
     "drive_ending",
+    "expired",
     "fenced",
     "live",
     "matches",
@@ -144,16 +145,21 @@ def live(status: str, lease_until: float | None, now: float) -> bool:
     return status == "running" and lease_until is not None and lease_until > now
 
 
+def expired(lease_until: float | None, now: float) -> bool:
+    """Whether a lease was granted and has run out (a run is never running without one)."""
+    return lease_until is not None and lease_until <= now
+
+
 def claimable(status: str, lease_until: float | None, cancel_requested: bool, now: float) -> bool:
     """Whether a claim may take the run (its workflow and fingerprint aside: :func:`matches`)."""
     if status == "queued":
         return True
-    return status == "running" and not live(status, lease_until, now) and not cancel_requested
+    return status == "running" and expired(lease_until, now) and not cancel_requested
 
 
 def abandoned(status: str, lease_until: float | None, cancel_requested: bool, now: float) -> bool:
     """Whether a claim cancels the run: its lease expired after a cancel was asked."""
-    return status == "running" and cancel_requested and not live(status, lease_until, now)
+    return status == "running" and cancel_requested and expired(lease_until, now)
 
 
 def matches(workflow: str, fingerprint: str | None, workflows: Mapping[str, str | None]) -> bool:
