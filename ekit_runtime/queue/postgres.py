@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -250,7 +250,7 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-class PostgresQueue(QueueBase):
+class PostgresQueue(RunQueue):
     """A durable run queue in a PostgreSQL database, shared by workers on any number of machines.
 
     ``dsn`` is a libpq connection string or URL (or an open

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -123,7 +123,7 @@ def _info(row: tuple[Any, ...]) -> RunInfo:
     )
 
 
-class SqliteQueue(QueueBase):
+class SqliteQueue(RunQueue):
     """A durable run queue in one SQLite database file (WAL), shared by worker processes.
 
     ``path`` is the database file (created if missing). ``limits``, when
