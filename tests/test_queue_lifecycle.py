@@ -88,6 +88,40 @@ def test_the_pure_rules_only_make_transitions_of_the_table(status: str, lease: s
             assert any(t.source == status and t.verb == verb for t in lc.TRANSITIONS)
 
 
+VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS))
+WHO = {"claim": "anyone", "cancel": "submitter", **{v: "holder" for v in HOLDER_VERBS}}
+
+
+@pytest.mark.parametrize("verb", VERBS)
+@pytest.mark.parametrize(("status", "lease", "cancel", "delta"), _cases())
+def test_who_may_make_each_transition(verb: str, status: str, lease: str, cancel: bool, delta: int) -> None:
+    until = LEASES[lease]
+    table = {(t.source, t.target, t.who, t.verb) for t in lc.TRANSITIONS}
+    # A holder's epoch is 7 + delta; only the holder at the run's own epoch (delta 0) is fenced in.
+    for final in sorted(FINAL_STATUSES):
+        target = lc.next_status(
+            verb,
+            status,
+            until,
+            cancel,
+            NOW,
+            fenced_ok=lc.fenced(status, 7, until, 7 + delta, NOW),
+            final=final,
+        )
+        if target is None:
+            continue
+        assert (status, target, WHO[verb], verb) in table
+        if WHO[verb] == "holder":
+            assert delta == 0 and lc.live(status, until, NOW)
+    # No one but a verb's actor appears in the table for it.
+    assert {t.who for t in lc.TRANSITIONS if t.verb == verb} == {WHO[verb]}
+
+
+def test_next_status_refuses_an_unknown_verb() -> None:
+    with pytest.raises(ValueError, match="not a verb"):
+        lc.next_status("steal", "running", NOW + 1, False, NOW)
+
+
 def _errors() -> st.SearchStrategy[BaseException | None]:
     return st.sampled_from(
         [

@@ -69,12 +69,12 @@ class Model:
 
     def claim(self, workflows: dict[str, str | None]) -> tuple[str, int] | None:
         for run in self.runs.values():
-            if lc.abandoned(run.status, run.until, run.cancel, NOW):
+            if lc.next_status("claim", run.status, run.until, run.cancel, NOW) == "cancelled":
                 run.status, run.epoch, run.until = "cancelled", run.epoch + 1, None
         ready = [
             (-run.priority, run.seq, run_id)
             for run_id, run in self.runs.items()
-            if lc.claimable(run.status, run.until, run.cancel, NOW)
+            if lc.next_status("claim", run.status, run.until, run.cancel, NOW) == "running"
             and lc.matches("w", run.fingerprint, workflows)
         ]
         if not ready:
@@ -90,12 +90,12 @@ class Model:
 
     def cancel(self, run_id: str) -> bool:
         run = self.runs[run_id]
-        effect = lc.cancel_effect(run.status, lc.live(run.status, run.until, NOW))
-        if effect == "flag":
+        target = lc.next_status("cancel", run.status, run.until, run.cancel, NOW)
+        if target == "running":  # a live lease: flagged, its holder stops the run
             run.cancel = True
-        elif effect == "cancel":
+        elif target == "cancelled":
             run.status, run.epoch, run.until, run.cancel = "cancelled", run.epoch + 1, None, True
-        return effect != "ended"
+        return target is not None
 
 
 class Driver:

@@ -92,6 +92,7 @@ __all__ = [
     "fenced",
     "live",
     "matches",
+    "next_status",
     "render",
     "usage_limited",
     "usage_over",
@@ -179,6 +180,40 @@ def cancel_effect(status: str, lease_live: bool) -> CancelEffect:
     if status in FINAL_STATUSES:
         return "ended"
     return "flag" if status == "running" and lease_live else "cancel"
+
+
+def next_status(
+    verb: str,
+    status: RunStatus,
+    lease_until: float | None,
+    cancel_requested: bool,
+    now: float,
+    *,
+    fenced_ok: bool = True,
+    final: RunStatus = "finished",
+) -> RunStatus | None:
+    """The status ``verb`` leaves a run in, or ``None`` when it changes nothing (or is refused).
+
+    ``fenced_ok``: for a holder's verb (save, renew, finish, release), whether
+    the lease's epoch is the run's (:func:`fenced` checks the rest); ``final``:
+    the status a finish writes. Every change it allows is a row of
+    :data:`TRANSITIONS`, made by that row's ``who``.
+    """
+    if verb == "claim":
+        if abandoned(status, lease_until, cancel_requested, now):
+            return "cancelled"
+        return "running" if claimable(status, lease_until, cancel_requested, now) else None
+    if verb == "cancel":
+        effect = cancel_effect(status, live(status, lease_until, now))
+        return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
+    if verb not in _HOLDER_VERBS:
+        raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
+    if not (fenced_ok and live(status, lease_until, now)):
+        return None
+    return {"save": status, "renew": status, "finish": final, "release": "queued"}[verb]
+
+
+_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release"})
 
 
 def drive_ending(
