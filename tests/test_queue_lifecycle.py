@@ -216,7 +216,7 @@ _ROW = st.tuples(
     st.sampled_from(["a", "b"]),
     st.sampled_from([None, "f1", "f2"]),
 )
-_NAMED = {name: f":{name}" for name in ("now", "run_id", "epoch", "workflow", "fingerprint")}
+_NAMED = {name: f":{name}" for name in ("now", "since", "run_id", "epoch", "workflow", "fingerprint")}
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +262,17 @@ def test_the_sql_pieces_agree_with_the_functions(
         workflow, fp, {"a": fingerprint}
     )
     assert _ask(memory, lc.FINAL, row) is (status in FINAL_STATUSES)
+
+
+@given(st.floats(0, 2000), st.floats(0.5, 100))
+def test_the_window_pieces_split_entries_at_the_window_start(at: float, window: float) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE w (at REAL)")
+    conn.execute("INSERT INTO w VALUES (?)", (at,))
+    since = NOW - window
+    inside = conn.execute(f"SELECT count(*) FROM w WHERE {lc.render(lc.IN_WINDOW, _NAMED)}", {"since": since})
+    left = conn.execute(f"SELECT count(*) FROM w WHERE {lc.render(lc.LEFT_WINDOW, _NAMED)}", {"since": since})
+    assert (inside.fetchone()[0], left.fetchone()[0]) == ((1, 0) if at > since else (0, 1))
 
 
 def test_render_maps_every_name_and_refuses_a_missing_one() -> None:

@@ -75,6 +75,8 @@ __all__ = [
     "CLAIM_ORDER",
     "FINAL",
     "HELD",
+    "IN_WINDOW",
+    "LEFT_WINDOW",
     "LIVE",
     "MATCHES",
     "TRANSITIONS",
@@ -287,8 +289,9 @@ def usage_wait(limits: Limits, calls: int, tokens: int, oldest: float | None, no
 #
 # ``:name`` is a named placeholder that a backend's dialect table maps to its
 # SQL (``render``): ``:now`` to the clock (a parameter on SQLite, the server's
-# now() on PostgreSQL), the others to a parameter marker or a column. They are
-# read left to right, which is the order of a backend's positional arguments.
+# now() on PostgreSQL), ``:since`` to the start of a rate window, the others
+# to a parameter marker or a column. They are read left to right, which is the
+# order of a backend's positional arguments.
 
 
 def _sql(text: str) -> str:
@@ -316,6 +319,12 @@ CLAIM_ORDER = "priority DESC, seq"
 
 FINAL = "status IN (" + ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES)) + ")"
 """SQL of ``status in FINAL_STATUSES``."""
+
+IN_WINDOW = "at > :since"
+"""An entry of a rate window (a lease granted, a save's usage) that still counts: after ``now - window``."""
+
+LEFT_WINDOW = "at <= :since"
+"""An entry that no longer counts (deleted by the next claim)."""
 
 _NAME = re.compile(r":(\w+)")
 

@@ -40,6 +40,8 @@ from ekit_runtime.queue.lifecycle import (
     CLAIMABLE,
     FINAL,
     HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
     LIVE,
     MATCHES,
     at_cap,
@@ -117,12 +119,21 @@ _INFO = (
 )
 # The lifecycle's named placeholders in PostgreSQL's terms: the clock is the
 # server's; a claim matches its (workflow, fingerprint) pairs as a joined array.
-_DIALECT = {"now": _NOW, "run_id": "%s", "epoch": "%s", "workflow": "w.name", "fingerprint": "w.fp"}
+_DIALECT = {
+    "now": _NOW,
+    "since": f"{_NOW} - %s",  # args: the window's length
+    "run_id": "%s",
+    "epoch": "%s",
+    "workflow": "w.name",
+    "fingerprint": "w.fp",
+}
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch
 _LIVE = render(LIVE, _DIALECT)
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)
 _ABANDONED = render(ABANDONED, _DIALECT)
 _MATCHES = render(MATCHES, _DIALECT)
+_IN_WINDOW = render(IN_WINDOW, _DIALECT)
+_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 _ROWS = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
     "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
@@ -452,7 +463,7 @@ class PostgresQueue(RunQueue):
             f"updated_at = {_NOW} WHERE {_ABANDONED}"
         )
         limits = self._read_limits(conn)
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE at <= {_NOW} - %s", (limits.window,))
+        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
         if limits.max_in_flight is not None or limits.runs_per_minute is not None:
             # Serialise the claims that count: without this, two claims could
             # both see one free slot and both take it.
@@ -486,7 +497,7 @@ class PostgresQueue(RunQueue):
             if row is not None and at_cap(limits, row[0]):
                 return False
         if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE at <= {_NOW} - %s", (limits.window,))
+            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (limits.window,))
             row = conn.execute("SELECT count(*) FROM ekit_queue_starts").fetchone()
             if row is not None and at_start_rate(limits, row[0]):
                 return False
@@ -623,7 +634,7 @@ class PostgresQueue(RunQueue):
                 return 0.0
             row = conn.execute(
                 f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
-                f"FROM ekit_queue_usage WHERE at > {_NOW} - %s",
+                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (limits.window,),
             ).fetchone()
             assert row is not None

@@ -32,6 +32,8 @@ from ekit_runtime.queue.lifecycle import (
     CLAIMABLE,
     FINAL,
     HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
     LIVE,
     MATCHES,
     at_cap,
@@ -108,12 +110,14 @@ _INFO = (
 )
 # The lifecycle's named placeholders in SQLite's terms: every one a parameter,
 # the clock too (the machine's, time.time(), shared by every process).
-_DIALECT = {"now": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?"}
+_DIALECT = {"now": "?", "since": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?"}
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch, now
 _LIVE = render(LIVE, _DIALECT)  # args: now
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)  # args: now
 _ABANDONED = render(ABANDONED, _DIALECT)  # args: now
 _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
+_IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
+_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 
 
 def _info(row: tuple[Any, ...]) -> RunInfo:
@@ -416,11 +420,11 @@ class SqliteQueue(RunQueue):
             if at_cap(limits, leases):
                 return False
         start = now - limits.window
-        conn.execute("DELETE FROM ekit_queue_starts WHERE at <= ?", (start,))
-        conn.execute("DELETE FROM ekit_queue_usage WHERE at <= ?", (start,))
+        conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
+        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (start,))
         if limits.runs_per_minute is not None:
             (started,) = conn.execute(
-                "SELECT count(*) FROM ekit_queue_starts WHERE at > ?", (start,)
+                f"SELECT count(*) FROM ekit_queue_starts WHERE {_IN_WINDOW}", (start,)
             ).fetchone()
             if at_start_rate(limits, started):
                 return False
@@ -556,7 +560,7 @@ class SqliteQueue(RunQueue):
             start = now - limits.window
             calls, tokens, oldest = conn.execute(
                 "SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at) "
-                "FROM ekit_queue_usage WHERE at > ?",
+                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (start,),
             ).fetchone()
             return usage_wait(limits, calls, tokens, oldest, now)
