@@ -281,3 +281,13 @@ def test_render_maps_every_name_and_refuses_a_missing_one() -> None:
     )
     with pytest.raises(KeyError):
         lc.render(lc.HELD, {"run_id": "?"})
+
+
+def test_the_docstring_table_is_the_transitions_value() -> None:
+    doc = lc.__doc__ or ""
+    body = doc.split("    ---------  ---------  ---------  -------  ", 1)[1].split("\n\n", 1)[0]
+    rows = set()
+    for line in body.splitlines()[1:]:
+        source, target, who, verb = line.split()[:4]
+        rows.add((None if source == "(none)" else source, target, who, verb))
+    assert rows == {(t.source, t.target, t.who, t.verb) for t in lc.TRANSITIONS}
