@@ -321,3 +321,17 @@ def test_a_full_rewrite_replaces_the_stored_entries_in_the_new_order(queue: RunQ
     stored = queue.checkpoint(run)
     assert stored is not None and list(stored.outputs.items()) == [("a", "new a")]
     assert stored == only_a
+
+
+def test_the_contract_is_one_class_that_every_backend_completes() -> None:
+    from ekit_runtime.queue import SqliteQueue, base, contract
+    from ekit_runtime.queue.postgres import PostgresQueue
+
+    assert contract.RunQueue is base.RunQueue is RunQueue
+    with pytest.raises(TypeError):
+        RunQueue()  # type: ignore[abstract]
+    for backend in (SqliteQueue, PostgresQueue):
+        assert issubclass(backend, RunQueue) and not backend.__abstractmethods__
+        public = {n for n in vars(backend) if not n.startswith("_") and callable(vars(backend)[n])}
+        # A backend adds no public method of its own: what a caller may use is the contract.
+        assert public <= set(dir(RunQueue)), public - set(dir(RunQueue))

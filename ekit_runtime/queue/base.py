@@ -1,10 +1,21 @@
-"""What every run-queue backend shares: argument checks, encoding, and save bookkeeping.
+"""``RunQueue``: the one contract every run-queue backend keeps (SQLite, PostgreSQL), and what they share.
 
-A backend (SQLite, PostgreSQL) subclasses :class:`QueueBase` and supplies the
-SQL. The checks here run before a statement is sent, so a bad argument or an
-output that cannot be encoded is refused with a ``ValueError`` before the
+The caller's side submits, inspects, cancels and prunes runs; the worker's
+side claims a run under a lease, saves checkpoints and renews the lease, and
+finishes or releases the run. Every worker-side write takes the
+:class:`~ekit_runtime.queue.records.Lease` it was granted and is refused with
+:class:`~ekit_runtime.queue.records.LeaseLostError`, writing nothing, unless
+that lease is still the run's live one: the check and the write are one
+statement or one transaction. Which transitions are legal, and the claimable
+and fencing conditions, are :mod:`ekit_runtime.queue.lifecycle`'s. The methods
+are synchronous; the :class:`~ekit_runtime.queue.worker.Worker` calls them on
+a thread of its own.
+
+A backend subclasses :class:`RunQueue` and supplies the SQL of the abstract
+methods. The checks here run before a statement is sent, so a bad argument or
+an output that cannot be encoded is refused with a ``ValueError`` before the
 database is touched; the rest turns the rows a statement read into records
-(a checkpoint, the fleet's limits, a lease, the wait before the next step).
+(a checkpoint, the fleet's limits, a lease).
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import json
 import re
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn, Self
@@ -39,7 +51,7 @@ from ekit_runtime.stores.errors import UnencodableError
 from ekit_runtime.stores.rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
 from ekit_runtime.workflow import WorkflowResult
 
-__all__ = ["QueueBase", "Submission", "schema_columns", "schema_problem"]
+__all__ = ["RunQueue", "Submission", "schema_columns", "schema_problem"]
 
 
 class Submission:
@@ -124,8 +136,11 @@ def schema_problem(expected: dict[str, set[str]], found: dict[str, set[str]]) ->
     return None
 
 
-class QueueBase:
-    """Bookkeeping shared by the backends: codec, lock, and the last save of each lease.
+class RunQueue(ABC):
+    """What a worker and a caller need from a queue backend (see the module docstring).
+
+    The abstract methods are each backend's; the rest is bookkeeping they
+    share: codec, lock, and the last save of each lease.
 
     ``_saved`` maps a run id to the epoch this object holds it at, the
     checkpoint it last stored (so that the next save writes only a delta) and
@@ -261,31 +276,77 @@ class QueueBase:
         """Whether a save adds calls or tokens to the fleet's usage window."""
         return added.llm_calls > 0 or added.total_tokens > 0
 
-    @staticmethod
-    def _usage_limited(limits: Limits) -> bool:
-        return limits.llm_calls_per_minute is not None or limits.tokens_per_minute is not None
+    # The contract: what each backend supplies.
 
-    @staticmethod
-    def _usage_wait(limits: Limits, calls: int, tokens: int, oldest: Any, now: float) -> float:
-        """Seconds before the window's ``calls`` and ``tokens`` (oldest at ``oldest``) let a step start."""
-        over = (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
-            limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
-        )
-        return max(float(oldest) + limits.window - float(now), 0.01) if over else 0.0
+    backend: str
+    """The backend's name: ``"sqlite"`` or ``"postgres"``."""
 
-    # What each backend supplies, and the methods above and below build on.
+    @abstractmethod
+    def submit(
+        self,
+        workflow: str,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Queue a run (idempotent for a given ``run_id``) and return its id."""
 
+    @abstractmethod
     def status(self, run_id: str) -> RunInfo:
         """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
-        raise NotImplementedError
 
+    @abstractmethod
+    def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
+        """Every run, or those with ``status``, in submission order."""
+
+    @abstractmethod
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
         """The run's latest saved checkpoint, ``None`` before its first save."""
-        raise NotImplementedError
 
+    @abstractmethod
+    def cancel(self, run_id: str) -> bool:
+        """Ask the run to stop; ``False`` if it had already ended."""
+
+    @abstractmethod
+    def prune(self, older_than: float) -> int:
+        """Delete ended runs older than ``older_than`` seconds; return how many."""
+
+    @abstractmethod
+    def limits(self) -> Limits:
+        """The fleet's limits."""
+
+    @abstractmethod
+    def set_limits(self, limits: Limits) -> None:
+        """Store the fleet's limits."""
+
+    @abstractmethod
+    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
+        """Lease the next claimable run, or ``None``."""
+
+    @abstractmethod
+    def renew(self, lease: Lease, lease_seconds: float) -> bool:
+        """Extend a lease; return whether a cancel was asked."""
+
+    @abstractmethod
+    def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
+        """Store a checkpoint under a lease and renew it; return whether a cancel was asked."""
+
+    @abstractmethod
+    def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
+        """End the run under a lease as finished, failed or cancelled."""
+
+    @abstractmethod
+    def release(self, lease: Lease) -> bool:
+        """Give a run back to the queue; ``False`` if the lease was already lost."""
+
+    @abstractmethod
+    def usage_wait(self) -> float:
+        """Seconds before the fleet's call and token limits let a step start (0: go)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Close the connection."""
-        raise NotImplementedError
 
     def __enter__(self) -> Self:
         return self

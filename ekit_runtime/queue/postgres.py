@@ -33,9 +33,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
+from ekit_runtime.queue.lifecycle import (
+    ABANDONED,
+    CLAIM_ORDER,
+    CLAIMABLE,
+    FINAL,
+    HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
+    LIVE,
+    MATCHES,
+    at_cap,
+    at_start_rate,
+    cancel_effect,
+    render,
+    usage_limited,
+    usage_wait,
+)
 from ekit_runtime.queue.records import (
-    FINAL_STATUSES,
     Lease,
     Limits,
     QueueUnavailableError,
@@ -102,7 +118,23 @@ _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
     "error, created_at, updated_at, fingerprint"
 )
-_HELD = f"run_id = %s AND epoch = %s AND status = 'running' AND lease_until > {_NOW}"
+# The lifecycle's named placeholders in PostgreSQL's terms: the clock is the
+# server's; a claim matches its (workflow, fingerprint) pairs as a joined array.
+_DIALECT = {
+    "now": _NOW,
+    "since": f"{_NOW} - %s",  # args: the window's length
+    "run_id": "%s",
+    "epoch": "%s",
+    "workflow": "w.name",
+    "fingerprint": "w.fp",
+}
+_HELD = render(HELD, _DIALECT)  # args: run_id, epoch
+_LIVE = render(LIVE, _DIALECT)
+_CLAIMABLE = render(CLAIMABLE, _DIALECT)
+_ABANDONED = render(ABANDONED, _DIALECT)
+_MATCHES = render(MATCHES, _DIALECT)
+_IN_WINDOW = render(IN_WINDOW, _DIALECT)
+_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 _ROWS = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
     "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
@@ -230,7 +262,7 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-class PostgresQueue(QueueBase):
+class PostgresQueue(RunQueue):
     """A durable run queue in a PostgreSQL database, shared by workers on any number of machines.
 
     ``dsn`` is a libpq connection string or URL (or an open
@@ -359,15 +391,16 @@ class PostgresQueue(QueueBase):
         check_run_id(run_id)
         with self.db.transaction() as conn:
             row = conn.execute(
-                f"SELECT status, lease_until > {_NOW} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE",
+                f"SELECT status, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE",
                 (run_id,),
             ).fetchone()
             if row is None:
                 raise UnknownRunError(run_id)
             status, live = row
-            if status in FINAL_STATUSES:
+            effect = cancel_effect(status, bool(live))
+            if effect == "ended":
                 return False
-            if status == "running" and live:
+            if effect == "flag":
                 conn.execute(
                     "UPDATE ekit_queue_runs SET cancel_requested = true WHERE run_id = %s", (run_id,)
                 )
@@ -382,7 +415,7 @@ class PostgresQueue(QueueBase):
     def prune(self, older_than: float) -> int:
         """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago."""
         age = check_age(older_than)
-        final = f"status IN ('finished', 'failed', 'cancelled') AND updated_at < {_NOW} - %s"
+        final = f"{FINAL} AND updated_at < {_NOW} - %s"
         with self.db.transaction() as conn:
             conn.execute(
                 "DELETE FROM ekit_queue_entries WHERE run_id IN "
@@ -428,10 +461,10 @@ class PostgresQueue(QueueBase):
     ) -> tuple[Any, ...] | None:
         conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = {_NOW} WHERE status = 'running' AND cancel_requested AND lease_until <= {_NOW}"
+            f"updated_at = {_NOW} WHERE {_ABANDONED}"
         )
         limits = self._read_limits(conn)
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE at <= {_NOW} - %s", (limits.window,))
+        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
         if limits.max_in_flight is not None or limits.runs_per_minute is not None:
             # Serialise the claims that count: without this, two claims could
             # both see one free slot and both take it.
@@ -440,10 +473,8 @@ class PostgresQueue(QueueBase):
                 return None
         row = conn.execute(
             "SELECT r.run_id FROM ekit_queue_runs r "
-            "JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) "
-            "ON r.workflow = w.name AND (r.fingerprint IS NULL OR r.fingerprint = w.fp) "
-            f"WHERE r.status = 'queued' OR (r.status = 'running' AND r.lease_until <= {_NOW}) "
-            "ORDER BY r.priority DESC, r.seq LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
+            f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
+            f"WHERE {_CLAIMABLE} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
             ([n for n, _ in names], [fp for _, fp in names]),
         ).fetchone()
         if row is None:
@@ -462,14 +493,14 @@ class PostgresQueue(QueueBase):
     def _below_limits(conn: psycopg.Connection[Any], limits: Limits) -> bool:
         if limits.max_in_flight is not None:
             row = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > {_NOW}"
+                f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}"
             ).fetchone()
-            if row is not None and row[0] >= limits.max_in_flight:
+            if row is not None and at_cap(limits, row[0]):
                 return False
         if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE at <= {_NOW} - %s", (limits.window,))
+            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (limits.window,))
             row = conn.execute("SELECT count(*) FROM ekit_queue_starts").fetchone()
-            if row is not None and row[0] >= limits.runs_per_minute:
+            if row is not None and at_start_rate(limits, row[0]):
                 return False
         return True
 
@@ -600,16 +631,16 @@ class PostgresQueue(QueueBase):
 
         def body(conn: psycopg.Connection[Any]) -> float:
             limits = self._read_limits(conn)
-            if not self._usage_limited(limits):
+            if not usage_limited(limits):
                 return 0.0
             row = conn.execute(
                 f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
-                f"FROM ekit_queue_usage WHERE at > {_NOW} - %s",
+                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (limits.window,),
             ).fetchone()
             assert row is not None
             calls, tokens, oldest, now = row
-            return self._usage_wait(limits, calls, tokens, oldest, now)
+            return usage_wait(limits, calls, tokens, oldest, now)
 
         return self.db.run(body)
 

@@ -25,9 +25,26 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import QueueBase, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
+from ekit_runtime.queue.lifecycle import (
+    ABANDONED,
+    CLAIM_ORDER,
+    CLAIMABLE,
+    FINAL,
+    HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
+    LIVE,
+    MATCHES,
+    at_cap,
+    at_start_rate,
+    cancel_effect,
+    live,
+    render,
+    usage_limited,
+    usage_wait,
+)
 from ekit_runtime.queue.records import (
-    FINAL_STATUSES,
     Lease,
     Limits,
     QueueUnavailableError,
@@ -92,8 +109,16 @@ _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
     "error, created_at, updated_at, fingerprint"
 )
-# A live lease: the fencing condition every holder's write carries.
-_HELD = "run_id = ? AND epoch = ? AND status = 'running' AND lease_until > ?"
+# The lifecycle's named placeholders in SQLite's terms: every one a parameter,
+# the clock too (the machine's, time.time(), shared by every process).
+_DIALECT = {"now": "?", "since": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?"}
+_HELD = render(HELD, _DIALECT)  # args: run_id, epoch, now
+_LIVE = render(LIVE, _DIALECT)  # args: now
+_CLAIMABLE = render(CLAIMABLE, _DIALECT)  # args: now
+_ABANDONED = render(ABANDONED, _DIALECT)  # args: now
+_MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
+_IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
+_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 
 
 def _info(row: tuple[Any, ...]) -> RunInfo:
@@ -103,7 +128,7 @@ def _info(row: tuple[Any, ...]) -> RunInfo:
     )
 
 
-class SqliteQueue(QueueBase):
+class SqliteQueue(RunQueue):
     """A durable run queue in one SQLite database file (WAL), shared by worker processes.
 
     ``path`` is the database file (created if missing). ``limits``, when
@@ -291,9 +316,10 @@ class SqliteQueue(QueueBase):
             if row is None:
                 raise UnknownRunError(run_id)
             status, until = row
-            if status in FINAL_STATUSES:
+            effect = cancel_effect(status, live(status, until, now))
+            if effect == "ended":
                 return False
-            if status == "running" and until is not None and until > now:
+            if effect == "flag":
                 conn.execute("UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
             else:
                 conn.execute(
@@ -310,7 +336,7 @@ class SqliteQueue(QueueBase):
         cutoff = time.time() - check_age(older_than)
 
         def body(conn: sqlite3.Connection) -> int:
-            final = "status IN ('finished', 'failed', 'cancelled') AND updated_at < ?"
+            final = f"{FINAL} AND updated_at < ?"
             conn.execute(
                 f"DELETE FROM ekit_queue_entries WHERE run_id IN "
                 f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
@@ -363,16 +389,15 @@ class SqliteQueue(QueueBase):
         # worker then died, is cancelled here rather than resumed.
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            "updated_at = ? WHERE status = 'running' AND cancel_requested = 1 AND lease_until <= ?",
+            f"updated_at = ? WHERE {_ABANDONED}",
             (now, now),
         )
         if not self._below_limits(conn, now):
             return None
-        match = " OR ".join("(workflow = ? AND (fingerprint IS NULL OR fingerprint = ?))" for _ in names)
+        match = " OR ".join(f"({_MATCHES})" for _ in names)
         row = conn.execute(
-            "SELECT run_id, epoch, workflow, context FROM ekit_queue_runs "
-            "WHERE (status = 'queued' OR (status = 'running' AND lease_until <= ?)) "
-            f"AND ({match}) ORDER BY priority DESC, seq LIMIT 1",
+            f"SELECT run_id, epoch, workflow, context FROM ekit_queue_runs "
+            f"WHERE {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1",
             (now, *[v for pair in names for v in pair]),
         ).fetchone()
         if row is None:
@@ -392,19 +417,17 @@ class SqliteQueue(QueueBase):
         """Whether one more lease keeps the fleet within its cap and its start rate."""
         limits = self._read_limits(conn)
         if limits.max_in_flight is not None:
-            (live,) = conn.execute(
-                "SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > ?", (now,)
-            ).fetchone()
-            if live >= limits.max_in_flight:
+            (leases,) = conn.execute(f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}", (now,)).fetchone()
+            if at_cap(limits, leases):
                 return False
         start = now - limits.window
-        conn.execute("DELETE FROM ekit_queue_starts WHERE at <= ?", (start,))
-        conn.execute("DELETE FROM ekit_queue_usage WHERE at <= ?", (start,))
+        conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
+        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (start,))
         if limits.runs_per_minute is not None:
             (started,) = conn.execute(
-                "SELECT count(*) FROM ekit_queue_starts WHERE at > ?", (start,)
+                f"SELECT count(*) FROM ekit_queue_starts WHERE {_IN_WINDOW}", (start,)
             ).fetchone()
-            if started >= limits.runs_per_minute:
+            if at_start_rate(limits, started):
                 return False
         return True
 
@@ -532,16 +555,16 @@ class SqliteQueue(QueueBase):
 
         def body(conn: sqlite3.Connection) -> float:
             limits = self._read_limits(conn)
-            if not self._usage_limited(limits):
+            if not usage_limited(limits):
                 return 0.0
             now = time.time()
             start = now - limits.window
             calls, tokens, oldest = conn.execute(
                 "SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at) "
-                "FROM ekit_queue_usage WHERE at > ?",
+                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (start,),
             ).fetchone()
-            return self._usage_wait(limits, calls, tokens, oldest, now)
+            return usage_wait(limits, calls, tokens, oldest, now)
 
         return self._tx(body, write=False)
 

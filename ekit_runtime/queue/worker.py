@@ -51,9 +51,11 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.keys import KeyedExecutor, keyed, run_context
+from ekit_runtime.queue.lifecycle import drive_ending
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
+    RunStatus,
     check_seconds,
     check_step_name,
     check_workflow_name,
@@ -318,7 +320,14 @@ class Worker:
         """Record how the run ended, unless the lease was lost (then write nothing)."""
         lease = drive.lease
         error = None if task.cancelled() else task.exception()
-        if drive.lost or _lost(error):
+        ending = drive_ending(
+            lost=drive.lost,
+            stopping=drive.stopping,
+            cancel_asked=drive.cancel_asked,
+            cancelled=task.cancelled(),
+            error=error,
+        )
+        if ending == "lost":
             drive.outcome = "lost"
             log.warning(
                 "worker %s: lease on run %r (epoch %d) was lost; stopped driving it and wrote nothing more",
@@ -327,15 +336,11 @@ class Worker:
                 lease.epoch,
             )
             return
-        if drive.stopping and not drive.cancel_asked:
+        if ending == "released":
             await self._give_back(drive)
             return
-        if drive.cancel_asked and (task.cancelled() or isinstance(error, asyncio.CancelledError)):
-            status, message = "cancelled", None
-        elif error is None and not task.cancelled():
-            status, message = "finished", None
-        else:
-            status, message = "failed", f"{type(error).__name__}: {error}"
+        status: RunStatus = ending
+        message = None if status != "failed" else f"{type(error).__name__}: {error}"
         try:
             await self._db(self.queue.finish, lease, status, message)
             drive.outcome = status
@@ -548,11 +553,3 @@ class Worker:
 
         return gate
 
-
-def _lost(error: BaseException | None) -> bool:
-    """Whether ``error`` is, or holds, a refused write."""
-    if isinstance(error, LeaseLostError):
-        return True
-    if isinstance(error, BaseExceptionGroup):
-        return any(_lost(e) for e in error.exceptions)
-    return False

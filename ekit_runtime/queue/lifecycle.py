@@ -1,0 +1,334 @@
+"""The run queue's lifecycle: this module owns its rules, and every backend and the worker follow it.
+
+Nothing here does I/O or imports a database driver. The rules are values and
+plain functions over values; the SQL each backend sends is rendered from the
+named pieces below (:func:`render`), so a condition is written once.
+
+Theory of operation
+-------------------
+
+A run is ``queued`` until a worker claims it; a claim grants a lease (the
+run's ``epoch`` + 1, the fencing token, and an expiry ``lease_until``) and
+makes it ``running``. Only the lease's holder writes to a running run, and
+only while the lease is live (same epoch, unexpired, still running); once the
+lease expired, anyone's claim takes the run over. Three statuses are final: a
+run never leaves them, and only they may be pruned.
+
+    TRANSITIONS (from, to, who, by doing what, on what condition)
+
+    from       to         who        verb     condition
+    ---------  ---------  ---------  -------  --------------------------------------------
+    (none)     queued     submitter  submit   the run id is new (else: nothing changes)
+    queued     running    anyone     claim    claimable (below); epoch + 1
+    running    running    anyone     claim    the lease expired, no cancel asked; epoch + 1
+    running    cancelled  anyone     claim    the lease expired with a cancel asked; epoch + 1
+    running    running    holder     save     fenced (below); the lease is extended
+    running    running    holder     renew    fenced; the lease is extended
+    running    finished   holder     finish   fenced
+    running    failed     holder     finish   fenced
+    running    cancelled  holder     finish   fenced
+    running    queued     holder     release  fenced; the epoch stays (the next claim raises it)
+    queued     cancelled  submitter  cancel   at once; epoch + 1
+    running    cancelled  submitter  cancel   the lease expired; epoch + 1 (else: flagged)
+    running    running    submitter  cancel   the lease is live: cancel_requested is set
+
+CLAIMABLE: status ``queued``, or ``running`` with an expired lease and no
+cancel asked (a claim first cancels, rather than resumes, an expired run
+whose cancel was asked); of a workflow the claimer drives, whose stored
+fingerprint is unset or the claimer's; the highest priority first, then the
+oldest submission. (A ``queued`` run's cancel flag does not stop a claim: a
+run released before its worker saw the flag is claimed, and its new holder
+sees the flag at its first renewal or save.)
+
+FENCED (a holder's write is accepted): same run id, the run's epoch is the
+lease's, the run is ``running`` and its lease has not expired. A refused write
+changes nothing (:class:`~ekit_runtime.queue.records.LeaseLostError`).
+
+HOW A DRIVE ENDED (:func:`drive_ending`, from what the worker knows):
+
+    lease lost (a refusal, or the worker's clock says it lapsed)  -> lost (nothing written)
+    stopped by the worker, no cancel asked                         -> released
+    cancel asked and the run stopped by cancellation               -> cancelled
+    the run returned                                               -> finished
+    otherwise (it raised)                                          -> failed
+
+RATE WINDOWS: a claim is refused while ``max_in_flight`` live leases exist or
+``runs_per_minute`` leases were granted in the trailing window; no step
+starts while the calls or tokens recorded in the trailing window reached
+their limit (:func:`usage_wait`). An entry of a window counts while its time
+is after ``now - window``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from ekit_runtime.queue.records import FINAL_STATUSES, LeaseLostError, Limits, RunStatus
+
+__all__ = [
+    "ABANDONED",
+    "CLAIMABLE",
+    "CLAIM_ORDER",
+    "FINAL",
+    "HELD",
+    "IN_WINDOW",
+    "LEFT_WINDOW",
+    "LIVE",
+    "MATCHES",
+    "TRANSITIONS",
+    "Actor",
+    "CancelEffect",
+    "Ending",
+    "Transition",
+    "abandoned",
+    "at_cap",
+    "at_start_rate",
+    "cancel_effect",
+    "claimable",
+    "drive_ending",
+    "expired",
+    "fenced",
+    "live",
+    "matches",
+    "next_status",
+    "render",
+    "usage_limited",
+    "usage_over",
+    "usage_wait",
+]
+
+Actor: TypeAlias = Literal["submitter", "holder", "anyone"]
+"""Who makes a transition: the caller's side, the lease holder, or any worker's claim."""
+
+Ending: TypeAlias = Literal["finished", "failed", "cancelled", "lost", "released"]
+"""How a worker's drive of a run ended."""
+
+CancelEffect: TypeAlias = Literal["ended", "flag", "cancel"]
+"""What a cancel does: nothing (already final), flag a live lease, or cancel at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One row of :data:`TRANSITIONS`: ``who`` moves a run from ``source`` to ``target`` by ``verb``."""
+
+    source: RunStatus | None
+    target: RunStatus
+    who: Actor
+    verb: str
+    condition: str
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(None, "queued", "submitter", "submit", "the run id is new"),
+    Transition("queued", "running", "anyone", "claim", "claimable; epoch + 1"),
+    Transition("running", "running", "anyone", "claim", "lease expired, no cancel asked; epoch + 1"),
+    Transition("running", "cancelled", "anyone", "claim", "lease expired with a cancel asked; epoch + 1"),
+    Transition("running", "running", "holder", "save", "fenced; lease extended"),
+    Transition("running", "running", "holder", "renew", "fenced; lease extended"),
+    Transition("running", "finished", "holder", "finish", "fenced"),
+    Transition("running", "failed", "holder", "finish", "fenced"),
+    Transition("running", "cancelled", "holder", "finish", "fenced"),
+    Transition("running", "queued", "holder", "release", "fenced"),
+    Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
+    Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1"),
+    Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set"),
+)
+"""Every legal status change (the table in this module's docstring)."""
+
+
+# -- the conditions, as plain functions over values -------------------------
+
+
+def live(status: str, lease_until: float | None, now: float) -> bool:
+    """Whether a run holds an unexpired lease (it counts against ``max_in_flight``)."""
+    return status == "running" and lease_until is not None and lease_until > now
+
+
+def expired(lease_until: float | None, now: float) -> bool:
+    """Whether a lease was granted and has run out (a run is never running without one)."""
+    return lease_until is not None and lease_until <= now
+
+
+def claimable(status: str, lease_until: float | None, cancel_requested: bool, now: float) -> bool:
+    """Whether a claim may take the run (its workflow and fingerprint aside: :func:`matches`)."""
+    if status == "queued":
+        return True
+    return status == "running" and expired(lease_until, now) and not cancel_requested
+
+
+def abandoned(status: str, lease_until: float | None, cancel_requested: bool, now: float) -> bool:
+    """Whether a claim cancels the run: its lease expired after a cancel was asked."""
+    return status == "running" and cancel_requested and expired(lease_until, now)
+
+
+def matches(workflow: str, fingerprint: str | None, workflows: Mapping[str, str | None]) -> bool:
+    """Whether a claimer driving ``workflows`` (name -> its graph fingerprint) may take the run."""
+    return workflow in workflows and (fingerprint is None or fingerprint == workflows[workflow])
+
+
+def fenced(
+    status: str, epoch: int, lease_until: float | None, lease_epoch: int, now: float
+) -> bool:
+    """Whether a write of the holder of the lease at ``lease_epoch`` is accepted."""
+    return epoch == lease_epoch and live(status, lease_until, now)
+
+
+def cancel_effect(status: str, lease_live: bool) -> CancelEffect:
+    """What asking to cancel a run does (``lease_live``: :func:`live` of the run)."""
+    if status in FINAL_STATUSES:
+        return "ended"
+    return "flag" if status == "running" and lease_live else "cancel"
+
+
+def next_status(
+    verb: str,
+    status: RunStatus,
+    lease_until: float | None,
+    cancel_requested: bool,
+    now: float,
+    *,
+    fenced_ok: bool = True,
+    final: RunStatus = "finished",
+) -> RunStatus | None:
+    """The status ``verb`` leaves a run in, or ``None`` when it changes nothing (or is refused).
+
+    ``fenced_ok``: for a holder's verb (save, renew, finish, release), whether
+    the lease's epoch is the run's (:func:`fenced` checks the rest); ``final``:
+    the status a finish writes. Every change it allows is a row of
+    :data:`TRANSITIONS`, made by that row's ``who``.
+    """
+    if verb == "claim":
+        if abandoned(status, lease_until, cancel_requested, now):
+            return "cancelled"
+        return "running" if claimable(status, lease_until, cancel_requested, now) else None
+    if verb == "cancel":
+        effect = cancel_effect(status, live(status, lease_until, now))
+        return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
+    if verb not in _HOLDER_VERBS:
+        raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
+    if not (fenced_ok and live(status, lease_until, now)):
+        return None
+    return {"save": status, "renew": status, "finish": final, "release": "queued"}[verb]
+
+
+_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release"})
+
+
+def drive_ending(
+    *,
+    lost: bool,
+    stopping: bool,
+    cancel_asked: bool,
+    cancelled: bool,
+    error: BaseException | None,
+) -> Ending:
+    """How a drive ended, from the worker's flags and the run task's end.
+
+    ``cancelled``: the run's task was cancelled; ``error``: what it raised
+    (``None`` if it returned or was cancelled). ``lost`` and ``released`` write
+    no final status; the other three are the status the holder finishes with.
+    """
+    if lost or _refused(error):
+        return "lost"
+    if stopping and not cancel_asked:
+        return "released"
+    if cancel_asked and (cancelled or isinstance(error, asyncio.CancelledError)):
+        return "cancelled"
+    if error is None and not cancelled:
+        return "finished"
+    return "failed"
+
+
+def _refused(error: BaseException | None) -> bool:
+    """Whether ``error`` is, or holds, a refused write."""
+    if isinstance(error, LeaseLostError):
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return any(_refused(e) for e in error.exceptions)
+    return False
+
+
+def at_cap(limits: Limits, live_leases: int) -> bool:
+    """Whether ``live_leases`` live leases leave no room under ``max_in_flight`` (no claim)."""
+    return limits.max_in_flight is not None and live_leases >= limits.max_in_flight
+
+
+def at_start_rate(limits: Limits, started: int) -> bool:
+    """Whether ``started`` leases granted in the window reached ``runs_per_minute`` (no claim)."""
+    return limits.runs_per_minute is not None and started >= limits.runs_per_minute
+
+
+def usage_limited(limits: Limits) -> bool:
+    """Whether the fleet limits calls or tokens (only then does a step ask :func:`usage_wait`)."""
+    return limits.llm_calls_per_minute is not None or limits.tokens_per_minute is not None
+
+
+def usage_over(limits: Limits, calls: int, tokens: int) -> bool:
+    """Whether the window's recorded ``calls`` and ``tokens`` reached a limit (no step may start)."""
+    return (limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute) or (
+        limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute
+    )
+
+
+def usage_wait(limits: Limits, calls: int, tokens: int, oldest: float | None, now: float) -> float:
+    """Seconds before the window (its oldest entry at ``oldest``) lets a step start; 0: go.
+
+    Once over, the wait is until the oldest entry leaves the window, and at
+    least 10 ms (a caller then asks again).
+    """
+    if not usage_over(limits, calls, tokens) or oldest is None:
+        return 0.0
+    return max(float(oldest) + limits.window - float(now), 0.01)
+
+
+# -- the same conditions as SQL pieces --------------------------------------
+#
+# ``:name`` is a named placeholder that a backend's dialect table maps to its
+# SQL (``render``): ``:now`` to the clock (a parameter on SQLite, the server's
+# now() on PostgreSQL), ``:since`` to the start of a rate window, the others
+# to a parameter marker or a column. They are read left to right, which is the
+# order of a backend's positional arguments.
+
+
+def _sql(text: str) -> str:
+    """``text`` with each ``{status}`` written as that status's SQL literal."""
+    return text.format(**{s: f"'{s}'" for s in ("queued", "running", "finished", "failed", "cancelled")})
+
+
+LIVE = _sql("status = {running} AND lease_until > :now")
+"""SQL of :func:`live`."""
+
+HELD = _sql("run_id = :run_id AND epoch = :epoch AND status = {running} AND lease_until > :now")
+"""SQL of :func:`fenced`, for one run: the condition every holder's write carries."""
+
+CLAIMABLE = _sql("(status = {queued} OR (status = {running} AND lease_until <= :now))")
+"""SQL of :func:`claimable` once the claim has cancelled the :data:`ABANDONED` runs."""
+
+ABANDONED = _sql("status = {running} AND cancel_requested AND lease_until <= :now")
+"""SQL of :func:`abandoned`: the runs a claim cancels first."""
+
+MATCHES = "workflow = :workflow AND (fingerprint IS NULL OR fingerprint = :fingerprint)"
+"""SQL of :func:`matches`, for one (workflow, fingerprint) pair of the claimer."""
+
+CLAIM_ORDER = "priority DESC, seq"
+"""The order claims take runs in: the highest priority first, then the oldest submission."""
+
+FINAL = "status IN (" + ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES)) + ")"
+"""SQL of ``status in FINAL_STATUSES``."""
+
+IN_WINDOW = "at > :since"
+"""An entry of a rate window (a lease granted, a save's usage) that still counts: after ``now - window``."""
+
+LEFT_WINDOW = "at <= :since"
+"""An entry that no longer counts (deleted by the next claim)."""
+
+_NAME = re.compile(r":(\w+)")
+
+
+def render(template: str, dialect: Mapping[str, str]) -> str:
+    """``template`` with each ``:name`` replaced by ``dialect[name]`` (a ``KeyError`` if missing)."""
+    return _NAME.sub(lambda m: dialect[m.group(1)], template)
