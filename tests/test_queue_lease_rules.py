@@ -140,6 +140,37 @@ def test_a_live_run_with_a_cancel_request_stays_with_its_worker(queue: RunQueue,
             other.close()
 
 
+def test_a_run_given_back_after_a_cancel_its_worker_had_not_seen_is_cancelled(
+    queue: RunQueue, queue_url: str
+) -> None:
+    # A worker stopping (SIGTERM) releases its runs; a cancel asked just before,
+    # which it never saw, must not send the run back to be claimed and paid for.
+    (first,) = _checkpoints(1)
+    run = queue.submit("w", run_id="stopped-and-cancelled")
+    queue.submit("w", run_id="other")
+    lease = queue.claim("w1", {"w": None}, 30)
+    assert lease is not None and lease.run_id == run
+    assert queue.save(lease, first, 30) is False  # no cancel asked yet
+    assert queue.cancel(run) is True  # flagged: the lease is live
+    assert queue.release(lease) is True
+    info = queue.status(run)
+    assert (info.status, info.lease_until, info.epoch) == ("cancelled", None, 1)
+    assert queue.checkpoint(run) == first
+    taker = open_queue(queue_url)
+    try:
+        taken = taker.claim("w2", {"w": first.fingerprint}, 30)
+        assert taken is not None and taken.run_id == "other"
+        assert taker.claim("w2", {"w": first.fingerprint}, 30) is None
+    finally:
+        taker.close()
+    # Without a cancel, a release gives the run back to be claimed.
+    again = queue.submit("w", run_id="plain")
+    plain = queue.claim("w1", {"w": None}, 30)
+    assert plain is not None and plain.run_id == again
+    assert queue.release(plain) is True
+    assert queue.status(again).status == "queued"
+
+
 def test_a_dead_workers_cancelled_run_is_cancelled_not_resumed(queue: RunQueue, queue_url: str) -> None:
     (first,) = _checkpoints(1)
     run = queue.submit("w", run_id="orphan")

@@ -169,7 +169,7 @@ class Driver:
         assert self.queue.release(lease) is held
         if held:
             run = self.model.runs[lease.run_id]
-            run.status, run.until = "queued", None
+            run.status, run.until = lc.RELEASED_AS[run.cancel], None
 
     def cancel(self) -> None:
         if not self.model.runs:

@@ -27,7 +27,8 @@ run never leaves them, and only they may be pruned.
     running    finished   holder     finish   fenced
     running    failed     holder     finish   fenced
     running    cancelled  holder     finish   fenced
-    running    queued     holder     release  fenced; the epoch stays (the next claim raises it)
+    running    queued     holder     release  fenced, no cancel asked; the epoch stays
+    running    cancelled  holder     release  fenced, a cancel asked (the holder had not seen it)
     queued     cancelled  submitter  cancel   at once; epoch + 1
     running    cancelled  submitter  cancel   the lease expired; epoch + 1 (else: flagged)
     running    running    submitter  cancel   the lease is live: cancel_requested is set
@@ -36,9 +37,9 @@ CLAIMABLE: status ``queued``, or ``running`` with an expired lease and no
 cancel asked (a claim first cancels, rather than resumes, an expired run
 whose cancel was asked); of a workflow the claimer drives, whose stored
 fingerprint is unset or the claimer's; the highest priority first, then the
-oldest submission. (A ``queued`` run's cancel flag does not stop a claim: a
-run released before its worker saw the flag is claimed, and its new holder
-sees the flag at its first renewal or save.)
+oldest submission. (A release never leaves a cancel flag on a ``queued`` run:
+a worker that gives a run back before it saw the flag ends it ``cancelled``,
+so that no worker starts paid work on a run someone cancelled.)
 
 FENCED (a holder's write is accepted): same run id, the run's epoch is the
 lease's, the run is ``running`` and its lease has not expired. A refused write
@@ -79,6 +80,8 @@ __all__ = [
     "LEFT_WINDOW",
     "LIVE",
     "MATCHES",
+    "RELEASED_AS",
+    "RELEASE_STATUS",
     "TRANSITIONS",
     "Actor",
     "CancelEffect",
@@ -132,7 +135,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("running", "finished", "holder", "finish", "fenced"),
     Transition("running", "failed", "holder", "finish", "fenced"),
     Transition("running", "cancelled", "holder", "finish", "fenced"),
-    Transition("running", "queued", "holder", "release", "fenced"),
+    Transition("running", "queued", "holder", "release", "fenced, no cancel asked"),
+    Transition("running", "cancelled", "holder", "release", "fenced, a cancel asked"),
     Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
     Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1"),
     Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set"),
@@ -212,10 +216,18 @@ def next_status(
         raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
     if not (fenced_ok and live(status, lease_until, now)):
         return None
-    return {"save": status, "renew": status, "finish": final, "release": "queued"}[verb]
+    if verb == "release":
+        return RELEASED_AS[cancel_requested]
+    return {"save": status, "renew": status, "finish": final}[verb]
 
 
 _HOLDER_VERBS = frozenset({"save", "renew", "finish", "release"})
+
+RELEASED_AS: Mapping[bool, RunStatus] = {False: "queued", True: "cancelled"}
+"""The status a release leaves a run in, by whether a cancel was asked."""
+
+RELEASE_STATUS = "CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END"
+"""SQL of :data:`RELEASED_AS`, for the release's ``SET status = ...``."""
 
 
 def drive_ending(

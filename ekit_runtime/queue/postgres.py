@@ -44,6 +44,7 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    RELEASE_STATUS,
     at_cap,
     at_start_rate,
     cancel_effect,
@@ -615,11 +616,14 @@ class PostgresQueue(RunQueue):
         self._forget(lease.run_id)
 
     def release(self, lease: Lease) -> bool:
-        """Give the run back to the queue; ``False`` if the lease was already lost."""
+        """Give the run back to the queue; ``False`` if the lease was already lost.
+
+        A run whose cancel was asked meanwhile is ended ``cancelled`` instead.
+        """
         row = self.db.run(
             lambda c: c.execute(
-                "UPDATE ekit_queue_runs SET status = 'queued', lease_until = NULL, owner = NULL, "
-                f"updated_at = {_NOW} WHERE {_HELD} RETURNING run_id",
+                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
+                f"owner = NULL, updated_at = {_NOW} WHERE {_HELD} RETURNING run_id",
                 (lease.run_id, lease.epoch),
             ).fetchone()
         )

@@ -36,6 +36,7 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    RELEASE_STATUS,
     at_cap,
     at_start_rate,
     cancel_effect,
@@ -533,14 +534,17 @@ class SqliteQueue(RunQueue):
         self._forget(lease.run_id)
 
     def release(self, lease: Lease) -> bool:
-        """Give the run back to the queue (a worker shutting down); ``False`` if already lost."""
+        """Give the run back to the queue (a worker shutting down); ``False`` if already lost.
+
+        A run whose cancel was asked meanwhile is ended ``cancelled`` instead.
+        """
 
         def body(conn: sqlite3.Connection) -> bool:
             now = time.time()
             return (
                 conn.execute(
-                    f"UPDATE ekit_queue_runs SET status = 'queued', lease_until = NULL, owner = NULL, "
-                    f"updated_at = ? WHERE {_HELD}",
+                    f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
+                    f"owner = NULL, updated_at = ? WHERE {_HELD}",
                     (now, lease.run_id, lease.epoch, now),
                 ).rowcount
                 == 1
