@@ -26,6 +26,8 @@ __all__ = [
     "Interrupted",
     "Start",
     "Succeeded",
+    "first_start",
+    "succeeded",
 ]
 
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
 from ekit_core._fast import twin
-from ekit_core.checkpoint import FORMAT_VERSION, FailureRecord, WorkflowCheckpoint
+from ekit_core.checkpoint import FailureRecord, RecordedGraph, WorkflowCheckpoint
 from ekit_core.events import Event, Outcome
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
@@ -88,10 +88,13 @@ class RunSpec:
     dependents: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _FROM_GRAPH, repr=False, compare=False
     )
+    # The graph as the run's checkpoints record it: one value for all of them.
+    recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dependents is _FROM_GRAPH:
             object.__setattr__(self, "dependents", self.graph.dependents)
+        object.__setattr__(self, "recorded_graph", RecordedGraph.of(self.graph))
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,30 +262,15 @@ def bit_indices(bits: int, limit: int | None = None) -> list[int]:
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
-    Costs O(1): the checkpoint shares the state's output ledger. Built
-    through a twin class (see :mod:`ekit_core._fast`), as :func:`make_state`
-    is: the shell makes one per step.
+    Costs O(1): the checkpoint shares the state's ledgers and its run's
+    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`).
     """
-    spec, outputs, usage = state.spec, state.outputs, state.step_usage
-    graph = spec.graph
-    cp = _CheckpointDraft()
-    cp.step_index = state.completed
-    cp.outputs = MappingProxyType(outputs)
-    cp.cost = state.cost
-    cp.context = spec.context
-    cp.step_usage = MappingProxyType(usage)
-    cp.failures = state.incidents.failures
-    cp._graph_spec = graph
-    if graph._fingerprint is not None:  # else left unset: hashed when first read
-        cp.fingerprint = graph._fingerprint
-    cp.graph = graph.deps
-    cp._graph_texts = None
-    cp.format_version = FORMAT_VERSION
-    cp.versions = spec.versions
-    cp._outputs_ledger = outputs
-    cp._usage_ledger = usage
-    cp.__class__ = WorkflowCheckpoint
-    return cast(WorkflowCheckpoint, cp)
+    spec = state.spec
+    return WorkflowCheckpoint.of_ledgers(
+        state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+        context=spec.context, failures=state.incidents.failures,
+        graph=spec.recorded_graph, versions=spec.versions,
+    )
 
 
 def make_state(
@@ -290,7 +278,7 @@ def make_state(
     cost: TokenUsage, incidents: Incidents, events: tuple[Event, ...], outcome: Outcome | None,
     offset: int, ready: int, running: int, in_flight: int, waiting: MappingProxyType[str, int],
 ) -> State:
-    """``State(...)`` for the transitions, one per step, built through a twin class.
+    """``State(...)`` for the transitions' freeze, one per step, built through a twin class.
 
     A frozen dataclass's generated ``__init__`` costs several times as much
     (see :mod:`ekit_core._fast`); the value is the same, and as immutable.
@@ -314,5 +302,3 @@ def make_state(
 
 
 _StateDraft = twin(State)
-_CheckpointDraft = twin(WorkflowCheckpoint)
-

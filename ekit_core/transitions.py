@@ -702,7 +702,7 @@ def _launch(w: _Run) -> Batch:
 
 
 def _batch(starts: tuple[Start, ...]) -> Batch:
-    """``Batch(starts)``, built through a twin class: a chain makes one per step."""
+    """``Batch(starts)``, built through a twin class (see :mod:`ekit_core._fast`): one per step."""
     batch = _BatchDraft()
     batch.starts = starts
     batch.withdraw = ()
