@@ -325,19 +325,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         """
         if not isinstance(data, dict):
             raise CheckpointError("<checkpoint>", f"must be a dict, got {type(data).__name__}")
-        version = data.get("format_version", FORMAT_VERSION)
-        version = _count(version, "format_version")
-        if version > FORMAT_VERSION:
-            raise UnsupportedFormatError(
-                "format_version",
-                f"version {version} was written by a newer ekit; this one reads up to "
-                f"{FORMAT_VERSION}",
-            )
-        if version < 1:
-            raise CheckpointError("format_version", f"must be at least 1, got {version}")
-        for key in ("step_index", "outputs", "cost"):
-            if key not in data:
-                raise CheckpointError(key, "missing")
+        version = _format_version(data)
         fingerprint = data.get("fingerprint")
         if fingerprint is not None:
             if not isinstance(fingerprint, str):
@@ -513,6 +501,23 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         cost=cp.cost,
         context_changed=bool(cp.context),
     )
+
+
+def _format_version(data: dict[Any, Any]) -> int:
+    """The format version of ``data``, one this library reads, its three keys present."""
+    version = _count(data.get("format_version", FORMAT_VERSION), "format_version")
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            "format_version",
+            f"version {version} was written by a newer ekit; this one reads up to "
+            f"{FORMAT_VERSION}",
+        )
+    if version < 1:
+        raise CheckpointError("format_version", f"must be at least 1, got {version}")
+    for key in ("step_index", "outputs", "cost"):
+        if key not in data:
+            raise CheckpointError(key, "missing")
+    return version
 
 
 def _count(value: object, name: str) -> int:

@@ -196,6 +196,8 @@ def _check_limits(
     approval: bool,
     isolate_failures: bool,
 ) -> Limits:
+    if not isinstance(graph, GraphSpec):
+        raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
     if max_concurrency is not None and (
         isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1
     ):
@@ -328,6 +330,22 @@ def _first_ready(
     return ready, waiting, done, graph.dependents_among(pending) if done else graph.dependents
 
 
+def _recorded_halt(limits: Limits, checkpoint: WorkflowCheckpoint, left: int) -> Halt | None:
+    """A budget the recorded usage reaches halts the run at once, if ``left`` steps remain."""
+    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and left:
+        return Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
+    return None
+
+
+def _ledgers(checkpoint: WorkflowCheckpoint) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage]]:
+    """The ledgers a run starts from: the recorded outputs, and the usage of those steps."""
+    # Membership is asked of the checkpoint's own mapping (a dict's lookup,
+    # one per step), not of the ledger built from it.
+    recorded = checkpoint.outputs
+    usage = [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded]
+    return Ledger(recorded), Ledger(usage)
+
+
 def initial_state(
     graph: GraphSpec,
     resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
@@ -358,8 +376,6 @@ def initial_state(
     :func:`advance`. Every argument is checked here, before any step could
     run: a bad one raises ``ValueError`` naming it.
     """
-    if not isinstance(graph, GraphSpec):
-        raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
@@ -367,21 +383,13 @@ def initial_state(
     outdated = _outdated(graph, checkpoint, tags)
     checkpoint = without(checkpoint, graph, outdated)
     merged = _check_context(graph, checkpoint.context, "context") | new_context
-    # Membership is asked of the checkpoint's own mapping (a dict's lookup,
-    # one per step), not of the ledger built from it.
-    recorded_outputs = checkpoint.outputs
-    outputs: Ledger[str, Any] = Ledger(recorded_outputs)
-    step_usage: Ledger[str, TokenUsage] = Ledger(
-        [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded_outputs]
-    )
-    ready, waiting, done, dependents = _first_ready(graph, recorded_outputs)
+    outputs, step_usage = _ledgers(checkpoint)
+    ready, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset = (ready & -ready).bit_length() - 1 if ready else 0
-    halt = None
-    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and done < len(graph):
-        halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
+    halt = _recorded_halt(limits, checkpoint, len(graph) - done)
     incidents = Incidents(failures=checkpoint.failures, halt=halt)
     outcome = outcome_of(done, len(graph), 0, ready, incidents)
-    events = (_first_events(graph, recorded_outputs, outdated, outcome, checkpoint.cost)
+    events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
     return State(
         RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
