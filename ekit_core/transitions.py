@@ -99,10 +99,10 @@ from ekit_core.results import (
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.state import (
     Halt,
-    Incidents,
     Limits,
     Outcome,
     RunSpec,
+    Setbacks,
     State,
     bit_indices,
     make_state,
@@ -167,7 +167,7 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
 
 
 def outcome_of(
-    completed: int, total: int, in_flight: int, ready: int, incidents: Incidents
+    completed: int, total: int, in_flight: int, ready: int, setbacks: Setbacks
 ) -> Outcome | None:
     """How a run with these counts has ended, or ``None`` while it has not.
 
@@ -176,13 +176,13 @@ def outcome_of(
     """
     if in_flight:
         return None
-    if completed < total and incidents.halt is None and (ready or not incidents.errors):
+    if completed < total and setbacks.halt is None and (ready or not setbacks.errors):
         return None
-    if incidents.errors:
+    if setbacks.errors:
         return "failed"
-    if completed == total or incidents.halt is None:
+    if completed == total or setbacks.halt is None:
         return "finished"
-    return incidents.halt.kind
+    return setbacks.halt.kind
 
 
 # -- the first state -------------------------------------------------------------
@@ -387,13 +387,13 @@ def initial_state(
     ready, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset = (ready & -ready).bit_length() - 1 if ready else 0
     halt = _recorded_halt(limits, checkpoint, len(graph) - done)
-    incidents = Incidents(failures=checkpoint.failures, halt=halt)
-    outcome = outcome_of(done, len(graph), 0, ready, incidents)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt)
+    outcome = outcome_of(done, len(graph), 0, ready, setbacks)
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
     return State(
         RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
-        done, checkpoint.cost, incidents, events, outcome, offset, ready >> offset, 0, 0,
+        done, checkpoint.cost, setbacks, events, outcome, offset, ready >> offset, 0, 0,
         MappingProxyType(waiting),
     )
 
@@ -413,14 +413,29 @@ class _Run:
     until first written, then a dict of the fold's own.
     """
 
-    __slots__ = ("before", "completed", "cost", "done", "events", "fresh", "in_flight",
-                 "incidents", "offset", "outputs", "ready", "record", "running", "spec",
-                 "step_usage", "waiting")
+    __slots__ = (
+        "before",
+        "completed",
+        "cost",
+        "done",
+        "events",
+        "fresh",
+        "in_flight",
+        "offset",
+        "outputs",
+        "ready",
+        "record",
+        "running",
+        "setbacks",
+        "spec",
+        "step_usage",
+        "waiting",
+    )
 
     def __init__(self, state: State, record: bool) -> None:
         self.before, self.spec, self.record = state, state.spec, record
         self.outputs, self.step_usage = state.outputs, state.step_usage
-        self.completed, self.cost, self.incidents = state.completed, state.cost, state.incidents
+        self.completed, self.cost, self.setbacks = state.completed, state.cost, state.setbacks
         self.offset, self.ready, self.running = state._offset, state._ready, state._running
         self.in_flight = state._in_flight
         self.waiting: Mapping[str, int] = state._waiting
@@ -467,14 +482,14 @@ class _Run:
             raise TransitionError(f"{what} for step {name!r}, which is not in flight")
         self.running ^= 1 << j
         self.in_flight -= 1
-        if name in self.incidents.gated:
-            self.incidents = _replace(self.incidents, gated=_without(self.incidents.gated, name))
+        if name in self.setbacks.gated:
+            self.setbacks = _replace(self.setbacks, gated=_without(self.setbacks.gated, name))
         return j
 
     def halt(self, halt: Halt) -> None:
         """Stop starting steps, for the first reason given."""
-        if self.incidents.halt is None:
-            self.incidents = _replace(self.incidents, halt=halt)
+        if self.setbacks.halt is None:
+            self.setbacks = _replace(self.setbacks, halt=halt)
 
     def counts(self) -> dict[str, int]:
         """The unfinished-dependency counts, as the fold's own dict (copied on first write)."""
@@ -513,12 +528,12 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
         w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
     if w.record:
-        w.events.append(StepFinished(name, w.incidents.tries.get(name, 0) + 1, usage, item.duration))
+        w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, item.duration))
     children = spec.dependents[name]
     if children:
         _count_down(w, children, outputs, index)
     budget = spec.limits.budget
-    if budget is not None and w.incidents.halt is None and w.completed < len(spec.graph.names) \
+    if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
 
@@ -552,8 +567,8 @@ def _start(w: _Run, start: Start) -> None:
     """A start the shell made itself: the step must be ready, the run not halted, room left."""
     name = start.name
     j = w.bit(name)
-    if w.incidents.halt is not None:
-        raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.incidents.halt.kind})")
+    if w.setbacks.halt is not None:
+        raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.setbacks.halt.kind})")
     if j < 0 or not (w.ready >> j) & 1:
         raise TransitionError(f"cannot start step {name!r}: it is not ready")
     limit = w.spec.limits.max_concurrency
@@ -566,18 +581,18 @@ def _began(w: _Run, began: Began) -> None:
     """A gated attempt ended its wait: only now has it started."""
     name = began.name
     j = w.bit(name)
-    gated = w.incidents.gated
+    gated = w.setbacks.gated
     if j < 0 or not (w.running >> j) & 1 or name not in gated:
         raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
-    w.incidents = _replace(w.incidents, gated=_without(gated, name))
-    w.events.append(StepStarted(name, w.incidents.tries.get(name, 0) + 1, gated[name]))
+    w.setbacks = _replace(w.setbacks, gated=_without(gated, name))
+    w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, gated[name]))
 
 
 def _failed(w: _Run, failed: Failed) -> None:
     """Retried by the step's policy unless the run is halting; else it halts the run (or its branch)."""
     name = failed.name
     j = w.end_attempt(name, "failed result")
-    inc = w.incidents
+    inc = w.setbacks
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
     previous = inc.failures.get(name)
@@ -590,12 +605,12 @@ def _failed(w: _Run, failed: Failed) -> None:
     policy = w.spec.limits.policies.get(name, NO_RETRY)
     if inc.halt is None and policy.retries(failed.error, attempt):
         delay = policy.delay(attempt)
-        w.incidents = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
+        w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
         w.events.append(StepRetried(name, attempt, error_type, message, delay, failed.duration))
         w.ready |= 1 << j
         return
     w.events.append(StepFailed(name, attempt, error_type, message, failed.duration))
-    w.incidents = _replace(inc, errors=(*inc.errors, (name, failed.error)))
+    w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
     if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
         w.halt(Halt("failed", name, f"{error_type}: {message}"))
 
@@ -645,7 +660,7 @@ def _rule_of(item: object) -> Callable[[_Run, Any], None]:
 
 
 def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight: int,
-            inc: Incidents) -> tuple[Start, ...]:
+            inc: Setbacks) -> tuple[Start, ...]:
     """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
         return ()
@@ -680,7 +695,7 @@ def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
     w.ready ^= chosen
     w.running |= chosen
     w.in_flight += len(starts)
-    inc, record = w.incidents, w.record
+    inc, record = w.setbacks, w.record
     if not (record or inc.delays or w.spec.limits.approval):
         return
     for start in starts:
@@ -691,19 +706,19 @@ def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
             inc = _replace(inc, gated=MappingProxyType({**inc.gated, name: start.delay}))
         elif record:
             w.events.append(StepStarted(name, start.attempt, start.delay))
-    w.incidents = inc
+    w.setbacks = inc
 
 
 def _launch(w: _Run) -> Batch:
     """What :func:`advance` adds to :func:`apply`: start what :func:`plan` would."""
     if w.done or w.fresh:
         w.settle()
-    starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.incidents)
+    starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.setbacks)
     if starts:
         # _choose takes the lowest ready bits: those up to the last start's.
         last = w.spec.graph.index[starts[-1].name] - w.offset
         _begin_attempts(w, starts, w.ready & ((2 << last) - 1))
-    withdraw = _withdrawn(w.incidents)
+    withdraw = _withdrawn(w.setbacks)
     if withdraw:
         return Batch(starts, withdraw)
     return _batch(starts) if starts else _EMPTY
@@ -721,7 +736,7 @@ def _batch(starts: tuple[Start, ...]) -> Batch:
 _BatchDraft = twin(Batch)
 
 
-def _withdrawn(inc: Incidents) -> tuple[str, ...]:
+def _withdrawn(inc: Setbacks) -> tuple[str, ...]:
     return tuple(inc.gated) if inc.halt is not None and inc.gated else ()
 
 
@@ -732,7 +747,7 @@ def plan(state: State) -> Batch:
     halted, within ``max_concurrency``; lowest declaration index first.
     Hand the starts (or any prefix of them) back to :func:`apply` once started.
     """
-    inc = state.incidents
+    inc = state.setbacks
     starts = _choose(state.spec.graph, state.spec.limits, state._offset, state._ready,
                      state._in_flight, inc)
     withdraw = _withdrawn(inc)
@@ -747,7 +762,7 @@ def apply(state: State, inputs: Iterable[Input]) -> State:
 
     Raises :class:`~ekit_core.TransitionError` (a ``ValueError``) for an
     input that does not fit the state (a start of a step that is not ready,
-    an outcome of a step that is not in flight, an unknown step or input
+    the end of an attempt of a step that is not in flight, an unknown step or input
     type); ``state`` is unchanged then too.
     """
     return _freeze(_fold(state, inputs, True))
@@ -783,13 +798,13 @@ def _freeze(w: _Run) -> State:
     if w.done or w.fresh:
         w.settle()
     total = len(w.spec.graph.names)
-    outcome = outcome_of(w.completed, total, w.in_flight, w.ready, w.incidents)
+    outcome = outcome_of(w.completed, total, w.in_flight, w.ready, w.setbacks)
     if outcome is not None and not w.before.settled:
         w.events.append(RunSettled(outcome, w.completed, total, w.cost))
     offset, ready, running = _anchor(w.offset, w.ready, w.running)
     waiting = w.waiting
     return make_state(
-        w.spec, w.outputs, w.step_usage, w.completed, w.cost, w.incidents,
+        w.spec, w.outputs, w.step_usage, w.completed, w.cost, w.setbacks,
         tuple(w.events) if w.record else (), outcome, offset, ready, running, w.in_flight,
         MappingProxyType(waiting) if type(waiting) is dict else cast(Any, waiting),
     )
