@@ -404,7 +404,7 @@ def initial_state(
 class _Run:
     """The working copy of one transition: a state's fields, edited in place by the rules.
 
-    Made once per fold from the state before (:meth:`__init__`), frozen once
+    Made once per fold from the state before (:func:`_thaw`), frozen once
     at its end (:func:`_freeze`). ``ready`` and ``running`` are the bit
     window of :class:`~ekit_core.State` (bit ``i`` is step
     ``offset + i``); on a window too wide to edit bit by bit, finished steps
@@ -432,16 +432,22 @@ class _Run:
         "waiting",
     )
 
-    def __init__(self, state: State, record: bool) -> None:
-        self.before, self.spec, self.record = state, state.spec, record
-        self.outputs, self.step_usage = state.outputs, state.step_usage
-        self.completed, self.cost, self.setbacks = state.completed, state.cost, state.setbacks
-        self.offset, self.ready, self.running = state._offset, state._ready, state._running
-        self.in_flight = state._in_flight
-        self.waiting: Mapping[str, int] = state._waiting
-        self.events: list[Event] = []
-        self.done: list[int] = []
-        self.fresh: list[int] = []
+    before: State
+    spec: RunSpec
+    record: bool
+    outputs: Ledger[str, Any]
+    step_usage: Ledger[str, TokenUsage]
+    completed: int
+    cost: TokenUsage
+    setbacks: Setbacks
+    offset: int
+    ready: int
+    running: int
+    in_flight: int
+    waiting: Mapping[str, int]
+    events: list[Event]
+    done: list[int]
+    fresh: list[int]
 
     def bit(self, name: str) -> int:
         """The window index of step ``name`` (negative below the window), pending bits applied."""
@@ -497,6 +503,21 @@ class _Run:
         if type(waiting) is not dict:
             waiting = self.waiting = dict(waiting)
         return waiting
+
+
+def _thaw(state: State, record: bool) -> _Run:
+    """The working copy of ``state`` (built without ``__init__``: one per transition)."""
+    w = _new(_Run)
+    w.before, w.spec, w.record = state, state.spec, record
+    w.outputs, w.step_usage = state.outputs, state.step_usage
+    w.completed, w.cost, w.setbacks = state.completed, state.cost, state.setbacks
+    w.offset, w.ready, w.running = state._offset, state._ready, state._running
+    w.in_flight, w.waiting = state._in_flight, state._waiting
+    w.events, w.done, w.fresh = [], [], []
+    return w
+
+
+_new = object.__new__
 
 
 # -- the rules, one per input ------------------------------------------------------
@@ -716,11 +737,13 @@ def _launch(w: _Run) -> Batch:
     starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.setbacks)
     if starts:
         # _choose takes the lowest ready bits: those up to the last start's.
-        last = w.spec.graph.index[starts[-1].name] - w.offset
-        _begin_attempts(w, starts, w.ready & ((2 << last) - 1))
-    withdraw = _withdrawn(w.setbacks)
-    if withdraw:
-        return Batch(starts, withdraw)
+        ready = w.ready
+        if ready & (ready - 1):
+            last = w.spec.graph.index[starts[-1].name] - w.offset
+            ready &= (2 << last) - 1
+        _begin_attempts(w, starts, ready)
+    if w.setbacks.gated and w.setbacks.halt is not None:
+        return Batch(starts, _withdrawn(w.setbacks))
     return _batch(starts) if starts else _EMPTY
 
 
@@ -785,7 +808,7 @@ def advance(
 
 def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
     """The working copy of ``state`` with every input folded in by its rule in :data:`RULES`."""
-    w = _Run(state, record)
+    w = _thaw(state, record)
     rules = RULES
     for item in inputs:
         rule = rules.get(type(item))
@@ -797,10 +820,12 @@ def _freeze(w: _Run) -> State:
     """The state a fold ends in: pending bits applied, its outcome decided, frozen."""
     if w.done or w.fresh:
         w.settle()
-    total = len(w.spec.graph.names)
-    outcome = outcome_of(w.completed, total, w.in_flight, w.ready, w.setbacks)
-    if outcome is not None and not w.before.settled:
-        w.events.append(RunSettled(outcome, w.completed, total, w.cost))
+    outcome = None
+    if not w.in_flight:  # else the run goes on: no need to ask
+        total = len(w.spec.graph.names)
+        outcome = outcome_of(w.completed, total, 0, w.ready, w.setbacks)
+        if outcome is not None and not w.before.settled:
+            w.events.append(RunSettled(outcome, w.completed, total, w.cost))
     offset, ready, running = _anchor(w.offset, w.ready, w.running)
     waiting = w.waiting
     return make_state(
