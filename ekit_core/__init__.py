@@ -38,6 +38,7 @@ from ekit_core.graph import CycleError, GraphError, GraphSpec
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
 from ekit_core.results import (
+    AttemptEnd,
     AttemptOutcome,
     Began,
     Cancelled,
@@ -55,6 +56,7 @@ from ekit_core.usage import TokenUsage
 
 __all__ = [
     "Anomaly",
+    "AttemptEnd",
     "AttemptOutcome",
     "AuditReport",
     "Batch",

@@ -13,11 +13,12 @@ Format version 1 adds optional keys to the three that ExecutionKit wrote
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
+from ekit_core._fast import twin
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointDelta",
     "CheckpointError",
     "FailureRecord",
+    "RecordedGraph",
     "UnsupportedFormatError",
     "WorkflowCheckpoint",
     "same_output",
@@ -93,8 +95,49 @@ def _empty() -> MappingProxyType[str, Any]:
     return MappingProxyType({})
 
 
+class _Unset:
+    """The type of ``_GRAPHS``: a fingerprint not given, to be read off the graph."""
+
+
+_GRAPHS = _Unset()
+
+
 @dataclass(frozen=True, slots=True)
-class WorkflowCheckpoint:
+class _CheckpointFields:
+    """The fields of a :class:`WorkflowCheckpoint`, which see.
+
+    A base of its own so that ``WorkflowCheckpoint`` can define, in its own
+    body, the one field read through a property: ``fingerprint``, which a
+    checkpoint the core makes leaves to be hashed when first read.
+    """
+
+    step_index: int
+    outputs: MappingProxyType[str, Any]
+    cost: TokenUsage = NO_USAGE
+    context: MappingProxyType[str, Any] = field(default_factory=_empty)
+    step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
+    failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)
+    # Both left out of the repr: asyncio and loggers repr results in passing,
+    # and a graph may have many thousands of steps.
+    fingerprint: str | None = field(default=None, repr=False)
+    # A plain mapping, or (read by from_dict, or made by the core) a
+    # RecordedGraph: the graph as the two strings it is written as, decoded
+    # when first read (see RecordedGraph).
+    graph: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
+    format_version: int = FORMAT_VERSION
+    versions: MappingProxyType[str, str] = field(default_factory=_empty)
+    # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
+    # checkpoint, so that deltas between checkpoints of one run cost O(delta):
+    # set by of_ledgers. Two fields, not a tuple: one object fewer per
+    # checkpoint kept alive.
+    _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
+    _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
+
+
+_STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
+
+
+class WorkflowCheckpoint(_CheckpointFields):
     """What a run has finished so far, as an immutable value.
 
     ``step_index`` is the number of completed steps; ``outputs`` maps each
@@ -108,61 +151,70 @@ class WorkflowCheckpoint:
     differs runs again on resume).
     """
 
-    step_index: int
-    outputs: MappingProxyType[str, Any]
-    cost: TokenUsage = NO_USAGE
-    context: MappingProxyType[str, Any] = field(default_factory=_empty)
-    step_usage: MappingProxyType[str, TokenUsage] = field(default_factory=_empty)
-    failures: MappingProxyType[str, FailureRecord] = field(default_factory=_empty)
-    # Both left out of the repr: asyncio and loggers repr results in passing,
-    # a graph may have many thousands of steps, and reading the fingerprint
-    # may hash it (see _graph_spec below).
-    fingerprint: str | None = field(default=None, repr=False)
-    graph: MappingProxyType[str, tuple[str, ...]] | None = field(default=None, repr=False)
-    format_version: int = FORMAT_VERSION
-    versions: MappingProxyType[str, str] = field(default_factory=_empty)
-    # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
-    # checkpoint, so that deltas between checkpoints of one run cost O(delta).
-    # Two fields, not a tuple: one object fewer per checkpoint kept alive.
-    _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
-    _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
-    # ``fingerprint`` and ``graph`` may be left unset, and are then made when
-    # first read (see _read_fingerprint and _read_graph below). The core
-    # leaves ``fingerprint`` unset on the checkpoints it makes and keeps its
-    # graph spec here, so that a run whose checkpoints are never written out,
-    # or a resume that compares graphs, hashes nothing.
-    _graph_spec: GraphSpec | None = field(default=None, init=False, repr=False, compare=False)
-    # from_dict keeps the recorded graph here as the two strings it was
-    # written as (see ekit_core.graph_text), leaving ``graph`` unset: a
-    # resume compares them with its own graph's (see _records_graph), and
-    # most never decode them. When both are set they agree: ``graph`` is only
-    # ever set to the mapping the texts spell (decoded, or the graph whose
-    # texts they equal), which is why to_dict writes the texts as read.
-    # Neither of these two goes through __init__, so dataclasses.replace
-    # never carries them over to a checkpoint with another graph.
-    _graph_texts: tuple[str, str] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+    __slots__ = ()
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The fingerprint of the graph the checkpoint was recorded from (``None``: no claim).
+
+        A checkpoint the core makes leaves it unset: its graph's, hashed once
+        per graph when first read, so that a run whose checkpoints are never
+        written out, or a resume that compares graphs, hashes nothing.
+        """
+        try:
+            fingerprint: str | None = _STORED_FINGERPRINT.__get__(self, WorkflowCheckpoint)
+        except AttributeError:
+            graph = self.graph
+            fingerprint = graph.fingerprint if type(graph) is RecordedGraph else None
+            _STORED_FINGERPRINT.__set__(self, fingerprint)
+        return fingerprint
+
+    @fingerprint.setter
+    def fingerprint(self, value: str | None) -> None:
+        # Only __init__ gets here (through object.__setattr__): the value is frozen.
+        _STORED_FINGERPRINT.__set__(self, value)
+
+    @classmethod
+    def of_ledgers(
+        cls, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
+        step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
+        failures: MappingProxyType[str, FailureRecord],
+        graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
+        fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
+    ) -> WorkflowCheckpoint:
+        """The checkpoint whose outputs and usage are those of two append-only ledgers.
+
+        What the core and the journal store make once per step: O(1) (the
+        ledgers are shared, not copied, and nothing is checked), and the
+        deltas between two such checkpoints of one run cost O(what changed).
+        Without a ``fingerprint``, ``graph`` is a :class:`RecordedGraph` of a
+        graph spec, whose fingerprint is the checkpoint's, hashed when first read.
+        """
+        cp = _CheckpointDraft()  # see ekit_core._fast: __init__ would cost ten times as much
+        cp.step_index, cp.outputs, cp.cost = step_index, MappingProxyType(outputs), cost
+        cp.context, cp.step_usage = context, MappingProxyType(step_usage)
+        cp.failures, cp.graph = failures, graph
+        if type(fingerprint) is not _Unset:  # else left unset: see the fingerprint property
+            cp.fingerprint = fingerprint
+        cp.format_version, cp.versions = format_version, versions
+        cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
+        cp.__class__ = cls
+        return cast(WorkflowCheckpoint, cp)
 
     def _records_graph(self, spec: GraphSpec) -> bool:
         """Whether the recorded graph is ``spec``'s (same steps, in the same
-        order, with the same dependencies), compared without decoding it.
-
-        On a match the graph is left as ``spec.deps`` (the same value,
-        already built), so that asking again costs nothing.
-        """
+        order, with the same dependencies), compared without decoding it."""
+        graph = self.graph
+        if type(graph) is RecordedGraph:
+            return graph.is_of(spec)
         deps = spec.deps
-        texts = self._graph_texts
-        if texts is None:
-            graph = self.graph
-            return graph is not None and (graph is deps or graph == deps)
-        if getattr(self, "_stored_graph", None) is deps:  # matched before (unset: not decoded)
-            return True
-        if texts == spec.texts:
-            # The texts stay: a thread decoding them meanwhile must still find them.
-            object.__setattr__(self, "graph", deps)
-            return True
-        return False
+        return graph is not None and (graph is deps or graph == deps)
+
+    @property
+    def _graph_texts(self) -> tuple[str, str] | None:
+        """The recorded graph's two strings, when it is kept as such."""
+        graph = self.graph
+        return graph.texts if type(graph) is RecordedGraph else None
 
     def check_graph(self) -> None:
         """Decode the recorded graph now if ``from_dict`` kept it as read:
@@ -172,19 +224,17 @@ class WorkflowCheckpoint:
         read; a resume into another graph calls it before it trusts the
         fingerprint. A no-op once the graph is decoded or matched.
         """
-        _read_graph(self)
+        graph = self.graph
+        if type(graph) is RecordedGraph:
+            graph.decoded()
 
     def _recorded_texts(self) -> tuple[str, str] | None:
         """The recorded graph as ``to_dict`` writes it: as read, or spelt."""
-        texts = self._graph_texts
-        if texts is not None:
-            return texts
         graph = self.graph
         if graph is None:
             return None
-        spec = self._graph_spec
-        if spec is not None and graph is spec.deps:
-            return spec.texts  # spelt once per graph, however many checkpoints
+        if type(graph) is RecordedGraph:
+            return graph.texts  # spelt once per graph, however many checkpoints
         return spell(tuple(graph), graph)
 
     def delta_since(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
@@ -275,19 +325,7 @@ class WorkflowCheckpoint:
         """
         if not isinstance(data, dict):
             raise CheckpointError("<checkpoint>", f"must be a dict, got {type(data).__name__}")
-        version = data.get("format_version", FORMAT_VERSION)
-        version = _count(version, "format_version")
-        if version > FORMAT_VERSION:
-            raise UnsupportedFormatError(
-                "format_version",
-                f"version {version} was written by a newer ekit; this one reads up to "
-                f"{FORMAT_VERSION}",
-            )
-        if version < 1:
-            raise CheckpointError("format_version", f"must be at least 1, got {version}")
-        for key in ("step_index", "outputs", "cost"):
-            if key not in data:
-                raise CheckpointError(key, "missing")
+        version = _format_version(data)
         fingerprint = data.get("fingerprint")
         if fingerprint is not None:
             if not isinstance(fingerprint, str):
@@ -314,63 +352,85 @@ class WorkflowCheckpoint:
                 {k: _failure(v, f"failures.{k}") for k, v in failures.items()}
             ),
             fingerprint=fingerprint,
-            graph=graph,
+            graph=graph if texts is None else RecordedGraph(texts, graph),
             format_version=version,
             versions=MappingProxyType(versions),
         )
-        if texts is not None:
-            if graph is None:  # decoded when first read, if ever
-                object.__delattr__(checkpoint, "graph")
-            object.__setattr__(checkpoint, "_graph_texts", texts)
         return checkpoint
 
 
-# ``fingerprint`` and ``graph`` may be left unset (see the fields' comment):
-# each becomes a property over its own slot, which stays on the class under
-# a second name, so that reading a set field costs one property call and a
-# plain slot read, and the other fields keep their plain slots. (A
-# ``__getattr__`` would do the same, but makes every read of every field
-# slower.) The names are spelt out: a slot read by a constant name is the
-# interpreter's fastest attribute read.
+_CheckpointDraft = twin(_CheckpointFields)  # the very slots of a WorkflowCheckpoint
 
 
-def _read_fingerprint(cp: Any) -> str | None:
-    """The fingerprint of the graph the checkpoint was recorded from (``None``: no claim)."""
-    try:
-        fingerprint: str | None = cp._stored_fingerprint
-    except AttributeError:  # left unset by checkpoint_of: hashed once, by the spec
-        spec = cp._graph_spec
-        fingerprint = None if spec is None else spec.fingerprint
-        object.__setattr__(cp, "_stored_fingerprint", fingerprint)
-    return fingerprint
+class RecordedGraph(Mapping[str, tuple[str, ...]]):
+    """A recorded graph (step -> dependencies) kept as the two strings it is written as.
 
-
-def _read_graph(cp: Any) -> MappingProxyType[str, tuple[str, ...]] | None:
-    """The graph the checkpoint was recorded from, step name to its dependencies.
-
-    Left unset by ``from_dict``, it is decoded from the recorded texts on
-    first read; a text that repeats a step name raises :class:`CheckpointError`.
+    ``texts`` are ``graph_steps`` and ``graph_needs`` (see
+    :mod:`ekit_core.graph_text`). A resume compares them with its own
+    graph's (:meth:`is_of`) and most never decode them; reading the mapping
+    decodes them once (texts naming a step twice raise :class:`CheckpointError`
+    then). ``spec``, when known, is a graph whose texts these are. Equal to
+    any mapping with the same items.
     """
-    try:
-        graph: MappingProxyType[str, tuple[str, ...]] | None = cp._stored_graph
-    except AttributeError:
-        graph = MappingProxyType(_decoded(*cp._graph_texts))
-        object.__setattr__(cp, "_stored_graph", graph)
-    return graph
 
+    __slots__ = ("_deps", "_spec", "_texts")
 
-def _property_over_slot(name: str, read: Callable[[Any], Any]) -> property:
-    stored = f"_stored_{name}"
-    setattr(WorkflowCheckpoint, stored, vars(WorkflowCheckpoint)[name])
-    return property(
-        read,
-        lambda cp, value: object.__setattr__(cp, stored, value),
-        lambda cp: object.__delattr__(cp, stored),
-    )
+    def __init__(
+        self, texts: tuple[str, str] | None, deps: Mapping[str, tuple[str, ...]] | None = None,
+        spec: GraphSpec | None = None,
+    ) -> None:
+        self._texts = texts  # None only when spec is given: its texts, spelt when first asked
+        # The decoded mapping, if known: decoded, or a graph whose texts equal these.
+        self._deps = deps
+        self._spec = spec
 
+    @classmethod
+    def of(cls, spec: GraphSpec) -> RecordedGraph:
+        """``spec``'s graph as a checkpoint records it: spelt only when written out."""
+        return cls(None, spec.deps, spec)
 
-WorkflowCheckpoint.fingerprint = _property_over_slot("fingerprint", _read_fingerprint)  # type: ignore[assignment,misc]
-WorkflowCheckpoint.graph = _property_over_slot("graph", _read_graph)  # type: ignore[assignment,misc]
+    @property
+    def texts(self) -> tuple[str, str]:
+        """``graph_steps`` and ``graph_needs``."""
+        texts = self._texts
+        if texts is None:
+            texts = self._texts = cast(GraphSpec, self._spec).texts
+        return texts
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The fingerprint of the graph spec these texts are of, if known (hashed once per graph)."""
+        spec = self._spec
+        return None if spec is None else spec.fingerprint
+
+    def is_of(self, spec: GraphSpec) -> bool:
+        """Whether these are ``spec``'s texts; on a match the mapping is ``spec.deps``."""
+        deps = spec.deps
+        if self._deps is deps:
+            return True
+        if self._spec is spec or self.texts == spec.texts:
+            self._deps = deps  # the same value, already built
+            return True
+        return False
+
+    def decoded(self) -> Mapping[str, tuple[str, ...]]:
+        """The mapping the texts spell, decoded on first call."""
+        deps = self._deps
+        if deps is None:
+            deps = self._deps = MappingProxyType(_decoded(*cast(tuple[str, str], self._texts)))
+        return deps
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        return self.decoded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.decoded())
+
+    def __len__(self) -> int:
+        return len(self.decoded())
+
+    def __repr__(self) -> str:
+        return f"RecordedGraph({dict(self.decoded())!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,6 +501,23 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         cost=cp.cost,
         context_changed=bool(cp.context),
     )
+
+
+def _format_version(data: dict[Any, Any]) -> int:
+    """The format version of ``data``, one this library reads, its three keys present."""
+    version = _count(data.get("format_version", FORMAT_VERSION), "format_version")
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            "format_version",
+            f"version {version} was written by a newer ekit; this one reads up to "
+            f"{FORMAT_VERSION}",
+        )
+    if version < 1:
+        raise CheckpointError("format_version", f"must be at least 1, got {version}")
+    for key in ("step_index", "outputs", "cost"):
+        if key not in data:
+            raise CheckpointError(key, "missing")
+    return version
 
 
 def _count(value: object, name: str) -> int:

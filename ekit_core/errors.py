@@ -12,8 +12,8 @@ __all__ = ["InternalError", "TransitionError"]
 class TransitionError(ValueError):
     """An input that does not fit the state it was folded into.
 
-    A start of a step that is not ready, an outcome for a step that is not in
-    flight, an unknown step, something that is not an input at all. Like
+    A start of a step that is not ready, the end of an attempt of a step that
+    is not in flight, an unknown step, something that is not an input at all. Like
     h11's ``LocalProtocolError``: the caller drove the state machine wrongly,
     and the state it passed is unchanged.
     """

@@ -17,6 +17,7 @@ from ekit_core._fast import twin
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
+    "AttemptEnd",
     "AttemptOutcome",
     "Began",
     "Cancelled",
@@ -26,6 +27,8 @@ __all__ = [
     "Interrupted",
     "Start",
     "Succeeded",
+    "first_start",
+    "succeeded",
 ]
 
 
@@ -127,8 +130,11 @@ def first_start(name: str) -> Start:
 
 _StartDraft = twin(Start)
 
-AttemptOutcome: TypeAlias = Succeeded | Failed | Denied | Interrupted
-"""How one attempt of a step ended."""
+AttemptEnd: TypeAlias = Succeeded | Failed | Denied | Interrupted
+"""How one attempt of a step ended (a run's *outcome* is how the whole run ended)."""
+
+AttemptOutcome: TypeAlias = AttemptEnd
+"""The former name of :data:`AttemptEnd`, kept for old imports."""
 
 Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Cancelled
 """Anything :func:`~ekit_core.apply` folds into a state."""

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias, cast
 
 from ekit_core._fast import twin
-from ekit_core.checkpoint import FORMAT_VERSION, FailureRecord, WorkflowCheckpoint
+from ekit_core.checkpoint import FailureRecord, RecordedGraph, WorkflowCheckpoint
 from ekit_core.events import Event, Outcome
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
@@ -27,6 +27,7 @@ __all__ = [
     "Halt",
     "HaltKind",
     "Incidents",
+    "Setbacks",
     "Limits",
     "Outcome",
     "RunSpec",
@@ -88,23 +89,27 @@ class RunSpec:
     dependents: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _FROM_GRAPH, repr=False, compare=False
     )
+    # The graph as the run's checkpoints record it: one value for all of them.
+    recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dependents is _FROM_GRAPH:
             object.__setattr__(self, "dependents", self.graph.dependents)
+        object.__setattr__(self, "recorded_graph", RecordedGraph.of(self.graph))
 
 
 @dataclass(frozen=True, slots=True)
-class Incidents:
-    """What went wrong so far, and whether the run is halting.
+class Setbacks:
+    """What held the run back so far, and whether it is halting.
 
     ``failures`` is the durable record (attempts counted across runs);
     ``tries`` counts failed attempts per step in this run (what retry
     policies look at); ``delays`` holds the backoff before a retry;
-    ``errors`` the exceptions of failures that ended the run; ``gated`` the
-    attempts in flight that have not begun their work (waiting out a retry
-    delay or an approval), with their delay: what a halt withdraws. Kept
-    apart from the hot fields of :class:`State` because it changes rarely.
+    ``errors`` the exceptions of failures that ended the run; ``halt`` why
+    the run stopped starting steps; ``gated`` the attempts in flight held
+    back before their work begins (waiting out a retry delay or an
+    approval), with their delay: what a halt withdraws. Kept apart from the
+    hot fields of :class:`State` because it changes rarely.
     """
 
     failures: MappingProxyType[str, FailureRecord] = field(
@@ -115,6 +120,10 @@ class Incidents:
     halt: Halt | None = None
     errors: tuple[tuple[str, BaseException], ...] = ()
     gated: MappingProxyType[str, float] = field(default_factory=lambda: _NO_DELAYS)
+
+
+Incidents = Setbacks
+"""The former name of :class:`Setbacks` (it never held incidents), kept for old imports."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +147,7 @@ class State:
     step_usage: Ledger[str, TokenUsage]
     completed: int
     cost: TokenUsage
-    incidents: Incidents
+    setbacks: Setbacks
     events: tuple[Event, ...]
     outcome: Outcome | None
     _offset: int
@@ -163,29 +172,34 @@ class State:
         return self.spec.context
 
     @property
+    def incidents(self) -> Setbacks:
+        """The former name of ``setbacks``, kept for old code."""
+        return self.setbacks
+
+    @property
     def failures(self) -> MappingProxyType[str, FailureRecord]:
         """Latest failure of each step that failed, with attempts across runs."""
-        return self.incidents.failures
+        return self.setbacks.failures
 
     @property
     def tries(self) -> MappingProxyType[str, int]:
         """Failed attempts per step in this run."""
-        return self.incidents.tries
+        return self.setbacks.tries
 
     @property
     def delays(self) -> MappingProxyType[str, float]:
         """Backoff (seconds) before the next attempt of steps awaiting a retry."""
-        return self.incidents.delays
+        return self.setbacks.delays
 
     @property
     def halt(self) -> Halt | None:
         """Why the run stopped starting steps, or ``None``."""
-        return self.incidents.halt
+        return self.setbacks.halt
 
     @property
     def errors(self) -> tuple[tuple[str, BaseException], ...]:
         """``(step, exception)`` for each failure that ended the run."""
-        return self.incidents.errors
+        return self.setbacks.errors
 
     @property
     def running_count(self) -> int:
@@ -228,11 +242,11 @@ class State:
 
     def gated_steps(self) -> tuple[str, ...]:
         """Steps in flight whose attempt has not begun its work (a retry delay, an approval)."""
-        return tuple(self.incidents.gated)
+        return tuple(self.setbacks.gated)
 
     def attempt_of(self, name: str) -> int:
         """The attempt number the next (or current) attempt of ``name`` has in this run."""
-        return self.incidents.tries.get(name, 0) + 1
+        return self.setbacks.tries.get(name, 0) + 1
 
 
 def bit_indices(bits: int, limit: int | None = None) -> list[int]:
@@ -259,38 +273,23 @@ def bit_indices(bits: int, limit: int | None = None) -> list[int]:
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
-    Costs O(1): the checkpoint shares the state's output ledger. Built
-    through a twin class (see :mod:`ekit_core._fast`), as :func:`make_state`
-    is: the shell makes one per step.
+    Costs O(1): the checkpoint shares the state's ledgers and its run's
+    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`).
     """
-    spec, outputs, usage = state.spec, state.outputs, state.step_usage
-    graph = spec.graph
-    cp = _CheckpointDraft()
-    cp.step_index = state.completed
-    cp.outputs = MappingProxyType(outputs)
-    cp.cost = state.cost
-    cp.context = spec.context
-    cp.step_usage = MappingProxyType(usage)
-    cp.failures = state.incidents.failures
-    cp._graph_spec = graph
-    if graph._fingerprint is not None:  # else left unset: hashed when first read
-        cp.fingerprint = graph._fingerprint
-    cp.graph = graph.deps
-    cp._graph_texts = None
-    cp.format_version = FORMAT_VERSION
-    cp.versions = spec.versions
-    cp._outputs_ledger = outputs
-    cp._usage_ledger = usage
-    cp.__class__ = WorkflowCheckpoint
-    return cast(WorkflowCheckpoint, cp)
+    spec = state.spec
+    return WorkflowCheckpoint.of_ledgers(
+        state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+        context=spec.context, failures=state.setbacks.failures,
+        graph=spec.recorded_graph, versions=spec.versions,
+    )
 
 
 def make_state(
     spec: RunSpec, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], completed: int,
-    cost: TokenUsage, incidents: Incidents, events: tuple[Event, ...], outcome: Outcome | None,
+    cost: TokenUsage, setbacks: Setbacks, events: tuple[Event, ...], outcome: Outcome | None,
     offset: int, ready: int, running: int, in_flight: int, waiting: MappingProxyType[str, int],
 ) -> State:
-    """``State(...)`` for the transitions, one per step, built through a twin class.
+    """``State(...)`` for the transitions' freeze, one per step, built through a twin class.
 
     A frozen dataclass's generated ``__init__`` costs several times as much
     (see :mod:`ekit_core._fast`); the value is the same, and as immutable.
@@ -301,7 +300,7 @@ def make_state(
     state.step_usage = step_usage
     state.completed = completed
     state.cost = cost
-    state.incidents = incidents
+    state.setbacks = setbacks
     state.events = events
     state.outcome = outcome
     state._offset = offset
@@ -314,5 +313,3 @@ def make_state(
 
 
 _StateDraft = twin(State)
-_CheckpointDraft = twin(WorkflowCheckpoint)
-

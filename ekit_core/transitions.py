@@ -1,26 +1,54 @@
 """The scheduling rules: every decision that makes or changes a run's state.
 
-This module owns the state machine. Each rule lives in one function here:
+This module owns the state machine; each rule is one plain function here.
+
+Theory of operation
+-------------------
+A :class:`~ekit_core.State` is a frozen value. A transition (:func:`apply`,
+:func:`advance`) copies it once into a working copy (``_Run``), folds each
+input into that copy with the rule the table below names for the input's
+kind, then, for :func:`advance` only, starts what :func:`plan` would
+(``_launch``), and freezes the copy once into the new state, deciding how the
+run ended (``_freeze``, :func:`outcome_of`). Nothing else changes a state,
+and the state before is never touched: the same inputs always give the same
+state and the same ``state.events``.
+
+The table (``RULES``), input -> rule -> what it changes:
+
+=============== ================ ===================================================
+``Succeeded``   ``_succeeded``   running -> recorded; dependents counted down, ready
+                                 at zero (``_count_down``); a reached budget halts
+``Start``       ``_start``       ready -> running, if ready, not halted, with room
+``Began``       ``_began``       a gated attempt began: its ``StepStarted`` now
+``Failed``      ``_failed``      retried by its policy (running -> ready) unless the
+                                 run is halting; else it halts the run, or only its
+                                 branch when the run isolates failures
+``Denied``      ``_denied``      running -> ready; halts the run ("denied")
+``Interrupted`` ``_interrupted`` running -> ready
+``Cancelled``   ``_cancelled``   halts the run ("cancelled")
+=============== ================ ===================================================
+
+Around the table:
 
 - the first state of a run, fresh or resumed (:func:`initial_state`): which
   arguments are valid, what a checkpoint restores, what is ready at once;
 - a step is ready when all its dependencies are recorded
   (:func:`dependencies_recorded`; the fold keeps a count instead);
-- ready steps start in declaration order, at most ``max_concurrency`` in
-  flight, nothing once the run is halted (:func:`plan`);
-- an attempt is gated when it must wait out a retry delay or ask for
-  approval (asked on a step's first attempt in a run); it has begun only
-  once the shell reports :class:`~ekit_core.Began`, and a halt withdraws
-  gated attempts (``Batch.withdraw``);
-- a failure is retried when the step's policy says so, unless the run is
-  halting (:func:`_failed`); a denial, a failure that will not be retried
-  (unless the run isolates failures: then only its dependents wait), a
-  reached budget and a cancellation halt the run; in-flight steps still
-  finish and their outputs are kept;
+- what starts (:func:`plan`, ``_choose``): ready steps in declaration order,
+  at most ``max_concurrency`` in flight, nothing once the run is halted; a
+  retry waits out its delay and a first attempt asks approval when the run
+  has it (a gated attempt); a halt withdraws gated attempts
+  (``Batch.withdraw``);
+- an attempt starts one way, ``_begin_attempts``, whether the shell hands a
+  ``Start`` back or :func:`advance` starts it;
+- halting (a final failure, a denial, a budget, a cancellation) starts
+  nothing more; in-flight steps still finish and their outputs are kept;
 - how a run ended (:func:`outcome_of`).
 
-All functions are pure: the input state is never changed, and the same
-inputs always give the same state and the same ``state.events``.
+The ready and running steps are bit sets over a window of declaration
+indices (see :class:`~ekit_core.State`): a transition touches integers as
+wide as the frontier, not the graph. The helpers at the bottom keep that
+window narrow.
 """
 
 from __future__ import annotations
@@ -71,10 +99,10 @@ from ekit_core.results import (
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.state import (
     Halt,
-    Incidents,
     Limits,
     Outcome,
     RunSpec,
+    Setbacks,
     State,
     bit_indices,
     make_state,
@@ -139,7 +167,7 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
 
 
 def outcome_of(
-    completed: int, total: int, in_flight: int, ready: int, incidents: Incidents
+    completed: int, total: int, in_flight: int, ready: int, setbacks: Setbacks
 ) -> Outcome | None:
     """How a run with these counts has ended, or ``None`` while it has not.
 
@@ -148,13 +176,13 @@ def outcome_of(
     """
     if in_flight:
         return None
-    if completed < total and incidents.halt is None and (ready or not incidents.errors):
+    if completed < total and setbacks.halt is None and (ready or not setbacks.errors):
         return None
-    if incidents.errors:
+    if setbacks.errors:
         return "failed"
-    if completed == total or incidents.halt is None:
+    if completed == total or setbacks.halt is None:
         return "finished"
-    return incidents.halt.kind
+    return setbacks.halt.kind
 
 
 # -- the first state -------------------------------------------------------------
@@ -168,6 +196,8 @@ def _check_limits(
     approval: bool,
     isolate_failures: bool,
 ) -> Limits:
+    if not isinstance(graph, GraphSpec):
+        raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
     if max_concurrency is not None and (
         isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1
     ):
@@ -300,6 +330,22 @@ def _first_ready(
     return ready, waiting, done, graph.dependents_among(pending) if done else graph.dependents
 
 
+def _recorded_halt(limits: Limits, checkpoint: WorkflowCheckpoint, left: int) -> Halt | None:
+    """A budget the recorded usage reaches halts the run at once, if ``left`` steps remain."""
+    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and left:
+        return Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
+    return None
+
+
+def _ledgers(checkpoint: WorkflowCheckpoint) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage]]:
+    """The ledgers a run starts from: the recorded outputs, and the usage of those steps."""
+    # Membership is asked of the checkpoint's own mapping (a dict's lookup,
+    # one per step), not of the ledger built from it.
+    recorded = checkpoint.outputs
+    usage = [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded]
+    return Ledger(recorded), Ledger(usage)
+
+
 def initial_state(
     graph: GraphSpec,
     resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
@@ -330,8 +376,6 @@ def initial_state(
     :func:`advance`. Every argument is checked here, before any step could
     run: a bad one raises ``ValueError`` naming it.
     """
-    if not isinstance(graph, GraphSpec):
-        raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
@@ -339,34 +383,306 @@ def initial_state(
     outdated = _outdated(graph, checkpoint, tags)
     checkpoint = without(checkpoint, graph, outdated)
     merged = _check_context(graph, checkpoint.context, "context") | new_context
-    # Membership is asked of the checkpoint's own mapping (a dict's lookup,
-    # one per step), not of the ledger built from it.
-    recorded_outputs = checkpoint.outputs
-    outputs: Ledger[str, Any] = Ledger(recorded_outputs)
-    step_usage: Ledger[str, TokenUsage] = Ledger(
-        [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded_outputs]
-    )
-    ready, waiting, done, dependents = _first_ready(graph, recorded_outputs)
+    outputs, step_usage = _ledgers(checkpoint)
+    ready, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset = (ready & -ready).bit_length() - 1 if ready else 0
-    halt = None
-    if limits.budget is not None and limits.budget.reached(checkpoint.cost) and done < len(graph):
-        halt = Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
-    incidents = Incidents(failures=checkpoint.failures, halt=halt)
-    outcome = outcome_of(done, len(graph), 0, ready, incidents)
-    events = (_first_events(graph, recorded_outputs, outdated, outcome, checkpoint.cost)
+    halt = _recorded_halt(limits, checkpoint, len(graph) - done)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt)
+    outcome = outcome_of(done, len(graph), 0, ready, setbacks)
+    events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
     return State(
         RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
-        done, checkpoint.cost, incidents, events, outcome, offset, ready >> offset, 0, 0,
+        done, checkpoint.cost, setbacks, events, outcome, offset, ready >> offset, 0, 0,
         MappingProxyType(waiting),
     )
 
 
-# -- plan: what starts -----------------------------------------------------------
+# -- the working copy ------------------------------------------------------------
+
+
+class _Run:
+    """The working copy of one transition: a state's fields, edited in place by the rules.
+
+    Made once per fold from the state before (:func:`_thaw`), frozen once
+    at its end (:func:`_freeze`). ``ready`` and ``running`` are the bit
+    window of :class:`~ekit_core.State` (bit ``i`` is step
+    ``offset + i``); on a window too wide to edit bit by bit, finished steps
+    wait in ``done`` and newly ready ones in ``fresh`` until :meth:`settle`
+    applies them with one mask each. ``waiting`` is the state's mapping
+    until first written, then a dict of the fold's own.
+    """
+
+    __slots__ = (
+        "before",
+        "completed",
+        "cost",
+        "done",
+        "events",
+        "fresh",
+        "in_flight",
+        "offset",
+        "outputs",
+        "ready",
+        "record",
+        "running",
+        "setbacks",
+        "spec",
+        "step_usage",
+        "waiting",
+    )
+
+    before: State
+    spec: RunSpec
+    record: bool
+    outputs: Ledger[str, Any]
+    step_usage: Ledger[str, TokenUsage]
+    completed: int
+    cost: TokenUsage
+    setbacks: Setbacks
+    offset: int
+    ready: int
+    running: int
+    in_flight: int
+    waiting: Mapping[str, int]
+    events: list[Event]
+    done: list[int]
+    fresh: list[int]
+
+    def bit(self, name: str) -> int:
+        """The window index of step ``name`` (negative below the window), pending bits applied."""
+        i = self.spec.graph.index.get(name)
+        if i is None:
+            raise TransitionError(f"unknown step {name!r}")
+        if self.done or self.fresh:
+            self.settle()
+        return i - self.offset
+
+    def settle(self) -> None:
+        """Take ``done`` off the running set and add ``fresh`` to the ready set.
+
+        One mask each, not one operation per step: an operation on an int
+        costs its width, and a fan-out's window is as wide as the fan-out.
+        A step reported done that was not in flight is a :class:`TransitionError`.
+        """
+        done, fresh, offset = self.done, self.fresh, self.offset
+        if done:
+            finished = _mask(done, offset) if min(done) >= offset else -1
+            if finished < 0 or self.running & finished != finished:
+                names, running = self.spec.graph.names, self.running
+                raise _not_in_flight(next(
+                    names[i] for i in done if i < offset or not (running >> (i - offset)) & 1))
+            self.running ^= finished
+            done.clear()
+        if fresh:
+            low = min(fresh)
+            if low < offset or not (self.ready or self.running):
+                self.offset, self.ready, self.running = _fit(offset, self.ready, self.running, low)
+            self.ready |= _mask(fresh, self.offset)
+            fresh.clear()
+
+    def end_attempt(self, name: str, what: str) -> int:
+        """Take ``name`` off the running set; its bit index, to put it back among the ready."""
+        j = self.bit(name)
+        if j < 0 or not (self.running >> j) & 1:
+            raise TransitionError(f"{what} for step {name!r}, which is not in flight")
+        self.running ^= 1 << j
+        self.in_flight -= 1
+        if name in self.setbacks.gated:
+            self.setbacks = _replace(self.setbacks, gated=_without(self.setbacks.gated, name))
+        return j
+
+    def halt(self, halt: Halt) -> None:
+        """Stop starting steps, for the first reason given."""
+        if self.setbacks.halt is None:
+            self.setbacks = _replace(self.setbacks, halt=halt)
+
+    def counts(self) -> dict[str, int]:
+        """The unfinished-dependency counts, as the fold's own dict (copied on first write)."""
+        waiting = self.waiting
+        if type(waiting) is not dict:
+            waiting = self.waiting = dict(waiting)
+        return waiting
+
+
+def _thaw(state: State, record: bool) -> _Run:
+    """The working copy of ``state`` (built without ``__init__``: one per transition)."""
+    w = _new(_Run)
+    w.before, w.spec, w.record = state, state.spec, record
+    w.outputs, w.step_usage = state.outputs, state.step_usage
+    w.completed, w.cost, w.setbacks = state.completed, state.cost, state.setbacks
+    w.offset, w.ready, w.running = state._offset, state._ready, state._running
+    w.in_flight, w.waiting = state._in_flight, state._waiting
+    w.events, w.done, w.fresh = [], [], []
+    return w
+
+
+_new = object.__new__
+
+
+# -- the rules, one per input ------------------------------------------------------
+
+
+def _succeeded(w: _Run, item: Succeeded) -> None:
+    """Record the output; count down the dependents, ready at zero; a reached budget halts."""
+    name = item.name  # the hot path of every run: plain int and dict operations
+    spec = w.spec
+    index = spec.graph.index
+    i = index.get(name)
+    if i is None:
+        raise TransitionError(f"unknown step {name!r}")
+    running = w.running
+    if running < _NARROW:  # a window of a few hundred bits: change it in place
+        j = i - w.offset
+        if j < 0 or not (running >> j) & 1:
+            raise _not_in_flight(name)
+        w.running = running ^ (1 << j)
+    else:
+        w.done.append(i)
+    try:
+        outputs = w.outputs = w.outputs.with_item(name, item.output)
+    except ValueError:  # recorded already: reported twice in one fold
+        raise _not_in_flight(name) from None
+    w.in_flight -= 1
+    w.completed += 1
+    usage = item.usage
+    if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
+        w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
+    if w.record:
+        w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, item.duration))
+    children = spec.dependents[name]
+    if children:
+        _count_down(w, children, outputs, index)
+    budget = spec.limits.budget
+    if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
+            and budget.reached(w.cost):
+        w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
+
+
+def _count_down(
+    w: _Run, children: tuple[str, ...], outputs: Ledger[str, Any], index: Mapping[str, int]
+) -> None:
+    """:func:`dependencies_recorded`, as a countdown: a join over n parents stays O(n)."""
+    deps = w.spec.graph.deps
+    for child in children:
+        if child in outputs:  # recorded before a dependency was added
+            continue
+        parents = len(deps[child])
+        if parents > 1:
+            waiting = w.counts()
+            left = waiting.pop(child, parents) - 1
+            if left:
+                waiting[child] = left
+                continue
+        k = index[child]
+        ready, offset = w.ready, w.offset
+        if not (ready or w.running):  # an empty window moves to the child
+            w.offset, w.ready = k, 1
+        elif ready < _NARROW and offset <= k < offset + 256:
+            w.ready = ready | 1 << (k - offset)
+        else:
+            w.fresh.append(k)
+
+
+def _start(w: _Run, start: Start) -> None:
+    """A start the shell made itself: the step must be ready, the run not halted, room left."""
+    name = start.name
+    j = w.bit(name)
+    if w.setbacks.halt is not None:
+        raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.setbacks.halt.kind})")
+    if j < 0 or not (w.ready >> j) & 1:
+        raise TransitionError(f"cannot start step {name!r}: it is not ready")
+    limit = w.spec.limits.max_concurrency
+    if limit is not None and w.in_flight >= limit:
+        raise TransitionError(f"cannot start step {name!r}: max_concurrency={limit} in flight")
+    _begin_attempts(w, (start,), 1 << j)
+
+
+def _began(w: _Run, began: Began) -> None:
+    """A gated attempt ended its wait: only now has it started."""
+    name = began.name
+    j = w.bit(name)
+    gated = w.setbacks.gated
+    if j < 0 or not (w.running >> j) & 1 or name not in gated:
+        raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
+    w.setbacks = _replace(w.setbacks, gated=_without(gated, name))
+    w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, gated[name]))
+
+
+def _failed(w: _Run, failed: Failed) -> None:
+    """Retried by the step's policy unless the run is halting; else it halts the run (or its branch)."""
+    name = failed.name
+    j = w.end_attempt(name, "failed result")
+    inc = w.setbacks
+    attempt = inc.tries.get(name, 0) + 1
+    error_type, message = describe_error(failed.error)
+    previous = inc.failures.get(name)
+    record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1)
+    inc = _replace(
+        inc,
+        failures=MappingProxyType({**inc.failures, name: record}),
+        tries=MappingProxyType({**inc.tries, name: attempt}),
+    )
+    policy = w.spec.limits.policies.get(name, NO_RETRY)
+    if inc.halt is None and policy.retries(failed.error, attempt):
+        delay = policy.delay(attempt)
+        w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
+        w.events.append(StepRetried(name, attempt, error_type, message, delay, failed.duration))
+        w.ready |= 1 << j
+        return
+    w.events.append(StepFailed(name, attempt, error_type, message, failed.duration))
+    w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
+    if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
+        w.halt(Halt("failed", name, f"{error_type}: {message}"))
+
+
+def _denied(w: _Run, denied: Denied) -> None:
+    """A refused approval halts the run; the step is not done: a resume asks again."""
+    j = w.end_attempt(denied.name, "denied result")
+    reason = storable_text(str(denied.reason))
+    w.events.append(StepDenied(denied.name, reason))
+    w.halt(Halt("denied", denied.name, reason))
+    w.ready |= 1 << j
+
+
+def _interrupted(w: _Run, interrupted: Interrupted) -> None:
+    """A cancelled attempt: the step is ready again."""
+    j = w.end_attempt(interrupted.name, "interrupted result")
+    w.events.append(StepInterrupted(interrupted.name))
+    w.ready |= 1 << j
+
+
+def _cancelled(w: _Run, cancelled: Cancelled) -> None:
+    """The run is cancelled: start nothing more."""
+    w.halt(Halt("cancelled", reason=cancelled.reason))
+
+
+RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
+    Succeeded: _succeeded,
+    Start: _start,
+    Began: _began,
+    Failed: _failed,
+    Denied: _denied,
+    Interrupted: _interrupted,
+    Cancelled: _cancelled,
+})
+"""The table of the fold: each kind of input, and the rule that folds it in (see the top)."""
+
+
+def _rule_of(item: object) -> Callable[[_Run, Any], None]:
+    """The rule of an input of a subclass of an input type (the table is keyed by exact type)."""
+    for kind, rule in RULES.items():
+        if isinstance(item, kind):
+            return rule
+    raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
+
+
+# -- starting attempts: plan, and the one way an attempt starts ----------------------
 
 
 def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight: int,
-            inc: Incidents) -> tuple[Start, ...]:
+            inc: Setbacks) -> tuple[Start, ...]:
+    """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
         return ()
     room = None
@@ -377,6 +693,8 @@ def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight
     names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
     if not ready & (ready - 1) and not gate:  # one ready step: the whole batch of a chain
         name = names[offset + ready.bit_length() - 1]
+        if name not in tries and name not in delays:
+            return (first_start(name),)
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)),)
     if not (tries or delays or gate):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in bit_indices(ready, room)])
@@ -388,10 +706,51 @@ def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight
     return tuple(starts)
 
 
-def _first_batch(name: str) -> Batch:
-    """``Batch((Start(name),))``, built through a twin class: a chain makes one per step."""
+def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
+    """Start ``starts``, whose bits are ``chosen``: the one way an attempt starts.
+
+    Ready becomes running with one mask, not one operation per start on
+    integers as wide as the batch; each attempt's retry delay is used up, and
+    a gated attempt is held as such (its ``StepStarted`` waits for ``Began``).
+    """
+    w.ready ^= chosen
+    w.running |= chosen
+    w.in_flight += len(starts)
+    inc, record = w.setbacks, w.record
+    if not (record or inc.delays or w.spec.limits.approval):
+        return
+    for start in starts:
+        name = start.name
+        if name in inc.delays:
+            inc = _replace(inc, delays=_without(inc.delays, name))
+        if start.gated:
+            inc = _replace(inc, gated=MappingProxyType({**inc.gated, name: start.delay}))
+        elif record:
+            w.events.append(StepStarted(name, start.attempt, start.delay))
+    w.setbacks = inc
+
+
+def _launch(w: _Run) -> Batch:
+    """What :func:`advance` adds to :func:`apply`: start what :func:`plan` would."""
+    if w.done or w.fresh:
+        w.settle()
+    starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.setbacks)
+    if starts:
+        # _choose takes the lowest ready bits: those up to the last start's.
+        ready = w.ready
+        if ready & (ready - 1):
+            last = w.spec.graph.index[starts[-1].name] - w.offset
+            ready &= (2 << last) - 1
+        _begin_attempts(w, starts, ready)
+    if w.setbacks.gated and w.setbacks.halt is not None:
+        return Batch(starts, _withdrawn(w.setbacks))
+    return _batch(starts) if starts else _EMPTY
+
+
+def _batch(starts: tuple[Start, ...]) -> Batch:
+    """``Batch(starts)``, built through a twin class (see :mod:`ekit_core._fast`): one per step."""
     batch = _BatchDraft()
-    batch.starts = (first_start(name),)
+    batch.starts = starts
     batch.withdraw = ()
     batch.__class__ = Batch
     return cast(Batch, batch)
@@ -400,7 +759,7 @@ def _first_batch(name: str) -> Batch:
 _BatchDraft = twin(Batch)
 
 
-def _withdrawn(inc: Incidents) -> tuple[str, ...]:
+def _withdrawn(inc: Setbacks) -> tuple[str, ...]:
     return tuple(inc.gated) if inc.halt is not None and inc.gated else ()
 
 
@@ -411,14 +770,14 @@ def plan(state: State) -> Batch:
     halted, within ``max_concurrency``; lowest declaration index first.
     Hand the starts (or any prefix of them) back to :func:`apply` once started.
     """
-    inc = state.incidents
+    inc = state.setbacks
     starts = _choose(state.spec.graph, state.spec.limits, state._offset, state._ready,
                      state._in_flight, inc)
     withdraw = _withdrawn(inc)
     return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
 
-# -- apply: folding inputs in ------------------------------------------------------
+# -- the transition: thaw, fold, freeze ------------------------------------------------
 
 
 def apply(state: State, inputs: Iterable[Input]) -> State:
@@ -426,10 +785,10 @@ def apply(state: State, inputs: Iterable[Input]) -> State:
 
     Raises :class:`~ekit_core.TransitionError` (a ``ValueError``) for an
     input that does not fit the state (a start of a step that is not ready,
-    an outcome of a step that is not in flight, an unknown step or input
+    the end of an attempt of a step that is not in flight, an unknown step or input
     type); ``state`` is unchanged then too.
     """
-    return _fold(state, inputs, False, True)[0]
+    return _freeze(_fold(state, inputs, True))
 
 
 def advance(
@@ -442,150 +801,48 @@ def advance(
     per group of completions. With ``record_events=False`` the new state's
     ``events`` is empty, which saves building event objects nobody will read.
     """
-    return _fold(state, inputs, True, record_events)
+    w = _fold(state, inputs, record_events)
+    batch = _launch(w)
+    return _freeze(w), batch
 
 
-class _Draft:
-    """The parts of a state a rare input changes, edited in place during one fold."""
-
-    __slots__ = ("events", "in_flight", "inc", "offset", "ready", "running", "spec")
-
-    def __init__(self, spec: RunSpec, offset: int, ready: int, running: int, in_flight: int,
-                 inc: Incidents, events: list[Event]) -> None:
-        self.spec, self.offset, self.ready, self.running = spec, offset, ready, running
-        self.in_flight, self.inc, self.events = in_flight, inc, events
-
-    def bit(self, name: str) -> int:
-        i = self.spec.graph.index.get(name)
-        if i is None:
-            raise TransitionError(f"unknown step {name!r}")
-        return i - self.offset
-
-    def end_attempt(self, name: str, what: str) -> int:
-        """Take ``name`` off the running set; its bit index, to put it back among the ready."""
-        j = self.bit(name)
-        if j < 0 or not (self.running >> j) & 1:
-            raise TransitionError(f"{what} for step {name!r}, which is not in flight")
-        self.running ^= 1 << j
-        self.in_flight -= 1
-        if name in self.inc.gated:
-            self.inc = _replace(self.inc, gated=_without(self.inc.gated, name))
-        return j
-
-    def halt(self, halt: Halt) -> None:
-        if self.inc.halt is None:
-            self.inc = _replace(self.inc, halt=halt)
+def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
+    """The working copy of ``state`` with every input folded in by its rule in :data:`RULES`."""
+    w = _thaw(state, record)
+    rules = RULES
+    for item in inputs:
+        rule = rules.get(type(item))
+        (rule or _rule_of(item))(w, item)
+    return w
 
 
-def _start(d: _Draft, start: Start) -> None:
-    name = start.name
-    j = d.bit(name)
-    if d.inc.halt is not None:
-        raise TransitionError(f"cannot start step {name!r}: the run is halted ({d.inc.halt.kind})")
-    if j < 0 or not (d.ready >> j) & 1:
-        raise TransitionError(f"cannot start step {name!r}: it is not ready")
-    limit = d.spec.limits.max_concurrency
-    if limit is not None and d.in_flight >= limit:
-        raise TransitionError(f"cannot start step {name!r}: max_concurrency={limit} in flight")
-    d.ready ^= 1 << j
-    d.running |= 1 << j
-    d.in_flight += 1
-    _launched(d, start, record=True)
-
-
-def _launched(d: _Draft, start: Start, *, record: bool) -> None:
-    """Book-keeping for an attempt that was just started (by :func:`_start` or the fused path)."""
-    name, inc = start.name, d.inc
-    if name in inc.delays:
-        inc = _replace(inc, delays=_without(inc.delays, name))
-    if start.gated:
-        inc = _replace(inc, gated=MappingProxyType({**inc.gated, name: start.delay}))
-    elif record:
-        d.events.append(StepStarted(name, start.attempt, start.delay))
-    d.inc = inc
-
-
-def _began(d: _Draft, began: Began) -> None:
-    name = began.name
-    j = d.bit(name)
-    if j < 0 or not (d.running >> j) & 1 or name not in d.inc.gated:
-        raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
-    delay = d.inc.gated[name]
-    d.inc = _replace(d.inc, gated=_without(d.inc.gated, name))
-    d.events.append(StepStarted(name, d.inc.tries.get(name, 0) + 1, delay))
-
-
-def _failed(d: _Draft, failed: Failed) -> None:
-    name = failed.name
-    j = d.end_attempt(name, "failed result")
-    inc = d.inc
-    attempt = inc.tries.get(name, 0) + 1
-    error_type, message = describe_error(failed.error)
-    previous = inc.failures.get(name)
-    record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1)
-    inc = _replace(
-        inc,
-        failures=MappingProxyType({**inc.failures, name: record}),
-        tries=MappingProxyType({**inc.tries, name: attempt}),
+def _freeze(w: _Run) -> State:
+    """The state a fold ends in: pending bits applied, its outcome decided, frozen."""
+    if w.done or w.fresh:
+        w.settle()
+    outcome = None
+    if not w.in_flight:  # else the run goes on: no need to ask
+        total = len(w.spec.graph.names)
+        outcome = outcome_of(w.completed, total, 0, w.ready, w.setbacks)
+        if outcome is not None and not w.before.settled:
+            w.events.append(RunSettled(outcome, w.completed, total, w.cost))
+    offset, ready, running = _anchor(w.offset, w.ready, w.running)
+    waiting = w.waiting
+    return make_state(
+        w.spec, w.outputs, w.step_usage, w.completed, w.cost, w.setbacks,
+        tuple(w.events) if w.record else (), outcome, offset, ready, running, w.in_flight,
+        MappingProxyType(waiting) if type(waiting) is dict else cast(Any, waiting),
     )
-    policy = d.spec.limits.policies.get(name, NO_RETRY)
-    if inc.halt is None and policy.retries(failed.error, attempt):
-        delay = policy.delay(attempt)
-        d.inc = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
-        d.events.append(StepRetried(name, attempt, error_type, message, delay, failed.duration))
-        d.ready |= 1 << j
-        return
-    d.events.append(StepFailed(name, attempt, error_type, message, failed.duration))
-    d.inc = _replace(inc, errors=(*inc.errors, (name, failed.error)))
-    if not d.spec.limits.isolate_failures:  # else only what depends on it waits, forever
-        d.halt(Halt("failed", name, f"{error_type}: {message}"))
 
 
-def _denied(d: _Draft, denied: Denied) -> None:
-    j = d.end_attempt(denied.name, "denied result")
-    reason = storable_text(str(denied.reason))
-    d.events.append(StepDenied(denied.name, reason))
-    d.halt(Halt("denied", denied.name, reason))
-    d.ready |= 1 << j  # not done: a resume asks again
+# -- the bit window ----------------------------------------------------------------
 
 
-def _interrupted(d: _Draft, interrupted: Interrupted) -> None:
-    j = d.end_attempt(interrupted.name, "interrupted result")
-    d.events.append(StepInterrupted(interrupted.name))
-    d.ready |= 1 << j
+def _not_in_flight(name: str) -> TransitionError:
+    return TransitionError(f"success reported for step {name!r}, which is not in flight")
 
 
-def _cancelled(d: _Draft, cancelled: Cancelled) -> None:
-    d.halt(Halt("cancelled", reason=cancelled.reason))
-
-
-_RARE: dict[type, Callable[[_Draft, Any], None]] = {
-    Start: _start,
-    Began: _began,
-    Failed: _failed,
-    Denied: _denied,
-    Interrupted: _interrupted,
-    Cancelled: _cancelled,
-}
-"""How each input other than a success changes the state (successes are the hot path)."""
-
-
-def _rare(item: object) -> Callable[[_Draft, Any], None]:
-    handler = _RARE.get(type(item))
-    if handler is None:
-        handler = next((h for t, h in _RARE.items() if isinstance(item, t)), None)
-        if handler is None:
-            raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
-    return handler
-
-
-def _fold_rare(
-    item: object, d: _Draft, done: list[int], fresh: list[int]
-) -> tuple[int, int, int, int, Incidents]:
-    """Fold one input other than a success (after the pending ones); the window and incidents it leaves."""
-    d.offset, d.ready, d.running = _settle(d.spec.graph, d.offset, d.ready, d.running, done, fresh)
-    _rare(item)(d, item)
-    return d.offset, d.ready, d.running, d.in_flight, d.inc
+_NARROW = 1 << 256  # below it, an int's operations cost about as much as a call
 
 
 def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
@@ -602,117 +859,6 @@ def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
     return offset, ready, running
 
 
-def _fold(
-    state: State, inputs: Iterable[Input], start_next: bool, record_events: bool
-) -> tuple[State, Batch]:
-    spec, graph, budget = state.spec, state.spec.graph, state.spec.limits.budget
-    index, deps, dependents, total = graph.index, graph.deps, spec.dependents, len(graph.names)
-    outputs, step_usage, completed, cost = state.outputs, state.step_usage, state.completed, state.cost
-    offset, ready, running, in_flight = state._offset, state._ready, state._running, state._in_flight
-    inc, events = state.incidents, cast(list[Event], [])
-    waiting: dict[str, int] | None = None  # copied from the state on first write
-    done: list[int] = []  # finished, and made ready: for _settle
-    fresh: list[int] = []
-    for item in inputs:
-        if type(item) is not Succeeded and not isinstance(item, Succeeded):
-            offset, ready, running, in_flight, inc = _fold_rare(
-                item, _Draft(spec, offset, ready, running, in_flight, inc, events), done, fresh)
-            continue
-        name = item.name  # the hot path of every run: plain int and dict operations
-        i = index.get(name)
-        if i is None:
-            raise TransitionError(f"unknown step {name!r}")
-        if running < _NARROW:  # a window of a few hundred bits: change it in place
-            j = i - offset
-            if j < 0 or not (running >> j) & 1:
-                raise _not_in_flight(name)
-            running ^= 1 << j
-        else:
-            done.append(i)
-        try:
-            outputs = outputs.with_item(name, item.output)
-        except ValueError:  # recorded already: reported twice in one fold
-            raise _not_in_flight(name) from None
-        in_flight, completed, usage = in_flight - 1, completed + 1, item.usage
-        if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
-            step_usage, cost = step_usage.with_item(name, usage), cost + usage
-        if record_events:
-            events.append(StepFinished(name, inc.tries.get(name, 0) + 1, usage, item.duration))
-        for child in dependents[name]:
-            if child in outputs:  # recorded before a dependency was added
-                continue
-            parents = len(deps[child])
-            if parents > 1:  # dependencies_recorded(), as a countdown: a join stays O(n)
-                waiting = dict(state._waiting) if waiting is None else waiting
-                left = waiting.pop(child, parents) - 1
-                if left:
-                    waiting[child] = left
-                    continue
-            k = index[child]
-            if not (ready or running):  # an empty window moves to the child
-                offset, ready = k, 1
-            elif ready < _NARROW and offset <= k < offset + 256:
-                ready |= 1 << (k - offset)
-            else:
-                fresh.append(k)
-        if budget is not None and inc.halt is None and completed < total and budget.reached(cost):
-            inc = _replace(inc, halt=Halt("budget_exceeded", reason=f"usage reached {budget}"))
-    if done or fresh:
-        offset, ready, running = _settle(graph, offset, ready, running, done, fresh)
-    counts = state._waiting if waiting is None else MappingProxyType(waiting)
-    return _conclude(state, spec, offset, ready, running, in_flight, inc, events, outputs,
-                     step_usage, completed, cost, counts, start_next, record_events)
-
-
-def _conclude(
-    before: State, spec: RunSpec, offset: int, ready: int, running: int, in_flight: int,
-    inc: Incidents, events: list[Event], outputs: Ledger[str, Any],
-    step_usage: Ledger[str, TokenUsage], completed: int, cost: TokenUsage,
-    waiting: MappingProxyType[str, int], start_next: bool, record_events: bool,
-) -> tuple[State, Batch]:
-    """The end of a fold: start what :func:`plan` would (if asked), then close the state."""
-    if start_next and ready and not ready & (ready - 1):
-        chain = _start_only(spec, offset, ready, running, in_flight, inc, events, outputs,
-                            step_usage, completed, cost, waiting, record_events)
-        if chain is not None:
-            return chain
-    d = _Draft(spec, offset, ready, running, in_flight, inc, events)
-    batch = _launch(d, record_events) if start_next else _EMPTY  # what plan() would start
-    return _close(before, d, outputs, step_usage, completed, cost, waiting, record_events), batch
-
-
-def _not_in_flight(name: str) -> TransitionError:
-    return TransitionError(f"success reported for step {name!r}, which is not in flight")
-
-
-_NARROW = 1 << 256  # below it, an int's operations cost about as much as a call
-
-
-def _settle(
-    graph: GraphSpec, offset: int, ready: int, running: int, done: list[int], fresh: list[int]
-) -> tuple[int, int, int]:
-    """Take the ``done`` steps off the running set and add the ``fresh`` ones to the ready set.
-
-    One mask each, not one operation per step: an operation on an int costs
-    its width, and a fan-out's window is as wide as the fan-out. Empties both
-    lists. A step reported done that was not in flight is a :class:`TransitionError`.
-    """
-    if done:
-        finished = _mask(done, offset) if min(done) >= offset else -1
-        if finished < 0 or running & finished != finished:
-            name = next(graph.names[i] for i in done if i < offset or not (running >> (i - offset)) & 1)
-            raise _not_in_flight(name)
-        running ^= finished
-        done.clear()
-    if fresh:
-        low = min(fresh)
-        if low < offset or not (ready or running):
-            offset, ready, running = _fit(offset, ready, running, low)
-        ready |= _mask(fresh, offset)
-        fresh.clear()
-    return offset, ready, running
-
-
 def _mask(indices: list[int], offset: int) -> int:
     """The int with bit ``i - offset`` set for each ``i`` in ``indices`` (all >= ``offset``)."""
     if len(indices) <= 4:
@@ -725,68 +871,6 @@ def _mask(indices: list[int], offset: int) -> int:
         j = i - offset
         bits[j >> 3] |= 1 << (j & 7)
     return int.from_bytes(bits, "little")
-
-
-def _start_only(
-    spec: RunSpec, offset: int, ready: int, running: int, in_flight: int, inc: Incidents,
-    events: list[Event], outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
-    completed: int, cost: TokenUsage, waiting: MappingProxyType[str, int], record_events: bool,
-) -> tuple[State, Batch] | None:
-    """The fused path when exactly one step is ready (every step of a chain), or ``None``.
-
-    What :func:`_launch` and :func:`_close` would do, on the fold's own
-    values, with the batch of a plain first attempt built through twins (_first_batch).
-    """
-    limits = spec.limits
-    if inc.halt is not None or limits.approval or limits.max_concurrency is not None:
-        return None
-    name = spec.graph.names[offset + ready.bit_length() - 1]
-    if name in inc.tries:  # a retry: its delay and attempt number are _launch's
-        return None
-    if record_events:
-        events.append(StepStarted(name, 1, 0.0))
-    offset, ready, running = _anchor(offset, 0, running | ready)
-    new = make_state(
-        spec, outputs, step_usage, completed, cost, inc,
-        tuple(events) if record_events else (), None, offset, ready, running, in_flight + 1,
-        waiting,
-    )
-    return new, _first_batch(name)
-
-
-def _close(
-    before: State, d: _Draft, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
-    completed: int, cost: TokenUsage, waiting: MappingProxyType[str, int], record_events: bool,
-) -> State:
-    """The state a fold ends in: its outcome decided, its window re-anchored, frozen."""
-    total = len(d.spec.graph.names)
-    outcome = outcome_of(completed, total, d.in_flight, d.ready, d.inc)
-    if outcome is not None and not before.settled:
-        d.events.append(RunSettled(outcome, completed, total, cost))
-    offset, ready, running = _anchor(d.offset, d.ready, d.running)
-    return make_state(
-        d.spec, outputs, step_usage, completed, cost, d.inc,
-        tuple(d.events) if record_events else (), outcome, offset, ready, running, d.in_flight,
-        waiting,
-    )
-
-
-def _launch(d: _Draft, record_events: bool) -> Batch:
-    """The fused half of :func:`advance`: choose the starts and mark them running."""
-    starts = _choose(d.spec.graph, d.spec.limits, d.offset, d.ready, d.in_flight, d.inc)
-    if starts:
-        # _choose takes the lowest ready bits: mark them running with one
-        # mask, not one operation per start on integers as wide as the batch.
-        last = d.spec.graph.index[starts[-1].name] - d.offset
-        chosen = d.ready & ((2 << last) - 1)
-        d.ready ^= chosen
-        d.running |= chosen
-        d.in_flight += len(starts)
-        if record_events or d.inc.delays or d.spec.limits.approval:
-            for start in starts:
-                _launched(d, start, record=record_events)
-    withdraw = _withdrawn(d.inc)
-    return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
 
 def _anchor(offset: int, ready: int, running: int) -> tuple[int, int, int]:

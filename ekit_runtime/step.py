@@ -16,7 +16,6 @@ from types import MappingProxyType
 from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from ekit_core import RetryPolicy, TokenUsage
-from ekit_core._fast import twin
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.executors import Executor
 
@@ -182,9 +181,9 @@ class Step:
         executor: Executor | None = None,
         version: str | None = None,
     ) -> Step:
-        # A 10,000-step workflow builds 10,000 of these: built through a twin
-        # class (see ekit_core._fast; a frozen dataclass's __init__ costs
-        # several times as much), and the common shape (a tuple of
+        # A 10,000-step workflow builds 10,000 of these: built through
+        # _StepDraft (a frozen dataclass's __init__ costs several times as
+        # much), and the common shape (a tuple of
         # dependencies, every option at its default) passes one test.
         step = _StepDraft()
         step.name, step.run, step.depends_on = name, run, depends_on
@@ -254,4 +253,9 @@ class Step:
             raise bad("inline=True and blocking=True contradict each other")
 
 
-_StepDraft = twin(Step)
+# A plain class with Step's very slots: its instances take cheap attribute
+# stores, then become Steps by assigning __class__ (same layout, immutable from
+# then on). ekit_core builds its per-step values the same way, in its own
+# modules (ekit_core._fast says why); a workflow's steps are the runtime's one
+# such value, built here.
+_StepDraft: type[Any] = type("_StepDraft", (), {"__slots__": vars(Step)["__slots__"]})

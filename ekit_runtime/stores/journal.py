@@ -677,17 +677,15 @@ class _History:
                 for key, value in list(islice(reversed(table.items()), added))[::-1]:
                     ledger = ledger.with_item(key, value)
                 setattr(self, attr, ledger)
-        return WorkflowCheckpoint(
+        return WorkflowCheckpoint.of_ledgers(
+            self.outputs,
+            self.usage,
             step_index=fold.step_index,
-            outputs=MappingProxyType(self.outputs),
             cost=fold.cost,
             context=fold.start.context,
-            step_usage=MappingProxyType(self.usage),
             failures=MappingProxyType(dict(fold.failures)),
             fingerprint=fold.start.fingerprint,
             graph=fold.start.graph,
             format_version=fold.start.format_version,
             versions=fold.start.versions,
-            _outputs_ledger=self.outputs,
-            _usage_ledger=self.usage,
         )
