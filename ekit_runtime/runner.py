@@ -283,7 +283,7 @@ class Runner:
             and not self._reports
             and len(self._tasks) == 1
             and self._join_directly
-            and not self.state.incidents.gated  # a gated attempt reports when it begins
+            and not self.state.setbacks.gated  # a gated attempt reports when it begins
         ):
             await self._join_only_task()
         while not self._finished and not self._reports:
