@@ -28,7 +28,7 @@ __all__ = [
     "HaltKind",
     "Incidents",
     "Setbacks",
-    "Limits",
+    "RunLimits",
     "Outcome",
     "RunSpec",
     "State",
@@ -58,7 +58,7 @@ class Halt:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class RunLimits:
     """What a run may do: steps in flight at once, usage budget, per-step retry policies,
     whether an approval callback gates each step's first attempt, and whether a
     failure stops the run or only the steps that depend on it."""
@@ -78,7 +78,7 @@ class RunSpec:
     """What does not change during a run: the graph, the limits, the context, the steps' versions."""
 
     graph: GraphSpec
-    limits: Limits
+    limits: RunLimits
     context: MappingProxyType[str, Any]
     versions: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # What the fold reads when a step finishes: ``graph.dependents`` unless
@@ -162,7 +162,7 @@ class State:
         return self.spec.graph
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> RunLimits:
         """Concurrency, budget and retry policies of the run."""
         return self.spec.limits
 

@@ -99,8 +99,8 @@ from ekit_core.results import (
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.state import (
     Halt,
-    Limits,
     Outcome,
+    RunLimits,
     RunSpec,
     Setbacks,
     State,
@@ -195,7 +195,7 @@ def _check_limits(
     policies: Mapping[str, RetryPolicy] | None,
     approval: bool,
     isolate_failures: bool,
-) -> Limits:
+) -> RunLimits:
     if not isinstance(graph, GraphSpec):
         raise ValueError(f"graph must be a GraphSpec, got {type(graph).__name__}")
     if max_concurrency is not None and (
@@ -214,7 +214,7 @@ def _check_limits(
         if not isinstance(policy, RetryPolicy):
             raise ValueError(f"retry policy of step {name!r} must be a RetryPolicy")
         checked[name] = policy
-    return Limits(
+    return RunLimits(
         max_concurrency, budget, MappingProxyType(checked), bool(approval), bool(isolate_failures)
     )
 
@@ -330,7 +330,7 @@ def _first_ready(
     return ready, waiting, done, graph.dependents_among(pending) if done else graph.dependents
 
 
-def _recorded_halt(limits: Limits, checkpoint: WorkflowCheckpoint, left: int) -> Halt | None:
+def _recorded_halt(limits: RunLimits, checkpoint: WorkflowCheckpoint, left: int) -> Halt | None:
     """A budget the recorded usage reaches halts the run at once, if ``left`` steps remain."""
     if limits.budget is not None and limits.budget.reached(checkpoint.cost) and left:
         return Halt("budget_exceeded", reason="usage recorded in the checkpoint reaches the budget")
@@ -680,7 +680,7 @@ def _rule_of(item: object) -> Callable[[_Run, Any], None]:
 # -- starting attempts: plan, and the one way an attempt starts ----------------------
 
 
-def _choose(graph: GraphSpec, limits: Limits, offset: int, ready: int, in_flight: int,
+def _choose(graph: GraphSpec, limits: RunLimits, offset: int, ready: int, in_flight: int,
             inc: Setbacks) -> tuple[Start, ...]:
     """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
