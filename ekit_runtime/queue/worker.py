@@ -51,7 +51,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.keys import KeyedExecutor, keyed, run_context
-from ekit_runtime.queue.lifecycle import drive_ending
+from ekit_runtime.queue.lifecycle import drive_ending, usage_limited
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
@@ -251,7 +251,7 @@ class Worker:
 
     async def _claim_one(self) -> bool:
         limits = await self._db(self.queue.limits)
-        self._gated = limits.llm_calls_per_minute is not None or limits.tokens_per_minute is not None
+        self._gated = usage_limited(limits)
         asked = time.monotonic()
         lease = await self._db(self.queue.claim, self.name, self.fingerprints, self.lease_seconds)
         if lease is None:
@@ -314,9 +314,9 @@ class Worker:
             await asyncio.wait({drive.task})
         finally:
             beat.cancel()
-        await self._conclude(drive, drive.task)
+        await self._record_ending(drive, drive.task)
 
-    async def _conclude(self, drive: _Drive, task: asyncio.Task[Any]) -> None:
+    async def _record_ending(self, drive: _Drive, task: asyncio.Task[Any]) -> None:
         """Record how the run ended, unless the lease was lost (then write nothing)."""
         lease = drive.lease
         error = None if task.cancelled() else task.exception()
