@@ -408,9 +408,9 @@ class _Run:
 
     Made once per fold from the state before (:func:`_thaw`), frozen once
     at its end (:func:`_freeze`). ``offset``, ``ready`` and ``running`` are
-    the state's bit window (:mod:`ekit_core.window`); on a window too wide to edit bit by bit, finished steps
-    wait in ``done`` and newly ready ones in ``fresh`` until :meth:`settle`
-    applies them with one mask each. ``waiting`` is the state's mapping
+    the state's bit window (:mod:`ekit_core.window`); on a window too wide
+    to edit bit by bit, finished steps wait in ``done`` and newly ready ones
+    in ``fresh`` until :meth:`settle` applies them with one mask each. ``waiting`` is the state's mapping
     until first written, then a dict of the fold's own.
     """
 
