@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from ekit_core import window
 from ekit_core.errors import TransitionError
 from ekit_core.graph import GraphError, GraphSpec
 from ekit_core.state import RunSpec, State, make_state
-from ekit_core.transitions import _anchor
 
 __all__ = ["add_steps"]
 
@@ -53,10 +53,10 @@ def add_steps(state: State, steps: Mapping[str, Iterable[str]]) -> State:
     for name, deps in added.items():
         missing = sum(1 for d in deps if d not in outputs)
         if not missing:
-            ready |= 1 << (grown.index[name] - offset)
+            ready = window.add(ready, window.bit(grown.index[name] - offset))
         elif len(deps) > 1 and missing < len(deps):
             waiting[name] = missing
-    offset, ready, running = _anchor(offset, ready, state._running)
+    offset, ready, running = window.anchor(offset, ready, state._running)
     spec = RunSpec(grown, state.spec.limits, state.spec.context, state.spec.versions,
                    _grown_dependents(state.spec, added))
     return make_state(

@@ -21,6 +21,8 @@ from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
+from ekit_core.window import indices as bit_indices  # its former home: kept for old imports
+from ekit_core.window import names_of, size
 
 __all__ = [
     "OUTCOMES",
@@ -133,12 +135,11 @@ class State:
     Read it through ``outputs``, ``step_usage``, ``completed``, ``cost``,
     ``outcome``, ``events`` and the methods and properties below. The fields
     with a leading underscore are the representation chosen for speed, for
-    :mod:`ekit_core.transitions` alone: ``_ready`` and ``_running`` are bit
-    sets over a window of declaration indices (bit ``i`` is
-    ``graph.names[_offset + i]``) that starts at the lowest unfinished step,
-    so a transition touches integers as wide as the frontier, not the graph;
-    ``_waiting`` counts the unfinished dependencies of steps that have
-    several and some done, so readiness costs O(1) per finished dependency.
+    :mod:`ekit_core.transitions` alone: ``_offset``, ``_ready`` and
+    ``_running`` are a bit window (see :mod:`ekit_core.window`, the one
+    module that reads or changes them bit by bit); ``_waiting`` counts the
+    unfinished dependencies of steps that have several and some done, so
+    readiness costs O(1) per finished dependency.
     ``step_usage`` is sparse: a step that spent nothing has no entry.
     """
 
@@ -209,7 +210,7 @@ class State:
     @property
     def ready_count(self) -> int:
         """Number of steps ready to start (including ones awaiting a retry)."""
-        return self._ready.bit_count()
+        return size(self._ready)
 
     @property
     def total(self) -> int:
@@ -232,13 +233,11 @@ class State:
 
     def running_steps(self) -> tuple[str, ...]:
         """Steps in flight, in declaration order."""
-        names, offset = self.spec.graph.names, self._offset
-        return tuple(names[offset + i] for i in bit_indices(self._running))
+        return names_of(self.spec.graph.names, self._offset, self._running)
 
     def ready_steps(self) -> tuple[str, ...]:
         """Steps whose dependencies are done and that wait to start, in declaration order."""
-        names, offset = self.spec.graph.names, self._offset
-        return tuple(names[offset + i] for i in bit_indices(self._ready))
+        return names_of(self.spec.graph.names, self._offset, self._ready)
 
     def gated_steps(self) -> tuple[str, ...]:
         """Steps in flight whose attempt has not begun its work (a retry delay, an approval)."""
@@ -247,27 +246,6 @@ class State:
     def attempt_of(self, name: str) -> int:
         """The attempt number the next (or current) attempt of ``name`` has in this run."""
         return self.setbacks.tries.get(name, 0) + 1
-
-
-def bit_indices(bits: int, limit: int | None = None) -> list[int]:
-    """Indices of the set bits of ``bits``, lowest first, at most ``limit`` of them."""
-    if not bits & (bits - 1):  # zero or one bit: the common case of a chain
-        return [bits.bit_length() - 1] if bits and limit != 0 else []
-    out: list[int] = []
-    if limit is None:
-        limit = bits.bit_count()
-    if limit <= 8:
-        while bits and len(out) < limit:
-            low = bits & -bits
-            out.append(low.bit_length() - 1)
-            bits ^= low
-        return out
-    digits = bin(bits)[:1:-1]
-    i = digits.find("1")
-    while i != -1 and len(out) < limit:
-        out.append(i)
-        i = digits.find("1", i + 1)
-    return out
 
 
 def checkpoint_of(state: State) -> WorkflowCheckpoint:

@@ -45,10 +45,12 @@ Around the table:
   nothing more; in-flight steps still finish and their outputs are kept;
 - how a run ended (:func:`outcome_of`).
 
-The ready and running steps are bit sets over a window of declaration
-indices (see :class:`~ekit_core.State`): a transition touches integers as
-wide as the frontier, not the graph. The helpers at the bottom keep that
-window narrow.
+The ready and running steps are a bit window over declaration indices,
+and :mod:`ekit_core.window` owns it: its representation, why it exists (a
+transition touches integers as wide as the frontier, not the graph) and
+every operation on it. The rules here call those operations by name; the
+few written inline on the hot path of every step say which one they inline,
+and the window module lists them and says why.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, cast
 
+from ekit_core import window
 from ekit_core._fast import twin
 from ekit_core.checkpoint import (
     CheckpointError,
@@ -104,7 +107,6 @@ from ekit_core.state import (
     RunSpec,
     Setbacks,
     State,
-    bit_indices,
     make_state,
 )
 from ekit_core.usage import TokenUsage
@@ -303,10 +305,10 @@ def _outdated(
 
 def _first_ready(
     graph: GraphSpec, outputs: Mapping[str, Any]
-) -> tuple[int, dict[str, int], int, Mapping[str, tuple[str, ...]]]:
-    """The steps ready at once (as bits), the countdowns of joins partly
-    recorded, how many steps are recorded, and the dependents the fold reads."""
-    ready = 0
+) -> tuple[list[int], dict[str, int], int, Mapping[str, tuple[str, ...]]]:
+    """The steps ready at once (declaration indices), the countdowns of joins
+    partly recorded, how many steps are recorded, and the dependents the fold reads."""
+    ready: list[int] = []
     waiting: dict[str, int] = {}
     pending: list[str] = []
     deps = graph.deps
@@ -317,11 +319,11 @@ def _first_ready(
         parents = deps[name]
         if len(parents) < 2:  # most steps: no generator needed
             if not parents or parents[0] in outputs:
-                ready |= 1 << i
+                ready.append(i)
             continue
         missing = sum(1 for d in parents if d not in outputs)
         if not missing:
-            ready |= 1 << i
+            ready.append(i)
         elif missing < len(parents):
             waiting[name] = missing
     done = len(graph) - len(pending)
@@ -384,8 +386,8 @@ def initial_state(
     checkpoint = without(checkpoint, graph, outdated)
     merged = _check_context(graph, checkpoint.context, "context") | new_context
     outputs, step_usage = _ledgers(checkpoint)
-    ready, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
-    offset = (ready & -ready).bit_length() - 1 if ready else 0
+    first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
+    offset, ready = window.start(first)
     halt = _recorded_halt(limits, checkpoint, len(graph) - done)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt)
     outcome = outcome_of(done, len(graph), 0, ready, setbacks)
@@ -393,7 +395,7 @@ def initial_state(
               if record_events else ())
     return State(
         RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
-        done, checkpoint.cost, setbacks, events, outcome, offset, ready >> offset, 0, 0,
+        done, checkpoint.cost, setbacks, events, outcome, offset, ready, 0, 0,
         MappingProxyType(waiting),
     )
 
@@ -405,11 +407,10 @@ class _Run:
     """The working copy of one transition: a state's fields, edited in place by the rules.
 
     Made once per fold from the state before (:func:`_thaw`), frozen once
-    at its end (:func:`_freeze`). ``ready`` and ``running`` are the bit
-    window of :class:`~ekit_core.State` (bit ``i`` is step
-    ``offset + i``); on a window too wide to edit bit by bit, finished steps
-    wait in ``done`` and newly ready ones in ``fresh`` until :meth:`settle`
-    applies them with one mask each. ``waiting`` is the state's mapping
+    at its end (:func:`_freeze`). ``offset``, ``ready`` and ``running`` are
+    the state's bit window (:mod:`ekit_core.window`); on a window too wide
+    to edit bit by bit, finished steps wait in ``done`` and newly ready ones
+    in ``fresh`` until :meth:`settle` applies them with one mask each. ``waiting`` is the state's mapping
     until first written, then a dict of the fold's own.
     """
 
@@ -461,32 +462,32 @@ class _Run:
     def settle(self) -> None:
         """Take ``done`` off the running set and add ``fresh`` to the ready set.
 
-        One mask each, not one operation per step: an operation on an int
-        costs its width, and a fan-out's window is as wide as the fan-out.
+        One :func:`~ekit_core.window.mask` each, not one operation per step.
         A step reported done that was not in flight is a :class:`TransitionError`.
         """
         done, fresh, offset = self.done, self.fresh, self.offset
         if done:
-            finished = _mask(done, offset) if min(done) >= offset else -1
-            if finished < 0 or self.running & finished != finished:
+            running = window.take(self.running, done, offset)
+            if running < 0:
                 names, running = self.spec.graph.names, self.running
                 raise _not_in_flight(next(
-                    names[i] for i in done if i < offset or not (running >> (i - offset)) & 1))
-            self.running ^= finished
+                    names[i] for i in done if not window.has(running, i - offset)))
+            self.running = running
             done.clear()
         if fresh:
             low = min(fresh)
             if low < offset or not (self.ready or self.running):
-                self.offset, self.ready, self.running = _fit(offset, self.ready, self.running, low)
-            self.ready |= _mask(fresh, self.offset)
+                self.offset, self.ready, self.running = window.fit(
+                    offset, self.ready, self.running, low)
+            self.ready = window.put(self.ready, fresh, self.offset)
             fresh.clear()
 
     def end_attempt(self, name: str, what: str) -> int:
         """Take ``name`` off the running set; its bit index, to put it back among the ready."""
         j = self.bit(name)
-        if j < 0 or not (self.running >> j) & 1:
+        if not window.has(self.running, j):
             raise TransitionError(f"{what} for step {name!r}, which is not in flight")
-        self.running ^= 1 << j
+        self.running = window.remove(self.running, window.bit(j))
         self.in_flight -= 1
         if name in self.setbacks.gated:
             self.setbacks = _replace(self.setbacks, gated=_without(self.setbacks.gated, name))
@@ -532,11 +533,11 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if i is None:
         raise TransitionError(f"unknown step {name!r}")
     running = w.running
-    if running < _NARROW:  # a window of a few hundred bits: change it in place
+    if running < window.NARROW:  # narrow: change it in place (inlined, see ekit_core.window)
         j = i - w.offset
-        if j < 0 or not (running >> j) & 1:
+        if j < 0 or not (running >> j) & 1:  # window.has
             raise _not_in_flight(name)
-        w.running = running ^ (1 << j)
+        w.running = running ^ (1 << j)  # window.remove(running, window.bit(j))
     else:
         w.done.append(i)
     try:
@@ -578,8 +579,8 @@ def _count_down(
         ready, offset = w.ready, w.offset
         if not (ready or w.running):  # an empty window moves to the child
             w.offset, w.ready = k, 1
-        elif ready < _NARROW and offset <= k < offset + 256:
-            w.ready = ready | 1 << (k - offset)
+        elif ready < window.NARROW and offset <= k < offset + window.WIDTH:
+            w.ready = ready | 1 << (k - offset)  # window.add(ready, window.bit(...)), inlined
         else:
             w.fresh.append(k)
 
@@ -590,12 +591,12 @@ def _start(w: _Run, start: Start) -> None:
     j = w.bit(name)
     if w.setbacks.halt is not None:
         raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.setbacks.halt.kind})")
-    if j < 0 or not (w.ready >> j) & 1:
+    if not window.has(w.ready, j):
         raise TransitionError(f"cannot start step {name!r}: it is not ready")
     limit = w.spec.limits.max_concurrency
     if limit is not None and w.in_flight >= limit:
         raise TransitionError(f"cannot start step {name!r}: max_concurrency={limit} in flight")
-    _begin_attempts(w, (start,), 1 << j)
+    _begin_attempts(w, (start,), window.bit(j))
 
 
 def _began(w: _Run, began: Began) -> None:
@@ -603,7 +604,7 @@ def _began(w: _Run, began: Began) -> None:
     name = began.name
     j = w.bit(name)
     gated = w.setbacks.gated
-    if j < 0 or not (w.running >> j) & 1 or name not in gated:
+    if not window.has(w.running, j) or name not in gated:
         raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
     w.setbacks = _replace(w.setbacks, gated=_without(gated, name))
     w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, gated[name]))
@@ -628,7 +629,7 @@ def _failed(w: _Run, failed: Failed) -> None:
         delay = policy.delay(attempt)
         w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
         w.events.append(StepRetried(name, attempt, error_type, message, delay, failed.duration))
-        w.ready |= 1 << j
+        w.ready = window.add(w.ready, window.bit(j))
         return
     w.events.append(StepFailed(name, attempt, error_type, message, failed.duration))
     w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
@@ -642,14 +643,14 @@ def _denied(w: _Run, denied: Denied) -> None:
     reason = storable_text(str(denied.reason))
     w.events.append(StepDenied(denied.name, reason))
     w.halt(Halt("denied", denied.name, reason))
-    w.ready |= 1 << j
+    w.ready = window.add(w.ready, window.bit(j))
 
 
 def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     """A cancelled attempt: the step is ready again."""
     j = w.end_attempt(interrupted.name, "interrupted result")
     w.events.append(StepInterrupted(interrupted.name))
-    w.ready |= 1 << j
+    w.ready = window.add(w.ready, window.bit(j))
 
 
 def _cancelled(w: _Run, cancelled: Cancelled) -> None:
@@ -691,15 +692,17 @@ def _choose(graph: GraphSpec, limits: RunLimits, offset: int, ready: int, in_fli
         if room <= 0:
             return ()
     names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
-    if not ready & (ready - 1) and not gate:  # one ready step: the whole batch of a chain
+    # One ready step, the whole batch of a chain: window.only_one and
+    # window.single, inlined (see ekit_core.window).
+    if not ready & (ready - 1) and not gate:
         name = names[offset + ready.bit_length() - 1]
         if name not in tries and name not in delays:
             return (first_start(name),)
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)),)
     if not (tries or delays or gate):  # plain first attempts: a fan-out's batch
-        return tuple([first_start(names[offset + i]) for i in bit_indices(ready, room)])
+        return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
-    for i in bit_indices(ready, room):
+    for i in window.indices(ready, room):
         name = names[offset + i]
         attempt = tries.get(name, 0) + 1
         starts.append(Start(name, attempt, delays.get(name, 0.0), gate and attempt == 1))
@@ -710,11 +713,12 @@ def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
     """Start ``starts``, whose bits are ``chosen``: the one way an attempt starts.
 
     Ready becomes running with one mask, not one operation per start on
-    integers as wide as the batch; each attempt's retry delay is used up, and
+    integers as wide as the batch (``window.remove`` and ``window.add``,
+    inlined: see :mod:`ekit_core.window`); each attempt's retry delay is used up, and
     a gated attempt is held as such (its ``StepStarted`` waits for ``Began``).
     """
-    w.ready ^= chosen
-    w.running |= chosen
+    w.ready ^= chosen  # window.remove
+    w.running |= chosen  # window.add
     w.in_flight += len(starts)
     inc, record = w.setbacks, w.record
     if not (record or inc.delays or w.spec.limits.approval):
@@ -736,11 +740,11 @@ def _launch(w: _Run) -> Batch:
         w.settle()
     starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.setbacks)
     if starts:
-        # _choose takes the lowest ready bits: those up to the last start's.
+        # _choose takes the lowest ready bits: those up to the last start's
+        # (window.only_one, inlined for a chain's step, then window.through).
         ready = w.ready
         if ready & (ready - 1):
-            last = w.spec.graph.index[starts[-1].name] - w.offset
-            ready &= (2 << last) - 1
+            ready = window.through(ready, w.spec.graph.index[starts[-1].name] - w.offset)
         _begin_attempts(w, starts, ready)
     if w.setbacks.gated and w.setbacks.halt is not None:
         return Batch(starts, _withdrawn(w.setbacks))
@@ -826,7 +830,7 @@ def _freeze(w: _Run) -> State:
         outcome = outcome_of(w.completed, total, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost))
-    offset, ready, running = _anchor(w.offset, w.ready, w.running)
+    offset, ready, running = window.anchor(w.offset, w.ready, w.running)
     waiting = w.waiting
     return make_state(
         w.spec, w.outputs, w.step_usage, w.completed, w.cost, w.setbacks,
@@ -835,51 +839,11 @@ def _freeze(w: _Run) -> State:
     )
 
 
-# -- the bit window ----------------------------------------------------------------
+# -- helpers -------------------------------------------------------------------------
 
 
 def _not_in_flight(name: str) -> TransitionError:
     return TransitionError(f"success reported for step {name!r}, which is not in flight")
-
-
-_NARROW = 1 << 256  # below it, an int's operations cost about as much as a call
-
-
-def _fit(offset: int, ready: int, running: int, i: int) -> tuple[int, int, int]:
-    """Move the bit window so that step index ``i`` falls inside it.
-
-    An empty window simply moves to ``i``; an index below it widens the
-    window downwards.
-    """
-    if not (ready or running):
-        return i, 0, 0
-    if i < offset:
-        shift = offset - i
-        return i, ready << shift, running << shift
-    return offset, ready, running
-
-
-def _mask(indices: list[int], offset: int) -> int:
-    """The int with bit ``i - offset`` set for each ``i`` in ``indices`` (all >= ``offset``)."""
-    if len(indices) <= 4:
-        mask = 0
-        for i in indices:
-            mask |= 1 << (i - offset)
-        return mask
-    bits = bytearray(((max(indices) - offset) >> 3) + 1)
-    for i in indices:
-        j = i - offset
-        bits[j >> 3] |= 1 << (j & 7)
-    return int.from_bytes(bits, "little")
-
-
-def _anchor(offset: int, ready: int, running: int) -> tuple[int, int, int]:
-    """Re-anchor the bit window at its lowest set bit, keeping the integers narrow."""
-    both = ready | running
-    if both and not both & 1:
-        low = (both & -both).bit_length() - 1
-        return offset + low, ready >> low, running >> low
-    return offset, ready, running
 
 
 def _without(table: Mapping[str, Any], name: str) -> MappingProxyType[str, Any]:
