@@ -219,7 +219,11 @@ def test_a_save_failing_during_the_run_names_the_dir(
     class FillsUp(JsonFileStore):
         def save(self, checkpoint: WorkflowCheckpoint) -> None:
             saves.append(1)
-            if len(saves) == 3:
+            # The second save holds at most five finished steps (the fetch and the
+            # four summaries), so it always comes before the demo's cancel at the
+            # sixth; a failing save in the same turn as that cancel is reported as
+            # the cancellation, which made a later save flaky here under load.
+            if len(saves) == 2:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
             super().save(checkpoint)
 
