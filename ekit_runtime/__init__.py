@@ -14,6 +14,7 @@ from ekit_core import (
     WorkflowCheckpoint,
 )
 from ekit_runtime.approval import Approval
+from ekit_runtime.attempt import Attempt, AttemptKey, attempt_key
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import (
     ApprovalDenied,
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Approval",
     "ApprovalDenied",
+    "Attempt",
+    "AttemptKey",
     "BlockingStepWarning",
     "BudgetExceeded",
     "CorruptStoreError",
@@ -72,6 +75,7 @@ __all__ = [
     "Workflow",
     "WorkflowCheckpoint",
     "WorkflowResult",
+    "attempt_key",
 ]
 
 

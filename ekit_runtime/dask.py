@@ -21,15 +21,18 @@ with :class:`DaskConfigWarning` otherwise).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import os
 import socket
 import threading
 import uuid
 import warnings
-from collections.abc import Awaitable, Coroutine, MutableMapping, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ekit_runtime import attempt as attempts
+from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.executors import Executor
 
 if TYPE_CHECKING:
@@ -171,11 +174,15 @@ class DaskExecutor(Executor):
                 )
             self._function_bytes(step)
 
-    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
-        """Run one attempt of ``step`` on a worker and return what it returned.
+    async def run(self, attempt: Attempt) -> Any:
+        """Run ``attempt`` on a worker and return what the step returned.
 
-        The step receives a plain ``dict`` copy of ``context`` on the worker.
+        The step receives a plain ``dict`` copy of the attempt's context on
+        the worker, where :func:`~ekit_runtime.attempt.attempt_key` answers
+        with the attempt's key. The function travels pickled once per step
+        (cached), the key beside it as plain data.
         """
+        step, context = attempt.step, attempt.context
         name = step.name
         function = self._function_bytes(step)
         try:
@@ -189,7 +196,9 @@ class DaskExecutor(Executor):
         client = self._client
         if client is None:
             client = await asyncio.to_thread(self._connect)
-        packed = await self._on_client_loop(client, self._attempt(client, name, function, packed_context))
+        packed = await self._on_client_loop(
+            client, self._attempt(client, name, function, packed_context, attempt.key)
+        )
         if isinstance(packed, _Raised):
             # Raised here, in the attempt's task, as a local step's would be: the
             # run ends by it exactly as it does under the LocalExecutor.
@@ -271,17 +280,17 @@ class DaskExecutor(Executor):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
     async def _attempt(
-        self, client: Any, name: str, function: bytes, context: bytes
+        self, client: Any, name: str, function: bytes, context: bytes, key: AttemptKey | None
     ) -> bytes | _Raised:
         """Submit one task and wait for it, on the client's loop; cancelling it cancels the task."""
         if not self._config_checked:
             await self._check_config(client)
-        key = f"ekit-{name}-{uuid.uuid4().hex}"
+        task_key = f"ekit-{name}-{uuid.uuid4().hex}"
         # Released just before the submission, so that both travel in one batch;
         # releases first measured about 1 ms a step faster than after.
         self._release_finished()
         future = client.submit(
-            _run_on_worker, name, function, context, key=key, pure=False, retries=0
+            _run_on_worker, name, function, context, key, key=task_key, pure=False, retries=0
         )
         try:
             packed: bytes | _Raised = await future
@@ -400,6 +409,16 @@ def _message_of(exc: BaseException) -> str:
 _STOPS_THE_WORKER = (SystemExit, KeyboardInterrupt)
 
 
+def _call_keyed(key: AttemptKey | None, function: Any, context: Any) -> Any:
+    if key is not None:
+        attempts.CURRENT.set(key)
+    returned = function(context)
+    if inspect.isawaitable(returned):
+        # asyncio.run copies this context, key included, into its task.
+        returned = asyncio.run(_awaited(returned))
+    return returned
+
+
 def _pickled_or_none(pickle: Any, exc: BaseException) -> bytes | None:
     try:
         data: bytes = pickle.dumps(exc)
@@ -408,7 +427,9 @@ def _pickled_or_none(pickle: Any, exc: BaseException) -> bytes | None:
     return data
 
 
-def _run_on_worker(name: str, function: bytes, context: bytes) -> bytes | _Raised:
+def _run_on_worker(
+    name: str, function: bytes, context: bytes, key: AttemptKey | None = None
+) -> bytes | _Raised:
     """The Dask task of one attempt: run the step function, return its pickled output.
 
     Runs in a worker's task thread, where no event loop runs: an ``async def``
@@ -416,13 +437,12 @@ def _run_on_worker(name: str, function: bytes, context: bytes) -> bytes | _Raise
     unpicklable one fails the attempt with a message naming the step, rather
     than later inside Dask's transfer. A ``BaseException`` that is not an
     ``Exception`` comes back as a :class:`_Raised` (see there): the worker
-    lives on, and the run ends by it as it would locally.
+    lives on, and the run ends by it as it would locally. ``key`` is set as
+    the attempt's key around the call, in a context of its own.
     """
     pickle = _pickle()
     try:
-        returned = pickle.loads(function)(pickle.loads(context))
-        if inspect.isawaitable(returned):
-            returned = asyncio.run(_awaited(returned))
+        returned = contextvars.Context().run(_call_keyed, key, pickle.loads(function), pickle.loads(context))
     except BaseException as exc:
         if isinstance(exc, Exception) and not isinstance(exc, _STOPS_THE_WORKER):
             raise  # the attempt's failure: Dask ships it back as it is

@@ -1,7 +1,9 @@
 """Where a step's attempt runs: the executor protocol and the default executor.
 
-An executor runs one attempt of one step, given the step and its context,
-and returns what the step returned (or raises what it raised). Nothing else:
+An executor runs one attempt of one step, given an
+:class:`~ekit_runtime.attempt.Attempt` (the step, its context and the
+attempt's durable identity), and returns what the step returned (or raises
+what it raised). Nothing else:
 retries, timeouts, budgets and approval stay the core's decisions, the
 runner stays the only owner of the run's state and the only caller of
 ``checkpoint_fn``, and cancelling the task awaiting :meth:`Executor.run`
@@ -19,19 +21,29 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import os
 import threading
 import warnings
 import weakref
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
+
+from ekit_runtime.attempt import Attempt
 
 if TYPE_CHECKING:
     from ekit_runtime.step import Step
 
-__all__ = ["DEFAULT_EXECUTOR", "BlockingStepWarning", "Executor", "LocalExecutor", "is_async_step"]
+__all__ = [
+    "DEFAULT_EXECUTOR",
+    "BlockingStepWarning",
+    "Executor",
+    "LocalExecutor",
+    "busy_sync_steps",
+    "is_async_step",
+]
 
 
 class BlockingStepWarning(RuntimeWarning):
@@ -53,15 +65,54 @@ class Executor:
     run, before any step starts: raise ``ValueError`` naming a step that
     cannot run here (a function a remote engine cannot serialise, say).
     :meth:`run` must not retry on its own (the step's policy decides) and
-    must stop the attempt when the awaiting task is cancelled.
+    must stop the attempt when the awaiting task is cancelled. It runs in
+    the attempt's own task, where :func:`~ekit_runtime.attempt.attempt_key`
+    is already set; code it runs elsewhere (a thread, another process) must
+    carry ``attempt.key`` there itself if the step is to see it.
+
+    A subclass written for earlier versions, ``run(self, step, context)``,
+    still works: it is adapted when the class is defined, with a
+    ``DeprecationWarning``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        run = cls.__dict__.get("run")
+        if run is not None and _takes_step_and_context(run):
+            warnings.warn(
+                f"{cls.__qualname__}.run(self, step, context) is the old executor signature: "
+                "define run(self, attempt) and read attempt.step and attempt.context",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.run = _adapted(run)  # type: ignore[method-assign]
 
     def check(self, steps: Sequence[Step]) -> None:
         """Refuse, with a ``ValueError`` naming the step, what cannot run here."""
 
-    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
-        """Run ``step.run(context)`` once and return what it returned."""
+    async def run(self, attempt: Attempt) -> Any:
+        """Run ``attempt.step.run(attempt.context)`` once and return what it returned."""
         raise NotImplementedError
+
+
+def _takes_step_and_context(run: Callable[..., Any]) -> bool:
+    try:
+        parameters = list(inspect.signature(run).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p for p in parameters[1:]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) == 2
+
+
+def _adapted(legacy: Callable[..., Any]) -> Callable[..., Any]:
+    async def run(self: Executor, attempt: Attempt) -> Any:
+        return await legacy(self, attempt.step, attempt.context)
+
+    run.__doc__ = legacy.__doc__
+    return run
 
 
 class LocalExecutor(Executor):
@@ -105,13 +156,16 @@ class LocalExecutor(Executor):
                 )
             return self._pool
 
-    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
+    async def run(self, attempt: Attempt) -> Any:
         """Await an async step here, run a sync one in a thread (or inline), and return its value.
 
         A sync function that returns an awaitable (a ``lambda`` around an
         ``async def``) only builds a coroutine: once seen doing so, it is
         called on the loop from then on, since a thread would buy nothing.
+        A thread runs the step in a copy of the attempt's context, so that
+        :func:`~ekit_runtime.attempt.attempt_key` answers there too.
         """
+        step, context = attempt.step, attempt.context
         if is_async_step(step):
             return await step.run(context)
         if step.inline or step.run in self._wraps_async:
@@ -127,7 +181,7 @@ class LocalExecutor(Executor):
         return returned
 
     async def _in_thread(self, step: Step, context: MutableMapping[str, Any]) -> Any:
-        work = self._threads().submit(step.run, context)
+        work = self._threads().submit(contextvars.copy_context().run, _counted, step.run, context)
         try:
             return await asyncio.wrap_future(work)
         except asyncio.CancelledError:
@@ -153,6 +207,30 @@ class LocalExecutor(Executor):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+_busy = [0]
+_busy_lock = threading.Lock()
+
+
+def busy_sync_steps() -> int:
+    """How many sync step functions are running in a :class:`LocalExecutor`'s threads right now.
+
+    Counted until the function returns, even when its attempt was cancelled:
+    Python cannot stop a thread, so ``ekit worker`` reads this to exit
+    without waiting for such threads once it has given their runs back.
+    """
+    return _busy[0]
+
+
+def _counted(body: Callable[[Any], Any], context: Any) -> Any:
+    with _busy_lock:
+        _busy[0] += 1
+    try:
+        return body(context)
+    finally:
+        with _busy_lock:
+            _busy[0] -= 1
 
 
 def _close_returned(work: concurrent.futures.Future[Any]) -> None:

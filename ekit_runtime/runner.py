@@ -24,6 +24,7 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
+    Mapping,
     Sequence,
 )
 from inspect import CO_COROUTINE
@@ -51,17 +52,20 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
+from ekit_core.growth import add_steps
 from ekit_core.results import succeeded
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
+from ekit_runtime import attempt as attempts
 from ekit_runtime import signal_wakeup
 from ekit_runtime.approval import ApprovalFn, ask
+from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.step import PLAIN_OUTPUTS, Step, split_result
 
-__all__ = ["CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
+__all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
 
 SAVE_FAILED_NOTE = "ekit: checkpoint_fn raised"
 """How the note the runner adds to an exception ``checkpoint_fn`` raised begins (progress.py reads it)."""
@@ -76,6 +80,8 @@ Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
 Context: TypeAlias = StepContext | dict[str, Any]
 Clock: TypeAlias = Callable[[], float]
 """Seconds from an arbitrary origin, for step durations: ``time.perf_counter`` by default."""
+BeforeAttempt: TypeAlias = Callable[[Attempt], Awaitable[Any] | Any]
+"""Called (and awaited if async) right before each attempt's work begins: see ``Workflow.run``."""
 
 
 async def _await_through_cancellation(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
@@ -111,7 +117,8 @@ def _own_cancellation(name: str, task: asyncio.Task[Any]) -> StepCancelledError:
 class Runner:
     """One run of a workflow: the loop, its tasks and its callbacks.
 
-    ``steps`` holds the workflow's steps in the order of ``state.graph.names``.
+    ``steps`` holds the workflow's steps, by name (or as a sequence): every
+    step of ``state.graph``. :meth:`add_steps` grows both while the run goes.
     """
 
     # What the run holds to make signals wake its loop, while it runs: see _begin.
@@ -123,7 +130,7 @@ class Runner:
 
     def __init__(
         self,
-        steps: Sequence[Step],
+        steps: Mapping[str, Step] | Sequence[Step],
         state: State,
         *,
         checkpoint_fn: CheckpointFn | None,
@@ -132,20 +139,21 @@ class Runner:
         executor: Executor | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = perf_counter,
+        run_id: str | None = None,
+        before_attempt: BeforeAttempt | None = None,
     ) -> None:
-        self.steps, self._index = steps, state.graph.index
+        # Shared with the workflow (read-only here): add_steps copies it first.
+        self._steps = steps if isinstance(steps, Mapping) else {s.name: s for s in steps}
         self.state = state
+        self.run_id, self.before_attempt = run_id, before_attempt
         self.executor = executor if executor is not None else DEFAULT_EXECUTOR
-        self.checkpoint_fn = checkpoint_fn
-        self.approval = approval
-        self.trace = trace
+        self.checkpoint_fn, self.approval, self.trace = checkpoint_fn, approval, trace
         # One callback, or several in order: each sees every event, and one
         # that raises loses only its own copy of the event.
-        self._traces: tuple[Callable[[Event], Any], ...] = ()
-        if isinstance(trace, list | tuple):
-            self._traces = tuple(trace)
-        elif trace is not None:
-            self._traces = (cast(Callable[[Event], Any], trace),)
+        self._traces: tuple[Callable[[Event], Any], ...] = (
+            tuple(trace) if isinstance(trace, list | tuple)
+            else () if trace is None else (cast(Callable[[Event], Any], trace),)
+        )
         self.sleep, self.clock = sleep, clock
         self.last_checkpoint: WorkflowCheckpoint | None = None
         self._loop: asyncio.AbstractEventLoop  # the running loop, set as the run begins
@@ -155,11 +163,8 @@ class Runner:
         # Recorded outputs that are not steps were an ExecutionKit run's
         # context: steps keep seeing them, the run's own context wins.
         # (Only a checkpoint holding more outputs than recorded steps has any.)
-        self._base = (
-            context_outputs(state.graph, state.outputs)
-            if len(state.outputs) > state.completed
-            else {}
-        )
+        outputs = state.outputs
+        self._base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
         self._base.update(state.context)
         self._tasks: dict[asyncio.Task[Any], str] = {}
         self._finished: deque[asyncio.Task[Any]] = deque()
@@ -185,12 +190,16 @@ class Runner:
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
 
-        An async step with no timeout, in the default executor: the fast path
-        of every run. Its outcome is read off the task (:meth:`_outcome_of`).
+        An async step with no timeout, in the default executor, in a run with
+        no identity to hand its attempts (no ``run_id``, no ``before_attempt``):
+        the fast path of every such run, on which no :class:`Attempt` is built.
+        Its outcome is read off the task (:meth:`_outcome_of`).
         """
         run = step.run
         own = self._own[step.name] = (
             step.timeout is None
+            and self.run_id is None
+            and self.before_attempt is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
             and (
                 # A plain `async def` (inspect's answer, without its unwrapping).
@@ -199,6 +208,27 @@ class Runner:
             )
         )
         return own
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The run's steps, in the order they were given (then added)."""
+        return tuple(self._steps.values())
+
+    def add_steps(self, steps: Sequence[Step]) -> State:
+        """Grow the running graph by ``steps``: they run as soon as their dependencies are recorded.
+
+        Checked as a whole first (names new, dependencies known, no cycle: a
+        ``GraphError`` otherwise, nothing changed), then added to the state
+        (see :func:`ekit_core.growth.add_steps`) and to the steps this runner
+        launches by name. Their retry policies and versions are not read yet:
+        what a run-time shape needs of them comes with it. Returns the new state.
+        """
+        for i, step in enumerate(steps):
+            if not isinstance(step, Step):
+                raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
+        self.state = add_steps(self.state, {s.name: s.depends_on for s in steps})
+        self._steps = {**self._steps, **{s.name: s for s in steps}}
+        return self.state
 
     # -- the loop -----------------------------------------------------------
 
@@ -277,7 +307,7 @@ class Runner:
     async def _turn(self) -> State:
         """Wait for completions, fold them in, do what the core says, save."""
         if not self._tasks:
-            raise InternalError("ekit: nothing can start and nothing is running")
+            await self._start_added()
         if (
             not self._finished
             and not self._reports
@@ -299,6 +329,15 @@ class Runner:
         # changed nothing a checkpoint holds.
         await self._report(state, save=len(inputs) > reported)
         return state
+
+    async def _start_added(self) -> None:
+        """Start what :meth:`add_steps` made ready while nothing ran (else the run is stuck)."""
+        state, batch = advance(self.state, (), record_events=self.record_events)
+        if not batch.starts:
+            raise InternalError("ekit: nothing can start and nothing is running")
+        self.state = state
+        self._carry_out(batch)
+        await self._report(state, save=False)
 
     async def _report(self, state: State, *, save: bool, saved: bool = False) -> None:
         """The one order of reporting a transition: its events, the save, then the run's end.
@@ -384,7 +423,7 @@ class Runner:
         return context
 
     def _launch(self, start: Start) -> None:
-        step = self.steps[self._index[start.name]]
+        step = self._steps[start.name]
         context: Context = (
             StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
             if step.context == "all"
@@ -498,14 +537,34 @@ class Runner:
         return await self._attempt(step, context)
 
     async def _attempt(self, step: Step, context: Context) -> Input:
+        """One attempt through its executor, handed its identity.
+
+        Runs in the attempt's own task, so the key set here is this
+        attempt's alone (every task runs in a copy of the context). The
+        ``before_attempt`` hook is awaited outside the step's timeout: a wait
+        for a worker's admission is not the step's time.
+        """
         name = step.name
+        recorded = self.state.setbacks.failures.get(name)
+        attempt = Attempt(
+            step, context, 1 if recorded is None else recorded.attempts + 1, self.run_id
+        )
+        if self.run_id is not None:
+            attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
+        if self.before_attempt is not None:
+            try:
+                admitted = self.before_attempt(attempt)
+                if inspect.isawaitable(admitted):
+                    await admitted
+            except Exception as exc:
+                return Failed(name, exc)
         began = self.clock()
         executor = step.executor or self.executor
         try:
             if step.timeout is not None:
-                returned = await _within(step, executor.run(step, context))
+                returned = await _within(step, executor.run(attempt))
             else:
-                returned = await executor.run(step, context)
+                returned = await executor.run(attempt)
         except Exception as exc:
             return Failed(name, exc, self.clock() - began)
         output, usage = split_result(returned)

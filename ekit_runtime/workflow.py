@@ -29,7 +29,8 @@ from ekit_core.usage import NO_USAGE
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.runner import CheckpointFn, Clock, Runner, Sleep, TraceFn
+from ekit_runtime.run_ids import check_run_id
+from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
 
 __all__ = ["RunOptions", "Workflow", "WorkflowResult"]
@@ -72,10 +73,24 @@ class WorkflowResult:
 
 
 def _check_options(options: Mapping[str, object]) -> None:
+    """Refuse, naming it, an option that is unknown or of the wrong kind (before anything runs)."""
     unknown = sorted(set(options) - set(RunOptions.__annotations__))
     if unknown:
         known = ", ".join(RunOptions.__annotations__)
         raise ValueError(f"unknown run option(s): {', '.join(unknown)} (options: {known})")
+    if options.get("run_id") is not None:
+        check_run_id(options["run_id"])
+    for name in ("checkpoint_fn", "approval", "before_attempt"):
+        _callable_or_none(options.get(name), name)
+    trace = options.get("trace")
+    if isinstance(trace, list | tuple):
+        for i, callback in enumerate(trace):
+            _callable_or_none(callback, f"trace[{i}]")
+    else:
+        _callable_or_none(trace, "trace")
+    executor = options.get("executor")
+    if executor is not None and not isinstance(executor, Executor):
+        raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
 
 
 def _callable_or_none(value: object, name: str) -> None:
@@ -95,6 +110,8 @@ class RunOptions(TypedDict, total=False):
     allow_graph_change: bool
     executor: Executor | None
     isolate_failures: bool
+    run_id: str | None
+    before_attempt: BeforeAttempt | None
 
 
 class Workflow:
@@ -120,6 +137,7 @@ class Workflow:
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
             with_options.append(step)  # a subclass's may have none: the readers check
         self._steps = steps
+        self._by_name: dict[str, Step] | None = None  # built by the first run
         self._graph = GraphSpec.of_steps(steps)
         self._with_options = tuple(with_options)
         names = self._graph.names
@@ -191,15 +209,7 @@ class Workflow:
         checkpoint_fn = options.get("checkpoint_fn")
         approval, trace = options.get("approval"), options.get("trace")
         executor = options.get("executor")
-        _callable_or_none(checkpoint_fn, "checkpoint_fn")
-        _callable_or_none(approval, "approval")
-        if isinstance(trace, list | tuple):
-            for i, callback in enumerate(trace):
-                _callable_or_none(callback, f"trace[{i}]")
-        else:
-            _callable_or_none(trace, "trace")
-        if executor is not None and not isinstance(executor, Executor):
-            raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
+        run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         state = self.start_state(
             initial_context,
             resume_from=options.get("resume_from"),
@@ -211,8 +221,11 @@ class Workflow:
             record_events=trace is not None if record_events is None else record_events,
         )
         self._check_executors(executor)
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = {s.name: s for s in self._steps}
         return Runner(
-            self.steps,
+            by_name,
             state,
             checkpoint_fn=checkpoint_fn,
             approval=approval,
@@ -220,6 +233,8 @@ class Workflow:
             executor=executor,
             sleep=sleep,
             clock=clock,
+            run_id=run_id,
+            before_attempt=before_attempt,
         )
 
     def _check_executors(self, default: Executor | None) -> None:
@@ -234,18 +249,7 @@ class Workflow:
             executor.check(steps)
 
     async def run(
-        self,
-        initial_context: Mapping[str, Any] | None = None,
-        *,
-        checkpoint_fn: CheckpointFn | None = None,
-        resume_from: WorkflowCheckpoint | Mapping[str, Any] | None = None,
-        max_concurrency: int | None = None,
-        budget: TokenUsage | None = None,
-        approval: ApprovalFn | None = None,
-        trace: TraceFn | None = None,
-        allow_graph_change: bool = False,
-        executor: Executor | None = None,
-        isolate_failures: bool = False,
+        self, initial_context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
     ) -> WorkflowResult:
         """Run every step not recorded in ``resume_from`` and return the outputs.
 
@@ -274,18 +278,22 @@ class Workflow:
           the steps that depend on it; the rest run to completion, and the
           result lists ``failed`` and ``not_started`` steps instead of
           raising. A resume runs just those.
+        - ``run_id``: the run's id. Each attempt then has an idempotency key,
+          ``run_id/step/number`` (the number counts attempts across runs),
+          which the step reads with :func:`~ekit_runtime.attempt.attempt_key`
+          and its executor as ``attempt.key``. Queue workers pass theirs.
+        - ``before_attempt``: ``before_attempt(attempt)``, awaited if async,
+          right before each attempt's work begins (after its retry delay and
+          approval, outside its timeout); it may wait (a rate limiter, a
+          worker's admission). What it raises fails that attempt, as the
+          step's own error would.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
         with a note naming the step (an ``ExceptionGroup`` if several failed).
         Cancellation saves a final checkpoint and re-raises.
         """
-        runner = self.runner(
-            initial_context, checkpoint_fn=checkpoint_fn, resume_from=resume_from,
-            max_concurrency=max_concurrency, budget=budget, approval=approval, trace=trace,
-            allow_graph_change=allow_graph_change, executor=executor,
-            isolate_failures=isolate_failures,
-        )
+        runner = self.runner(initial_context, **options)
         await runner.run()
         return outcome(runner.state, runner.last_checkpoint)
 

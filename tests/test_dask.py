@@ -544,3 +544,36 @@ def test_without_distributed_building_an_executor_says_what_to_install(
         DaskExecutor("tcp://127.0.0.1:1")
     with pytest.raises(ImportError, match=r"pip install 'ekit\[dask\]'"):
         local_cluster()
+
+
+def fails_until_third(ctx: dict[str, Any]) -> str:
+    """Fail the first two attempts (counted in files the workers share), and say the key on the third."""
+    from ekit_runtime.attempt import attempt_key
+
+    key = attempt_key()
+    (Path(ctx["dir"]) / f"{key.attempt}.key").write_text(str(key))
+    if key.attempt < 3:
+        raise RuntimeError(f"attempt {key.attempt} fails")
+    return f"{key} in pid {os.getpid()}"
+
+
+def test_each_attempt_carries_its_key_to_the_worker_and_the_function_travels_once(
+    client: distributed.Client, tmp_path: Path
+) -> None:
+    executor = DaskExecutor(client)
+    pickled: list[object] = []
+    dumps = executor._pickle.dumps
+
+    def counting(value: object) -> bytes:
+        pickled.append(value)
+        return dumps(value)
+
+    executor._pickle = type("Spy", (), {"dumps": staticmethod(counting), "loads": executor._pickle.loads})
+    wf = Workflow([Step("s", fails_until_third, retry=RetryPolicy(max_attempts=3, backoff_base=0))])
+    result = wf.run_sync({"dir": str(tmp_path)}, executor=executor, run_id="far")
+    assert result.outputs["s"].startswith("far/s/3 in pid ")
+    assert int(result.outputs["s"].rsplit(" ", 1)[1]) != os.getpid()  # it ran on a worker process
+    assert sorted(p.read_text() for p in tmp_path.glob("*.key")) == ["far/s/1", "far/s/2", "far/s/3"]
+    # Three attempts, one pickled function: only the contexts travel per attempt.
+    assert sum(1 for value in pickled if value is fails_until_third) == 1
+    assert sum(1 for value in pickled if isinstance(value, dict)) == 3

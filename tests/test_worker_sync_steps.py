@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
 
 from ekit_runtime import Step, Workflow
+from ekit_runtime.attempt import Attempt
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.queue import RunQueue, Worker, attempt_key
 from tests.queue_backends import queue, queue_url
@@ -52,9 +52,9 @@ class _Recording(Executor):
     def __init__(self) -> None:
         self.ran: list[str] = []
 
-    async def run(self, step: Step, context: MutableMapping[str, Any]) -> Any:
-        self.ran.append(step.name)
-        return await DEFAULT_EXECUTOR.run(step, context)
+    async def run(self, attempt: Attempt) -> Any:
+        self.ran.append(attempt.name)
+        return await DEFAULT_EXECUTOR.run(attempt)
 
 
 def test_a_worker_runs_steps_where_a_plain_run_does_with_their_keys(queue: RunQueue) -> None:

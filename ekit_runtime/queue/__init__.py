@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from ekit_runtime.attempt import AttemptKey, attempt_key
 from ekit_runtime.queue.contract import RunQueue
-from ekit_runtime.queue.keys import AttemptKey, attempt_key
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     STATUSES,

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+from ekit_runtime.executors import busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, RunInfo, RunQueue, Worker, open_queue
-from ekit_runtime.queue.keys import busy_sync_steps
 from ekit_runtime.workflow import Workflow
 
 __all__ = ["EXIT_LEFT", "add_parsers"]

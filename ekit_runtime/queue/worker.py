@@ -48,9 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.executors import DEFAULT_EXECUTOR
+from ekit_runtime.attempt import Attempt
 from ekit_runtime.queue.contract import RunQueue
-from ekit_runtime.queue.keys import KeyedExecutor, keyed, run_context
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited
 from ekit_runtime.queue.records import (
     Lease,
@@ -162,9 +161,6 @@ class Worker:
         # first. A healthy worker always has more left (it renews every
         # heartbeat), so only a stall or a failing database ever gets here.
         self.start_margin = min(self.lease_seconds / 10, (self.lease_seconds - self.heartbeat) / 2)
-        # Built once: every attempt of every run passes through these.
-        self._workflows = {k: keyed(w) for k, w in self.registry.items()}
-        self._run_executor = KeyedExecutor(DEFAULT_EXECUTOR)
         self._drives: dict[asyncio.Task[None], _Drive] = {}
         self._stop: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -299,15 +295,16 @@ class Worker:
             await self._give_back(drive)
             return
         gate = self._usage_gate() if self._gated else None
-        context = run_context(lease.run_id, lease.checkpoint, functools.partial(self._admit, drive, gate))
+        # The run's id keys its attempts (run/step/number, the number counted
+        # across runs), and each attempt waits for the worker's admission.
         drive.task = asyncio.create_task(
-            self._workflows[lease.workflow].run(
+            self.registry[lease.workflow].run(
                 None if lease.checkpoint is not None else dict(lease.context),
                 checkpoint_fn=functools.partial(self._checkpoint, drive),
                 resume_from=lease.checkpoint,
-                executor=self._run_executor,
-            ),
-            context=context,
+                run_id=lease.run_id,
+                before_attempt=functools.partial(self._admit, drive, gate),
+            )
         )
         beat = asyncio.create_task(self._heartbeat(drive))
         try:
@@ -497,7 +494,9 @@ class Worker:
 
     # -- before each attempt -------------------------------------------------
 
-    async def _admit(self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None) -> None:
+    async def _admit(
+        self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None, attempt: Attempt
+    ) -> None:
         """Let an attempt of ``drive``'s run start, or never return (the run is then cancelled).
 
         In order: the fleet's usage limits; every save handed over before
