@@ -24,7 +24,6 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
-    Mapping,
     Sequence,
 )
 from inspect import CO_COROUTINE
@@ -117,8 +116,9 @@ def _own_cancellation(name: str, task: asyncio.Task[Any]) -> StepCancelledError:
 class Runner:
     """One run of a workflow: the loop, its tasks and its callbacks.
 
-    ``steps`` holds the workflow's steps, by name (or as a sequence): every
-    step of ``state.graph``. :meth:`add_steps` grows both while the run goes.
+    ``steps`` holds the workflow's steps in the order of ``state.graph.names``;
+    the runner finds each by name (:meth:`step`), and :meth:`add_steps` grows
+    the graph and the steps together while the run goes.
     """
 
     # What the run holds to make signals wake its loop, while it runs: see _begin.
@@ -130,7 +130,7 @@ class Runner:
 
     def __init__(
         self,
-        steps: Mapping[str, Step] | Sequence[Step],
+        steps: Sequence[Step],
         state: State,
         *,
         checkpoint_fn: CheckpointFn | None,
@@ -142,8 +142,11 @@ class Runner:
         run_id: str | None = None,
         before_attempt: BeforeAttempt | None = None,
     ) -> None:
-        # Shared with the workflow (read-only here): add_steps copies it first.
-        self._steps = steps if isinstance(steps, Mapping) else {s.name: s for s in steps}
+        # By name through the graph's index, which the workflow built already
+        # (a dict of its own would cost a resume an entry per recorded step);
+        # steps added while running are kept apart.
+        self._declared, self._index = tuple(steps), state.graph.index
+        self._added: dict[str, Step] = {}
         self.state = state
         self.run_id, self.before_attempt = run_id, before_attempt
         self.executor = executor if executor is not None else DEFAULT_EXECUTOR
@@ -212,7 +215,12 @@ class Runner:
     @property
     def steps(self) -> tuple[Step, ...]:
         """The run's steps, in the order they were given (then added)."""
-        return tuple(self._steps.values())
+        return (*self._declared, *self._added.values())
+
+    def step(self, name: str) -> Step:
+        """The step named ``name`` (``KeyError`` if the run has none)."""
+        i = self._index.get(name)
+        return self._declared[i] if i is not None else self._added[name]
 
     def add_steps(self, steps: Sequence[Step]) -> State:
         """Grow the running graph by ``steps``: they run as soon as their dependencies are recorded.
@@ -227,7 +235,7 @@ class Runner:
             if not isinstance(step, Step):
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
         self.state = add_steps(self.state, {s.name: s.depends_on for s in steps})
-        self._steps = {**self._steps, **{s.name: s for s in steps}}
+        self._added.update((s.name, s) for s in steps)
         return self.state
 
     # -- the loop -----------------------------------------------------------
@@ -423,7 +431,8 @@ class Runner:
         return context
 
     def _launch(self, start: Start) -> None:
-        step = self._steps[start.name]
+        i = self._index.get(start.name)
+        step = self._declared[i] if i is not None else self._added[start.name]
         context: Context = (
             StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
             if step.context == "all"

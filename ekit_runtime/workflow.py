@@ -137,7 +137,6 @@ class Workflow:
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
             with_options.append(step)  # a subclass's may have none: the readers check
         self._steps = steps
-        self._by_name: dict[str, Step] | None = None  # built by the first run
         self._graph = GraphSpec.of_steps(steps)
         self._with_options = tuple(with_options)
         names = self._graph.names
@@ -221,11 +220,8 @@ class Workflow:
             record_events=trace is not None if record_events is None else record_events,
         )
         self._check_executors(executor)
-        by_name = self._by_name
-        if by_name is None:
-            by_name = self._by_name = {s.name: s for s in self._steps}
         return Runner(
-            by_name,
+            self.steps,
             state,
             checkpoint_fn=checkpoint_fn,
             approval=approval,
