@@ -46,6 +46,7 @@ from ekit_core.results import (
     Failed,
     Input,
     Interrupted,
+    Skipped,
     Start,
     Succeeded,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "Input",
     "InternalError",
     "Interrupted",
+    "Skipped",
     "Outcome",
     "ReplayReport",
     "RetryPolicy",

@@ -22,10 +22,12 @@ from ekit_core._fast import twin
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
+from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
     "FORMAT_VERSION",
+    "SHAPED_FORMAT_VERSION",
     "CheckpointDelta",
     "CheckpointError",
     "FailureRecord",
@@ -36,7 +38,11 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-"""The checkpoint format this library writes and the newest it reads."""
+"""The checkpoint format of a static graph's run: what most checkpoints are written in."""
+
+SHAPED_FORMAT_VERSION = 2
+"""The format of a checkpoint that records run-time shapes or skipped steps, and the
+newest this library reads (every format-1 checkpoint reads as it did)."""
 
 
 class CheckpointError(ValueError):
@@ -95,6 +101,10 @@ def _empty() -> MappingProxyType[str, Any]:
     return MappingProxyType({})
 
 
+_NOTHING: MappingProxyType[str, str] = MappingProxyType({})
+_NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
+
+
 class _Unset:
     """The type of ``_GRAPHS``: a fingerprint not given, to be read off the graph."""
 
@@ -126,6 +136,10 @@ class _CheckpointFields:
     graph: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
     format_version: int = FORMAT_VERSION
     versions: MappingProxyType[str, str] = field(default_factory=_empty)
+    # Steps (and items) skipped by a condition, with why; the run-time shapes
+    # the graph declares (see ekit_core.shapes). Both empty for a static graph.
+    skipped: MappingProxyType[str, str] = field(default_factory=_empty)
+    shapes: MappingProxyType[str, Shape] = field(default_factory=_empty, repr=False)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta):
     # set by of_ledgers. Two fields, not a tuple: one object fewer per
@@ -148,7 +162,11 @@ class WorkflowCheckpoint(_CheckpointFields):
     was made of (step -> dependencies) with its ``fingerprint``, the
     ``format_version``, and the ``versions`` that steps declared (a tag the
     user bumps when a step's code changes: a recorded output whose tag
-    differs runs again on resume).
+    differs runs again on resume). A run with run-time shapes also records
+    the ``shapes`` its graph declares and the steps (and items) it
+    ``skipped``, with why; the outputs of a mapped step's items are recorded
+    under their names, ``step[key]``, beside the step's own (collected)
+    output. Such a checkpoint has format ``SHAPED_FORMAT_VERSION``.
     """
 
     __slots__ = ()
@@ -180,7 +198,9 @@ class WorkflowCheckpoint(_CheckpointFields):
         step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
         failures: MappingProxyType[str, FailureRecord],
         graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
-        fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
+        fingerprint: str | _Unset | None = _GRAPHS, format_version: int | None = None,
+        skipped: MappingProxyType[str, str] = _NOTHING,
+        shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers.
 
@@ -196,7 +216,10 @@ class WorkflowCheckpoint(_CheckpointFields):
         cp.failures, cp.graph = failures, graph
         if type(fingerprint) is not _Unset:  # else left unset: see the fingerprint property
             cp.fingerprint = fingerprint
+        if format_version is None:
+            format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
         cp.format_version, cp.versions = format_version, versions
+        cp.skipped, cp.shapes = skipped, shapes
         cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
         cp.__class__ = cls
         return cast(WorkflowCheckpoint, cp)
@@ -204,6 +227,8 @@ class WorkflowCheckpoint(_CheckpointFields):
     def _records_graph(self, spec: GraphSpec) -> bool:
         """Whether the recorded graph is ``spec``'s (same steps, in the same
         order, with the same dependencies), compared without decoding it."""
+        if (spec.shapes or self.shapes) and self.shapes != spec.shapes:
+            return False  # the same steps, shaped otherwise: another graph
         graph = self.graph
         if type(graph) is RecordedGraph:
             return graph.is_of(spec)
@@ -313,6 +338,10 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["graph_steps"], data["graph_needs"] = texts
         if self.versions:
             data["versions"] = dict(self.versions)
+        if self.skipped:
+            data["skipped"] = dict(self.skipped)
+        if self.shapes:
+            data["shapes"] = {k: s.to_dict() for k, s in self.shapes.items()}
         return data
 
     @classmethod
@@ -340,6 +369,16 @@ class WorkflowCheckpoint(_CheckpointFields):
         for name, tag in versions.items():
             if not isinstance(tag, str):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
+        skipped = _table(data.get("skipped", {}), "skipped")
+        for name, why in skipped.items():
+            if not isinstance(why, str):
+                raise CheckpointError(f"skipped.{name}", f"must be a string, got {type(why).__name__}")
+        shapes = {}
+        for name, shape in _table(data.get("shapes", {}), "shapes").items():
+            try:
+                shapes[name] = Shape.from_dict(shape, f"shapes.{name}")
+            except ValueError as exc:
+                raise CheckpointError(f"shapes.{name}", str(exc)) from None
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(_table(data["outputs"], "outputs")),
@@ -355,6 +394,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             graph=graph if texts is None else RecordedGraph(texts, graph),
             format_version=version,
             versions=MappingProxyType(versions),
+            skipped=MappingProxyType(skipped),
+            shapes=MappingProxyType(shapes),
         )
         return checkpoint
 
@@ -506,11 +547,11 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
 def _format_version(data: dict[Any, Any]) -> int:
     """The format version of ``data``, one this library reads, its three keys present."""
     version = _count(data.get("format_version", FORMAT_VERSION), "format_version")
-    if version > FORMAT_VERSION:
+    if version > SHAPED_FORMAT_VERSION:
         raise UnsupportedFormatError(
             "format_version",
             f"version {version} was written by a newer ekit; this one reads up to "
-            f"{FORMAT_VERSION}",
+            f"{SHAPED_FORMAT_VERSION}",
         )
     if version < 1:
         raise CheckpointError("format_version", f"must be at least 1, got {version}")

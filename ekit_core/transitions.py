@@ -25,8 +25,21 @@ The table (``RULES``), input -> rule -> what it changes:
                                  branch when the run isolates failures
 ``Denied``      ``_denied``      running -> ready; halts the run ("denied")
 ``Interrupted`` ``_interrupted`` running -> ready
+``Skipped``     ``_skipped``     running -> skipped (its condition was false), and
+                                 with it what needs it (``_skip``)
 ``Cancelled``   ``_cancelled``   halts the run ("cancelled")
 =============== ================ ===================================================
+
+Run-time shapes (:mod:`ekit_core.shapes`) add three rules around the table,
+in the section of their own below: when an output that steps map over is
+recorded, those steps expand into items (``_expand``: the graph grows, and
+the mapped step counts its items down); when an item is recorded or
+skipped, its mapped step counts down, and collects its items' outputs as
+its own at zero (``_collect``); a skip passes to every step that needs the
+skipped one, except a join over alternatives (``join="any"``), which runs
+once every dependency is settled if any ran. A mapped step is never started
+itself and never made ready by its dependencies. A graph without shapes
+pays one check per success for all of this.
 
 Around the table:
 
@@ -85,6 +98,7 @@ from ekit_core.events import (
     StepSkipped,
     StepStarted,
 )
+from ekit_core.expansion import Expanded, Expansion, MapError, collected, expand, expanders
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
@@ -95,6 +109,7 @@ from ekit_core.results import (
     Failed,
     Input,
     Interrupted,
+    Skipped,
     Start,
     Succeeded,
     first_start,
@@ -109,7 +124,7 @@ from ekit_core.state import (
     State,
     make_state,
 )
-from ekit_core.usage import TokenUsage
+from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
     "Batch",
@@ -385,6 +400,9 @@ def initial_state(
     outdated = _outdated(graph, checkpoint, tags)
     checkpoint = without(checkpoint, graph, outdated)
     merged = _check_context(graph, checkpoint.context, "context") | new_context
+    if graph.shapes:
+        return _initial_shaped(graph, checkpoint, RunSpec(graph, limits, MappingProxyType(merged), tags),
+                               outdated, record_events)
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset, ready = window.start(first)
@@ -398,6 +416,116 @@ def initial_state(
         done, checkpoint.cost, setbacks, events, outcome, offset, ready, 0, 0,
         MappingProxyType(waiting),
     )
+
+
+def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
+                    outdated: Mapping[str, str], record: bool) -> State:
+    """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
+    checkpoint = _without_outdated_items(graph, checkpoint, outdated)
+    skipped = checkpoint.skipped
+    first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    offset, ready = window.start(first)
+    spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
+                    shaped=Expansion(expanders(graph)))
+    halt = _recorded_halt(spec.limits, checkpoint, len(graph) - done)
+    outputs, step_usage = _ledgers(checkpoint)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped)
+    first_state = State(spec, outputs, step_usage, done, checkpoint.cost, setbacks, (), None,
+                        offset, ready, 0, 0, MappingProxyType(waiting))
+    w = _thaw(first_state, record)
+    if record:
+        w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost))
+    for name in graph.names:
+        if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
+            _expand(w, name)
+    _check_expansion(w, checkpoint)
+    return _freeze(w)
+
+
+def _without_outdated_items(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                            outdated: Mapping[str, str]) -> WorkflowCheckpoint:
+    """``checkpoint`` less the items (and skips) of the mapped steps that run again."""
+    again = tuple(f"{n}[" for n in outdated if n in graph.shapes)
+    stale = [k for k in (*checkpoint.outputs, *checkpoint.skipped)
+             if k in outdated or k.startswith(again)] if again or outdated else []
+    if not stale:
+        return checkpoint
+    gone = set(stale)
+    return _replace(
+        checkpoint,
+        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in gone}),
+        step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in gone}),
+        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in gone}),
+    )
+
+
+def _first_ready_shaped(
+    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str]
+) -> tuple[list[int], dict[str, int], int, list[str]]:
+    """:func:`_first_ready` with shapes: a mapped step is never ready by its dependencies, a
+    skipped step never ready, a join over alternatives counts skipped dependencies as settled."""
+    ready: list[int] = []
+    waiting: dict[str, int] = {}
+    pending: list[str] = []
+    shapes, deps = graph.shapes, graph.deps
+    for i, name in enumerate(graph.names):
+        parents = deps[name]
+        shape = shapes.get(name)
+        joins_any = shape is not None and shape.join == "any"
+        if name in outputs or name in skipped:
+            _check_skips_agree(name, parents, outputs, skipped, joins_any)
+            continue
+        pending.append(name)
+        if shape is not None and shape.map_over is not None:
+            continue
+        gone = [d for d in parents if d in skipped]
+        if gone and not joins_any:
+            raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
+                                             "which needs it")
+        missing = sum(1 for d in parents if d not in outputs and d not in skipped)
+        if not missing:
+            if parents and not any(d in outputs for d in parents):
+                raise CheckpointError("skipped", f"every step {name!r} joins is skipped, "
+                                                 "yet it is not")
+            ready.append(i)
+        elif missing < len(parents):
+            waiting[name] = missing
+    return ready, waiting, len(graph) - len(pending), pending
+
+
+def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str, Any],
+                       skipped: Mapping[str, str], joins_any: bool) -> None:
+    """A recorded (or skipped) step whose record the recorded skips contradict is refused."""
+    if name in outputs and name in skipped:
+        raise CheckpointError("skipped", f"records {name!r} as skipped and its output too")
+    if name in outputs and parents:
+        gone = [d for d in parents if d in skipped]
+        if gone and (not joins_any or len(gone) == len(parents)):
+            raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet the output "
+                                             f"of {name!r}, which needs it")
+
+
+def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
+    """The dependents the fold reads in a shaped run: no edge into a mapped step
+    (it expands and collects; it is never made ready by its dependencies)."""
+    mapped = {n for n, s in graph.shapes.items() if s.map_over is not None}
+    among = graph.dependents_among(pending)
+    return MappingProxyType({
+        k: tuple(c for c in v if c not in mapped) if v else v for k, v in among.items()
+    })
+
+
+def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
+    """Every recorded item and skip names an item the recorded outputs make, or a step."""
+    index = w.spec.graph.index
+    mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
+    for name in checkpoint.outputs:
+        if name not in index and name.startswith(mapped):
+            raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
+                                             "it maps over does not have")
+    for name in checkpoint.skipped:
+        if name not in index:
+            raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
 
 
 # -- the working copy ------------------------------------------------------------
@@ -554,6 +682,8 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     children = spec.dependents[name]
     if children:
         _count_down(w, children, outputs, index)
+    if spec.shaped is not None:
+        _after_recorded(w, name, spec.shaped)
     budget = spec.limits.budget
     if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
             and budget.reached(w.cost):
@@ -564,9 +694,9 @@ def _count_down(
     w: _Run, children: tuple[str, ...], outputs: Ledger[str, Any], index: Mapping[str, int]
 ) -> None:
     """:func:`dependencies_recorded`, as a countdown: a join over n parents stays O(n)."""
-    deps = w.spec.graph.deps
+    deps, skipped = w.spec.graph.deps, w.setbacks.skipped
     for child in children:
-        if child in outputs:  # recorded before a dependency was added
+        if child in outputs or child in skipped:  # recorded before a dependency was added
             continue
         parents = len(deps[child])
         if parents > 1:
@@ -653,6 +783,12 @@ def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     w.ready = window.add(w.ready, window.bit(j))
 
 
+def _skipped(w: _Run, skipped: Skipped) -> None:
+    """The step's condition was false: it is skipped, and what needs it with it."""
+    w.end_attempt(skipped.name, "skipped result")
+    _skip(w, skipped.name, storable_text(str(skipped.reason)))
+
+
 def _cancelled(w: _Run, cancelled: Cancelled) -> None:
     """The run is cancelled: start nothing more."""
     w.halt(Halt("cancelled", reason=cancelled.reason))
@@ -665,6 +801,7 @@ RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
     Failed: _failed,
     Denied: _denied,
     Interrupted: _interrupted,
+    Skipped: _skipped,
     Cancelled: _cancelled,
 })
 """The table of the fold: each kind of input, and the rule that folds it in (see the top)."""
@@ -676,6 +813,177 @@ def _rule_of(item: object) -> Callable[[_Run, Any], None]:
         if isinstance(item, kind):
             return rule
     raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
+
+
+# -- run-time shapes: items, their collection, skips --------------------------------
+
+
+def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
+    """A recorded output that steps map over expands them; a recorded item counts its step down."""
+    if name in shaped.expanders:
+        _expand(w, name)
+    ref = w.spec.shaped.items.get(name) if w.spec.shaped is not None else None
+    if ref is not None:
+        _item_settled(w, ref.step)
+
+
+def _expand(w: _Run, over: str) -> None:
+    """Grow the run by the items of every step mapped over ``over``, whose output is recorded."""
+    more, refused = expand(w.spec.declared_graph, over, w.outputs[over])
+    for mapped, why in refused.items():
+        _map_failed(w, mapped, why)
+    skipped = w.setbacks.skipped
+    if skipped:  # a mapped step skipped already (it needs a skipped step) gets no items
+        more = _without_skipped(more, skipped)
+    _grow(w, more)
+    outputs, waiting = w.outputs, w.counts()
+    for mapped, members in more.members.items():
+        if mapped in outputs:  # a resume: collected already
+            continue
+        left = sum(1 for m in members if m not in outputs and m not in skipped)
+        if left:
+            waiting[mapped] = left
+        else:
+            _collect(w, mapped)
+
+
+def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
+    keep = {m for m in more.members if m not in skipped}
+    return Expanded(
+        {n: d for n, d in more.steps.items() if more.items[n].step in keep},
+        {n: r for n, r in more.items.items() if r.step in keep},
+        {m: v for m, v in more.members.items() if m in keep},
+        {m: k for m, k in more.kinds.items() if m in keep},
+    )
+
+
+def _grow(w: _Run, more: Expanded) -> None:
+    """Add the items of ``more`` to the graph; those whose dependencies are recorded are ready.
+
+    An item waits on its dependencies as any step does (a countdown when it
+    has several), so readiness stays O(1) per finished dependency; edges
+    from recorded dependencies are not kept (those never finish again).
+    """
+    spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
+    graph = spec.graph.extended(more.steps)
+    dependents = dict(spec.dependents)
+    extra: dict[str, list[str]] = {}
+    waiting = w.counts()
+    index = graph.index
+    for name, deps in more.steps.items():
+        dependents[name] = ()
+        if name in outputs:  # a resume: recorded already
+            w.completed += 1
+            continue
+        if name in skipped:
+            continue
+        missing = [d for d in deps if d not in outputs]
+        for d in missing:
+            extra.setdefault(d, []).append(name)
+        if not missing:
+            w.fresh.append(index[name])
+        elif len(deps) > 1:
+            waiting[name] = len(missing)
+    for d, names in extra.items():
+        dependents[d] = (*dependents.get(d, ()), *names)
+    assert spec.shaped is not None
+    w.spec = _replace(spec, graph=graph, dependents=MappingProxyType(dependents),
+                      shaped=spec.shaped.grown(more))
+
+
+def _item_settled(w: _Run, mapped: str) -> None:
+    """An item of ``mapped`` was recorded or skipped: at the last one, collect."""
+    if mapped in w.setbacks.skipped or mapped in w.outputs:
+        return
+    waiting = w.counts()
+    left = waiting.pop(mapped) - 1
+    if left:
+        waiting[mapped] = left
+    else:
+        _collect(w, mapped)
+
+
+def _collect(w: _Run, mapped: str) -> None:
+    """Record a mapped step's output: its recorded items' outputs, in order."""
+    shaped = w.spec.shaped
+    assert shaped is not None
+    output = collected(shaped.members[mapped], shaped.kinds[mapped], shaped.items, w.outputs)
+    outputs = w.outputs = w.outputs.with_item(mapped, output)
+    w.completed += 1
+    if w.record:
+        w.events.append(StepFinished(mapped, 1, NO_USAGE, None))
+    children = w.spec.dependents[mapped]
+    if children:
+        _count_down(w, children, outputs, w.spec.graph.index)
+
+
+def _map_failed(w: _Run, mapped: str, why: str) -> None:
+    """A mapped step whose input has no items fails (its input stays recorded)."""
+    error = MapError(why)
+    inc = w.setbacks
+    record = FailureRecord("MapError", storable_text(why), 1)
+    w.setbacks = _replace(inc, failures=MappingProxyType({**inc.failures, mapped: record}),
+                          errors=(*inc.errors, (mapped, error)))
+    w.events.append(StepFailed(mapped, 1, "MapError", record.message, None))
+    if not w.spec.limits.isolate_failures:
+        w.halt(Halt("failed", mapped, f"MapError: {record.message}"))
+
+
+def _skip(w: _Run, name: str, reason: str) -> None:
+    """Skip ``name``, and every step or item that needs it, unless it joins ``"any"``."""
+    outputs = w.outputs
+    # A dict of this skip's own, behind the proxy the rules read meanwhile.
+    skips = dict(w.setbacks.skipped)
+    w.setbacks = _replace(w.setbacks, skipped=MappingProxyType(skips))
+    todo = [(name, reason)]
+    while todo:
+        step, why = todo.pop()
+        if step in outputs or step in skips:
+            continue
+        skips[step] = why
+        if w.record:
+            w.events.append(StepSkipped(step, why))
+        shaped = w.spec.shaped
+        ref = shaped.items.get(step) if shaped is not None else None
+        if ref is not None:
+            _item_settled(w, ref.step)
+        for child in _needing(w, step):
+            if child in outputs or child in skips:
+                continue
+            why_child = _join_any(w, child) if _joins_any(w, child) else (
+                f"it needs {step!r}, which was skipped")
+            if why_child:
+                todo.append((child, why_child))
+
+
+def _needing(w: _Run, step: str) -> tuple[str, ...]:
+    """What a skip of ``step`` reaches: its declared dependents (mapped ones included) and items."""
+    declared = w.spec.declared_graph
+    scheduled = w.spec.dependents.get(step, ())
+    if step not in declared.index:
+        return tuple(scheduled)
+    items = w.spec.shaped.items if w.spec.shaped is not None else {}
+    return (*declared.dependents[step], *[c for c in scheduled if c in items])
+
+
+def _joins_any(w: _Run, step: str) -> bool:
+    shape = w.spec.declared_graph.shapes.get(step)
+    return shape is not None and shape.join == "any"
+
+
+def _join_any(w: _Run, step: str) -> str:
+    """A dependency of the ``join="any"`` step was skipped: ready once all are settled,
+    if one ran; the reason to skip it too when none did; ``""`` while some are pending."""
+    deps = w.spec.graph.deps[step]
+    waiting = w.counts()
+    left = waiting.pop(step, len(deps)) - 1
+    if left:
+        waiting[step] = left
+        return ""
+    if any(d in w.outputs for d in deps):
+        w.fresh.append(w.spec.graph.index[step])
+        return ""
+    return "every step it joins was skipped"
 
 
 # -- starting attempts: plan, and the one way an attempt starts ----------------------
@@ -827,7 +1135,8 @@ def _freeze(w: _Run) -> State:
     outcome = None
     if not w.in_flight:  # else the run goes on: no need to ask
         total = len(w.spec.graph.names)
-        outcome = outcome_of(w.completed, total, 0, w.ready, w.setbacks)
+        settled = w.completed + len(w.setbacks.skipped)
+        outcome = outcome_of(settled, total, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost))
     offset, ready, running = window.anchor(w.offset, w.ready, w.running)
