@@ -369,16 +369,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         for name, tag in versions.items():
             if not isinstance(tag, str):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
-        skipped = _table(data.get("skipped", {}), "skipped")
-        for name, why in skipped.items():
-            if not isinstance(why, str):
-                raise CheckpointError(f"skipped.{name}", f"must be a string, got {type(why).__name__}")
-        shapes = {}
-        for name, shape in _table(data.get("shapes", {}), "shapes").items():
-            try:
-                shapes[name] = Shape.from_dict(shape, f"shapes.{name}")
-            except ValueError as exc:
-                raise CheckpointError(f"shapes.{name}", str(exc)) from None
+        skipped, shapes = _skipped_and_shapes(data)
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(_table(data["outputs"], "outputs")),
@@ -542,6 +533,21 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         cost=cp.cost,
         context_changed=bool(cp.context),
     )
+
+
+def _skipped_and_shapes(data: dict[Any, Any]) -> tuple[dict[str, str], dict[str, Shape]]:
+    """The ``skipped`` and ``shapes`` fields of ``data``, checked (empty when absent)."""
+    skipped = _table(data.get("skipped", {}), "skipped")
+    for name, why in skipped.items():
+        if not isinstance(why, str):
+            raise CheckpointError(f"skipped.{name}", f"must be a string, got {type(why).__name__}")
+    shapes = {}
+    for name, shape in _table(data.get("shapes", {}), "shapes").items():
+        try:
+            shapes[name] = Shape.from_dict(shape, f"shapes.{name}")
+        except ValueError as exc:
+            raise CheckpointError(f"shapes.{name}", str(exc)) from None
+    return skipped, shapes
 
 
 def _format_version(data: dict[Any, Any]) -> int:

@@ -77,7 +77,8 @@ class Expansion:
     ``expanders`` maps each step some step maps over to those steps (fixed
     for the run); ``items`` says what each item is an item of; ``members``
     lists each expanded mapped step's items in order, and ``kinds`` whether
-    it collects into a list or a mapping.
+    it collects into a list or a mapping; ``waits`` which mapped steps with
+    no items wait for a dependency.
     """
 
     expanders: MappingProxyType[str, tuple[str, ...]]
@@ -88,6 +89,10 @@ class Expansion:
     kinds: MappingProxyType[str, Literal["list", "dict"]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # A mapped step with no items waits for its dependencies instead: dependency -> such steps.
+    waits: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -96,6 +101,7 @@ class Expansion:
             MappingProxyType({**self.items, **more.items}),
             MappingProxyType({**self.members, **more.members}),
             MappingProxyType({**self.kinds, **more.kinds}),
+            self.waits,
         )
 
 

@@ -247,7 +247,9 @@ class GraphSpec:
     index: MappingProxyType[str, int] = field(repr=False)
     # The steps that declare a run-time shape (see ekit_core.shapes), in
     # declaration order; empty for a static graph.
-    shapes: MappingProxyType[str, Shape] = field(default_factory=lambda: NO_SHAPES, repr=False)
+    shapes: MappingProxyType[str, Shape] = field(
+        default_factory=lambda: NO_SHAPES, repr=False, kw_only=True
+    )
     # All built on first use. A resume reads the dependents of the steps it
     # runs only (see ekit_core.transitions), and compares a recorded graph
     # with this one's texts instead of hashing it (see ekit_core.compat).
@@ -285,7 +287,7 @@ class GraphSpec:
         checked = check_shapes(self.names, self.deps, shapes)
         if not checked:
             return self
-        return GraphSpec(self.names, self.deps, self.index, checked)
+        return GraphSpec(self.names, self.deps, self.index, shapes=checked)
 
     @classmethod
     def of_steps(cls, steps: Iterable[Any], shapes: Mapping[str, Shape] | None = None) -> GraphSpec:

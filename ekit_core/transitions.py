@@ -399,10 +399,10 @@ def initial_state(
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
     checkpoint = without(checkpoint, graph, outdated)
-    merged = _check_context(graph, checkpoint.context, "context") | new_context
+    base = RunSpec(graph, limits, MappingProxyType(
+        _check_context(graph, checkpoint.context, "context") | new_context), tags)
     if graph.shapes:
-        return _initial_shaped(graph, checkpoint, RunSpec(graph, limits, MappingProxyType(merged), tags),
-                               outdated, record_events)
+        return _initial_shaped(graph, checkpoint, base, outdated, record_events)
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset, ready = window.start(first)
@@ -411,18 +411,20 @@ def initial_state(
     outcome = outcome_of(done, len(graph), 0, ready, setbacks)
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
-    return State(
-        RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
-        done, checkpoint.cost, setbacks, events, outcome, offset, ready, 0, 0,
-        MappingProxyType(waiting),
-    )
+    return State(_replace(base, dependents=dependents), outputs, step_usage, done, checkpoint.cost,
+                 setbacks, events, outcome, offset, ready, 0, 0, MappingProxyType(waiting))
 
 
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
     checkpoint = _without_outdated_items(graph, checkpoint, outdated)
-    skipped = checkpoint.skipped
+    # Items of a skipped mapped step: a run that expanded it before the skip
+    # records them, one that did not has none; neither expands it again.
+    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
+    skipped = checkpoint.skipped if not gone else MappingProxyType(
+        {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)})
+    checkpoint = _replace(checkpoint, skipped=skipped) if gone else checkpoint
     first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
     offset, ready = window.start(first)
     spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
@@ -819,12 +821,16 @@ def _rule_of(item: object) -> Callable[[_Run, Any], None]:
 
 
 def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
-    """A recorded output that steps map over expands them; a recorded item counts its step down."""
+    """A recorded output that steps map over expands them; a recorded item counts its
+    step down, and so does a dependency an empty mapped step waits for."""
     if name in shaped.expanders:
         _expand(w, name)
-    ref = w.spec.shaped.items.get(name) if w.spec.shaped is not None else None
+    shaped = cast(Expansion, w.spec.shaped)
+    ref = shaped.items.get(name)
     if ref is not None:
         _item_settled(w, ref.step)
+    for mapped in shaped.waits.get(name, ()):
+        _item_settled(w, mapped)
 
 
 def _expand(w: _Run, over: str) -> None:
@@ -837,14 +843,32 @@ def _expand(w: _Run, over: str) -> None:
         more = _without_skipped(more, skipped)
     _grow(w, more)
     outputs, waiting = w.outputs, w.counts()
+    deps = w.spec.declared_graph.deps
     for mapped, members in more.members.items():
         if mapped in outputs:  # a resume: collected already
             continue
         left = sum(1 for m in members if m not in outputs and m not in skipped)
+        if not members:
+            # No item to wait for: it waits for its dependencies themselves, so
+            # that one skipped meanwhile skips it in every order of events.
+            left = _wait_for_dependencies(w, mapped, deps[mapped])
         if left:
             waiting[mapped] = left
         else:
             _collect(w, mapped)
+
+
+def _wait_for_dependencies(w: _Run, mapped: str, deps: tuple[str, ...]) -> int:
+    """Count down the empty mapped step ``mapped`` by its unrecorded dependencies instead."""
+    missing = [d for d in deps if d not in w.outputs]
+    if missing:
+        shaped = w.spec.shaped
+        assert shaped is not None
+        waits = dict(shaped.waits)
+        for d in missing:
+            waits[d] = (*waits.get(d, ()), mapped)
+        w.spec = _replace(w.spec, shaped=_replace(shaped, waits=MappingProxyType(waits)))
+    return len(missing)
 
 
 def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
@@ -892,8 +916,14 @@ def _grow(w: _Run, more: Expanded) -> None:
 
 
 def _item_settled(w: _Run, mapped: str) -> None:
-    """An item of ``mapped`` was recorded or skipped: at the last one, collect."""
-    if mapped in w.setbacks.skipped or mapped in w.outputs:
+    """An item of ``mapped`` was recorded or skipped: at the last one, collect.
+
+    Not if ``mapped`` needs a skipped step: then it is skipped itself (now,
+    or by the skip still being passed on), whatever its items did.
+    """
+    skipped = w.setbacks.skipped
+    if mapped in skipped or mapped in w.outputs or (
+            skipped and any(d in skipped for d in w.spec.declared_graph.deps[mapped])):
         return
     waiting = w.counts()
     left = waiting.pop(mapped) - 1
@@ -915,6 +945,8 @@ def _collect(w: _Run, mapped: str) -> None:
     children = w.spec.dependents[mapped]
     if children:
         _count_down(w, children, outputs, w.spec.graph.index)
+    for waiting in shaped.waits.get(mapped, ()):
+        _item_settled(w, waiting)
 
 
 def _map_failed(w: _Run, mapped: str, why: str) -> None:
@@ -931,14 +963,13 @@ def _map_failed(w: _Run, mapped: str, why: str) -> None:
 
 def _skip(w: _Run, name: str, reason: str) -> None:
     """Skip ``name``, and every step or item that needs it, unless it joins ``"any"``."""
-    outputs = w.outputs
     # A dict of this skip's own, behind the proxy the rules read meanwhile.
     skips = dict(w.setbacks.skipped)
     w.setbacks = _replace(w.setbacks, skipped=MappingProxyType(skips))
     todo = [(name, reason)]
     while todo:
         step, why = todo.pop()
-        if step in outputs or step in skips:
+        if step in w.outputs or step in skips:  # (a collection below may record outputs)
             continue
         skips[step] = why
         if w.record:
@@ -948,7 +979,7 @@ def _skip(w: _Run, name: str, reason: str) -> None:
         if ref is not None:
             _item_settled(w, ref.step)
         for child in _needing(w, step):
-            if child in outputs or child in skips:
+            if child in w.outputs or child in skips:
                 continue
             why_child = _join_any(w, child) if _joins_any(w, child) else (
                 f"it needs {step!r}, which was skipped")
