@@ -192,9 +192,9 @@ class WorkflowCheckpoint(_CheckpointFields):
         deltas between two such checkpoints of one run cost O(what changed).
         Without a ``fingerprint``, ``graph`` is a :class:`RecordedGraph` of a
         graph spec, whose fingerprint is the checkpoint's, hashed when first read.
-        Built without ``__init__``, which would cost ten times as much: see
-        :mod:`ekit_core._frozen`, which imports this module and so is reached
-        through the package when called.
+        Built without ``__init__``, which costs more than twice as much, by
+        :mod:`ekit_core._frozen`; that module imports this one, so it is
+        reached through the package when called.
         """
         return ekit_core._frozen.checkpoint(
             outputs, step_usage, step_index=step_index, cost=cost, context=context,
@@ -358,7 +358,6 @@ class WorkflowCheckpoint(_CheckpointFields):
             versions=MappingProxyType(versions),
         )
         return checkpoint
-
 
 
 class RecordedGraph(Mapping[str, tuple[str, ...]]):
