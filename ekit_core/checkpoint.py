@@ -16,14 +16,17 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ekit_core._fast import twin
+import ekit_core
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
 from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
+
+if TYPE_CHECKING:  # at run time reached through the package, when called: it imports this module
+    import ekit_core._frozen
 
 __all__ = [
     "FORMAT_VERSION",
@@ -209,20 +212,15 @@ class WorkflowCheckpoint(_CheckpointFields):
         deltas between two such checkpoints of one run cost O(what changed).
         Without a ``fingerprint``, ``graph`` is a :class:`RecordedGraph` of a
         graph spec, whose fingerprint is the checkpoint's, hashed when first read.
+        Built without ``__init__``, which costs more than twice as much, by
+        :mod:`ekit_core._frozen`; that module imports this one, so it is
+        reached through the package when called.
         """
-        cp = _CheckpointDraft()  # see ekit_core._fast: __init__ would cost ten times as much
-        cp.step_index, cp.outputs, cp.cost = step_index, MappingProxyType(outputs), cost
-        cp.context, cp.step_usage = context, MappingProxyType(step_usage)
-        cp.failures, cp.graph = failures, graph
-        if type(fingerprint) is not _Unset:  # else left unset: see the fingerprint property
-            cp.fingerprint = fingerprint
-        if format_version is None:
-            format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
-        cp.format_version, cp.versions = format_version, versions
-        cp.skipped, cp.shapes = skipped, shapes
-        cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
-        cp.__class__ = cls
-        return cast(WorkflowCheckpoint, cp)
+        return ekit_core._frozen.checkpoint(
+            outputs, step_usage, step_index=step_index, cost=cost, context=context,
+            failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
+            format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
+        )
 
     def _records_graph(self, spec: GraphSpec) -> bool:
         """Whether the recorded graph is ``spec``'s (same steps, in the same
@@ -389,9 +387,6 @@ class WorkflowCheckpoint(_CheckpointFields):
             shapes=MappingProxyType(shapes),
         )
         return checkpoint
-
-
-_CheckpointDraft = twin(_CheckpointFields)  # the very slots of a WorkflowCheckpoint
 
 
 class RecordedGraph(Mapping[str, tuple[str, ...]]):

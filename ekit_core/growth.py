@@ -29,12 +29,13 @@ rebuilt), paid once per call, not per step run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from ekit_core import window
 from ekit_core.errors import TransitionError
 from ekit_core.graph import GraphError, GraphSpec
-from ekit_core.state import RunSpec, State, make_state
+from ekit_core.state import RunSpec, State
 
 __all__ = ["add_steps"]
 
@@ -59,10 +60,8 @@ def add_steps(state: State, steps: Mapping[str, Iterable[str]]) -> State:
     offset, ready, running = window.anchor(offset, ready, state._running)
     spec = RunSpec(grown, state.spec.limits, state.spec.context, state.spec.versions,
                    _grown_dependents(state.spec, added))
-    return make_state(
-        spec, outputs, state.step_usage, state.completed, state.cost, state.setbacks, (),
-        None, offset, ready, running, state._in_flight, MappingProxyType(waiting),
-    )
+    return replace(state, spec=spec, events=(), _offset=offset, _ready=ready, _running=running,
+                   _waiting=MappingProxyType(waiting))
 
 
 def _checked_names(

@@ -1,7 +1,8 @@
-"""What ``apply`` folds into a state: the inputs of the state machine.
+"""What ``apply`` folds into a state, the inputs of the state machine, and what ``plan`` returns.
 
-Each is a small frozen value. ``Start`` is what ``plan`` returns; the shell
-hands it back to ``apply`` once it has launched the attempt. ``Began`` says
+Each is a small frozen value. ``Start`` is what ``plan`` returns, in a
+:class:`Batch`; the shell hands it back to ``apply`` once it has launched
+the attempt. ``Began`` says
 that an attempt which first had to wait (a retry delay, an approval) has
 begun its work. ``Succeeded``, ``Failed``, ``Denied`` and ``Interrupted``
 say how an attempt ended; ``Skipped`` that it did not run, its step's
@@ -10,15 +11,19 @@ condition being false; ``Cancelled`` that the whole run is being cancelled.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ekit_core._fast import twin
 from ekit_core.usage import NO_USAGE, TokenUsage
+
+if TYPE_CHECKING:
+    from ekit_core._frozen import first_start, succeeded
 
 __all__ = [
     "AttemptEnd",
     "AttemptOutcome",
+    "Batch",
     "Began",
     "Cancelled",
     "Denied",
@@ -51,6 +56,30 @@ class Start:
     def gated(self) -> bool:
         """Whether the attempt waits (delay or approval) before its work begins."""
         return self.delay > 0 or self.approval
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What the shell does next: ``starts`` in declaration order, and ``withdraw``.
+
+    ``withdraw`` names gated attempts of a halted run (still waiting out a
+    retry delay or an approval): the shell cancels them and reports each as
+    :class:`Interrupted`.
+    """
+
+    starts: tuple[Start, ...] = ()
+    withdraw: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __iter__(self) -> Iterator[Start]:
+        return iter(self.starts)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names of the steps to start."""
+        return tuple(s.name for s in self.starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,36 +138,6 @@ class Cancelled:
     reason: str = "cancelled"
 
 
-def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None) -> Succeeded:
-    """``Succeeded(...)`` for the shell, one per step, built through a twin class.
-
-    See :mod:`ekit_core._fast` for why; the value is the same.
-    """
-    value = _SucceededDraft()
-    value.name = name
-    value.output = output
-    value.usage = usage
-    value.duration = duration
-    value.__class__ = Succeeded
-    return cast(Succeeded, value)
-
-
-_SucceededDraft = twin(Succeeded)
-
-
-def first_start(name: str) -> Start:
-    """``Start(name)``, a plain first attempt, built through a twin class (one per step)."""
-    value = _StartDraft()
-    value.name = name
-    value.attempt = 1
-    value.delay = 0.0
-    value.approval = False
-    value.__class__ = Start
-    return cast(Start, value)
-
-
-_StartDraft = twin(Start)
-
 AttemptEnd: TypeAlias = Succeeded | Failed | Denied | Interrupted
 """How one attempt of a step ended (a run's *outcome* is how the whole run ended)."""
 
@@ -147,3 +146,21 @@ AttemptOutcome: TypeAlias = AttemptEnd
 
 Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Skipped | Cancelled
 """Anything :func:`~ekit_core.apply` folds into a state."""
+
+
+_BUILT_FAST = ("first_start", "succeeded")
+
+
+def __getattr__(name: str) -> Any:
+    """``succeeded`` and ``first_start``, the fast constructors of two inputs, on first access.
+
+    They live in :mod:`ekit_core._frozen` (the one module that builds values
+    through twin classes, and which imports this one), so they are looked up
+    there when first imported from here: ``from ekit_core.results import
+    succeeded`` binds the function itself, and calls cost nothing more.
+    """
+    if name in _BUILT_FAST:
+        from ekit_core import _frozen
+
+        return getattr(_frozen, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

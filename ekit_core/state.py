@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ekit_core._fast import twin
+import ekit_core
 from ekit_core.checkpoint import FailureRecord, RecordedGraph, WorkflowCheckpoint
 from ekit_core.events import Event, Outcome
 from ekit_core.expansion import Expansion
@@ -24,6 +24,9 @@ from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
 from ekit_core.window import indices as bit_indices  # its former home: kept for old imports
 from ekit_core.window import names_of, size
+
+if TYPE_CHECKING:  # at run time reached through the package, when called: it imports this module
+    import ekit_core._frozen
 
 __all__ = [
     "OUTCOMES",
@@ -37,7 +40,6 @@ __all__ = [
     "State",
     "bit_indices",
     "checkpoint_of",
-    "make_state",
 ]
 
 _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
@@ -277,43 +279,13 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
     Costs O(1): the checkpoint shares the state's ledgers and its run's
-    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`).
+    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`, whose builder
+    this calls through the package: :mod:`ekit_core._frozen` imports this module).
     """
     spec = state.spec
-    return WorkflowCheckpoint.of_ledgers(
+    return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=state.setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
         skipped=state.setbacks.skipped, shapes=spec.declared_graph.shapes,
     )
-
-
-def make_state(
-    spec: RunSpec, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], completed: int,
-    cost: TokenUsage, setbacks: Setbacks, events: tuple[Event, ...], outcome: Outcome | None,
-    offset: int, ready: int, running: int, in_flight: int, waiting: MappingProxyType[str, int],
-) -> State:
-    """``State(...)`` for the transitions' freeze, one per step, built through a twin class.
-
-    A frozen dataclass's generated ``__init__`` costs several times as much
-    (see :mod:`ekit_core._fast`); the value is the same, and as immutable.
-    """
-    state = _StateDraft()
-    state.spec = spec
-    state.outputs = outputs
-    state.step_usage = step_usage
-    state.completed = completed
-    state.cost = cost
-    state.setbacks = setbacks
-    state.events = events
-    state.outcome = outcome
-    state._offset = offset
-    state._ready = ready
-    state._running = running
-    state._in_flight = in_flight
-    state._waiting = waiting
-    state.__class__ = State
-    return cast(State, state)
-
-
-_StateDraft = twin(State)

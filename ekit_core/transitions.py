@@ -68,14 +68,13 @@ and the window module lists them and says why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core import window
-from ekit_core._fast import twin
+from ekit_core._frozen import batch, first_start, state_of_run
 from ekit_core.checkpoint import (
     CheckpointError,
     FailureRecord,
@@ -103,6 +102,7 @@ from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
+    Batch,
     Began,
     Cancelled,
     Denied,
@@ -112,7 +112,6 @@ from ekit_core.results import (
     Skipped,
     Start,
     Succeeded,
-    first_start,
 )
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.state import (
@@ -122,7 +121,6 @@ from ekit_core.state import (
     RunSpec,
     Setbacks,
     State,
-    make_state,
 )
 from ekit_core.usage import NO_USAGE, TokenUsage
 
@@ -137,30 +135,6 @@ __all__ = [
     "plan",
     "resume_checkpoint",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """What the shell does next: ``starts`` in declaration order, and ``withdraw``.
-
-    ``withdraw`` names gated attempts of a halted run (still waiting out a
-    retry delay or an approval): the shell cancels them and reports each as
-    :class:`~ekit_core.Interrupted`.
-    """
-
-    starts: tuple[Start, ...] = ()
-    withdraw: tuple[str, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __iter__(self) -> Iterator[Start]:
-        return iter(self.starts)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The names of the steps to start."""
-        return tuple(s.name for s in self.starts)
 
 
 _EMPTY = Batch()
@@ -403,6 +377,13 @@ def initial_state(
         _check_context(graph, checkpoint.context, "context") | new_context), tags)
     if graph.shapes:
         return _initial_shaped(graph, checkpoint, base, outdated, record_events)
+    return _initial_static(graph, checkpoint, base, outdated, record_events)
+
+
+def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
+                    outdated: Mapping[str, str], record_events: bool) -> State:
+    """:func:`initial_state` of a graph without run-time shapes (most runs)."""
+    limits = base.limits
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset, ready = window.start(first)
@@ -411,8 +392,11 @@ def initial_state(
     outcome = outcome_of(done, len(graph), 0, ready, setbacks)
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
-    return State(_replace(base, dependents=dependents), outputs, step_usage, done, checkpoint.cost,
-                 setbacks, events, outcome, offset, ready, 0, 0, MappingProxyType(waiting))
+    return State(
+        _replace(base, dependents=dependents), outputs, step_usage,
+        completed=done, cost=checkpoint.cost, setbacks=setbacks, events=events, outcome=outcome,
+        _offset=offset, _ready=ready, _running=0, _in_flight=0, _waiting=MappingProxyType(waiting),
+    )
 
 
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
@@ -432,8 +416,11 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     halt = _recorded_halt(spec.limits, checkpoint, len(graph) - done)
     outputs, step_usage = _ledgers(checkpoint)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped)
-    first_state = State(spec, outputs, step_usage, done, checkpoint.cost, setbacks, (), None,
-                        offset, ready, 0, 0, MappingProxyType(waiting))
+    first_state = State(
+        spec, outputs, step_usage, completed=done, cost=checkpoint.cost, setbacks=setbacks,
+        events=(), outcome=None, _offset=offset, _ready=ready, _running=0, _in_flight=0,
+        _waiting=MappingProxyType(waiting),
+    )
     w = _thaw(first_state, record)
     if record:
         w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost))
@@ -536,12 +523,14 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
 class _Run:
     """The working copy of one transition: a state's fields, edited in place by the rules.
 
-    Made once per fold from the state before (:func:`_thaw`), frozen once
-    at its end (:func:`_freeze`). ``offset``, ``ready`` and ``running`` are
-    the state's bit window (:mod:`ekit_core.window`); on a window too wide
-    to edit bit by bit, finished steps wait in ``done`` and newly ready ones
-    in ``fresh`` until :meth:`settle` applies them with one mask each. ``waiting`` is the state's mapping
-    until first written, then a dict of the fold's own.
+    Made once per fold from the state before (:func:`_thaw`), frozen once at
+    its end (:func:`_freeze`) by :func:`ekit_core._frozen.state_of_run`, which
+    reads each field by its name here (the state's, less a leading
+    underscore). ``offset``, ``ready`` and ``running`` are the state's bit
+    window (:mod:`ekit_core.window`); on a window too wide to edit bit by
+    bit, finished steps wait in ``done`` and newly ready ones in ``fresh``
+    until :meth:`settle` applies them with one mask each. ``waiting`` is the
+    state's mapping until first written, then a dict of the fold's own.
     """
 
     __slots__ = (
@@ -1087,19 +1076,7 @@ def _launch(w: _Run) -> Batch:
         _begin_attempts(w, starts, ready)
     if w.setbacks.gated and w.setbacks.halt is not None:
         return Batch(starts, _withdrawn(w.setbacks))
-    return _batch(starts) if starts else _EMPTY
-
-
-def _batch(starts: tuple[Start, ...]) -> Batch:
-    """``Batch(starts)``, built through a twin class (see :mod:`ekit_core._fast`): one per step."""
-    batch = _BatchDraft()
-    batch.starts = starts
-    batch.withdraw = ()
-    batch.__class__ = Batch
-    return cast(Batch, batch)
-
-
-_BatchDraft = twin(Batch)
+    return batch(starts) if starts else _EMPTY
 
 
 def _withdrawn(inc: Setbacks) -> tuple[str, ...]:
@@ -1160,7 +1137,11 @@ def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
 
 
 def _freeze(w: _Run) -> State:
-    """The state a fold ends in: pending bits applied, its outcome decided, frozen."""
+    """The state a fold ends in: pending bits applied, its outcome decided, frozen.
+
+    The copy is anchored (its window, its countdowns read-only) and handed
+    over whole: :func:`~ekit_core._frozen.state_of_run` reads its fields by name.
+    """
     if w.done or w.fresh:
         w.settle()
     outcome = None
@@ -1170,13 +1151,10 @@ def _freeze(w: _Run) -> State:
         outcome = outcome_of(settled, total, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost))
-    offset, ready, running = window.anchor(w.offset, w.ready, w.running)
-    waiting = w.waiting
-    return make_state(
-        w.spec, w.outputs, w.step_usage, w.completed, w.cost, w.setbacks,
-        tuple(w.events) if w.record else (), outcome, offset, ready, running, w.in_flight,
-        MappingProxyType(waiting) if type(waiting) is dict else cast(Any, waiting),
-    )
+    w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
+    if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
+        w.waiting = MappingProxyType(w.waiting)
+    return state_of_run(w, tuple(w.events) if w.record else (), outcome)
 
 
 # -- helpers -------------------------------------------------------------------------

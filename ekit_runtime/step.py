@@ -305,6 +305,6 @@ def condition_name(when: Callable[[Any], Any]) -> str:
 # A plain class with Step's very slots: its instances take cheap attribute
 # stores, then become Steps by assigning __class__ (same layout, immutable from
 # then on). ekit_core builds its per-step values the same way, in its own
-# modules (ekit_core._fast says why); a workflow's steps are the runtime's one
+# modules (ekit_core._frozen says why); a workflow's steps are the runtime's one
 # such value, built here.
 _StepDraft: type[Any] = type("_StepDraft", (), {"__slots__": vars(Step)["__slots__"]})

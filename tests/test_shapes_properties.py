@@ -80,7 +80,10 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
     return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
 
 
-def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+Drive = tuple[dict[str, Any], dict[str, str], list[str]]
+
+
+def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Drive:
     state, batch = advance(initial_state(graph))
     in_flight = list(batch.names)
     checkpoints: list[dict[str, Any]] = []
