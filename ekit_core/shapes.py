@@ -188,7 +188,7 @@ def items_of(output: Any, item_key: str | None) -> list[tuple[str, Any, int | st
             return f"its keys must be strings, got {type(bad).__name__} {bad!r:.80}"
         values = [output[k] for k in picks]
     else:
-        return f"it is a {type(output).__name__}, not a list, tuple or mapping"
+        return f"its output is of type {type(output).__name__}, not a list, tuple or mapping"
     if item_key is None:
         return [(str(p), v, p) for p, v in zip(picks, values, strict=True)]
     items: list[tuple[str, Any, int | str]] = []

@@ -745,7 +745,7 @@ def _failed(w: _Run, failed: Failed) -> None:
         failures=MappingProxyType({**inc.failures, name: record}),
         tries=MappingProxyType({**inc.tries, name: attempt}),
     )
-    policy = w.spec.limits.policies.get(name, NO_RETRY)
+    policy = _policy_of(w.spec, name)
     if inc.halt is None and policy.retries(failed.error, attempt):
         delay = policy.delay(attempt)
         w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
@@ -756,6 +756,14 @@ def _failed(w: _Run, failed: Failed) -> None:
     w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
     if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
         w.halt(Halt("failed", name, f"{error_type}: {message}"))
+
+
+def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
+    """The retry policy of step ``name`` (an item's is its mapped step's)."""
+    policy = spec.limits.policies.get(name)
+    if policy is None and spec.shaped is not None and name in spec.shaped.items:
+        policy = spec.limits.policies.get(spec.shaped.items[name].step)
+    return NO_RETRY if policy is None else policy
 
 
 def _denied(w: _Run, denied: Denied) -> None:
