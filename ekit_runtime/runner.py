@@ -147,8 +147,7 @@ class Runner:
         # steps added while running are kept apart.
         self._declared, self._index = tuple(steps), state.graph.index
         self._added: dict[str, Step] = {}
-        self.state = state
-        self.run_id, self.before_attempt = run_id, before_attempt
+        self.state, self.run_id, self.before_attempt = state, run_id, before_attempt
         self.executor = executor if executor is not None else DEFAULT_EXECUTOR
         self.checkpoint_fn, self.approval, self.trace = checkpoint_fn, approval, trace
         # One callback, or several in order: each sees every event, and one
