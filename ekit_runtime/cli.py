@@ -497,7 +497,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("ekit")
+        return version("ekit-workflows")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
 
