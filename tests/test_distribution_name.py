@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
+TARGETS = PYPROJECT["tool"]["hatch"]["build"]["targets"]
 NAME = "ekit-workflows"
 
 # Where a user reads what to install: the README, the docs, the changelog,
@@ -45,7 +46,7 @@ def _installs() -> list[tuple[str, str, str | None]]:
 def test_the_distribution_is_named_ekit_workflows() -> None:
     assert PROJECT["name"] == NAME
     assert PROJECT["scripts"] == {"ekit": "ekit_runtime.cli:main"}
-    assert PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["ekit_core", "ekit_runtime"]
+    assert TARGETS["wheel"]["packages"] == ["ekit_core", "ekit_runtime"]
 
 
 def test_nothing_tells_a_user_to_install_the_old_name() -> None:
@@ -91,9 +92,8 @@ def test_the_project_urls_point_somewhere_that_exists() -> None:
             headings = re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"), re.M)
             slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
             assert anchor in slugs, (label, url, sorted(slugs))
-        assert path in PYPROJECT["tool"]["hatch"]["build"]["targets"]["sdist"]["include"] or any(
-            path.startswith(f"{d}/") for d in PYPROJECT["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
-        ), (label, url)
+        shipped = TARGETS["sdist"]["include"]
+        assert path in shipped or any(path.startswith(f"{d}/") for d in shipped), (label, url)
 
 
 def test_the_changelog_names_the_current_version_or_an_unreleased_one() -> None:

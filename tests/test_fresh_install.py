@@ -44,7 +44,8 @@ def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     isolation = [] if importlib.util.find_spec("hatchling") is None else ["--no-build-isolation"]
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", *isolation, "-w", str(out), str(ROOT)])
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", *isolation]
+    _run([*pip, "-w", str(out), str(ROOT)])
     (built,) = out.glob("*.whl")
     return built
 
