@@ -62,7 +62,8 @@ def test_nothing_tells_a_user_to_install_the_old_name() -> None:
 def test_every_install_of_the_project_names_it_and_extras_it_has() -> None:
     ours = [(where, extras) for where, name, extras in _installs() if name.startswith("ekit")]
     assert {where for where, _ in ours} >= {
-        "README.md", "docs/executors.md", "docs/queue.md", "ekit_runtime/dask.py", "ekit_runtime/stores/pg.py"
+        "README.md", "docs/executors.md", "docs/queue.md", "docs/stores.md", "ekit_runtime/dask.py",
+        "ekit_runtime/stores/pg.py",
     }
     names = {name for _, name, _ in _installs() if name.startswith("ekit")}
     assert names == {NAME}
