@@ -41,8 +41,9 @@ server, a file that is not a database) is an input problem: one line, exit
 workflow module is being imported) exits ``130``; a closed standard output
 (``| head``) ``141``, quietly. ``ekit worker --until-idle`` exits ``3`` when
 it went idle with runs left waiting in the queue (each named on stderr with
-the reason it was not taken), and a second SIGTERM or Ctrl-C makes ``ekit
-worker`` exit at once with ``143`` or ``130``.
+the reason it was not taken). ``ekit worker`` stopped by a Ctrl-C gives its
+runs back and exits ``130`` too (``0`` when a SIGTERM stopped it), and a
+second SIGTERM or Ctrl-C makes it exit at once with ``143`` or ``130``.
 """
 
 from __future__ import annotations
@@ -497,7 +498,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("ekit")
+        return version("ekit-workflows")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
 
@@ -565,10 +566,16 @@ def _add_rewind_and_graph(sub: Any) -> None:
         "as a Mermaid flowchart or as a Graphviz digraph.",
     )
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--workflow", metavar="MODULE:ATTR")
+    group.add_argument(
+        "--workflow", metavar="MODULE:ATTR",
+        help="the graph of the workflow (or GraphSpec) ATTR of MODULE (current dir on sys.path)",
+    )
     group.add_argument("--checkpoint", metavar="SOURCE", help="the graph its latest checkpoint records")
     _source_options(p, positional=False)
-    p.add_argument("--format", choices=("json", "mermaid", "dot"), default="json")
+    p.add_argument(
+        "--format", choices=("json", "mermaid", "dot"), default="json",
+        help="json (default; what --graph of audit and replay reads), a mermaid flowchart, or Graphviz dot",
+    )
     p.set_defaults(func=_cmd_graph)
 
 
@@ -580,7 +587,8 @@ def _parser() -> argparse.ArgumentParser:
         "workflow's graph, run workers. Reads checkpoint JSON, JSON lines, journals, SQLite and "
         "PostgreSQL stores and queues.",
         epilog="Exit codes: 0 clean, 1 anomalies or violations found, "
-        "2 bad usage or unreadable input, 3 (worker --until-idle) runs left waiting.",
+        "2 bad usage or unreadable input, 3 (worker --until-idle) runs left waiting, "
+        "130 interrupted by Ctrl-C.",
     )
     parser.add_argument("--version", action="version", version=f"ekit {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -45,7 +45,7 @@ __all__ = ["DaskConfigWarning", "DaskExecutor", "WorkerLostError", "local_cluste
 # Seconds a finished attempt's future is kept, at most, waiting for a submission to ride with.
 _RELEASE_AFTER = 0.05
 
-_INSTALL = "DaskExecutor needs the 'distributed' package: pip install 'ekit[dask]'"
+_INSTALL = "DaskExecutor needs the 'distributed' package: pip install 'ekit-workflows[dask]'"
 
 
 class WorkerLostError(Exception):

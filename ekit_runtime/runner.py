@@ -151,7 +151,7 @@ class Runner:
         self._declared, self._index = tuple(steps), state.spec.declared_graph.index
         self._added: dict[str, Step] = {}
         self.state, self.run_id, self.before_attempt = state, run_id, before_attempt
-        self.executor = executor or DEFAULT_EXECUTOR
+        self.executor = executor if executor is not None else DEFAULT_EXECUTOR
         self.checkpoint_fn, self.approval, self.trace = checkpoint_fn, approval, trace
         # One callback, or several in order: each sees every event, and one
         # that raises loses only its own copy of the event.

@@ -67,7 +67,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_version_and_description(tmp_path: Path) -> None:
     proc = ekit(tmp_path, "--version")
-    assert proc.returncode == 0 and proc.stdout == f"ekit {version('ekit')}\n"
+    assert proc.returncode == 0 and proc.stdout == f"ekit {version('ekit-workflows')}\n"
     helped = ekit(tmp_path, "--help").stdout
     for word in ("audit", "replay", "rewind", "graph", "worker", "queue", "journals", "PostgreSQL"):
         assert word in helped, word

@@ -540,9 +540,9 @@ def test_without_distributed_building_an_executor_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
-    with pytest.raises(ImportError, match=r"pip install 'ekit\[dask\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'ekit-workflows\[dask\]'"):
         DaskExecutor("tcp://127.0.0.1:1")
-    with pytest.raises(ImportError, match=r"pip install 'ekit\[dask\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'ekit-workflows\[dask\]'"):
         local_cluster()
 
 

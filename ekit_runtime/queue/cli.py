@@ -3,15 +3,17 @@
 - ``ekit worker --queue URL --workflows MODULE:ATTR [--max-runs N] [--lease S]
   [--heartbeat S] [--until-idle]`` drives runs until SIGTERM or Ctrl-C (then
   it cancels the runs in flight, each saving a final checkpoint, gives them
-  back to the queue, and exits 0 without waiting for a sync step's thread,
-  which Python cannot stop; a second SIGTERM or Ctrl-C exits at once, with
+  back to the queue, and exits without waiting for a sync step's thread,
+  which Python cannot stop: 0 after a SIGTERM, 130 after a Ctrl-C, as any
+  command a person interrupts; a second SIGTERM or Ctrl-C exits at once, with
   ``128 + signal``, leaving its runs to be taken over when their leases
   expire) or, with ``--until-idle``, until nothing is claimable: it exits 0
   if no run is left waiting in the queue, else ``3``, with a warning line
   per run left (queued or running) saying why this worker did not take it.
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N]``, ``status RUN``, ``list [--status S]``, ``cancel RUN``,
-  ``prune --older-than SECONDS``, ``checkpoint RUN`` (the checkpoint as JSON;
+  ``prune --older-than AGE`` (``90``, ``15m``, ``2h``, ``1d``, ``1h30m``: see
+  :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N]``.
 
@@ -36,8 +38,9 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import busy_sync_steps
-from ekit_runtime.queue import FINAL_STATUSES, RunInfo, RunQueue, Worker, open_queue
+from ekit_runtime.queue import FINAL_STATUSES, STATUSES, RunInfo, RunQueue, Worker, open_queue
 from ekit_runtime.workflow import Workflow
 
 __all__ = ["EXIT_LEFT", "add_parsers"]
@@ -97,8 +100,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         queue.close()
         raise _input_error(f"worker: {exc}") from None
 
+    received: list[int] = []  # the signals that reached the worker, in order
+
     async def main() -> None:
-        _on_signals(worker)
+        _on_signals(worker, received)
         if args.until_idle:
             await worker.run_until_idle()
         else:
@@ -118,24 +123,38 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.until_idle:
         summary["left"] = left
     print(json.dumps(summary))
-    code = EXIT_LEFT if left else 0
+    code = _exit_code(received, left)
     _exit_past_stuck_threads(worker, code)
     return code
 
 
-def _on_signals(worker: Worker) -> None:
+def _exit_code(received: list[int], left: Mapping[str, str]) -> int:
+    """130 if a Ctrl-C stopped the worker, as for any command it interrupts; else 3 or 0.
+
+    A SIGTERM is the ordinary way to stop a worker (a deploy, a scale-down),
+    so a worker it stopped cleanly exits 0. A Ctrl-C is a person interrupting
+    it, which shells and scripts expect to see as 128 + SIGINT.
+    """
+    if received[:1] == [signal.SIGINT]:
+        from ekit_runtime.cli import EXIT_INTERRUPTED  # imported late, as _input_error does
+
+        return EXIT_INTERRUPTED
+    return EXIT_LEFT if left else 0
+
+
+def _on_signals(worker: Worker, received: list[int]) -> None:
     """SIGTERM / Ctrl-C: the first stops the worker, the second exits at once.
 
     The loop's own handler wakes it whichever thread received the signal
     (and calls ``worker.stop``); the Python-level handler, which runs in the
-    main thread even while a step blocks the loop, counts the signals.
+    main thread even while a step blocks the loop, records each signal in
+    ``received``.
     """
     loop = asyncio.get_running_loop()
-    received = [0]
 
     def count(signum: int, frame: FrameType | None) -> None:
-        received[0] += 1
-        if received[0] == 1:
+        received.append(signum)
+        if len(received) == 1:
             # os.write: a signal handler must not take the locks print or logging take.
             os.write(2, b"ekit worker: stopping, giving the runs in flight back (again: exit at once)\n")
             return
@@ -199,6 +218,14 @@ def _why_left(info: RunInfo, worker: Worker, now: float) -> str:
         f"{info.status}; claimable, but held back by the fleet's limits, or submitted after this "
         "worker went idle"
     )
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        # argparse shows an ArgumentTypeError's own words; a ValueError's would be lost.
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _info(info: Any) -> dict[str, Any]:
@@ -268,27 +295,52 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--name", default=None, help="how this worker signs its claims (default host:pid)")
     p.add_argument("--until-idle", action="store_true", help="return once nothing is claimable")
     p.set_defaults(func=_cmd_worker)
+    _add_queue_parser(sub)
 
+
+def _add_queue_parser(sub: Any) -> None:
     q = sub.add_parser("queue", help="submit to and inspect a run queue")
-    q.add_argument("--queue", required=True, metavar="URL")
+    q.add_argument(
+        "--queue", required=True, metavar="URL", help="sqlite:///PATH, a file path, or postgresql://..."
+    )
     actions = q.add_subparsers(dest="action", metavar="ACTION", parser_class=type(q))
     actions.required = True
     a = actions.add_parser("submit", help="queue a run")
-    a.add_argument("workflow")
-    a.add_argument("--context", metavar="JSON")
-    a.add_argument("--run-id")
-    a.add_argument("--priority", type=int, default=0)
+    a.add_argument("workflow", help="the workflow's name, as the workers' --workflows dict names it")
+    a.add_argument(
+        "--context", metavar="JSON",
+        help='the run\'s initial context, a JSON object such as \'{"topic": "owls"}\' (default: empty); '
+        "stored with the run, so plain data only",
+    )
+    a.add_argument(
+        "--run-id", metavar="ID",
+        help="the run's id (default: a new random one); an id the queue already has changes "
+        "nothing and prints that id, so a retried submit never queues a run twice",
+    )
+    a.add_argument(
+        "--priority", type=int, default=0, metavar="N",
+        help="workers claim runs of higher N first, then the oldest (default 0; may be negative)",
+    )
     for name, helptext in (
         ("status", "a run's record"),
         ("cancel", "ask a run to stop"),
         ("checkpoint", "a run's latest checkpoint as JSON (or: ekit audit QUEUE --run-id RUN)"),
     ):
-        actions.add_parser(name, help=helptext).add_argument("run_id")
-    actions.add_parser("list", help="runs, by status").add_argument("--status")
+        actions.add_parser(name, help=helptext).add_argument("run_id", metavar="RUN", help="the run's id")
+    actions.add_parser("list", help="runs, by status").add_argument(
+        "--status", choices=STATUSES, help="only the runs in this status (default: every run)"
+    )
     actions.add_parser("prune", help="delete ended runs").add_argument(
-        "--older-than", type=float, required=True
+        "--older-than", type=_duration, required=True, metavar="AGE",
+        help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "
+        "a duration such as 90s, 15m, 2h, 1d, 1w or 1h30m; queued and running runs are never deleted",
     )
     lim = actions.add_parser("limits", help="show or set the fleet's limits")
-    for field in ("max-in-flight", "runs-per-minute", "llm-calls-per-minute", "tokens-per-minute"):
-        lim.add_argument(f"--{field}", type=int)
+    for field, helptext in (
+        ("max-in-flight", "runs holding a live lease at once, across every worker"),
+        ("runs-per-minute", "leases granted per minute"),
+        ("llm-calls-per-minute", "LLM calls the fleet's steps report per trailing minute"),
+        ("tokens-per-minute", "input plus output tokens the fleet's steps report per trailing minute"),
+    ):
+        lim.add_argument(f"--{field}", type=int, metavar="N", help=f"at most N {helptext}")
     q.set_defaults(func=_cmd_queue)

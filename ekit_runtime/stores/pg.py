@@ -20,7 +20,7 @@ try:
     import psycopg
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
-        "the PostgreSQL backends need psycopg 3: pip install 'ekit[postgres]'", name=exc.name
+        "the PostgreSQL backends need psycopg 3: pip install 'ekit-workflows[postgres]'", name=exc.name
     ) from exc
 
 __all__ = ["PgConnection", "connect", "psycopg"]
