@@ -115,6 +115,7 @@ def checkpoint(
     kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
+    superseded: MappingProxyType[str, Any] = _NOTHING,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
@@ -131,7 +132,7 @@ def checkpoint(
     if format_version is None:  # a new format only where a checkpoint needs one
         format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
     cp.format_version, cp.versions = format_version, versions
-    cp.skipped, cp.shapes = skipped, shapes
+    cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
     return cast(WorkflowCheckpoint, cp)

@@ -143,6 +143,10 @@ class _CheckpointFields:
     # the graph declares (see ekit_core.shapes). Both empty for a static graph.
     skipped: MappingProxyType[str, str] = field(default_factory=_empty)
     shapes: MappingProxyType[str, Shape] = field(default_factory=_empty, repr=False)
+    # Outputs set aside when the step an item maps over runs again (a rewind,
+    # a changed version), with the items made from them: an item whose new
+    # input is unchanged keeps its output (the early cutoff).
+    superseded: MappingProxyType[str, Any] = field(default_factory=_empty, repr=False)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta):
     # set by of_ledgers. Two fields, not a tuple: one object fewer per
@@ -204,6 +208,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         fingerprint: str | _Unset | None = _GRAPHS, format_version: int | None = None,
         skipped: MappingProxyType[str, str] = _NOTHING,
         shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
+        superseded: MappingProxyType[str, Any] = _NOTHING,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers.
 
@@ -220,6 +225,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             outputs, step_usage, step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
+            superseded=superseded,
         )
 
     def _records_graph(self, spec: GraphSpec) -> bool:
@@ -340,6 +346,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["skipped"] = dict(self.skipped)
         if self.shapes:
             data["shapes"] = {k: s.to_dict() for k, s in self.shapes.items()}
+        if self.superseded:
+            data["superseded"] = dict(self.superseded)
         return data
 
     @classmethod
@@ -385,6 +393,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             versions=MappingProxyType(versions),
             skipped=MappingProxyType(skipped),
             shapes=MappingProxyType(shapes),
+            superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
         )
         return checkpoint
 

@@ -14,6 +14,7 @@ run's graph by what they return.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,6 +33,7 @@ __all__ = [
     "expanders",
     "item_input",
     "mapped_children",
+    "same_encoding",
 ]
 
 
@@ -93,6 +95,8 @@ class Expansion:
     waits: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    # Outputs set aside for an early cutoff (see WorkflowCheckpoint.superseded).
+    superseded: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -102,6 +106,7 @@ class Expansion:
             MappingProxyType({**self.members, **more.members}),
             MappingProxyType({**self.kinds, **more.kinds}),
             self.waits,
+            self.superseded,
         )
 
 
@@ -175,6 +180,21 @@ def item_input(ref: ItemRef, outputs: Mapping[str, Any]) -> Any:
     """What item ``ref`` sees as its mapped-over dependency's output."""
     source = outputs[ref.source]
     return source if ref.pick is None else source[ref.pick]
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def same_encoding(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` encode to the same JSON (the early-cutoff rule's equality).
+
+    A tuple equals the list it holds, as it does once stored; values JSON
+    cannot hold compare with ``==`` and the same type.
+    """
+    try:
+        return _CANONICAL.encode(a) == _CANONICAL.encode(b)
+    except (TypeError, ValueError):
+        return type(a) is type(b) and bool(a == b)
 
 
 def collected(

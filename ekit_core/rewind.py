@@ -131,4 +131,7 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
         graph=checkpoint.graph,
         format_version=checkpoint.format_version,
         versions=checkpoint.versions,
+        skipped=checkpoint.skipped,
+        shapes=checkpoint.shapes,
+        superseded=checkpoint.superseded,
     )

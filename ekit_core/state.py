@@ -288,4 +288,5 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         context=spec.context, failures=state.setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
         skipped=state.setbacks.skipped, shapes=spec.declared_graph.shapes,
+        superseded=spec.shaped.superseded if spec.shaped is not None else _NO_SKIPS,
     )

@@ -97,7 +97,16 @@ from ekit_core.events import (
     StepSkipped,
     StepStarted,
 )
-from ekit_core.expansion import Expanded, Expansion, MapError, collected, expand, expanders
+from ekit_core.expansion import (
+    Expanded,
+    Expansion,
+    MapError,
+    collected,
+    expand,
+    expanders,
+    item_input,
+    same_encoding,
+)
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
@@ -114,6 +123,7 @@ from ekit_core.results import (
     Succeeded,
 )
 from ekit_core.rewind import outdated_steps, without
+from ekit_core.shapes import items_of
 from ekit_core.state import (
     Halt,
     Outcome,
@@ -372,11 +382,11 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
-    checkpoint = without(checkpoint, graph, outdated)
     base = RunSpec(graph, limits, MappingProxyType(
         _check_context(graph, checkpoint.context, "context") | new_context), tags)
-    if graph.shapes:
+    if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events)
+    checkpoint = without(checkpoint, graph, outdated)
     return _initial_static(graph, checkpoint, base, outdated, record_events)
 
 
@@ -402,7 +412,7 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    checkpoint = _without_outdated_items(graph, checkpoint, outdated)
+    checkpoint = without(_set_aside(graph, checkpoint, outdated, base.versions), graph, outdated)
     # Items of a skipped mapped step: a run that expanded it before the skip
     # records them, one that did not has none; neither expands it again.
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
@@ -412,7 +422,7 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
     offset, ready = window.start(first)
     spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
-                    shaped=Expansion(expanders(graph)))
+                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded))
     halt = _recorded_halt(spec.limits, checkpoint, len(graph) - done)
     outputs, step_usage = _ledgers(checkpoint)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped)
@@ -431,20 +441,50 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     return _freeze(w)
 
 
-def _without_outdated_items(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
-                            outdated: Mapping[str, str]) -> WorkflowCheckpoint:
-    """``checkpoint`` less the items (and skips) of the mapped steps that run again."""
-    again = tuple(f"{n}[" for n in outdated if n in graph.shapes)
-    stale = [k for k in (*checkpoint.outputs, *checkpoint.skipped)
-             if k in outdated or k.startswith(again)] if again or outdated else []
-    if not stale:
+def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
+               versions: Mapping[str, str]) -> WorkflowCheckpoint:
+    """``checkpoint`` with the items whose input runs again set aside, for an early cutoff.
+
+    An output a mapped step maps over that runs again (its version or its
+    dependencies changed, or it needs one that did) goes to ``superseded``
+    with the items made from it: when it is recorded again, an item whose new
+    input equals its old one keeps its output (see ``_cutoff``). The items
+    of a mapped step whose own version or dependencies changed (or one it is
+    chained to) are dropped: their code is not the code that made them.
+    """
+    mapped = {n: s.map_over for n, s in graph.shapes.items() if s.map_over is not None}
+    if not mapped or not (outdated or checkpoint.versions or versions or checkpoint.superseded):
         return checkpoint
-    gone = set(stale)
+    changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
+               or outdated.get(n, "").startswith("its ")}
+    roots: dict[str, tuple[str, bool]] = {}  # mapped step -> (its first upstream, changed on the way)
+    for name in graph.names:
+        if name in mapped:
+            over = mapped[name]
+            root, dirty = roots.get(over, (over, False))
+            roots[name] = (root, dirty or name in changed)
+    aside = dict(checkpoint.superseded)
+    aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
+                 if u in outdated and u in checkpoint.outputs)
+    prefixes = {f"{m}[": m for m in mapped}
+    drop: set[str] = set()
+    for name in (*checkpoint.outputs, *checkpoint.skipped):
+        owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
+        if owner is None:
+            continue
+        root, dirty = roots[owner]
+        if dirty or root in outdated:
+            drop.add(name)
+            if not dirty and name in checkpoint.outputs:
+                aside[name] = checkpoint.outputs[name]
+    if not drop and len(aside) == len(checkpoint.superseded):
+        return checkpoint
     return _replace(
         checkpoint,
-        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in gone}),
-        step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in gone}),
-        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in gone}),
+        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
+        step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
+        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
+        superseded=MappingProxyType(aside),
     )
 
 
@@ -838,6 +878,8 @@ def _expand(w: _Run, over: str) -> None:
     skipped = w.setbacks.skipped
     if skipped:  # a mapped step skipped already (it needs a skipped step) gets no items
         more = _without_skipped(more, skipped)
+    if cast(Expansion, w.spec.shaped).superseded:
+        _cutoff(w, over, more)
     _grow(w, more)
     outputs, waiting = w.outputs, w.counts()
     deps = w.spec.declared_graph.deps
@@ -866,6 +908,50 @@ def _wait_for_dependencies(w: _Run, mapped: str, deps: tuple[str, ...]) -> int:
             waits[d] = (*waits.get(d, ()), mapped)
         w.spec = _replace(w.spec, shaped=_replace(shaped, waits=MappingProxyType(waits)))
     return len(missing)
+
+
+def _cutoff(w: _Run, over: str, more: Expanded) -> None:
+    """Early cutoff: record, without running them, the items whose input is unchanged.
+
+    ``over`` ran again (a rewind, a changed version) with its old output set
+    aside; an item of the new output equal, by encoded value, to the old one
+    under the same key keeps the output set aside for it, and so does, item
+    by item, a chained item whose upstream item was kept. The rest run; what
+    was set aside for these items is let go either way.
+    """
+    shaped = cast(Expansion, w.spec.shaped)
+    aside = dict(shaped.superseded)
+    old = aside.pop(over, _MISSING)
+    kept: list[str] = []
+    for name, ref in more.items.items():
+        previous = aside.pop(name, _MISSING)
+        if previous is _MISSING or name in w.outputs:
+            continue
+        if ref.pick is None:
+            unchanged = ref.source in kept
+        else:
+            shape = w.spec.declared_graph.shapes[ref.step]
+            before = _old_item(old, shape.item_key, ref.key)
+            unchanged = before is not _MISSING and same_encoding(before, item_input(ref, w.outputs))
+        if unchanged:
+            w.outputs = w.outputs.with_item(name, previous)
+            kept.append(name)
+            if w.record:
+                w.events.append(StepSkipped(name, "its input is unchanged: its output is kept"))
+    w.spec = _replace(w.spec, shaped=_replace(shaped, superseded=MappingProxyType(aside)))
+
+
+_MISSING: Any = object()
+
+
+def _old_item(old: Any, item_key: str | None, key: str) -> Any:
+    """The item under ``key`` in the set-aside output ``old``, or ``_MISSING``."""
+    if old is _MISSING:
+        return _MISSING
+    items = items_of(old, item_key)
+    if isinstance(items, str):
+        return _MISSING
+    return next((value for k, value, _ in items if k == key), _MISSING)
 
 
 def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
