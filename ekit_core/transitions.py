@@ -519,7 +519,7 @@ def _first_ready_shaped(
             ready.append(i)
         elif missing < len(parents):
             waiting[name] = missing
-    return ready, waiting, len(graph) - len(pending), pending
+    return ready, waiting, sum(1 for n in graph.names if n in outputs), pending
 
 
 def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str, Any],
@@ -552,9 +552,16 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
                                              "it maps over does not have")
-    for name in checkpoint.skipped:
+    outputs, skipped = checkpoint.outputs, checkpoint.skipped
+    for name in skipped:
         if name not in index:
             raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
+        if name in outputs:
+            raise CheckpointError("skipped", f"records {name!r} as skipped and its output too")
+        needing = [c for c in w.spec.dependents.get(name, ()) if c in outputs]
+        if needing:
+            raise CheckpointError("skipped", f"records {name!r} as skipped, yet the output "
+                                             f"of {needing[0]!r}, which needs it")
 
 
 # -- the working copy ------------------------------------------------------------

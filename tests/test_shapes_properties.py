@@ -15,6 +15,7 @@ import hashlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -128,11 +129,17 @@ def _check_started(state: State, names: tuple[str, ...], problems: list[str]) ->
 
 def _settled(skipped: dict[str, str]) -> dict[str, str]:
     """The skips that say something: not the items of a mapped step skipped as a whole
-    (which a run records if it expanded the step before the skip reached it)."""
-    return {k: v for k, v in skipped.items() if k.split("[", 1)[0] == k or k.split("[", 1)[0] not in skipped}
+    (which a run records if it expanded the step before the skip reached it). A step
+    that needs several skipped steps names the one whose skip reached it first, so
+    only a condition's own reason is compared."""
+    return {
+        k: v if v.startswith("condition") else "needs a skipped step"
+        for k, v in skipped.items() if k.split("[", 1)[0] == k or k.split("[", 1)[0] not in skipped
+    }
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(300)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=shaped_graphs(), data=st.data())
 def test_any_order_and_any_crash_end_as_the_plain_run(graph: GraphSpec, data: st.DataObject) -> None:
     reference, reference_skips, problems = _drive(graph, None, crashes=False)
