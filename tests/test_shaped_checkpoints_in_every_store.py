@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,8 +34,10 @@ from ekit_core.checkpoint import SHAPED_FORMAT_VERSION
 from ekit_core.shapes import Shape
 from ekit_runtime import JournalStore, JsonFileStore, PostgresStore, SqliteStore, Step, Workflow
 from ekit_runtime.queue import Worker, open_queue
+from ekit_runtime.stores import CorruptStoreError
 from ekit_runtime.stores.rows import EncodedCheckpoint
 from tests.queue_backends import fresh_postgres, queue_url
+from tests.store_helpers import framed_line
 
 __all__ = ["queue_url"]
 
@@ -349,3 +352,22 @@ def test_a_hostile_checkpoint_in_a_store_is_refused_naming_the_field_before_any_
     finally:
         _close(reader)
     assert ran == []
+
+
+def test_journal_deltas_carry_the_new_skips_and_one_recorded_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cp.jsonl"
+    with JournalStore(path) as store:
+        final = shaped([]).run_sync({"n": N}, checkpoint_fn=store).checkpoint
+    records = [json.loads(line)["r"] for line in path.read_bytes().splitlines()]
+    deltas = [r for r in records[1:] if "skipped" in r]
+    assert deltas, "no delta carried a skip"
+    folded = {**records[0].get("skipped", {})}
+    for record in records[1:]:
+        folded.update(record.get("skipped", {}))
+    assert folded == dict(final.skipped)
+    again = dict(deltas[-1], outputs={}, step_usage={}, cost={
+        "input_tokens": 0, "output_tokens": 0, "llm_calls": 0})
+    with path.open("ab") as journal:
+        journal.write(framed_line(json.dumps(again, separators=(",", ":")).encode()))
+    with pytest.raises(CorruptStoreError, match="'skipped' records step"):
+        JournalStore(path).load()
