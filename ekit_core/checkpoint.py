@@ -560,8 +560,10 @@ def _new_skips(
     Skips only grow within a run: the core copies the mapping and adds to
     it (insertion order kept), and checkpoints between two skips share one
     mapping. So identity says "none new" in O(1), and within ``one_run``
-    the new skips are the last ones, read from the end in O(new): the entry
-    before them must be ``theirs``' last. Otherwise every skip is compared.
+    (the ledgers say so) the new skips are the last ones, read from the end
+    in O(new): the entry before them must be ``theirs``' last. That trusts
+    the run never to drop or change a skip, as the ledgers' fast path
+    trusts it never to change an output. Otherwise every skip is compared.
     """
     if mine is theirs:
         return _NOTHING
