@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -271,34 +272,20 @@ class WorkflowCheckpoint(_CheckpointFields):
 
         Costs O(what changed) when both came from one run of the core, O(outputs)
         otherwise. ``extends`` is false when ``previous`` is not a prefix of this
-        checkpoint (another run, or an output that changed); the delta then
-        holds everything. Outputs (and context values) are compared with
-        :func:`same_output`, so a NaN output, or one read back from a file as
-        a fresh but equal object, is not a change.
+        checkpoint (another run, an output that changed, a skip that is gone or
+        whose reason changed, other shapes); the delta then holds everything.
+        Outputs (and context values) are compared with :func:`same_output`, so
+        a NaN output, or one read back from a file as a fresh but equal
+        object, is not a change.
         """
         if previous is None:
             return _full_delta(self, extends=True)
-        mine, theirs = self._outputs_ledger, previous._outputs_ledger
-        my_usage, their_usage = self._usage_ledger, previous._usage_ledger
-        if (
-            mine is not None
-            and theirs is not None
-            and my_usage is not None
-            and their_usage is not None
-            and mine.extends(theirs)
-            and my_usage.extends(their_usage)
-        ):
-            new_outputs = mine.items_from(len(theirs))
-            new_usage = my_usage.items_from(len(their_usage))
-        elif _holds(self.outputs, previous.outputs, same_output) and _holds(
-            self.step_usage, previous.step_usage, _equal
-        ):
-            # The ledgers are only a fast path: ledgers of two runs (a resume
-            # from a checkpoint read back from a file, say) hold equal outputs
-            # as distinct objects, and a NaN among them is not == to itself.
-            new_outputs = [(k, v) for k, v in self.outputs.items() if k not in previous.outputs]
-            new_usage = [(k, v) for k, v in self.step_usage.items() if k not in previous.step_usage]
-        else:
+        entries = _new_entries(self, previous)
+        if entries is None:
+            return _full_delta(self, extends=False)
+        one_run, new_outputs, new_usage = entries
+        skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
+        if skipped is None or not _same_shapes(self.shapes, previous.shapes):
             return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f
@@ -314,6 +301,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 len(self.context) == len(previous.context)
                 and _holds(self.context, previous.context, same_output)
             ),
+            skipped=skipped,
         )
 
     def to_dict(self, *, per_step: bool = True) -> dict[str, Any]:
@@ -475,7 +463,9 @@ class CheckpointDelta:
 
     ``outputs`` and ``step_usage`` list the new entries in completion order;
     ``failures`` the records that are new or changed; ``cost`` the usage
-    added; ``context_changed`` whether the run's context differs.
+    added; ``context_changed`` whether the run's context differs;
+    ``skipped`` the skips that are new (skips only grow within a run), with
+    their reasons, in the order they were recorded.
     """
 
     extends: bool
@@ -484,6 +474,7 @@ class CheckpointDelta:
     failures: MappingProxyType[str, FailureRecord]
     cost: TokenUsage
     context_changed: bool
+    skipped: MappingProxyType[str, str] = field(default_factory=_empty)
 
 
 def same_output(a: object, b: object) -> bool:
@@ -536,7 +527,74 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         failures=cp.failures,
         cost=cp.cost,
         context_changed=bool(cp.context),
+        skipped=cp.skipped,
     )
+
+
+def _new_entries(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> tuple[
+    bool, Iterable[tuple[str, Any]], Iterable[tuple[str, TokenUsage]]
+] | None:
+    """Whether both are of one run of the core, and the outputs and usage ``cp`` adds
+    to ``previous``; ``None`` when one of ``previous``' is missing or changed."""
+    mine, theirs = cp._outputs_ledger, previous._outputs_ledger
+    my_usage, their_usage = cp._usage_ledger, previous._usage_ledger
+    if (
+        mine is not None
+        and theirs is not None
+        and my_usage is not None
+        and their_usage is not None
+        and mine.extends(theirs)
+        and my_usage.extends(their_usage)
+    ):
+        return True, mine.items_from(len(theirs)), my_usage.items_from(len(their_usage))
+    if _holds(cp.outputs, previous.outputs, same_output) and _holds(
+        cp.step_usage, previous.step_usage, _equal
+    ):
+        # The ledgers are only a fast path: ledgers of two runs (a resume
+        # from a checkpoint read back from a file, say) hold equal outputs
+        # as distinct objects, and a NaN among them is not == to itself.
+        return (
+            False,
+            [(k, v) for k, v in cp.outputs.items() if k not in previous.outputs],
+            [(k, v) for k, v in cp.step_usage.items() if k not in previous.step_usage],
+        )
+    return None
+
+
+def _new_skips(
+    mine: MappingProxyType[str, str], theirs: MappingProxyType[str, str], *, one_run: bool
+) -> MappingProxyType[str, str] | None:
+    """The skips ``mine`` adds to ``theirs``, or ``None`` when one of theirs is gone or changed.
+
+    Skips only grow within a run: the core copies the mapping and adds to
+    it (insertion order kept), and checkpoints between two skips share one
+    mapping. So identity says "none new" in O(1), and within ``one_run``
+    (the ledgers say so) the new skips are the last ones, read from the end
+    in O(new): the entry before them must be ``theirs``' last. That trusts
+    the run never to drop or change a skip, as the ledgers' fast path
+    trusts it never to change an output. Otherwise every skip is compared.
+    """
+    if mine is theirs:
+        return _NOTHING
+    added = len(mine) - len(theirs)
+    if added < 0:
+        return None
+    if one_run:
+        tail = list(islice(reversed(mine), added + 1))[::-1]
+        if not theirs:
+            return MappingProxyType({k: mine[k] for k in tail})
+        last = next(reversed(theirs))
+        if tail[0] == last and mine[last] == theirs[last]:
+            return MappingProxyType({k: mine[k] for k in tail[1:]})
+        # Not a run's growth after all (a hand-made checkpoint): compare all.
+    if any(mine.get(k) != why for k, why in theirs.items()):
+        return None
+    return MappingProxyType({k: why for k, why in mine.items() if k not in theirs})
+
+
+def _same_shapes(mine: Mapping[str, Shape], theirs: Mapping[str, Shape]) -> bool:
+    """Shapes are fixed per graph: checkpoints of one run share the mapping."""
+    return mine is theirs or mine == theirs
 
 
 def _skipped_and_shapes(data: dict[Any, Any]) -> tuple[dict[str, str], dict[str, Shape]]:
