@@ -285,7 +285,9 @@ class WorkflowCheckpoint(_CheckpointFields):
             return _full_delta(self, extends=False)
         one_run, new_outputs, new_usage = entries
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
-        if skipped is None or not _same_shapes(self.shapes, previous.shapes):
+        if skipped is None or not _same_shapes(self.shapes, previous.shapes) or (
+                self.superseded is not previous.superseded and self.superseded != previous.superseded):
+            # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f

@@ -93,3 +93,24 @@ def test_the_cutoff_keeps_exactly_the_equal_items(old: list[str], new: list[str]
     changed = [p for i, p in enumerate(new) if i >= len(old) or old[i] != p]
     assert sorted(c for c in calls if c.startswith("summarize")) == sorted(f"summarize {p}" for p in changed)
     assert second.outputs["merge"] == " ".join(p.upper() + "!" for p in new)
+
+
+def test_what_is_set_aside_survives_every_store(tmp_path: Any) -> None:
+    from ekit_core import checkpoint_of
+    from ekit_runtime import JournalStore, JsonFileStore, SqliteStore
+
+    calls: list[str] = []
+    first = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
+    assert first.checkpoint is not None
+    # The state a resume with a new version starts from: nothing re-run yet.
+    state = _pipeline(calls, split_version="2").start_state(resume_from=first.checkpoint)
+    aside = checkpoint_of(state)
+    assert set(aside.superseded) == {"split", "summarize[0]", "summarize[1]", "critique[0]", "critique[1]"}
+    for store in (JsonFileStore(tmp_path / "cp.json"), JournalStore(tmp_path / "cp.jsonl"),
+                  SqliteStore(tmp_path / "cp.db", run_id="r")):
+        store.save(aside)
+        loaded = store.load()
+        assert loaded is not None and dict(loaded.superseded) == dict(aside.superseded), store
+        calls.clear()
+        again = _pipeline(calls, split_version="2").run_sync({"pieces": ["a", "c"]}, resume_from=loaded)
+        assert calls == ["summarize c", "critique C"] and again.outputs["merge"] == "A! C!"

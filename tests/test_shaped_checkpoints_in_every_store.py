@@ -288,8 +288,6 @@ def test_a_worker_saves_a_shaped_run_on_each_queue_backend_in_deltas(
     assert any(kind == "skip" for e in written[1:] for kind, _, _ in e.rows)
 
 
-@pytest.mark.xfail(strict=True, reason="core (transitions): a resume counts a recorded skip as a "
-                   "completed step, so step_index grows by the number of skips")
 def test_a_resume_of_a_finished_run_keeps_its_step_index() -> None:
     flow = Workflow([Step("route", lambda c: "calm"),
                      Step("escalate", lambda c: "ESC", ("route",), when=urgent)])
