@@ -345,7 +345,7 @@ class _Walk:
         known = self.graphs.get(fp)
         if known is None:
             try:
-                known = GraphSpec.of(cp.graph)
+                known = GraphSpec.of(cp.graph, cp.shapes)
             except ValueError:  # an invalid record: judge it by the graph given
                 known = self.graph
             self.graphs[fp] = known

@@ -103,7 +103,7 @@ def recorded_graph(checkpoint: WorkflowCheckpoint) -> GraphSpec:
         raise ValueError(
             "checkpoint records no graph (ExecutionKit or hand-made); give the workflow's graph"
         )
-    return GraphSpec.of(checkpoint.graph)
+    return GraphSpec.of(checkpoint.graph, checkpoint.shapes)
 
 
 def subject_of(
