@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from ekit_core import GraphSpec, WorkflowCheckpoint, advance, audit, checkpoint_of, initial_state
@@ -133,10 +134,8 @@ def test_an_item_failure_is_no_unknown_failure() -> None:
         Step("each", flaky, ("split",), map_over="split", context="dependencies"),
     ])
     saved: list[WorkflowCheckpoint] = []
-    try:
+    with pytest.raises(RuntimeError, match="b is bad"):
         wf.run_sync(checkpoint_fn=saved.append)
-    except RuntimeError:
-        pass
     report = audit(wf, saved[-1])
     assert report.clean, report.format()
     assert report.step("each[1]").reason == "failed"
