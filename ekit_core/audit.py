@@ -33,6 +33,7 @@ from ekit_core.report import (
     findings,
     load_checkpoint,
     mismatch,
+    needs_of,
     source_line,
     subject_of,
     table,
@@ -502,12 +503,7 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
 
 
 def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """Each step's (and, in a shaped graph, each recorded item's) dependencies, as recorded.
-
-    A mapped step needs its items (skipped ones aside), a step joining
-    ``"any"`` only its dependencies not skipped; an item needs what it was
-    expanded with (:func:`~ekit_core.expansion.expand`).
-    """
+    """Each step's (and, in a shaped graph, each recorded item's) needs (:func:`needs_of`)."""
     graph = a.graph
     if not graph.shapes:
         yield from ((n, graph.deps[n]) for n in graph.names)
@@ -515,11 +511,7 @@ def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
     skips, items = a.cp.skipped, grown(graph, a.cp.outputs)
     yield from items.steps.items()
     for name in graph.names:
-        deps, shape = graph.deps[name], graph.shapes.get(name)
-        if shape is not None and shape.join == "any":
-            deps = tuple(d for d in deps if d not in skips)
-        members = items.members.get(name, ())
-        yield name, (*deps, *(m for m in members if m not in skips))
+        yield name, needs_of(graph, items, skips, name)
 
 
 def _failures_are_steps(a: _Audited) -> Iterator[Anomaly]:
