@@ -335,9 +335,10 @@ class _Audited:
     versions: Mapping[str, str]
     outdated: Mapping[str, str]
     # The outputs a resume keeps (outdated ones dropped), and in a shaped
-    # graph the items they expand into.
+    # graph the items they expand into and the skips it keeps.
     kept: Mapping[str, Any]
     items: Expanded
+    skips: Mapping[str, str]
 
 
 def _audited(
@@ -362,12 +363,16 @@ def _audited(
     outdated = outdated_steps(graph, cp, tags)
     kept: Mapping[str, Any] = without(cp, graph, outdated).outputs
     if not graph.shapes:
-        return _Audited(graph, cp, budget, tags, outdated, kept, Expanded()), subject.source
+        return _Audited(graph, cp, budget, tags, outdated, kept, Expanded(), {}), subject.source
     # As a resume does: the items of a mapped step that runs again go with it.
     again = tuple(f"{n}[" for n in outdated if n in graph.shapes)
     if again:
         kept = {k: v for k, v in kept.items() if not k.startswith(again)}
-    return _Audited(graph, cp, budget, tags, outdated, kept, grown(graph, kept)), subject.source
+    # A resume with outdated steps decides every condition again (the core
+    # drops the recorded skips with the outdated outputs: rewind.without).
+    skips = {} if outdated else cp.skipped
+    return (_Audited(graph, cp, budget, tags, outdated, kept, grown(graph, kept), skips),
+            subject.source)
 
 
 def _rows(a: _Audited) -> tuple[StepAudit, ...]:
@@ -404,7 +409,7 @@ def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
     """:func:`_rows` in a graph with run-time shapes: each mapped step's items right
     before its own row (what a resume expands them into, from the outputs it keeps)."""
     rows = []
-    members, skips = a.items.members, a.cp.skipped
+    members, skips = a.items.members, a.skips
     for name in a.graph.names:
         for member in members.get(name, ()):
             if name not in skips or member in a.kept or member in skips:
@@ -416,7 +421,7 @@ def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
 
 def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | None) -> StepAudit:
     """The row of one step or item of a shaped graph (see :class:`StepAudit`)."""
-    kept, skips, usage = a.kept, a.cp.skipped, a.cp.step_usage.get(name)
+    kept, skips, usage = a.kept, a.skips, a.cp.step_usage.get(name)
     if name in kept:
         return StepAudit(name, "skip", "recorded", deps, usage=usage, item_of=item_of)
     if name in skips:
