@@ -13,8 +13,8 @@ it reads, and its exit codes. The decisions themselves are the pure
   whether the recorded checkpoints are a legal execution, and their timeline.
 - ``ekit rewind SOURCE --step NAME [--step NAME ...] (--workflow ... | --graph ...
   | --graph-from-checkpoint) [-o OUT [--output-run-id RUN]]``: the latest
-  checkpoint without the outputs of those steps and everything downstream,
-  as JSON; ``-o`` writes it through the store that owns ``OUT``
+  checkpoint without the outputs of those steps (or items, ``step[key]``) and
+  everything downstream, as JSON; ``-o`` writes it through the store that owns ``OUT``
   (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
@@ -609,7 +609,8 @@ def _add_rewind_and_graph(sub: Any) -> None:
         "and of every step downstream of them, as JSON: resuming it runs them again.",
     )
     _source_options(p)
-    p.add_argument("--step", action="append", required=True, metavar="NAME", help="a step to re-run")
+    p.add_argument("--step", action="append", required=True, metavar="NAME",
+                   help="a step to re-run, or an item of a mapped step (step[key])")
     group = _graph_options(p, required=True)
     group.add_argument("--graph-from-checkpoint", action="store_true",
                        help="use the graph the checkpoint records")

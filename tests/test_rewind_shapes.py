@@ -14,7 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ekit_core import GraphSpec, WorkflowCheckpoint, advance, checkpoint_of, initial_state, rewind
+from ekit_core import (
+    GraphSpec,
+    WorkflowCheckpoint,
+    advance,
+    audit,
+    checkpoint_of,
+    initial_state,
+    rewind,
+)
 from ekit_core.rewind import grown
 from ekit_runtime import Step, Workflow
 from tests.test_shapes_properties import _result, shaped_graphs
@@ -149,6 +157,10 @@ def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_
     chosen = data.draw(st.sampled_from(names), label="rewound")
     trimmed = rewind(graph, full, chosen)
     dropped = ({*full.outputs, *full.skipped} - {*trimmed.outputs, *trimmed.skipped})
+    report = audit(graph, trimmed)
+    assert report.clean, report.format()
+    assert {s.name for s in report.steps if s.reason == "ready"} == set(
+        advance(initial_state(graph, trimmed))[1].names)
     again, ran, _ = _run_to_end(graph, WorkflowCheckpoint.from_dict(trimmed.to_dict()))
     assert again == outputs
     # Only what was dropped starts again (a condition decided again may skip
