@@ -335,10 +335,12 @@ class _Audited:
     versions: Mapping[str, str]
     outdated: Mapping[str, str]
     # The outputs a resume keeps (outdated ones dropped), and in a shaped
-    # graph the items they expand into and the skips it keeps.
+    # graph the items they expand into, the skips it keeps, and the items
+    # that all the recorded outputs expand into (the same when none is outdated).
     kept: Mapping[str, Any]
     items: Expanded
     skips: Mapping[str, str]
+    recorded: Expanded
 
 
 def _audited(
@@ -363,7 +365,8 @@ def _audited(
     outdated = outdated_steps(graph, cp, tags)
     kept: Mapping[str, Any] = without(cp, graph, outdated).outputs
     if not graph.shapes:
-        return _Audited(graph, cp, budget, tags, outdated, kept, Expanded(), {}), subject.source
+        nothing = Expanded()
+        return _Audited(graph, cp, budget, tags, outdated, kept, nothing, {}, nothing), subject.source
     # As a resume does: the items of a mapped step that runs again go with it.
     again = tuple(f"{n}[" for n in outdated if n in graph.shapes)
     if again:
@@ -371,7 +374,9 @@ def _audited(
     # A resume with outdated steps decides every condition again (the core
     # drops the recorded skips with the outdated outputs: rewind.without).
     skips = {} if outdated else cp.skipped
-    return (_Audited(graph, cp, budget, tags, outdated, kept, grown(graph, kept), skips),
+    recorded = grown(graph, cp.outputs)
+    items = recorded if len(kept) == len(cp.outputs) else grown(graph, kept)
+    return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded),
             subject.source)
 
 
@@ -513,7 +518,7 @@ def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
     if not graph.shapes:
         yield from ((n, graph.deps[n]) for n in graph.names)
         return
-    skips, items = a.cp.skipped, grown(graph, a.cp.outputs)
+    skips, items = a.cp.skipped, a.recorded
     yield from items.steps.items()
     for name in graph.names:
         yield name, needs_of(graph, items, skips, name)
@@ -521,7 +526,7 @@ def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
 
 def _failures_are_steps(a: _Audited) -> Iterator[Anomaly]:
     """``unknown_failure``: a failure recorded for a name that is not a step (nor an item)."""
-    items = grown(a.graph, a.cp.outputs).items if a.graph.shapes else {}
+    items = a.recorded.items
     for name in a.cp.failures:
         if name not in a.graph.index and name not in items:
             yield Anomaly("unknown_failure", name, f"failure recorded for {name!r}, not a step")
