@@ -163,8 +163,18 @@ def dependencies_recorded(graph: GraphSpec, outputs: Mapping[str, Any], name: st
 
 
 def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """ExecutionKit's rule: recorded outputs that are not steps were the run's context."""
-    return {k: v for k, v in outputs.items() if k not in graph.index}
+    """ExecutionKit's rule: recorded outputs that are not steps were the run's context.
+
+    Nor items: ``M[key]`` for a step ``M`` of ``graph`` that maps over
+    another is an item of ``M`` (no step may be named so), whether or not
+    this graph has grown by it yet.
+    """
+    index = graph.index
+    mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
+    if not mapped:
+        return {k: v for k, v in outputs.items() if k not in index}
+    return {k: v for k, v in outputs.items()
+            if k not in index and not (k.startswith(mapped) and k.endswith("]"))}
 
 
 def outcome_of(
