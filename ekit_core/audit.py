@@ -367,13 +367,10 @@ def _audited(
     if not graph.shapes:
         nothing = Expanded()
         return _Audited(graph, cp, budget, tags, outdated, kept, nothing, {}, nothing), subject.source
-    # As a resume does: the items of a mapped step that runs again go with it.
-    again = tuple(f"{n}[" for n in outdated if n in graph.shapes)
-    if again:
-        kept = {k: v for k, v in kept.items() if not k.startswith(again)}
-    # A resume with outdated steps decides every condition again (the core
-    # drops the recorded skips with the outdated outputs: rewind.without).
-    skips = {} if outdated else cp.skipped
+    # What a resume keeps, by the core's own rule: the items and skips below a
+    # step that runs again go with it (some items set aside for an early cutoff).
+    resumed = _rules.kept_on_resume(graph, cp, outdated, tags)
+    kept, skips = resumed.outputs, resumed.skipped
     recorded = grown(graph, cp.outputs)
     items = recorded if len(kept) == len(cp.outputs) else grown(graph, kept)
     return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded),

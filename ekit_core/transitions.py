@@ -422,13 +422,8 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    checkpoint = without(_set_aside(graph, checkpoint, outdated, base.versions), graph, outdated)
-    # Items of a skipped mapped step: a run that expanded it before the skip
-    # records them, one that did not has none; neither expands it again.
-    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
-    skipped = checkpoint.skipped if not gone else MappingProxyType(
-        {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)})
-    checkpoint = _replace(checkpoint, skipped=skipped) if gone else checkpoint
+    checkpoint = kept_on_resume(graph, checkpoint, outdated, base.versions)
+    skipped = checkpoint.skipped
     first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
     offset, ready = window.start(first)
     spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
@@ -451,6 +446,24 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     return _freeze(w)
 
 
+def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
+                   versions: Mapping[str, str]) -> WorkflowCheckpoint:
+    """What a resume of a shaped graph keeps of ``checkpoint`` (audit reads the same rule).
+
+    The outdated outputs go (``outdated``: :func:`~ekit_core.rewind.outdated_steps`),
+    with the items and skips that depend on them, some set aside for an
+    early cutoff (``_set_aside``); the items of a skipped mapped step are let
+    go (a run that expanded it before the skip records them, one that did
+    not has none; neither expands it again).
+    """
+    checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
+    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
+    if not gone:
+        return checkpoint
+    return _replace(checkpoint, skipped=MappingProxyType(
+        {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)}))
+
+
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
                versions: Mapping[str, str]) -> WorkflowCheckpoint:
     """``checkpoint`` with the items whose input runs again set aside, for an early cutoff.
@@ -463,30 +476,34 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     chained to) are dropped: their code is not the code that made them.
     """
     mapped = {n: s.map_over for n, s in graph.shapes.items() if s.map_over is not None}
-    if not mapped or not (outdated or checkpoint.versions or versions or checkpoint.superseded):
+    if not (outdated or checkpoint.versions or versions or checkpoint.superseded):
         return checkpoint
     changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
                or outdated.get(n, "").startswith("its ")}
-    roots: dict[str, tuple[str, bool]] = {}  # mapped step -> (its first upstream, changed on the way)
+    below = _downstream(graph, outdated)
+    again = below | set(outdated)
+    # mapped step -> (its first upstream, whether only that upstream runs again on the way)
+    roots: dict[str, tuple[str, bool]] = {}
     for name in graph.names:
         if name in mapped:
             over = mapped[name]
-            root, dirty = roots.get(over, (over, False))
-            roots[name] = (root, dirty or name in changed)
+            root, clean = roots.get(over, (over, True))
+            others = [d for d in graph.deps[name] if d != over]
+            roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
     aside = dict(checkpoint.superseded)
     aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
                  if u in outdated and u in checkpoint.outputs)
     prefixes = {f"{m}[": m for m in mapped}
-    drop: set[str] = set()
+    # A skip below a step that runs again is decided again.
+    drop = {n for n in below if n in checkpoint.skipped}
     for name in (*checkpoint.outputs, *checkpoint.skipped):
         owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
-        if owner is None:
+        if owner is None or (owner not in again and owner not in changed):
             continue
-        root, dirty = roots[owner]
-        if dirty or root in outdated:
-            drop.add(name)
-            if not dirty and name in checkpoint.outputs:
-                aside[name] = checkpoint.outputs[name]
+        drop.add(name)
+        root, clean = roots[owner]
+        if clean and root in outdated and name in checkpoint.outputs:
+            aside[name] = checkpoint.outputs[name]
     if not drop and len(aside) == len(checkpoint.superseded):
         return checkpoint
     return _replace(
@@ -496,6 +513,18 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
         superseded=MappingProxyType(aside),
     )
+
+
+def _downstream(graph: GraphSpec, names: Iterable[str]) -> set[str]:
+    """Every declared step below ``names`` (not them)."""
+    found: set[str] = set()
+    frontier = list(names)
+    while frontier:
+        for child in graph.dependents[frontier.pop()]:
+            if child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
 
 
 def _first_ready_shaped(

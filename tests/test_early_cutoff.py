@@ -114,3 +114,57 @@ def test_what_is_set_aside_survives_every_store(tmp_path: Any) -> None:
         calls.clear()
         again = _pipeline(calls, split_version="2").run_sync({"pieces": ["a", "c"]}, resume_from=loaded)
         assert calls == ["summarize c", "critique C"] and again.outputs["merge"] == "A! C!"
+
+
+def test_a_half_done_map_resumes_after_its_upstream_changed() -> None:
+    calls: list[str] = []
+    saved: list[Any] = []
+    flaky = {"b": 1}
+
+    def summarize(ctx: Any) -> str:
+        calls.append(ctx["split"])
+        if flaky.get(ctx["split"]):
+            flaky[ctx["split"]] -= 1
+            raise ConnectionError("overloaded")
+        return ctx["split"].upper()
+
+    def wf(version: str) -> Workflow:
+        return Workflow([
+            Step("split", lambda ctx: ctx["pieces"], version=version),
+            Step("summarize", summarize, ("split",), map_over="split", context="dependencies"),
+        ])
+
+    try:
+        wf("1").run_sync({"pieces": ["a", "b"]}, checkpoint_fn=saved.append)
+    except ConnectionError:
+        pass
+    assert "summarize[0]" in saved[-1].outputs and "summarize" not in saved[-1].outputs
+    calls.clear()
+    result = wf("2").run_sync({"pieces": ["a", "c"]}, resume_from=saved[-1].to_dict())
+    assert calls == ["c"] and result.outputs["summarize"] == ["A", "C"]
+
+
+def test_only_the_skips_below_a_changed_step_are_decided_again() -> None:
+    asked: list[str] = []
+
+    def cond(name: str) -> Any:
+        def holds(ctx: Any) -> bool:
+            asked.append(name)
+            return False
+
+        holds.__qualname__ = f"never_{name}"
+        return holds
+
+    def wf(version: str) -> Workflow:
+        return Workflow([
+            Step("a", lambda ctx: 1, version=version),
+            Step("below", lambda ctx: 2, ("a",), when=cond("below")),
+            Step("apart", lambda ctx: 3, when=cond("apart")),
+        ])
+
+    first = wf("1").run_sync()
+    assert first.checkpoint is not None and set(first.checkpoint.skipped) == {"below", "apart"}
+    asked.clear()
+    second = wf("2").run_sync(resume_from=first.checkpoint.to_dict())
+    assert asked == ["below"]  # "apart" needs nothing that changed: its skip stands
+    assert second.checkpoint is not None and set(second.checkpoint.skipped) == {"below", "apart"}
