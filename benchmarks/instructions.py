@@ -9,9 +9,13 @@ of instructions ``valgrind --tool=callgrind`` counts (cache simulation off, its
 default) for a process that runs one workload at one size with one runner
 (:mod:`benchmarks.icount_child`): start-up and imports cancel out. No-op
 ``async def`` steps, ``checkpoint_fn=list.append``, default settings; each
-process imports only the runner under test.
+process imports only the runner under test. The ``map`` workload (one root
+returning ``n`` items, one step mapped over it) is counted per item, beside the
+fan-out's per step; ``--map-linearity`` adds its 25k-50k and 50k-100k pairs (and the
+fan-out's), minutes more under callgrind.
 
-By default one valgrind process per runner (two, chains apart) imports the
+By default one valgrind process per runner (chains apart, and each
+measurement of 20k steps or more apart, as ``--map-linearity`` makes) imports the
 runner once and forks a child per measurement; callgrind zeroes each child's
 counts as it starts (``--zero-before=PyOS_AfterFork_Child``), so a count is the
 child's setup, run and exit, and start-up is paid (and translated by valgrind)
