@@ -908,7 +908,7 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     step down, and so does a dependency an empty mapped step waits for."""
     if name in shaped.expanders:
         _expand(w, name)
-    shaped = cast(Expansion, w.spec.shaped)
+        shaped = cast(Expansion, w.spec.shaped)
     ref = shaped.items.get(name)
     if ref is not None:
         _item_settled(w, ref.step)

@@ -439,15 +439,19 @@ class Runner:
         The item sees its input as the output of the dependency its step
         maps over (the upstream item's own output, in an item-wise chain).
         """
+        # Once per item of a map: one lookup of each, no call that can be saved.
         shaped = self.state.spec.shaped
-        if shaped is None or name not in shaped.items:
+        ref = None if shaped is None else shaped.items.get(name)
+        if ref is None:
             raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
-        ref = shaped.items[name]
-        step = self.step(ref.step)
+        i = self._index.get(ref.step)
+        step = self._declared[i] if i is not None else self._added[ref.step]
+        over = step.map_over
+        assert over is not None
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
-        context[cast(str, step.map_over)] = item_input(ref, outputs)
+        context[over] = item_input(ref, outputs)
         return step, ref.key, context
 
     def _launch(self, start: Start) -> None:
