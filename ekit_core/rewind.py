@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.expansion import Expanded, expand, expanders
@@ -167,6 +167,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys():
         return checkpoint
+    aside = _set_aside(graph, checkpoint, items, wanted, seen)
     return WorkflowCheckpoint(
         step_index=sum(1 for n in outputs if n in graph.index or n in items.items),
         outputs=MappingProxyType(outputs),
@@ -180,7 +181,38 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         versions=checkpoint.versions,
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         shapes=checkpoint.shapes,
+        superseded=MappingProxyType(aside),
     )
+
+
+def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,
+               wanted: list[str], seen: set[str]) -> dict[str, Any]:
+    """What an early cutoff may keep after this rewind: a rewound output that steps map
+    over, and the items dropped only because of it (their mapped step not rewound
+    itself, nothing else they need dropped), so that a resume runs only the items
+    whose input changes."""
+    aside = dict(checkpoint.superseded)
+    sources = [u for u in wanted if u in checkpoint.outputs and u in expanders(graph)]
+    if not sources:
+        return aside
+    for u in sources:
+        aside[u] = checkpoint.outputs[u]
+    for name, ref in items.items.items():
+        if name not in checkpoint.outputs or name not in seen:
+            continue
+        step, clean = ref.step, True
+        while clean:
+            shape = graph.shapes[step]
+            over = cast(str, shape.map_over)
+            clean = step not in wanted and not any(
+                d in seen for d in graph.deps[step] if d != over)
+            upstream = graph.shapes.get(over)
+            if over in sources or upstream is None or upstream.map_over is None:
+                break
+            step = over
+        if clean and over in sources:
+            aside[name] = checkpoint.outputs[name]
+    return aside
 
 
 def _keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str],
