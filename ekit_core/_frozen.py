@@ -50,7 +50,6 @@ from ekit_core.checkpoint import (
     _NO_SHAPES,
     _NOTHING,
     FORMAT_VERSION,
-    SHAPED_FORMAT_VERSION,
     FailureRecord,
     WorkflowCheckpoint,
     _Unset,
@@ -111,7 +110,7 @@ def checkpoint(
     step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
     failures: MappingProxyType[str, FailureRecord],
     graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
-    fingerprint: str | _Unset | None = _GRAPHS, format_version: int | None = None,
+    fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
     kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
@@ -129,8 +128,6 @@ def checkpoint(
     cp.failures, cp.graph = failures, graph
     if type(fingerprint) is not _Unset:
         cp.fingerprint = fingerprint
-    if format_version is None:  # a new format only where a checkpoint needs one
-        format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage

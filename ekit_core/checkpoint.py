@@ -222,6 +222,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         :mod:`ekit_core._frozen`; that module imports this one, so it is
         reached through the package when called.
         """
+        if format_version is None:  # a new format only where a checkpoint needs one
+            format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
         return ekit_core._frozen.checkpoint(
             outputs, step_usage, step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,

@@ -15,7 +15,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import ekit_core
-from ekit_core.checkpoint import FailureRecord, RecordedGraph, WorkflowCheckpoint
+from ekit_core.checkpoint import (
+    SHAPED_FORMAT_VERSION,
+    FailureRecord,
+    RecordedGraph,
+    WorkflowCheckpoint,
+)
 from ekit_core.events import Event, Outcome
 from ekit_core.expansion import Expansion
 from ekit_core.graph import GraphSpec
@@ -44,7 +49,8 @@ __all__ = [
 
 _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
 _NO_DELAYS: MappingProxyType[str, float] = MappingProxyType({})
-_NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
+NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
+"""The skips of every run without run-time shapes: one shared empty mapping."""
 
 
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
@@ -143,7 +149,7 @@ class Setbacks:
     gated: MappingProxyType[str, float] = field(default_factory=lambda: _NO_DELAYS)
     # Steps (and items) whose condition was false, or that needed one that
     # was: why each was skipped. Durable, as failures are.
-    skipped: MappingProxyType[str, str] = field(default_factory=lambda: _NO_SKIPS)
+    skipped: MappingProxyType[str, str] = field(default_factory=lambda: NO_SKIPS)
 
 
 Incidents = Setbacks
@@ -283,10 +289,17 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     this calls through the package: :mod:`ekit_core._frozen` imports this module).
     """
     spec = state.spec
+    shaped = spec.shaped
+    if shaped is None:  # a static graph: no skips, no shapes, nothing set aside (once per step)
+        return ekit_core._frozen.checkpoint(
+            state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+            context=spec.context, failures=state.setbacks.failures,
+            graph=spec.recorded_graph, versions=spec.versions,
+        )
     return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=state.setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
         skipped=state.setbacks.skipped, shapes=spec.declared_graph.shapes,
-        superseded=spec.shaped.superseded if spec.shaped is not None else _NO_SKIPS,
+        superseded=shaped.superseded, format_version=SHAPED_FORMAT_VERSION,
     )

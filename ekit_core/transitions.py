@@ -125,6 +125,7 @@ from ekit_core.results import (
 from ekit_core.rewind import outdated_steps, without
 from ekit_core.shapes import items_of
 from ekit_core.state import (
+    NO_SKIPS,
     Halt,
     Outcome,
     RunLimits,
@@ -773,7 +774,9 @@ def _count_down(
     """:func:`dependencies_recorded`, as a countdown: a join over n parents stays O(n)."""
     deps, skipped = w.spec.graph.deps, w.setbacks.skipped
     for child in children:
-        if child in outputs or child in skipped:  # recorded before a dependency was added
+        # Recorded before a dependency was added, or skipped (never in a run
+        # without shapes, whose skips are the one shared empty mapping).
+        if child in outputs or (skipped is not NO_SKIPS and child in skipped):
             continue
         parents = len(deps[child])
         if parents > 1:

@@ -470,8 +470,9 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        decided = None if step.when is None or start.attempt > 1 else _decided(step, name, context)
-        if decided is not None:  # skipped, or its condition raised: an attempt that never ran
+        if step.when is not None and start.attempt == 1 and (
+                decided := _decided(step, name, context)) is not None:
+            # Skipped, or its condition raised: an attempt that never ran.
             task = self._loop.create_task(_at_once(decided))
         elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
             task = self._loop.create_task(self._gated(step, start, context, item))

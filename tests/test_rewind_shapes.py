@@ -96,8 +96,11 @@ def test_rewinding_the_upstream_drops_the_items_and_collections_downstream() -> 
     trimmed = rewind(wf, full, "split")
     assert trimmed.outputs == {}
     assert trimmed.step_index == 0
+    assert set(trimmed.superseded) >= {"split", "summarize[0]", "critique[2]"}  # set aside
     assert wf.run_sync(resume_from=trimmed).outputs["merge"] == "AAA! B! CC!"
-    assert len(ran) == 8
+    # The split ran again and gave the same pieces: the early cutoff keeps
+    # every item, and only the split and the merge ran.
+    assert len(ran) == 2
 
 
 def test_rewind_drops_the_skips_downstream_so_conditions_are_decided_again() -> None:
@@ -164,6 +167,8 @@ def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_
     again, ran, _ = _run_to_end(graph, WorkflowCheckpoint.from_dict(trimmed.to_dict()))
     assert again == outputs
     # Only what was dropped starts again (a condition decided again may skip
-    # it), and everything dropped that is recorded again, not collected, ran.
+    # it), and everything dropped that is recorded again, not collected, ran,
+    # but the items the early cutoff keeps (set aside, their input unchanged).
     collections = {n for n, s in graph.shapes.items() if s.map_over is not None}
-    assert {n for n in dropped if n in again and n not in collections} <= ran <= dropped
+    kept = set(trimmed.superseded)
+    assert {n for n in dropped if n in again and n not in collections | kept} <= ran <= dropped
