@@ -373,8 +373,28 @@ def _audited(
     kept, skips = resumed.outputs, resumed.skipped
     recorded = grown(graph, cp.outputs)
     items = recorded if len(kept) == len(cp.outputs) else grown(graph, kept)
+    kept = _collected_at_start(graph, items, kept, skips)
     return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded),
             subject.source)
+
+
+def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, Any],
+                        skips: Mapping[str, str]) -> Mapping[str, Any]:
+    """``kept`` and the mapped steps a resume collects as it starts: every item of theirs
+    recorded or skipped (none at all: every dependency recorded), as the core does."""
+    done = dict(kept)
+    grew = True
+    while grew:
+        grew = False
+        for name, members in items.members.items():
+            if name in done or name in skips:
+                continue
+            settled = all(m in done or m in skips for m in members) if members else all(
+                d in done for d in graph.deps[name])
+            if settled:
+                done[name] = [done[m] for m in members if m in done]
+                grew = True
+    return done if len(done) > len(kept) else kept
 
 
 def _rows(a: _Audited) -> tuple[StepAudit, ...]:
