@@ -393,12 +393,17 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
+    # Its dependents are given by each path below: building the whole index
+    # here would cost a resume an entry per recorded step.
     base = RunSpec(graph, limits, MappingProxyType(
-        _check_context(graph, checkpoint.context, "context") | new_context), tags)
+        _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events)
     checkpoint = without(checkpoint, graph, outdated)
     return _initial_static(graph, checkpoint, base, outdated, record_events)
+
+
+_NOT_YET: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
