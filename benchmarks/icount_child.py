@@ -6,10 +6,13 @@
     python -m benchmarks.icount_child --check RUNNER N
     python -m benchmarks.icount_child --write-checkpoint RUNNER N FILE
 
-``SPEC`` is ``WORKLOAD:N`` (``chain``, ``fan_out``, ``fan_in``) or
+``SPEC`` is ``WORKLOAD:N`` (``chain``, ``fan_out``, ``fan_in``, ``map``) or
 ``resume:N:CHECKPOINT_FILE``: for ``resume``, ``N`` is the number of recorded
 steps, the graph a chain of ``N + 10`` steps, and the file holds the checkpoint
-text (written beforehand, outside valgrind, by the fourth form).
+text (written beforehand, outside valgrind, by the fourth form). ``map`` is
+one root returning a list of ``N`` items and one step mapped over it
+(``Step("m", fn, ("root",), map_over="root")``): ekit's runners only, the
+others have no run-time map.
 
 The first form imports the runner, then forks one child per ``SPEC``, one after
 the other; each child runs its workload with no-op steps and exits, and the
@@ -63,7 +66,9 @@ __all__ = [
 ]
 
 RUNNERS = ("floor", "executionkit", "ekit", "ekit[dependencies]", "setup")
-WORKLOADS = ("chain", "fan_out", "fan_in", "resume")
+WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map")
+MAPPED = ("ekit", "ekit[dependencies]", "setup")
+"""The runners that run the ``map`` workload (the baselines have no run-time map)."""
 LEFT = 10
 """Steps left to run on resume."""
 
@@ -80,7 +85,9 @@ _OWN = {
 StepBody = Callable[[Any], Awaitable[Any]]
 StepFactory = Callable[[str, tuple[str, ...]], StepBody]
 Deps = dict[str, tuple[str, ...]]
-RunnerFn = Callable[[Deps, StepFactory, "str | None"], Coroutine[Any, Any, dict[str, Any]]]
+Items = list[int] | None  # the root's output in the map workload, else None
+RunnerFn = Callable[[Deps, StepFactory, "str | None", Items],
+                    Coroutine[Any, Any, dict[str, Any]]]
 
 
 class Graph:
@@ -111,6 +118,8 @@ def graph_for(workload: str, n: int) -> Deps:
         deps = {f"p{i}": () for i in range(n)}
         deps["join"] = tuple(deps)
         return deps
+    if workload == "map":  # the declared graph; the root's n items grow it as it runs
+        return {"root": (), "m": ("root",)}
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
 
 
@@ -156,18 +165,27 @@ def _baselines() -> types.ModuleType:
     return benchmarks.baselines
 
 
-async def _floor(deps: Deps, factory: StepFactory, text: str | None) -> dict[str, Any]:
+def _static(items: Items) -> None:
+    if items is not None:
+        raise ValueError("the map workload needs a run-time map: ekit's runners only")
+
+
+async def _floor(deps: Deps, factory: StepFactory, text: str | None,
+                 items: Items) -> dict[str, Any]:
     import json
 
+    _static(items)
     baselines = _baselines()
     resume = json.loads(text)["outputs"] if text is not None else None
     outputs: dict[str, Any] = await baselines.floor_run(Graph(deps), factory, resume=resume)
     return outputs
 
 
-async def _executionkit(deps: Deps, factory: StepFactory, text: str | None) -> dict[str, Any]:
+async def _executionkit(deps: Deps, factory: StepFactory, text: str | None,
+                        items: Items) -> dict[str, Any]:
     import json
 
+    _static(items)
     baselines = _baselines()
     resume = json.loads(text) if text is not None else None
     outputs: dict[str, Any] = await baselines.executionkit_run(Graph(deps), factory,
@@ -176,12 +194,18 @@ async def _executionkit(deps: Deps, factory: StepFactory, text: str | None) -> d
 
 
 def _ekit(mode: str | None) -> RunnerFn:
-    async def run(deps: Deps, factory: StepFactory, text: str | None) -> dict[str, Any]:
+    async def run(deps: Deps, factory: StepFactory, text: str | None,
+                  items: Items) -> dict[str, Any]:
         import json
 
         from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 
-        if mode is None:  # as a user writes it: the default context
+        if items is not None:  # the map workload: root -> items, m mapped over root
+            options: dict[str, Any] = {} if mode is None else {"context": mode}
+            steps = [Step("root", _returning(items), **options),
+                     Step("m", factory("m", ("root",)), ("root",), map_over="root",
+                          **options)]
+        elif mode is None:  # as a user writes it: the default context
             steps = [Step(name, factory(name, d), d) for name, d in deps.items()]
         else:
             steps = [Step(name, factory(name, d), d, context=mode)  # type: ignore[arg-type]
@@ -197,7 +221,15 @@ def _ekit(mode: str | None) -> RunnerFn:
     return run
 
 
-async def _setup_only(deps: Deps, factory: StepFactory, text: str | None) -> dict[str, Any]:
+def _returning(items: list[int]) -> StepBody:
+    async def root(context: Any) -> list[int]:
+        return items
+
+    return root
+
+
+async def _setup_only(deps: Deps, factory: StepFactory, text: str | None,
+                      items: Items) -> dict[str, Any]:
     return {}
 
 
@@ -229,7 +261,8 @@ def run_workload(runner: str, workload: str, n: int, text: str | None = None,
         raise ValueError(f"unknown runner {runner!r}; choose from {', '.join(RUNNERS)}")
     if (workload == "resume") != (text is not None):
         raise ValueError("a checkpoint text is needed for resume, and only for resume")
-    return asyncio.run(_RUN[runner](graph_for(workload, n), factory, text))
+    items = list(range(n)) if workload == "map" else None
+    return asyncio.run(_RUN[runner](graph_for(workload, n), factory, text, items))
 
 
 # -- resume checkpoints (written outside valgrind) -------------------------------
@@ -274,6 +307,8 @@ def _check(runner: str, n: int) -> dict[str, Any]:
     """Every workload at size ``n`` with checking bodies: outputs and steps run."""
     out: dict[str, Any] = {}
     for workload in WORKLOADS:
+        if workload == "map" and runner not in MAPPED:
+            continue
         ran: list[str] = []
 
         def counting(name: str, deps: tuple[str, ...], ran: list[str] = ran) -> StepBody:
@@ -303,6 +338,7 @@ def _parse_spec(spec: str) -> tuple[str, int, str | None]:
 def measure_one(runner: str, workload: str, n: int, path: str | None) -> None:
     """The setup (the same at every size but for ``n``), then the measured run."""
     deps = graph_for(workload, n)
+    items = list(range(n)) if workload == "map" else None
     text = None
     if path is not None:
         with open(path, encoding="utf-8") as file:
@@ -311,8 +347,8 @@ def measure_one(runner: str, workload: str, n: int, path: str | None) -> None:
     gc.freeze()
     kept: list[dict[str, Any]] = []
     # -- the measured part: everything the runner does, from its imports on.
-    asyncio.run(_kept(kept, _RUN[runner](deps, noop_factory, text)))
-    del kept, deps, text
+    asyncio.run(_kept(kept, _RUN[runner](deps, noop_factory, text, items)))
+    del kept, deps, text, items
 
 
 async def _kept(into: list[dict[str, Any]], run: Awaitable[dict[str, Any]]) -> None:

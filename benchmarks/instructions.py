@@ -2,16 +2,20 @@
 
     python -m benchmarks.instructions [--quick] [--only W[,W]] [--runner R[,R]]
                                       [--repeat N] [--jobs N] [--fresh] [--json PATH]
-                                      [--valgrind PATH] [--keep DIR]
+                                      [--valgrind PATH] [--keep DIR] [--map-linearity]
 
 Each figure is ``(I_big - I_small) / (n_big - n_small)``, where ``I`` is the number
 of instructions ``valgrind --tool=callgrind`` counts (cache simulation off, its
 default) for a process that runs one workload at one size with one runner
 (:mod:`benchmarks.icount_child`): start-up and imports cancel out. No-op
 ``async def`` steps, ``checkpoint_fn=list.append``, default settings; each
-process imports only the runner under test.
+process imports only the runner under test. The ``map`` workload (one root
+returning ``n`` items, one step mapped over it) is counted per item, beside the
+fan-out's per step; ``--map-linearity`` adds its 25k-50k and 50k-100k pairs (and the
+fan-out's), minutes more under callgrind.
 
-By default one valgrind process per runner (two, chains apart) imports the
+By default one valgrind process per runner (chains apart, and each
+measurement of 20k steps or more apart, as ``--map-linearity`` makes) imports the
 runner once and forks a child per measurement; callgrind zeroes each child's
 counts as it starts (``--zero-before=PyOS_AfterFork_Child``), so a count is the
 child's setup, run and exit, and start-up is paid (and translated by valgrind)
@@ -43,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +58,7 @@ from benchmarks import icount_child as child
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "instructions.json"
-WORKLOADS = ("chain", "fan_out", "fan_in", "resume")
+WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map")
 RUNNERS = ("floor", "executionkit", "ekit", "ekit[dependencies]", "setup")
 # "setup" is the setup alone (the graph dict, reading the checkpoint text): it is
 # counted in every other figure, which "net_per_step" in the JSON leaves out.
@@ -72,6 +76,7 @@ class Sizes:
     fan_out: tuple[Pair, ...] = ((2_000, 4_000),)
     fan_in: tuple[Pair, ...] = ((2_000, 4_000), (4_000, 8_000))
     resume: tuple[Pair, ...] = ((2_000, 4_000),)  # recorded steps; LEFT more to run
+    map: tuple[Pair, ...] = ((2_000, 4_000),)  # items; the pair of fan_out's, to compare
     # ExecutionKit's chain is quadratic (a 1k-2k pair is 11.6 G instructions, a third of
     # the whole run): it is measured on this pair instead of the first chain pair, and
     # not on the others. Its per-step figure grows with n: 6.9 M at 1k to 2k.
@@ -80,13 +85,19 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(chain=((40, 80), (80, 160)), fan_out=((40, 80),), fan_in=((40, 80), (80, 160)),
-              resume=((40, 80),), executionkit_chain=(20, 40))
+              resume=((40, 80),), map=((40, 80),), executionkit_chain=(20, 40))
+MAP_LINEARITY: tuple[Pair, ...] = ((25_000, 50_000), (50_000, 100_000))
+"""The pairs ``--map-linearity`` adds to the map and to the fan-out (to compare): per
+item from 50k to 100k items over per item from 25k to 50k. Not in the default run: a
+100k process alone is about 10 G instructions, several minutes under callgrind."""
 DESCRIPTION = {
     "chain": "a chain: each step depends on the one before",
     "fan_out": "one root, n children",
     "fan_in": "n independent parents, one join over all of them",
     "resume": f"per recorded step: json.loads + parse + resume of a chain checkpoint with n "
               f"steps recorded and {child.LEFT} left to run (workflow construction included)",
+    "map": "per item: one root returning a list of n items, one step mapped over it "
+           "(Step('m', fn, ('root',), map_over='root'))",
 }
 
 
@@ -309,6 +320,8 @@ def measured_pair(runner: str, workload: str, index: int, sizes: Sizes) -> Pair 
     """The sizes ``runner`` is measured at for ``workload``'s pair ``index``, or a note
     saying why it is not measured there."""
     pair: Pair = getattr(sizes, workload)[index]
+    if workload == "map" and runner not in child.MAPPED:
+        return "no run-time map"
     if runner == "executionkit":
         if not installed("executionkit"):
             return "executionkit not installed (pip install executionkit==0.4.0)"
@@ -337,9 +350,12 @@ def drivers(jobs: list[Job], *, fresh: bool) -> list[Driver]:
     if fresh:
         out = [Driver(j.runner, [j], fresh=True) for j in jobs]
     else:
-        groups: dict[tuple[str, bool], list[Job]] = {}
+        # A big map (--map-linearity) is minutes under callgrind: a process of its own.
+        groups: dict[tuple[str, str], list[Job]] = {}
         for job in jobs:
-            groups.setdefault((job.runner, job.workload == "chain"), []).append(job)
+            apart = "chain" if job.workload == "chain" else (
+                f"{job.workload}{job.n}" if job.n >= 20_000 else "")
+            groups.setdefault((job.runner, apart), []).append(job)
         out = [Driver(runner, group) for (runner, _), group in groups.items()]
     return sorted(out, key=Driver.cost, reverse=True)
 
@@ -348,7 +364,8 @@ def _pair_label(workload: str, pair: Pair) -> str:
     def k(n: int) -> str:
         return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
-    unit = {"fan_out": "children", "fan_in": "parents", "resume": "recorded steps"}.get(
+    unit = {"fan_out": "children", "fan_in": "parents", "resume": "recorded steps",
+            "map": "items"}.get(
         workload, "steps")
     return f"{k(pair[0])} to {k(pair[1])} {unit}"
 
@@ -413,20 +430,22 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def linearity(result: dict[str, Any], runners: list[str]) -> list[dict[str, Any]]:
-    """Per-step figure of the bigger pair over the smaller, for chain and fan-in."""
+    """Per-step figure of the biggest pair over the one before, for chain, fan-in, and
+    map and fan-out (whose pairs past the first are there only with ``--map-linearity``)."""
     out = []
-    for workload in ("chain", "fan_in"):
+    for workload in ("chain", "fan_in", "map", "fan_out"):
         pairs = result.get(workload, {}).get("pairs", [])
         if len(pairs) < 2:
             continue
+        big, small = len(pairs) - 1, len(pairs) - 2
         for runner in runners:
             if runner == "setup":
                 continue
-            ratio = _ratio(_per_step(result, workload, 1, runner),
-                           _per_step(result, workload, 0, runner))
+            ratio = _ratio(_per_step(result, workload, big, runner),
+                           _per_step(result, workload, small, runner))
             if ratio is not None:
                 out.append({"workload": workload, "runner": runner, "ratio": ratio,
-                            "of": f"{pairs[1]['label']} / {pairs[0]['label']}"})
+                            "of": f"{pairs[big]['label']} / {pairs[small]['label']}"})
     return out
 
 
@@ -446,12 +465,13 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"chain {pair['label']}: ekit / floor", 1.5,
             lambda m, i=i: _ratio(_per_step(result, "chain", i, m),
                                   _per_step(result, "chain", i, "floor")), "aim 1.25x")
-    for workload in ("chain", "fan_in"):
+    for workload in ("chain", "fan_in", "map"):
         pairs = result.get(workload, {}).get("pairs", [])
         if len(pairs) >= 2:
-            add(f"linear {workload}: per step {pairs[1]['label']} / {pairs[0]['label']}", 1.15,
-                lambda m, w=workload: _ratio(_per_step(result, w, 1, m),
-                                             _per_step(result, w, 0, m)))
+            big, small = len(pairs) - 1, len(pairs) - 2
+            add(f"linear {workload}: per step {pairs[big]['label']} / {pairs[small]['label']}",
+                1.15, lambda m, w=workload, b=big, s=small: _ratio(
+                    _per_step(result, w, b, m), _per_step(result, w, s, m)))
     if result.get("fan_out", {}).get("pairs"):
         add("fan-out: ekit / ExecutionKit", 1.0,
             lambda m: _ratio(_per_step(result, "fan_out", 0, m),
@@ -463,6 +483,10 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         add("resume per recorded step: ekit / ExecutionKit", 1.0,
             lambda m: _ratio(_per_step(result, "resume", 0, m),
                              _per_step(result, "resume", 0, "executionkit")))
+    if result.get("map", {}).get("pairs") and result.get("fan_out", {}).get("pairs"):
+        add("map per item / fan-out per step", 1.15,
+            lambda m: _ratio(_per_step(result, "map", 0, m),
+                             _per_step(result, "fan_out", 0, m)), "issue 25")
     return out
 
 
@@ -664,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true",
                         help="one whole valgrind process per measurement (start-up included; "
                         "slower) instead of children forked after the imports")
+    parser.add_argument("--map-linearity", action="store_true",
+                        help="measure the map and the fan-out also at 25k to 50k and 50k "
+                        "to 100k items (many minutes more; the linearity target of issue 25)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the callgrind output files in this folder "
                         "(for callgrind_annotate)")
@@ -672,9 +699,13 @@ def main(argv: list[str] | None = None) -> int:
     runners = _names(args.runner, RUNNERS, "runner", parser) or list(RUNNERS)
     if args.repeat < 1 or args.jobs < 1:
         parser.error("--repeat and --jobs must be at least 1")
+    sizes = QUICK if args.quick else FULL
+    if args.map_linearity:
+        sizes = replace(sizes, map=sizes.map + MAP_LINEARITY,
+                        fan_out=sizes.fan_out + MAP_LINEARITY)
     try:
         valgrind = find_valgrind(args.valgrind)
-        result = measure(workloads, runners, QUICK if args.quick else FULL, repeat=args.repeat,
+        result = measure(workloads, runners, sizes, repeat=args.repeat,
                          jobs=args.jobs, valgrind=valgrind, keep=args.keep,
                          fresh=args.fresh)
     except NoValgrind as exc:

@@ -107,7 +107,33 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target("journal bytes/step, largest chain / smallest", flat, 1.2, at_most=True,
                        unit="x", note=ps.get("note", "") or
                        "flat = within 20% (step names grow from 4 to 6 characters)"))
+    out += _map_targets(result)
     return out
+
+
+def _map_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 25's targets in wall time: the map beside the static fan-out."""
+    entry = result["workloads"].get("map", {})
+    summary = entry.get("summary", {})
+    sizes = result["meta"]["sizes"].get("map") or [None, None]
+    ratio = summary.get("map_over_fan_out", {})
+    growth = summary.get("growth", {})
+    journal = summary.get("journal_bytes_per_item_growth", {})
+    linear = f"{sizes[-1]}/{sizes[-2]}"
+    return [
+        _target(f"map {sizes[0]}: map time / fan-out time", ratio.get("all"), 1.15,
+                at_most=True, unit="x", note="default context; the same number of no-op "
+                "steps, one mapped step against n declared ones"),
+        _target(f"map {linear} time ratio, map / fan-out", _ratio(
+            growth.get("ekit[all]"), growth.get("fan-out[all]")), 1.15, at_most=True, unit="x",
+            note="default context: the map grows no faster than the static fan-out "
+                 "(wall time grows faster than n for both: cache misses)"),
+        _target("map journal bytes/item, largest / smallest", journal.get("ekit+journal"),
+                1.2, at_most=True, unit="x", note="flat = within 20%"),
+        _target("map journal bytes/item, one save per item, largest / smallest",
+                journal.get("ekit+journal(one save per item)"), 1.2, at_most=True, unit="x",
+                note="max_concurrency=1, so every item is a save of its own"),
+    ]
 
 
 def _fmt_s(value: float | None) -> str:

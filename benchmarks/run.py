@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from benchmarks import workloads as wl
 Thunk = Callable[[], Awaitable[Any]]
 Runners = dict[str, Thunk | str]  # a str is the note saying why the runner is skipped
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
-WORKLOADS = ("fan_out", "fan_in", "chain", "layered", "makespan", "persistence", "resume")
+WORKLOADS = ("fan_out", "fan_in", "chain", "layered", "makespan", "persistence", "resume",
+             "map")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Sizes:
     journal: tuple[int, ...] = (1_000, 4_000, 16_000)
     json_store: tuple[int, ...] = (1_000, 2_000)  # quadratic: 4k takes ~70 s per run
     resume: tuple[int, int] = (10_000, 10)  # steps, steps left to run
+    map: tuple[int, ...] = (10_000, 25_000, 100_000)  # items; fan-out at each, alongside
+    map_journal: tuple[int, ...] = (1_000, 10_000)  # items, through a JournalStore
     executionkit_chain_max: int = 4_000  # quadratic beyond: minutes per repeat
     langgraph_chain_max: int = 1_000  # quadratic: 4k steps take ~19 s per run
 
@@ -69,6 +73,8 @@ QUICK = Sizes(
     journal=(100, 400),
     json_store=(100,),
     resume=(500, 10),
+    map=(100, 400),
+    map_journal=(100, 400),
     executionkit_chain_max=400,
     langgraph_chain_max=100,
 )
@@ -385,6 +391,106 @@ async def resume(sizes: Sizes, repeats: int) -> dict[str, Any]:
             "cases": [case], "checkpoint_bytes": len(ekit_text)}
 
 
+async def map_(sizes: Sizes, repeats: int) -> dict[str, Any]:
+    """Workload 7 (issue 25): a run-time map against the static fan-out of as many steps.
+
+    Each case times, in one process and interleaved, a root returning ``n``
+    items with one step mapped over it, and one root with ``n`` children
+    declared up front; per mode, the map's time over the fan-out's. The
+    biggest size over the second shows how both grow (wall time, so cache
+    misses count too: compare the map's growth with the fan-out's).
+    """
+    noop = wl.noop_factory
+    cases = []
+    for n in sizes.map:
+        graph = wl.fan_out(n)
+        got = await wl.ekit_map_run(n, wl.checking_factory)
+        if got["root"] != list(range(n)) or len(got["m"]) != n:  # untimed check, a warm-up
+            raise AssertionError("the map computed other outputs than its items")
+        runners: Runners = {
+            "ekit": partial(wl.ekit_map_run, n, noop),
+            "ekit[all]": partial(wl.ekit_map_run, n, noop, mode="all"),
+            "fan-out": partial(wl.ekit_run, graph, noop),
+            "fan-out[all]": partial(wl.ekit_run, graph, noop, mode="all"),
+        }
+        case = await time_case(str(n), n, runners, repeats)
+        r = case["runners"]
+        case["map_over_fan_out"] = {
+            "dependencies": r["ekit"]["median_s"] / r["fan-out"]["median_s"],
+            "all": r["ekit[all]"]["median_s"] / r["fan-out[all]"]["median_s"]}
+        cases.append(case)
+    lines = [f"{c['label']} items: map time / fan-out time {c['map_over_fan_out']['all']:.2f} "
+             f"(default context), {c['map_over_fan_out']['dependencies']:.2f} "
+             f"(context='dependencies')" for c in cases]
+    *_, mid, big = sizes.map
+    lines += growth_lines(cases, mid, big, ("ekit", "ekit[all]", "fan-out", "fan-out[all]"))
+    journal = await _map_journal(sizes, repeats)
+    cases += journal
+    lines += [f"{c['label']}: {runner} wrote {stats['bytes_per_item']:.1f} bytes per item"
+              for c in journal for runner, stats in c["runners"].items()
+              if "bytes_per_item" in stats]
+    return {"status": "ok", "description": "a root returning n items and one step mapped "
+            "over it, beside one root with n declared children; no-op steps",
+            "cases": cases, "lines": lines, "summary": _map_summary(cases, sizes)}
+
+
+async def _map_journal(sizes: Sizes, repeats: int) -> list[dict[str, Any]]:
+    """The map through a JournalStore: time and bytes per item (the file's size, exact
+    for an append-only journal), saving as the runner does with no-op items (the
+    items finish together: a few saves) and with one save per item
+    (``max_concurrency=1``; without fsync, or 10k fsyncs would be the time)."""
+    from ekit_runtime import stores
+
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="ekit-bench-map-") as tmp:
+        counter = iter(range(10**9))
+        for n in sizes.map_journal:
+            written: dict[str, list[int]] = {"batched": [], "per item": []}
+
+            def journaled(how: str, n: int = n, written: dict[str, list[int]] = written,
+                          counter: Any = counter) -> Thunk:
+                async def run() -> None:
+                    path = Path(tmp) / f"map-{n}-{next(counter)}"
+                    store = stores.JournalStore(path, durable=how == "batched")
+                    await wl.ekit_map_run(n, wl.noop_factory, checkpoint_fn=store,
+                                          max_concurrency=1 if how == "per item" else None)
+                    store.close()
+                    written[how].append(path.stat().st_size)
+                    path.unlink()
+
+                return run
+
+            runners: Runners = {"ekit": partial(wl.ekit_map_run, n, wl.noop_factory),
+                                "ekit+journal": journaled("batched"),
+                                "ekit+journal(one save per item)": journaled("per item")}
+            case = await time_case(f"journal {n}", n, runners, min(repeats, 3))
+            for how, name in (("batched", "ekit+journal"),
+                              ("per item", "ekit+journal(one save per item)")):
+                case["runners"][name]["bytes_per_item"] = statistics.median(written[how]) / n
+            cases.append(case)
+    return cases
+
+
+def _map_summary(cases: list[dict[str, Any]], sizes: Sizes) -> dict[str, Any]:
+    by_label = {c["label"]: c for c in cases}
+    first = by_label[str(sizes.map[0])]
+    *_, mid, big = (by_label[str(n)]["runners"] for n in sizes.map)
+    small_j, big_j = (by_label[f"journal {n}"]["runners"] for n in
+                      (sizes.map_journal[0], sizes.map_journal[-1]))
+
+    def growth(runner: str) -> float:
+        return float(big[runner]["median_s"] / mid[runner]["median_s"])
+
+    return {
+        "map_over_fan_out": first["map_over_fan_out"],
+        "growth": {r: growth(r) for r in ("ekit", "ekit[all]", "fan-out", "fan-out[all]")},
+        "growth_linear": sizes.map[-1] / sizes.map[-2],
+        "journal_bytes_per_item_growth": {
+            r: big_j[r]["bytes_per_item"] / small_j[r]["bytes_per_item"]
+            for r in ("ekit+journal", "ekit+journal(one save per item)")},
+    }
+
+
 # -- driver ---------------------------------------------------------------------
 
 RUNS: dict[str, Callable[[Sizes, int], Awaitable[dict[str, Any]]]] = {
@@ -395,6 +501,7 @@ RUNS: dict[str, Callable[[Sizes, int], Awaitable[dict[str, Any]]]] = {
     "makespan": makespan,
     "persistence": persistence,
     "resume": resume,
+    "map": map_,
 }
 
 

@@ -25,12 +25,14 @@ __all__ = [
     "chain",
     "checking_factory",
     "critical_path",
+    "ekit_map_run",
     "ekit_run",
     "fan_in",
     "fan_out",
     "layered",
     "lower_bound",
     "makespan_dag",
+    "map_steps",
     "noop_factory",
     "sleeping_factory",
 ]
@@ -196,6 +198,40 @@ async def ekit_run(
     """Build and run the graph with ekit, checkpointing to a list unless told otherwise."""
     saved: list[Any] = []
     workflow = Workflow(ekit_steps(graph, factory, mode))
+    result = await workflow.run(
+        checkpoint_fn=checkpoint_fn if checkpoint_fn is not None else saved.append,
+        max_concurrency=max_concurrency,
+    )
+    return dict(result.outputs)
+
+
+# -- the run-time map (issue 25) ----------------------------------------------
+
+
+def map_steps(items: int, factory: StepFactory,
+              mode: Literal["all", "dependencies"]) -> list[Step]:
+    """A root returning ``items`` items and one step mapped over it: the map
+    counterpart of :func:`fan_out` (one root, ``items`` children), grown at run time."""
+    values = list(range(items))
+
+    async def root(context: dict[str, Any]) -> list[int]:
+        return values
+
+    return [Step("root", root, context=mode),
+            Step("m", factory("m", ("root",)), ("root",), map_over="root", context=mode)]
+
+
+async def ekit_map_run(
+    items: int,
+    factory: StepFactory,
+    *,
+    mode: Literal["all", "dependencies"] = "dependencies",
+    max_concurrency: int | None = None,
+    checkpoint_fn: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]:
+    """Run :func:`map_steps` with ekit, checkpointing to a list unless told otherwise."""
+    saved: list[Any] = []
+    workflow = Workflow(map_steps(items, factory, mode))
     result = await workflow.run(
         checkpoint_fn=checkpoint_fn if checkpoint_fn is not None else saved.append,
         max_concurrency=max_concurrency,

@@ -13,6 +13,7 @@ recorded checkpoints. Every rule lives in :mod:`ekit_core.transitions`.
 from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
+    SHAPED_FORMAT_VERSION,
     CheckpointError,
     FailureRecord,
     UnsupportedFormatError,
@@ -34,6 +35,7 @@ from ekit_core.events import (
     StepSkipped,
     StepStarted,
 )
+from ekit_core.expansion import MapError
 from ekit_core.graph import CycleError, GraphError, GraphSpec
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
@@ -46,10 +48,12 @@ from ekit_core.results import (
     Failed,
     Input,
     Interrupted,
+    Skipped,
     Start,
     Succeeded,
 )
 from ekit_core.rewind import rewind
+from ekit_core.shapes import Shape
 from ekit_core.state import Halt, HaltKind, Outcome, State, checkpoint_of
 from ekit_core.transitions import Batch, advance, apply, initial_state, plan
 from ekit_core.usage import TokenUsage
@@ -79,11 +83,15 @@ __all__ = [
     "Input",
     "InternalError",
     "Interrupted",
+    "MapError",
     "Outcome",
     "ReplayReport",
     "RetryPolicy",
     "RunSettled",
     "RunStarted",
+    "SHAPED_FORMAT_VERSION",
+    "Shape",
+    "Skipped",
     "Start",
     "State",
     "StepAudit",

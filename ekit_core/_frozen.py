@@ -45,10 +45,19 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from ekit_core.checkpoint import _GRAPHS, FORMAT_VERSION, FailureRecord, WorkflowCheckpoint, _Unset
+from ekit_core.checkpoint import (
+    _GRAPHS,
+    _NO_SHAPES,
+    _NOTHING,
+    FORMAT_VERSION,
+    FailureRecord,
+    WorkflowCheckpoint,
+    _Unset,
+)
 from ekit_core.events import Event, Outcome
 from ekit_core.ledger import Ledger
 from ekit_core.results import Batch, Start, Succeeded
+from ekit_core.shapes import Shape
 from ekit_core.state import State
 from ekit_core.usage import TokenUsage
 
@@ -103,6 +112,9 @@ def checkpoint(
     graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
     fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
     kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
+    skipped: MappingProxyType[str, str] = _NOTHING,
+    shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
+    superseded: MappingProxyType[str, Any] = _NOTHING,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
@@ -117,6 +129,7 @@ def checkpoint(
     if type(fingerprint) is not _Unset:
         cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
+    cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
     return cast(WorkflowCheckpoint, cp)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
+from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -32,19 +33,20 @@ from ekit_core.report import (
     findings,
     load_checkpoint,
     mismatch,
+    needs_of,
     source_line,
     subject_of,
     table,
     usage_text,
 )
-from ekit_core.rewind import outdated_steps, without
+from ekit_core.rewind import grown, outdated_steps, without
 from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
 
 __all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
 
 Action = Literal["skip", "run"]
-Reason = Literal["recorded", "outdated", "ready", "failed", "waiting"]
+Reason = Literal["recorded", "outdated", "ready", "failed", "waiting", "skipped", "mapped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,15 @@ class StepAudit:
     either, see ``waiting_on``) or ``"ready"`` (never recorded, every
     dependency recorded: it starts at once). ``usage`` is the step's
     recorded token usage, when the checkpoint has it.
+
+    In a graph with run-time shapes a row is a step or an item
+    (``item_of`` names the mapped step of an item ``summarize[2]``).
+    ``"skipped"`` is a skip recorded by a condition (``skipped`` says why),
+    which a resume keeps: its action is ``"skip"``. ``"mapped"`` is a
+    mapped step whose output is not recorded: it runs as its items, and is
+    collected once they are; ``items`` is how many it has (``None`` while
+    what it maps over is not recorded) and ``items_recorded`` how many of
+    those are recorded or skipped.
     """
 
     name: str
@@ -70,12 +81,20 @@ class StepAudit:
     failure: FailureRecord | None = None
     usage: TokenUsage | None = None
     outdated: str | None = None
+    skipped: str | None = None
+    item_of: str | None = None
+    items: int | None = None
+    items_recorded: int = 0
 
     @property
     def why(self) -> str:
         """One human-readable line explaining ``action``."""
         if self.reason == "recorded":
             return "output recorded"
+        if self.reason == "skipped":
+            return f"skipped: {self.skipped}"
+        if self.reason == "mapped":
+            return self._mapped_why()
         if self.outdated is not None:
             parts = [f"output recorded but outdated: {self.outdated}"]
         elif self.failure is not None:
@@ -90,6 +109,19 @@ class StepAudit:
             parts.append("ready to start")
         return "; ".join(parts)
 
+    def _mapped_why(self) -> str:
+        """``why`` of a mapped step whose output is not recorded."""
+        if self.items is None:
+            waiting = ", ".join(self.waiting_on)
+            return f"waiting on {waiting}; then expands into one item per element of its input"
+        if not self.items:
+            return "no items: collected empty once its dependencies are recorded"
+        if not self.items_recorded:
+            return f"would expand into {count(self.items)} item(s)"
+        left = self.items - self.items_recorded
+        return (f"{count(self.items_recorded)} of {count(self.items)} item(s) recorded or "
+                f"skipped, {count(left)} to run; collected once all are")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data."""
         return {
@@ -102,6 +134,10 @@ class StepAudit:
             "failure": None if self.failure is None else self.failure.to_dict(),
             "usage": None if self.usage is None else self.usage.to_dict(),
             "outdated": self.outdated,
+            "skipped": self.skipped,
+            "item_of": self.item_of,
+            "items": self.items,
+            "items_recorded": self.items_recorded,
         }
 
 
@@ -217,6 +253,10 @@ class AuditReport:
     def format(self) -> str:
         """A readable table: one line per step, then the anomalies."""
         outdated = f" ({count(len(self.outdated))} outdated)" if self.outdated else ""
+        what = "step(s)"
+        if any(s.item_of is not None or s.reason in ("skipped", "mapped") for s in self.steps):
+            by_condition = sum(1 for s in self.steps if s.reason == "skipped")
+            what = f"step(s) and item(s) ({count(by_condition)} skipped by a condition)"
         rows = [
             (s.name, s.action, "-" if s.usage is None else usage_text(s.usage), s.why)
             for s in self.steps
@@ -225,7 +265,7 @@ class AuditReport:
             source_line(self.graph_source, self.fingerprint, plural=False),
             f"checkpoint: format {self.format_version}, step_index {count(self.step_index)}, "
             f"usage {usage_text(self.cost)}",
-            f"resume skips {count(len(self.skipped))} step(s), runs "
+            f"resume skips {count(len(self.skipped))} {what}, runs "
             f"{count(len(self.to_run))}{outdated}",
             "",
             *table(("STEP", "ACTION", "USAGE in/out/calls", "WHY"), rows),
@@ -294,6 +334,13 @@ class _Audited:
     budget: TokenUsage | None
     versions: Mapping[str, str]
     outdated: Mapping[str, str]
+    # The outputs a resume keeps (outdated ones dropped), and in a shaped
+    # graph the items they expand into, the skips it keeps, and the items
+    # that all the recorded outputs expand into (the same when none is outdated).
+    kept: Mapping[str, Any]
+    items: Expanded
+    skips: Mapping[str, str]
+    recorded: Expanded
 
 
 def _audited(
@@ -315,7 +362,39 @@ def _audited(
     # The rules a run applies to these arguments, asked without the
     # checkpoint, so that bad arguments raise rather than read as a refusal.
     _rules.initial_state(graph, budget=budget, versions=tags)
-    return _Audited(graph, cp, budget, tags, outdated_steps(graph, cp, tags)), subject.source
+    outdated = outdated_steps(graph, cp, tags)
+    kept: Mapping[str, Any] = without(cp, graph, outdated).outputs
+    if not graph.shapes:
+        nothing = Expanded()
+        return _Audited(graph, cp, budget, tags, outdated, kept, nothing, {}, nothing), subject.source
+    # What a resume keeps, by the core's own rule: the items and skips below a
+    # step that runs again go with it (some items set aside for an early cutoff).
+    resumed = _rules.kept_on_resume(graph, cp, outdated, tags)
+    kept, skips = resumed.outputs, resumed.skipped
+    recorded = grown(graph, cp.outputs)
+    items = recorded if len(kept) == len(cp.outputs) else grown(graph, kept)
+    kept = _collected_at_start(graph, items, kept, skips)
+    return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded),
+            subject.source)
+
+
+def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, Any],
+                        skips: Mapping[str, str]) -> Mapping[str, Any]:
+    """``kept`` and the mapped steps a resume collects as it starts: every item of theirs
+    recorded or skipped (none at all: every dependency recorded), as the core does."""
+    done = dict(kept)
+    grew = True
+    while grew:
+        grew = False
+        for name, members in items.members.items():
+            if name in done or name in skips:
+                continue
+            settled = all(m in done or m in skips for m in members) if members else all(
+                d in done for d in graph.deps[name])
+            if settled:
+                done[name] = [done[m] for m in members if m in done]
+                grew = True
+    return done if len(done) > len(kept) else kept
 
 
 def _rows(a: _Audited) -> tuple[StepAudit, ...]:
@@ -327,7 +406,9 @@ def _rows(a: _Audited) -> tuple[StepAudit, ...]:
     keeps, outdated ones dropped.
     """
     graph, usage, failures = a.graph, a.cp.step_usage, a.cp.failures
-    kept = without(a.cp, graph, a.outdated).outputs
+    kept = a.kept
+    if graph.shapes:
+        return _shaped_rows(a)
     rows = []
     for name in graph.names:
         deps = graph.deps[name]
@@ -344,6 +425,44 @@ def _rows(a: _Audited) -> tuple[StepAudit, ...]:
         reason: Reason = "failed" if failure is not None else "ready" if ready else "waiting"
         rows.append(StepAudit(name, "run", reason, deps, waiting, failure, usage.get(name)))
     return tuple(rows)
+
+
+def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
+    """:func:`_rows` in a graph with run-time shapes: each mapped step's items right
+    before its own row (what a resume expands them into, from the outputs it keeps)."""
+    rows = []
+    members, skips = a.items.members, a.skips
+    for name in a.graph.names:
+        for member in members.get(name, ()):
+            if name not in skips or member in a.kept or member in skips:
+                ref = a.items.items[member]
+                rows.append(_shaped_row(a, member, a.items.steps[member], ref.step))
+        rows.append(_shaped_row(a, name, a.graph.deps[name], None))
+    return tuple(rows)
+
+
+def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | None) -> StepAudit:
+    """The row of one step or item of a shaped graph (see :class:`StepAudit`)."""
+    kept, skips, usage = a.kept, a.skips, a.cp.step_usage.get(name)
+    if name in kept:
+        return StepAudit(name, "skip", "recorded", deps, usage=usage, item_of=item_of)
+    if name in skips:
+        return StepAudit(name, "skip", "skipped", deps, usage=usage, skipped=skips[name],
+                         item_of=item_of)
+    shape = a.graph.shapes.get(name) if item_of is None else None
+    joins_any = shape is not None and shape.join == "any"
+    waiting = tuple(d for d in deps if d not in kept and not (joins_any and d in skips))
+    if name in a.outdated:
+        return StepAudit(name, "run", "outdated", deps, waiting, None, usage, a.outdated[name])
+    failure = a.cp.failures.get(name)
+    members = a.items.members.get(name)
+    if shape is not None and shape.map_over is not None and (members is not None or failure is None):
+        done = 0 if members is None else sum(1 for m in members if m in kept or m in skips)
+        return StepAudit(name, "run", "mapped", deps, waiting if members is None else (),
+                         usage=usage, items=None if members is None else len(members),
+                         items_recorded=done)
+    reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"
+    return StepAudit(name, "run", reason, deps, waiting, failure, usage, item_of=item_of)
 
 
 # -- the checks, one per anomaly kind ------------------------------------------------
@@ -364,7 +483,7 @@ def _recorded_graph_hashes_right(a: _Audited) -> Iterator[Anomaly]:
     # A recorded graph that does not hash to the recorded fingerprint was
     # edited after the fact; the mismatch check trusts neither alone.
     try:
-        own = GraphSpec.of(cp.graph).fingerprint
+        own = GraphSpec.of(cp.graph, cp.shapes).fingerprint
     except ValueError as exc:
         yield Anomaly("graph_fingerprint", None, f"the recorded graph is invalid: {exc}")
         return
@@ -394,12 +513,13 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
     Every dependency it had when it was recorded, that is: one the graph
     has added since is no anomaly (the step is outdated, and runs again).
     """
-    graph, outputs = a.graph, a.cp.outputs
+    outputs = a.cp.outputs
     recorded: Mapping[str, tuple[str, ...]] = a.cp.graph or {}
-    for name in graph.names:
-        if name in outputs and not dependencies_recorded(graph, outputs, name):
-            had = recorded.get(name, graph.deps[name])
-            missing = [d for d in graph.deps[name] if d not in outputs and d in had]
+    for name, deps in _recorded_needs(a):
+        if name in outputs and not all(d in outputs for d in deps):
+            had = recorded.get(name, deps)
+            # (items are in no recorded graph: the expansion made them)
+            missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)]
             if not missing:
                 continue
             yield Anomaly(
@@ -409,10 +529,23 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
             )
 
 
+def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Each step's (and, in a shaped graph, each recorded item's) needs (:func:`needs_of`)."""
+    graph = a.graph
+    if not graph.shapes:
+        yield from ((n, graph.deps[n]) for n in graph.names)
+        return
+    skips, items = a.cp.skipped, a.recorded
+    yield from items.steps.items()
+    for name in graph.names:
+        yield name, needs_of(graph, items, skips, name)
+
+
 def _failures_are_steps(a: _Audited) -> Iterator[Anomaly]:
-    """``unknown_failure``: a failure recorded for a name that is not a step."""
+    """``unknown_failure``: a failure recorded for a name that is not a step (nor an item)."""
+    items = a.recorded.items
     for name in a.cp.failures:
-        if name not in a.graph.index:
+        if name not in a.graph.index and name not in items:
             yield Anomaly("unknown_failure", name, f"failure recorded for {name!r}, not a step")
 
 

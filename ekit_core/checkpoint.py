@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,6 +23,7 @@ import ekit_core
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
+from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 if TYPE_CHECKING:  # at run time reached through the package, when called: it imports this module
@@ -29,6 +31,7 @@ if TYPE_CHECKING:  # at run time reached through the package, when called: it im
 
 __all__ = [
     "FORMAT_VERSION",
+    "SHAPED_FORMAT_VERSION",
     "CheckpointDelta",
     "CheckpointError",
     "FailureRecord",
@@ -39,7 +42,11 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-"""The checkpoint format this library writes and the newest it reads."""
+"""The checkpoint format of a static graph's run: what most checkpoints are written in."""
+
+SHAPED_FORMAT_VERSION = 2
+"""The format of a checkpoint that records run-time shapes or skipped steps, and the
+newest this library reads (every format-1 checkpoint reads as it did)."""
 
 
 class CheckpointError(ValueError):
@@ -98,6 +105,10 @@ def _empty() -> MappingProxyType[str, Any]:
     return MappingProxyType({})
 
 
+_NOTHING: MappingProxyType[str, str] = MappingProxyType({})
+_NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
+
+
 class _Unset:
     """The type of ``_GRAPHS``: a fingerprint not given, to be read off the graph."""
 
@@ -129,6 +140,14 @@ class _CheckpointFields:
     graph: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
     format_version: int = FORMAT_VERSION
     versions: MappingProxyType[str, str] = field(default_factory=_empty)
+    # Steps (and items) skipped by a condition, with why; the run-time shapes
+    # the graph declares (see ekit_core.shapes). Both empty for a static graph.
+    skipped: MappingProxyType[str, str] = field(default_factory=_empty)
+    shapes: MappingProxyType[str, Shape] = field(default_factory=_empty, repr=False)
+    # Outputs set aside when the step an item maps over runs again (a rewind,
+    # a changed version), with the items made from them: an item whose new
+    # input is unchanged keeps its output (the early cutoff).
+    superseded: MappingProxyType[str, Any] = field(default_factory=_empty, repr=False)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta):
     # set by of_ledgers. Two fields, not a tuple: one object fewer per
@@ -151,7 +170,11 @@ class WorkflowCheckpoint(_CheckpointFields):
     was made of (step -> dependencies) with its ``fingerprint``, the
     ``format_version``, and the ``versions`` that steps declared (a tag the
     user bumps when a step's code changes: a recorded output whose tag
-    differs runs again on resume).
+    differs runs again on resume). A run with run-time shapes also records
+    the ``shapes`` its graph declares and the steps (and items) it
+    ``skipped``, with why; the outputs of a mapped step's items are recorded
+    under their names, ``step[key]``, beside the step's own (collected)
+    output. Such a checkpoint has format ``SHAPED_FORMAT_VERSION``.
     """
 
     __slots__ = ()
@@ -183,7 +206,10 @@ class WorkflowCheckpoint(_CheckpointFields):
         step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
         failures: MappingProxyType[str, FailureRecord],
         graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
-        fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
+        fingerprint: str | _Unset | None = _GRAPHS, format_version: int | None = None,
+        skipped: MappingProxyType[str, str] = _NOTHING,
+        shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
+        superseded: MappingProxyType[str, Any] = _NOTHING,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers.
 
@@ -196,15 +222,20 @@ class WorkflowCheckpoint(_CheckpointFields):
         :mod:`ekit_core._frozen`; that module imports this one, so it is
         reached through the package when called.
         """
+        if format_version is None:  # a new format only where a checkpoint needs one
+            format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
         return ekit_core._frozen.checkpoint(
             outputs, step_usage, step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
-            format_version=format_version, kind=cls,
+            format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
+            superseded=superseded,
         )
 
     def _records_graph(self, spec: GraphSpec) -> bool:
         """Whether the recorded graph is ``spec``'s (same steps, in the same
         order, with the same dependencies), compared without decoding it."""
+        if (spec.shapes or self.shapes) and self.shapes != spec.shapes:
+            return False  # the same steps, shaped otherwise: another graph
         graph = self.graph
         if type(graph) is RecordedGraph:
             return graph.is_of(spec)
@@ -243,34 +274,22 @@ class WorkflowCheckpoint(_CheckpointFields):
 
         Costs O(what changed) when both came from one run of the core, O(outputs)
         otherwise. ``extends`` is false when ``previous`` is not a prefix of this
-        checkpoint (another run, or an output that changed); the delta then
-        holds everything. Outputs (and context values) are compared with
-        :func:`same_output`, so a NaN output, or one read back from a file as
-        a fresh but equal object, is not a change.
+        checkpoint (another run, an output that changed, a skip that is gone or
+        whose reason changed, other shapes); the delta then holds everything.
+        Outputs (and context values) are compared with :func:`same_output`, so
+        a NaN output, or one read back from a file as a fresh but equal
+        object, is not a change.
         """
         if previous is None:
             return _full_delta(self, extends=True)
-        mine, theirs = self._outputs_ledger, previous._outputs_ledger
-        my_usage, their_usage = self._usage_ledger, previous._usage_ledger
-        if (
-            mine is not None
-            and theirs is not None
-            and my_usage is not None
-            and their_usage is not None
-            and mine.extends(theirs)
-            and my_usage.extends(their_usage)
-        ):
-            new_outputs = mine.items_from(len(theirs))
-            new_usage = my_usage.items_from(len(their_usage))
-        elif _holds(self.outputs, previous.outputs, same_output) and _holds(
-            self.step_usage, previous.step_usage, _equal
-        ):
-            # The ledgers are only a fast path: ledgers of two runs (a resume
-            # from a checkpoint read back from a file, say) hold equal outputs
-            # as distinct objects, and a NaN among them is not == to itself.
-            new_outputs = [(k, v) for k, v in self.outputs.items() if k not in previous.outputs]
-            new_usage = [(k, v) for k, v in self.step_usage.items() if k not in previous.step_usage]
-        else:
+        entries = _new_entries(self, previous)
+        if entries is None:
+            return _full_delta(self, extends=False)
+        one_run, new_outputs, new_usage = entries
+        skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
+        if skipped is None or not _same_shapes(self.shapes, previous.shapes) or (
+                self.superseded is not previous.superseded and self.superseded != previous.superseded):
+            # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f
@@ -286,6 +305,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 len(self.context) == len(previous.context)
                 and _holds(self.context, previous.context, same_output)
             ),
+            skipped=skipped,
         )
 
     def to_dict(self, *, per_step: bool = True) -> dict[str, Any]:
@@ -314,6 +334,12 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["graph_steps"], data["graph_needs"] = texts
         if self.versions:
             data["versions"] = dict(self.versions)
+        if self.skipped:
+            data["skipped"] = dict(self.skipped)
+        if self.shapes:
+            data["shapes"] = {k: s.to_dict() for k, s in self.shapes.items()}
+        if self.superseded:
+            data["superseded"] = dict(self.superseded)
         return data
 
     @classmethod
@@ -341,6 +367,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         for name, tag in versions.items():
             if not isinstance(tag, str):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
+        skipped, shapes = _skipped_and_shapes(data)
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(_table(data["outputs"], "outputs")),
@@ -356,6 +383,9 @@ class WorkflowCheckpoint(_CheckpointFields):
             graph=graph if texts is None else RecordedGraph(texts, graph),
             format_version=version,
             versions=MappingProxyType(versions),
+            skipped=MappingProxyType(skipped),
+            shapes=MappingProxyType(shapes),
+            superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
         )
         return checkpoint
 
@@ -437,7 +467,9 @@ class CheckpointDelta:
 
     ``outputs`` and ``step_usage`` list the new entries in completion order;
     ``failures`` the records that are new or changed; ``cost`` the usage
-    added; ``context_changed`` whether the run's context differs.
+    added; ``context_changed`` whether the run's context differs;
+    ``skipped`` the skips that are new (skips only grow within a run), with
+    their reasons, in the order they were recorded.
     """
 
     extends: bool
@@ -446,6 +478,7 @@ class CheckpointDelta:
     failures: MappingProxyType[str, FailureRecord]
     cost: TokenUsage
     context_changed: bool
+    skipped: MappingProxyType[str, str] = field(default_factory=_empty)
 
 
 def same_output(a: object, b: object) -> bool:
@@ -498,17 +531,99 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         failures=cp.failures,
         cost=cp.cost,
         context_changed=bool(cp.context),
+        skipped=cp.skipped,
     )
+
+
+def _new_entries(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> tuple[
+    bool, Iterable[tuple[str, Any]], Iterable[tuple[str, TokenUsage]]
+] | None:
+    """Whether both are of one run of the core, and the outputs and usage ``cp`` adds
+    to ``previous``; ``None`` when one of ``previous``' is missing or changed."""
+    mine, theirs = cp._outputs_ledger, previous._outputs_ledger
+    my_usage, their_usage = cp._usage_ledger, previous._usage_ledger
+    if (
+        mine is not None
+        and theirs is not None
+        and my_usage is not None
+        and their_usage is not None
+        and mine.extends(theirs)
+        and my_usage.extends(their_usage)
+    ):
+        return True, mine.items_from(len(theirs)), my_usage.items_from(len(their_usage))
+    if _holds(cp.outputs, previous.outputs, same_output) and _holds(
+        cp.step_usage, previous.step_usage, _equal
+    ):
+        # The ledgers are only a fast path: ledgers of two runs (a resume
+        # from a checkpoint read back from a file, say) hold equal outputs
+        # as distinct objects, and a NaN among them is not == to itself.
+        return (
+            False,
+            [(k, v) for k, v in cp.outputs.items() if k not in previous.outputs],
+            [(k, v) for k, v in cp.step_usage.items() if k not in previous.step_usage],
+        )
+    return None
+
+
+def _new_skips(
+    mine: MappingProxyType[str, str], theirs: MappingProxyType[str, str], *, one_run: bool
+) -> MappingProxyType[str, str] | None:
+    """The skips ``mine`` adds to ``theirs``, or ``None`` when one of theirs is gone or changed.
+
+    Skips only grow within a run: the core copies the mapping and adds to
+    it (insertion order kept), and checkpoints between two skips share one
+    mapping. So identity says "none new" in O(1), and within ``one_run``
+    (the ledgers say so) the new skips are the last ones, read from the end
+    in O(new): the entry before them must be ``theirs``' last. That trusts
+    the run never to drop or change a skip, as the ledgers' fast path
+    trusts it never to change an output. Otherwise every skip is compared.
+    """
+    if mine is theirs:
+        return _NOTHING
+    added = len(mine) - len(theirs)
+    if added < 0:
+        return None
+    if one_run:
+        tail = list(islice(reversed(mine), added + 1))[::-1]
+        if not theirs:
+            return MappingProxyType({k: mine[k] for k in tail})
+        last = next(reversed(theirs))
+        if tail[0] == last and mine[last] == theirs[last]:
+            return MappingProxyType({k: mine[k] for k in tail[1:]})
+        # Not a run's growth after all (a hand-made checkpoint): compare all.
+    if any(mine.get(k) != why for k, why in theirs.items()):
+        return None
+    return MappingProxyType({k: why for k, why in mine.items() if k not in theirs})
+
+
+def _same_shapes(mine: Mapping[str, Shape], theirs: Mapping[str, Shape]) -> bool:
+    """Shapes are fixed per graph: checkpoints of one run share the mapping."""
+    return mine is theirs or mine == theirs
+
+
+def _skipped_and_shapes(data: dict[Any, Any]) -> tuple[dict[str, str], dict[str, Shape]]:
+    """The ``skipped`` and ``shapes`` fields of ``data``, checked (empty when absent)."""
+    skipped = _table(data.get("skipped", {}), "skipped")
+    for name, why in skipped.items():
+        if not isinstance(why, str):
+            raise CheckpointError(f"skipped.{name}", f"must be a string, got {type(why).__name__}")
+    shapes = {}
+    for name, shape in _table(data.get("shapes", {}), "shapes").items():
+        try:
+            shapes[name] = Shape.from_dict(shape, f"shapes.{name}")
+        except ValueError as exc:
+            raise CheckpointError(f"shapes.{name}", str(exc)) from None
+    return skipped, shapes
 
 
 def _format_version(data: dict[Any, Any]) -> int:
     """The format version of ``data``, one this library reads, its three keys present."""
     version = _count(data.get("format_version", FORMAT_VERSION), "format_version")
-    if version > FORMAT_VERSION:
+    if version > SHAPED_FORMAT_VERSION:
         raise UnsupportedFormatError(
             "format_version",
             f"version {version} was written by a newer ekit; this one reads up to "
-            f"{FORMAT_VERSION}",
+            f"{SHAPED_FORMAT_VERSION}",
         )
     if version < 1:
         raise CheckpointError("format_version", f"must be at least 1, got {version}")

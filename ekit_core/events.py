@@ -47,9 +47,12 @@ class RunStarted:
 
 @dataclass(frozen=True, slots=True)
 class StepSkipped:
-    """A resumed run skips ``name`` because the checkpoint records its output."""
+    """Step ``name`` will not run: a resumed run found its output recorded
+    (``reason`` is empty), or its condition was false, or it needs a step
+    that was skipped so (``reason`` says which)."""
 
     name: str
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 This module owns every rule about the shape of a workflow: names are
 non-empty strings and unique, dependencies name known steps other than the
 step itself, and there is no cycle. A ``GraphSpec`` that exists is valid;
-nothing downstream checks the shape again.
+nothing downstream checks the shape again. What a step may declare about its
+run-time shape (mapping over items, a condition, a join) is validated with
+the graph by :mod:`ekit_core.shapes`, which says what each declaration means.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from ekit_core.graph_text import spell
+from ekit_core.shapes import NO_SHAPES, Shape, check_shapes, shapes_text
 
 __all__ = ["CycleError", "GraphError", "GraphSpec"]
 
@@ -242,6 +245,11 @@ class GraphSpec:
     names: tuple[str, ...]
     deps: MappingProxyType[str, tuple[str, ...]]
     index: MappingProxyType[str, int] = field(repr=False)
+    # The steps that declare a run-time shape (see ekit_core.shapes), in
+    # declaration order; empty for a static graph.
+    shapes: MappingProxyType[str, Shape] = field(
+        default_factory=lambda: NO_SHAPES, repr=False, kw_only=True
+    )
     # All built on first use. A resume reads the dependents of the steps it
     # runs only (see ekit_core.transitions), and compares a recorded graph
     # with this one's texts instead of hashing it (see ekit_core.compat).
@@ -252,8 +260,15 @@ class GraphSpec:
     _texts: tuple[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
-    def of(cls, steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]]) -> GraphSpec:
+    def of(
+        cls,
+        steps: Mapping[str, Iterable[str]] | Iterable[tuple[str, Iterable[str]]],
+        shapes: Mapping[str, Shape] | None = None,
+    ) -> GraphSpec:
         """Validate ``steps`` (name -> dependencies, or ``(name, deps)`` pairs).
+
+        ``shapes`` maps steps to their run-time :class:`~ekit_core.shapes.Shape`
+        (validated by :func:`~ekit_core.shapes.check_shapes`).
 
         Raises :class:`GraphError` (a ``ValueError``) for an empty or non-string
         name, a duplicate name, an unknown dependency (suggesting the closest
@@ -263,10 +278,19 @@ class GraphSpec:
         exception's ``steps`` (and ``cycle``) hold all of them.
         """
         pairs = list(steps.items()) if isinstance(steps, Mapping) else list(steps)
-        return cls._checked(pairs)
+        return cls._checked(pairs)._shaped(shapes)
+
+    def _shaped(self, shapes: Mapping[str, Shape] | None) -> GraphSpec:
+        """This graph with ``shapes``, checked (itself when there are none)."""
+        if not shapes:
+            return self
+        checked = check_shapes(self.names, self.deps, shapes)
+        if not checked:
+            return self
+        return GraphSpec(self.names, self.deps, self.index, shapes=checked)
 
     @classmethod
-    def of_steps(cls, steps: Iterable[Any]) -> GraphSpec:
+    def of_steps(cls, steps: Iterable[Any], shapes: Mapping[str, Shape] | None = None) -> GraphSpec:
         """:meth:`of` for objects with a ``name`` and a ``depends_on``
         attribute, such as the shell's ``Step``: the same spec, the same errors.
 
@@ -291,9 +315,9 @@ class GraphSpec:
                     raise GraphError(
                         f"steps[{i}] must have a name and a depends_on, got {type(step).__name__}"
                     ) from None
-            return cls._checked(pairs)
+            return cls._checked(pairs)._shaped(shapes)
         index, deps = proved
-        return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index))
+        return cls(tuple(index), MappingProxyType(deps), MappingProxyType(index))._shaped(shapes)
 
     @classmethod
     def _checked(cls, pairs: list[Any]) -> GraphSpec:
@@ -323,6 +347,23 @@ class GraphSpec:
             raise CycleError(cycle)
         return spec
 
+    def extended(self, added: Mapping[str, tuple[str, ...]]) -> GraphSpec:
+        """This graph and ``added`` (name -> dependencies), appended in order.
+
+        For steps the core derives (the items of a mapped step), whose
+        dependencies are steps of this graph or earlier added ones, so no
+        cycle can form: only the names are checked (new, non-empty
+        strings, each once), in O(added) beyond copying this graph's tables.
+        """
+        index = dict(self.index)
+        deps = dict(self.deps)
+        for name, parents in added.items():
+            if not isinstance(name, str) or not name or name in index:
+                raise GraphError(f"cannot add step {name!r}: empty, not a string, or known", [str(name)])
+            index[name] = len(index)
+            deps[name] = parents
+        return GraphSpec(tuple(index), MappingProxyType(deps), MappingProxyType(index))
+
     def dependents_among(self, names: Iterable[str]) -> MappingProxyType[str, tuple[str, ...]]:
         """The dependents index cut down to ``names``: steps of this graph,
         each once, in declaration order (a resume's unrecorded steps).
@@ -349,7 +390,7 @@ class GraphSpec:
         records to say which graph it belongs to."""
         fingerprint = self._fingerprint
         if fingerprint is None:
-            fingerprint = _fingerprint(self.deps)
+            fingerprint = _fingerprint(self.deps, shapes_text(self.shapes))
             object.__setattr__(self, "_fingerprint", fingerprint)
         return fingerprint
 
@@ -370,11 +411,17 @@ class GraphSpec:
         return name in self.index
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data: ``{"steps": [{"name": ..., "depends_on": [...]}, ...], "fingerprint": ...}``."""
-        return {
-            "steps": [{"name": n, "depends_on": list(self.deps[n])} for n in self.names],
-            "fingerprint": self.fingerprint,
-        }
+        """Plain data: ``{"steps": [{"name": ..., "depends_on": [...]}, ...], "fingerprint": ...}``.
+
+        A step with a run-time shape carries it as ``"shape"`` (see :meth:`Shape.to_dict`).
+        """
+        steps: list[dict[str, Any]] = []
+        for n in self.names:
+            entry: dict[str, Any] = {"name": n, "depends_on": list(self.deps[n])}
+            if n in self.shapes:
+                entry["shape"] = self.shapes[n].to_dict()
+            steps.append(entry)
+        return {"steps": steps, "fingerprint": self.fingerprint}
 
     @classmethod
     def from_dict(cls, data: object) -> GraphSpec:
@@ -385,6 +432,7 @@ class GraphSpec:
         if not isinstance(steps, list):
             raise GraphError("graph field 'steps' must be a list")
         pairs: list[tuple[str, Iterable[str]]] = []
+        shapes: dict[str, Shape] = {}
         for i, item in enumerate(steps):
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise GraphError(f"graph field 'steps[{i}]' must be an object with a 'name' string")
@@ -392,13 +440,18 @@ class GraphSpec:
             if not isinstance(depends_on, list):
                 raise GraphError(f"graph field 'steps[{i}].depends_on' must be a list")
             pairs.append((item["name"], depends_on))
-        return cls.of(pairs)
+            if "shape" in item:
+                try:
+                    shapes[item["name"]] = Shape.from_dict(item["shape"], f"steps[{i}].shape")
+                except ValueError as exc:
+                    raise GraphError(f"graph field {exc}") from None
+        return cls.of(pairs, shapes)
 
 
 _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False)
 
 
-def _fingerprint(deps: Mapping[str, tuple[str, ...]]) -> str:
+def _fingerprint(deps: Mapping[str, tuple[str, ...]], shapes: str = "") -> str:
     # Order-independent on purpose: declaring the same steps in another order
     # changes no dependency, so a checkpoint stays valid for it. The digest is
     # of the JSON text of [[name, [sorted deps]], ...] sorted by name.
@@ -417,4 +470,6 @@ def _fingerprint(deps: Mapping[str, tuple[str, ...]]) -> str:
         canonical = _CANONICAL.encode(
             [[n, ds if len(ds := deps[n]) < 2 else sorted(ds)] for n in names]
         )
+    if shapes:  # a static graph's fingerprint is what it always was
+        canonical += "|shapes:" + shapes
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()

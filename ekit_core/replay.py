@@ -54,6 +54,16 @@ it is reported as one segment. Conversely, a halted run in which a step
 waiting out a retry delay is stopped while a sibling still runs saves a
 repeat too, and its sibling's completion is reported as a resume.
 
+**Run-time shapes.** In a graph with mapped steps each checkpoint is read
+against the graph as its recorded outputs grew it (the items
+:func:`~ekit_core.expansion.expand` makes of them, see
+:func:`~ekit_core.rewind.grown`): an item is a step of the timeline, needs
+what it was expanded with (not its mapped step's declared dependencies), a
+collected output needs its items, and a step joining ``"any"`` needs only
+its dependencies not skipped (:func:`~ekit_core.report.needs_of`). An item
+that the recorded input does not have is an ``unknown_step``. The timeline
+also lists the skips each checkpoint newly records.
+
 Each rule is one method of ``_Walk``. Pure and deterministic like the rest
 of :mod:`ekit_core`. Checkpoints that came from one process are compared in
 O(what changed) via :meth:`~ekit_core.WorkflowCheckpoint.delta_since`.
@@ -68,6 +78,7 @@ from typing import Any, Literal
 
 from ekit_core.checkpoint import CheckpointDelta, CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
+from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -75,13 +86,14 @@ from ekit_core.report import (
     count,
     findings,
     load_checkpoint,
+    needs_of,
     source_line,
     subject_of,
     table,
     usage_text,
 )
-from ekit_core.rewind import outdated_steps, without
-from ekit_core.transitions import context_outputs, dependencies_recorded
+from ekit_core.rewind import grown, outdated_steps, without
+from ekit_core.transitions import context_outputs
 from ekit_core.usage import TokenUsage
 
 __all__ = ["ReplayReport", "TimelineEntry", "Violation", "replay"]
@@ -137,6 +149,8 @@ class TimelineEntry:
     predecessor that this checkpoint legally dropped to the reason (a
     changed version tag or dependencies, or a dependency that runs again);
     ``graph_changed`` says how its graph differs from the predecessor's.
+    ``skipped`` maps the steps and items it newly records as skipped by a
+    condition to the reason.
     """
 
     index: int
@@ -150,6 +164,7 @@ class TimelineEntry:
     segment: int
     outdated: Mapping[str, str] = field(default_factory=_no_reasons)
     graph_changed: str | None = None
+    skipped: Mapping[str, str] = field(default_factory=_no_reasons)
 
     @property
     def note(self) -> str:
@@ -167,6 +182,8 @@ class TimelineEntry:
             notes.append(
                 "outdated: " + ", ".join(f"{n} ({why})" for n, why in self.outdated.items())
             )
+        if self.skipped:
+            notes.append("skipped: " + ", ".join(self.skipped))
         if self.failed:
             notes.append("failed: " + ", ".join(self.failed))
         if self.repeat:
@@ -187,6 +204,7 @@ class TimelineEntry:
             "segment": self.segment,
             "outdated": dict(self.outdated),
             "graph_changed": self.graph_changed,
+            "skipped": dict(self.skipped),
         }
 
 
@@ -287,6 +305,9 @@ def replay(
     )
 
 
+_NO_ITEMS = Expanded()
+
+
 def _decreased(now: TokenUsage, before: TokenUsage) -> bool:
     return (
         now.input_tokens < before.input_tokens
@@ -298,13 +319,15 @@ def _decreased(now: TokenUsage, before: TokenUsage) -> bool:
 def _adds_nothing(cp: WorkflowCheckpoint, prev: WorkflowCheckpoint | None) -> bool:
     """Whether ``cp`` (which extends ``prev``) is a repeat: the closing save of a stopped run."""
     if prev is None:
-        return not cp.outputs and not cp.failures and cp.step_index == 0 and cp.cost.is_zero()
+        return (not cp.outputs and not cp.failures and not cp.skipped and cp.step_index == 0
+                and cp.cost.is_zero())
     return (
         cp.step_index == prev.step_index
         and cp.cost == prev.cost
         and len(cp.outputs) == len(prev.outputs)
         and len(cp.step_usage) == len(prev.step_usage)
         and cp.failures == prev.failures
+        and len(cp.skipped) == len(prev.skipped)
     )
 
 
@@ -333,6 +356,8 @@ class _Walk:
         self.prev: WorkflowCheckpoint | None = None
         self.prev_repeat = False
         self.segment = 0
+        self.mapped_over: dict[str, set[str]] = {}
+        self.expanded: tuple[tuple[object, ...], Expanded] | None = None
 
     def report(self, i: int, step: str | None, kind: ViolationKind, message: str) -> None:
         self.violations.append(Violation(i, step, kind, message))
@@ -345,11 +370,29 @@ class _Walk:
         known = self.graphs.get(fp)
         if known is None:
             try:
-                known = GraphSpec.of(cp.graph)
+                known = GraphSpec.of(cp.graph, cp.shapes)
             except ValueError:  # an invalid record: judge it by the graph given
                 known = self.graph
             self.graphs[fp] = known
         return known
+
+    def items_of(self, graph: GraphSpec, cp: WorkflowCheckpoint) -> Expanded:
+        """The items ``cp``'s outputs expand ``graph`` into (none without shapes).
+
+        Kept for the next checkpoint while the outputs mapped over are the
+        same objects (checkpoints of one process share them), so a run's
+        record costs one expansion per output mapped over, not per checkpoint.
+        """
+        if not graph.shapes:
+            return _NO_ITEMS
+        over = self.mapped_over.get(graph.fingerprint)
+        if over is None:
+            over = self.mapped_over[graph.fingerprint] = {
+                s.map_over for s in graph.shapes.values() if s.map_over is not None}
+        key = (graph.fingerprint, *(id(v) for k, v in cp.outputs.items() if k in over))
+        if self.expanded is None or self.expanded[0] != key:
+            self.expanded = (key, grown(graph, cp.outputs))
+        return self.expanded[1]
 
     def base(self, earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint, graph: GraphSpec
              ) -> tuple[WorkflowCheckpoint, dict[str, str]]:
@@ -380,9 +423,11 @@ class _Walk:
         self.come_back_unchanged(i, cp, new, new_usage)
         if base is not None:
             self.counts_grow(i, base, cp)
-        self.recorded_names_are_steps(i, graph, cp, new)
-        finished = [name for name in new if name in graph.index]
-        self.dependencies_first(i, graph, cp, finished)
+        items = self.items_of(graph, cp)
+        run_graph = graph.extended(items.steps) if items.steps else graph
+        self.recorded_names_are_steps(i, run_graph, cp, new)
+        finished = [name for name in new if name in run_graph.index]
+        self.dependencies_first(i, graph, items, cp, finished)
         self.ends_on_the_graph(i, prev, cp)
         self.add_entry(i, cp, base, delta, finished, outdated, graph)
 
@@ -461,12 +506,14 @@ class _Walk:
             if self.first[name][1] == i:
                 self.report(i, name, "unknown_step", f"output recorded for {name!r}, not a step")
 
-    def dependencies_first(self, i: int, graph: GraphSpec, cp: WorkflowCheckpoint,
+    def dependencies_first(self, i: int, graph: GraphSpec, items: Expanded, cp: WorkflowCheckpoint,
                            finished: list[str]) -> None:
-        """``dependency_not_recorded``: a step is recorded with or after all its dependencies."""
+        """``dependency_not_recorded``: a step (or item) is recorded with or after all it needs."""
+        outputs, skipped = cp.outputs, cp.skipped
         for name in finished:
-            if not dependencies_recorded(graph, cp.outputs, name):
-                missing = [d for d in graph.deps[name] if d not in cp.outputs]
+            needs = needs_of(graph, items, skipped, name)
+            if not all(d in outputs for d in needs):
+                missing = [d for d in needs if d not in outputs]
                 self.report(i, name, "dependency_not_recorded",
                             f"{name!r} is recorded before its dependenc"
                             f"{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)))
@@ -510,10 +557,12 @@ class _Walk:
         self.segment += resumed
         changes = None if prev is None else graph_changes(graph, prev)
         failed = tuple(sorted(delta.failures, key=lambda n: graph.index.get(n, len(graph))))
+        before: Mapping[str, str] = {} if base is None else base.skipped
+        skipped = {n: why for n, why in cp.skipped.items() if n not in before}
         self.timeline.append(TimelineEntry(
             i, cp.step_index, tuple(finished), failed, cp.cost, repeat, resumed, resumed_from,
             self.segment, MappingProxyType(dict(outdated)),
-            None if changes is None else changes.describe(),
+            None if changes is None else changes.describe(), MappingProxyType(skipped),
         ))
         self.prev, self.prev_repeat = cp, repeat
 

@@ -9,6 +9,8 @@ their version tags) or that the checkpoints record. This module owns
 - the one loading path for a checkpoint, the core's
   :func:`~ekit_core.transitions.resume_checkpoint` (:func:`load_checkpoint`),
   and its message for a checkpoint of another graph (:func:`mismatch`);
+- what a step or item needed recorded before it (:func:`needs_of`), in a
+  graph as its run-time shapes grew it;
 - the one table renderer (:func:`table`) and number format (:func:`count`,
   :func:`usage_text`) of both reports' ``format()``.
 
@@ -23,6 +25,7 @@ from typing import Any, Literal
 
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.compat import GraphMismatchError, graph_changes
+from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
 from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import TokenUsage
@@ -35,6 +38,7 @@ __all__ = [
     "graph_of",
     "load_checkpoint",
     "mismatch",
+    "needs_of",
     "recorded_graph",
     "source_line",
     "subject_of",
@@ -103,7 +107,7 @@ def recorded_graph(checkpoint: WorkflowCheckpoint) -> GraphSpec:
         raise ValueError(
             "checkpoint records no graph (ExecutionKit or hand-made); give the workflow's graph"
         )
-    return GraphSpec.of(checkpoint.graph)
+    return GraphSpec.of(checkpoint.graph, checkpoint.shapes)
 
 
 def subject_of(
@@ -150,6 +154,29 @@ def mismatch(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> str | None:
     """The message a resume gives when it refuses ``checkpoint`` as another graph's; ``None`` if not."""
     changes = graph_changes(graph, checkpoint)
     return None if changes is None else str(GraphMismatchError(changes))
+
+
+def needs_of(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str], name: str
+             ) -> tuple[str, ...]:
+    """What must be recorded before step or item ``name`` is: its dependencies, as the run grew.
+
+    ``items`` is what the recorded outputs expand the graph into
+    (:func:`~ekit_core.rewind.grown`). An item needs what it was expanded
+    with; a mapped step (its collected output) its dependencies and its
+    items not ``skipped``; a step joining ``"any"`` its dependencies not
+    skipped. In a graph without shapes, its dependencies.
+    """
+    deps = items.steps.get(name)
+    if deps is not None:
+        return deps
+    deps = graph.deps[name]
+    shape = graph.shapes.get(name)
+    if shape is None:
+        return deps
+    if shape.join == "any":
+        return tuple(d for d in deps if d not in skipped)
+    members = items.members.get(name, ())
+    return (*deps, *(m for m in members if m not in skipped)) if members else deps
 
 
 # -- printing ---------------------------------------------------------------------

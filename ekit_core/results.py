@@ -5,8 +5,8 @@ Each is a small frozen value. ``Start`` is what ``plan`` returns, in a
 the attempt. ``Began`` says
 that an attempt which first had to wait (a retry delay, an approval) has
 begun its work. ``Succeeded``, ``Failed``, ``Denied`` and ``Interrupted``
-say how an attempt ended; ``Cancelled`` that the whole run is being
-cancelled.
+say how an attempt ended; ``Skipped`` that it did not run, its step's
+condition being false; ``Cancelled`` that the whole run is being cancelled.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "Failed",
     "Input",
     "Interrupted",
+    "Skipped",
     "Start",
     "Succeeded",
     "first_start",
@@ -123,6 +124,14 @@ class Interrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class Skipped:
+    """Step ``name``'s condition was false: it is skipped, for ``reason``, and never runs."""
+
+    name: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Cancelled:
     """The run is being cancelled: start nothing more."""
 
@@ -135,7 +144,7 @@ AttemptEnd: TypeAlias = Succeeded | Failed | Denied | Interrupted
 AttemptOutcome: TypeAlias = AttemptEnd
 """The former name of :data:`AttemptEnd`, kept for old imports."""
 
-Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Cancelled
+Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Skipped | Cancelled
 """Anything :func:`~ekit_core.apply` folds into a state."""
 
 

@@ -6,18 +6,60 @@ downstream of it run again** (its dependents consumed the old output).
 finds the steps a resume must re-run because they changed since they were
 recorded (a bumped ``version`` tag, or dependencies that differ from the
 recorded graph). Both are pure.
+
+In a graph with run-time shapes (:mod:`ekit_core.shapes`) the rule reads
+the graph as the run grew it: the items the recorded outputs expand into
+(:func:`grown`). An item's dependents are the items chained to it and its
+mapped step's collected output; a step's are its declared dependents and
+the items of the steps mapped over it. So rewinding one item ``M[k]`` drops
+it, ``M``'s collected output, the items chained to it (``N[k]``, with
+``N``'s collection) and what needs those; rewinding ``M`` drops every item
+of ``M`` too; rewinding what ``M`` maps over drops all of that. The steps
+and items skipped downstream are dropped with them: their conditions are
+decided again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
+from ekit_core.expansion import Expanded, expand, expanders
 from ekit_core.graph import GraphSpec
 
-__all__ = ["downstream", "outdated_steps", "rewind"]
+__all__ = ["downstream", "grown", "outdated_steps", "rewind"]
+
+
+def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
+    """The items that ``outputs`` expand ``graph``'s mapped steps into, as a resume expands them.
+
+    Empty for a graph without mapped steps, or before anything they map
+    over is recorded. Expansions that a recorded output refuses (not a list
+    or mapping) add nothing, as in a run.
+    """
+    found = Expanded()
+    for over in expanders(graph):
+        if over in outputs:
+            more, _refused = expand(graph, over, outputs[over])
+            found.steps.update(more.steps)
+            found.items.update(more.items)
+            found.members.update(more.members)
+            found.kinds.update(more.kinds)
+    return found
+
+
+def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
+    """Who consumes each step's or item's output in the grown graph (see the module)."""
+    consumers = {n: list(graph.dependents[n]) for n in graph.names}
+    for name, deps in items.steps.items():
+        consumers.setdefault(name, [])
+        for d in deps:
+            consumers[d].append(name)
+    for name, ref in items.items.items():
+        consumers[name].append(ref.step)
+    return consumers
 
 
 def downstream(graph: GraphSpec, names: Iterable[str]) -> list[str]:
@@ -85,6 +127,11 @@ def rewind(
     ``steps`` is an iterable of step names, or one name as a plain string
     (``"ab"`` is the step ``ab``, not ``a`` and ``b``). Raises ``ValueError``
     naming steps the graph does not have, or for ``steps`` that is neither.
+
+    In a graph with run-time shapes ``steps`` may also name items
+    (``"summarize[2]"``, as the checkpoint records them): see the module for
+    what rewinding an item, a mapped step, or what it maps over drops.
+    Skips recorded downstream are dropped too.
     """
     spec = graph if isinstance(graph, GraphSpec) else getattr(graph, "graph", None)
     if not isinstance(spec, GraphSpec):
@@ -92,10 +139,104 @@ def rewind(
     if not isinstance(checkpoint, WorkflowCheckpoint):
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
     wanted = list(dict.fromkeys(_step_names(steps)))
+    if spec.shapes:
+        return _rewind_shaped(spec, checkpoint, wanted)
     unknown = [n for n in wanted if n not in spec.index]
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
     return without(checkpoint, spec, downstream(spec, wanted))
+
+
+def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: list[str]
+                   ) -> WorkflowCheckpoint:
+    """:func:`rewind` in a graph with run-time shapes: items, collections and skips too."""
+    items = grown(graph, checkpoint.outputs)
+    unknown = [n for n in wanted if n not in graph.index and n not in items.items]
+    if unknown:
+        raise ValueError(f"cannot rewind unknown step(s) or item(s): {', '.join(map(repr, unknown))}")
+    consumers = _consumers(graph, items)
+    # Rewinding a mapped step rewinds every one of its items.
+    seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ()))}
+    frontier = list(seen)
+    while frontier:
+        for child in consumers[frontier.pop()]:
+            if child not in seen:
+                seen.add(child)
+                frontier.append(child)
+    _keep_forced_skips(graph, items, checkpoint.skipped, seen)
+    outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
+    if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys():
+        return checkpoint
+    aside = _set_aside(graph, checkpoint, items, wanted, seen)
+    return WorkflowCheckpoint(
+        step_index=sum(1 for n in outputs if n in graph.index or n in items.items),
+        outputs=MappingProxyType(outputs),
+        cost=checkpoint.cost,
+        context=checkpoint.context,
+        step_usage=MappingProxyType({k: u for k, u in checkpoint.step_usage.items() if k not in seen}),
+        failures=checkpoint.failures,
+        fingerprint=checkpoint.fingerprint,
+        graph=checkpoint.graph,
+        format_version=checkpoint.format_version,
+        versions=checkpoint.versions,
+        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
+        shapes=checkpoint.shapes,
+        superseded=MappingProxyType(aside),
+    )
+
+
+def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,
+               wanted: list[str], seen: set[str]) -> dict[str, Any]:
+    """What an early cutoff may keep after this rewind: a rewound output that steps map
+    over, and the items dropped only because of it (their mapped step not rewound
+    itself, nothing else they need dropped), so that a resume runs only the items
+    whose input changes."""
+    aside = dict(checkpoint.superseded)
+    sources = [u for u in wanted if u in checkpoint.outputs and u in expanders(graph)]
+    if not sources:
+        return aside
+    for u in sources:
+        aside[u] = checkpoint.outputs[u]
+    for name, ref in items.items.items():
+        if name not in checkpoint.outputs or name not in seen:
+            continue
+        step, clean = ref.step, True
+        while clean:
+            shape = graph.shapes[step]
+            over = cast(str, shape.map_over)
+            clean = step not in wanted and not any(
+                d in seen for d in graph.deps[step] if d != over)
+            upstream = graph.shapes.get(over)
+            if over in sources or upstream is None or upstream.map_over is None:
+                break
+            step = over
+        if clean and over in sources:
+            aside[name] = checkpoint.outputs[name]
+    return aside
+
+
+def _keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str],
+                       seen: set[str]) -> None:
+    """Take out of ``seen`` the skips that the skips kept force: what needs a step that
+    stays skipped is skipped again, so its skip stays (a resume refuses it otherwise)."""
+    def deps_of(name: str) -> tuple[str, ...]:
+        return items.steps[name] if name in items.steps else graph.deps[name]
+
+    kept = [n for n in skipped if n not in seen]
+    frontier = list(kept)
+    consumers = _consumers(graph, items) if frontier and seen & skipped.keys() else {}
+    while frontier:
+        name = frontier.pop()
+        for child in consumers.get(name, ()):
+            if child not in seen or child not in skipped or name not in deps_of(child):
+                continue
+            shape = graph.shapes.get(child)
+            deps = deps_of(child)
+            if shape is not None and shape.join == "any" and not all(
+                    d in skipped and d not in seen for d in deps):
+                continue
+            seen.discard(child)
+            frontier.append(child)
 
 
 def _step_names(steps: object) -> list[str]:
@@ -131,4 +272,7 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
         graph=checkpoint.graph,
         format_version=checkpoint.format_version,
         versions=checkpoint.versions,
+        skipped=checkpoint.skipped,
+        shapes=checkpoint.shapes,
+        superseded=checkpoint.superseded,
     )

@@ -15,8 +15,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import ekit_core
-from ekit_core.checkpoint import FailureRecord, RecordedGraph, WorkflowCheckpoint
+from ekit_core.checkpoint import (
+    SHAPED_FORMAT_VERSION,
+    FailureRecord,
+    RecordedGraph,
+    WorkflowCheckpoint,
+)
 from ekit_core.events import Event, Outcome
+from ekit_core.expansion import Expansion
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
@@ -43,6 +49,8 @@ __all__ = [
 
 _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
 _NO_DELAYS: MappingProxyType[str, float] = MappingProxyType({})
+NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
+"""The skips of every run without run-time shapes: one shared empty mapping."""
 
 
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
@@ -79,7 +87,13 @@ _FROM_GRAPH: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """What does not change during a run: the graph, the limits, the context, the steps' versions."""
+    """What does not change during a run: the graph, the limits, the context, the steps' versions.
+
+    Except by growing: a run with run-time shapes (:mod:`ekit_core.shapes`)
+    schedules a ``graph`` that grows by the items of its mapped steps, while
+    ``declared`` keeps the graph as declared (what checkpoints record and
+    fingerprint) and ``shaped`` what the expansions made so far.
+    """
 
     graph: GraphSpec
     limits: RunLimits
@@ -93,13 +107,22 @@ class RunSpec:
     dependents: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _FROM_GRAPH, repr=False, compare=False
     )
+    # The declared graph of a shaped run (None: ``graph`` is declared) and its expansions.
+    declared: GraphSpec | None = field(default=None, repr=False)
+    shaped: Expansion | None = field(default=None, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dependents is _FROM_GRAPH:
             object.__setattr__(self, "dependents", self.graph.dependents)
-        object.__setattr__(self, "recorded_graph", RecordedGraph.of(self.graph))
+        declared = self.declared if self.declared is not None else self.graph
+        object.__setattr__(self, "recorded_graph", RecordedGraph.of(declared))
+
+    @property
+    def declared_graph(self) -> GraphSpec:
+        """The graph as declared: what the run's checkpoints record."""
+        return self.declared if self.declared is not None else self.graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +147,9 @@ class Setbacks:
     halt: Halt | None = None
     errors: tuple[tuple[str, BaseException], ...] = ()
     gated: MappingProxyType[str, float] = field(default_factory=lambda: _NO_DELAYS)
+    # Steps (and items) whose condition was false, or that needed one that
+    # was: why each was skipped. Durable, as failures are.
+    skipped: MappingProxyType[str, str] = field(default_factory=lambda: NO_SKIPS)
 
 
 Incidents = Setbacks
@@ -221,8 +247,13 @@ class State:
 
     @property
     def complete(self) -> bool:
-        """Every step's output is recorded: nothing is left to run."""
-        return self.completed == len(self.spec.graph.names)
+        """Every step's output is recorded, or the step skipped: nothing is left to run."""
+        return self.completed + len(self.setbacks.skipped) == len(self.spec.graph.names)
+
+    @property
+    def skipped(self) -> MappingProxyType[str, str]:
+        """Steps (and items) skipped by a condition, and why."""
+        return self.setbacks.skipped
 
     @property
     def settled(self) -> bool:
@@ -258,8 +289,17 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     this calls through the package: :mod:`ekit_core._frozen` imports this module).
     """
     spec = state.spec
+    shaped = spec.shaped
+    if shaped is None:  # a static graph: no skips, no shapes, nothing set aside (once per step)
+        return ekit_core._frozen.checkpoint(
+            state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+            context=spec.context, failures=state.setbacks.failures,
+            graph=spec.recorded_graph, versions=spec.versions,
+        )
     return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=state.setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
+        skipped=state.setbacks.skipped, shapes=spec.declared_graph.shapes,
+        superseded=shaped.superseded, format_version=SHAPED_FORMAT_VERSION,
     )

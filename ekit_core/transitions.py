@@ -25,8 +25,21 @@ The table (``RULES``), input -> rule -> what it changes:
                                  branch when the run isolates failures
 ``Denied``      ``_denied``      running -> ready; halts the run ("denied")
 ``Interrupted`` ``_interrupted`` running -> ready
+``Skipped``     ``_skipped``     running -> skipped (its condition was false), and
+                                 with it what needs it (``_skip``)
 ``Cancelled``   ``_cancelled``   halts the run ("cancelled")
 =============== ================ ===================================================
+
+Run-time shapes (:mod:`ekit_core.shapes`) add three rules around the table,
+in the section of their own below: when an output that steps map over is
+recorded, those steps expand into items (``_expand``: the graph grows, and
+the mapped step counts its items down); when an item is recorded or
+skipped, its mapped step counts down, and collects its items' outputs as
+its own at zero (``_collect``); a skip passes to every step that needs the
+skipped one, except a join over alternatives (``join="any"``), which runs
+once every dependency is settled if any ran. A mapped step is never started
+itself and never made ready by its dependencies. A graph without shapes
+pays one check per success for all of this.
 
 Around the table:
 
@@ -58,7 +71,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace as _replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from ekit_core import window
 from ekit_core._frozen import batch, first_start, state_of_run
@@ -84,6 +97,16 @@ from ekit_core.events import (
     StepSkipped,
     StepStarted,
 )
+from ekit_core.expansion import (
+    Expanded,
+    Expansion,
+    MapError,
+    collected,
+    expand,
+    expanders,
+    item_input,
+    same_encoding,
+)
 from ekit_core.graph import GraphSpec
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
@@ -95,11 +118,14 @@ from ekit_core.results import (
     Failed,
     Input,
     Interrupted,
+    Skipped,
     Start,
     Succeeded,
 )
 from ekit_core.rewind import outdated_steps, without
+from ekit_core.shapes import items_of
 from ekit_core.state import (
+    NO_SKIPS,
     Halt,
     Outcome,
     RunLimits,
@@ -107,7 +133,7 @@ from ekit_core.state import (
     Setbacks,
     State,
 )
-from ekit_core.usage import TokenUsage
+from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
     "Batch",
@@ -138,8 +164,18 @@ def dependencies_recorded(graph: GraphSpec, outputs: Mapping[str, Any], name: st
 
 
 def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """ExecutionKit's rule: recorded outputs that are not steps were the run's context."""
-    return {k: v for k, v in outputs.items() if k not in graph.index}
+    """ExecutionKit's rule: recorded outputs that are not steps were the run's context.
+
+    Nor items: ``M[key]`` for a step ``M`` of ``graph`` that maps over
+    another is an item of ``M`` (no step may be named so), whether or not
+    this graph has grown by it yet.
+    """
+    index = graph.index
+    mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
+    if not mapped:
+        return {k: v for k, v in outputs.items() if k not in index}
+    return {k: v for k, v in outputs.items()
+            if k not in index and not (k.startswith(mapped) and k.endswith("]"))}
 
 
 def outcome_of(
@@ -357,8 +393,18 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
+    base = RunSpec(graph, limits, MappingProxyType(
+        _check_context(graph, checkpoint.context, "context") | new_context), tags)
+    if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
+        return _initial_shaped(graph, checkpoint, base, outdated, record_events)
     checkpoint = without(checkpoint, graph, outdated)
-    merged = _check_context(graph, checkpoint.context, "context") | new_context
+    return _initial_static(graph, checkpoint, base, outdated, record_events)
+
+
+def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
+                    outdated: Mapping[str, str], record_events: bool) -> State:
+    """:func:`initial_state` of a graph without run-time shapes (most runs)."""
+    limits = base.limits
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     offset, ready = window.start(first)
@@ -368,10 +414,194 @@ def initial_state(
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
               if record_events else ())
     return State(
-        RunSpec(graph, limits, MappingProxyType(merged), tags, dependents), outputs, step_usage,
+        _replace(base, dependents=dependents), outputs, step_usage,
         completed=done, cost=checkpoint.cost, setbacks=setbacks, events=events, outcome=outcome,
         _offset=offset, _ready=ready, _running=0, _in_flight=0, _waiting=MappingProxyType(waiting),
     )
+
+
+def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
+                    outdated: Mapping[str, str], record: bool) -> State:
+    """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
+    checkpoint = kept_on_resume(graph, checkpoint, outdated, base.versions)
+    skipped = checkpoint.skipped
+    first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    offset, ready = window.start(first)
+    spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
+                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded))
+    halt = _recorded_halt(spec.limits, checkpoint, len(graph) - done)
+    outputs, step_usage = _ledgers(checkpoint)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped)
+    first_state = State(
+        spec, outputs, step_usage, completed=done, cost=checkpoint.cost, setbacks=setbacks,
+        events=(), outcome=None, _offset=offset, _ready=ready, _running=0, _in_flight=0,
+        _waiting=MappingProxyType(waiting),
+    )
+    w = _thaw(first_state, record)
+    if record:
+        w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost))
+    for name in graph.names:
+        if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
+            _expand(w, name)
+    _check_expansion(w, checkpoint)
+    return _freeze(w)
+
+
+def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
+                   versions: Mapping[str, str]) -> WorkflowCheckpoint:
+    """What a resume of a shaped graph keeps of ``checkpoint`` (audit reads the same rule).
+
+    The outdated outputs go (``outdated``: :func:`~ekit_core.rewind.outdated_steps`),
+    with the items and skips that depend on them, some set aside for an
+    early cutoff (``_set_aside``); the items of a skipped mapped step are let
+    go (a run that expanded it before the skip records them, one that did
+    not has none; neither expands it again).
+    """
+    checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
+    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
+    if not gone:
+        return checkpoint
+    return _replace(checkpoint, skipped=MappingProxyType(
+        {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)}))
+
+
+def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
+               versions: Mapping[str, str]) -> WorkflowCheckpoint:
+    """``checkpoint`` with the items whose input runs again set aside, for an early cutoff.
+
+    An output a mapped step maps over that runs again (its version or its
+    dependencies changed, or it needs one that did) goes to ``superseded``
+    with the items made from it: when it is recorded again, an item whose new
+    input equals its old one keeps its output (see ``_cutoff``). The items
+    of a mapped step whose own version or dependencies changed (or one it is
+    chained to) are dropped: their code is not the code that made them.
+    """
+    mapped = {n: s.map_over for n, s in graph.shapes.items() if s.map_over is not None}
+    if not (outdated or checkpoint.versions or versions or checkpoint.superseded):
+        return checkpoint
+    changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
+               or outdated.get(n, "").startswith("its ")}
+    below = _downstream(graph, outdated)
+    again = below | set(outdated)
+    # mapped step -> (its first upstream, whether only that upstream runs again on the way)
+    roots: dict[str, tuple[str, bool]] = {}
+    for name in graph.names:
+        if name in mapped:
+            over = mapped[name]
+            root, clean = roots.get(over, (over, True))
+            others = [d for d in graph.deps[name] if d != over]
+            roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
+    aside = dict(checkpoint.superseded)
+    aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
+                 if u in outdated and u in checkpoint.outputs)
+    prefixes = {f"{m}[": m for m in mapped}
+    # A skip below a step that runs again is decided again.
+    drop = {n for n in below if n in checkpoint.skipped}
+    for name in (*checkpoint.outputs, *checkpoint.skipped):
+        owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
+        if owner is None or (owner not in again and owner not in changed):
+            continue
+        drop.add(name)
+        root, clean = roots[owner]
+        if clean and root in outdated and name in checkpoint.outputs:
+            aside[name] = checkpoint.outputs[name]
+    if not drop and len(aside) == len(checkpoint.superseded):
+        return checkpoint
+    return _replace(
+        checkpoint,
+        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
+        step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
+        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
+        superseded=MappingProxyType(aside),
+    )
+
+
+def _downstream(graph: GraphSpec, names: Iterable[str]) -> set[str]:
+    """Every declared step below ``names`` (not them)."""
+    found: set[str] = set()
+    frontier = list(names)
+    while frontier:
+        for child in graph.dependents[frontier.pop()]:
+            if child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
+def _first_ready_shaped(
+    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str]
+) -> tuple[list[int], dict[str, int], int, list[str]]:
+    """:func:`_first_ready` with shapes: a mapped step is never ready by its dependencies, a
+    skipped step never ready, a join over alternatives counts skipped dependencies as settled."""
+    ready: list[int] = []
+    waiting: dict[str, int] = {}
+    pending: list[str] = []
+    shapes, deps = graph.shapes, graph.deps
+    for i, name in enumerate(graph.names):
+        parents = deps[name]
+        shape = shapes.get(name)
+        joins_any = shape is not None and shape.join == "any"
+        if name in outputs or name in skipped:
+            _check_skips_agree(name, parents, outputs, skipped, joins_any)
+            continue
+        pending.append(name)
+        if shape is not None and shape.map_over is not None:
+            continue
+        gone = [d for d in parents if d in skipped]
+        if gone and not joins_any:
+            raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
+                                             "which needs it")
+        missing = sum(1 for d in parents if d not in outputs and d not in skipped)
+        if not missing:
+            if parents and not any(d in outputs for d in parents):
+                raise CheckpointError("skipped", f"every step {name!r} joins is skipped, "
+                                                 "yet it is not")
+            ready.append(i)
+        elif missing < len(parents):
+            waiting[name] = missing
+    return ready, waiting, sum(1 for n in graph.names if n in outputs), pending
+
+
+def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str, Any],
+                       skipped: Mapping[str, str], joins_any: bool) -> None:
+    """A recorded (or skipped) step whose record the recorded skips contradict is refused."""
+    if name in outputs and name in skipped:
+        raise CheckpointError("skipped", f"records {name!r} as skipped and its output too")
+    if name in outputs and parents:
+        gone = [d for d in parents if d in skipped]
+        if gone and (not joins_any or len(gone) == len(parents)):
+            raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet the output "
+                                             f"of {name!r}, which needs it")
+
+
+def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
+    """The dependents the fold reads in a shaped run: no edge into a mapped step
+    (it expands and collects; it is never made ready by its dependencies)."""
+    mapped = {n for n, s in graph.shapes.items() if s.map_over is not None}
+    among = graph.dependents_among(pending)
+    return MappingProxyType({
+        k: tuple(c for c in v if c not in mapped) if v else v for k, v in among.items()
+    })
+
+
+def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
+    """Every recorded item and skip names an item the recorded outputs make, or a step."""
+    index = w.spec.graph.index
+    mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
+    for name in checkpoint.outputs:
+        if name not in index and name.startswith(mapped):
+            raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
+                                             "it maps over does not have")
+    outputs, skipped = checkpoint.outputs, checkpoint.skipped
+    for name in skipped:
+        if name not in index:
+            raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
+        if name in outputs:
+            raise CheckpointError("skipped", f"records {name!r} as skipped and its output too")
+        needing = [c for c in w.spec.dependents.get(name, ()) if c in outputs]
+        if needing:
+            raise CheckpointError("skipped", f"records {name!r} as skipped, yet the output "
+                                             f"of {needing[0]!r}, which needs it")
 
 
 # -- the working copy ------------------------------------------------------------
@@ -530,6 +760,8 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     children = spec.dependents[name]
     if children:
         _count_down(w, children, outputs, index)
+    if spec.shaped is not None:
+        _after_recorded(w, name, spec.shaped)
     budget = spec.limits.budget
     if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
             and budget.reached(w.cost):
@@ -540,9 +772,11 @@ def _count_down(
     w: _Run, children: tuple[str, ...], outputs: Ledger[str, Any], index: Mapping[str, int]
 ) -> None:
     """:func:`dependencies_recorded`, as a countdown: a join over n parents stays O(n)."""
-    deps = w.spec.graph.deps
+    deps, skipped = w.spec.graph.deps, w.setbacks.skipped
     for child in children:
-        if child in outputs:  # recorded before a dependency was added
+        # Recorded before a dependency was added, or skipped (never in a run
+        # without shapes, whose skips are the one shared empty mapping).
+        if child in outputs or (skipped is not NO_SKIPS and child in skipped):
             continue
         parents = len(deps[child])
         if parents > 1:
@@ -600,7 +834,7 @@ def _failed(w: _Run, failed: Failed) -> None:
         failures=MappingProxyType({**inc.failures, name: record}),
         tries=MappingProxyType({**inc.tries, name: attempt}),
     )
-    policy = w.spec.limits.policies.get(name, NO_RETRY)
+    policy = _policy_of(w.spec, name)
     if inc.halt is None and policy.retries(failed.error, attempt):
         delay = policy.delay(attempt)
         w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
@@ -611,6 +845,14 @@ def _failed(w: _Run, failed: Failed) -> None:
     w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
     if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
         w.halt(Halt("failed", name, f"{error_type}: {message}"))
+
+
+def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
+    """The retry policy of step ``name`` (an item's is its mapped step's)."""
+    policy = spec.limits.policies.get(name)
+    if policy is None and spec.shaped is not None and name in spec.shaped.items:
+        policy = spec.limits.policies.get(spec.shaped.items[name].step)
+    return NO_RETRY if policy is None else policy
 
 
 def _denied(w: _Run, denied: Denied) -> None:
@@ -629,6 +871,12 @@ def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     w.ready = window.add(w.ready, window.bit(j))
 
 
+def _skipped(w: _Run, skipped: Skipped) -> None:
+    """The step's condition was false: it is skipped, and what needs it with it."""
+    w.end_attempt(skipped.name, "skipped result")
+    _skip(w, skipped.name, storable_text(str(skipped.reason)))
+
+
 def _cancelled(w: _Run, cancelled: Cancelled) -> None:
     """The run is cancelled: start nothing more."""
     w.halt(Halt("cancelled", reason=cancelled.reason))
@@ -641,6 +889,7 @@ RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
     Failed: _failed,
     Denied: _denied,
     Interrupted: _interrupted,
+    Skipped: _skipped,
     Cancelled: _cancelled,
 })
 """The table of the fold: each kind of input, and the rule that folds it in (see the top)."""
@@ -652,6 +901,252 @@ def _rule_of(item: object) -> Callable[[_Run, Any], None]:
         if isinstance(item, kind):
             return rule
     raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
+
+
+# -- run-time shapes: items, their collection, skips --------------------------------
+
+
+def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
+    """A recorded output that steps map over expands them; a recorded item counts its
+    step down, and so does a dependency an empty mapped step waits for."""
+    if name in shaped.expanders:
+        _expand(w, name)
+        shaped = cast(Expansion, w.spec.shaped)
+    ref = shaped.items.get(name)
+    if ref is not None:
+        _item_settled(w, ref.step)
+    for mapped in shaped.waits.get(name, ()):
+        _item_settled(w, mapped)
+
+
+def _expand(w: _Run, over: str) -> None:
+    """Grow the run by the items of every step mapped over ``over``, whose output is recorded."""
+    more, refused = expand(w.spec.declared_graph, over, w.outputs[over])
+    for mapped, why in refused.items():
+        _map_failed(w, mapped, why)
+    skipped = w.setbacks.skipped
+    if skipped:  # a mapped step skipped already (it needs a skipped step) gets no items
+        more = _without_skipped(more, skipped)
+    if cast(Expansion, w.spec.shaped).superseded:
+        _cutoff(w, over, more)
+    _grow(w, more)
+    outputs, waiting = w.outputs, w.counts()
+    deps = w.spec.declared_graph.deps
+    for mapped, members in more.members.items():
+        if mapped in outputs:  # a resume: collected already
+            continue
+        left = sum(1 for m in members if m not in outputs and m not in skipped)
+        if not members:
+            # No item to wait for: it waits for its dependencies themselves, so
+            # that one skipped meanwhile skips it in every order of events.
+            left = _wait_for_dependencies(w, mapped, deps[mapped])
+        if left:
+            waiting[mapped] = left
+        else:
+            _collect(w, mapped)
+
+
+def _wait_for_dependencies(w: _Run, mapped: str, deps: tuple[str, ...]) -> int:
+    """Count down the empty mapped step ``mapped`` by its unrecorded dependencies instead."""
+    missing = [d for d in deps if d not in w.outputs]
+    if missing:
+        shaped = w.spec.shaped
+        assert shaped is not None
+        waits = dict(shaped.waits)
+        for d in missing:
+            waits[d] = (*waits.get(d, ()), mapped)
+        w.spec = _replace(w.spec, shaped=_replace(shaped, waits=MappingProxyType(waits)))
+    return len(missing)
+
+
+def _cutoff(w: _Run, over: str, more: Expanded) -> None:
+    """Early cutoff: record, without running them, the items whose input is unchanged.
+
+    ``over`` ran again (a rewind, a changed version) with its old output set
+    aside; an item of the new output equal, by encoded value, to the old one
+    under the same key keeps the output set aside for it, and so does, item
+    by item, a chained item whose upstream item was kept. The rest run; what
+    was set aside for these items is let go either way.
+    """
+    shaped = cast(Expansion, w.spec.shaped)
+    aside = dict(shaped.superseded)
+    old = aside.pop(over, _MISSING)
+    kept: list[str] = []
+    for name, ref in more.items.items():
+        previous = aside.pop(name, _MISSING)
+        if previous is _MISSING or name in w.outputs:
+            continue
+        if ref.pick is None:
+            unchanged = ref.source in kept
+        else:
+            shape = w.spec.declared_graph.shapes[ref.step]
+            before = _old_item(old, shape.item_key, ref.key)
+            unchanged = before is not _MISSING and same_encoding(before, item_input(ref, w.outputs))
+        if unchanged:
+            w.outputs = w.outputs.with_item(name, previous)
+            kept.append(name)
+            if w.record:
+                w.events.append(StepSkipped(name, "its input is unchanged: its output is kept"))
+    w.spec = _replace(w.spec, shaped=_replace(shaped, superseded=MappingProxyType(aside)))
+
+
+_MISSING: Any = object()
+
+
+def _old_item(old: Any, item_key: str | None, key: str) -> Any:
+    """The item under ``key`` in the set-aside output ``old``, or ``_MISSING``."""
+    if old is _MISSING:
+        return _MISSING
+    items = items_of(old, item_key)
+    if isinstance(items, str):
+        return _MISSING
+    return next((value for k, value, _ in items if k == key), _MISSING)
+
+
+def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
+    keep = {m for m in more.members if m not in skipped}
+    return Expanded(
+        {n: d for n, d in more.steps.items() if more.items[n].step in keep},
+        {n: r for n, r in more.items.items() if r.step in keep},
+        {m: v for m, v in more.members.items() if m in keep},
+        {m: k for m, k in more.kinds.items() if m in keep},
+    )
+
+
+def _grow(w: _Run, more: Expanded) -> None:
+    """Add the items of ``more`` to the graph; those whose dependencies are recorded are ready.
+
+    An item waits on its dependencies as any step does (a countdown when it
+    has several), so readiness stays O(1) per finished dependency; edges
+    from recorded dependencies are not kept (those never finish again).
+    """
+    spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
+    graph = spec.graph.extended(more.steps)
+    dependents = dict(spec.dependents)
+    extra: dict[str, list[str]] = {}
+    waiting = w.counts()
+    index = graph.index
+    for name, deps in more.steps.items():
+        dependents[name] = ()
+        if name in outputs:  # a resume: recorded already
+            w.completed += 1
+            continue
+        if name in skipped:
+            continue
+        missing = [d for d in deps if d not in outputs]
+        for d in missing:
+            extra.setdefault(d, []).append(name)
+        if not missing:
+            w.fresh.append(index[name])
+        elif len(deps) > 1:
+            waiting[name] = len(missing)
+    for d, names in extra.items():
+        dependents[d] = (*dependents.get(d, ()), *names)
+    assert spec.shaped is not None
+    w.spec = _replace(spec, graph=graph, dependents=MappingProxyType(dependents),
+                      shaped=spec.shaped.grown(more))
+
+
+def _item_settled(w: _Run, mapped: str) -> None:
+    """An item of ``mapped`` was recorded or skipped: at the last one, collect.
+
+    Not if ``mapped`` needs a skipped step: then it is skipped itself (now,
+    or by the skip still being passed on), whatever its items did.
+    """
+    skipped = w.setbacks.skipped
+    if mapped in skipped or mapped in w.outputs or (
+            skipped and any(d in skipped for d in w.spec.declared_graph.deps[mapped])):
+        return
+    waiting = w.counts()
+    left = waiting.pop(mapped) - 1
+    if left:
+        waiting[mapped] = left
+    else:
+        _collect(w, mapped)
+
+
+def _collect(w: _Run, mapped: str) -> None:
+    """Record a mapped step's output: its recorded items' outputs, in order."""
+    shaped = w.spec.shaped
+    assert shaped is not None
+    output = collected(shaped.members[mapped], shaped.kinds[mapped], shaped.items, w.outputs)
+    outputs = w.outputs = w.outputs.with_item(mapped, output)
+    w.completed += 1
+    if w.record:
+        w.events.append(StepFinished(mapped, 1, NO_USAGE, None))
+    children = w.spec.dependents[mapped]
+    if children:
+        _count_down(w, children, outputs, w.spec.graph.index)
+    for waiting in shaped.waits.get(mapped, ()):
+        _item_settled(w, waiting)
+
+
+def _map_failed(w: _Run, mapped: str, why: str) -> None:
+    """A mapped step whose input has no items fails (its input stays recorded)."""
+    error = MapError(why)
+    inc = w.setbacks
+    record = FailureRecord("MapError", storable_text(why), 1)
+    w.setbacks = _replace(inc, failures=MappingProxyType({**inc.failures, mapped: record}),
+                          errors=(*inc.errors, (mapped, error)))
+    w.events.append(StepFailed(mapped, 1, "MapError", record.message, None))
+    if not w.spec.limits.isolate_failures:
+        w.halt(Halt("failed", mapped, f"MapError: {record.message}"))
+
+
+def _skip(w: _Run, name: str, reason: str) -> None:
+    """Skip ``name``, and every step or item that needs it, unless it joins ``"any"``."""
+    # A dict of this skip's own, behind the proxy the rules read meanwhile.
+    skips = dict(w.setbacks.skipped)
+    w.setbacks = _replace(w.setbacks, skipped=MappingProxyType(skips))
+    todo = [(name, reason)]
+    while todo:
+        step, why = todo.pop()
+        if step in w.outputs or step in skips:  # (a collection below may record outputs)
+            continue
+        skips[step] = why
+        if w.record:
+            w.events.append(StepSkipped(step, why))
+        shaped = w.spec.shaped
+        ref = shaped.items.get(step) if shaped is not None else None
+        if ref is not None:
+            _item_settled(w, ref.step)
+        for child in _needing(w, step):
+            if child in w.outputs or child in skips:
+                continue
+            why_child = _join_any(w, child) if _joins_any(w, child) else (
+                f"it needs {step!r}, which was skipped")
+            if why_child:
+                todo.append((child, why_child))
+
+
+def _needing(w: _Run, step: str) -> tuple[str, ...]:
+    """What a skip of ``step`` reaches: its declared dependents (mapped ones included) and items."""
+    declared = w.spec.declared_graph
+    scheduled = w.spec.dependents.get(step, ())
+    if step not in declared.index:
+        return tuple(scheduled)
+    items = w.spec.shaped.items if w.spec.shaped is not None else {}
+    return (*declared.dependents[step], *[c for c in scheduled if c in items])
+
+
+def _joins_any(w: _Run, step: str) -> bool:
+    shape = w.spec.declared_graph.shapes.get(step)
+    return shape is not None and shape.join == "any"
+
+
+def _join_any(w: _Run, step: str) -> str:
+    """A dependency of the ``join="any"`` step was skipped: ready once all are settled,
+    if one ran; the reason to skip it too when none did; ``""`` while some are pending."""
+    deps = w.spec.graph.deps[step]
+    waiting = w.counts()
+    left = waiting.pop(step, len(deps)) - 1
+    if left:
+        waiting[step] = left
+        return ""
+    if any(d in w.outputs for d in deps):
+        w.fresh.append(w.spec.graph.index[step])
+        return ""
+    return "every step it joins was skipped"
 
 
 # -- starting attempts: plan, and the one way an attempt starts ----------------------
@@ -795,7 +1290,8 @@ def _freeze(w: _Run) -> State:
     outcome = None
     if not w.in_flight:  # else the run goes on: no need to ask
         total = len(w.spec.graph.names)
-        outcome = outcome_of(w.completed, total, 0, w.ready, w.setbacks)
+        settled = w.completed + len(w.setbacks.skipped)
+        outcome = outcome_of(settled, total, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost))
     w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)

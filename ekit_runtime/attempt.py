@@ -24,6 +24,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ekit_core.shapes import item_name
+
 if TYPE_CHECKING:
     from ekit_runtime.step import Step
 
@@ -50,25 +52,27 @@ class Attempt:
     - ``context``: what ``step.run`` is called with;
     - ``number``: the attempt's number counted across runs, from 1: one more
       than the failed attempts recorded for the step so far;
-    - ``run_id``: the run's id, or ``None`` for a run given none.
+    - ``run_id``: the run's id, or ``None`` for a run given none;
+    - ``item``: for an item of a mapped step, the item's key (else ``None``).
     """
 
     step: Step
     context: MutableMapping[str, Any]
     number: int = 1
     run_id: str | None = None
+    item: str | None = None
 
     @property
     def name(self) -> str:
-        """The step's name."""
-        return self.step.name
+        """What the attempt runs: the step's name, or its item's (``step[key]``)."""
+        return self.step.name if self.item is None else item_name(self.step.name, self.item)
 
     @property
     def key(self) -> AttemptKey | None:
-        """The attempt's idempotency key (``run_id/step/number``), or ``None`` without a run id."""
+        """The attempt's idempotency key (``run_id/name/number``), or ``None`` without a run id."""
         if self.run_id is None:
             return None
-        return AttemptKey(self.run_id, self.step.name, self.number)
+        return AttemptKey(self.run_id, self.name, self.number)
 
 
 CURRENT: ContextVar[AttemptKey] = ContextVar("ekit_attempt_key")

@@ -13,8 +13,8 @@ it reads, and its exit codes. The decisions themselves are the pure
   whether the recorded checkpoints are a legal execution, and their timeline.
 - ``ekit rewind SOURCE --step NAME [--step NAME ...] (--workflow ... | --graph ...
   | --graph-from-checkpoint) [-o OUT [--output-run-id RUN]]``: the latest
-  checkpoint without the outputs of those steps and everything downstream,
-  as JSON; ``-o`` writes it through the store that owns ``OUT``
+  checkpoint without the outputs of those steps (or items, ``step[key]``) and
+  everything downstream, as JSON; ``-o`` writes it through the store that owns ``OUT``
   (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
@@ -61,6 +61,8 @@ from typing import Any, NoReturn, TextIO
 from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, rewind
 from ekit_core.graph_text import read
 from ekit_core.report import count, graph_of, recorded_graph, table, versions_of
+from ekit_core.rewind import grown
+from ekit_core.shapes import Shape
 from ekit_runtime.queue import cli as queue_cli
 from ekit_runtime.redaction import Redactor
 from ekit_runtime.sources import (
@@ -163,7 +165,7 @@ def _load_graph(path: str) -> tuple[GraphSpec, Versions]:
             steps, needs = data["graph_steps"], data.get("graph_needs")
             if not isinstance(steps, str) or not isinstance(needs, str):
                 raise InputError(f"{path}: graph_steps and graph_needs must both be strings")
-            return GraphSpec.of(read(steps, needs)), None
+            return GraphSpec.of(read(steps, needs), _file_shapes(data.get("shapes"))), None
         if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
             # The ``graph`` table a checkpoint records: step -> dependencies.
             return GraphSpec.of(data), None
@@ -173,6 +175,15 @@ def _load_graph(path: str) -> tuple[GraphSpec, Versions]:
         f"{path}: not a graph (expected the output of 'ekit graph': "
         '{"steps": [{"name": ..., "depends_on": [...]}, ...]})'
     )
+
+
+def _file_shapes(value: object) -> dict[str, Shape] | None:
+    """The ``shapes`` a checkpoint records (step -> shape), as a graph reads them."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("field 'shapes' must be an object of step name -> shape")
+    return {name: Shape.from_dict(shape, f"shapes[{name!r}]") for name, shape in value.items()}
 
 
 def _file_versions(value: object, path: str) -> Versions:
@@ -406,9 +417,12 @@ def _cmd_rewind(args: argparse.Namespace) -> int:
     except TargetError as exc:
         raise InputError(f"-o {exc}") from None
     dropped = [n for n in checkpoint.outputs if n not in trimmed.outputs]
+    skips = [n for n in checkpoint.skipped if n not in trimmed.skipped]
+    undecided = f" and {count(len(skips))} skip(s) ({', '.join(skips)})" if skips else ""
     _print_text(
         f"{args.output}: the checkpoint of {recorded.label} without {count(len(dropped))} "
-        f"output(s) ({', '.join(dropped) or 'none'}), written {how}; a resume from it runs them again",
+        f"output(s) ({', '.join(dropped) or 'none'}){undecided}, written {how}; a resume from it "
+        "runs them again",
         sys.stdout,
     )
     return EXIT_CLEAN
@@ -426,28 +440,66 @@ def _recorded_graph_of(checkpoint: WorkflowCheckpoint, label: str) -> GraphSpec:
 
 
 def _cmd_graph(args: argparse.Namespace) -> int:
+    items: dict[str, int] | None = None
     if args.workflow is not None:
         graph, versions = _import_graph(args.workflow)
     else:
         checkpoint = _read(args, args.checkpoint).latest
         graph = _recorded_graph_of(checkpoint, args.checkpoint)
         versions = dict(checkpoint.versions)
+        if graph.shapes:  # how many items the recorded outputs expand each mapped step into
+            items = {m: len(v) for m, v in grown(graph, checkpoint.outputs).members.items()}
     if args.format == "json":
         data = graph.to_dict()
         if versions:
             data["versions"] = dict(versions)
+        if items is not None:
+            data["items"] = items
         _print_json(data, sys.stdout)
     else:
-        _print_text(_GRAPH_FORMATS[args.format](graph), sys.stdout)
+        _print_text(_GRAPH_FORMATS[args.format](graph, items), sys.stdout)
     return EXIT_CLEAN
 
 
-def mermaid(graph: GraphSpec) -> str:
-    """The graph as a Mermaid ``flowchart TD``: nodes ``s0, s1, ...`` labelled with the step names."""
+def _shape_note(graph: GraphSpec, name: str, items: Mapping[str, int] | None) -> str:
+    """What a drawn node says beside its name about its run-time shape (``""`` for none):
+    ``(map over split \u00d7N)``, the times sign before the item count N when
+    a checkpoint says it, ``(when urgent)``, ``(join any)``. A mapped step is one node."""
+    shape = graph.shapes.get(name)
+    if shape is None:
+        return ""
+    notes = []
+    if shape.map_over is not None:
+        n = None if items is None else items.get(name)
+        notes.append(f"map over {shape.map_over}" + ("" if n is None else f" \u00d7{count(n)}"))
+    if shape.when is not None:
+        notes.append(f"when {shape.when}")
+    if shape.join == "any":
+        notes.append("join any")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def _mapped_over(graph: GraphSpec, name: str, dep: str) -> bool:
+    shape = graph.shapes.get(name)
+    return shape is not None and shape.map_over == dep
+
+
+def mermaid(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
+    """The graph as a Mermaid ``flowchart TD``: nodes ``s0, s1, ...`` labelled with the step names.
+
+    A mapped step is a subroutine node (``[[...]]``) reached by a thick
+    edge (``==>``) from what it maps over; shapes are noted in the label
+    (see :func:`_shape_note`), ``items`` giving each mapped step's item count.
+    """
     lines = ["flowchart TD"]
     ids = {name: f"s{i}" for i, name in enumerate(graph.names)}
-    lines.extend(f'    {ids[n]}["{_mermaid_label(n)}"]' for n in graph.names)
-    lines.extend(f"    {ids[d]} --> {ids[n]}" for n in graph.names for d in graph.deps[n])
+    for n in graph.names:
+        label = _mermaid_label(n + _shape_note(graph, n, items))
+        shape = graph.shapes.get(n)
+        mapped = shape is not None and shape.map_over is not None
+        lines.append(f'    {ids[n]}[["{label}"]]' if mapped else f'    {ids[n]}["{label}"]')
+    lines.extend(f"    {ids[d]} {'==>' if _mapped_over(graph, n, d) else '-->'} {ids[n]}"
+                 for n in graph.names for d in graph.deps[n])
     return "\n".join(lines)
 
 
@@ -459,12 +511,23 @@ def _mermaid_label(name: str) -> str:
     return "".join(c if (c.isalnum() and c.isprintable()) or c in safe else f"#{ord(c)};" for c in name)
 
 
-def dot(graph: GraphSpec) -> str:
-    """The graph as a Graphviz ``digraph``: nodes ``n0, n1, ...`` labelled with the step names."""
+def dot(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
+    """The graph as a Graphviz ``digraph``: nodes ``n0, n1, ...`` labelled with the step names.
+
+    A mapped step is drawn with a double border (``peripheries=2``) and
+    reached by a bold edge from what it maps over, a conditional step
+    dashed; shapes are noted in the label, as in :func:`mermaid`.
+    """
     ids = {name: f"n{i}" for i, name in enumerate(graph.names)}
     lines = ["digraph workflow {", "    rankdir=TB;"]
-    lines.extend(f'    {ids[n]} [label="{_dot_label(n)}"];' for n in graph.names)
-    lines.extend(f"    {ids[d]} -> {ids[n]};" for n in graph.names for d in graph.deps[n])
+    for n in graph.names:
+        shape = graph.shapes.get(n)
+        extra = "" if shape is None else (
+            ("" if shape.map_over is None else ", peripheries=2")
+            + ("" if shape.when is None else ", style=dashed"))
+        lines.append(f'    {ids[n]} [label="{_dot_label(n + _shape_note(graph, n, items))}"{extra}];')
+    lines.extend(f"    {ids[d]} -> {ids[n]}{' [style=bold]' if _mapped_over(graph, n, d) else ''};"
+                 for n in graph.names for d in graph.deps[n])
     lines.append("}")
     return "\n".join(lines)
 
@@ -477,7 +540,8 @@ def _dot_label(name: str) -> str:
     return "".join(c if c.isprintable() else f"\\\\x{ord(c):02x}" for c in text)
 
 
-_GRAPH_FORMATS: dict[str, Callable[[GraphSpec], str]] = {"mermaid": mermaid, "dot": dot}
+_GRAPH_FORMATS: dict[str, Callable[[GraphSpec, Mapping[str, int] | None], str]] = {
+    "mermaid": mermaid, "dot": dot}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -546,7 +610,8 @@ def _add_rewind_and_graph(sub: Any) -> None:
         "and of every step downstream of them, as JSON: resuming it runs them again.",
     )
     _source_options(p)
-    p.add_argument("--step", action="append", required=True, metavar="NAME", help="a step to re-run")
+    p.add_argument("--step", action="append", required=True, metavar="NAME",
+                   help="a step to re-run, or an item of a mapped step (step[key])")
     group = _graph_options(p, required=True)
     group.add_argument("--graph-from-checkpoint", action="store_true",
                        help="use the graph the checkpoint records")

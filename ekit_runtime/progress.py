@@ -6,6 +6,15 @@ terminal it keeps one status line up to date (steps done out of the total,
 steps in flight, tokens spent, elapsed time); anywhere else (a CI log, a
 pipe, a file) it writes one plain line per step that finished, failed or
 will be retried, and one when the run ends, so the log reads top to bottom.
+
+A run with run-time shapes (:mod:`ekit_core.shapes`) counts its items as
+steps: the total starts at the declared steps and grows by each item the
+printer sees (an expansion's items appear as they start), and a mapped
+step's collected output counts once, when it is collected. A step (or item)
+skipped by a condition counts as done, and is marked so (``skipped NAME:
+reason`` in a log, ``N skipped by a condition`` at the end). Which names
+are items it reads from ``graph=`` when given (exact), else from their form
+``step[key]``; a graph without shapes prints as it always did.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from ekit_core import (
     Event,
@@ -50,6 +59,34 @@ def _ending(event: RunSettled) -> str:
     return event.outcome
 
 
+def _mapped_steps(graph: Any) -> frozenset[str] | None:
+    """The mapped steps of ``graph`` (a ``GraphSpec`` or anything with one as ``.graph``);
+    ``None`` when no graph is given (items are then told by their form)."""
+    if graph is None:
+        return None
+    spec = getattr(graph, "graph", graph)
+    shapes = getattr(spec, "shapes", None)
+    if not isinstance(getattr(spec, "names", None), tuple) or shapes is None:
+        raise ValueError(f"graph must be a GraphSpec or a Workflow, got {type(graph).__name__}")
+    return frozenset(n for n, s in shapes.items() if s.map_over is not None)
+
+
+def _item_of(name: str, mapped: frozenset[str] | None) -> str | None:
+    """The mapped step ``name`` is an item of (``step[key]``), or ``None`` for a step."""
+    if not name.endswith("]"):
+        return None
+    cut = name.find("[")
+    if cut <= 0:
+        return None
+    if mapped is None:
+        return name[:cut]
+    while cut > 0:  # a mapped step's own name may hold a "[" too
+        if name[:cut] in mapped:
+            return name[:cut]
+        cut = name.find("[", cut + 1)
+    return None
+
+
 def _seconds(value: float) -> str:
     if value < 60:
         return f"{value:.1f}s"
@@ -68,6 +105,9 @@ class ProgressPrinter:
       printing retries and failures above it; ``False`` writes plain lines.
       ``None`` (the default) asks ``stream.isatty()``.
     - ``interval``: the least time between two redraws of the status line.
+    - ``graph``: the run's ``GraphSpec`` (or ``Workflow``), so that items
+      are told from steps by the mapped steps it declares rather than by
+      their ``step[key]`` form; ``None`` (the default) goes by the form.
 
     One printer can watch several runs one after another: ``RunStarted``
     resets its counts. It is a plain synchronous callable, so it never
@@ -81,6 +121,7 @@ class ProgressPrinter:
         clock: Callable[[], float] = time.monotonic,
         tty: bool | None = None,
         interval: float = 0.1,
+        graph: Any = None,
     ) -> None:
         if not callable(clock):
             raise ValueError(f"clock must be callable, got {type(clock).__name__}")
@@ -92,12 +133,16 @@ class ProgressPrinter:
         self._clock = clock
         self._tty = tty
         self._interval = float(interval)
+        self._mapped = _mapped_steps(graph)
         self._reset()
 
     def _reset(self) -> None:
         self._total = 0
         self._done = 0
         self._skipped = 0
+        self._by_condition = 0
+        # Items seen, by their mapped step (the total grows by each).
+        self._items: dict[str, set[str]] = {}
         self._failed = 0
         self._tokens = 0
         self._running: dict[str, None] = {}
@@ -109,18 +154,28 @@ class ProgressPrinter:
 
     @property
     def total(self) -> int:
-        """Steps in the run being watched."""
+        """Steps in the run being watched (and the items seen so far, in a shaped run)."""
         return self._total
 
     @property
     def done(self) -> int:
-        """Steps whose output is recorded, those skipped on resume included."""
+        """Steps whose output is recorded, those skipped on resume or by a condition included."""
         return self._done
 
     @property
     def skipped(self) -> int:
         """Steps skipped because the checkpoint resumed from recorded them."""
         return self._skipped
+
+    @property
+    def skipped_by_condition(self) -> int:
+        """Steps and items skipped because a condition was false (counted as done)."""
+        return self._by_condition
+
+    @property
+    def items(self) -> int:
+        """Items of mapped steps seen so far (0 in a graph without shapes)."""
+        return sum(len(v) for v in self._items.values())
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -165,21 +220,13 @@ class ProgressPrinter:
                 self._line(f"run started: {event.total} steps{resumed}")
             self._draw(force=True)
         elif isinstance(event, StepSkipped):
-            self._skipped += 1
+            self._skip(event)
         elif isinstance(event, StepStarted):
+            self._count_item(event.name)
             self._running[event.name] = None
             self._draw()
         elif isinstance(event, StepFinished):
-            self._running.pop(event.name, None)
-            self._done += 1
-            self._tokens += event.usage.total_tokens
-            if not self._is_tty():
-                took = "" if event.duration is None else f" in {_seconds(event.duration)}"
-                self._line(
-                    f"{self._prefix()} done {event.name}{took}, "
-                    f"{event.usage.total_tokens:,} tokens"
-                )
-            self._draw()
+            self._finished(event)
         elif isinstance(event, StepRetried):
             self._running.pop(event.name, None)
             self._note(
@@ -202,16 +249,61 @@ class ProgressPrinter:
             self._draw()
         elif isinstance(event, RunSettled):
             self._running.clear()
-            self._done = event.completed
+            # A finished run settled every step: the ones skipped by a
+            # condition are done too (a resume does not announce those it read).
+            done = event.total if event.outcome == "finished" else event.completed + self._by_condition
+            self._done, self._total = done, max(event.total, self._total)
+            notes = [f"{self._skipped} skipped"] if self._skipped else []
+            if self._by_condition:
+                notes.append(f"{self._by_condition} skipped by a condition")
             summary = (
-                f"run {_ending(event)}: {event.completed}/{event.total} steps"
-                + (f" ({self._skipped} skipped)" if self._skipped else "")
+                f"run {_ending(event)}: {done}/{event.total} steps"
+                + (f" ({', '.join(notes)})" if notes else "")
                 + f", {self._tokens:,} tokens this run, {_seconds(self.elapsed())}"
             )
             if self._is_tty():
                 self._draw(force=True)
                 self._end_line()
             self._line(summary)
+
+    def _skip(self, event: StepSkipped) -> None:
+        if not event.reason:  # recorded: counted as done by RunStarted
+            self._skipped += 1
+            return
+        self._count_item(event.name)
+        self._running.pop(event.name, None)
+        self._done += 1
+        self._by_condition += 1
+        if not self._is_tty():
+            self._line(f"{self._prefix()} skipped {event.name}: {event.reason}")
+        self._draw()
+
+    def _finished(self, event: StepFinished) -> None:
+        self._count_item(event.name)
+        self._running.pop(event.name, None)
+        self._done += 1
+        self._tokens += event.usage.total_tokens
+        if not self._is_tty():
+            items = self._items.get(event.name)
+            if items is not None and event.duration is None:
+                self._line(f"{self._prefix()} collected {event.name} from {len(items):,} item(s)")
+            else:
+                took = "" if event.duration is None else f" in {_seconds(event.duration)}"
+                self._line(
+                    f"{self._prefix()} done {event.name}{took}, "
+                    f"{event.usage.total_tokens:,} tokens"
+                )
+        self._draw()
+
+    def _count_item(self, name: str) -> None:
+        """Grow the total by ``name`` if it is an item not seen before."""
+        step = _item_of(name, self._mapped)
+        if step is None:
+            return
+        seen = self._items.setdefault(step, set())
+        if name not in seen:
+            seen.add(name)
+            self._total += 1
 
     # -- output ----------------------------------------------------------------
 

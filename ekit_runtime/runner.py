@@ -43,6 +43,7 @@ from ekit_core import (
     InternalError,
     Interrupted,
     RunSettled,
+    Skipped,
     Start,
     State,
     Succeeded,
@@ -51,8 +52,10 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
+from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.results import succeeded
+from ekit_core.shapes import item_name
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import attempt as attempts
@@ -62,7 +65,7 @@ from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.step import PLAIN_OUTPUTS, Step, split_result
+from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
 
@@ -145,7 +148,7 @@ class Runner:
         # By name through the graph's index, which the workflow built already
         # (a dict of its own would cost a resume an entry per recorded step);
         # steps added while running are kept apart.
-        self._declared, self._index = tuple(steps), state.graph.index
+        self._declared, self._index = tuple(steps), state.spec.declared_graph.index
         self._added: dict[str, Step] = {}
         self.state, self.run_id, self.before_attempt = state, run_id, before_attempt
         self.executor = executor if executor is not None else DEFAULT_EXECUTOR
@@ -426,34 +429,65 @@ class Runner:
             return StepContext(self._base, outputs)  # O(1): a snapshot, copy-on-write
         context = self._base.copy()
         for dep in step.depends_on:
-            context[dep] = outputs[dep]
+            if dep in outputs or step.join == "all":  # a join over alternatives sees what ran
+                context[dep] = outputs[dep]
         return context
 
+    def _item(self, name: str) -> tuple[Step, str, Context]:
+        """The step ``name`` is an item of, the item's key, and its context.
+
+        The item sees its input as the output of the dependency its step
+        maps over (the upstream item's own output, in an item-wise chain).
+        """
+        # Once per item of a map: one lookup of each, no call that can be saved.
+        shaped = self.state.spec.shaped
+        ref = None if shaped is None else shaped.items.get(name)
+        if ref is None:
+            raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
+        i = self._index.get(ref.step)
+        step = self._declared[i] if i is not None else self._added[ref.step]
+        over = step.map_over
+        assert over is not None
+        outputs = self.state.outputs
+        context: Context = StepContext(self._base, outputs) if step.context == "all" else {
+            **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
+        context[over] = item_input(ref, outputs)
+        return step, ref.key, context
+
     def _launch(self, start: Start) -> None:
-        i = self._index.get(start.name)
-        step = self._declared[i] if i is not None else self._added[start.name]
-        context: Context = (
-            StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
-            if step.context == "all"
-            else self._context_for(step)
-        )
+        name = start.name
+        i = self._index.get(name)
+        item = None
+        if i is not None or name in self._added:
+            step = self._declared[i] if i is not None else self._added[name]
+            context: Context = (
+                StepContext(self._base, self.state.outputs)  # O(1): a snapshot, copy-on-write
+                if step.context == "all"
+                else self._context_for(step)
+            )
+        else:
+            step, item, context = self._item(name)
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        if start.delay > 0 or start.approval:  # gated: it reports when its work begins
-            task = self._loop.create_task(self._gated(step, start, context))
+        if step.when is not None and start.attempt == 1 and (
+                decided := _decided(step, name, context)) is not None:
+            # Skipped, or its condition raised: an attempt that never ran.
+            task = self._loop.create_task(_at_once(decided))
+        elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
+            task = self._loop.create_task(self._gated(step, start, context, item))
         elif own:  # the step's coroutine is the task itself; _drain reads its outcome
             began = self.clock()
             try:
                 body = step.run(context)
             except Exception as exc:  # the call itself raised (bad arguments): its failure
-                task = self._loop.create_task(_failed_at_once(step.name, exc))
+                task = self._loop.create_task(_at_once(Failed(name, exc)))
             else:
                 task = self._loop.create_task(cast(Coroutine[Any, Any, Any], body))
                 self._began[task] = began
         else:
-            task = self._loop.create_task(self._attempt(step, context))
-        self._tasks[task] = step.name
+            task = self._loop.create_task(self._attempt(step, context, item))
+        self._tasks[task] = name
         task.add_done_callback(self._on_done)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
@@ -526,9 +560,9 @@ class Runner:
             return Failed(name, error, duration)
         raise error
 
-    async def _gated(self, step: Step, start: Start, context: Context) -> Input:
+    async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
         """An attempt that first waits out its delay and asks for approval, then begins."""
-        name = step.name
+        name = start.name
         try:
             if start.delay > 0:
                 await self.sleep(start.delay)
@@ -542,9 +576,9 @@ class Runner:
             return Failed(name, exc)
         self._reports.append(Began(name))
         self._wake()
-        return await self._attempt(step, context)
+        return await self._attempt(step, context, item)
 
-    async def _attempt(self, step: Step, context: Context) -> Input:
+    async def _attempt(self, step: Step, context: Context, item: str | None = None) -> Input:
         """One attempt through its executor, handed its identity.
 
         Runs in the attempt's own task, so the key set here is this
@@ -552,10 +586,10 @@ class Runner:
         ``before_attempt`` hook is awaited outside the step's timeout: a wait
         for a worker's admission is not the step's time.
         """
-        name = step.name
+        name = step.name if item is None else item_name(step.name, item)
         recorded = self.state.setbacks.failures.get(name)
         attempt = Attempt(
-            step, context, 1 if recorded is None else recorded.attempts + 1, self.run_id
+            step, context, 1 if recorded is None else recorded.attempts + 1, self.run_id, item
         )
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
@@ -727,5 +761,18 @@ async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
         raise StepTimeoutError(step.name, step.timeout) from exc
 
 
-async def _failed_at_once(name: str, error: Exception) -> Failed:
-    return Failed(name, error)
+async def _at_once(decided: Input) -> Input:
+    """An attempt decided before it began: its step's call raised, or its condition."""
+    return decided
+
+
+def _decided(step: Step, name: str, context: Context) -> Input | None:
+    """The step's condition, asked once before its first attempt: ``None`` if it holds,
+    else ``name`` skipped (or failed, if the condition raised)."""
+    when = cast(Callable[[Any], Any], step.when)
+    try:
+        holds = bool(when(context))
+    except Exception as exc:
+        exc.add_note(f"ekit: raised by the condition of step {name!r}")
+        return Failed(name, exc)
+    return None if holds else Skipped(name, f"condition {condition_name(when)} was false")

@@ -16,10 +16,11 @@ from types import MappingProxyType
 from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from ekit_core import RetryPolicy, TokenUsage
+from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.executors import Executor
 
-__all__ = ["PatternResult", "Step", "StepFn", "split_result"]
+__all__ = ["PatternResult", "Step", "StepFn", "condition_name", "split_result"]
 
 T = TypeVar("T")
 
@@ -149,6 +150,17 @@ class Step:
     ``version`` is a tag to bump when the step's code changes: a checkpoint
     recorded under another tag runs this step again on resume, with
     everything downstream of it.
+
+    Run-time shapes (see ``docs/concepts.md``, "Shapes decided at run
+    time"): ``map_over`` names a dependency whose output (a list, tuple or
+    mapping) the step runs over once per item; each item is an attempt
+    unit of its own, named ``step[key]``, seeing its item as that
+    dependency's output, and the step's output is the list (or mapping) of
+    the item outputs. ``item_key`` keys the items by a field of each item
+    instead of by position. ``when(context) -> bool`` is a condition checked
+    once the dependencies are recorded: false skips the step (and what needs
+    it) for good. ``join="any"`` runs the step once its dependencies are
+    settled if any of them ran, seeing the outputs that exist.
     """
 
     name: str
@@ -166,6 +178,10 @@ class Step:
     inline: bool = False
     executor: Executor | None = None
     version: str | None = None
+    map_over: str | None = None
+    item_key: str | None = None
+    when: Callable[[Any], Any] | None = None
+    join: Literal["all", "any"] = "all"
 
     def __new__(
         cls,
@@ -180,6 +196,10 @@ class Step:
         inline: bool = False,
         executor: Executor | None = None,
         version: str | None = None,
+        map_over: str | None = None,
+        item_key: str | None = None,
+        when: Callable[[Any], Any] | None = None,
+        join: Literal["all", "any"] = "all",
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -190,6 +210,7 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
+        step.map_over, step.item_key, step.when, step.join = map_over, item_key, when, join
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -198,6 +219,10 @@ class Step:
             and timeout is None
             and executor is None
             and version is None
+            and map_over is None
+            and when is None
+            and item_key is None
+            and join == "all"
             and (context == "all" or context == "dependencies")
             and blocking is False
             and inline is False
@@ -212,6 +237,7 @@ class Step:
         return type(self), (
             self.name, self.run, self.depends_on, self.metadata, self.retry, self.timeout,
             self.blocking, self.context, self.inline, self.executor, self.version,
+            self.map_over, self.item_key, self.when, self.join,
         )
 
     def _check(self) -> None:
@@ -251,6 +277,29 @@ class Step:
                 raise bad(f"{field_name} {why}")
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
+        for field_name in ("map_over", "item_key"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise bad(f"{field_name} must be a non-empty string or None")
+        if self.when is not None and not callable(self.when):
+            raise bad(f"when must be callable or None, got {type(self.when).__name__}")
+        if self.join != "all" and self.join != "any":
+            raise bad(f"join must be 'all' or 'any', got {self.join!r}")
+
+    @property
+    def shape(self) -> Shape | None:
+        """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
+        if self.map_over is None and self.when is None and self.join == "all" \
+                and self.item_key is None:
+            return None
+        when = None if self.when is None else condition_name(self.when)
+        return Shape(self.map_over, self.item_key, when, self.join)
+
+
+def condition_name(when: Callable[[Any], Any]) -> str:
+    """How the fingerprint names a condition: its qualified name (its type's, for an object)."""
+    name = getattr(when, "__qualname__", None)
+    return name if isinstance(name, str) and name else type(when).__qualname__
 
 
 # A plain class with Step's very slots: its instances take cheap attribute

@@ -130,6 +130,10 @@ class Workflow:
                 and step.retry is None
                 and step.version is None
                 and step.executor is None
+                and step.map_over is None
+                and step.when is None
+                and step.join == "all"
+                and step.item_key is None
             ):
                 continue
             if not isinstance(step, Step):
@@ -137,7 +141,8 @@ class Workflow:
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
             with_options.append(step)  # a subclass's may have none: the readers check
         self._steps = steps
-        self._graph = GraphSpec.of_steps(steps)
+        shapes = {s.name: s.shape for s in with_options if s.shape is not None}
+        self._graph = GraphSpec.of_steps(steps, shapes)
         self._with_options = tuple(with_options)
         names = self._graph.names
         if not "".join(names).isascii():  # one pass in C over every name (their dependencies too)
@@ -335,18 +340,28 @@ class Workflow:
         return asyncio.run(self.run(initial_context, **options))
 
 
+def _outputs(state: State) -> MappingProxyType[str, Any]:
+    """The outputs a result shows: every step's, the items of mapped steps left to the checkpoint."""
+    outputs = state.outputs.as_dict()
+    shaped = state.spec.shaped
+    if shaped is not None and shaped.items:
+        items = shaped.items
+        outputs = {k: v for k, v in outputs.items() if k not in items}
+    return MappingProxyType(outputs)
+
+
 def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowResult:
     """Turn a settled state into a :class:`WorkflowResult` or raise what ended it."""
     checkpoint = last if last is not None else checkpoint_of(state)
     kind = state.outcome
     if kind == "finished":
-        return WorkflowResult(MappingProxyType(state.outputs.as_dict()), state.cost, checkpoint)
+        return WorkflowResult(_outputs(state), state.cost, checkpoint)
     if kind == "failed" and state.limits.isolate_failures:
         failed = dict(state.errors)
-        waiting = tuple(n for n in state.graph.names if n not in state.outputs and n not in failed)
+        left = (state.outputs, failed, state.skipped)
+        waiting = tuple(n for n in state.graph.names if not any(n in x for x in left))
         return WorkflowResult(
-            MappingProxyType(state.outputs.as_dict()), state.cost, checkpoint, MappingProxyType(failed),
-            waiting,
+            _outputs(state), state.cost, checkpoint, MappingProxyType(failed), waiting,
         )
     if kind == "failed":
         errors = []

@@ -137,3 +137,24 @@ def test_runs_as_a_script_too() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--quick" in done.stdout
+
+
+def test_map_workload_is_timed_beside_the_fan_out(result: dict[str, Any]) -> None:
+    entry = result["workloads"]["map"]
+    summary = entry["summary"]
+    assert set(summary["map_over_fan_out"]) == {"dependencies", "all"}
+    assert all(r > 0 for r in summary["map_over_fan_out"].values())
+    assert set(summary["growth"]) == {"ekit", "ekit[all]", "fan-out", "fan-out[all]"}
+    journal = [c for c in entry["cases"] if c["label"].startswith("journal")]
+    assert [c["label"] for c in journal] == [f"journal {n}" for n in run.QUICK.map_journal]
+    for case in journal:
+        for runner in ("ekit+journal", "ekit+journal(one save per item)"):
+            assert case["runners"][runner]["bytes_per_item"] > 0
+    names = [t["target"] for t in result["targets"]]
+    assert sum("map" in name for name in names) == 4
+
+
+def test_map_runs_one_item_per_element() -> None:
+    got = asyncio.run(wl.ekit_map_run(5, wl.checking_factory, mode="all"))
+    assert got == {"root": [0, 1, 2, 3, 4], "m": [(k * 31 + 1) % 1_000_003 for k in range(5)]}
+    assert asyncio.run(wl.ekit_map_run(5, wl.checking_factory)) == got

@@ -577,3 +577,20 @@ def test_each_attempt_carries_its_key_to_the_worker_and_the_function_travels_onc
     # Three attempts, one pickled function: only the contexts travel per attempt.
     assert sum(1 for value in pickled if value is fails_until_third) == 1
     assert sum(1 for value in pickled if isinstance(value, dict)) == 3
+
+
+def shout_piece(ctx: dict[str, Any]) -> str:
+    return f"{ctx['pieces'].upper()} from pid {os.getpid()}"
+
+
+def test_items_of_a_mapped_step_run_on_the_cluster(client: distributed.Client) -> None:
+    executor = DaskExecutor(client)
+    wf = Workflow([
+        Step("pieces", lambda ctx: ["a", "b", "c"]),
+        Step("shout", shout_piece, ("pieces",), map_over="pieces", context="dependencies",
+             executor=executor),
+    ])
+    result = wf.run_sync(run_id="mapped")
+    outputs = result.outputs["shout"]
+    assert [o.split(" ")[0] for o in outputs] == ["A", "B", "C"]
+    assert all(int(o.rsplit(" ", 1)[1]) != os.getpid() for o in outputs)  # on worker processes

@@ -40,9 +40,11 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         path = tmp / f"{runner}.json"
         path.write_text(child.checkpoint_text("executionkit" if runner == "floor" else runner, N))
         argvs[f"fork {runner}"] = ["-m", "benchmarks.icount_child", runner, f"chain:{N}",
-                                   f"fan_out:{N}", f"fan_in:{N}", f"resume:{N}:{path}"]
+                                   f"fan_out:{N}", f"fan_in:{N}", f"resume:{N}:{path}",
+                                   *([f"map:{N}"] if runner in child.MAPPED else [])]
     argvs["fork setup"] = ["-m", "benchmarks.icount_child", "setup", f"chain:{N}",
-                           f"resume:{N}:{tmp / 'floor.json'}"]
+                           f"resume:{N}:{tmp / 'floor.json'}", f"map:{N}"]
+    argvs["map floor"] = ["-m", "benchmarks.icount_child", "--no-fork", "floor", f"map:{N}"]
     argvs["foreign"] = ["-c", "import ekit_runtime, sys; from benchmarks import icount_child; "
                         "sys.exit(icount_child.main(['--no-fork', 'floor', 'chain:3']))"]
     argvs["no valgrind"] = ["-m", "benchmarks.instructions", "--quick", "--json",
@@ -61,6 +63,10 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _expected(workload: str, n: int) -> dict[str, Any]:
     """The outputs and the count of steps run, computed here step by step."""
+    if workload == "map":  # the root's items 0..n-1; each item's output from its item
+        return {"outputs": {"root": list(range(n)),
+                            "m": [(k * 31 + len("m")) % 1_000_003 for k in range(n)]},
+                "ran": n}
     deps = child.graph_for(workload, n)
     recorded = set(list(deps)[:n]) if workload == "resume" else set()
     outputs: dict[str, int] = {}
@@ -91,7 +97,19 @@ def test_every_runner_computes_the_same_outputs_in_a_process_of_its_own(
         assert proc.returncode == 0, (runner, proc.stderr)
         got = json.loads(proc.stdout)
         for workload in child.WORKLOADS:
+            if workload == "map" and runner not in child.MAPPED:
+                assert workload not in got, runner  # the baselines have no run-time map
+                continue
             assert got[workload] == _expected(workload, N), (runner, workload)
+
+
+def test_the_map_is_ekits_only(children: dict[str, Any]) -> None:
+    proc = children["map floor"]
+    assert proc.returncode == 1 and "ekit's runners only" in proc.stderr
+    assert set(child.MAPPED) == {"ekit", "ekit[dependencies]", "setup"}
+    plan = instructions.plan(["map"], list(instructions.RUNNERS), instructions.QUICK, 1)
+    assert {j.runner for j in plan} == set(child.MAPPED) - (
+        set() if importlib.util.find_spec("executionkit") else {"executionkit"})
 
 
 def test_measured_mode_forks_one_child_per_measurement(children: dict[str, Any]) -> None:
@@ -149,3 +167,32 @@ def test_figures_are_differences_per_step(monkeypatch: pytest.MonkeyPatch) -> No
     fan_out = [t for t in instructions.targets(table) if t["target"].startswith("fan-out:")]
     assert fan_out[0]["met"] is True and fan_out[0]["figure_dependencies"] == pytest.approx(
         110 / 150)
+
+
+def test_the_map_target_is_per_item_over_fan_out_per_step() -> None:
+    sizes = instructions.Sizes(fan_out=((40, 80),), map=((40, 80), (400, 800), (800, 1600)))
+    # Made-up counts: the fan-out costs 120 (100) per step; the map 130 per item up to
+    # 800 items, 143 per item beyond.
+    counts = {"fan_out": {40: 120 * 40, 80: 120 * 80},
+              "map": {n: 130 * min(n, 800) + 143 * max(n - 800, 0)
+                      for n in (40, 80, 400, 800, 1600)}}
+    jobs = []
+    for runner in ("ekit", "ekit[dependencies]"):
+        for workload, by_n in counts.items():
+            for n, count in by_n.items():
+                job = instructions.Job(runner, workload, n, 0)
+                scale = 100 / 120 if (runner, workload) == ("ekit[dependencies]",
+                                                            "fan_out") else 1
+                job.count = 7_000_000 + round(count * scale)
+                jobs.append(job)
+    runners = ["ekit", "ekit[dependencies]"]
+    table = instructions.figures(jobs, ["fan_out", "map"], runners, sizes)
+    assert [p["runners"]["ekit"]["per_step"] for p in table["map"]["pairs"]] == [130, 130, 143]
+    by_name = {t["target"]: t for t in instructions.targets(table)}
+    ratio = by_name["map per item / fan-out per step"]
+    assert ratio["figure"] == pytest.approx(130 / 120) and ratio["met"] is True
+    assert ratio["figure_dependencies"] == pytest.approx(130 / 100)
+    linear = by_name["linear map: per step 800 to 1600 items / 400 to 800 items"]
+    assert linear["figure"] == pytest.approx(1.1) and linear["met"] is True
+    assert [ln["of"] for ln in instructions.linearity(table, runners)] == [
+        "800 to 1600 items / 400 to 800 items"] * 2

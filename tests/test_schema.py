@@ -72,8 +72,9 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
         # Every key the writer emits is one the schema describes.
         assert set(data) <= set(SCHEMA["properties"])
     # All of them but "graph", which files written before graph_steps and
-    # graph_needs hold: read, no longer written.
-    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph"}
+    # graph_needs hold (read, no longer written), and the two that only a run
+    # with run-time shapes writes (see the shaped test below).
+    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph", "skipped", "shapes"}
 
 
 def test_a_checkpoint_written_with_the_graph_mapping_still_validates_and_resumes() -> None:
@@ -142,6 +143,73 @@ def test_an_executionkit_three_key_checkpoint_validates_and_loads() -> None:
     }
     _valid(old)
     assert WorkflowCheckpoint.from_dict(old).outputs == {"draft": "d"}
+
+
+def _odd(context: dict[str, Any]) -> bool:
+    return bool(context["size"] % 2 == 1)
+
+
+def _shaped() -> Workflow:
+    """A run-time shaped workflow: a mapped step whose condition skips some items, a join."""
+    return Workflow(
+        [
+            Step("split", lambda c: ["a", "bb", "ccc", "dddd"]),
+            Step("size", lambda c: len(c["split"]), ("split",), map_over="split",
+                 when=lambda c: len(c["split"]) % 2 == 1, context="dependencies"),
+            Step("sum", lambda c: sum(c["size"]), ("size",), context="dependencies"),
+            Step("check", lambda c: c["size"] * 2, ("size",), map_over="size", when=_odd,
+                 context="dependencies"),
+            Step("any", lambda c: sorted(c), ("sum", "check"), join="any", context="dependencies"),
+        ]
+    )
+
+
+def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
+    saved: list[WorkflowCheckpoint] = []
+    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1)
+    for checkpoint in saved:
+        _valid(_json(checkpoint))
+    last = _json(saved[-1])
+    assert last["format_version"] == 2
+    assert {"size[0]", "size[2]", "size"} <= set(last["outputs"]) and last["skipped"]
+    assert last["shapes"]["any"] == {"join": "any"}
+    assert set(last) <= set(SCHEMA["properties"])
+    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph"}
+    assert WorkflowCheckpoint.from_dict(last) == saved[-1]
+
+
+def test_a_resumed_shaped_run_writes_checkpoints_that_validate() -> None:
+    saved: list[WorkflowCheckpoint] = []
+    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1)
+    resumed: list[WorkflowCheckpoint] = []
+    _shaped().run_sync(resume_from=_json(saved[len(saved) // 2]), checkpoint_fn=resumed.append)
+    for checkpoint in resumed:
+        _valid(_json(checkpoint))
+
+
+def _shaped_json() -> dict[str, Any]:
+    return _json(_shaped().run_sync({"topic": "t"}).checkpoint)
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda d: d.update(skipped={"size[1]": 3}),
+        lambda d: d.update(skipped=["size[1]"]),
+        lambda d: d.update(shapes={"size": {"map_over": "split", "join": "some"}}),
+        lambda d: d.update(shapes={"size": {"map_over": ""}}),
+        lambda d: d.update(shapes={"size": {"map_over": "split", "order": "random"}}),
+        lambda d: d.update(shapes={"size": "split"}),
+        lambda d: d.update(format_version=3),
+    ],
+)
+def test_what_the_parser_refuses_of_a_shaped_checkpoint_the_schema_refuses(breakage: Any) -> None:
+    data = _shaped_json()
+    _valid(data)
+    breakage(data)
+    assert list(VALIDATOR.iter_errors(data))
+    with pytest.raises(ValueError):
+        WorkflowCheckpoint.from_dict(data)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 This module owns the queue's PostgreSQL schema: the same tables as the
 SQLite queue (``ekit_queue_runs``, ``ekit_queue_entries`` with one row per
-output, ``ekit_queue_starts``, ``ekit_queue_usage``, ``ekit_queue_config``).
+output, usage and skip, ``ekit_queue_starts``, ``ekit_queue_usage``, ``ekit_queue_config``).
 Time is the server's (``now()``), so machines with skewed clocks agree on
 when a lease expires.
 

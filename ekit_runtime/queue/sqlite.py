@@ -3,8 +3,8 @@
 This module owns the queue's SQLite schema. ``ekit_queue_runs`` holds one row
 per run: what was submitted, its status, its lease (``epoch``, the fencing
 token, and ``lease_until``) and the non-per-step parts of its latest
-checkpoint; ``ekit_queue_entries`` one row per recorded output and per-step
-usage, tagged with the epoch that wrote it. ``ekit_queue_starts`` and
+checkpoint; ``ekit_queue_entries`` one row per recorded output, per-step
+usage and skipped step (kind ``skip``), tagged with the epoch that wrote it. ``ekit_queue_starts`` and
 ``ekit_queue_usage`` are the trailing windows the rate limits count, and
 ``ekit_queue_config`` holds the fleet's :class:`Limits`.
 

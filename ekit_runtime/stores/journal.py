@@ -6,7 +6,9 @@ record is ``{"kind":"full", ...WorkflowCheckpoint.to_dict()...}``; each later
 one is ``{"kind":"delta", ...}`` and holds only what changed since the line
 before it: the new outputs and per-step usage in completion order, new or
 changed failures (``failures``), failures that disappeared (``cleared``), the
-new ``step_index`` and the usage added (``cost``). Folding the lines in order
+new ``step_index``, the usage added (``cost``) and the steps newly skipped by
+a condition, with why (``skipped``; a journal written before run-time shapes
+has none). Folding the lines in order
 gives the latest checkpoint.
 
 A save therefore writes O(that step's output) bytes, whatever the length of
@@ -63,7 +65,7 @@ _BODY_START = len(_HEAD) + 8 + len(_MID)
 _FRAME_START = _HEAD + b"0" * 8 + _MID
 _HEX = frozenset(b"0123456789abcdef")
 # The keys of a delta record that have the shape of checkpoint fields.
-_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures")
+_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped")
 # Sentinel inodes: the file's content is unknown to this store / there was no file.
 _UNKNOWN = -1
 _ABSENT = -2
@@ -157,12 +159,13 @@ class _Fold:
     step_usage: dict[str, TokenUsage]
     failures: dict[str, FailureRecord]
     cost: TokenUsage
+    skipped: dict[str, str]
 
     @classmethod
     def of(cls, start: WorkflowCheckpoint) -> _Fold:
         return cls(
             start, start.step_index, dict(start.outputs), dict(start.step_usage),
-            dict(start.failures), start.cost,
+            dict(start.failures), start.cost, dict(start.skipped),
         )
 
     def checkpoint(self) -> WorkflowCheckpoint:
@@ -175,6 +178,7 @@ class _Fold:
             cost=self.cost,
             step_usage=MappingProxyType(self.step_usage),
             failures=MappingProxyType(self.failures),
+            skipped=MappingProxyType(self.skipped),
         )
 
 
@@ -336,6 +340,7 @@ class JournalStore:
             and not delta.step_usage
             and not delta.failures
             and not cleared
+            and not delta.skipped
             and delta.cost.is_zero()
             and checkpoint.step_index == previous.step_index
         ):
@@ -352,6 +357,8 @@ class JournalStore:
             record["failures"] = {k: f.to_dict() for k, f in delta.failures.items()}
         if cleared:
             record["cleared"] = cleared
+        if delta.skipped:
+            record["skipped"] = dict(delta.skipped)
         return record, delta.outputs
 
     def _open_known(self) -> tuple[int, int] | None:
@@ -608,6 +615,10 @@ class JournalStore:
                 if name in target:
                     raise bad(f"{key!r} records step {name!r} a second time")
                 target[name] = value
+        for name, why in part.skipped.items():
+            if name in folded.skipped:
+                raise bad(f"'skipped' records step {name!r} a second time")
+            folded.skipped[name] = why
         folded.failures.update(part.failures)
         for name in cleared:
             folded.failures.pop(name, None)
@@ -659,12 +670,13 @@ class _History:
     new entry instead of a copy per line.
     """
 
-    __slots__ = ("fold", "outputs", "usage")
+    __slots__ = ("fold", "outputs", "skipped", "usage")
 
     def __init__(self, fold: _Fold) -> None:
         self.fold = fold
         self.outputs: Ledger[str, Any] = Ledger(fold.outputs.items())
         self.usage: Ledger[str, TokenUsage] = Ledger(fold.step_usage.items())
+        self.skipped = fold.start.skipped
 
     def checkpoint(self) -> WorkflowCheckpoint:
         fold = self.fold
@@ -677,6 +689,10 @@ class _History:
                 for key, value in list(islice(reversed(table.items()), added))[::-1]:
                     ledger = ledger.with_item(key, value)
                 setattr(self, attr, ledger)
+        if len(fold.skipped) != len(self.skipped):
+            # Skips only grow: a new mapping only when a line adds some, shared
+            # by the checkpoints until the next (as the core's are).
+            self.skipped = MappingProxyType(dict(fold.skipped))
         return WorkflowCheckpoint.of_ledgers(
             self.outputs,
             self.usage,
@@ -688,4 +704,6 @@ class _History:
             graph=fold.start.graph,
             format_version=fold.start.format_version,
             versions=fold.start.versions,
+            skipped=self.skipped,
+            shapes=fold.start.shapes,
         )

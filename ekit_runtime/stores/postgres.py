@@ -3,7 +3,7 @@
 This module owns the store's schema: ``ekit_runs`` holds one row per run id
 (the checkpoint's header, counts, failures, a save counter and the epoch of
 the writer that holds the run) and ``ekit_entries`` one row per recorded
-output and per-step usage. A save that extends the previous one is a single
+output, per-step usage and skipped step (kind ``skip``). A save that extends the previous one is a single
 statement that updates the run row and inserts only the new entries, so it
 costs O(that step's output). Reads take one REPEATABLE READ snapshot.
 

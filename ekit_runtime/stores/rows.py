@@ -1,10 +1,12 @@
-"""A checkpoint as database rows: one header, one row per output and per-step usage.
+"""A checkpoint as database rows: one header, one row per output, per-step usage and skip.
 
 Shared by the stores and queue backends that keep checkpoints in SQL tables
 (:class:`~ekit_runtime.stores.postgres.PostgresStore`, the run queues). A
 save writes the header only when the run is new or changed shape, and
 otherwise only the rows of the outputs that are new since the previous save,
-so it costs O(that step's output). :class:`OutputTexts` keeps each output's
+so it costs O(that step's output). Steps skipped by a condition are rows too
+(kind ``"skip"``, the reason as JSON text), not part of the header: skips
+grow during a run, and a save adds only the new ones. :class:`OutputTexts` keeps each output's
 first text (the mutation rule of docs/stores.md). Loading folds the rows back
 and parses the result with :meth:`WorkflowCheckpoint.from_dict`, the
 untrusted-input parser: nothing read is ever executed.
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 Row = tuple[str, str, str]
-"""``(kind, name, value)``: kind is ``"output"`` or ``"usage"``, value is encoded text."""
+"""``(kind, name, value)``: kind is ``"output"``, ``"usage"`` or ``"skip"``, value is encoded text."""
 
 # SQL integers (SQLite INTEGER, PostgreSQL bigint) are signed 64-bit.
 _INT64 = range(-(2**63), 2**63)
@@ -156,6 +158,7 @@ def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
     meta = checkpoint.to_dict(per_step=False)
     for key in ("outputs", "step_usage", "failures", "cost", "step_index"):
         del meta[key]
+    meta.pop("skipped", None)  # rows of their own: see _skip_rows
     return encode_text(meta, dumps, (), checkpoint.context)
 
 
@@ -173,6 +176,11 @@ def _counts(checkpoint: WorkflowCheckpoint, engine: str) -> tuple[int, int, int,
                 f"cannot store {name} = {value}: {engine} integers are 64-bit; nothing was saved"
             )
     return checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls
+
+
+def _skip_rows(skipped: Iterable[tuple[str, str]]) -> list[Row]:
+    """One row per skip: a save adds the new ones only, as it does outputs."""
+    return [("skip", name, default_dumps(why)) for name, why in skipped]
 
 
 def encode_checkpoint(
@@ -201,10 +209,12 @@ def encode_checkpoint(
         delta = checkpoint.delta_since(previous)
         if delta.extends and not delta.context_changed:
             rows = texts.rows(delta.outputs, delta.step_usage, dumps)
+            rows += _skip_rows(delta.skipped.items())
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
     rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True)
+    rows += _skip_rows(checkpoint.skipped.items())
     header = _header(checkpoint, dumps)
     if engine == "PostgreSQL":
         _check_pg(rows, header)
@@ -246,15 +256,22 @@ def decode_checkpoint(
     data["failures"] = _decode(failures, default_loads, where, "failures")
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
+    skipped: dict[str, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
         if kind == "output":
             outputs[name] = _decode(value, loads, where, f"output of step {name!r}")
             stored[name] = value
+        elif kind == "skip":
+            skipped[name] = _decode(value, default_loads, where, f"skip of step {name!r}")
         else:
             usage[name] = _decode(value, default_loads, where, f"usage of step {name!r}")
     data["outputs"] = outputs
     data["step_usage"] = usage
+    if skipped:
+        # (A header may hold skips too: what this module wrote before they were rows.)
+        written = data.get("skipped", {})
+        data["skipped"] = {**written, **skipped} if isinstance(written, dict) else written
     try:
         checkpoint = WorkflowCheckpoint.from_dict(data)
     except ValueError as exc:

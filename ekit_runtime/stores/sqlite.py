@@ -4,7 +4,11 @@ This module owns the database schema. ``ekit_runs`` holds one row per run
 id: the parts of the checkpoint that are not per step (``header``: format
 version, context, fingerprint, graph), the ``step_index``, the usage so far,
 the failures and a save counter. ``ekit_entries`` holds one row per recorded
-output and per-step usage, each value encoded on its own. A save is one
+output and per-step usage, each value encoded on its own, and ``ekit_skips``
+one row per step skipped by a condition, with why (a table of its own:
+``ekit_entries`` allows only those two kinds, and SQLite cannot change a
+table's constraint in place; a database made before it gains it when
+opened). A save is one
 transaction that inserts only the new rows and updates the run's row, so it
 costs O(that step's output); the first save of a store object, or a
 checkpoint that does not extend the previous one, rewrites the run in full,
@@ -64,6 +68,15 @@ CREATE TABLE IF NOT EXISTS ekit_entries (
     PRIMARY KEY (run_id, kind, name)
 );
 """
+# Apart, so that a read-only database made before skips opens still (it has none).
+_SKIPS = """
+CREATE TABLE IF NOT EXISTS ekit_skips (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+"""
 
 # Each table's columns and primary key, as _SCHEMA makes them.
 _TABLES = {
@@ -73,6 +86,7 @@ _TABLES = {
         ("run_id",),
     ),
     "ekit_entries": (frozenset({"run_id", "kind", "name", "value"}), ("run_id", "kind", "name")),
+    "ekit_skips": (frozenset({"run_id", "name", "reason"}), ("run_id", "name")),
 }
 
 def _damaged(exc: BaseException) -> bool:
@@ -100,6 +114,8 @@ def _check_tables(conn: sqlite3.Connection, path: str) -> None:
 
     for table, (columns, key) in _TABLES.items():
         found = conn.execute("SELECT type FROM sqlite_master WHERE name=?", (table,)).fetchone()
+        if found is None and table == "ekit_skips":
+            continue  # a read-only database made before skips (see _open)
         info = conn.execute(f"PRAGMA table_info({table})").fetchall()
         names = [r[1] for r in info]
         primary = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
@@ -242,6 +258,8 @@ class SqliteStore(Store):
 
     def _open(self, durable: bool) -> str:
         """Configure the connection and check the tables; the database's file ("" if none)."""
+        import sqlite3
+
         conn = self.conn
         if self._owned:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -252,6 +270,13 @@ class SqliteStore(Store):
         self._idle()
         # executescript commits on its own; the DDL is idempotent.
         conn.executescript(_SCHEMA)
+        try:
+            conn.executescript(_SKIPS)
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_READONLY:
+                raise
+        self._skips = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name='ekit_skips'").fetchone() is not None
         _check_tables(conn, self.path)
         return os.path.realpath(file) if file else ""
 
@@ -406,6 +431,7 @@ class SqliteStore(Store):
             if self._saves is not None and self._saves_of(run_id) != self._saves:
                 raise _Stale
             conn.execute("DELETE FROM ekit_entries WHERE run_id=?", (run_id,))
+            conn.execute("DELETE FROM ekit_skips WHERE run_id=?", (run_id,))
             conn.execute(
                 "INSERT INTO ekit_runs (run_id, header, step_index, input_tokens, "
                 "output_tokens, llm_calls, failures, saves, updated_at) "
@@ -418,7 +444,11 @@ class SqliteStore(Store):
             )
         conn.executemany(
             "INSERT INTO ekit_entries (run_id, kind, name, value) VALUES (?, ?, ?, ?)",
-            [(run_id, *row) for row in encoded.rows],
+            [(run_id, *row) for row in encoded.rows if row[0] != "skip"],
+        )
+        conn.executemany(
+            "INSERT INTO ekit_skips (run_id, name, reason) VALUES (?, ?, ?)",
+            [(run_id, name, why) for kind, name, why in encoded.rows if kind == "skip"],
         )
         saves: int = conn.execute(
             "SELECT saves FROM ekit_runs WHERE run_id=?", (run_id,)
@@ -467,6 +497,11 @@ class SqliteStore(Store):
                 "SELECT kind, name, value FROM ekit_entries WHERE run_id=? ORDER BY rowid",
                 (run,),
             ).fetchall()
+            if self._skips:
+                entries += self.conn.execute(
+                    "SELECT 'skip', name, reason FROM ekit_skips WHERE run_id=? ORDER BY rowid",
+                    (run,),
+                ).fetchall()
             return row, entries
 
         # One transaction, so the run row and its entries come from one
@@ -492,6 +527,8 @@ class SqliteStore(Store):
 
             def body() -> bool:
                 self.conn.execute("DELETE FROM ekit_entries WHERE run_id=?", (run_id,))
+                if self._skips:
+                    self.conn.execute("DELETE FROM ekit_skips WHERE run_id=?", (run_id,))
                 return self.conn.execute(
                     "DELETE FROM ekit_runs WHERE run_id=?", (run_id,)
                 ).rowcount > 0

@@ -1,0 +1,205 @@
+"""Run-time shapes: steps that run once per item, and steps that run only on a condition.
+
+This module owns what a shape *is* and which declarations are valid; the
+rules that expand and collect items and skip steps during a run live with
+every other scheduling rule, in :mod:`ekit_core.transitions`.
+
+A step may declare, beside its dependencies:
+
+=============== ============================================================
+``map_over=U``  run once per item of ``U``'s output (``U`` is one of its
+                dependencies): a list or tuple gives one item per element,
+                a mapping one per key. Each item is a step of its own,
+                named ``step[key]``, with its own attempts, and sees the
+                item as ``U``'s output. The step's own output is the list
+                (or mapping) of the item outputs, in order, once all are
+                done; zero items make it ``[]`` (or ``{}``) at once.
+                Mapped over a step that is itself mapped, it runs item by
+                item: ``N[k]`` depends on ``M[k]`` alone, not on all of ``M``.
+``item_key=F``  key the items by the field ``F`` of each item (a mapping
+                holding a ``str`` or ``int`` there, unique) instead of by
+                position (or by the mapping's own keys).
+``when=NAME``   the step runs only if its condition, evaluated by the shell
+                once its dependencies are recorded, holds; ``NAME`` names the
+                condition in the fingerprint. Otherwise it is recorded as
+                skipped, with the reason, and so is every step that needs
+                it, unless that step joins ``"any"``. A mapped step's
+                condition is evaluated per item, and a skipped item is left
+                out of the collected output.
+``join="any"``  run once every dependency is recorded or skipped, if at least
+                one is recorded (the join after alternative branches); it
+                sees only the outputs that exist. All skipped: skipped too.
+=============== ============================================================
+
+Validity (a :class:`~ekit_core.GraphError` naming the step): ``map_over``
+names one of the step's dependencies; ``item_key`` needs ``map_over`` and
+is not given to a step mapped over a mapped step (the items keep the
+upstream's keys); ``join="any"`` needs dependencies and is not combined with
+``map_over``; names are non-empty strings; no declared step is named like an
+item of a mapped step (``M[...]``).
+
+The fingerprint of a graph with shapes covers them (which steps map, over
+what, keyed how; conditions by name; joins); a graph without any keeps the
+fingerprint it always had.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+__all__ = ["NO_SHAPES", "Shape", "check_shapes", "item_name", "shapes_text"]
+
+Join = Literal["all", "any"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A step's run-time shape: see the module for what each field means."""
+
+    map_over: str | None = None
+    item_key: str | None = None
+    when: str | None = None
+    join: Join = "all"
+
+    def to_dict(self) -> dict[str, str]:
+        """Plain data, the fields that are set only (what a checkpoint records)."""
+        data = {"map_over": self.map_over, "item_key": self.item_key, "when": self.when}
+        plain = {k: v for k, v in data.items() if v is not None}
+        if self.join != "all":
+            plain["join"] = self.join
+        return plain
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "shape") -> Shape:
+        """Rebuild from :meth:`to_dict`; anything else is a ``ValueError`` naming ``where``."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"map_over", "item_key", "when", "join"})
+        if unknown:
+            raise ValueError(f"{where} has unknown field(s): {unknown}")
+        for key in ("map_over", "item_key", "when"):
+            value = data.get(key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{where}.{key} must be a non-empty string")
+        join = data.get("join", "all")
+        if join not in ("all", "any"):
+            raise ValueError(f"{where}.join must be 'all' or 'any', got {join!r}")
+        return cls(data.get("map_over"), data.get("item_key"), data.get("when"), join)
+
+    @property
+    def plain(self) -> bool:
+        """Whether this shape declares nothing (a step without one)."""
+        return self.map_over is None and self.when is None and self.join == "all"
+
+
+NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
+"""The shapes of a graph that declares none."""
+
+
+def item_name(step: str, key: str) -> str:
+    """The name of item ``key`` of mapped step ``step``: ``step[key]``."""
+    return f"{step}[{key}]"
+
+
+def check_shapes(
+    names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]], shapes: Mapping[str, Shape]
+) -> MappingProxyType[str, Shape]:
+    """``shapes`` (step -> :class:`Shape`) if valid for this graph, else a ``GraphError``."""
+    from ekit_core.graph import GraphError  # graph imports this module
+
+    checked: dict[str, Shape] = {}
+    for name, shape in shapes.items():
+        if name not in deps:
+            raise GraphError(f"shape given for unknown step {name!r}", [name])
+        if not isinstance(shape, Shape):
+            raise GraphError(f"step {name!r}: shape must be a Shape, got {type(shape).__name__}", [name])
+        for field_name in ("map_over", "item_key", "when"):
+            value = getattr(shape, field_name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise GraphError(f"step {name!r}: {field_name} must be a non-empty string", [name])
+        if shape.join not in ("all", "any"):
+            raise GraphError(f"step {name!r}: join must be 'all' or 'any', got {shape.join!r}", [name])
+        if not shape.plain or shape.item_key is not None:
+            checked[name] = shape
+    for name, shape in checked.items():
+        _check_one(name, shape, deps, checked)
+    mapped = [n for n, s in checked.items() if s.map_over is not None]
+    if mapped:
+        prefixes = tuple(f"{m}[" for m in mapped)
+        clashing = [n for n in names if n.startswith(prefixes)]
+        if clashing:
+            raise GraphError(
+                f"step name(s) {clashing[:5]} look like items of a mapped step "
+                f"(items are named step[key]); rename them", clashing)
+    return MappingProxyType({n: checked[n] for n in names if n in checked})
+
+
+def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
+               shapes: Mapping[str, Shape]) -> None:
+    from ekit_core.graph import GraphError
+
+    over = shape.map_over
+    if over is not None and over not in deps[name]:
+        raise GraphError(f"step {name!r} maps over {over!r}, which is not one of its dependencies",
+                         [name, over])
+    if shape.item_key is not None:
+        if over is None:
+            raise GraphError(f"step {name!r}: item_key needs map_over", [name])
+        if over in shapes and shapes[over].map_over is not None:
+            raise GraphError(
+                f"step {name!r} maps over the mapped step {over!r}: its items keep "
+                f"{over!r}'s keys, so it takes no item_key", [name])
+    if shape.join == "any":
+        if not deps[name]:
+            raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])
+        if over is not None:
+            raise GraphError(f"step {name!r}: join='any' cannot be combined with map_over", [name])
+
+
+_CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+
+
+def shapes_text(shapes: Mapping[str, Shape]) -> str:
+    """The canonical text of ``shapes`` that the fingerprint covers (``""`` for none)."""
+    if not shapes:
+        return ""
+    return _CANONICAL.encode(sorted([n, s.to_dict()] for n, s in shapes.items()))
+
+
+def items_of(output: Any, item_key: str | None) -> list[tuple[str, Any, int | str]] | str:
+    """The items of a mapped-over output: ``(key, item, pick)`` in order, or why there are none.
+
+    ``pick`` is what indexes the item in ``output`` (its position, or its
+    key in a mapping). The reason (a string) says why ``output`` cannot be
+    mapped over: it is not a list, tuple or mapping, a mapping key is not a
+    string, or an ``item_key`` is missing, of the wrong type, or repeated.
+    """
+    if isinstance(output, list | tuple):
+        picks: list[Any] = list(range(len(output)))
+        values = list(output)
+    elif isinstance(output, Mapping):
+        picks = list(output)
+        bad = next((k for k in picks if not isinstance(k, str)), None)
+        if bad is not None:
+            return f"its keys must be strings, got {type(bad).__name__} {bad!r:.80}"
+        values = [output[k] for k in picks]
+    else:
+        return f"its output is of type {type(output).__name__}, not a list, tuple or mapping"
+    if item_key is None:
+        return [(str(p), v, p) for p, v in zip(picks, values, strict=True)]
+    items: list[tuple[str, Any, int | str]] = []
+    seen: set[str] = set()
+    for p, v in zip(picks, values, strict=True):
+        key = v.get(item_key) if isinstance(v, Mapping) else None
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            return f"item {p!r:.80} has no str or int {item_key!r} field"
+        text = str(key)
+        if text in seen:
+            return f"items repeat the key {item_key}={text!r:.80}"
+        seen.add(text)
+        items.append((text, v, p))
+    return items

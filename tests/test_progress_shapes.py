@@ -1,0 +1,89 @@
+"""ProgressPrinter on shaped runs: items counted as they appear, skips counted as done."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from ekit_core import (
+    GraphSpec,
+    RunSettled,
+    RunStarted,
+    StepFinished,
+    StepSkipped,
+    StepStarted,
+    TokenUsage,
+)
+from ekit_core.shapes import Shape
+from ekit_runtime import ProgressPrinter, Step, Workflow
+from tests.test_rewind_shapes import pipeline
+
+NO_USAGE = TokenUsage()
+
+
+def test_items_grow_the_total_as_they_appear_and_a_collection_says_so() -> None:
+    out = io.StringIO()
+    pipeline([]).run_sync({"doc": "a|b"}, trace=ProgressPrinter(out, tty=False))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "run started: 4 steps"
+    assert lines[1].startswith("[1/4 ") and "done split" in lines[1]
+    assert any(line.startswith("[2/6 ") and "done summarize[" in line for line in lines)
+    assert any("collected summarize from 2 item(s)" in line for line in lines)
+    assert lines[-1].startswith("run finished: 8/8 steps, 0 tokens this run")
+
+
+def urgent(ctx: dict[str, Any]) -> bool:
+    return bool(ctx["route"] == "urgent")
+
+
+def test_a_skip_by_a_condition_is_done_and_marked() -> None:
+    wf = Workflow([
+        Step("route", lambda c: "calm"),
+        Step("escalate", lambda c: "E", ("route",), when=urgent),
+        Step("after", lambda c: "x", ("escalate",)),
+    ])
+    out = io.StringIO()
+    printer = ProgressPrinter(out, tty=False)
+    wf.run_sync(trace=printer)
+    lines = out.getvalue().splitlines()
+    assert "skipped escalate: condition urgent was false" in lines[2]
+    assert "skipped after: it needs 'escalate', which was skipped" in lines[3]
+    assert lines[-1].startswith("run finished: 3/3 steps (2 skipped by a condition)")
+    assert (printer.done, printer.total, printer.skipped_by_condition) == (3, 3, 2)
+
+
+def test_the_status_line_counts_items_done_of_total() -> None:
+    p = ProgressPrinter(io.StringIO(), tty=True)
+    p(RunStarted(total=2, recorded=1))
+    for k in range(3):
+        p(StepStarted(f"each[{k}]", 1, 0.0))
+    assert p.status().startswith("1/5 steps | 3 running (each[0], each[1], each[2])")
+    p(StepFinished("each[0]", 1, NO_USAGE, 0.1))
+    assert p.status().startswith("2/5 steps")
+    assert p.items == 3
+
+
+def test_a_plain_graph_named_like_items_counts_as_today_when_its_graph_is_given() -> None:
+    graph = GraphSpec.of({"a[1]": ()})
+    out = io.StringIO()
+    p = ProgressPrinter(out, tty=False, graph=graph)
+    p(RunStarted(total=1, recorded=0))
+    p(StepStarted("a[1]", 1, 0.0))
+    p(StepFinished("a[1]", 1, NO_USAGE, 0.5))
+    p(RunSettled("finished", 1, 1, NO_USAGE))
+    assert out.getvalue().splitlines()[1].startswith("[1/1 ")
+    assert p.items == 0
+
+
+def test_the_graph_tells_items_exactly() -> None:
+    graph = GraphSpec.of({"u": (), "m": ("u",), "n[x]": ()}, {"m": Shape(map_over="u")})
+    p = ProgressPrinter(io.StringIO(), tty=False, graph=graph)
+    p(RunStarted(total=3, recorded=0))
+    p(StepStarted("m[0]", 1, 0.0))
+    p(StepSkipped("m[1]", "condition c was false"))
+    p(StepStarted("n[x]", 1, 0.0))
+    assert (p.total, p.done, p.items) == (5, 1, 2)
+    with pytest.raises(ValueError, match="graph must be"):
+        ProgressPrinter(graph=42)

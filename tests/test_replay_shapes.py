@@ -1,0 +1,111 @@
+"""Replaying a shaped run: items are steps of the timeline, with the dependencies they grew with.
+
+Every checkpoint of a run with mapped and conditional steps, across crashes
+and resumes, replays without a violation; the real violations (an item
+recorded before its input, an output that disappears, an item the input
+does not have) are still found.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ekit_core import (
+    GraphSpec,
+    WorkflowCheckpoint,
+    advance,
+    checkpoint_of,
+    initial_state,
+    replay,
+)
+from ekit_runtime import Step, Workflow
+from tests.test_rewind_shapes import pipeline
+from tests.test_shapes_properties import _result, shaped_graphs
+
+
+def recorded() -> tuple[Workflow, list[dict[str, Any]]]:
+    saved: list[WorkflowCheckpoint] = []
+    wf = pipeline([])
+    wf.run_sync({"doc": "aaa|b|cc"}, checkpoint_fn=saved.append)
+    return wf, [json.loads(json.dumps(cp.to_dict())) for cp in saved]
+
+
+def _kinds(report: Any) -> set[tuple[int, str | None, str]]:
+    return {(v.index, v.step, v.kind) for v in report.violations}
+
+
+def test_a_mapped_run_replays_clean_with_one_timeline_entry_per_item() -> None:
+    wf, cps = recorded()
+    report = replay(wf, cps)
+    assert report.ok, report.format()
+    assert report.timeline[1].finished == ("summarize[0]", "summarize[1]", "summarize[2]",
+                                           "summarize")
+    assert report.finished_at("critique[2]") == 2
+    assert replay(None, cps).ok
+
+
+def test_an_item_recorded_before_its_input_is_a_violation() -> None:
+    wf, cps = recorded()
+    forged = [json.loads(json.dumps(cp)) for cp in cps]
+    del forged[2]["outputs"]["summarize[1]"]
+    forged[2]["step_index"] -= 1
+    kinds = _kinds(replay(wf, forged))
+    assert (2, "critique[1]", "dependency_not_recorded") in kinds
+    assert (2, "summarize[1]", "output_removed") in kinds
+
+
+def test_a_collection_recorded_before_its_items_is_a_violation() -> None:
+    wf, cps = recorded()
+    forged = [json.loads(json.dumps(cp)) for cp in cps[1:]]
+    del forged[0]["outputs"]["summarize[2]"]
+    assert (0, "summarize", "dependency_not_recorded") in _kinds(replay(wf, forged))
+
+
+def test_an_item_the_input_does_not_have_is_an_unknown_step() -> None:
+    wf, cps = recorded()
+    cps[2]["outputs"]["summarize[7]"] = "X"
+    assert (2, "summarize[7]", "unknown_step") in _kinds(replay(wf, cps))
+
+
+def test_new_skips_are_on_the_timeline_with_their_reason() -> None:
+    wf = Workflow([
+        Step("route", lambda c: "calm"),
+        Step("escalate", lambda c: "ESC", ("route",), when=lambda c: c["route"] == "urgent"),
+        Step("join", lambda c: "j", ("escalate", "route"), join="any"),
+    ])
+    saved: list[WorkflowCheckpoint] = []
+    wf.run_sync(checkpoint_fn=saved.append)
+    report = replay(wf, saved)
+    assert report.ok, report.format()
+    skips = {n: why for e in report.timeline for n, why in e.skipped.items()}
+    assert list(skips) == ["escalate"] and skips["escalate"].startswith("condition")
+    assert "skipped: escalate" in report.format()
+
+
+def _record(graph: GraphSpec, data: st.DataObject) -> list[dict[str, Any]]:
+    """Every checkpoint of a run of ``graph``, crashed and resumed at random points."""
+    state, batch = advance(initial_state(graph))
+    pending, saved = list(batch.names), []
+    while pending:
+        name = pending.pop(data.draw(st.integers(0, len(pending) - 1), label="which"))
+        state, batch = advance(state, [_result(state, name)])
+        pending += batch.names
+        saved.append(json.loads(json.dumps(checkpoint_of(state).to_dict())))
+        if pending and data.draw(st.booleans(), label="crash"):
+            state, batch = advance(initial_state(graph, saved[-1]))
+            pending = list(batch.names)
+    return saved
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=shaped_graphs(), data=st.data())
+def test_any_shaped_run_crashed_and_resumed_replays_clean(graph: GraphSpec, data: st.DataObject) -> None:
+    saved = _record(graph, data)
+    report = replay(graph, saved)
+    assert report.ok, report.format()
+    finished = {n for e in report.timeline for n in e.finished}
+    assert finished == set(saved[-1]["outputs"] if saved else ())
