@@ -122,7 +122,7 @@ from ekit_core.results import (
     Start,
     Succeeded,
 )
-from ekit_core.rewind import outdated_steps, without
+from ekit_core.rewind import downstream, outdated_steps, without
 from ekit_core.shapes import items_of
 from ekit_core.state import (
     NO_SKIPS,
@@ -486,8 +486,8 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         return checkpoint
     changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
                or outdated.get(n, "").startswith("its ")}
-    below = _downstream(graph, outdated)
-    again = below | set(outdated)
+    again = set(downstream(graph, outdated))
+    below = again - set(outdated)
     # mapped step -> (its first upstream, whether only that upstream runs again on the way)
     roots: dict[str, tuple[str, bool]] = {}
     for name in graph.names:
@@ -519,18 +519,6 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
         superseded=MappingProxyType(aside),
     )
-
-
-def _downstream(graph: GraphSpec, names: Iterable[str]) -> set[str]:
-    """Every declared step below ``names`` (not them)."""
-    found: set[str] = set()
-    frontier = list(names)
-    while frontier:
-        for child in graph.dependents[frontier.pop()]:
-            if child not in found:
-                found.add(child)
-                frontier.append(child)
-    return found
 
 
 def _first_ready_shaped(
