@@ -188,3 +188,28 @@ def test_bad_shape_declarations_are_refused_before_anything_runs() -> None:
                   Step("s[0]", lambda ctx: 1)])
     with pytest.raises(ValueError, match="when must be callable"):
         Step("s", lambda ctx: 1, when="yes")  # type: ignore[arg-type]
+
+
+def test_each_item_is_timed_out_and_approved_on_its_own() -> None:
+    from ekit_runtime import StepTimeoutError
+
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    async def summarize(ctx: Any) -> str:
+        if ctx["split"] == "b":
+            await release.wait()  # never set: this item runs past its timeout
+        return ctx["split"].upper()
+
+    def approve(name: str, metadata: Any) -> bool:
+        asked.append(name)
+        return True
+
+    wf = Workflow([Step("split", _split),
+                   Step("summarize", summarize, ("split",), map_over="split", timeout=0.2,
+                        context="dependencies")])
+    result = wf.run_sync({"doc": "abc"}, approval=approve, isolate_failures=True)
+    assert set(result.failed) == {"summarize[1]"}
+    assert isinstance(result.failed["summarize[1]"], StepTimeoutError)
+    assert result.checkpoint is not None and result.checkpoint.outputs["summarize[2]"] == "C"
+    assert sorted(asked) == ["split", "summarize[0]", "summarize[1]", "summarize[2]"]
