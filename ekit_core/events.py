@@ -56,6 +56,19 @@ class StepSkipped:
 
 
 @dataclass(frozen=True, slots=True)
+class StepExpanded:
+    """Mapped step ``name`` expanded into ``items`` items (``recorded`` of them recorded already).
+
+    The run's total grows by ``items``: a progress display counts them from
+    here. A resume announces the expansions its recorded outputs make.
+    """
+
+    name: str
+    items: int
+    recorded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StepOutdated:
     """A resumed run drops the recorded output of ``name`` and runs it again, for ``reason``.
 
@@ -150,6 +163,7 @@ Event = (
     RunStarted
     | StepSkipped
     | StepOutdated
+    | StepExpanded
     | StepStarted
     | StepFinished
     | StepRetried

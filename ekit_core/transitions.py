@@ -89,6 +89,7 @@ from ekit_core.events import (
     RunSettled,
     RunStarted,
     StepDenied,
+    StepExpanded,
     StepFailed,
     StepFinished,
     StepInterrupted,
@@ -926,6 +927,9 @@ def _expand(w: _Run, over: str) -> None:
     outputs, waiting = w.outputs, w.counts()
     deps = w.spec.declared_graph.deps
     for mapped, members in more.members.items():
+        if w.record:
+            done = sum(1 for m in members if m in outputs or m in skipped)
+            w.events.append(StepExpanded(mapped, len(members), done))
         if mapped in outputs:  # a resume: collected already
             continue
         left = sum(1 for m in members if m not in outputs and m not in skipped)

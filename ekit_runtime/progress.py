@@ -8,8 +8,8 @@ pipe, a file) it writes one plain line per step that finished, failed or
 will be retried, and one when the run ends, so the log reads top to bottom.
 
 A run with run-time shapes (:mod:`ekit_core.shapes`) counts its items as
-steps: the total starts at the declared steps and grows by each item the
-printer sees (an expansion's items appear as they start), and a mapped
+steps: the total starts at the declared steps and grows by each expansion's
+items when the core announces it (``StepExpanded``), and a mapped
 step's collected output counts once, when it is collected. A step (or item)
 skipped by a condition counts as done, and is marked so (``skipped NAME:
 reason`` in a log, ``N skipped by a condition`` at the end). Which names
@@ -29,6 +29,7 @@ from ekit_core import (
     RunSettled,
     RunStarted,
     StepDenied,
+    StepExpanded,
     StepFailed,
     StepFinished,
     StepInterrupted,
@@ -143,6 +144,7 @@ class ProgressPrinter:
         self._by_condition = 0
         # Items seen, by their mapped step (the total grows by each).
         self._items: dict[str, set[str]] = {}
+        self._expanded: set[str] = set()  # mapped steps whose StepExpanded was seen
         self._failed = 0
         self._tokens = 0
         self._running: dict[str, None] = {}
@@ -219,6 +221,13 @@ class ProgressPrinter:
                 resumed = f", {event.recorded} recorded" if event.recorded else ""
                 self._line(f"run started: {event.total} steps{resumed}")
             self._draw(force=True)
+        elif isinstance(event, StepExpanded):
+            # The exact count: the total grows by every item at once, and a
+            # resume's recorded items count as done.
+            self._expanded.add(event.name)
+            self._total += event.items
+            self._done += event.recorded
+            self._draw()
         elif isinstance(event, StepSkipped):
             self._skip(event)
         elif isinstance(event, StepStarted):
@@ -303,7 +312,8 @@ class ProgressPrinter:
         seen = self._items.setdefault(step, set())
         if name not in seen:
             seen.add(name)
-            self._total += 1
+            if step not in self._expanded:  # counted by its StepExpanded already
+                self._total += 1
 
     # -- output ----------------------------------------------------------------
 

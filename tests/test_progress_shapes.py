@@ -11,6 +11,7 @@ from ekit_core import (
     GraphSpec,
     RunSettled,
     RunStarted,
+    StepExpanded,
     StepFinished,
     StepSkipped,
     StepStarted,
@@ -23,15 +24,30 @@ from tests.test_rewind_shapes import pipeline
 NO_USAGE = TokenUsage()
 
 
-def test_items_grow_the_total_as_they_appear_and_a_collection_says_so() -> None:
+def test_an_expansion_grows_the_total_by_its_items_and_a_collection_says_so() -> None:
     out = io.StringIO()
     pipeline([]).run_sync({"doc": "a|b"}, trace=ProgressPrinter(out, tty=False))
     lines = out.getvalue().splitlines()
     assert lines[0] == "run started: 4 steps"
+    # The split's output then expands summarize and, item by item, critique: 4 + 2 + 2.
     assert lines[1].startswith("[1/4 ") and "done split" in lines[1]
-    assert any(line.startswith("[2/6 ") and "done summarize[" in line for line in lines)
+    assert any(line.startswith("[2/8 ") and "done summarize[" in line for line in lines)
     assert any("collected summarize from 2 item(s)" in line for line in lines)
     assert lines[-1].startswith("run finished: 8/8 steps, 0 tokens this run")
+
+
+def test_a_resume_counts_its_recorded_items_as_done() -> None:
+    saved: list[Any] = []
+    wf = pipeline([])
+    wf.run_sync({"doc": "a|b"}, checkpoint_fn=saved.append)
+    mid = next(cp for cp in saved if "summarize" in cp.outputs and "merge" not in cp.outputs)
+    printer = ProgressPrinter(io.StringIO(), tty=False)
+    events: list[Any] = []
+    wf.run_sync(resume_from=mid, trace=[events.append, printer])
+    expanded = [e for e in events if isinstance(e, StepExpanded)]
+    assert {(e.name, e.items) for e in expanded} == {("summarize", 2), ("critique", 2)}
+    assert sum(e.recorded for e in expanded) == sum(1 for n in mid.outputs if "[" in n)
+    assert (printer.done, printer.total) == (8, 8)
 
 
 def urgent(ctx: dict[str, Any]) -> bool:
