@@ -213,21 +213,9 @@ class ProgressPrinter:
     def __call__(self, event: Event) -> None:
         """Take one trace event: update the counts, then draw or print."""
         if isinstance(event, RunStarted):
-            self._reset()
-            self._started_at = self._clock()
-            self._total = event.total
-            self._done = event.recorded
-            if not self._is_tty():
-                resumed = f", {event.recorded} recorded" if event.recorded else ""
-                self._line(f"run started: {event.total} steps{resumed}")
-            self._draw(force=True)
+            self._run_started(event)
         elif isinstance(event, StepExpanded):
-            # The exact count: the total grows by every item at once, and a
-            # resume's recorded items count as done.
-            self._expanded.add(event.name)
-            self._total += event.items
-            self._done += event.recorded
-            self._draw()
+            self._expansion(event)
         elif isinstance(event, StepSkipped):
             self._skip(event)
         elif isinstance(event, StepStarted):
@@ -302,6 +290,23 @@ class ProgressPrinter:
                     f"{self._prefix()} done {event.name}{took}, "
                     f"{event.usage.total_tokens:,} tokens"
                 )
+        self._draw()
+
+    def _run_started(self, event: RunStarted) -> None:
+        self._reset()
+        self._started_at = self._clock()
+        self._total = event.total
+        self._done = event.recorded
+        if not self._is_tty():
+            resumed = f", {event.recorded} recorded" if event.recorded else ""
+            self._line(f"run started: {event.total} steps{resumed}")
+        self._draw(force=True)
+
+    def _expansion(self, event: StepExpanded) -> None:
+        """The exact count: the total grows by every item at once, a resume's recorded ones done."""
+        self._expanded.add(event.name)
+        self._total += event.items
+        self._done += event.recorded
         self._draw()
 
     def _count_item(self, name: str) -> None:
