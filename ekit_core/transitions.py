@@ -944,7 +944,7 @@ def _expand(w: _Run, over: str) -> None:
 
 
 def _wait_for_dependencies(w: _Run, mapped: str, deps: tuple[str, ...]) -> int:
-    """Count down the empty mapped step ``mapped`` by its unrecorded dependencies instead."""
+    """Count down ``mapped``, whose items are settled (or none), by its unrecorded dependencies."""
     missing = [d for d in deps if d not in w.outputs]
     if missing:
         shaped = w.spec.shaped
@@ -1056,6 +1056,11 @@ def _item_settled(w: _Run, mapped: str) -> None:
         return
     waiting = w.counts()
     left = waiting.pop(mapped) - 1
+    if not left:
+        # Its items are settled; it waits for its own dependencies too (a
+        # chained step's items may be skipped before a dependency finishes),
+        # so that a skip of one still skips it, in every order of events.
+        left = _wait_for_dependencies(w, mapped, w.spec.declared_graph.deps[mapped])
     if left:
         waiting[mapped] = left
     else:

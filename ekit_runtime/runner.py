@@ -429,7 +429,7 @@ class Runner:
             return StepContext(self._base, outputs)  # O(1): a snapshot, copy-on-write
         context = self._base.copy()
         for dep in step.depends_on:
-            if dep in outputs or step.join == "all":  # a join over alternatives sees what ran
+            if dep in outputs or step.shaping is None or step.join == "all":  # (a join sees what ran)
                 context[dep] = outputs[dep]
         return context
 
@@ -470,7 +470,7 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        if step.when is not None and start.attempt == 1 and (
+        if step.shaping is not None and step.when is not None and start.attempt == 1 and (
                 decided := _decided(step, name, context)) is not None:
             # Skipped, or its condition raised: an attempt that never ran.
             task = self._loop.create_task(_at_once(decided))

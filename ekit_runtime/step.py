@@ -178,10 +178,11 @@ class Step:
     inline: bool = False
     executor: Executor | None = None
     version: str | None = None
-    map_over: str | None = None
-    item_key: str | None = None
-    when: Callable[[Any], Any] | None = None
-    join: Literal["all", "any"] = "all"
+    # The run-time shape, ``(map_over, item_key, when, join)``, or ``None`` for
+    # a plain step: one slot, not four, because a workflow builds a Step per
+    # step (a resume, one per recorded step) and each slot costs its store,
+    # its check and the collector's visit. Read it as the four properties.
+    shaping: Shaping | None = field(default=None, repr=False)
 
     def __new__(
         cls,
@@ -200,6 +201,7 @@ class Step:
         item_key: str | None = None,
         when: Callable[[Any], Any] | None = None,
         join: Literal["all", "any"] = "all",
+        shaping: Shaping | None = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -210,7 +212,10 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
-        step.map_over, step.item_key, step.when, step.join = map_over, item_key, when, join
+        if map_over is None and item_key is None and when is None and join == "all":
+            step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
+        else:
+            step.shaping = _shaping(shaping, map_over, item_key, when, join)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -219,10 +224,7 @@ class Step:
             and timeout is None
             and executor is None
             and version is None
-            and map_over is None
-            and when is None
-            and item_key is None
-            and join == "all"
+            and step.shaping is None
             and (context == "all" or context == "dependencies")
             and blocking is False
             and inline is False
@@ -237,7 +239,7 @@ class Step:
         return type(self), (
             self.name, self.run, self.depends_on, self.metadata, self.retry, self.timeout,
             self.blocking, self.context, self.inline, self.executor, self.version,
-            self.map_over, self.item_key, self.when, self.join,
+            None, None, None, "all", self.shaping,
         )
 
     def _check(self) -> None:
@@ -277,6 +279,9 @@ class Step:
                 raise bad(f"{field_name} {why}")
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
+        shaping = self.shaping
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 4):
+            raise bad("shaping must be None or (map_over, item_key, when, join)")
         for field_name in ("map_over", "item_key"):
             value = getattr(self, field_name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -287,13 +292,46 @@ class Step:
             raise bad(f"join must be 'all' or 'any', got {self.join!r}")
 
     @property
+    def map_over(self) -> str | None:
+        """The dependency whose output the step runs over, once per item (``None``: once)."""
+        return None if self.shaping is None else self.shaping[0]
+
+    @property
+    def item_key(self) -> str | None:
+        """The field of each item that keys it (``None``: its position, or its mapping key)."""
+        return None if self.shaping is None else self.shaping[1]
+
+    @property
+    def when(self) -> Callable[[Any], Any] | None:
+        """The step's condition, asked once before its first attempt (``None``: always runs)."""
+        return None if self.shaping is None else self.shaping[2]
+
+    @property
+    def join(self) -> Literal["all", "any"]:
+        """``"any"`` runs the step on whichever of its dependencies ran; ``"all"`` needs every one."""
+        return "all" if self.shaping is None else self.shaping[3]
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
-        if self.map_over is None and self.when is None and self.join == "all" \
-                and self.item_key is None:
+        if self.shaping is None:
             return None
-        when = None if self.when is None else condition_name(self.when)
-        return Shape(self.map_over, self.item_key, when, self.join)
+        map_over, item_key, when, join = self.shaping
+        return Shape(map_over, item_key, None if when is None else condition_name(when), join)
+
+
+Shaping: TypeAlias = tuple[str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"]]
+"""A step's run-time shape as it holds it: ``(map_over, item_key, when, join)``."""
+
+
+def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
+             when: Callable[[Any], Any] | None, join: Literal["all", "any"]) -> Shaping:
+    """The shape given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
+    old = base if base is not None else (None, None, None, "all")
+    return (map_over if map_over is not None else old[0],
+            item_key if item_key is not None else old[1],
+            when if when is not None else old[2],
+            join if join != "all" else old[3])
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:

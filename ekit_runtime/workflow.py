@@ -130,10 +130,7 @@ class Workflow:
                 and step.retry is None
                 and step.version is None
                 and step.executor is None
-                and step.map_over is None
-                and step.when is None
-                and step.join == "all"
-                and step.item_key is None
+                and step.shaping is None
             ):
                 continue
             if not isinstance(step, Step):

@@ -118,6 +118,12 @@ def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Driv
 
 def _check_started(state: State, names: tuple[str, ...], problems: list[str]) -> None:
     shaped = state.spec.shaped
+    declared = state.spec.declared_graph
+    for mapped, shape in declared.shapes.items():
+        if shape.map_over is not None and mapped in state.outputs:
+            early = [d for d in declared.deps[mapped] if d not in state.outputs]
+            if early:
+                problems.append(f"{mapped} collected before its dependency {early[0]}")
     for name in names:
         for d in state.spec.graph.deps[name]:
             joins_any = state.spec.declared_graph.shapes.get(name, Shape()).join == "any"
@@ -151,3 +157,21 @@ def test_any_order_and_any_crash_end_as_the_plain_run(graph: GraphSpec, data: st
     for name, shape in graph.shapes.items():
         if shape.map_over is not None and name not in skipped:
             assert isinstance(outputs[name], list)
+
+
+def test_a_chained_map_whose_items_are_all_skipped_waits_for_its_other_dependencies() -> None:
+    # s4 runs item by item after s1, whose only item is skipped: s4's item is
+    # skipped with it, but s4 itself also needs s2, which has not run yet (and
+    # might yet be skipped): it is collected only once s2 is recorded.
+    graph = GraphSpec.of(
+        {"s0": (), "s1": ("s0",), "s2": ("s0", "s1"), "s4": ("s0", "s1", "s2")},
+        {"s1": Shape(map_over="s0", when="cond"), "s4": Shape(map_over="s1")},
+    )
+    state, batch = advance(initial_state(graph))
+    state, batch = advance(state, [Succeeded("s0", ["x"])])
+    assert batch.names == ("s1[0]",)
+    state, batch = advance(state, [Skipped("s1[0]", "condition cond was false")])
+    assert state.outputs["s1"] == [] and "s4[0]" in state.skipped
+    assert "s4" not in state.outputs and batch.names == ("s2",)
+    state, batch = advance(state, [Succeeded("s2", "two")])
+    assert state.outputs["s4"] == [] and state.outcome == "finished"
