@@ -1051,11 +1051,12 @@ def _item_settled(w: _Run, mapped: str) -> None:
     or by the skip still being passed on), whatever its items did.
     """
     skipped = w.setbacks.skipped
-    if mapped in skipped or mapped in w.outputs or (
-            skipped and any(d in skipped for d in w.spec.declared_graph.deps[mapped])):
+    if mapped in skipped or (skipped and any(d in skipped for d in w.spec.declared_graph.deps[mapped])):
         return
     waiting = w.counts()
-    left = waiting.pop(mapped) - 1
+    left = waiting.pop(mapped, 0) - 1  # (no count: collected already, on a resume)
+    if left < 0:
+        return
     if not left:
         # Its items are settled; it waits for its own dependencies too (a
         # chained step's items may be skipped before a dependency finishes),

@@ -65,7 +65,7 @@ from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
+from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
 
@@ -446,7 +446,7 @@ class Runner:
             raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
         i = self._index.get(ref.step)
         step = self._declared[i] if i is not None else self._added[ref.step]
-        over = step.map_over
+        over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
         assert over is not None
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
@@ -470,7 +470,8 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        if step.shaping is not None and step.when is not None and start.attempt == 1 and (
+        shaping = step.shaping
+        if shaping is not None and shaping[2] is not None and start.attempt == 1 and (
                 decided := _decided(step, name, context)) is not None:
             # Skipped, or its condition raised: an attempt that never ran.
             task = self._loop.create_task(_at_once(decided))

@@ -20,7 +20,7 @@ from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.executors import Executor
 
-__all__ = ["PatternResult", "Step", "StepFn", "condition_name", "split_result"]
+__all__ = ["PatternResult", "Shaping", "Step", "StepFn", "condition_name", "split_result"]
 
 T = TypeVar("T")
 
