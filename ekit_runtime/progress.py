@@ -2,10 +2,14 @@
 
 This module owns how progress looks on a terminal and in a log. It only
 reads events (see :mod:`ekit_core.events`); it never changes a run. On a
-terminal it keeps one status line up to date (steps done out of the total,
-steps in flight, tokens spent, elapsed time); anywhere else (a CI log, a
-pipe, a file) it writes one plain line per step that finished, failed or
-will be retried, and one when the run ends, so the log reads top to bottom.
+terminal it keeps one status line up to date (a bar of steps done out of
+the total, an estimate of the time left once a step of this run finished,
+the steps in flight with how long each has run, tokens spent, elapsed
+time), and redraws it every ``tick`` seconds while the run goes, so that a
+long step shows its time growing; anywhere else (a CI log, a pipe, a file,
+or a terminal with ``NO_COLOR`` set or ``TERM=dumb``) it writes one plain
+line per step that finished, failed or will be retried, and one when the
+run ends, with no control codes, so the log reads top to bottom.
 
 A run with run-time shapes (:mod:`ekit_core.shapes`) counts its items as
 steps: the total starts at the declared steps and grows by each expansion's
@@ -19,6 +23,8 @@ are items it reads from ``graph=`` when given (exact), else from their form
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +49,12 @@ __all__ = ["ProgressPrinter"]
 
 _CLEAR_LINE = "\x1b[K"
 _SHOWN_RUNNING = 3
+_BAR = 20  # characters of the bar
+
+
+def _plain_terminal() -> bool:
+    """Whether the environment asks for no control codes (https://no-color.org, a dumb terminal)."""
+    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
 
 
 def _ending(event: RunSettled) -> str:
@@ -106,6 +118,10 @@ class ProgressPrinter:
       printing retries and failures above it; ``False`` writes plain lines.
       ``None`` (the default) asks ``stream.isatty()``.
     - ``interval``: the least time between two redraws of the status line.
+    - ``tick``: on a terminal, redraw the status line every ``tick``
+      seconds while the run goes (on the running event loop), so that the
+      time of a long step keeps growing; ``None`` redraws on events only.
+      :meth:`tick` redraws by hand.
     - ``graph``: the run's ``GraphSpec`` (or ``Workflow``), so that items
       are told from steps by the mapped steps it declares rather than by
       their ``step[key]`` form; ``None`` (the default) goes by the form.
@@ -123,6 +139,7 @@ class ProgressPrinter:
         tty: bool | None = None,
         interval: float = 0.1,
         graph: Any = None,
+        tick: float | None = 1.0,
     ) -> None:
         if not callable(clock):
             raise ValueError(f"clock must be callable, got {type(clock).__name__}")
@@ -130,6 +147,10 @@ class ProgressPrinter:
             raise ValueError(f"tty must be True, False or None, got {tty!r}")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
             raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}")
+        if tick is not None and (isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0):
+            raise ValueError(f"tick must be a positive number of seconds or None, got {tick!r}")
+        self._tick_every = None if tick is None else float(tick)
+        self._timer: asyncio.TimerHandle | None = None
         self._stream = stream
         self._clock = clock
         self._tty = tty
@@ -147,7 +168,8 @@ class ProgressPrinter:
         self._expanded: set[str] = set()  # mapped steps whose StepExpanded was seen
         self._failed = 0
         self._tokens = 0
-        self._running: dict[str, None] = {}
+        self._running: dict[str, float] = {}  # step in flight -> when it started
+        self._done_at_start = 0  # recorded before this run: not part of its pace
         self._started_at: float | None = None
         self._drawn_at: float | None = None
         self._line_open = False
@@ -195,18 +217,36 @@ class ProgressPrinter:
             return 0.0
         return max(0.0, self._clock() - self._started_at)
 
+    def remaining(self) -> float | None:
+        """Seconds left at this run's pace so far, or ``None`` before a step of it finished."""
+        ran = self._done - self._done_at_start
+        left = self._total - self._done
+        if ran <= 0 or left <= 0:
+            return None
+        return self.elapsed() / ran * left
+
     def status(self) -> str:
         """The one-line summary the terminal mode shows."""
-        parts = [f"{self._done}/{self._total} steps"]
+        total = max(self._total, 1)
+        filled = min(_BAR, _BAR * self._done // total)
+        parts = [f"[{'#' * filled}{'.' * (_BAR - filled)}] {self._done}/{self._total} steps"]
+        remaining = self.remaining()
+        if remaining is not None:
+            parts[0] += f", ~{_seconds(remaining)} left"
         if self._running:
-            names = list(self._running)
-            shown = ", ".join(names[:_SHOWN_RUNNING])
-            if len(names) > _SHOWN_RUNNING:
-                shown += f", +{len(names) - _SHOWN_RUNNING}"
-            parts.append(f"{len(names)} running ({shown})")
+            now = self._clock()
+            shown = [f"{name} {_seconds(max(0.0, now - began))}"
+                     for name, began in list(self._running.items())[:_SHOWN_RUNNING]]
+            more = len(self._running) - len(shown)
+            parts.append(f"{len(self._running)} running ({', '.join(shown)}{f', +{more}' if more else ''})")
         parts.append(f"{self._tokens:,} tokens")
         parts.append(_seconds(self.elapsed()))
         return " | ".join(parts)
+
+    def tick(self) -> None:
+        """Redraw the status line now (on a terminal): what the timer does every ``tick`` seconds."""
+        if self._started_at is not None:
+            self._draw(force=True)
 
     # -- the callback --------------------------------------------------------
 
@@ -220,7 +260,7 @@ class ProgressPrinter:
             self._skip(event)
         elif isinstance(event, StepStarted):
             self._count_item(event.name)
-            self._running[event.name] = None
+            self._running[event.name] = self._clock()
             self._draw()
         elif isinstance(event, StepFinished):
             self._finished(event)
@@ -245,6 +285,7 @@ class ProgressPrinter:
             self._running.pop(event.name, None)
             self._draw()
         elif isinstance(event, RunSettled):
+            self._stop_ticking()
             self._running.clear()
             # A finished run settled every step: the ones skipped by a
             # condition are done too (a resume does not announce those it read).
@@ -293,10 +334,12 @@ class ProgressPrinter:
         self._draw()
 
     def _run_started(self, event: RunStarted) -> None:
+        self._stop_ticking()
         self._reset()
         self._started_at = self._clock()
         self._total = event.total
-        self._done = event.recorded
+        self._done = self._done_at_start = event.recorded
+        self._start_ticking()
         if not self._is_tty():
             resumed = f", {event.recorded} recorded" if event.recorded else ""
             self._line(f"run started: {event.total} steps{resumed}")
@@ -307,6 +350,7 @@ class ProgressPrinter:
         self._expanded.add(event.name)
         self._total += event.items
         self._done += event.recorded
+        self._done_at_start += event.recorded
         self._draw()
 
     def _count_item(self, name: str) -> None:
@@ -322,13 +366,33 @@ class ProgressPrinter:
 
     # -- output ----------------------------------------------------------------
 
+    def _start_ticking(self) -> None:
+        """Redraw every ``tick`` seconds on the running loop (a terminal only; none: no timer)."""
+        if self._tick_every is None or not self._is_tty():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # driven by hand (the pure core, a test): tick() redraws
+        self._timer = loop.call_later(self._tick_every, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._timer = None
+        self.tick()
+        self._start_ticking()
+
+    def _stop_ticking(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def _out(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stderr
 
     def _is_tty(self) -> bool:
         if self._tty is None:
             try:
-                self._tty = bool(self._out().isatty())
+                self._tty = bool(self._out().isatty()) and not _plain_terminal()
             except (AttributeError, ValueError, OSError):
                 # A closed or exotic stream: plain lines are always safe.
                 self._tty = False

@@ -64,7 +64,7 @@ def test_tty_rewrites_one_line_and_throttles() -> None:
     out, clock = io.StringIO(), FakeClock()
     p = ProgressPrinter(out, clock=clock, tty=True, interval=0.5)
     p(RunStarted(total=4, recorded=0))
-    assert out.getvalue() == "\r0/4 steps | 0 tokens | 0.0s\x1b[K"
+    assert out.getvalue() == "\r[....................] 0/4 steps | 0 tokens | 0.0s\x1b[K"
     for name in "abcd":
         p(StepStarted(name, 1, 0.0))
     # Four starts in the same instant: throttled, nothing redrawn.
@@ -73,14 +73,17 @@ def test_tty_rewrites_one_line_and_throttles() -> None:
     clock.now += 0.6
     p(StepFinished("a", 1, _usage(1000), 0.6))
     assert out.getvalue().endswith(
-        "\r1/4 steps | 3 running (b, c, d) | 1,500 tokens | 0.6s\x1b[K"
+        "\r[#####...............] 1/4 steps, ~1.8s left | 3 running (b 0.6s, c 0.6s, d 0.6s) "
+        "| 1,500 tokens | 0.6s\x1b[K"
     )
     clock.now += 0.1
     p(StepFailed("b", 1, "KeyError", "'x'", 0.7))
     # A failure is kept above the status line, which is redrawn at once.
     assert "\rFAILED" not in out.getvalue()
     assert "\r[1/4 0.7s] FAILED b on attempt 1: KeyError: 'x'\x1b[K\n" in out.getvalue()
-    assert out.getvalue().endswith("\r1/4 steps | 2 running (c, d) | 1,500 tokens | 0.7s\x1b[K")
+    assert out.getvalue().endswith(
+        "\r[#####...............] 1/4 steps, ~2.1s left | 2 running (c 0.7s, d 0.7s) "
+        "| 1,500 tokens | 0.7s\x1b[K")
     p(StepInterrupted("c"))
     p(StepInterrupted("d"))
     p(RunSettled("failed", 1, 4, _usage(1000)))
@@ -95,7 +98,8 @@ def test_tty_shows_at_most_three_running_names() -> None:
     p(RunStarted(total=5, recorded=0))
     for name in "abcde":
         p(StepStarted(name, 1, 0.0))
-    assert p.status() == "0/5 steps | 5 running (a, b, c, +2) | 0 tokens | 0.0s"
+    assert p.status() == (
+        "[....................] 0/5 steps | 5 running (a 0.0s, b 0.0s, c 0.0s, +2) | 0 tokens | 0.0s")
 
 
 def test_auto_detects_a_non_terminal_stream() -> None:

@@ -75,9 +75,9 @@ def test_the_status_line_counts_items_done_of_total() -> None:
     p(RunStarted(total=2, recorded=1))
     for k in range(3):
         p(StepStarted(f"each[{k}]", 1, 0.0))
-    assert p.status().startswith("1/5 steps | 3 running (each[0], each[1], each[2])")
+    assert " 1/5 steps | 3 running (each[0] " in p.status()
     p(StepFinished("each[0]", 1, NO_USAGE, 0.1))
-    assert p.status().startswith("2/5 steps")
+    assert " 2/5 steps" in p.status()
     assert p.items == 3
 
 
