@@ -133,3 +133,19 @@ def test_a_cancelled_run_ends_every_span() -> None:
     assert step.attributes["ekit.outcome"] == "interrupted" and step.ended == 1
     assert run.attributes["ekit.outcome"] == "cancelled" and run.attributes["error.type"] == "cancelled"
     assert run.ended == 1
+
+
+def test_each_item_of_a_mapped_step_has_a_span_of_its_own() -> None:
+    wf = Workflow([
+        Step("split", lambda c: ["x", "y", "z"]),
+        Step("each", lambda c: c["split"].upper(), ("split",), map_over="split",
+             context="dependencies"),
+    ])
+    tracer = FakeTracer()
+    result = wf.run_sync(trace=OtelTracer(tracer))
+    assert result.outputs["each"] == ["X", "Y", "Z"]
+    run, *steps = tracer.spans
+    assert sorted(s.name for s in steps) == [
+        "ekit.step each[0]", "ekit.step each[1]", "ekit.step each[2]", "ekit.step split"]
+    assert all(s.ended == 1 for s in steps) and run.ended == 1
+    assert run.attributes["ekit.outcome"] == "finished"
