@@ -167,21 +167,10 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys():
         return checkpoint
-    aside = _set_aside(graph, checkpoint, items, wanted, seen)
-    return WorkflowCheckpoint(
-        step_index=sum(1 for n in outputs if n in graph.index or n in items.items),
-        outputs=MappingProxyType(outputs),
-        cost=checkpoint.cost,
-        context=checkpoint.context,
-        step_usage=MappingProxyType({k: u for k, u in checkpoint.step_usage.items() if k not in seen}),
-        failures=checkpoint.failures,
-        fingerprint=checkpoint.fingerprint,
-        graph=checkpoint.graph,
-        format_version=checkpoint.format_version,
-        versions=checkpoint.versions,
+    return _dropping(
+        checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
-        shapes=checkpoint.shapes,
-        superseded=MappingProxyType(aside),
+        superseded=MappingProxyType(_set_aside(graph, checkpoint, items, wanted, seen)),
     )
 
 
@@ -261,8 +250,22 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     if not gone & checkpoint.outputs.keys():
         return checkpoint
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
+    return _dropping(checkpoint, gone, outputs, sum(1 for n in graph.names if n in outputs),
+                     skipped=checkpoint.skipped, superseded=checkpoint.superseded)
+
+
+def _dropping(
+    checkpoint: WorkflowCheckpoint, gone: set[str], outputs: dict[str, Any], step_index: int, *,
+    skipped: MappingProxyType[str, str], superseded: MappingProxyType[str, Any],
+) -> WorkflowCheckpoint:
+    """``checkpoint`` with ``outputs`` (the usage of ``gone`` dropped too): every other field kept.
+
+    Built field by field rather than by ``dataclasses.replace``, which would
+    carry over the ledgers a core-made checkpoint shares with its run, and
+    with them a delta the new outputs do not extend.
+    """
     return WorkflowCheckpoint(
-        step_index=sum(1 for n in graph.names if n in outputs),
+        step_index=step_index,
         outputs=MappingProxyType(outputs),
         cost=checkpoint.cost,
         context=checkpoint.context,
@@ -272,7 +275,7 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
         graph=checkpoint.graph,
         format_version=checkpoint.format_version,
         versions=checkpoint.versions,
-        skipped=checkpoint.skipped,
+        skipped=skipped,
         shapes=checkpoint.shapes,
-        superseded=checkpoint.superseded,
+        superseded=superseded,
     )
