@@ -1047,11 +1047,11 @@ def _grow(w: _Run, more: Expanded) -> None:
 def _item_settled(w: _Run, mapped: str) -> None:
     """An item of ``mapped`` was recorded or skipped: at the last one, collect.
 
-    Not if ``mapped`` needs a skipped step: then it is skipped itself (now,
-    or by the skip still being passed on), whatever its items did.
+    Collected only once its own dependencies are recorded too: one of them
+    skipped (now, or by the skip still being passed on) skips ``mapped``
+    instead, whatever its items did.
     """
-    skipped = w.setbacks.skipped
-    if mapped in skipped or (skipped and any(d in skipped for d in w.spec.declared_graph.deps[mapped])):
+    if mapped in w.setbacks.skipped:
         return
     waiting = w.counts()
     left = waiting.pop(mapped, 0) - 1  # (no count: collected already, on a resume)
