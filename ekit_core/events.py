@@ -31,6 +31,7 @@ __all__ = [
     "StepFinished",
     "StepInterrupted",
     "StepOutdated",
+    "StepPartial",
     "StepRetried",
     "StepSkipped",
     "StepStarted",
@@ -138,6 +139,21 @@ class StepInterrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class StepPartial:
+    """Running step ``name`` reported ``value`` as part of its output, the ``index``-th time.
+
+    Sent by the shell while the step runs (an async generator step's yields,
+    or :func:`ekit_runtime.partial` calls), never by the core and never
+    recorded: a checkpoint holds only a step's final output, and a resume runs
+    an unfinished step again from its start.
+    """
+
+    name: str
+    value: object
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointSaved:
     """The shell handed a checkpoint with ``step_index`` completed steps to ``checkpoint_fn``."""
 
@@ -170,6 +186,7 @@ Event = (
     | StepFailed
     | StepDenied
     | StepInterrupted
+    | StepPartial
     | CheckpointSaved
     | RunSettled
 )

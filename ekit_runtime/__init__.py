@@ -36,6 +36,7 @@ from ekit_runtime.stores import (
     StoreLockedError,
     UnencodableError,
 )
+from ekit_runtime.streaming import partial
 from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ __all__ = [
     "WorkflowCheckpoint",
     "WorkflowResult",
     "attempt_key",
+    "partial",
 ]
 
 

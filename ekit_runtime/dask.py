@@ -172,6 +172,12 @@ class DaskExecutor(Executor):
                     "DaskExecutor does not run steps on; drop inline or give the step "
                     "executor=LocalExecutor()"
                 )
+            if inspect.isasyncgenfunction(step.run):
+                raise ValueError(
+                    f"step {step.name!r} is an async generator (a streaming step), whose partial "
+                    "output has no way back from a Dask worker; give the step "
+                    "executor=LocalExecutor(), or make it return its output"
+                )
             self._function_bytes(step)
 
     async def run(self, attempt: Attempt) -> Any:

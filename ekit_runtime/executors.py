@@ -32,6 +32,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.attempt import Attempt
+from ekit_runtime.streaming import drain_stream
 
 if TYPE_CHECKING:
     from ekit_runtime.step import Step
@@ -178,6 +179,10 @@ class LocalExecutor(Executor):
             with contextlib.suppress(TypeError):  # a callable weakref cannot follow
                 self._wraps_async.add(step.run)
             returned = await returned
+        elif inspect.isasyncgen(returned):  # a streaming step: see ekit_runtime.streaming
+            with contextlib.suppress(TypeError):
+                self._wraps_async.add(step.run)
+            returned = await drain_stream(returned)
         return returned
 
     async def _in_thread(self, step: Step, context: MutableMapping[str, Any]) -> Any:

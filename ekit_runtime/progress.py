@@ -39,6 +39,7 @@ from ekit_core import (
     StepFailed,
     StepFinished,
     StepInterrupted,
+    StepPartial,
     StepRetried,
     StepSkipped,
     StepStarted,
@@ -50,6 +51,7 @@ __all__ = ["ProgressPrinter"]
 _CLEAR_LINE = "\x1b[K"
 _SHOWN_RUNNING = 3
 _BAR = 20  # characters of the bar
+_PARTIAL_SHOWN = 24  # characters of a running step's latest partial output, its end
 
 
 def _plain_terminal() -> bool:
@@ -169,6 +171,7 @@ class ProgressPrinter:
         self._failed = 0
         self._tokens = 0
         self._running: dict[str, float] = {}  # step in flight -> when it started
+        self._partial: dict[str, str] = {}  # step in flight -> the tail of its latest partial output
         self._done_at_start = 0  # recorded before this run: not part of its pace
         self._started_at: float | None = None
         self._drawn_at: float | None = None
@@ -235,7 +238,7 @@ class ProgressPrinter:
             parts[0] += f", ~{_seconds(remaining)} left"
         if self._running:
             now = self._clock()
-            shown = [f"{name} {_seconds(max(0.0, now - began))}"
+            shown = [f"{name} {_seconds(max(0.0, now - began))}{self._partial.get(name, '')}"
                      for name, began in list(self._running.items())[:_SHOWN_RUNNING]]
             more = len(self._running) - len(shown)
             parts.append(f"{len(self._running)} running ({', '.join(shown)}{f', +{more}' if more else ''})")
@@ -261,9 +264,13 @@ class ProgressPrinter:
         elif isinstance(event, StepStarted):
             self._count_item(event.name)
             self._running[event.name] = self._clock()
+            self._partial.pop(event.name, None)  # (a retry starts its output afresh)
             self._draw()
         elif isinstance(event, StepFinished):
+            self._partial.pop(event.name, None)
             self._finished(event)
+        elif isinstance(event, StepPartial):
+            self._partial_output(event)
         elif isinstance(event, StepRetried):
             self._running.pop(event.name, None)
             self._note(
@@ -303,6 +310,15 @@ class ProgressPrinter:
                 self._draw(force=True)
                 self._end_line()
             self._line(summary)
+
+    def _partial_output(self, event: StepPartial) -> None:
+        """Show the end of a running step's latest partial output beside it (its text, one line)."""
+        if event.name not in self._running:
+            return
+        text = event.value if isinstance(event.value, str) else repr(event.value)
+        text = " ".join(text.split())
+        self._partial[event.name] = f' "{text[-_PARTIAL_SHOWN:]}"' if text else ""
+        self._draw()
 
     def _skip(self, event: StepSkipped) -> None:
         if not event.reason:  # recorded: counted as done by RunStarted

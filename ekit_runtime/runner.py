@@ -59,7 +59,7 @@ from ekit_core.shapes import item_name
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import attempt as attempts
-from ekit_runtime import signal_wakeup
+from ekit_runtime import signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
@@ -130,6 +130,11 @@ class Runner:
     _closing = False
     # Whether a lone task in flight is awaited directly: see _join_only_task and states.
     _join_directly = True
+    # A traced run's attempts report partial output to its callbacks; the async
+    # callbacks' tasks are awaited before the next event (_emit). Set on the
+    # instance only then: one more attribute on every runner would cost every
+    # step (the instance's attributes would no longer fit their shared layout).
+    _partials: set[asyncio.Future[Any]] | None = None
 
     def __init__(
         self,
@@ -191,6 +196,8 @@ class Runner:
         self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
+        if self._traces:  # (see _partials)
+            self._partials = set()
 
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
@@ -456,6 +463,12 @@ class Runner:
 
     def _launch(self, start: Start) -> None:
         name = start.name
+        # A traced run hands each attempt a sink for its partial output: set
+        # here, it is in the context the attempt's task (and thread) copies.
+        # (record_events first: an instance attribute, cheaper to read than the class's default.)
+        partials = self._partials if self.record_events else None
+        sink = None if partials is None else streaming.SINK.set(
+            streaming.PartialSink(name, self._traces, self._loop, partials))
         i = self._index.get(name)
         item = None
         if i is not None or name in self._added:
@@ -490,6 +503,8 @@ class Runner:
             task = self._loop.create_task(self._attempt(step, context, item))
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
+        if sink is not None:
+            streaming.SINK.reset(sink)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
@@ -618,6 +633,8 @@ class Runner:
     async def _emit(self, events: Iterable[Event]) -> None:
         if self.trace is None:
             return
+        while self._partials:  # async callbacks still taking partial output: theirs come first
+            await asyncio.wait(tuple(self._partials))
         for event in events:
             for callback in self._traces:
                 try:
