@@ -26,6 +26,7 @@ from ekit_core import (
     initial_state,
 )
 from ekit_core.usage import NO_USAGE
+from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
@@ -211,6 +212,7 @@ class Workflow:
         approval, trace = options.get("approval"), options.get("trace")
         executor = options.get("executor")
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
+        trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
         state = self.start_state(
             initial_context,
             resume_from=options.get("resume_from"),

@@ -10,6 +10,8 @@
   expire) or, with ``--until-idle``, until nothing is claimable: it exits 0
   if no run is left waiting in the queue, else ``3``, with a warning line
   per run left (queued or running) saying why this worker did not take it.
+  It prints ekit's log records on stderr (``--log-format text|json``, ``-v``
+  for DEBUG, ``-q`` for warnings only: see :mod:`ekit_runtime.logs`).
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N]``, ``status RUN``, ``list [--status S]``, ``cancel RUN``,
   ``prune --older-than AGE`` (``90``, ``15m``, ``2h``, ``1d``, ``1h30m``: see
@@ -34,10 +36,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
+from ekit_runtime import logs
 from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, STATUSES, RunInfo, RunQueue, Worker, open_queue
@@ -55,6 +58,98 @@ def _input_error(message: str) -> Exception:
     from ekit_runtime.cli import InputError  # the ekit command's own; imported late to avoid a cycle
 
     return InputError(message)
+
+
+def _add_log_options(p: argparse.ArgumentParser) -> None:
+    """``ekit worker``'s options for its log lines (see :func:`_print_logs`)."""
+    g = p.add_argument_group("log lines (on stderr)")
+    g.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="text: one human line per record (time, level, logger, message naming worker, run, step "
+        "and attempt); json: one JSON object per line, with the record's attributes (run_id, step, "
+        "attempt, workflow, worker, epoch, event, ...). Default text",
+    )
+    verbosity = g.add_mutually_exclusive_group()
+    verbosity.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="also each attempt's start and success (ekit's DEBUG records)",
+    )
+    verbosity.add_argument(
+        "-q", "--quiet", action="store_true", help="only warnings and errors (lost leases, failed runs)"
+    )
+
+
+# What _print_logs changed, undone once the command is over (it may run in-process, in a test).
+_UNDO_LOGS: list[Callable[[], None]] = []
+
+
+def _worker_printing_logs(args: argparse.Namespace) -> int:
+    """``ekit worker``: :func:`_cmd_worker`, then the logging it set up (:func:`_print_logs`) undone."""
+    try:
+        return _cmd_worker(args)
+    finally:
+        while _UNDO_LOGS:
+            _UNDO_LOGS.pop()()
+
+
+def _print_logs(args: argparse.Namespace) -> None:
+    """Print ekit's log records on stderr, as ``--log-format``, ``-v`` and ``-q`` say.
+
+    ekit's loggers get a handler of their own (INFO; DEBUG with ``-v``,
+    WARNING with ``-q``) and do not propagate, so a handler the workflows'
+    module installed does not print them twice. Other libraries' records
+    print as WARNING and above, in the same format, unless that module
+    configured logging itself (the root logger has a handler): then it
+    stands. The password of ``--queue`` is masked in the records'
+    attributes too (their messages are masked as they are made: see
+    :class:`~ekit_runtime.redaction.Redactor`).
+    """
+    formatter: logging.Formatter = logs.JsonFormatter() if args.log_format == "json" else logs.TextFormatter()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    handler.addFilter(_masking(args.queue))
+    ekit = logging.getLogger("ekit")
+    level, propagate = ekit.level, ekit.propagate
+    ekit.addHandler(handler)
+    ekit.setLevel(logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO)
+    ekit.propagate = False
+
+    def undo() -> None:
+        ekit.removeHandler(handler)
+        ekit.setLevel(level)
+        ekit.propagate = propagate
+
+    _UNDO_LOGS.append(undo)
+    root = logging.getLogger()
+    if not root.handlers:
+        other = logging.StreamHandler(sys.stderr)
+        other.setFormatter(formatter)
+        other.addFilter(_masking(args.queue))
+        root_level = root.level
+        root.addHandler(other)
+        root.setLevel(logging.WARNING)
+
+        def undo_root() -> None:
+            root.removeHandler(other)
+            root.setLevel(root_level)
+
+        _UNDO_LOGS.append(undo_root)
+
+
+def _masking(queue_url: str) -> Callable[[logging.LogRecord], bool]:
+    """A handler filter masking the password of ``queue_url`` in a record's ekit attributes."""
+    from ekit_runtime.redaction import Redactor
+
+    redactor = Redactor.of([queue_url])
+
+    def mask(record: logging.LogRecord) -> bool:
+        for name in (*logs.FIELDS, *logs.DETAILS):
+            value = getattr(record, name, None)
+            if isinstance(value, str):
+                setattr(record, name, redactor.scrub(value))
+        return True
+
+    return mask
 
 
 def _registry(spec: str) -> Mapping[str, Workflow]:
@@ -85,7 +180,7 @@ def _open(args: argparse.Namespace) -> RunQueue:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     registry = _registry(args.workflows)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    _print_logs(args)
     queue = _open(args)
     try:
         worker = Worker(
@@ -115,7 +210,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     finally:
         queue.close()
     for run_id, why in left.items():
-        log.warning("worker %s: run %r was left in the queue: %s", worker.name, run_id, why)
+        log.warning(
+            "worker %s: run %r was left in the queue: %s", worker.name, run_id, why,
+            extra={**dict.fromkeys(logs.FIELDS), "event": "left", "worker": worker.name, "run_id": run_id},
+        )
     counts: dict[str, int] = {}
     for outcome in worker.outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
@@ -294,7 +392,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--heartbeat", type=float, default=None, help="renewal interval (default lease/3)")
     p.add_argument("--name", default=None, help="how this worker signs its claims (default host:pid)")
     p.add_argument("--until-idle", action="store_true", help="return once nothing is claimable")
-    p.set_defaults(func=_cmd_worker)
+    _add_log_options(p)
+    p.set_defaults(func=_worker_printing_logs)
     _add_queue_parser(sub)
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ekit_core import WorkflowCheckpoint
+from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited
@@ -65,7 +66,7 @@ from ekit_runtime.workflow import Workflow
 __all__ = ["Worker"]
 
 T = TypeVar("T")
-log = logging.getLogger("ekit.worker")
+log = logs.WORKER  # logging.getLogger("ekit.worker"): see ekit_runtime.logs
 
 # The longest wait between claims while the database keeps failing: short
 # enough that a worker is back at work seconds after the database is, long
@@ -231,6 +232,7 @@ class Worker:
                 exc,
                 self._backoff(),
                 self._claim_failures,
+                extra=self._fields("claim_failed"),
             )
             return None
         self._claim_failures = 0
@@ -253,6 +255,7 @@ class Worker:
         if lease is None:
             return False
         drive = _Drive(lease, asked + self.lease_seconds)
+        self._log_claimed(lease)
         task = asyncio.create_task(self._drive(drive), name=f"ekit-run-{lease.run_id}")
         self._drives[task] = drive
         return True
@@ -263,7 +266,8 @@ class Worker:
             self.outcomes[drive.lease.run_id] = drive.outcome
             if not task.cancelled() and task.exception() is not None:
                 log.error(
-                    "worker %s: driving run %r failed: %r", self.name, drive.lease.run_id, task.exception()
+                    "worker %s: driving run %r failed: %r", self.name, drive.lease.run_id, task.exception(),
+                    extra=self._fields("drive_failed", drive.lease),
                 )
 
     async def _stop_all(self) -> None:
@@ -290,6 +294,8 @@ class Worker:
 
     async def _drive(self, drive: _Drive) -> None:
         lease = drive.lease
+        # The log records of this task and of the run's name the worker, workflow and epoch.
+        logs.bind_log_fields(worker=self.name, workflow=lease.workflow, epoch=lease.epoch)
         if drive.stopping:
             # Claimed while the worker was being stopped: give it back untouched.
             await self._give_back(drive)
@@ -331,6 +337,7 @@ class Worker:
                 self.name,
                 lease.run_id,
                 lease.epoch,
+                extra=self._fields("lease_lost", lease),
             )
             return
         if ending == "released":
@@ -348,7 +355,10 @@ class Worker:
                 self.name,
                 lease.run_id,
                 status,
+                extra=self._fields("lease_lost", lease, status=status),
             )
+            return
+        self._log_ended(lease, status, message)
 
     async def _give_back(self, drive: _Drive) -> None:
         """Release the run to the queue (a stop): any worker may claim it at once."""
@@ -358,6 +368,10 @@ class Worker:
             drive.outcome = "lost"
             return
         drive.outcome = "released"
+        logs.log_event(
+            log, logging.INFO, "released", "worker %s: gave run %r (epoch %d) back to the queue (stopping)",
+            self.name, drive.lease.run_id, drive.lease.epoch, **self._fields(None, drive.lease),
+        )
 
     def _checkpoint(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> Awaitable[None]:
         """The run's ``checkpoint_fn``: counts the save as pending at once, before any step can start."""
@@ -415,6 +429,7 @@ class Worker:
                     what,
                     left,
                     failures,
+                    extra=self._fields("save_failed", lease),
                 )
             return
         log.warning(
@@ -422,6 +437,7 @@ class Worker:
             "resumes from its last stored checkpoint)",
             self.name,
             what,
+            extra=self._fields("lease_lost", lease),
         )
         # Not cancelled from here: this runs inside the run's own task, and
         # the error raised next ends the run (nothing more is written for it).
@@ -466,6 +482,7 @@ class Worker:
                 type(exc).__name__,
                 exc,
                 left,
+                extra=self._fields("renew_failed", lease),
             )
             return
         log.warning(
@@ -476,6 +493,7 @@ class Worker:
             lease.epoch,
             type(exc).__name__,
             exc,
+            extra=self._fields("lease_lost", lease),
         )
         self._lose(drive)
 
@@ -491,6 +509,45 @@ class Worker:
             drive.cancel_asked = True
             if drive.task is not None:
                 drive.task.cancel()
+
+    # -- log records (see ekit_runtime.logs) --------------------------------
+
+    def _fields(self, event: str | None, lease: Lease | None = None, **more: Any) -> dict[str, Any]:
+        """The ekit attributes of a worker record about ``lease``'s run (``extra=`` for logging).
+
+        With ``event`` ``None``, the fields alone, for :func:`ekit_runtime.logs.log_event`.
+        """
+        fields: dict[str, Any] = dict.fromkeys(logs.FIELDS) if event is not None else {}
+        fields["worker"] = self.name
+        if lease is not None:
+            fields.update(run_id=lease.run_id, workflow=lease.workflow, epoch=lease.epoch)
+        if event is not None:
+            fields["event"] = event
+        fields.update(more)
+        return fields
+
+    def _log_claimed(self, lease: Lease) -> None:
+        recorded = None if lease.checkpoint is None else lease.checkpoint.step_index
+        logs.log_event(
+            log, logging.INFO, "claimed", "worker %s: claimed run %r (workflow %r, epoch %d, %s)",
+            self.name, lease.run_id, lease.workflow, lease.epoch,
+            "new" if recorded is None else f"resuming with {recorded} step(s) recorded",
+            recorded=recorded, **self._fields(None, lease),
+        )
+
+    def _log_ended(self, lease: Lease, status: RunStatus, message: str | None) -> None:
+        """Log how a run this worker drove was recorded: finished, failed or cancelled."""
+        if status == "failed":
+            logs.log_event(
+                log, logging.WARNING, "failed", "worker %s: run %r (epoch %d) failed: %s",
+                self.name, lease.run_id, lease.epoch, message, status=status, error=message,
+                **self._fields(None, lease),
+            )
+            return
+        logs.log_event(
+            log, logging.INFO, str(status), "worker %s: run %r (epoch %d) %s",
+            self.name, lease.run_id, lease.epoch, status, status=status, **self._fields(None, lease),
+        )
 
     # -- before each attempt -------------------------------------------------
 
@@ -539,6 +596,7 @@ class Worker:
             lease.epoch,
             time.monotonic() - (drive.valid_until - self.lease_seconds),
             self.lease_seconds,
+            extra=self._fields("lease_lost", lease),
         )
         self._lose(drive)
 
