@@ -27,6 +27,7 @@ from ekit_runtime.errors import (
 from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
+from ekit_runtime.retry_hints import retry_after
 from ekit_runtime.step import PatternResult, Step
 from ekit_runtime.stores import (
     CorruptStoreError,
@@ -76,6 +77,7 @@ __all__ = [
     "WorkflowCheckpoint",
     "WorkflowResult",
     "attempt_key",
+    "retry_after",
 ]
 
 

@@ -65,6 +65,7 @@ from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.retry_hints import retry_after
 from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
@@ -558,7 +559,7 @@ class Runner:
             output, usage = split_result(task.result())
             return succeeded(name, output, usage, duration)
         if isinstance(error, Exception):
-            return Failed(name, error, duration)
+            return _failure(name, error, duration)
         raise error
 
     async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
@@ -600,7 +601,7 @@ class Runner:
                 if inspect.isawaitable(admitted):
                     await admitted
             except Exception as exc:
-                return Failed(name, exc)
+                return _failure(name, exc)
         began = self.clock()
         executor = step.executor or self.executor
         try:
@@ -609,7 +610,7 @@ class Runner:
             else:
                 returned = await executor.run(attempt)
         except Exception as exc:
-            return Failed(name, exc, self.clock() - began)
+            return _failure(name, exc, self.clock() - began)
         output, usage = split_result(returned)
         return Succeeded(name, output, usage, self.clock() - began)
 
@@ -760,6 +761,14 @@ async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
         if not scope.expired():
             raise  # the step's own TimeoutError, not our deadline
         raise StepTimeoutError(step.name, step.timeout) from exc
+
+
+def _failure(name: str, error: Exception, duration: float | None = None) -> Failed:
+    """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
+
+    Read on the failure path only: a success pays nothing for it.
+    """
+    return Failed(name, error, duration, retry_after(error))
 
 
 async def _at_once(decided: Input) -> Input:
