@@ -27,7 +27,6 @@ from ekit_runtime.errors import (
 from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
-from ekit_runtime.retry_hints import retry_after
 from ekit_runtime.step import PatternResult, Step
 from ekit_runtime.stores import (
     CorruptStoreError,
@@ -41,6 +40,7 @@ from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
 
 if TYPE_CHECKING:
     from ekit_runtime.dask import DaskExecutor, WorkerLostError
+    from ekit_runtime.retry_hints import retry_after
     from ekit_runtime.stores.postgres import PostgresStore
 
 __all__ = [
@@ -100,4 +100,9 @@ def __getattr__(name: str) -> object:
         from ekit_runtime.dask import DaskExecutor, WorkerLostError
 
         return DaskExecutor if name == "DaskExecutor" else WorkerLostError
+    # Read only when an attempt fails: not imported by a run that never fails.
+    if name == "retry_after":
+        from ekit_runtime.retry_hints import retry_after
+
+        return retry_after
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

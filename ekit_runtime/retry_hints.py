@@ -33,8 +33,6 @@ be read simply asks for nothing.
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -107,7 +105,15 @@ def _number(text: str) -> float | None:
 
 
 def _date(text: str, now: Callable[[], float]) -> float | None:
-    """An HTTP-date's distance from ``now()``, never negative; ``None`` if it is no date."""
+    """An HTTP-date's distance from ``now()``, never negative; ``None`` if it is no date.
+
+    ``email.utils`` is imported here, on the failure path: imported with the
+    runtime, its sixteen modules would make every garbage collection of
+    every run dearer (measured: 0.4% more instructions per step of a chain).
+    """
+    import datetime
+    import email.utils
+
     try:
         when = email.utils.parsedate_to_datetime(text.strip())
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -65,7 +65,6 @@ from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.retry_hints import retry_after
 from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
@@ -766,8 +765,11 @@ async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
 def _failure(name: str, error: Exception, duration: float | None = None) -> Failed:
     """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
 
-    Read on the failure path only: a success pays nothing for it.
+    Read on the failure path only, and imported there: a run that never
+    fails pays nothing for it, not even the module's import.
     """
+    from ekit_runtime.retry_hints import retry_after
+
     return Failed(name, error, duration, retry_after(error))
 
 
