@@ -102,7 +102,12 @@ class StepFinished:
 
 @dataclass(frozen=True, slots=True)
 class StepRetried:
-    """Attempt ``attempt`` of ``name`` failed and the step will run again after ``delay``."""
+    """Attempt ``attempt`` of ``name`` failed and the step will run again after ``delay``.
+
+    ``retry_after`` is the wait the failure asked for (an HTTP
+    ``Retry-After``), or ``None``: ``delay`` is the jittered backoff, or
+    ``retry_after`` when that is longer.
+    """
 
     name: str
     attempt: int
@@ -110,17 +115,24 @@ class StepRetried:
     message: str
     delay: float
     duration: float | None
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StepFailed:
-    """``name`` failed on attempt ``attempt`` and will not be retried in this run."""
+    """``name`` failed on attempt ``attempt`` and will not be retried in this run.
+
+    ``retry_after`` is the wait the failure asked for, or ``None``; when it
+    is more than the policy's ``max_retry_after``, that is why a step with
+    attempts left was not retried.
+    """
 
     name: str
     attempt: int
     error_type: str
     message: str
     duration: float | None
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

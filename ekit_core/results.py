@@ -101,11 +101,18 @@ class Succeeded:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """Step ``name`` raised ``error`` (a timeout is a ``TimeoutError``)."""
+    """Step ``name`` raised ``error`` (a timeout is a ``TimeoutError``).
+
+    ``retry_after`` is the wait in seconds the failure asked for, if any (an
+    HTTP ``Retry-After``, read by the shell: see
+    :func:`ekit_runtime.retry_after`): a retry waits at least that long, and
+    one asked for longer than the policy's ``max_retry_after`` is not made.
+    """
 
     name: str
     error: BaseException
     duration: float | None = None
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,13 +73,16 @@ class Halt:
 class RunLimits:
     """What a run may do: steps in flight at once, usage budget, per-step retry policies,
     whether an approval callback gates each step's first attempt, and whether a
-    failure stops the run or only the steps that depend on it."""
+    failure stops the run or only the steps that depend on it. ``run_id`` is
+    the run's id where the shell gives one: it seeds the jitter of retry
+    delays (:attr:`RetryPolicy.jitter`), so that runs spread out."""
 
     max_concurrency: int | None = None
     budget: TokenUsage | None = None
     policies: Mapping[str, RetryPolicy] = field(default_factory=lambda: MappingProxyType({}))
     approval: bool = False
     isolate_failures: bool = False
+    run_id: str | None = None
 
 
 _FROM_GRAPH: Mapping[str, tuple[str, ...]] = MappingProxyType({})

@@ -372,6 +372,7 @@ def initial_state(
     isolate_failures: bool = False,
     versions: Mapping[str, str] | None = None,
     record_events: bool = True,
+    run_id: str | None = None,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -386,10 +387,15 @@ def initial_state(
     (or, with ``allow_graph_change``, whose dependencies) changed runs again,
     with everything downstream of it (``StepOutdated`` events say why).
     With ``record_events=False`` the state's ``events`` is empty, as with
-    :func:`advance`. Every argument is checked here, before any step could
-    run: a bad one raises ``ValueError`` naming it.
+    :func:`advance`. ``run_id`` (the run's id, if it has one) seeds the
+    jitter of retry delays. Every argument is checked here, before any step
+    could run: a bad one raises ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
+    if run_id is not None:  # the jitter's seed: see _retry_wait
+        if not isinstance(run_id, str):
+            raise ValueError(f"run_id must be None or a string, got {type(run_id).__name__}")
+        limits = _replace(limits, run_id=run_id)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
@@ -815,7 +821,12 @@ def _began(w: _Run, began: Began) -> None:
 
 
 def _failed(w: _Run, failed: Failed) -> None:
-    """Retried by the step's policy unless the run is halting; else it halts the run (or its branch)."""
+    """Retried by the step's policy unless the run is halting; else it halts the run (or its branch).
+
+    The policy also decides the delay: its jittered backoff, or the wait the
+    failure asked for (``Failed.retry_after``) when longer; a failure that
+    asked for more than the policy's ``max_retry_after`` is not retried.
+    """
     name = failed.name
     j = w.end_attempt(name, "failed result")
     inc = w.setbacks
@@ -829,16 +840,42 @@ def _failed(w: _Run, failed: Failed) -> None:
         tries=MappingProxyType({**inc.tries, name: attempt}),
     )
     policy = _policy_of(w.spec, name)
+    asked = _asked(failed)
     if inc.halt is None and policy.retries(failed.error, attempt):
-        delay = policy.delay(attempt)
-        w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
-        w.events.append(StepRetried(name, attempt, error_type, message, delay, failed.duration))
-        w.ready = window.add(w.ready, window.bit(j))
-        return
-    w.events.append(StepFailed(name, attempt, error_type, message, failed.duration))
+        delay = _retry_wait(w.spec, policy, failed, attempt, record.attempts, asked)
+        if delay is not None:
+            w.setbacks = _replace(inc, delays=MappingProxyType({**inc.delays, name: delay}))
+            w.events.append(
+                StepRetried(name, attempt, error_type, message, delay, failed.duration, asked))
+            w.ready = window.add(w.ready, window.bit(j))
+            return
+    w.events.append(StepFailed(name, attempt, error_type, message, failed.duration, asked))
     w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
     if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
         w.halt(Halt("failed", name, f"{error_type}: {message}"))
+
+
+def _asked(failed: Failed) -> float | None:
+    """The wait the failure asked for (``Failed.retry_after``): ``None``, or seconds >= 0."""
+    asked = failed.retry_after
+    if asked is None:
+        return None
+    if isinstance(asked, bool) or not isinstance(asked, int | float) or not 0 <= asked < float("inf"):
+        raise TransitionError(
+            f"failed result for step {failed.name!r}: retry_after must be None or a finite "
+            f"number >= 0, got {asked!r}"
+        )
+    return float(asked)
+
+
+def _retry_wait(spec: RunSpec, policy: RetryPolicy, failed: Failed, tries: int, failure: int,
+                asked: float | None) -> float | None:
+    """The delay before retrying ``failed``'s step (``None``: it asked too long a wait).
+
+    The jitter is drawn for the attempt's identity: the run's id, the step,
+    and the failure's number across runs (``failure``), as its attempt key has.
+    """
+    return policy.wait(tries, spec.limits.run_id, failed.name, failure, asked)
 
 
 def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:

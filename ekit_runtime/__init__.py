@@ -41,6 +41,7 @@ from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
 
 if TYPE_CHECKING:
     from ekit_runtime.dask import DaskExecutor, WorkerLostError
+    from ekit_runtime.retry_hints import retry_after
     from ekit_runtime.stores.postgres import PostgresStore
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "WorkflowResult",
     "attempt_key",
     "partial",
+    "retry_after",
 ]
 
 
@@ -100,4 +102,9 @@ def __getattr__(name: str) -> object:
         from ekit_runtime.dask import DaskExecutor, WorkerLostError
 
         return DaskExecutor if name == "DaskExecutor" else WorkerLostError
+    # Read only when an attempt fails: not imported by a run that never fails.
+    if name == "retry_after":
+        from ekit_runtime.retry_hints import retry_after
+
+        return retry_after
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -275,7 +275,8 @@ class ProgressPrinter:
             self._running.pop(event.name, None)
             self._note(
                 f"{self._prefix()} retry {event.name} after attempt {event.attempt}: "
-                f"{event.error_type}: {event.message} (next in {_seconds(event.delay)})"
+                f"{event.error_type}: {event.message} (next in {_seconds(event.delay)}"
+                f"{' as the server asked' if event.retry_after == event.delay else ''})"
             )
         elif isinstance(event, StepFailed):
             self._running.pop(event.name, None)
@@ -283,6 +284,8 @@ class ProgressPrinter:
             self._note(
                 f"{self._prefix()} FAILED {event.name} on attempt {event.attempt}: "
                 f"{event.error_type}: {event.message}"
+                + ("" if event.retry_after is None
+                   else f" (the server asked to wait {_seconds(event.retry_after)})")
             )
         elif isinstance(event, StepDenied):
             self._running.pop(event.name, None)

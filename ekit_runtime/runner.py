@@ -573,7 +573,7 @@ class Runner:
             output, usage = split_result(task.result())
             return succeeded(name, output, usage, duration)
         if isinstance(error, Exception):
-            return Failed(name, error, duration)
+            return _failure(name, error, duration)
         raise error
 
     async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
@@ -615,7 +615,7 @@ class Runner:
                 if inspect.isawaitable(admitted):
                     await admitted
             except Exception as exc:
-                return Failed(name, exc)
+                return _failure(name, exc)
         began = self.clock()
         executor = step.executor or self.executor
         try:
@@ -624,7 +624,7 @@ class Runner:
             else:
                 returned = await executor.run(attempt)
         except Exception as exc:
-            return Failed(name, exc, self.clock() - began)
+            return _failure(name, exc, self.clock() - began)
         output, usage = split_result(returned)
         return Succeeded(name, output, usage, self.clock() - began)
 
@@ -777,6 +777,17 @@ async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
         if not scope.expired():
             raise  # the step's own TimeoutError, not our deadline
         raise StepTimeoutError(step.name, step.timeout) from exc
+
+
+def _failure(name: str, error: Exception, duration: float | None = None) -> Failed:
+    """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
+
+    Read on the failure path only, and imported there: a run that never
+    fails pays nothing for it, not even the module's import.
+    """
+    from ekit_runtime.retry_hints import retry_after
+
+    return Failed(name, error, duration, retry_after(error))
 
 
 async def _at_once(decided: Input) -> Input:

@@ -170,10 +170,12 @@ class Workflow:
         approval: bool = False,
         isolate_failures: bool = False,
         record_events: bool = True,
+        run_id: str | None = None,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
-        ``approval`` says whether the run has an approval callback.
+        ``approval`` says whether the run has an approval callback; ``run_id``
+        seeds the jitter of retry delays (:attr:`RetryPolicy.jitter`).
         """
         return initial_state(
             self.graph,
@@ -187,6 +189,7 @@ class Workflow:
             isolate_failures=isolate_failures,
             versions={s.name: s.version for s in self._with_options if s.version is not None},
             record_events=record_events,
+            run_id=run_id,
         )
 
     def runner(
@@ -222,6 +225,7 @@ class Workflow:
             approval=approval is not None,
             isolate_failures=options.get("isolate_failures", False),
             record_events=trace is not None if record_events is None else record_events,
+            run_id=run_id,
         )
         self._check_executors(executor)
         return Runner(
