@@ -12,6 +12,9 @@ Every write is one ``BEGIN IMMEDIATE`` transaction, so SQLite's write lock
 serialises claims, saves and renewals across processes: the fencing check
 (``epoch = ? AND lease_until > now``) and the write it guards commit together
 or not at all. Reads take a deferred transaction (one WAL snapshot, no lock).
+A transaction that meets another process's lock waits for it in naps of a
+fraction of a millisecond (not SQLite's busy handler, which sleeps 1 ms and
+more), for up to 60 s.
 The clock is the machine's (``time.time()``), shared by every process.
 """
 
