@@ -474,7 +474,7 @@ class PostgresQueue(RunQueue):
                 return None
         # The pick (locking the row, skipping rows others hold) and the lease
         # in one statement: one round trip fewer per claim.
-        claimed = conn.execute(
+        claimed: tuple[Any, ...] | None = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE run_id = ("
             "SELECT r.run_id FROM ekit_queue_runs r "
