@@ -158,3 +158,28 @@ def test_map_runs_one_item_per_element() -> None:
     got = asyncio.run(wl.ekit_map_run(5, wl.checking_factory, mode="all"))
     assert got == {"root": [0, 1, 2, 3, 4], "m": [(k * 31 + 1) % 1_000_003 for k in range(5)]}
     assert asyncio.run(wl.ekit_map_run(5, wl.checking_factory)) == got
+
+
+def test_queue_benchmark_reports_rates_save_costs_fsync_and_verdicts(tmp_path: Path) -> None:
+    from benchmarks import queue as queue_bench
+
+    path = tmp_path / "queue.json"
+    assert queue_bench.main(["--quick", "--backends", "sqlite", "--runs", "6", "--json", str(path)]) == 0
+    written = json.loads(path.read_text())
+    sqlite = written["backends"]["sqlite"]
+    assert set(sqlite["runs_per_s"]) == {"1", "2"}
+    assert all(rate > 0 for rate in sqlite["runs_per_s"].values())
+    assert sqlite["workers_2_over_1"] > 0
+    assert sqlite["save_us"] > 0 and sqlite["insert_us"] > 0
+    assert sqlite["save_over_insert"] > 0
+    assert sqlite["save_over_insert_of_medians"] == pytest.approx(sqlite["save_us"] / sqlite["insert_us"])
+    assert sqlite["fsync_us"] > 0 and sqlite["fsyncs_per_s"] > 0
+    # Every save the figures come from was durable.
+    assert "synchronous=FULL" in sqlite["durability"] and "journal_mode=wal" in sqlite["durability"]
+    targets = {(t["backend"], t["target"]): t for t in written["targets"]}
+    assert len(targets) == 3
+    for (backend, _), target in targets.items():
+        if backend == "sqlite":
+            assert target["met"] in (True, False) and isinstance(target["figure"], float)
+        else:
+            assert target["met"] is None and target["figure"] is None  # not measured here

@@ -25,7 +25,7 @@ import re
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn, Self
 
@@ -97,7 +97,11 @@ def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
     if not isinstance(checkpoint, WorkflowCheckpoint):
         return  # encode_checkpoint says what it is instead
     graph = checkpoint.graph if checkpoint.graph is not None else {}
-    for name in {*checkpoint.outputs, *checkpoint.step_usage, *checkpoint.failures, *graph}:
+    _check_names({*checkpoint.outputs, *checkpoint.step_usage, *checkpoint.failures, *graph})
+
+
+def _check_names(names: Iterable[str]) -> None:
+    for name in names:
         try:
             check_step_name(name)
         except ValueError as exc:
@@ -174,8 +178,18 @@ class RunQueue(ABC):
         """The rows a save under ``lease`` writes: a delta on what this lease stored last."""
         if not isinstance(lease, Lease):
             raise ValueError(f"lease must be a Lease, got {type(lease).__name__}")
-        _check_step_names(checkpoint)
-        encoded = encode_checkpoint(checkpoint, self._previous(lease), self.dumps)
+        previous = self._previous(lease)
+        if previous is None:
+            _check_step_names(checkpoint)
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps)
+        if previous is not None:
+            if encoded.full:
+                _check_step_names(checkpoint)
+            else:
+                # A delta: the names stored before were checked when they were
+                # written, so only the new ones are (O(the step), not O(the run)).
+                _check_names({name for _kind, name, _value in encoded.rows})
+                _check_names(checkpoint.failures)
         for _kind, name, value in encoded.rows:
             _storable(value, f"the encoded output of step {name!r}", name)
         if encoded.header is not None:

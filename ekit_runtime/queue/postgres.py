@@ -472,20 +472,19 @@ class PostgresQueue(RunQueue):
             limits = self._read_limits(conn, lock=True)
             if not self._below_limits(conn, limits):
                 return None
-        row = conn.execute(
+        # The pick (locking the row, skipping rows others hold) and the lease
+        # in one statement: one round trip fewer per claim.
+        claimed: tuple[Any, ...] | None = conn.execute(
+            f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+            f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE run_id = ("
             "SELECT r.run_id FROM ekit_queue_runs r "
             f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
-            f"WHERE {_CLAIMABLE} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED",
-            ([n for n, _ in names], [fp for _, fp in names]),
-        ).fetchone()
-        if row is None:
-            return None
-        claimed = conn.execute(
-            f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
-            f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE run_id = %s "
+            f"WHERE {_CLAIMABLE} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED) "
             "RETURNING run_id, epoch, workflow, context, lease_until",
-            (worker, seconds, row[0]),
+            (worker, seconds, [n for n, _ in names], [fp for _, fp in names]),
         ).fetchone()
+        if claimed is None:
+            return None
         if limits.runs_per_minute is not None:
             conn.execute(f"INSERT INTO ekit_queue_starts (at) VALUES ({_NOW})")
         return claimed

@@ -12,6 +12,9 @@ Every write is one ``BEGIN IMMEDIATE`` transaction, so SQLite's write lock
 serialises claims, saves and renewals across processes: the fencing check
 (``epoch = ? AND lease_until > now``) and the write it guards commit together
 or not at all. Reads take a deferred transaction (one WAL snapshot, no lock).
+A transaction that meets another process's lock waits for it in naps of a
+fraction of a millisecond (not SQLite's busy handler, which sleeps 1 ms and
+more), for up to 60 s.
 The clock is the machine's (``time.time()``), shared by every process.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -64,6 +68,22 @@ __all__ = ["SqliteQueue"]
 
 T = TypeVar("T")
 
+# How long a transaction waits for another process's lock before it fails
+# with "database is locked" (a transient error the worker waits out).
+_BUSY_TIMEOUT = 60.0
+# SQLite's own busy handler sleeps 1 ms, then 2, 5, 10 ... while the write
+# lock is held for a fraction of a millisecond (a commit and its fsync), so
+# two workers spent more time asleep than writing. The queue waits itself
+# instead, in naps that start at 0.1 ms and double up to 2 ms (20 ms once it
+# has waited a second: a holder that is paused is not polled hard), each
+# jittered so that waiters do not wake in step.
+_NAP_FIRST = 0.0001
+_NAP_MAX = 0.002
+_NAP_MAX_LONG = 0.02
+_nap = time.sleep  # (tests watch the naps through this name)
+# RETURNING (one statement for the fenced write and the cancel flag) is SQLite 3.35's.
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -105,6 +125,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT N
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
+
+_UPSERT_ENTRY = (
+    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
+)
 
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
@@ -160,7 +185,7 @@ class SqliteQueue(RunQueue):
         self.path = os.fspath(path)
         try:
             self.conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=60.0
+                self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT
             )
         except sqlite3.Error as exc:
             raise QueueUnavailableError(self.path, f"cannot open the queue's database ({exc})") from None
@@ -186,6 +211,8 @@ class SqliteQueue(RunQueue):
         problem = schema_problem(_COLUMNS, found)
         if problem is not None:
             raise CorruptStoreError(self.path, problem)
+        # Opened: from here on, :meth:`_tx` waits for locks itself (see _NAP_FIRST).
+        conn.execute("PRAGMA busy_timeout = 0")
 
     def _open_error(self, exc: sqlite3.Error) -> ValueError:
         """The error naming the file for an ``sqlite3`` error raised while opening it."""
@@ -201,23 +228,47 @@ class SqliteQueue(RunQueue):
         return QueueUnavailableError(self.path, f"cannot open the queue's database ({exc})")
 
     def _tx(self, body: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        """Run ``body`` in one transaction (``BEGIN IMMEDIATE`` to write); roll back on any error."""
+        """Run ``body`` in one transaction (``BEGIN IMMEDIATE`` to write); roll back on any error.
+
+        A transaction that meets another process's lock (``SQLITE_BUSY``) is
+        rolled back and run again after a short nap, for up to
+        ``_BUSY_TIMEOUT`` seconds; then the "database is locked" error is
+        raised. Every ``body`` only reads and writes the database, so running
+        it again is safe.
+        """
         with self._lock:
-            conn = self.conn
+            began: float | None = None
+            nap = _NAP_FIRST
+            while True:
+                try:
+                    return self._attempt(body, write)
+                except sqlite3.OperationalError as exc:
+                    code = getattr(exc, "sqlite_errorcode", None)
+                    if not isinstance(code, int) or code & 0xFF != sqlite3.SQLITE_BUSY:
+                        raise
+                    now = time.monotonic()
+                    began = now if began is None else began
+                    if now - began >= _BUSY_TIMEOUT:
+                        raise
+                _nap(nap * random.uniform(0.5, 1.5))
+                nap = min(nap * 2, _NAP_MAX if now - began < 1.0 else _NAP_MAX_LONG)
+
+    def _attempt(self, body: Callable[[sqlite3.Connection], T], write: bool) -> T:
+        conn = self.conn
+        if conn.in_transaction:
+            # A ROLLBACK that failed (disk full, I/O error) left one open: end it first.
+            conn.execute("ROLLBACK")
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            result = body(conn)
+            conn.execute("COMMIT")
+        except BaseException:
             if conn.in_transaction:
-                # A ROLLBACK that failed (disk full, I/O error) left one open: end it first.
-                conn.execute("ROLLBACK")
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                result = body(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    # A failing ROLLBACK must not hide why the transaction failed.
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
-            return result
+                # A failing ROLLBACK must not hide why the transaction failed.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return result
 
     # -- submitting and asking ----------------------------------------------
 
@@ -393,13 +444,22 @@ class SqliteQueue(RunQueue):
             f"updated_at = ? WHERE {_ABANDONED}",
             (now, now),
         )
-        if not self._below_limits(conn, now):
+        limits = self._read_limits(conn)
+        if not self._below_limits(conn, now, limits):
             return None
         match = " OR ".join(f"({_MATCHES})" for _ in names)
+        # The first claimable run of each status, each read off the claim index
+        # in order (a plain OR would read every queued run and sort them), then
+        # the first of those two.
+        first = (
+            "SELECT * FROM (SELECT run_id, epoch, workflow, context, priority, seq FROM ekit_queue_runs "
+            f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1)"
+        )
+        args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
-            f"SELECT run_id, epoch, workflow, context FROM ekit_queue_runs "
-            f"WHERE {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1",
-            (now, *[v for pair in names for v in pair]),
+            f"SELECT run_id, epoch, workflow, context FROM ({first.format('queued')} "
+            f"UNION ALL {first.format('running')}) ORDER BY {CLAIM_ORDER} LIMIT 1",
+            args + args,
         ).fetchone()
         if row is None:
             return None
@@ -410,21 +470,26 @@ class SqliteQueue(RunQueue):
             "updated_at = ? WHERE run_id = ?",
             (epoch + 1, worker, until, now, run_id),
         )
-        conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
+        if limits.runs_per_minute is not None:
+            conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
         checkpoint = self._load(conn, run_id, missing_ok=True)
         return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until)
 
-    def _below_limits(self, conn: sqlite3.Connection, now: float) -> bool:
-        """Whether one more lease keeps the fleet within its cap and its start rate."""
-        limits = self._read_limits(conn)
+    def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
+        """Whether one more lease keeps the fleet within its cap and its start rate.
+
+        Starts are recorded (and their window trimmed) only while the fleet
+        has a start rate, as on PostgreSQL: without one, a claim neither
+        writes nor scans that table.
+        """
         if limits.max_in_flight is not None:
             (leases,) = conn.execute(f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}", (now,)).fetchone()
             if at_cap(limits, leases):
                 return False
         start = now - limits.window
-        conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
         conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (start,))
         if limits.runs_per_minute is not None:
+            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
             (started,) = conn.execute(
                 f"SELECT count(*) FROM ekit_queue_starts WHERE {_IN_WINDOW}", (start,)
             ).fetchone()
@@ -441,21 +506,30 @@ class SqliteQueue(RunQueue):
 
         def body(conn: sqlite3.Connection) -> bool:
             now = time.time()
-            self._fence(
+            return self._fenced_update(
                 conn,
                 lease,
-                conn.execute(
-                    f"UPDATE ekit_queue_runs SET lease_until = ? WHERE {_HELD}",
-                    (now + seconds, lease.run_id, lease.epoch, now),
-                ).rowcount,
+                f"UPDATE ekit_queue_runs SET lease_until = ? WHERE {_HELD}",
+                (now + seconds, lease.run_id, lease.epoch, now),
             )
-            return self._cancel_asked(conn, lease.run_id)
 
         return self._tx(body)
 
     def _fence(self, conn: sqlite3.Connection, lease: Lease, updated: int) -> None:
         if updated != 1:
             self._lost(lease)
+
+    def _fenced_update(
+        self, conn: sqlite3.Connection, lease: Lease, sql: str, args: tuple[Any, ...]
+    ) -> bool:
+        """Run a fenced ``UPDATE`` of the run's row (refused: :class:`LeaseLostError`); the cancel flag."""
+        if _RETURNING:
+            rows = conn.execute(sql + " RETURNING cancel_requested", args).fetchall()
+            if len(rows) != 1:
+                self._lost(lease)
+            return bool(rows[0][0])
+        self._fence(conn, lease, conn.execute(sql, args).rowcount)
+        return self._cancel_asked(conn, lease.run_id)
 
     @staticmethod
     def _cancel_asked(conn: sqlite3.Connection, run_id: str) -> bool:
@@ -494,25 +568,28 @@ class SqliteQueue(RunQueue):
         if enc.full:
             sets += "header = ?, fingerprint = ?, "
             args += [enc.header, checkpoint.fingerprint]
-        updated = conn.execute(
+        # The fence, the renewal and the cancel flag in one statement (RETURNING):
+        # a save of one step is this UPDATE and one INSERT.
+        cancel = self._fenced_update(
+            conn,
+            lease,
             f"UPDATE ekit_queue_runs SET {sets}saves = saves + 1, lease_until = ?, updated_at = ? "
             f"WHERE {_HELD}",
             (*args, now + seconds, now, lease.run_id, lease.epoch, now),
-        ).rowcount
-        self._fence(conn, lease, updated)
+        )
         if enc.full:
             conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
-        conn.executemany(
-            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch",
-            [(lease.run_id, kind, name, value, lease.epoch) for kind, name, value in enc.rows],
-        )
+        rows = [(lease.run_id, kind, name, value, lease.epoch) for kind, name, value in enc.rows]
+        if len(rows) == 1:
+            conn.execute(_UPSERT_ENTRY, rows[0])  # (executemany costs more for one row)
+        elif rows:
+            conn.executemany(_UPSERT_ENTRY, rows)
         if self._uses(added):
             conn.execute(
                 "INSERT INTO ekit_queue_usage (at, llm_calls, tokens) VALUES (?, ?, ?)",
                 (now, added.llm_calls, added.input_tokens + added.output_tokens),
             )
-        return self._cancel_asked(conn, lease.run_id)
+        return cancel
 
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
         """End the run under ``lease`` as ``finished``, ``failed`` or ``cancelled``.
