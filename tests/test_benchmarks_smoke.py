@@ -19,6 +19,10 @@ import pytest
 from benchmarks import baselines, run
 from benchmarks import workloads as wl
 
+# The quick benchmark the module's fixture runs takes seconds on an idle
+# machine and several times that at a load of 8: past the suite's default.
+pytestmark = pytest.mark.timeout(180)
+
 GRAPHS = {
     "fan_out": wl.fan_out(30),
     "chain": wl.chain(25),
