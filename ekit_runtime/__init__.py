@@ -36,6 +36,7 @@ from ekit_runtime.stores import (
     StoreLockedError,
     UnencodableError,
 )
+from ekit_runtime.typed import Codec
 from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ __all__ = [
     "AttemptKey",
     "BlockingStepWarning",
     "BudgetExceeded",
+    "Codec",
     "CorruptStoreError",
     "DaskExecutor",
     "Executor",
