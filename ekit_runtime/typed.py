@@ -458,7 +458,9 @@ class Codec:
 
 
 def _spelt(hint: Any) -> str:
-    return type_name(hint) if isinstance(hint, type) else repr(hint)
+    if isinstance(hint, type):
+        return hint.__qualname__ if hint.__module__ == "builtins" else type_name(hint)
+    return repr(hint)
 
 
 def _unregistered(cls: type) -> str:

@@ -544,3 +544,19 @@ def test_an_unregistered_enum_is_refused_rather_than_stored_as_its_bare_value() 
     result = Workflow([Step("mood", lambda c: {"tone": Tone.CALM})], codec=Codec(Tone)).run_sync()
     assert result.checkpoint is not None
     assert Codec(Tone).decode_checkpoint(result.checkpoint).outputs["mood"] == {"tone": Tone.CALM}
+
+
+def test_a_typed_value_in_the_initial_context_is_stored_and_restored_too(tmp_path: Path) -> None:
+    seen: list[object] = []
+
+    def use(ctx: Any) -> str:
+        seen.append(ctx["origin"])
+        return str(ctx["origin"].url)
+
+    flow = Workflow([Step("use", use)], codec=Codec(Source))
+    with JsonFileStore(tmp_path / "ctx.json") as store:
+        flow.run_sync({"origin": Source("u", 1.0)}, checkpoint_fn=store)
+    loaded = JsonFileStore(tmp_path / "ctx.json").load()
+    assert loaded is not None and loaded.context["origin"]["$ekit"] == "type"
+    flow.run_sync(resume_from=rewind(flow, loaded, "use"))
+    assert seen == [Source("u", 1.0), Source("u", 1.0)] and type(seen[1]) is Source
