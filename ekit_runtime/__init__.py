@@ -37,6 +37,7 @@ from ekit_runtime.stores import (
     UnencodableError,
 )
 from ekit_runtime.streaming import partial
+from ekit_runtime.typed import Codec
 from ekit_runtime.workflow import RunOptions, Workflow, WorkflowResult
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ __all__ = [
     "AttemptKey",
     "BlockingStepWarning",
     "BudgetExceeded",
+    "Codec",
     "CorruptStoreError",
     "DaskExecutor",
     "Executor",

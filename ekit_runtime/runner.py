@@ -67,7 +67,7 @@ from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallb
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
 
-__all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn"]
+__all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn", "prepare_run_of"]
 
 SAVE_FAILED_NOTE = "ekit: checkpoint_fn raised"
 """How the note the runner adds to an exception ``checkpoint_fn`` raised begins (progress.py reads it)."""
@@ -295,12 +295,7 @@ class Runner:
         run starts from, and awaited if async: what it raises ends the run
         there, nothing started, nothing saved.
         """
-        fn: Any = self.checkpoint_fn
-        while isinstance(fn, functools.partial) and getattr(fn, "prepare_run", None) is None:
-            fn = fn.func  # partial(store.save, ...) saves through the store all the same
-        prepare = getattr(fn, "prepare_run", None)
-        if prepare is None and inspect.ismethod(fn):
-            prepare = getattr(fn.__self__, "prepare_run", None)
+        prepare = prepare_run_of(self.checkpoint_fn)
         if prepare is not None:
             returned = prepare(checkpoint_of(self.state))
             if inspect.isawaitable(returned):
@@ -763,6 +758,17 @@ class Runner:
             exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
             if exc.__context__ is None:
                 exc.__context__ = error
+
+
+def prepare_run_of(checkpoint_fn: Any) -> Callable[[WorkflowCheckpoint], Any] | None:
+    """The ``prepare_run`` a run calls for ``checkpoint_fn`` (see :meth:`Runner._prepare`), or ``None``."""
+    fn = checkpoint_fn
+    while isinstance(fn, functools.partial) and getattr(fn, "prepare_run", None) is None:
+        fn = fn.func  # partial(store.save, ...) saves through the store all the same
+    prepare = getattr(fn, "prepare_run", None)
+    if prepare is None and inspect.ismethod(fn):
+        prepare = getattr(fn.__self__, "prepare_run", None)
+    return cast(Callable[[WorkflowCheckpoint], Any] | None, prepare)
 
 
 async def _within(step: Step, attempt: Awaitable[Any]) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack, cast
 
 from ekit_core import (
     GraphSpec,
@@ -33,6 +33,7 @@ from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
+from ekit_runtime.typed import Codec, final_checkpoint, run_options
 
 __all__ = ["RunOptions", "Workflow", "WorkflowResult"]
 
@@ -116,9 +117,14 @@ class RunOptions(TypedDict, total=False):
 
 
 class Workflow:
-    """A DAG of :class:`Step` objects that runs eagerly and resumes from checkpoints."""
+    """A DAG of :class:`Step` objects that runs eagerly and resumes from checkpoints.
 
-    def __init__(self, steps: Sequence[Step]) -> None:
+    ``codec``, a :class:`~ekit_runtime.typed.Codec`, stores outputs of the
+    steps' own types (pydantic models, dataclasses, registered types) and
+    restores them as those types on a resume: see docs/outputs.md.
+    """
+
+    def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None) -> None:
         steps = tuple(steps)
         # One loop finds a wrong item (before the graph is read) and the
         # steps with an option that start_state or the executors must see
@@ -148,6 +154,16 @@ class Workflow:
                 why = unencodable(name)
                 if why is not None:
                     raise ValueError(f"step {name!r}: name {why}")
+        self._codec = codec
+        if codec is not None:
+            if not isinstance(codec, Codec):
+                raise ValueError(f"codec must be an ekit Codec or None, got {type(codec).__name__}")
+            codec._bind(steps)  # the types the steps' return annotations name
+
+    @property
+    def codec(self) -> Codec | None:
+        """The codec that stores the outputs of the steps' own types (``None``: plain data only)."""
+        return self._codec
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -211,6 +227,8 @@ class Workflow:
         is given; ``iterate`` always does).
         """
         _check_options(options)
+        if self._codec is not None:  # checkpoints handed out with outputs in their stored form
+            options = cast(RunOptions, run_options(self._codec, options))
         checkpoint_fn = options.get("checkpoint_fn")
         approval, trace = options.get("approval"), options.get("trace")
         executor = options.get("executor")
@@ -299,7 +317,7 @@ class Workflow:
         """
         runner = self.runner(initial_context, **options)
         await runner.run()
-        return outcome(runner.state, runner.last_checkpoint)
+        return outcome(runner.state, self._last_checkpoint(runner))
 
     async def iterate(
         self, initial_context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]
@@ -320,7 +338,13 @@ class Workflow:
                 yield state
         finally:
             await states.aclose()
-        outcome(runner.state, runner.last_checkpoint)
+        outcome(runner.state, self._last_checkpoint(runner))
+
+    def _last_checkpoint(self, runner: Runner) -> WorkflowCheckpoint | None:
+        """The run's last checkpoint as handed out (in its stored form, with a codec)."""
+        if self._codec is None:
+            return runner.last_checkpoint
+        return final_checkpoint(self._codec, runner)
 
     def run_sync(
         self, initial_context: Mapping[str, Any] | None = None, **options: Unpack[RunOptions]

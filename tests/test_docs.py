@@ -11,6 +11,8 @@ must not run as ```text (or any other language).
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -29,10 +31,18 @@ def _blocks(path: Path) -> list[str]:
 )
 def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
+    namespace = _page_namespace(path, monkeypatch)
     for number, source in enumerate(_blocks(path), 1):
         code = compile(source, f"{path.name}[block {number}]", "exec")
         exec(code, namespace)
+
+
+def _page_namespace(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The namespace of a page's blocks: a module's, registered as a script's ``__main__`` is
+    (dataclasses defined in a block look their module up in ``sys.modules``)."""
+    module = types.ModuleType(f"docs_{path.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__dict__
 
 
 FILE_NAME = re.compile(r"""["']([\w.-]+\.(?:json|jsonl|db|sqlite|txt))["']""")
@@ -53,7 +63,7 @@ def test_every_page_runs_after_every_other_in_one_folder(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     for path in (p for p in FILES if _blocks(p)):
-        namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
+        namespace = _page_namespace(path, monkeypatch)
         for number, source in enumerate(_blocks(path), 1):
             exec(compile(source, f"{path.name}[block {number}]", "exec"), namespace)
 

@@ -11,6 +11,7 @@ what text it cannot hold are here too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -149,12 +150,47 @@ def encode_text(
         _blame(exc, dumps, outputs, context)
 
 
-def _output_error(name: str, exc: Exception) -> UnencodableError:
+def _output_error(name: str, exc: Exception, value: Any = None) -> UnencodableError:
+    culprit = _culprit(value)
+    if culprit is None:
+        hint = "pass dumps=/loads= to store rich types"
+    else:
+        # Named as the workflow's codec would store it (ekit_runtime.typed.type_name).
+        spelt, short = f"{culprit.__module__}:{culprit.__qualname__}", culprit.__qualname__
+        if dataclasses.is_dataclass(culprit) or callable(getattr(culprit, "model_validate", None)):
+            how = f"Workflow(steps, codec=Codec({short}))"
+        else:
+            how = f"codec.register({short}, encode=..., decode=...) and Workflow(steps, codec=codec)"
+        hint = (
+            f"it holds a {spelt}: give the workflow a codec that stores it, {how}, "
+            "see docs/outputs.md; or pass dumps=/loads= to the store"
+        )
     return UnencodableError(
         f"cannot encode the output of step {name!r}: {type(exc).__name__}: {exc}; "
-        "nothing was saved (pass dumps=/loads= to store rich types)",
+        f"nothing was saved ({hint})",
         step=name,
     )
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _culprit(value: Any) -> type | None:
+    """The type of the first value in ``value`` that is not JSON's (a custom object), if any."""
+    stack = [value]  # a stack, not recursion: an output may nest deeper than the limit
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _PLAIN):
+            continue
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
+            continue
+        return type(item)
+    return None
 
 
 def _blame(
@@ -168,7 +204,7 @@ def _blame(
         try:
             _to_bytes(value, dumps)
         except Exception as exc:
-            raise _output_error(name, exc) from exc
+            raise _output_error(name, exc, value) from exc
     for key, value in (context or {}).items():
         try:
             _to_bytes(value, dumps)
@@ -330,7 +366,7 @@ class OutputEncodings:
             head = _to_bytes(name, default_dumps) + b":"
             body = _to_bytes(value, self._dumps)
         except Exception as exc:
-            raise _output_error(name, exc) from exc
+            raise _output_error(name, exc, value) from exc
         return (value, head + body, len(head))
 
     def _decoded(self, name: str, entry: _Entry) -> Any:
