@@ -95,6 +95,25 @@ def unencodable(text: str) -> str | None:
     return None
 
 
+RESOURCE_NAME_LIMIT = 200
+"""The longest resource name (in characters) a step may be tagged with: what a run queue stores."""
+
+
+def unstorable_resource(name: object) -> str | None:
+    """Why a run queue could not keep ``name`` as a resource name, or ``None`` if it can.
+
+    A non-empty string of at most :data:`RESOURCE_NAME_LIMIT` characters, with
+    no NUL (PostgreSQL text cannot hold one) and no lone surrogate (not UTF-8):
+    the rule of ``Limits.resources`` too, so a step's tag and a cap always match.
+    """
+    if not isinstance(name, str) or not name or len(name) > RESOURCE_NAME_LIMIT:
+        limit = RESOURCE_NAME_LIMIT
+        return f"must be a non-empty string of at most {limit} characters, got {name!r:.300}"
+    if "\x00" in name:
+        return f"must not contain a NUL character, got {name!r:.300}"
+    return unencodable(name)
+
+
 class _NoMetadata(dict[str, Any]):
     """The metadata of every step given none: one empty dict, shared and read-only.
 
@@ -150,6 +169,12 @@ class Step:
     ``version`` is a tag to bump when the step's code changes: a checkpoint
     recorded under another tag runs this step again on resume, with
     everything downstream of it.
+    ``resource`` names what the step's attempts use (``"openai"``): under a
+    queue's workers, no attempt starts while the fleet's cap on that
+    resource (``Limits(resources={"openai": 4})``) is reached, and each
+    holds a slot until it ends (see ``docs/queue.md``, "Capping calls to one
+    provider"). A plain ``workflow.run`` ignores it. It is not part of the
+    graph's fingerprint: tagging a step changes no checkpoint.
 
     Run-time shapes (see ``docs/concepts.md``, "Shapes decided at run
     time"): ``map_over`` names a dependency whose output (a list, tuple or
@@ -183,6 +208,7 @@ class Step:
     # step (a resume, one per recorded step) and each slot costs its store,
     # its check and the collector's visit. Read it as the four properties.
     shaping: Shaping | None = field(default=None, repr=False)
+    resource: str | None = None
 
     def __new__(
         cls,
@@ -202,6 +228,7 @@ class Step:
         when: Callable[[Any], Any] | None = None,
         join: Literal["all", "any"] = "all",
         shaping: Shaping | None = None,
+        resource: str | None = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -212,6 +239,7 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
+        step.resource = resource  # (a fourth target in the line above would build a tuple)
         if map_over is None and item_key is None and when is None and join == "all":
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         else:
@@ -225,6 +253,7 @@ class Step:
             and executor is None
             and version is None
             and step.shaping is None
+            and resource is None
             and (context == "all" or context == "dependencies")
             and blocking is False
             and inline is False
@@ -239,7 +268,7 @@ class Step:
         return type(self), (
             self.name, self.run, self.depends_on, self.metadata, self.retry, self.timeout,
             self.blocking, self.context, self.inline, self.executor, self.version,
-            None, None, None, "all", self.shaping,
+            None, None, None, "all", self.shaping, self.resource,
         )
 
     def _check(self) -> None:
@@ -290,6 +319,10 @@ class Step:
             raise bad(f"when must be callable or None, got {type(self.when).__name__}")
         if self.join != "all" and self.join != "any":
             raise bad(f"join must be 'all' or 'any', got {self.join!r}")
+        if self.resource is not None:
+            why = unstorable_resource(self.resource)
+            if why is not None:
+                raise bad(f"resource {why}")
 
     @property
     def map_over(self) -> str | None:
