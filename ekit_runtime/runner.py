@@ -83,7 +83,17 @@ Context: TypeAlias = StepContext | dict[str, Any]
 Clock: TypeAlias = Callable[[], float]
 """Seconds from an arbitrary origin, for step durations: ``time.perf_counter`` by default."""
 BeforeAttempt: TypeAlias = Callable[[Attempt], Awaitable[Any] | Any]
-"""Called (and awaited if async) right before each attempt's work begins: see ``Workflow.run``."""
+"""Called (and awaited if async) right before each attempt's work begins: see ``Workflow.run``.
+
+It may return a *release*: a callable taking no argument (returning
+``None`` or an awaitable), which the runner calls exactly once when that
+attempt ends: it returned, raised (a ``BaseException`` too), timed out or
+was cancelled. An awaitable it returns is awaited to its end even through
+further cancellations (re-raised after). What a release raises is a
+``RuntimeWarning``, never the attempt's outcome. Whatever else it returns
+(``None``, ``True``) is ignored. A worker returns one when the attempt took a
+slot of a capped resource.
+"""
 
 
 async def _await_through_cancellation(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
@@ -595,7 +605,9 @@ class Runner:
         Runs in the attempt's own task, so the key set here is this
         attempt's alone (every task runs in a copy of the context). The
         ``before_attempt`` hook is awaited outside the step's timeout: a wait
-        for a worker's admission is not the step's time.
+        for a worker's admission is not the step's time. What it returns, if
+        callable, is the attempt's release: called once when the attempt
+        ends, however it ends (see :data:`BeforeAttempt`).
         """
         name = step.name if item is None else item_name(step.name, item)
         recorded = self.state.setbacks.failures.get(name)
@@ -604,24 +616,31 @@ class Runner:
         )
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
+        release = None
         if self.before_attempt is not None:
             try:
                 admitted = self.before_attempt(attempt)
                 if inspect.isawaitable(admitted):
-                    await admitted
+                    admitted = await admitted
             except Exception as exc:
                 return _failure(name, exc)
+            if callable(admitted):
+                release = admitted  # what the attempt holds, given back once it ends
         began = self.clock()
         executor = step.executor or self.executor
         try:
-            if step.timeout is not None:
-                returned = await _within(step, executor.run(attempt))
-            else:
-                returned = await executor.run(attempt)
-        except Exception as exc:
-            return _failure(name, exc, self.clock() - began)
-        output, usage = split_result(returned)
-        return Succeeded(name, output, usage, self.clock() - began)
+            try:
+                if step.timeout is not None:
+                    returned = await _within(step, executor.run(attempt))
+                else:
+                    returned = await executor.run(attempt)
+            except Exception as exc:
+                return _failure(name, exc, self.clock() - began)
+            output, usage = split_result(returned)
+            return Succeeded(name, output, usage, self.clock() - began)
+        finally:
+            if release is not None:
+                await _give_back(release, name)
 
     # -- callbacks ----------------------------------------------------------
 
@@ -794,6 +813,25 @@ def _failure(name: str, error: Exception, duration: float | None = None) -> Fail
     from ekit_runtime.retry_hints import retry_after
 
     return Failed(name, error, duration, retry_after(error))
+
+
+async def _give_back(release: Callable[[], Any], name: str) -> None:
+    """Call an attempt's release once, awaiting what it returns through any cancellation."""
+    cancelled = False
+    try:
+        returned = release()
+        if inspect.isawaitable(returned):
+            _, cancelled = await _await_through_cancellation(returned)
+    except Exception as exc:
+        warnings.warn(
+            RuntimeWarning(
+                f"ekit: the release of attempt {name!r} (what before_attempt returned) raised "
+                f"{type(exc).__name__}: {exc}; the attempt's outcome stands"
+            ),
+            stacklevel=2,
+        )
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _at_once(decided: Input) -> Input:

@@ -95,6 +95,25 @@ def unencodable(text: str) -> str | None:
     return None
 
 
+RESOURCE_NAME_LIMIT = 200
+"""The longest resource name (in characters) a step may be tagged with: what a run queue stores."""
+
+
+def unstorable_resource(name: object) -> str | None:
+    """Why a run queue could not keep ``name`` as a resource name, or ``None`` if it can.
+
+    A non-empty string of at most :data:`RESOURCE_NAME_LIMIT` characters, with
+    no NUL (PostgreSQL text cannot hold one) and no lone surrogate (not UTF-8):
+    the rule of ``Limits.resources`` too, so a step's tag and a cap always match.
+    """
+    if not isinstance(name, str) or not name or len(name) > RESOURCE_NAME_LIMIT:
+        limit = RESOURCE_NAME_LIMIT
+        return f"must be a non-empty string of at most {limit} characters, got {name!r:.300}"
+    if "\x00" in name:
+        return f"must not contain a NUL character, got {name!r:.300}"
+    return unencodable(name)
+
+
 class _NoMetadata(dict[str, Any]):
     """The metadata of every step given none: one empty dict, shared and read-only.
 
@@ -150,6 +169,12 @@ class Step:
     ``version`` is a tag to bump when the step's code changes: a checkpoint
     recorded under another tag runs this step again on resume, with
     everything downstream of it.
+    ``resource`` names what the step's attempts use (``"openai"``): under a
+    queue's workers, no attempt starts while the fleet's cap on that
+    resource (``Limits(resources={"openai": 4})``) is reached, and each
+    holds a slot until it ends (see ``docs/queue.md``, "Capping calls to one
+    provider"). A plain ``workflow.run`` ignores it. It is not part of the
+    graph's fingerprint: tagging a step changes no checkpoint.
 
     Run-time shapes (see ``docs/concepts.md``, "Shapes decided at run
     time"): ``map_over`` names a dependency whose output (a list, tuple or
@@ -178,10 +203,13 @@ class Step:
     inline: bool = False
     executor: Executor | None = None
     version: str | None = None
-    # The run-time shape, ``(map_over, item_key, when, join)``, or ``None`` for
-    # a plain step: one slot, not four, because a workflow builds a Step per
-    # step (a resume, one per recorded step) and each slot costs its store,
-    # its check and the collector's visit. Read it as the four properties.
+    # The run-time shape and the resource, ``(map_over, item_key, when, join,
+    # resource)``, or ``None`` for a plain step: one slot, not five, because a
+    # workflow builds a Step per step (a resume, one per recorded step) and
+    # each slot costs its store, its check and the collector's visit (a
+    # thirteenth would also move a Step past 128 bytes, into a bigger size
+    # class: measured, 1% more per recorded step on resume). Read it as the
+    # five properties.
     shaping: Shaping | None = field(default=None, repr=False)
 
     def __new__(
@@ -202,6 +230,7 @@ class Step:
         when: Callable[[Any], Any] | None = None,
         join: Literal["all", "any"] = "all",
         shaping: Shaping | None = None,
+        resource: str | None = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -212,10 +241,10 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
-        if map_over is None and item_key is None and when is None and join == "all":
+        if map_over is None and item_key is None and when is None and join == "all" and resource is None:
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         else:
-            step.shaping = _shaping(shaping, map_over, item_key, when, join)
+            step.shaping = _shaping(shaping, map_over, item_key, when, join, resource)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -280,8 +309,8 @@ class Step:
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
         shaping = self.shaping
-        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 4):
-            raise bad("shaping must be None or (map_over, item_key, when, join)")
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 5):
+            raise bad("shaping must be None or (map_over, item_key, when, join, resource)")
         for field_name in ("map_over", "item_key"):
             value = getattr(self, field_name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -290,6 +319,10 @@ class Step:
             raise bad(f"when must be callable or None, got {type(self.when).__name__}")
         if self.join != "all" and self.join != "any":
             raise bad(f"join must be 'all' or 'any', got {self.join!r}")
+        if self.resource is not None:
+            why = unstorable_resource(self.resource)
+            if why is not None:
+                raise bad(f"resource {why}")
 
     @property
     def map_over(self) -> str | None:
@@ -312,26 +345,37 @@ class Step:
         return "all" if self.shaping is None else self.shaping[3]
 
     @property
+    def resource(self) -> str | None:
+        """What the step's attempts use, capped across a queue's fleet (``None``: nothing)."""
+        return None if self.shaping is None else self.shaping[4]
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
         if self.shaping is None:
             return None
-        map_over, item_key, when, join = self.shaping
+        map_over, item_key, when, join, _resource = self.shaping
+        if map_over is None and item_key is None and when is None and join == "all":
+            return None  # only a resource: no shape (and no change to the fingerprint)
         return Shape(map_over, item_key, None if when is None else condition_name(when), join)
 
 
-Shaping: TypeAlias = tuple[str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"]]
-"""A step's run-time shape as it holds it: ``(map_over, item_key, when, join)``."""
+Shaping: TypeAlias = tuple[
+    str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None
+]
+"""A step's run-time shape and resource as it holds them: ``(map_over, item_key, when, join, resource)``."""
 
 
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
-             when: Callable[[Any], Any] | None, join: Literal["all", "any"]) -> Shaping:
-    """The shape given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
-    old = base if base is not None else (None, None, None, "all")
+             when: Callable[[Any], Any] | None, join: Literal["all", "any"],
+             resource: str | None) -> Shaping:
+    """The options given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
+    old = base if base is not None else (None, None, None, "all", None)
     return (map_over if map_over is not None else old[0],
             item_key if item_key is not None else old[1],
             when if when is not None else old[2],
-            join if join != "all" else old[3])
+            join if join != "all" else old[3],
+            resource if resource is not None else old[4])
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:

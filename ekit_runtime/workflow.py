@@ -308,7 +308,10 @@ class Workflow:
           right before each attempt's work begins (after its retry delay and
           approval, outside its timeout); it may wait (a rate limiter, a
           worker's admission). What it raises fails that attempt, as the
-          step's own error would.
+          step's own error would. If it returns a callable, that is the
+          attempt's release, called exactly once when the attempt ends
+          (success, failure, timeout, cancellation): see
+          :data:`~ekit_runtime.runner.BeforeAttempt`.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised

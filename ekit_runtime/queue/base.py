@@ -27,7 +27,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Self, cast
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.usage import NO_USAGE
@@ -46,6 +46,7 @@ from ekit_runtime.queue.records import (
     check_text,
     check_workflow_name,
 )
+from ekit_runtime.step import unstorable_resource
 from ekit_runtime.stores.codec import Dumps, Loads, default_dumps, encode_text
 from ekit_runtime.stores.errors import UnencodableError
 from ekit_runtime.stores.rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
@@ -355,6 +356,31 @@ class RunQueue(ABC):
         """Give a run back to the queue; ``False`` if the lease was already lost."""
 
     @abstractmethod
+    def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
+        """Take a slot of ``resource`` for ``holder`` (an attempt's key) under ``lease``: was one free?
+
+        One serialised step per resource: the slots of ``resource`` still
+        held are counted (a slot is held while the lease it was taken under
+        is live: :func:`~ekit_runtime.queue.lifecycle.slot_held`) and a slot
+        is taken only below the resource's cap in ``Limits.resources`` (or
+        always, if it has none). Fenced: :class:`LeaseLostError`, taking
+        nothing, unless ``lease`` is live. ``False`` leaves nothing behind;
+        the caller asks again later.
+        """
+
+    @abstractmethod
+    def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
+        """Give back the slot ``holder`` took of ``resource`` under ``lease`` (nothing if it has none).
+
+        Not fenced: a slot whose lease was lost stopped counting already, and
+        deleting it is always safe.
+        """
+
+    @abstractmethod
+    def slots_held(self) -> dict[str, int]:
+        """``resource -> slots held now`` across the fleet, for each resource with one held."""
+
+    @abstractmethod
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""
 
@@ -367,6 +393,16 @@ class RunQueue(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @staticmethod
+    def _slot(lease: Lease, resource: object, holder: object) -> tuple[str, str]:
+        """``(resource, holder)`` of a slot, checked (a ``ValueError`` naming what is wrong)."""
+        if not isinstance(lease, Lease):
+            raise ValueError(f"lease must be a Lease, got {type(lease).__name__}")
+        why = unstorable_resource(resource)
+        if why is not None:
+            raise ValueError(f"resource {why}")
+        return cast(str, resource), check_text(holder, "holder", limit=4000)
 
     @staticmethod
     def _lease_seconds(value: object) -> float:

@@ -17,7 +17,7 @@
   ``prune --older-than AGE`` (``90``, ``15m``, ``2h``, ``1d``, ``1h30m``: see
   :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
-  [--llm-calls-per-minute N] [--tokens-per-minute N]``.
+  [--llm-calls-per-minute N] [--tokens-per-minute N] [--resource NAME=N ...]``.
 
 ``URL`` is ``sqlite:///PATH``, a file path, or ``postgresql://...``.
 Registered with the ``ekit`` command by :func:`add_parsers`.
@@ -370,9 +370,38 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
         for k in ("max_in_flight", "runs_per_minute", "llm_calls_per_minute", "tokens_per_minute")
         if getattr(args, k) is not None
     }
-    if fields:
-        queue.set_limits(dataclasses.replace(queue.limits(), **fields))
+    if fields or args.resource:
+        limits = queue.limits()
+        if args.resource:
+            fields["resources"] = _resource_caps(limits.resources, args.resource)
+        queue.set_limits(dataclasses.replace(limits, **fields))
     return queue.limits().to_dict()
+
+
+def _resource_cap(text: str) -> tuple[str, int | None]:
+    """``--resource NAME=N`` as ``(NAME, N)``; ``NAME=none`` as ``(NAME, None)``: no cap."""
+    name, sep, cap = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=N (such as openai=4) or NAME=none, got {text!r}")
+    if cap.strip().lower() == "none":
+        return name, None
+    try:
+        return name, int(cap)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"the cap of {name!r} must be a positive int or none, got {cap!r}"
+        ) from None
+
+
+def _resource_caps(stored: Mapping[str, int], given: list[tuple[str, int | None]]) -> dict[str, int]:
+    """The stored caps with those given on the command line set (or, given ``none``, removed)."""
+    caps = dict(stored)
+    for name, cap in given:
+        if cap is None:
+            caps.pop(name, None)
+        else:
+            caps[name] = cap  # checked (naming the resource) by Limits
+    return caps
 
 
 def add_parsers(sub: Any) -> None:
@@ -442,4 +471,9 @@ def _add_queue_parser(sub: Any) -> None:
         ("tokens-per-minute", "input plus output tokens the fleet's steps report per trailing minute"),
     ):
         lim.add_argument(f"--{field}", type=int, metavar="N", help=f"at most N {helptext}")
+    lim.add_argument(
+        "--resource", type=_resource_cap, action="append", default=[], metavar="NAME=N",
+        help="at most N attempts of the steps tagged resource=NAME hold a slot at once, across every "
+        "worker (NAME=none removes the cap; repeat for several resources)",
+    )
     q.set_defaults(func=_cmd_queue)

@@ -58,6 +58,22 @@ RATE WINDOWS: a claim is refused while ``max_in_flight`` live leases exist or
 starts while the calls or tokens recorded in the trailing window reached
 their limit (:func:`usage_wait`). An entry of a window counts while its time
 is after ``now - window``.
+
+RESOURCE SLOTS (``Limits.resources``, a cap per resource name): before an
+attempt of a step tagged ``resource=R`` starts, its worker takes a slot of R
+for that attempt. A slot is a row (resource, the attempt's key, run id,
+epoch) and it is HELD while its run's lease at that epoch is live: the run is
+``running`` at the slot's epoch and its lease has not expired
+(:func:`slot_held`, the same condition as FENCED). A take is fenced (refused
+with ``LeaseLostError`` unless the taker's lease is live) and succeeds only
+while fewer than the cap's slots of R are held (:func:`slot_free`); counting
+and inserting are one serialised step per resource (SQLite's write lock; on
+PostgreSQL an advisory lock on R for the transaction). The attempt gives its
+slot back when it ends, however it ends. A slot whose holder died, stalled
+past its lease, or whose run was taken over, released or ended is no longer
+held, with no cleanup: it stops counting the moment the lease lapses, and a
+slot that stopped counting never counts again (an epoch only grows and an
+expired lease is never renewed), so the next take deletes it.
 """
 
 from __future__ import annotations
@@ -82,6 +98,7 @@ __all__ = [
     "MATCHES",
     "RELEASED_AS",
     "RELEASE_STATUS",
+    "SLOT_HELD",
     "TRANSITIONS",
     "Actor",
     "CancelEffect",
@@ -99,6 +116,8 @@ __all__ = [
     "matches",
     "next_status",
     "render",
+    "slot_free",
+    "slot_held",
     "usage_limited",
     "usage_over",
     "usage_wait",
@@ -264,6 +283,21 @@ def _refused(error: BaseException | None) -> bool:
     return False
 
 
+def slot_held(slot_epoch: int, status: str, epoch: int, lease_until: float | None, now: float) -> bool:
+    """Whether a slot taken at ``slot_epoch`` counts, its run being at ``status``/``epoch``/``lease_until``.
+
+    It counts while the lease it was taken under is live: :func:`fenced` of
+    a write at that epoch. A dead holder's slot is thus free once its lease
+    expired, and a taken-over, released or ended run's at once.
+    """
+    return fenced(status, epoch, lease_until, slot_epoch, now)
+
+
+def slot_free(cap: int | None, held: int) -> bool:
+    """Whether ``held`` slots of a resource leave one for another attempt (``cap`` ``None``: no cap)."""
+    return cap is None or held < cap
+
+
 def at_cap(limits: Limits, live_leases: int) -> bool:
     """Whether ``live_leases`` live leases leave no room under ``max_in_flight`` (no claim)."""
     return limits.max_in_flight is not None and live_leases >= limits.max_in_flight
@@ -331,6 +365,12 @@ CLAIM_ORDER = "priority DESC, seq"
 
 FINAL = "status IN (" + ", ".join(f"'{s}'" for s in sorted(FINAL_STATUSES)) + ")"
 """SQL of ``status in FINAL_STATUSES``."""
+
+SLOT_HELD = _sql(
+    "EXISTS (SELECT 1 FROM ekit_queue_runs r WHERE r.run_id = s.run_id AND r.epoch = s.epoch "
+    "AND r.status = {running} AND r.lease_until > :now)"
+)
+"""SQL of :func:`slot_held`, for a slot row aliased ``s`` (of ``ekit_queue_slots``)."""
 
 IN_WINDOW = "at > :since"
 """An entry of a rate window (a lease granted, a save's usage) that still counts: after ``now - window``."""

@@ -45,10 +45,12 @@ from ekit_runtime.queue.lifecycle import (
     LIVE,
     MATCHES,
     RELEASE_STATUS,
+    SLOT_HELD,
     at_cap,
     at_start_rate,
     cancel_effect,
     render,
+    slot_free,
     usage_limited,
     usage_wait,
 )
@@ -112,6 +114,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
 );
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key text PRIMARY KEY, value text NOT NULL);
 INSERT INTO ekit_queue_config (key, value) VALUES ('limits', '{}') ON CONFLICT (key) DO NOTHING;
+CREATE TABLE IF NOT EXISTS ekit_queue_slots (
+    resource text NOT NULL, holder text NOT NULL, run_id text NOT NULL, epoch bigint NOT NULL,
+    at double precision NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
 """
 
 _NOW = "extract(epoch from now())::float8"
@@ -136,6 +143,10 @@ _ABANDONED = render(ABANDONED, _DIALECT)
 _MATCHES = render(MATCHES, _DIALECT)
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
+_SLOT_HELD = render(SLOT_HELD, _DIALECT)
+# The first key of the advisory lock a slot's take holds on its resource (the
+# second is the name's hash): "ekit" in ASCII, apart from any other user's locks.
+_SLOT_LOCK = 0x656B6974
 _ROWS = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
     "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
@@ -628,6 +639,62 @@ class PostgresQueue(RunQueue):
         )
         self._forget(lease.run_id)
         return row is not None
+
+    def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
+        """Take a slot of ``resource`` for ``holder`` under ``lease`` if one is free (see ``RunQueue``).
+
+        One short transaction that first takes an advisory lock on the
+        resource (``pg_advisory_xact_lock``, held to its commit): takers of one
+        resource count and insert in turn, each counting in a snapshot taken
+        after the previous taker committed, so two never share the last slot.
+        Takers of other resources, and every other call, do not wait for it.
+        """
+        resource, holder = self._slot(lease, resource, holder)
+        with self.db.transaction() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_SLOT_LOCK, resource))
+            # A statement after the lock: its snapshot sees every slot committed before.
+            row = conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM ekit_queue_runs WHERE {_HELD}), "
+                f"(SELECT count(*) FROM ekit_queue_slots s WHERE s.resource = %s AND {_SLOT_HELD}), "
+                "(SELECT value FROM ekit_queue_config WHERE key = 'limits')",
+                (lease.run_id, lease.epoch, resource),
+            ).fetchone()
+            assert row is not None
+            fenced, held, limits = row
+            if not fenced:
+                self._lost(lease)
+            caps = self._limits_from(None if limits is None else (limits,)).resources
+            if not slot_free(caps.get(resource), held):
+                return False
+            conn.execute(
+                f"DELETE FROM ekit_queue_slots s WHERE s.resource = %s AND NOT {_SLOT_HELD}", (resource,)
+            )
+            conn.execute(
+                "INSERT INTO ekit_queue_slots (resource, holder, run_id, epoch, at) "
+                f"VALUES (%s, %s, %s, %s, {_NOW})",
+                (resource, holder, lease.run_id, lease.epoch),
+            )
+        return True
+
+    def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
+        """Give back the slot ``holder`` took of ``resource`` under ``lease`` (see ``RunQueue``)."""
+        resource, holder = self._slot(lease, resource, holder)
+        self.db.run(
+            lambda c: c.execute(
+                "DELETE FROM ekit_queue_slots WHERE resource = %s AND holder = %s AND epoch = %s",
+                (resource, holder, lease.epoch),
+            )
+        )
+
+    def slots_held(self) -> dict[str, int]:
+        """``resource -> slots held now`` across the fleet (see ``RunQueue``)."""
+        rows = self.db.run(
+            lambda c: c.execute(
+                f"SELECT s.resource, count(*) FROM ekit_queue_slots s WHERE {_SLOT_HELD} "
+                "GROUP BY s.resource ORDER BY s.resource"
+            ).fetchall()
+        )
+        return {name: int(count) for name, count in rows}
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""

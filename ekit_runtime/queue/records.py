@@ -11,10 +11,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NoReturn, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import run_ids
+from ekit_runtime.step import unstorable_resource
 
 __all__ = [
     "FINAL_STATUSES",
@@ -28,6 +29,7 @@ __all__ = [
     "UnknownRunError",
     "check_age",
     "check_priority",
+    "check_resources",
     "check_run_id",
     "check_seconds",
     "check_status",
@@ -140,6 +142,11 @@ class Limits:
       overshoot it; see ``docs/queue.md``.
     - ``window``: the length of the trailing window, in seconds (60 for the
       per-minute limits; tests shorten it).
+    - ``resources``: resource name -> at most this many attempts of the steps
+      tagged with it (``Step(..., resource="openai")``) hold a slot at once,
+      across the fleet. A slot counts while its run's lease is live, so a
+      worker that dies frees its slots when its lease expires. A resource
+      named by no entry has no cap.
 
     ``None`` means no limit.
     """
@@ -149,6 +156,8 @@ class Limits:
     llm_calls_per_minute: int | None = None
     tokens_per_minute: int | None = None
     window: float = field(default=60.0)
+    # Read-only once checked (the value is frozen); left out of the hash, as a dict has none.
+    resources: Mapping[str, int] = field(default_factory=lambda: _NO_RESOURCES, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("max_in_flight", "runs_per_minute", "llm_calls_per_minute", "tokens_per_minute"):
@@ -156,6 +165,7 @@ class Limits:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"Limits.{name} must be a positive int or None, got {value!r}")
         check_seconds(self.window, "Limits.window")
+        object.__setattr__(self, "resources", check_resources(self.resources))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as stored in the queue's database."""
@@ -165,6 +175,7 @@ class Limits:
             "llm_calls_per_minute": self.llm_calls_per_minute,
             "tokens_per_minute": self.tokens_per_minute,
             "window": self.window,
+            "resources": dict(self.resources),
         }
 
     @classmethod
@@ -173,6 +184,48 @@ class Limits:
         if not isinstance(data, Mapping):
             raise ValueError(f"limits must be a mapping, got {type(data).__name__}")
         return cls(**{k: data[k] for k in cls().to_dict() if k in data})
+
+
+class _Caps(dict[str, int]):
+    """``Limits.resources``: a ``dict`` (to ``==``, ``json`` and ``pickle``) that refuses writes."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            "Limits are frozen: make new ones, e.g. dataclasses.replace(limits, resources={...})"
+        )
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[type[_Caps], tuple[dict[str, int]]]:
+        return _Caps, (dict(self),)
+
+
+_NO_RESOURCES: Mapping[str, int] = _Caps()
+
+
+def check_resources(resources: object) -> Mapping[str, int]:
+    """``resources`` (resource name -> cap) as a read-only mapping, sorted by name, once checked.
+
+    Each name is a resource name a step may carry (a non-empty string of at
+    most 200 characters, no NUL nor lone surrogate: what the queue stores);
+    each cap a positive int. A ``ValueError`` names the resource at fault.
+    """
+    if not isinstance(resources, Mapping):
+        raise ValueError(
+            f"Limits.resources must be a mapping of resource name to a positive int, "
+            f"got {type(resources).__name__}"
+        )
+    if not resources:
+        return _NO_RESOURCES
+    for name, cap in resources.items():
+        why = unstorable_resource(name)
+        if why is not None:
+            raise ValueError(f"Limits.resources: a resource name {why}")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"Limits.resources[{name!r}] must be a positive int, got {cap!r}")
+    return _Caps(sorted(resources.items()))
 
 
 # PostgreSQL text cannot hold a NUL, and neither backend can store a lone

@@ -41,11 +41,13 @@ from ekit_runtime.queue.lifecycle import (
     LIVE,
     MATCHES,
     RELEASE_STATUS,
+    SLOT_HELD,
     at_cap,
     at_start_rate,
     cancel_effect,
     live,
     render,
+    slot_free,
     usage_limited,
     usage_wait,
 )
@@ -122,6 +124,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
     at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_slots (
+    resource TEXT NOT NULL, holder TEXT NOT NULL, run_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
@@ -145,6 +152,7 @@ _ABANDONED = render(ABANDONED, _DIALECT)  # args: now
 _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
+_SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
 
 
 def _info(row: tuple[Any, ...]) -> RunInfo:
@@ -630,6 +638,62 @@ class SqliteQueue(RunQueue):
         released = self._tx(body)
         self._forget(lease.run_id)
         return released
+
+    def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
+        """Take a slot of ``resource`` for ``holder`` under ``lease`` if one is free (see ``RunQueue``).
+
+        One ``BEGIN IMMEDIATE`` transaction: the fence, the count of the
+        slots held and the insert commit together, so two takers never share
+        the last slot. The slots that stopped counting are deleted first.
+        """
+        resource, holder = self._slot(lease, resource, holder)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            fenced = conn.execute(
+                f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD}", (lease.run_id, lease.epoch, now)
+            ).fetchone()
+            if fenced is None:
+                self._lost(lease)
+            conn.execute(
+                f"DELETE FROM ekit_queue_slots AS s WHERE s.resource = ? AND NOT {_SLOT_HELD}",
+                (resource, now),
+            )
+            (held,) = conn.execute(
+                f"SELECT count(*) FROM ekit_queue_slots AS s WHERE s.resource = ? AND {_SLOT_HELD}",
+                (resource, now),
+            ).fetchone()
+            if not slot_free(self._read_limits(conn).resources.get(resource), held):
+                return False
+            conn.execute(
+                "INSERT INTO ekit_queue_slots (resource, holder, run_id, epoch, at) VALUES (?, ?, ?, ?, ?)",
+                (resource, holder, lease.run_id, lease.epoch, now),
+            )
+            return True
+
+        return self._tx(body)
+
+    def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
+        """Give back the slot ``holder`` took of ``resource`` under ``lease`` (see ``RunQueue``)."""
+        resource, holder = self._slot(lease, resource, holder)
+        self._tx(
+            lambda c: c.execute(
+                "DELETE FROM ekit_queue_slots WHERE resource = ? AND holder = ? AND epoch = ?",
+                (resource, holder, lease.epoch),
+            )
+        )
+
+    def slots_held(self) -> dict[str, int]:
+        """``resource -> slots held now`` across the fleet (see ``RunQueue``)."""
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT s.resource, count(*) FROM ekit_queue_slots AS s WHERE {_SLOT_HELD} "
+                "GROUP BY s.resource ORDER BY s.resource",
+                (time.time(),),
+            ).fetchall(),
+            write=False,
+        )
+        return dict(rows)
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import logs
@@ -75,6 +75,9 @@ _MAX_BACKOFF = 5.0
 # The first wait before a save that failed transiently is tried again; it
 # doubles up to a quarter of the heartbeat. Short: no step starts meanwhile.
 _SAVE_RETRY = 0.02
+# The first wait before a full resource is asked again for a slot; it doubles
+# up to the heartbeat.
+_SLOT_POLL = 0.01
 
 
 @dataclass(slots=True)
@@ -553,29 +556,96 @@ class Worker:
 
     async def _admit(
         self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None, attempt: Attempt
-    ) -> None:
+    ) -> Callable[[], Awaitable[None]] | None:
         """Let an attempt of ``drive``'s run start, or never return (the run is then cancelled).
 
-        In order: the fleet's usage limits; every save handed over before
-        (a step never starts ahead of a save that may yet fail and give the
-        run up); the lease, last, so that nothing is awaited between the
-        verdict and the start.
+        In order: the fleet's usage limits; a slot of the step's resource, if
+        it names one (the release returned is the runner's to call once the
+        attempt ends; given back here if the attempt never starts); every
+        save handed over before (a step never starts ahead of a save that may
+        yet fail and give the run up); the lease, last, so that nothing is
+        awaited between the verdict and the start.
         """
         if gate is not None:
             await gate()
-        while not drive.lost:
-            if drive.saves:
-                await drive.saved.wait()
-                continue  # (a renewal below awaits too: a save handed over meanwhile is waited for)
-            left = drive.valid_until - time.monotonic()
-            if left > self.start_margin:
+        release = None if attempt.step.resource is None else await self._take_slot(drive, attempt)
+        try:
+            while not drive.lost:
+                if drive.saves:
+                    await drive.saved.wait()
+                    continue  # (a renewal below awaits too: a save handed over meanwhile is waited for)
+                left = drive.valid_until - time.monotonic()
+                if left > self.start_margin:
+                    return release
+                if left <= 0:
+                    self._lapsed(drive)
+                    break
+                await self._confirm(drive, left)
+            # Lost: the run is being cancelled; this attempt waits for it and never starts.
+            await asyncio.Event().wait()
+        except BaseException:
+            if release is not None:
+                await asyncio.shield(release())  # (a second cancel leaves it to finish alone)
+            raise
+        return None  # (unreachable: the wait above ends only by cancellation)
+
+    async def _take_slot(self, drive: _Drive, attempt: Attempt) -> Callable[[], Awaitable[None]]:
+        """Wait for a slot of the attempt's resource and take it; return what gives it back.
+
+        A full resource is asked again after a wait that doubles from
+        ``_SLOT_POLL`` up to the heartbeat, holding nothing meanwhile (no
+        connection, no transaction). A refusal (the lease is lost) never
+        returns: the run is being cancelled. A transient failure is retried
+        the same way, while the lease may hold.
+        """
+        resource, lease = cast(str, attempt.step.resource), drive.lease
+        holder = str(attempt.key)
+        wait, waited = _SLOT_POLL, False
+        while True:
+            try:
+                if await self._db(self.queue.acquire_slot, lease, resource, holder):
+                    return functools.partial(self._give_slot, drive, resource, holder)
+            except LeaseLostError:
+                self._lose(drive)
+                await asyncio.Event().wait()  # cancelled with the run
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise  # the attempt's failure
+                log.warning(
+                    "worker %s: taking a slot of resource %r for %s failed (%s: %s); retrying",
+                    self.name, resource, holder, type(exc).__name__, exc,
+                )
+            else:
+                if not waited:
+                    waited = True
+                    log.info(
+                        "worker %s: %s waits for a slot of resource %r (the fleet's cap is reached)",
+                        self.name, holder, resource,
+                    )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.heartbeat)
+
+    async def _give_slot(self, drive: _Drive, resource: str, holder: str) -> None:
+        """Give back a slot an attempt took, retrying a transient failure while the lease may hold.
+
+        Once the lease may have run out there is nothing to do: the slot
+        stopped counting with it.
+        """
+        wait = _SLOT_POLL
+        while True:
+            try:
+                await self._db(self.queue.release_slot, drive.lease, resource, holder)
                 return
-            if left <= 0:
-                self._lapsed(drive)
-                break
-            await self._confirm(drive, left)
-        # Lost: the run is being cancelled; this attempt waits for it and never starts.
-        await asyncio.Event().wait()
+            except Exception as exc:
+                if not is_transient(exc) or drive.lost or time.monotonic() >= drive.valid_until:
+                    log.warning(
+                        "worker %s: giving back the slot of resource %r of %s failed (%s: %s); it "
+                        "counts until the run's lease ends",
+                        self.name, resource, holder, type(exc).__name__, exc,
+                    )
+                    return
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.heartbeat)
 
     async def _confirm(self, drive: _Drive, left: float) -> None:
         """Renew the lease before an attempt starts near its end (one renewal for all who ask)."""
