@@ -47,15 +47,16 @@ def _log(ctx: dict[str, Any], line: str) -> None:
 
 def _lines(ctx: dict[str, Any]) -> list[str]:
     try:
-        with open(os.path.join(ctx["logdir"], f"{attempt_key().run_id}.log")) as f:  # noqa: ASYNC230
+        with open(os.path.join(ctx["logdir"], f"{attempt_key().run_id}.log")) as f:
             return f.read().split()
     except FileNotFoundError:
         return []
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
+async def _until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Poll a condition on files another process (or step) writes, giving up after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:  # noqa: ASYNC110 - files, no Event to await
         await asyncio.sleep(0.005)
 
 
@@ -63,7 +64,7 @@ def _spend(name: str) -> Any:
     async def run(ctx: dict[str, Any]) -> Any:
         _log(ctx, f"start:{name}")
         if name == "s2" and ctx.get("hold"):
-            await _until(lambda: os.path.exists(os.path.join(ctx["logdir"], "go")), timeout=60)
+            await _until(lambda: os.path.exists(os.path.join(ctx["logdir"], "go")), seconds=60)
         return PatternResult(name, cost=TokenUsage(input_tokens=10, llm_calls=1))
 
     return run
@@ -98,7 +99,9 @@ REGISTRY = {
         [Step("s1", _spend("s1"))]
         + [Step(f"s{i}", _spend(f"s{i}"), (f"s{i - 1}",)) for i in range(2, 5)]
     ),
-    "wide": Workflow([Step("root", lambda ctx: "root")] + [Step(f"w{i}", _wide(f"w{i}"), ("root",)) for i in range(6)]),
+    "wide": Workflow(
+        [Step("root", lambda ctx: "root")] + [Step(f"w{i}", _wide(f"w{i}"), ("root",)) for i in range(6)]
+    ),
     "isolate": Workflow(
         [
             Step("a", lambda ctx: "a"),

@@ -149,7 +149,8 @@ def test_ekit_queue_submit_takes_options_and_refuses_bad_ones(
 ) -> None:
     url = str(tmp_path / "q.db")
     argv = ["queue", "--queue", url, "submit", "spend", "--run-id", "r", "--options",
-            '{"budget": {"llm_calls": 3}}', "--option", "max_concurrency=2", "--option", "isolate_failures=true"]
+            '{"budget": {"llm_calls": 3}}', "--option", "max_concurrency=2",
+            "--option", "isolate_failures=true"]
     assert main(argv) == 0
     with open_queue(url) as q:
         assert q.status("r").options == {
