@@ -302,7 +302,7 @@ class RunQueue(ABC):
         return MappingProxyType(check_run_options(data, "the stored options"))
 
     def _run_info(self, row: Sequence[Any], served: Mapping[str, set[str | None]]) -> RunInfo:
-        """A :class:`RunInfo` from the columns of ``INFO_COLUMNS``; ``served``: what live workers drive."""
+        """A :class:`RunInfo` from a row of the backend's ``_INFO`` columns and what live workers serve."""
         (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp,
          options, done, total, input_tokens, output_tokens, calls, reason) = row
         if status == "queued":
