@@ -69,7 +69,7 @@ def test_a_queue_database_is_refused_untouched_and_still_listable(
     assert code == 2
     assert "run queue" in err and "nothing was written" in err and err.count("\n") == 1
     assert _digest(db) == before
-    code, out, err = _run(["queue", "--queue", str(db), "list"], capsys)
+    code, out, err = _run(["queue", "--queue", str(db), "list", "--json"], capsys)
     assert code == 0, err
     assert [r["run_id"] for r in json.loads(out)] == ["r1"]
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, layout_before, progress, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -49,6 +49,7 @@ from ekit_runtime.queue.lifecycle import (
     render,
     slot_free,
     usage_limited,
+    usage_reason,
     usage_wait,
 )
 from ekit_runtime.queue.records import (
@@ -108,7 +109,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     failures TEXT NOT NULL DEFAULT '{}',
     saves INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}',
+    steps_done INTEGER NOT NULL DEFAULT 0,
+    steps_total INTEGER,
+    reason TEXT
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
@@ -129,9 +134,23 @@ CREATE TABLE IF NOT EXISTS ekit_queue_slots (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
+CREATE TABLE IF NOT EXISTS ekit_queue_workers (
+    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL
+);
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
+# What this version added to the previous release's layout: a database of
+# that layout gains these on open (ALTER TABLE ... ADD COLUMN), in one write.
+_ADDED = {
+    "ekit_queue_runs": {
+        "options": "TEXT NOT NULL DEFAULT '{}'",
+        "steps_done": "INTEGER NOT NULL DEFAULT 0",
+        "steps_total": "INTEGER",
+        "reason": "TEXT",
+    }
+}
+_BEFORE = layout_before(_COLUMNS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
 
 _UPSERT_ENTRY = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?) "
@@ -140,7 +159,8 @@ _UPSERT_ENTRY = (
 
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
-    "error, created_at, updated_at, fingerprint"
+    "error, created_at, updated_at, fingerprint, "
+    "options, steps_done, steps_total, input_tokens, output_tokens, llm_calls, reason"
 )
 # The lifecycle's named placeholders in SQLite's terms: every one a parameter,
 # the clock too (the machine's, time.time(), shared by every process).
@@ -153,13 +173,6 @@ _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
-
-
-def _info(row: tuple[Any, ...]) -> RunInfo:
-    (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp) = row
-    return RunInfo(
-        run_id, workflow, status, priority, epoch, owner, until, bool(cancel), error, created, updated, fp
-    )
 
 
 class SqliteQueue(RunQueue):
@@ -213,14 +226,26 @@ class SqliteQueue(RunQueue):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         conn.executescript(_SCHEMA)
-        found = {
-            table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS
-        }
-        problem = schema_problem(_COLUMNS, found)
+        problem = schema_problem(_BEFORE, self._found(conn))
+        if problem is None and schema_problem(_COLUMNS, self._found(conn)) is not None:
+            self._tx(self._add_columns)  # a queue of the previous release: bring it up to date
+            problem = schema_problem(_COLUMNS, self._found(conn))
         if problem is not None:
             raise CorruptStoreError(self.path, problem)
         # Opened: from here on, :meth:`_tx` waits for locks itself (see _NAP_FIRST).
         conn.execute("PRAGMA busy_timeout = 0")
+
+    @staticmethod
+    def _found(conn: sqlite3.Connection) -> dict[str, set[str]]:
+        return {table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS}
+
+    def _add_columns(self, conn: sqlite3.Connection) -> None:
+        """Add the columns this version added, those still missing (read again under the write lock)."""
+        found = self._found(conn)
+        for table, columns in _ADDED.items():
+            for name, kind in columns.items():
+                if name not in found[table]:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def _open_error(self, exc: sqlite3.Error) -> ValueError:
         """The error naming the file for an ``sqlite3`` error raised while opening it."""
@@ -287,23 +312,26 @@ class SqliteQueue(RunQueue):
         *,
         run_id: str | None = None,
         priority: int = 0,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         """Queue a run of ``workflow`` and return its run id.
 
         With ``run_id`` the call is idempotent: submitting an id that is
         already queued (a retried submit) changes nothing and returns it; a
         different ``workflow`` for that id is a ``ValueError``. Higher
-        ``priority`` runs are claimed first, then the oldest.
+        ``priority`` runs are claimed first, then the oldest. ``options`` are
+        the run's plain-data run options (:data:`~ekit_runtime.queue.options.RUN_OPTIONS`),
+        stored with it and applied by the worker that drives it.
         """
-        sub = self._submission(workflow, context, run_id, priority)
+        sub = self._submission(workflow, context, run_id, priority, options)
         now = time.time()
 
         def body(conn: sqlite3.Connection) -> str:
             conn.execute(
                 "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
+                "created_at, updated_at, options) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) "
                 "ON CONFLICT(run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now),
+                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now, sub.options),
             )
             stored = conn.execute(
                 "SELECT workflow FROM ekit_queue_runs WHERE run_id = ?", (sub.run_id,)
@@ -320,25 +348,29 @@ class SqliteQueue(RunQueue):
     def status(self, run_id: str) -> RunInfo:
         """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
         check_run_id(run_id)
-        row = self._tx(
-            lambda c: c.execute(
-                f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
-            ).fetchone(),
-            write=False,
+        rows, served = self._tx(
+            lambda c: self._infos(c, "WHERE run_id = ?", (run_id,)), write=False
         )
-        if row is None:
+        if not rows:
             raise UnknownRunError(run_id)
-        return _info(row)
+        return self._run_info(rows[0], served)
 
     def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
         """Every run (or those with ``status``), in submission order."""
         check_status(status)
         where, args = ("WHERE status = ?", (status,)) if status is not None else ("", ())
-        rows = self._tx(
-            lambda c: c.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall(),
-            write=False,
-        )
-        return [_info(r) for r in rows]
+        rows, served = self._tx(lambda c: self._infos(c, where, args), write=False)
+        return [self._run_info(r, served) for r in rows]
+
+    def _infos(
+        self, conn: sqlite3.Connection, where: str, args: tuple[Any, ...]
+    ) -> tuple[list[Any], dict[str, set[str | None]]]:
+        """The runs' rows and what the live workers serve, in one snapshot."""
+        rows = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
+        workers = conn.execute(
+            "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
+        ).fetchall()
+        return rows, self._served(workers)
 
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
         """The run's latest saved checkpoint, ``None`` before its first save."""
@@ -460,28 +492,29 @@ class SqliteQueue(RunQueue):
         # in order (a plain OR would read every queued run and sort them), then
         # the first of those two.
         first = (
-            "SELECT * FROM (SELECT run_id, epoch, workflow, context, priority, seq FROM ekit_queue_runs "
+            "SELECT * FROM (SELECT run_id, epoch, workflow, context, options, priority, seq "
+            "FROM ekit_queue_runs "
             f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1)"
         )
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
-            f"SELECT run_id, epoch, workflow, context FROM ({first.format('queued')} "
+            f"SELECT run_id, epoch, workflow, context, options FROM ({first.format('queued')} "
             f"UNION ALL {first.format('running')}) ORDER BY {CLAIM_ORDER} LIMIT 1",
             args + args,
         ).fetchone()
         if row is None:
             return None
-        run_id, epoch, workflow, context = row
+        run_id, epoch, workflow, context, options = row
         until = now + seconds
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'running', epoch = ?, owner = ?, lease_until = ?, "
-            "updated_at = ? WHERE run_id = ?",
+            "updated_at = ?, reason = NULL WHERE run_id = ?",
             (epoch + 1, worker, until, now, run_id),
         )
         if limits.runs_per_minute is not None:
             conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
         checkpoint = self._load(conn, run_id, missing_ok=True)
-        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until)
+        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options)
 
     def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
         """Whether one more lease keeps the fleet within its cap and its start rate.
@@ -573,6 +606,8 @@ class SqliteQueue(RunQueue):
         now = time.time()
         sets = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?, "
         args: list[Any] = [*enc.counts, enc.failures]
+        sets += "steps_done = ?, steps_total = ?, "  # RunInfo's progress, read without decoding
+        args += progress(checkpoint)
         if enc.full:
             sets += "header = ?, fingerprint = ?, "
             args += [enc.header, checkpoint.fingerprint]
@@ -697,11 +732,15 @@ class SqliteQueue(RunQueue):
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
+        return self.usage_hold()[0]
 
-        def body(conn: sqlite3.Connection) -> float:
+    def usage_hold(self) -> tuple[float, str | None]:
+        """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
+
+        def body(conn: sqlite3.Connection) -> tuple[float, str | None]:
             limits = self._read_limits(conn)
             if not usage_limited(limits):
-                return 0.0
+                return 0.0, None
             now = time.time()
             start = now - limits.window
             calls, tokens, oldest = conn.execute(
@@ -709,9 +748,51 @@ class SqliteQueue(RunQueue):
                 f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (start,),
             ).fetchone()
-            return usage_wait(limits, calls, tokens, oldest, now)
+            wait = usage_wait(limits, calls, tokens, oldest, now)
+            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
 
         return self._tx(body, write=False)
+
+    # -- why a run waits, and who serves what --------------------------------
+
+    def set_reason(self, lease: Lease, reason: str | None) -> None:
+        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
+        text = self._reason_text(reason)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            self._fence(
+                conn,
+                lease,
+                conn.execute(
+                    f"UPDATE ekit_queue_runs SET reason = ? WHERE {_HELD}",
+                    (text, lease.run_id, lease.epoch, now),
+                ).rowcount,
+            )
+
+        self._tx(body)
+
+    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
+        name, served, ttl = self._presence(worker, workflows, seconds)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.execute(
+                "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET workflows = excluded.workflows, "
+                "last_seen = excluded.last_seen, until = excluded.until",
+                (name, served, now, now + ttl),
+            )
+            # Workers gone for a day are forgotten: the table stays as small as the fleet.
+            conn.execute("DELETE FROM ekit_queue_workers WHERE until < ?", (now - 86_400,))
+
+        self._tx(body)
+
+    def retire(self, worker: str) -> None:
+        """Forget ``worker``'s announcement (it stopped)."""
+        name = self._worker_name(worker)
+        self._tx(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = ?", (name,)))
 
     def close(self) -> None:
         """Close the database connection."""
