@@ -545,3 +545,23 @@ def test_replay_of_a_parked_and_answered_run_is_legal_and_tells_who_answered() -
     assert "waits for an answer: name_it ('What title?')" in text
     # The save a question makes is progress, not a repeat: no resume is invented inside a run.
     assert not any(e.repeat for e in report.timeline)
+
+
+def test_a_changed_step_upstream_of_a_waiting_one_asks_it_again() -> None:
+    async def main() -> None:
+        parked = await waiting(workflow())
+        second = await waiting(workflow(), resume_from=parked.checkpoint, answers={"name_it": "T"})
+        assert set(second.questions) == {"pay"}
+        # fetch's code changed (its version): it runs again, and what asked below it asks again.
+        bumped = Workflow([
+            Step("fetch", fetch, version="2"),
+            Step("name_it", name_it, depends_on=("fetch",)),
+            Step("pay", pay, depends_on=("name_it",)),
+            Step("other", other),
+        ])
+        ran.clear()
+        again = await waiting(bumped, resume_from=second.checkpoint)
+        assert set(again.questions) == {"name_it"} and "pay" not in again.checkpoint.asked
+        assert ran == Counter(fetch=1, name_it=1)
+
+    asyncio.run(main())
