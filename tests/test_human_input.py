@@ -565,3 +565,17 @@ def test_a_changed_step_upstream_of_a_waiting_one_asks_it_again() -> None:
         assert ran == Counter(fetch=1, name_it=1)
 
     asyncio.run(main())
+
+
+def test_opentelemetry_ends_a_waiting_step_s_span_and_a_parked_run_is_no_error() -> None:
+    from ekit_runtime import OtelTracer
+    from tests.test_otel import FakeTracer
+
+    tracer = FakeTracer()
+    with pytest.raises(RunWaiting):
+        Workflow([Step("fetch", fetch), Step("name_it", name_it, depends_on=("fetch",))]).run_sync(
+            trace=OtelTracer(tracer))
+    run, *steps = tracer.spans
+    assert run.attributes["ekit.outcome"] == "waiting" and "status" not in run.attributes
+    asking = next(s for s in steps if s.name == "ekit.step name_it")
+    assert asking.ended == 1 and asking.attributes["ekit.outcome"] == "waiting"
