@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import ekit_core
 from ekit_core.checkpoint import (
+    FORMAT_VERSION,
     SHAPED_FORMAT_VERSION,
     FailureRecord,
     RecordedGraph,
@@ -296,7 +297,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     spec = state.spec
     shaped = spec.shaped
     setbacks = state.setbacks
-    if shaped is None and not setbacks.asked:
+    if shaped is None and setbacks.asked is NO_EXCHANGES:
         # A static graph that asked no one: no skips, no shapes, nothing set
         # aside, no questions (once per step).
         return ekit_core._frozen.checkpoint(
@@ -304,12 +305,13 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions,
         )
-    if shaped is None:
+    if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
         return ekit_core._frozen.checkpoint(
             state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions,
-            asked=setbacks.asked, format_version=HUMAN_FORMAT_VERSION,
+            asked=setbacks.asked,
+            format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
     return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,

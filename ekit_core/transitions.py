@@ -114,7 +114,7 @@ from ekit_core.expansion import (
     same_encoding,
 )
 from ekit_core.graph import GraphSpec
-from ekit_core.human import Exchange, denial_of
+from ekit_core.human import NO_EXCHANGES, Exchange, denial_of
 from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
@@ -471,7 +471,8 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         first, denied = _held(graph, checkpoint, first, False)
     offset, ready = window.start(first)
     halt = denied or _recorded_halt(limits, checkpoint, len(graph) - done)
-    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, asked=asked)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt,
+                        asked=asked if asked else NO_EXCHANGES)  # (one shared empty mapping)
     outcome = outcome_of(done, len(graph), 0, ready, setbacks)
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost, asked)
               if record_events else ())
@@ -497,7 +498,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
                     shaped=Expansion(expanders(graph), superseded=checkpoint.superseded))
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done)
     outputs, step_usage = _ledgers(checkpoint)
-    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped, asked=asked)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
+                        asked=asked if asked else NO_EXCHANGES)
     first_state = State(
         spec, outputs, step_usage, completed=done, cost=checkpoint.cost, setbacks=setbacks,
         events=(), outcome=None, _offset=offset, _ready=ready, _running=0, _in_flight=0,

@@ -24,11 +24,12 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
+    Mapping,
     Sequence,
 )
 from inspect import CO_COROUTINE
 from time import perf_counter
-from types import FunctionType
+from types import FunctionType, MappingProxyType
 from typing import Any, TypeAlias, cast
 
 from ekit_core import (
@@ -132,6 +133,14 @@ class Runner:
     _closing = False
     # Whether a lone task in flight is awaited directly: see _join_only_task and states.
     _join_directly = True
+    # The answers a person gave to the steps that asked (see human.py), handed
+    # to those steps' attempts, and whether the first checkpoint must be saved
+    # (answers were recorded in it before the run began: a denial may end it
+    # before any step). Class defaults, set on the instance only in a run that
+    # has answers: an instance with more than 30 attributes loses CPython's
+    # shared-key dict, and every attribute read of the run's loop costs more.
+    _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
+    save_first = False
 
     def __init__(
         self,
@@ -193,13 +202,10 @@ class Runner:
         self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
-        # The answers a person gave to the steps that asked (see human.py):
-        # handed to those steps' attempts; empty in a run that never asked.
-        self._answers: dict[str, tuple[Answer, ...]] = (
-            answers_of(state.setbacks.asked) if state.setbacks.asked else {})
-        # Whether the first checkpoint must be saved: answers were recorded
-        # in it before the run began (a denial may end it before any step).
-        self.save_first = False
+        answers = answers_of(state.setbacks.asked) if state.setbacks.asked else None
+        if answers:  # their attempts go through _attempt, which hands them their answers
+            self._answers = answers
+            self._own.update(dict.fromkeys(self._owners(answers), False))
 
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
@@ -212,7 +218,6 @@ class Runner:
         run = step.run
         own = self._own[step.name] = (
             step.timeout is None
-            and not self._answers  # an attempt with answers is handed them in _attempt
             and self.run_id is None
             and self.before_attempt is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
@@ -223,6 +228,12 @@ class Runner:
             )
         )
         return own
+
+    def _owners(self, names: Iterable[str]) -> set[str]:
+        """The steps ``names`` are of: a step's own name, an item's mapped step."""
+        shapes = self.state.spec.declared_graph.shapes
+        mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
+        return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
 
     @property
     def steps(self) -> tuple[Step, ...]:

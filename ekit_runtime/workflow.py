@@ -246,7 +246,8 @@ class Workflow:
             run_id=run_id,
             before_attempt=before_attempt,
         )
-        runner.save_first = bool(answers)
+        if answers:
+            runner.save_first = True
         return runner
 
     def _check_executors(self, default: Executor | None) -> None:
