@@ -106,7 +106,10 @@ def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) ->
 
 
 def checkpoint(
-    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
+    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
+    # Before the "*": a positional default is filled from a tuple, a
+    # keyword-only one looked up in a dict (on every call, once per step).
+    asked: MappingProxyType[str, Any] = _NOTHING, *,
     step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
     failures: MappingProxyType[str, FailureRecord],
     graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
@@ -115,7 +118,6 @@ def checkpoint(
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
-    asked: MappingProxyType[str, Any] = _NOTHING,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
