@@ -202,10 +202,8 @@ class Runner:
         self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
-        answers = answers_of(state.setbacks.asked) if state.setbacks.asked else None
-        if answers:  # their attempts go through _attempt, which hands them their answers
-            self._answers = answers
-            self._own.update(dict.fromkeys(self._owners(answers), False))
+        if state.setbacks.asked:
+            self._take_answers(state)
 
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
@@ -228,6 +226,14 @@ class Runner:
             )
         )
         return own
+
+    def _take_answers(self, state: State) -> None:
+        """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
+        those go through :meth:`_attempt`, which hands them their answers."""
+        answers = answers_of(state.setbacks.asked)
+        if answers:
+            self._answers = answers
+            self._own.update(dict.fromkeys(self._owners(answers), False))
 
     def _owners(self, names: Iterable[str]) -> set[str]:
         """The steps ``names`` are of: a step's own name, an item's mapped step."""
