@@ -36,12 +36,15 @@ from ekit_core.events import (
     StepRetried,
     StepSkipped,
     StepStarted,
+    StepWaiting,
 )
 from ekit_core.expansion import MapError
 from ekit_core.graph import CycleError, GraphError, GraphSpec
+from ekit_core.human import HUMAN_FORMAT_VERSION, Answer, Exchange, Question, answer, questions
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
 from ekit_core.results import (
+    Asked,
     AttemptEnd,
     AttemptOutcome,
     Began,
@@ -62,6 +65,8 @@ from ekit_core.usage import TokenUsage
 
 __all__ = [
     "Anomaly",
+    "Answer",
+    "Asked",
     "AttemptEnd",
     "AttemptOutcome",
     "AuditReport",
@@ -73,6 +78,7 @@ __all__ = [
     "CycleError",
     "Denied",
     "Event",
+    "Exchange",
     "FORMAT_VERSION",
     "Failed",
     "FailureRecord",
@@ -80,6 +86,7 @@ __all__ = [
     "GraphError",
     "GraphMismatchError",
     "GraphSpec",
+    "HUMAN_FORMAT_VERSION",
     "Halt",
     "HaltKind",
     "Input",
@@ -87,6 +94,7 @@ __all__ = [
     "Interrupted",
     "MapError",
     "Outcome",
+    "Question",
     "ReplayReport",
     "RetryPolicy",
     "RunSettled",
@@ -107,6 +115,7 @@ __all__ = [
     "StepRetried",
     "StepSkipped",
     "StepStarted",
+    "StepWaiting",
     "Succeeded",
     "TimelineEntry",
     "TokenUsage",
@@ -115,11 +124,13 @@ __all__ = [
     "Violation",
     "WorkflowCheckpoint",
     "advance",
+    "answer",
     "apply",
     "audit",
     "checkpoint_of",
     "initial_state",
     "plan",
+    "questions",
     "replay",
     "rewind",
 ]

@@ -106,7 +106,10 @@ def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) ->
 
 
 def checkpoint(
-    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
+    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
+    # Before the "*": a positional default is filled from a tuple, a
+    # keyword-only one looked up in a dict (on every call, once per step).
+    asked: MappingProxyType[str, Any] = _NOTHING, *,
     step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
     failures: MappingProxyType[str, FailureRecord],
     graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
@@ -130,6 +133,7 @@ def checkpoint(
         cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
+    cp.asked = asked
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
     return cast(WorkflowCheckpoint, cp)

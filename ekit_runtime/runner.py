@@ -24,14 +24,16 @@ from collections.abc import (
     Callable,
     Coroutine,
     Iterable,
+    Mapping,
     Sequence,
 )
 from inspect import CO_COROUTINE
 from time import perf_counter
-from types import FunctionType
+from types import FunctionType, MappingProxyType
 from typing import Any, TypeAlias, cast
 
 from ekit_core import (
+    Asked,
     Batch,
     Began,
     Cancelled,
@@ -54,12 +56,13 @@ from ekit_core import (
 )
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
+from ekit_core.human import Answer, answers_of
 from ekit_core.results import succeeded
 from ekit_core.shapes import item_name
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import attempt as attempts
-from ekit_runtime import signal_wakeup, streaming
+from ekit_runtime import human, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
@@ -145,6 +148,14 @@ class Runner:
     # instance only then: one more attribute on every runner would cost every
     # step (the instance's attributes would no longer fit their shared layout).
     _partials: set[asyncio.Future[Any]] | None = None
+    # The answers a person gave to the steps that asked (see human.py), handed
+    # to those steps' attempts, and whether the first checkpoint must be saved
+    # (answers were recorded in it before the run began: a denial may end it
+    # before any step). Class defaults, set on the instance only in a run that
+    # has answers: an instance with more than 30 attributes loses CPython's
+    # shared-key dict, and every attribute read of the run's loop costs more.
+    _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
+    save_first = False
 
     def __init__(
         self,
@@ -231,6 +242,20 @@ class Runner:
         )
         return own
 
+    def _take_answers(self, state: State) -> None:
+        """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
+        those go through :meth:`_attempt`, which hands them their answers."""
+        answers = answers_of(state.setbacks.asked)
+        if answers:
+            self._answers = answers
+            self._own.update(dict.fromkeys(self._owners(answers), False))
+
+    def _owners(self, names: Iterable[str]) -> set[str]:
+        """The steps ``names`` are of: a step's own name, an item's mapped step."""
+        shapes = self.state.spec.declared_graph.shapes
+        mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
+        return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
+
     @property
     def steps(self) -> tuple[Step, ...]:
         """The run's steps, in the order they were given (then added)."""
@@ -312,6 +337,8 @@ class Runner:
                 await returned
 
     async def _begin(self) -> None:
+        if self.state.setbacks.asked:  # before any attempt starts
+            self._take_answers(self.state)
         self._loop = asyncio.get_running_loop()
         # Until the run ends (its wind-down included), a signal the kernel
         # gives to a step's thread still wakes this loop, so that the handler
@@ -324,7 +351,7 @@ class Runner:
         if self.trace is not None:
             await self._emit(self._initial_events)
         self._carry_out(batch)
-        await self._report(state, save=False)
+        await self._report(state, save=self.save_first)
 
     async def _turn(self) -> State:
         """Wait for completions, fold them in, do what the core says, save."""
@@ -577,6 +604,8 @@ class Runner:
         if error is None:
             output, usage = split_result(task.result())
             return succeeded(name, output, usage, duration)
+        if isinstance(error, human.InputRequired):
+            return self._asked(name, error, duration)
         if isinstance(error, Exception):
             return _failure(name, error, duration)
         raise error
@@ -617,6 +646,8 @@ class Runner:
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
         release = None
+        if self._answers:
+            human.enter(self._answers.get(name, ()))
         if self.before_attempt is not None:
             try:
                 admitted = self.before_attempt(attempt)
@@ -634,6 +665,8 @@ class Runner:
                     returned = await _within(step, executor.run(attempt))
                 else:
                     returned = await executor.run(attempt)
+            except human.InputRequired as exc:
+                return self._asked(name, exc, self.clock() - began)
             except Exception as exc:
                 return _failure(name, exc, self.clock() - began)
             output, usage = split_result(returned)
@@ -641,6 +674,24 @@ class Runner:
         finally:
             if release is not None:
                 await _give_back(release, name)
+
+    def _asked(self, name: str, asked: human.InputRequired, duration: float) -> Input:
+        """The attempt asked a question with no answer: the step waits (see :mod:`ekit_runtime.human`).
+
+        Unless its answers are recorded already, which means they never
+        reached the step: its executor ran it elsewhere (another process).
+        That attempt fails, saying so, rather than asking for ever.
+        """
+        given = len(self._answers.get(name, ()))
+        if asked.number <= given:
+            error = RuntimeError(
+                f"step {name!r} asked question {asked.number} again although its answer is "
+                "recorded: its executor runs it where ekit_runtime.ask cannot read the recorded "
+                "answers (another process); give steps that ask a person executor=LocalExecutor()"
+            )
+            error.__cause__ = asked
+            return Failed(name, error, duration)
+        return Asked(name, asked.question)
 
     # -- callbacks ----------------------------------------------------------
 

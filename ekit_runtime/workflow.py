@@ -25,11 +25,14 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.human import questions
+from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
-from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
+from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.human import with_answers
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
@@ -93,6 +96,9 @@ def _check_options(options: Mapping[str, object]) -> None:
     executor = options.get("executor")
     if executor is not None and not isinstance(executor, Executor):
         raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
+    answers = options.get("answers")
+    if answers is not None and not isinstance(answers, Mapping):
+        raise ValueError(f"answers must be a mapping of step -> answer, got {type(answers).__name__}")
 
 
 def _callable_or_none(value: object, name: str) -> None:
@@ -114,6 +120,7 @@ class RunOptions(TypedDict, total=False):
     isolate_failures: bool
     run_id: str | None
     before_attempt: BeforeAttempt | None
+    answers: Mapping[str, Any] | None
 
 
 class Workflow:
@@ -234,9 +241,14 @@ class Workflow:
         executor = options.get("executor")
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
+        resume_from, answers = options.get("resume_from"), options.get("answers")
+        if answers:  # recorded before anything runs: a step that is not waiting is refused
+            resume_from = with_answers(resume_checkpoint(
+                self.graph, resume_from, allow_graph_change=options.get("allow_graph_change", False)
+            ), answers)
         state = self.start_state(
             initial_context,
-            resume_from=options.get("resume_from"),
+            resume_from=resume_from,
             max_concurrency=options.get("max_concurrency"),
             budget=options.get("budget"),
             allow_graph_change=options.get("allow_graph_change", False),
@@ -246,7 +258,7 @@ class Workflow:
             run_id=run_id,
         )
         self._check_executors(executor)
-        return Runner(
+        runner = Runner(
             self.steps,
             state,
             checkpoint_fn=checkpoint_fn,
@@ -258,6 +270,9 @@ class Workflow:
             run_id=run_id,
             before_attempt=before_attempt,
         )
+        if answers:
+            runner.save_first = True
+        return runner
 
     def _check_executors(self, default: Executor | None) -> None:
         if not any(s.executor is not None for s in self._with_options):
@@ -312,10 +327,20 @@ class Workflow:
           attempt's release, called exactly once when the attempt ends
           (success, failure, timeout, cancellation): see
           :data:`~ekit_runtime.runner.BeforeAttempt`.
+        - ``answers``: ``{step: answer}``, recorded in ``resume_from`` before
+          anything runs, for steps that wait on a question a person must
+          answer (see :mod:`ekit_runtime.human`): an
+          :class:`~ekit_core.Answer` (``Answer(value, by=...)``,
+          ``Answer.approve(by=...)``, ``Answer.deny(reason, by=...)``), or a
+          plain value for a value question. A step that is not waiting, or
+          an answer that does not fit its question, is a ``ValueError``.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
         with a note naming the step (an ``ExceptionGroup`` if several failed).
+        A step that asks a person (``ekit_runtime.ask``, ``approve``) with no
+        answer recorded waits: what needs it does not start, the rest runs,
+        and then, the final checkpoint saved, :class:`RunWaiting` is raised.
         Cancellation saves a final checkpoint and re-raises.
         """
         runner = self.runner(initial_context, **options)
@@ -412,4 +437,6 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise BudgetExceeded(checkpoint, budget)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
+    if kind == "waiting":
+        raise RunWaiting(checkpoint, questions(checkpoint))
     raise InternalError(f"ekit: run ended as {kind!r}, which has no result")

@@ -594,3 +594,27 @@ def test_items_of_a_mapped_step_run_on_the_cluster(client: distributed.Client) -
     outputs = result.outputs["shout"]
     assert [o.split(" ")[0] for o in outputs] == ["A", "B", "C"]
     assert all(int(o.rsplit(" ", 1)[1]) != os.getpid() for o in outputs)  # on worker processes
+
+
+def asks_a_person(ctx: dict[str, Any]) -> str:
+    from ekit_runtime import ask
+
+    return f"named {ask('Name?')}"
+
+
+def test_a_question_asked_on_a_worker_parks_the_run_and_its_answer_is_refused_clearly(
+    client: distributed.Client,
+) -> None:
+    from ekit_runtime import RunWaiting
+
+    wf = Workflow([step("asks", asks_a_person)])
+    # The first question travels back from the worker process: the run parks.
+    with pytest.raises(RunWaiting) as parked:
+        wf.run_sync(executor=DaskExecutor(client))
+    assert parked.value.questions["asks"].prompt == "Name?"
+    # The answer cannot reach a worker process: the attempt fails saying so, not asking for ever.
+    with pytest.raises(RuntimeError, match="executor=LocalExecutor"):
+        wf.run_sync(resume_from=parked.value.checkpoint, executor=DaskExecutor(client),
+                    answers={"asks": "Ann"})
+    assert wf.run_sync(resume_from=parked.value.checkpoint, answers={"asks": "Ann"}).outputs == {
+        "asks": "named Ann"}
