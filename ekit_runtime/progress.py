@@ -273,22 +273,8 @@ class ProgressPrinter:
             self._finished(event)
         elif isinstance(event, StepPartial):
             self._partial_output(event)
-        elif isinstance(event, StepRetried):
-            self._running.pop(event.name, None)
-            self._note(
-                f"{self._prefix()} retry {event.name} after attempt {event.attempt}: "
-                f"{event.error_type}: {event.message} (next in {_seconds(event.delay)}"
-                f"{' as the server asked' if event.retry_after == event.delay else ''})"
-            )
-        elif isinstance(event, StepFailed):
-            self._running.pop(event.name, None)
-            self._failed += 1
-            self._note(
-                f"{self._prefix()} FAILED {event.name} on attempt {event.attempt}: "
-                f"{event.error_type}: {event.message}"
-                + ("" if event.retry_after is None
-                   else f" (the server asked to wait {_seconds(event.retry_after)})")
-            )
+        elif isinstance(event, StepRetried | StepFailed):
+            self._setback(event)
         elif isinstance(event, StepDenied):
             self._running.pop(event.name, None)
             reason = f": {event.reason}" if event.reason else ""
@@ -321,6 +307,24 @@ class ProgressPrinter:
                 self._draw(force=True)
                 self._end_line()
             self._line(summary)
+
+    def _setback(self, event: StepRetried | StepFailed) -> None:
+        """Note an attempt that failed: retried (and when), or failed for good."""
+        self._running.pop(event.name, None)
+        if isinstance(event, StepRetried):
+            self._note(
+                f"{self._prefix()} retry {event.name} after attempt {event.attempt}: "
+                f"{event.error_type}: {event.message} (next in {_seconds(event.delay)}"
+                f"{' as the server asked' if event.retry_after == event.delay else ''})"
+            )
+            return
+        self._failed += 1
+        self._note(
+            f"{self._prefix()} FAILED {event.name} on attempt {event.attempt}: "
+            f"{event.error_type}: {event.message}"
+            + ("" if event.retry_after is None
+               else f" (the server asked to wait {_seconds(event.retry_after)})")
+        )
 
     def _partial_output(self, event: StepPartial) -> None:
         """Show the end of a running step's latest partial output beside it (its text, one line)."""

@@ -217,8 +217,6 @@ class Runner:
         self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
-        if self._traces:  # (see _partials)
-            self._partials = set()
 
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
@@ -340,6 +338,8 @@ class Runner:
         if self.state.setbacks.asked:  # before any attempt starts
             self._take_answers(self.state)
         self._loop = asyncio.get_running_loop()
+        if self._traces:  # (see _partials)
+            self._partials = set()
         # Until the run ends (its wind-down included), a signal the kernel
         # gives to a step's thread still wakes this loop, so that the handler
         # that cancels the run gets to run: see signal_wakeup.

@@ -323,10 +323,8 @@ class Workflow:
           right before each attempt's work begins (after its retry delay and
           approval, outside its timeout); it may wait (a rate limiter, a
           worker's admission). What it raises fails that attempt, as the
-          step's own error would. If it returns a callable, that is the
-          attempt's release, called exactly once when the attempt ends
-          (success, failure, timeout, cancellation): see
-          :data:`~ekit_runtime.runner.BeforeAttempt`.
+          step's own error would. A callable it returns is the attempt's
+          release, called once when the attempt ends, however it ends.
         - ``answers``: ``{step: answer}``, recorded in ``resume_from`` before
           anything runs, for steps that wait on a question a person must
           answer (see :mod:`ekit_runtime.human`): an
