@@ -21,6 +21,7 @@ from ekit_runtime.queue.records import FINAL_STATUSES, STATUSES, LeaseLostError,
 NOW = 1000.0
 LEASES = {"none": None, "live": NOW + 5.0, "expired": NOW - 5.0, "edge": NOW}
 HOLDER_VERBS = {"save", "renew", "finish", "release"}
+REOPENING_VERBS = {"retry", "rewind"}
 
 
 def _cases() -> list[tuple[str, str, bool, int]]:
@@ -55,16 +56,25 @@ def test_each_rule_over_status_lease_cancel_and_epoch(
 def test_the_transition_table_is_coherent() -> None:
     rows = lc.TRANSITIONS
     assert len(set(rows)) == len(rows)
-    # A final status is never left.
-    assert not [t for t in rows if t.source in FINAL_STATUSES]
+    # A final status is left only when a person reopens the run: back to queued, for a worker to claim.
+    assert {(t.target, t.who, t.verb) for t in rows if t.source in FINAL_STATUSES} <= {
+        ("queued", "submitter", v) for v in REOPENING_VERBS
+    }
     # Only a claim or a cancel can end a lease other than by its holder, and every verb has one actor.
     actors = {t.verb: {u.who for u in rows if u.verb == t.verb} for t in rows}
     assert actors == {
         "submit": {"submitter"},
+        "fork": {"submitter"},
         "claim": {"anyone"},
         "cancel": {"submitter"},
         **{v: {"holder"} for v in HOLDER_VERBS},
+        **{v: {"submitter"} for v in REOPENING_VERBS},
     }
+    # Every reopening goes to queued, from a run no live lease holds (running only once it expired).
+    assert all(t.target == "queued" for t in rows if t.verb in REOPENING_VERBS)
+    assert {t.source for t in rows if t.verb == "retry"} == lc.RETRYABLE
+    assert {t.source for t in rows if t.verb == "rewind"} == set(STATUSES)
+    assert [t.source for t in rows if t.verb in ("submit", "fork")] == [None, None]
     # A holder acts only on a running run; every final status is reached by finish.
     assert all(t.source == "running" for t in rows if t.who == "holder")
     assert {t.target for t in rows if t.verb == "finish"} == FINAL_STATUSES
@@ -86,10 +96,18 @@ def test_the_pure_rules_only_make_transitions_of_the_table(status: str, lease: s
     if lc.fenced(status, 1, until, 1, NOW):
         for verb in HOLDER_VERBS:
             assert any(t.source == status and t.verb == verb for t in lc.TRANSITIONS)
+    for verb in REOPENING_VERBS:
+        if lc.reopen_refusal(verb, status, lc.live(status, until, NOW)) is None:
+            assert (status, "queued", verb) in table
 
 
-VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS))
-WHO = {"claim": "anyone", "cancel": "submitter", **{v: "holder" for v in HOLDER_VERBS}}
+VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
+WHO = {
+    "claim": "anyone",
+    "cancel": "submitter",
+    **{v: "holder" for v in HOLDER_VERBS},
+    **{v: "submitter" for v in REOPENING_VERBS},
+}
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -115,6 +133,28 @@ def test_who_may_make_each_transition(verb: str, status: str, lease: str, cancel
             assert delta == 0 and lc.live(status, until, NOW)
     # No one but a verb's actor appears in the table for it.
     assert {t.who for t in lc.TRANSITIONS if t.verb == verb} == {WHO[verb]}
+
+
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("lease", LEASES)
+def test_who_may_reopen_a_run_and_what_a_refusal_advises(status: str, lease: str) -> None:
+    until = LEASES[lease]
+    lease_live = lc.live(status, until, NOW)
+    retry = lc.reopen_refusal("retry", status, lease_live)
+    rewind = lc.reopen_refusal("rewind", status, lease_live)
+    # Retry: a run that ended without finishing; rewind: any run no worker is driving.
+    assert (retry is None) is (status in ("failed", "cancelled"))
+    assert (rewind is None) is (not lease_live)
+    assert lc.next_status("retry", status, until, False, NOW) == (None if retry else "queued")
+    assert lc.next_status("rewind", status, until, True, NOW) == (None if rewind else "queued")
+    # Each refusal says what to do instead.
+    advice = {"queued": "a worker will claim it", "running": "cancel it first", "finished": "rewind"}
+    if retry is not None and status in advice:
+        assert advice[status] in retry
+    if rewind is not None:
+        assert "cancel it first" in rewind
+    with pytest.raises(ValueError, match="not a verb that reopens"):
+        lc.reopen_refusal("claim", status, lease_live)
 
 
 def test_next_status_refuses_an_unknown_verb() -> None:
@@ -262,6 +302,10 @@ def test_the_sql_pieces_agree_with_the_functions(
         workflow, fp, {"a": fingerprint}
     )
     assert _ask(memory, lc.FINAL, row) is (status in FINAL_STATUSES)
+    # A person's write (retry, rewind) lands only on the run as read: same epoch, no live lease.
+    assert _ask(memory, lc.UNCHANGED, row, run_id="r", epoch=lease_epoch) is (
+        epoch == lease_epoch and not lc.live(status, until, NOW)
+    )
 
 
 @given(st.floats(0, 2000), st.floats(0.5, 100))

@@ -3,8 +3,8 @@
 A model of the queue, moved only by the functions of
 ``ekit_runtime.queue.lifecycle``, is driven alongside a real queue with the
 same random operations (submit, claim with a matching or another graph, save,
-renew, finish, release, cancel, and expiry of a lease, by moving its expiry
-into the past). After every operation, what each call returned and every
+renew, finish, release, cancel, a person's retry and rewind, and expiry of a
+lease, by moving its expiry into the past). After every operation, what each call returned and every
 run's status, epoch, cancel flag, fingerprint and lease agree.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
-from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue
+from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue, RunStateError
 from ekit_runtime.queue import lifecycle as lc
 from tests.queue_backends import queue, queue_url
 
@@ -98,6 +98,16 @@ class Model:
         return target is not None
 
 
+    def reopen(self, verb: str, run_id: str) -> bool:
+        """A person's retry or rewind: whether it is accepted (a rewind needs a saved checkpoint)."""
+        run = self.runs[run_id]
+        target = lc.next_status(verb, run.status, run.until, run.cancel, NOW)
+        if target is None or (verb == "rewind" and run.fingerprint is None):
+            return False
+        run.status, run.epoch, run.until, run.cancel = target, run.epoch + 1, None, False
+        return True
+
+
 class Driver:
     """Applies one random operation to the queue and the model, and checks they agree."""
 
@@ -108,7 +118,7 @@ class Driver:
         self.seen: set[tuple[str, object]] = set()
 
     def step(self) -> None:
-        ops = [self.submit, self.claim, self.claim, self.cancel, self.expire]
+        ops = [self.submit, self.claim, self.claim, self.cancel, self.expire, self.retry, self.rewind]
         if self.leases:
             ops += [self.save, self.renew, self.finish, self.release, self.save, self.renew]
         self.rng.choice(ops)()
@@ -177,6 +187,24 @@ class Driver:
         run_id = self.rng.choice(sorted(self.model.runs))
         assert self.queue.cancel(run_id) is self.model.cancel(run_id)
 
+    def _reopen(self, verb: str, call: Any) -> None:
+        if not self.model.runs:
+            return
+        run_id = self.rng.choice(sorted(self.model.runs))
+        accepted = self.model.reopen(verb, run_id)
+        self.seen.add((verb, accepted))
+        if not accepted:
+            with pytest.raises(RunStateError, match=run_id):
+                call(run_id)
+            return
+        call(run_id)
+
+    def retry(self) -> None:
+        self._reopen("retry", self.queue.retry)
+
+    def rewind(self) -> None:
+        self._reopen("rewind", lambda run_id: self.queue.rewind(run_id, "s0"))
+
     def expire(self) -> None:
         live = [r for r, run in self.model.runs.items() if lc.live(run.status, run.until, NOW)]
         if not live:
@@ -220,3 +248,7 @@ def test_a_backend_follows_the_lifecycle_rules(queue: RunQueue, queue_url: str, 
     # Each sequence went through accepted and refused writes and reached a final status.
     assert {("holder write", True), ("holder write", False), ("status", "running")} <= driver.seen
     assert any(("status", s) in driver.seen for s in FINAL_STATUSES)
+    # ... and accepted and refused retries, and rewinds (seeds 1 to 3 accept some, too).
+    assert {("retry", True), ("retry", False)} <= driver.seen
+    assert any(k == "rewind" for k, _ in driver.seen)
+

@@ -28,6 +28,7 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
+    RunStateError,
     RunStatus,
     UnknownRunError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "QueueUnavailableError",
     "RunInfo",
     "RunQueue",
+    "RunStateError",
     "RunStatus",
     "SqliteQueue",
     "UnknownRunError",

@@ -25,18 +25,22 @@ import re
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn, Self
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.report import recorded_graph
+from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
+from ekit_runtime.queue.lifecycle import reopen_refusal
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
     LeaseLostError,
     Limits,
     RunInfo,
+    RunStateError,
     RunStatus,
     UnknownRunError,
     check_priority,
@@ -102,6 +106,22 @@ def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
             check_step_name(name)
         except ValueError as exc:
             raise UnencodableError(f"{exc}; nothing was saved", step=name) from None
+
+
+def _step_list(steps: object, verb: str) -> list[str]:
+    """``steps`` as a list of step names (one string is one name), refused before the database is touched."""
+    if isinstance(steps, str):
+        return [check_text(steps, "step name", limit=1000)]
+    if isinstance(steps, bytes | bytearray) or not isinstance(steps, Iterable):
+        raise ValueError(
+            f"{verb}: steps must be a step name or an iterable of step names, got {type(steps).__name__}"
+        )
+    names = list(steps)
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"{verb}: steps must hold step names (strings), got {name!r:.100}")
+        check_text(name, "step name", limit=1000)
+    return list(dict.fromkeys(names))
 
 
 def _error_text(error: object) -> str | None:
@@ -275,6 +295,161 @@ class RunQueue(ABC):
     def _uses(added: TokenUsage) -> bool:
         """Whether a save adds calls or tokens to the fleet's usage window."""
         return added.llm_calls > 0 or added.total_tokens > 0
+
+    # -- a person's verbs: reopen a run (retry, rewind), or copy it (fork) ---
+
+    def retry(self, run_id: str) -> RunInfo:
+        """Queue a failed or cancelled run again, from its last checkpoint; return its record.
+
+        The run resumes where it stopped: what finished stays finished, and
+        attempt numbers carry on (the checkpoint records the failed attempts,
+        so a failed step's next attempt is one more than its last). The error
+        and the cancel flag are cleared and the epoch goes up by one, fencing
+        out any worker that still believes it holds the run. A run that is
+        queued, running or finished is refused with :class:`RunStateError`
+        (a ``ValueError``) naming the run and its status; nothing is written.
+        """
+        return self._reopen(check_run_id(run_id), "retry", None)[0]
+
+    def rewind(self, run_id: str, steps: str | Iterable[str]) -> WorkflowCheckpoint:
+        """Drop the outputs of ``steps`` and everything downstream from the run's checkpoint, in place.
+
+        The rule is :func:`ekit_core.rewind`'s (``ekit rewind``'s), on the
+        graph the checkpoint records; ``steps`` is one step name or several
+        (items of a mapped step as ``step[key]``). The run goes back to
+        ``queued`` with its epoch + 1, its error and cancel flag cleared, and
+        the next worker to claim it runs exactly those steps and their
+        dependents. Any run no live lease holds is rewound (queued, finished,
+        failed, cancelled, or running with an expired lease); a run a worker
+        is driving is refused (:class:`RunStateError`: cancel it first), and
+        so is a write that meets a claim or another person's write made since
+        this call read the run: one transaction, fenced on the epoch it read.
+        Returns the checkpoint as now stored. An unknown step is a
+        ``ValueError`` naming it; nothing is written.
+        """
+        rid = check_run_id(run_id)
+        names = _step_list(steps, "rewind")
+        if not names:
+            raise ValueError("rewind: steps must name at least one step")
+
+        def rewound(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint:
+            return self._rewound(rid, status, checkpoint, names, "rewind")
+
+        checkpoint = self._reopen(rid, "rewind", rewound)[1]
+        assert checkpoint is not None
+        return checkpoint
+
+    def fork(
+        self,
+        run_id: str,
+        steps: str | Iterable[str] = (),
+        *,
+        new_run_id: str | None = None,
+        priority: int | None = None,
+    ) -> str:
+        """Queue a copy of the run under a new id, its checkpoint rewound at ``steps``; return the new id.
+
+        The copy has the source's workflow, context and priority (or
+        ``priority``) and its latest checkpoint, without the outputs of
+        ``steps`` and of everything downstream of them (none given: all of
+        it); it is ``queued`` at epoch 0. The source is only read, whatever
+        its status. ``new_run_id`` defaults to a new random id; one the queue
+        already has is a ``ValueError`` (nothing is written).
+        """
+        # TODO(lead): copy the run's ``options`` too once the options column is merged (qopsa).
+        source = check_run_id(run_id)
+        new = uuid.uuid4().hex if new_run_id is None else check_run_id(new_run_id, "new_run_id")
+        level = None if priority is None else check_priority(priority)
+        names = _step_list(steps, "fork")
+
+        def copied(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint | None:
+            if not names:
+                return checkpoint
+            return self._rewound(source, status, checkpoint, names, "fork")
+
+        self._fork(source, new, level, copied)
+        return new
+
+    def _rewound(
+        self, run_id: str, status: str, checkpoint: WorkflowCheckpoint | None, names: list[str], verb: str
+    ) -> WorkflowCheckpoint:
+        """``checkpoint`` rewound at ``names`` on the graph it records, or refused naming the run."""
+        if checkpoint is None:
+            problem = f"it is {status} and has no checkpoint yet: no step to rewind"
+            raise RunStateError(run_id, status, verb, problem)
+        try:
+            graph = recorded_graph(checkpoint)
+        except ValueError as exc:
+            problem = f"its checkpoint records no usable graph ({exc})"
+            raise RunStateError(run_id, status, verb, problem) from None
+        try:
+            return rewind_checkpoint(graph, checkpoint, names)
+        except ValueError as exc:
+            raise ValueError(f"cannot {verb} run {run_id!r}: {exc}") from None
+
+    @staticmethod
+    def _refuse_reopening(run_id: str, verb: str, status: str, lease_live: bool) -> None:
+        """Raise :class:`RunStateError` unless ``verb`` may reopen a run in ``status`` (lifecycle's rule)."""
+        problem = reopen_refusal(verb, status, lease_live)
+        if problem is not None:
+            raise RunStateError(run_id, status, verb, problem)
+
+    @staticmethod
+    def _changed(run_id: str, status: str, verb: str) -> NoReturn:
+        """A person's write met a claim or another write made since its read: refused."""
+        raise RunStateError(
+            run_id,
+            status,
+            verb,
+            "it changed while this call read it (a worker claimed it, or someone else retried, "
+            "rewound, answered or cancelled it); nothing was written: read its status and try again",
+        )
+
+    def _fork_row(self, copy: WorkflowCheckpoint | None) -> tuple[EncodedCheckpoint | None, list[Any]]:
+        """A fork's encoded checkpoint, and its header, fingerprint, four counts and failures columns."""
+        if copy is None:
+            return None, [None, None, 0, 0, 0, 0, "{}"]
+        enc = self._encode_whole(copy)
+        return enc, [enc.header, copy.fingerprint, *enc.counts, enc.failures]
+
+    @staticmethod
+    def _taken(new_run_id: str) -> ValueError:
+        return ValueError(f"new_run_id {new_run_id!r} is a run the queue already has; fork under another id")
+
+    def _encode_whole(self, checkpoint: WorkflowCheckpoint) -> EncodedCheckpoint:
+        """The rows of ``checkpoint`` written in full (a rewind, a fork), checked as a save checks them."""
+        _check_step_names(checkpoint)
+        encoded = encode_checkpoint(checkpoint, None, self.dumps)
+        for _kind, name, value in encoded.rows:
+            _storable(value, f"the encoded output of step {name!r}", name)
+        if encoded.header is not None:
+            _storable(encoded.header, "the encoded checkpoint")
+        return encoded
+
+    @abstractmethod
+    def _reopen(
+        self,
+        run_id: str,
+        verb: str,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        """Reopen the run in one transaction: read its status, epoch and lease; refuse what
+        :meth:`_refuse_reopening` refuses; with ``change``, write ``change(status, checkpoint)``
+        in full; queue it at epoch + 1 (error, cancel flag and lease cleared) under
+        :data:`~ekit_runtime.queue.lifecycle.UNCHANGED`, else :meth:`_changed`. Returns the
+        run's record after the write and the checkpoint written (``None`` without ``change``)."""
+
+    @abstractmethod
+    def _fork(
+        self,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+    ) -> None:
+        """In one transaction: read ``source`` and its checkpoint, and insert ``new_run_id`` (queued,
+        epoch 0) with its workflow, context, priority (or ``priority``) and
+        ``change(status, checkpoint)``; a ``ValueError`` if ``new_run_id`` exists."""
 
     # The contract: what each backend supplies.
 

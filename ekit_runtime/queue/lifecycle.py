@@ -12,7 +12,8 @@ run's ``epoch`` + 1, the fencing token, and an expiry ``lease_until``) and
 makes it ``running``. Only the lease's holder writes to a running run, and
 only while the lease is live (same epoch, unexpired, still running); once the
 lease expired, anyone's claim takes the run over. Three statuses are final: a
-run never leaves them, and only they may be pruned.
+run leaves them only when a person reopens it (``retry``, ``rewind``), and
+only they may be pruned.
 
     TRANSITIONS (from, to, who, by doing what, on what condition)
 
@@ -32,6 +33,24 @@ run never leaves them, and only they may be pruned.
     queued     cancelled  submitter  cancel   at once; epoch + 1
     running    cancelled  submitter  cancel   the lease expired; epoch + 1 (else: flagged)
     running    running    submitter  cancel   the lease is live: cancel_requested is set
+    failed     queued     submitter  retry    epoch + 1; error and cancel flag cleared
+    cancelled  queued     submitter  retry    epoch + 1; error and cancel flag cleared
+    queued     queued     submitter  rewind   no live lease; checkpoint rewound; epoch + 1
+    running    queued     submitter  rewind   the lease expired; checkpoint rewound; epoch + 1
+    finished   queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    failed     queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    cancelled  queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    (none)     queued     submitter  fork     a new run id: the source's run, checkpoint rewound
+
+REOPENED (retry, rewind: a person's verbs, :func:`reopen_refusal` says when
+each is refused): one transaction reads the run's status and epoch (and its
+checkpoint), and its write carries :data:`UNCHANGED`: the run still has the
+epoch read and no live lease. So a claim, a cancel or another reopening that
+came in between wins, and this one writes nothing
+(:class:`~ekit_runtime.queue.records.RunStateError`). The epoch + 1 fences
+out any stale holder. A retry keeps the checkpoint, whose failure records
+count the failed attempts, so attempt numbers carry on. A fork reads its
+source and leaves it as it was.
 
 CLAIMABLE: status ``queued``, or ``running`` with an expired lease and no
 cancel asked (a claim first cancels, rather than resumes, an expired run
@@ -82,7 +101,10 @@ __all__ = [
     "MATCHES",
     "RELEASED_AS",
     "RELEASE_STATUS",
+    "REOPENED_AS",
+    "RETRYABLE",
     "TRANSITIONS",
+    "UNCHANGED",
     "Actor",
     "CancelEffect",
     "Ending",
@@ -99,6 +121,7 @@ __all__ = [
     "matches",
     "next_status",
     "render",
+    "reopen_refusal",
     "usage_limited",
     "usage_over",
     "usage_wait",
@@ -140,6 +163,14 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
     Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1"),
     Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set"),
+    Transition("failed", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
+    Transition("cancelled", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
+    Transition("queued", "queued", "submitter", "rewind", "no live lease; epoch + 1"),
+    Transition("running", "queued", "submitter", "rewind", "lease expired; epoch + 1"),
+    Transition("finished", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition("failed", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition("cancelled", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition(None, "queued", "submitter", "fork", "a new run id; the source's checkpoint, rewound"),
 )
 """Every legal status change (the table in this module's docstring)."""
 
@@ -212,6 +243,8 @@ def next_status(
     if verb == "cancel":
         effect = cancel_effect(status, live(status, lease_until, now))
         return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
+    if verb in _REOPENING_VERBS:
+        return None if reopen_refusal(verb, status, live(status, lease_until, now)) else REOPENED_AS
     if verb not in _HOLDER_VERBS:
         raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
     if not (fenced_ok and live(status, lease_until, now)):
@@ -222,6 +255,41 @@ def next_status(
 
 
 _HOLDER_VERBS = frozenset({"save", "renew", "finish", "release"})
+_REOPENING_VERBS = frozenset({"retry", "rewind"})
+
+REOPENED_AS: RunStatus = "queued"
+"""The status a person's reopening verb (retry, rewind) leaves a run in: any worker claims it next."""
+
+RETRYABLE: frozenset[str] = frozenset({"failed", "cancelled"})
+"""The statuses a ``retry`` takes: a run that ended without finishing."""
+
+_RETRY_ADVICE: Mapping[str, str] = {
+    "queued": "it is queued already: a worker will claim it",
+    "running": "it is running: cancel it first (ekit queue cancel), then retry it once it is cancelled",
+    "finished": "it finished: to run steps again, rewind them (ekit queue rewind) or fork it "
+    "(ekit queue fork)",
+}
+
+
+def reopen_refusal(verb: str, status: str, lease_live: bool) -> str | None:
+    """Why ``verb`` (``retry`` or ``rewind``) may not reopen a run in ``status``; ``None``: it may.
+
+    ``lease_live``: :func:`live` of the run. A retry takes a failed or
+    cancelled run; a rewind any run no live lease holds (a running one whose
+    worker is alive is refused: cancel it first).
+    """
+    if verb == "retry":
+        if status in RETRYABLE:
+            return None
+        return f"{_RETRY_ADVICE.get(status, f'it is {status}')}; only a failed or cancelled run is retried"
+    if verb == "rewind":
+        if not lease_live:
+            return None
+        return (
+            "it is running under a live lease (a worker is driving it): cancel it first "
+            "(ekit queue cancel), then rewind it once it is cancelled"
+        )
+    raise ValueError(f"not a verb that reopens a run: {verb!r}")
 
 RELEASED_AS: Mapping[bool, RunStatus] = {False: "queued", True: "cancelled"}
 """The status a release leaves a run in, by whether a cancel was asked."""
@@ -325,6 +393,12 @@ ABANDONED = _sql("status = {running} AND cancel_requested AND lease_until <= :no
 
 MATCHES = "workflow = :workflow AND (fingerprint IS NULL OR fingerprint = :fingerprint)"
 """SQL of :func:`matches`, for one (workflow, fingerprint) pair of the claimer."""
+
+UNCHANGED = _sql(
+    "run_id = :run_id AND epoch = :epoch "
+    "AND (status <> {running} OR lease_until IS NULL OR lease_until <= :now)"
+)
+"""The fence of a person's write (retry, rewind): the run still has the epoch read, and no live lease."""
 
 CLAIM_ORDER = "priority DESC, seq"
 """The order claims take runs in: the highest priority first, then the oldest submission."""

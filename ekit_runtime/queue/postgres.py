@@ -29,7 +29,7 @@ when a lease expires.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
@@ -45,6 +45,8 @@ from ekit_runtime.queue.lifecycle import (
     LIVE,
     MATCHES,
     RELEASE_STATUS,
+    REOPENED_AS,
+    UNCHANGED,
     at_cap,
     at_start_rate,
     cancel_effect,
@@ -136,6 +138,13 @@ _ABANDONED = render(ABANDONED, _DIALECT)
 _MATCHES = render(MATCHES, _DIALECT)
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
+_UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch
+_WHOLE = (
+    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+    "SELECT %s, e.kind, e.name, e.value, %s "
+    "FROM unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS e(kind, name, value, ord) "
+    "ORDER BY e.ord"
+)
 _ROWS = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
     "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
@@ -424,6 +433,78 @@ class PostgresQueue(RunQueue):
                 (age,),
             )
             return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (age,)).rowcount
+
+    # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
+    #
+    # One transaction each (READ COMMITTED): the read takes no lock, and the
+    # write carries the epoch it read (UNCHANGED). A claim or another write
+    # that commits in between changes the epoch, so this UPDATE then matches
+    # nothing (it waits for a concurrent writer's commit, then checks again)
+    # and the call is refused, writing nothing.
+
+    def _reopen(
+        self,
+        run_id: str,
+        verb: str,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            status, epoch, lease_live = row
+            self._refuse_reopening(run_id, verb, status, bool(lease_live))
+            written = None
+            sets, args = "", []
+            if change is not None:
+                written = change(status, self._load(conn, run_id, missing_ok=False))
+                enc = self._encode_whole(written)
+                sets = (
+                    ", header = %s, fingerprint = %s, step_index = %s, input_tokens = %s, "
+                    "output_tokens = %s, llm_calls = %s, failures = %s"
+                )
+                args = [enc.header, written.fingerprint, *enc.counts, enc.failures]
+            info = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
+                f"lease_until = NULL, cancel_requested = false, error = NULL, updated_at = {_NOW}{sets} "
+                f"WHERE {_UNCHANGED} RETURNING {_INFO}",
+                (*args, run_id, epoch),
+            ).fetchone()
+            if info is None:
+                self._changed(run_id, status, verb)
+            if change is not None:
+                conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
+                conn.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
+        self._forget(run_id)
+        return _info(info), written
+
+    def _fork(
+        self,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+    ) -> None:
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
+            if row is None:
+                raise UnknownRunError(source)
+            enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
+            # TODO(lead): add the options column to both column lists once it is merged (qopsa).
+            inserted = conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
+                "updated_at, header, fingerprint, step_index, input_tokens, output_tokens, llm_calls, "
+                f"failures) SELECT %s, workflow, context, coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, "
+                "%s, %s, %s, %s, %s, %s, %s FROM ekit_queue_runs WHERE run_id = %s "
+                "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+                (new_run_id, priority, *columns, source),
+            ).fetchone()
+            if inserted is None:
+                raise self._taken(new_run_id)
+            if enc is not None:
+                conn.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
 
     def limits(self) -> Limits:
         """The fleet's limits as stored in the database."""
