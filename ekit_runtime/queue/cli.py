@@ -16,6 +16,12 @@
   :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N]``.
+- ``ekit queue --queue URL retry RUN`` (a failed or cancelled run, queued again
+  from its checkpoint), ``rewind RUN STEP...`` (those steps and everything
+  downstream run again, in place), ``fork RUN [STEP...] [--run-id NEW]
+  [--priority N]`` (a copy under a new id, rewound at the steps): see
+  :meth:`RunQueue.retry`, :meth:`RunQueue.rewind`, :meth:`RunQueue.fork`. A
+  refusal (a running run, a finished one to retry) is one line, exit 2.
 
 ``URL`` is ``sqlite:///PATH``, a file path, or ``postgresql://...``.
 Registered with the ``ekit`` command by :func:`add_parsers`.
@@ -267,6 +273,8 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
         if checkpoint is None:
             raise ValueError(f"run {args.run_id!r} has no checkpoint yet")
         return checkpoint.to_dict()
+    if action in _REOPENING:
+        return _REOPENING[action](queue, args)
     fields = {
         k: getattr(args, k)
         for k in ("max_in_flight", "runs_per_minute", "llm_calls_per_minute", "tokens_per_minute")
@@ -275,6 +283,42 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
     if fields:
         queue.set_limits(dataclasses.replace(queue.limits(), **fields))
     return queue.limits().to_dict()
+
+
+def _retry(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    info = queue.retry(args.run_id)
+    return {"run_id": info.run_id, "status": info.status, "epoch": info.epoch}
+
+
+def _rewind(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    checkpoint = queue.rewind(args.run_id, args.steps)
+    return {
+        "run_id": args.run_id,
+        "status": "queued",
+        "kept": list(checkpoint.outputs),
+        "runs_again": _to_run(checkpoint),
+    }
+
+
+def _fork(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    new = queue.fork(args.run_id, args.steps, new_run_id=args.new_run_id, priority=args.priority)
+    checkpoint = queue.checkpoint(new)
+    return {
+        "run_id": new,
+        "forked_from": args.run_id,
+        "status": "queued",
+        "kept": [] if checkpoint is None else list(checkpoint.outputs),
+        "runs_again": None if checkpoint is None else _to_run(checkpoint),
+    }
+
+
+def _to_run(checkpoint: Any) -> list[str]:
+    """The declared steps a resume of ``checkpoint`` still runs (those with no output and no skip)."""
+    graph = checkpoint.graph or {}
+    return [n for n in graph if n not in checkpoint.outputs and n not in checkpoint.skipped]
+
+
+_REOPENING = {"retry": _retry, "rewind": _rewind, "fork": _fork}
 
 
 def add_parsers(sub: Any) -> None:
@@ -335,6 +379,7 @@ def _add_queue_parser(sub: Any) -> None:
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "
         "a duration such as 90s, 15m, 2h, 1d, 1w or 1h30m; queued and running runs are never deleted",
     )
+    _add_reopening_parsers(actions)
     lim = actions.add_parser("limits", help="show or set the fleet's limits")
     for field, helptext in (
         ("max-in-flight", "runs holding a live lease at once, across every worker"),
@@ -344,3 +389,40 @@ def _add_queue_parser(sub: Any) -> None:
     ):
         lim.add_argument(f"--{field}", type=int, metavar="N", help=f"at most N {helptext}")
     q.set_defaults(func=_cmd_queue)
+
+
+def _add_reopening_parsers(actions: Any) -> None:
+    """``retry``, ``rewind`` and ``fork``: a person reopens a run, or copies it."""
+    a = actions.add_parser(
+        "retry", help="queue a failed or cancelled run again, from its last checkpoint",
+        description="Queue a failed or cancelled run again: it resumes from its last checkpoint "
+        "(finished steps are not run again; attempt numbers carry on), its error and cancel flag "
+        "cleared. A queued, running or finished run is refused.",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a = actions.add_parser(
+        "rewind", help="run steps of a run again, and everything downstream of them, in place",
+        description="Drop the outputs of STEP... and of every step downstream of them from the run's "
+        "checkpoint (on the graph it records, as 'ekit rewind' does) and queue the run again: the next "
+        "worker runs exactly those steps. Any run no live lease holds is rewound; a running run is "
+        "refused (cancel it first).",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("steps", nargs="+", metavar="STEP", help="a step to run again, or an item (step[key])")
+    a = actions.add_parser(
+        "fork", help="queue a copy of a run under a new id, rewound at steps",
+        description="Queue a new run with the workflow, context and priority of RUN and its latest "
+        "checkpoint, without the outputs of STEP... and of everything downstream (no STEP: all of it). "
+        "RUN itself is only read.",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run to copy")
+    a.add_argument(
+        "steps", nargs="*", metavar="STEP", help="a step the copy runs again, or an item (step[key])"
+    )
+    a.add_argument(
+        "--run-id", dest="new_run_id", metavar="NEW",
+        help="the new run's id (default: a new random one); an id the queue already has is refused",
+    )
+    a.add_argument(
+        "--priority", type=int, default=None, metavar="N", help="the new run's priority (default: RUN's)"
+    )
