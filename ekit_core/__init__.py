@@ -35,12 +35,15 @@ from ekit_core.events import (
     StepRetried,
     StepSkipped,
     StepStarted,
+    StepWaiting,
 )
 from ekit_core.expansion import MapError
 from ekit_core.graph import CycleError, GraphError, GraphSpec
+from ekit_core.human import HUMAN_FORMAT_VERSION, Answer, Exchange, Question, answer, questions
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
 from ekit_core.results import (
+    Asked,
     AttemptEnd,
     AttemptOutcome,
     Began,
@@ -61,6 +64,8 @@ from ekit_core.usage import TokenUsage
 
 __all__ = [
     "Anomaly",
+    "Answer",
+    "Asked",
     "AttemptEnd",
     "AttemptOutcome",
     "AuditReport",
@@ -72,6 +77,7 @@ __all__ = [
     "CycleError",
     "Denied",
     "Event",
+    "Exchange",
     "FORMAT_VERSION",
     "Failed",
     "FailureRecord",
@@ -79,6 +85,7 @@ __all__ = [
     "GraphError",
     "GraphMismatchError",
     "GraphSpec",
+    "HUMAN_FORMAT_VERSION",
     "Halt",
     "HaltKind",
     "Input",
@@ -86,6 +93,7 @@ __all__ = [
     "Interrupted",
     "MapError",
     "Outcome",
+    "Question",
     "ReplayReport",
     "RetryPolicy",
     "RunSettled",
@@ -105,6 +113,7 @@ __all__ = [
     "StepRetried",
     "StepSkipped",
     "StepStarted",
+    "StepWaiting",
     "Succeeded",
     "TimelineEntry",
     "TokenUsage",
@@ -113,11 +122,13 @@ __all__ = [
     "Violation",
     "WorkflowCheckpoint",
     "advance",
+    "answer",
     "apply",
     "audit",
     "checkpoint_of",
     "initial_state",
     "plan",
+    "questions",
     "replay",
     "rewind",
 ]

@@ -115,6 +115,7 @@ def checkpoint(
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
+    asked: MappingProxyType[str, Any] = _NOTHING,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
@@ -130,6 +131,7 @@ def checkpoint(
         cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
+    cp.asked = asked
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
     return cast(WorkflowCheckpoint, cp)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import ekit_core
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
+from ekit_core.human import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
 from ekit_core.ledger import Ledger
 from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
@@ -31,6 +32,8 @@ if TYPE_CHECKING:  # at run time reached through the package, when called: it im
 
 __all__ = [
     "FORMAT_VERSION",
+    "HUMAN_FORMAT_VERSION",
+    "NEWEST_FORMAT_VERSION",
     "SHAPED_FORMAT_VERSION",
     "CheckpointDelta",
     "CheckpointError",
@@ -45,8 +48,12 @@ FORMAT_VERSION = 1
 """The checkpoint format of a static graph's run: what most checkpoints are written in."""
 
 SHAPED_FORMAT_VERSION = 2
-"""The format of a checkpoint that records run-time shapes or skipped steps, and the
-newest this library reads (every format-1 checkpoint reads as it did)."""
+"""The format of a checkpoint that records run-time shapes or skipped steps (every
+format-1 checkpoint reads as it did)."""
+
+NEWEST_FORMAT_VERSION = HUMAN_FORMAT_VERSION
+"""The newest format this library reads: 3, a checkpoint that records questions
+(``asked``, see :mod:`ekit_core.human`); written only then."""
 
 
 class CheckpointError(ValueError):
@@ -148,6 +155,9 @@ class _CheckpointFields:
     # a changed version), with the items made from them: an item whose new
     # input is unchanged keeps its output (the early cutoff).
     superseded: MappingProxyType[str, Any] = field(default_factory=_empty, repr=False)
+    # The questions steps asked a person, and the answers given (see
+    # ekit_core.human): empty for a run that never asked.
+    asked: MappingProxyType[str, tuple[Exchange, ...]] = field(default_factory=_empty)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta):
     # set by of_ledgers. Two fields, not a tuple: one object fewer per
@@ -174,7 +184,11 @@ class WorkflowCheckpoint(_CheckpointFields):
     the ``shapes`` its graph declares and the steps (and items) it
     ``skipped``, with why; the outputs of a mapped step's items are recorded
     under their names, ``step[key]``, beside the step's own (collected)
-    output. Such a checkpoint has format ``SHAPED_FORMAT_VERSION``.
+    output. Such a checkpoint has format ``SHAPED_FORMAT_VERSION``. A run
+    whose steps asked a person records in ``asked`` each such step's
+    questions and the answers given so far (:class:`~ekit_core.human.Exchange`
+    values, in the order asked); such a checkpoint has format
+    ``HUMAN_FORMAT_VERSION``.
     """
 
     __slots__ = ()
@@ -210,6 +224,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped: MappingProxyType[str, str] = _NOTHING,
         shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
         superseded: MappingProxyType[str, Any] = _NOTHING,
+        asked: MappingProxyType[str, tuple[Exchange, ...]] = NO_EXCHANGES,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers.
 
@@ -223,12 +238,13 @@ class WorkflowCheckpoint(_CheckpointFields):
         reached through the package when called.
         """
         if format_version is None:  # a new format only where a checkpoint needs one
-            format_version = SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION
+            format_version = (HUMAN_FORMAT_VERSION if asked else
+                              SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION)
         return ekit_core._frozen.checkpoint(
             outputs, step_usage, step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
-            superseded=superseded,
+            superseded=superseded, asked=asked,
         )
 
     def _records_graph(self, spec: GraphSpec) -> bool:
@@ -288,8 +304,11 @@ class WorkflowCheckpoint(_CheckpointFields):
         one_run, new_outputs, new_usage = entries
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or not _same_shapes(self.shapes, previous.shapes) or (
-                self.superseded is not previous.superseded and self.superseded != previous.superseded):
-            # (Outputs set aside only change when an expansion lets them go: rarely.)
+                self.superseded is not previous.superseded and self.superseded != previous.superseded
+        ) or (self.asked is not previous.asked and self.asked != previous.asked):
+            # (Outputs set aside only change when an expansion lets them go:
+            # rarely; questions when a step asks or a person answers: a store
+            # writes those in full.)
             return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f
@@ -340,6 +359,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["shapes"] = {k: s.to_dict() for k, s in self.shapes.items()}
         if self.superseded:
             data["superseded"] = dict(self.superseded)
+        if self.asked:
+            data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
         return data
 
     @classmethod
@@ -386,6 +407,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             skipped=MappingProxyType(skipped),
             shapes=MappingProxyType(shapes),
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
+            asked=_asked(data.get("asked")),
         )
         return checkpoint
 
@@ -619,11 +641,11 @@ def _skipped_and_shapes(data: dict[Any, Any]) -> tuple[dict[str, str], dict[str,
 def _format_version(data: dict[Any, Any]) -> int:
     """The format version of ``data``, one this library reads, its three keys present."""
     version = _count(data.get("format_version", FORMAT_VERSION), "format_version")
-    if version > SHAPED_FORMAT_VERSION:
+    if version > NEWEST_FORMAT_VERSION:
         raise UnsupportedFormatError(
             "format_version",
             f"version {version} was written by a newer ekit; this one reads up to "
-            f"{SHAPED_FORMAT_VERSION}",
+            f"{NEWEST_FORMAT_VERSION}",
         )
     if version < 1:
         raise CheckpointError("format_version", f"must be at least 1, got {version}")
@@ -758,3 +780,55 @@ def _failure(value: object, name: str) -> FailureRecord:
     if attempts < 1:
         raise CheckpointError(f"{name}.attempts", "must be at least 1")
     return FailureRecord(texts[0], texts[1], attempts)
+
+
+def _asked(value: object) -> MappingProxyType[str, tuple[Exchange, ...]]:
+    """The ``asked`` field: step -> its questions in order, each answered but maybe the last."""
+    if value is None:
+        return NO_EXCHANGES
+    asked: dict[str, tuple[Exchange, ...]] = {}
+    for name, exchanges in _table(value, "asked").items():
+        where = f"asked.{name}"
+        if not name:
+            raise CheckpointError("asked", "holds an empty step name")
+        if not isinstance(exchanges, list | tuple) or not exchanges:
+            raise CheckpointError(where, "must be a non-empty list of questions")
+        parsed = []
+        for i, item in enumerate(exchanges):
+            exchange = _exchange(item, f"{where}[{i}]")
+            if i < len(exchanges) - 1:
+                if exchange.answer is None:
+                    raise CheckpointError(f"{where}[{i}]", "is unanswered, yet a later question follows")
+                if exchange.answer.approved is False:
+                    raise CheckpointError(f"{where}[{i}]", "is a denial, yet a later question follows")
+            parsed.append(exchange)
+        asked[name] = tuple(parsed)
+    return MappingProxyType(asked)
+
+
+def _exchange(value: object, where: str) -> Exchange:
+    """One recorded question (and its answer, if given), checked."""
+    table = _table(value, where)
+    unknown = sorted(k for k in table if k not in ("kind", "prompt", "details", "answer"))
+    if unknown:
+        raise CheckpointError(f"{where}.{unknown[0]}", "is no field of a question")
+    kind, prompt = table.get("kind"), table.get("prompt")
+    if kind not in ("value", "approval"):
+        raise CheckpointError(f"{where}.kind", f"must be 'value' or 'approval', got {kind!r}")
+    if not isinstance(prompt, str):
+        raise CheckpointError(f"{where}.prompt", f"must be a string, got {type(prompt).__name__}")
+    question = Question(kind, storable_text(prompt), table.get("details"))
+    given = table.get("answer")
+    if given is None:
+        return Exchange(question)
+    try:
+        answer = Answer.from_dict(_table(given, f"{where}.answer"))
+    except CheckpointError:
+        raise
+    except ValueError as exc:
+        raise CheckpointError(f"{where}.answer", str(exc)) from None
+    if kind == "approval" and answer.approved is None:
+        raise CheckpointError(f"{where}.answer.approved", "missing: an approval is approved or denied")
+    if kind == "value" and answer.approved is not None:
+        raise CheckpointError(f"{where}.answer.approved", "given for a value question")
+    return Exchange(question, answer)

@@ -15,10 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from ekit_core.human import Question
 from ekit_core.usage import TokenUsage
 
-Outcome: TypeAlias = Literal["finished", "failed", "budget_exceeded", "denied", "cancelled"]
-"""How a run ended: every output recorded, or the kind of halt that stopped it."""
+Outcome: TypeAlias = Literal["finished", "failed", "budget_exceeded", "denied", "cancelled",
+                             "waiting"]
+"""How a run ended: every output recorded, the kind of halt that stopped it, or
+``"waiting"``: nothing else could run while steps wait for a person's answer."""
 
 __all__ = [
     "CheckpointSaved",
@@ -34,6 +37,7 @@ __all__ = [
     "StepRetried",
     "StepSkipped",
     "StepStarted",
+    "StepWaiting",
 ]
 
 
@@ -131,6 +135,18 @@ class StepDenied:
 
 
 @dataclass(frozen=True, slots=True)
+class StepWaiting:
+    """``name`` asked ``question`` (its ``number``-th, from 1) and waits for a person's answer.
+
+    A resumed run announces the questions still waiting when it starts.
+    """
+
+    name: str
+    question: Question
+    number: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class StepInterrupted:
     """The attempt of ``name`` in flight was cancelled; the step is not done."""
 
@@ -149,7 +165,8 @@ class RunSettled:
     """The run is over: nothing is in flight and nothing more will start.
 
     ``outcome`` says how it ended: ``"finished"`` (every output recorded),
-    ``"failed"``, ``"budget_exceeded"``, ``"denied"`` or ``"cancelled"``.
+    ``"failed"``, ``"budget_exceeded"``, ``"denied"``, ``"cancelled"``, or
+    ``"waiting"`` (steps wait for an answer, and nothing else could run).
     ``completed`` outputs are recorded, of ``total`` steps.
     """
 
@@ -170,6 +187,7 @@ Event = (
     | StepFailed
     | StepDenied
     | StepInterrupted
+    | StepWaiting
     | CheckpointSaved
     | RunSettled
 )

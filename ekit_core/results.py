@@ -4,7 +4,7 @@ Each is a small frozen value. ``Start`` is what ``plan`` returns, in a
 :class:`Batch`; the shell hands it back to ``apply`` once it has launched
 the attempt. ``Began`` says
 that an attempt which first had to wait (a retry delay, an approval) has
-begun its work. ``Succeeded``, ``Failed``, ``Denied`` and ``Interrupted``
+begun its work. ``Succeeded``, ``Failed``, ``Denied``, ``Interrupted`` and ``Asked``
 say how an attempt ended; ``Skipped`` that it did not run, its step's
 condition being false; ``Cancelled`` that the whole run is being cancelled.
 """
@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ekit_core.human import Question
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from ekit_core._frozen import first_start, succeeded
 
 __all__ = [
+    "Asked",
     "AttemptEnd",
     "AttemptOutcome",
     "Batch",
@@ -124,6 +126,18 @@ class Interrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class Asked:
+    """The attempt of step ``name`` asked ``question``, which has no answer recorded.
+
+    The step waits (neither failed nor done: no retry, nothing that needs
+    it starts) until an answer is recorded; see :mod:`ekit_core.human`.
+    """
+
+    name: str
+    question: Question
+
+
+@dataclass(frozen=True, slots=True)
 class Skipped:
     """Step ``name``'s condition was false: it is skipped, for ``reason``, and never runs."""
 
@@ -138,13 +152,15 @@ class Cancelled:
     reason: str = "cancelled"
 
 
-AttemptEnd: TypeAlias = Succeeded | Failed | Denied | Interrupted
+AttemptEnd: TypeAlias = Succeeded | Failed | Denied | Interrupted | Asked
 """How one attempt of a step ended (a run's *outcome* is how the whole run ended)."""
 
 AttemptOutcome: TypeAlias = AttemptEnd
 """The former name of :data:`AttemptEnd`, kept for old imports."""
 
-Input: TypeAlias = Start | Began | Succeeded | Failed | Denied | Interrupted | Skipped | Cancelled
+Input: TypeAlias = (
+    Start | Began | Succeeded | Failed | Denied | Interrupted | Asked | Skipped | Cancelled
+)
 """Anything :func:`~ekit_core.apply` folds into a state."""
 
 

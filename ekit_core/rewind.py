@@ -124,6 +124,8 @@ def rewind(
     LangGraph users do with a fork of a thread's state. ``graph`` is a
     :class:`GraphSpec` or anything with one as ``.graph`` (a ``Workflow``).
     Failures, cost, context and the graph record are kept: they are history.
+    The questions those steps asked, with their answers, are dropped: a
+    rewound step asks again (a denied approval is undone so).
     ``steps`` is an iterable of step names, or one name as a plain string
     (``"ab"`` is the step ``ab``, not ``a`` and ``b``). Raises ``ValueError``
     naming steps the graph does not have, or for ``steps`` that is neither.
@@ -165,7 +167,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 frontier.append(child)
     _keep_forced_skips(graph, items, checkpoint.skipped, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
-    if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys():
+    if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys() and not (
+            checkpoint.asked and seen & checkpoint.asked.keys()):
         return checkpoint
     return _dropping(
         checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
@@ -245,9 +248,10 @@ def _step_names(steps: object) -> list[str]:
 
 
 def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[str]) -> WorkflowCheckpoint:
-    """``checkpoint`` with the outputs and usage of ``names`` removed (nothing else changes)."""
+    """``checkpoint`` with the outputs and usage of ``names`` removed, and the questions
+    they asked with their answers (nothing else changes)."""
     gone = set(names)
-    if not gone & checkpoint.outputs.keys():
+    if not gone & checkpoint.outputs.keys() and not (checkpoint.asked and gone & checkpoint.asked.keys()):
         return checkpoint
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
     return _dropping(checkpoint, gone, outputs, sum(1 for n in graph.names if n in outputs),
@@ -258,7 +262,8 @@ def _dropping(
     checkpoint: WorkflowCheckpoint, gone: set[str], outputs: dict[str, Any], step_index: int, *,
     skipped: MappingProxyType[str, str], superseded: MappingProxyType[str, Any],
 ) -> WorkflowCheckpoint:
-    """``checkpoint`` with ``outputs`` (the usage of ``gone`` dropped too): every other field kept.
+    """``checkpoint`` with ``outputs`` (the usage and questions of ``gone`` dropped too):
+    every other field kept.
 
     Built field by field rather than by ``dataclasses.replace``, which would
     carry over the ledgers a core-made checkpoint shares with its run, and
@@ -278,4 +283,6 @@ def _dropping(
         skipped=skipped,
         shapes=checkpoint.shapes,
         superseded=superseded,
+        asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
+        if checkpoint.asked else checkpoint.asked,
     )

@@ -24,6 +24,7 @@ from ekit_core.checkpoint import (
 from ekit_core.events import Event, Outcome
 from ekit_core.expansion import Expansion
 from ekit_core.graph import GraphSpec
+from ekit_core.human import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Exchange
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
@@ -56,7 +57,8 @@ NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
 """Why a run stopped starting steps."""
 
-OUTCOMES: tuple[Outcome, ...] = ("finished", "failed", "budget_exceeded", "denied", "cancelled")
+OUTCOMES: tuple[Outcome, ...] = (
+    "finished", "failed", "budget_exceeded", "denied", "cancelled", "waiting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,9 @@ class Setbacks:
     # Steps (and items) whose condition was false, or that needed one that
     # was: why each was skipped. Durable, as failures are.
     skipped: MappingProxyType[str, str] = field(default_factory=lambda: NO_SKIPS)
+    # The questions steps asked a person, with the answers given: durable.
+    # A step whose last question is unanswered waits (see ekit_core.human).
+    asked: MappingProxyType[str, tuple[Exchange, ...]] = field(default_factory=lambda: NO_EXCHANGES)
 
 
 Incidents = Setbacks
@@ -290,16 +295,27 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """
     spec = state.spec
     shaped = spec.shaped
-    if shaped is None:  # a static graph: no skips, no shapes, nothing set aside (once per step)
+    setbacks = state.setbacks
+    if shaped is None and not setbacks.asked:
+        # A static graph that asked no one: no skips, no shapes, nothing set
+        # aside, no questions (once per step).
         return ekit_core._frozen.checkpoint(
             state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
-            context=spec.context, failures=state.setbacks.failures,
+            context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions,
+        )
+    if shaped is None:
+        return ekit_core._frozen.checkpoint(
+            state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+            context=spec.context, failures=setbacks.failures,
+            graph=spec.recorded_graph, versions=spec.versions,
+            asked=setbacks.asked, format_version=HUMAN_FORMAT_VERSION,
         )
     return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
-        context=spec.context, failures=state.setbacks.failures,
+        context=spec.context, failures=setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
-        skipped=state.setbacks.skipped, shapes=spec.declared_graph.shapes,
-        superseded=shaped.superseded, format_version=SHAPED_FORMAT_VERSION,
+        skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
+        superseded=shaped.superseded, asked=setbacks.asked,
+        format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
     )

@@ -25,6 +25,10 @@ The table (``RULES``), input -> rule -> what it changes:
                                  branch when the run isolates failures
 ``Denied``      ``_denied``      running -> ready; halts the run ("denied")
 ``Interrupted`` ``_interrupted`` running -> ready
+``Asked``       ``_asked``       running -> waiting: its question is recorded, it is
+                                 neither failed nor done (no retry), nothing that
+                                 needs it starts; a run with nothing else to do
+                                 settles ``"waiting"`` (see :mod:`ekit_core.human`)
 ``Skipped``     ``_skipped``     running -> skipped (its condition was false), and
                                  with it what needs it (``_skip``)
 ``Cancelled``   ``_cancelled``   halts the run ("cancelled")
@@ -97,6 +101,7 @@ from ekit_core.events import (
     StepRetried,
     StepSkipped,
     StepStarted,
+    StepWaiting,
 )
 from ekit_core.expansion import (
     Expanded,
@@ -109,9 +114,12 @@ from ekit_core.expansion import (
     same_encoding,
 )
 from ekit_core.graph import GraphSpec
+from ekit_core.human import Exchange, denial_of
+from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
+    Asked,
     Batch,
     Began,
     Cancelled,
@@ -185,11 +193,15 @@ def outcome_of(
     """How a run with these counts has ended, or ``None`` while it has not.
 
     A run that isolates failures ends ``"failed"`` once nothing is in flight
-    or ready: what is left waits on a failed step.
+    or ready: what is left waits on a failed step. A run with nothing in
+    flight or ready, no halt and no failure, in which a step waits for an
+    answer, ends ``"waiting"`` (a halt or a failure says more, and wins).
     """
     if in_flight:
         return None
     if completed < total and setbacks.halt is None and (ready or not setbacks.errors):
+        if not ready and setbacks.asked and waiting_on(setbacks.asked):
+            return "waiting"
         return None
     if setbacks.errors:
         return "failed"
@@ -281,6 +293,7 @@ def resume_checkpoint(
 def _first_events(
     graph: GraphSpec, outputs: Mapping[str, Any], outdated: Mapping[str, str],
     outcome: Outcome | None, cost: TokenUsage,
+    asked: Mapping[str, tuple[Exchange, ...]] | None = None,
 ) -> tuple[Event, ...]:
     # One StepSkipped per recorded step: built only for someone to read them.
     recorded = [n for n in graph.names if n in outputs]
@@ -288,9 +301,48 @@ def _first_events(
     events: list[Event] = [RunStarted(total, len(recorded))]
     events.extend(StepOutdated(n, why) for n, why in outdated.items())
     events.extend(StepSkipped(n) for n in recorded)
+    if asked:
+        events.extend(_held_events(asked))
     if outcome is not None:
         events.append(RunSettled(outcome, len(recorded), total, cost))
     return tuple(events)
+
+
+def _held_events(asked: Mapping[str, tuple[Exchange, ...]]) -> list[Event]:
+    """What a resume announces of recorded questions: those waiting, and a denial."""
+    events: list[Event] = [StepWaiting(n, q, len(asked[n])) for n, q in waiting_on(asked).items()]
+    denied = denial_of(asked)
+    if denied is not None:
+        events.append(StepDenied(*denied))
+    return events
+
+
+def _held(graph: GraphSpec, checkpoint: WorkflowCheckpoint, first: list[int],
+          items: bool) -> tuple[list[int], Halt | None]:
+    """The steps ready at once less those waiting for an answer, and the halt a
+    recorded denial makes (``None`` if none): read only when questions are recorded.
+
+    A waiting step (or item) with an output, or (a declared step) whose
+    dependencies are not all recorded, contradicts its record: refused.
+    """
+    waiting = waiting_on(checkpoint.asked)
+    index, outputs = graph.index, checkpoint.outputs
+    for name in waiting:
+        if name in outputs:
+            raise CheckpointError("asked", f"records a question {name!r} waits on, and its output too")
+        if name in index:
+            missing = [d for d in graph.deps[name] if d not in outputs]
+            if missing:
+                raise CheckpointError("asked", f"records a question {name!r} waits on, yet not the "
+                                               f"output of {missing[0]!r}, which it needs")
+        elif not items or "[" not in name:
+            raise CheckpointError("asked", f"names {name!r}, which is no step of this run")
+    held = {index[n] for n in waiting if n in index}
+    denied = denial_of(checkpoint.asked)
+    halt = None
+    if denied is not None and denied[0] not in outputs:
+        halt = Halt("denied", denied[0], storable_text(denied[1]))
+    return ([i for i in first if i not in held] if held else first), halt
 
 
 def _check_versions(graph: GraphSpec, versions: Mapping[str, str] | None) -> MappingProxyType[str, str]:
@@ -413,11 +465,15 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     limits = base.limits
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
+    asked = checkpoint.asked
+    denied = None
+    if asked:  # steps that wait for an answer are not ready; a denial halts
+        first, denied = _held(graph, checkpoint, first, False)
     offset, ready = window.start(first)
-    halt = _recorded_halt(limits, checkpoint, len(graph) - done)
-    setbacks = Setbacks(failures=checkpoint.failures, halt=halt)
+    halt = denied or _recorded_halt(limits, checkpoint, len(graph) - done)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, asked=asked)
     outcome = outcome_of(done, len(graph), 0, ready, setbacks)
-    events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost)
+    events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost, asked)
               if record_events else ())
     return State(
         _replace(base, dependents=dependents), outputs, step_usage,
@@ -431,13 +487,17 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
     checkpoint = kept_on_resume(graph, checkpoint, outdated, base.versions)
     skipped = checkpoint.skipped
-    first, waiting, done, pending = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    asked = checkpoint.asked
+    denied = None
+    if asked:  # steps and items that wait for an answer are not ready; a denial halts
+        first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
-    spec = _replace(base, dependents=_lowered(graph, pending), declared=graph,
+    spec = _replace(base, dependents=_lowered(graph, left), declared=graph,
                     shaped=Expansion(expanders(graph), superseded=checkpoint.superseded))
-    halt = _recorded_halt(spec.limits, checkpoint, len(graph) - done)
+    halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done)
     outputs, step_usage = _ledgers(checkpoint)
-    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped)
+    setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped, asked=asked)
     first_state = State(
         spec, outputs, step_usage, completed=done, cost=checkpoint.cost, setbacks=setbacks,
         events=(), outcome=None, _offset=offset, _ready=ready, _running=0, _in_flight=0,
@@ -445,11 +505,16 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     )
     w = _thaw(first_state, record)
     if record:
-        w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost))
+        w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost,
+                                      asked))
     for name in graph.names:
         if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
             _expand(w, name)
     _check_expansion(w, checkpoint)
+    ghosts = [n for n in waiting_on(asked) if n not in w.spec.graph.index] if asked else []
+    if ghosts:
+        raise CheckpointError("asked", f"records a question of {ghosts[0]!r}, which is no step "
+                                       "or item of this run")
     return _freeze(w)
 
 
@@ -865,6 +930,24 @@ def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     w.ready = window.add(w.ready, window.bit(j))
 
 
+def _asked(w: _Run, asked: Asked) -> None:
+    """The attempt asked a question nobody has answered: the step waits, its question recorded.
+
+    Not a failure (no retry, no attempt counted) and not done: it is neither
+    ready nor running, so nothing that needs it starts, and a resume does
+    not run it again until :func:`ekit_core.human.answer` records an answer.
+    """
+    name, question = asked.name, asked.question
+    w.end_attempt(name, "question")
+    inc = w.setbacks
+    before = inc.asked.get(name, ())
+    if before and before[-1].answer is None:
+        raise TransitionError(f"step {name!r} asked a question while one waits for an answer")
+    exchanges = (*before, Exchange(question))
+    w.setbacks = _replace(inc, asked=MappingProxyType({**inc.asked, name: exchanges}))
+    w.events.append(StepWaiting(name, question, len(exchanges)))
+
+
 def _skipped(w: _Run, skipped: Skipped) -> None:
     """The step's condition was false: it is skipped, and what needs it with it."""
     w.end_attempt(skipped.name, "skipped result")
@@ -883,6 +966,7 @@ RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
     Failed: _failed,
     Denied: _denied,
     Interrupted: _interrupted,
+    Asked: _asked,
     Skipped: _skipped,
     Cancelled: _cancelled,
 })
@@ -1023,12 +1107,13 @@ def _grow(w: _Run, more: Expanded) -> None:
     extra: dict[str, list[str]] = {}
     waiting = w.counts()
     index = graph.index
+    held = waiting_on(w.setbacks.asked) if w.setbacks.asked else {}
     for name, deps in more.steps.items():
         dependents[name] = ()
         if name in outputs:  # a resume: recorded already
             w.completed += 1
             continue
-        if name in skipped:
+        if name in skipped or name in held:  # (an item waiting for an answer never starts)
             continue
         missing = [d for d in deps if d not in outputs]
         for d in missing:

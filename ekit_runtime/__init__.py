@@ -9,6 +9,8 @@ recorded step. Every scheduling decision comes from :mod:`ekit_core`.
 from typing import TYPE_CHECKING
 
 from ekit_core import (
+    Answer,
+    Question,
     RetryPolicy,
     TokenUsage,
     WorkflowCheckpoint,
@@ -20,11 +22,13 @@ from ekit_runtime.errors import (
     ApprovalDenied,
     BudgetExceeded,
     RunHalted,
+    RunWaiting,
     StepCancelledError,
     StepTimeoutError,
     TraceCallbackWarning,
 )
 from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
+from ekit_runtime.human import InputRequired, approve, ask
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
 from ekit_runtime.step import PatternResult, Step
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
     from ekit_runtime.stores.postgres import PostgresStore
 
 __all__ = [
+    "Answer",
     "Approval",
     "ApprovalDenied",
     "Attempt",
@@ -52,6 +57,7 @@ __all__ = [
     "CorruptStoreError",
     "DaskExecutor",
     "Executor",
+    "InputRequired",
     "JournalStore",
     "JsonFileStore",
     "LocalExecutor",
@@ -59,9 +65,11 @@ __all__ = [
     "PatternResult",
     "PostgresStore",
     "ProgressPrinter",
+    "Question",
     "RetryPolicy",
     "RunHalted",
     "RunOptions",
+    "RunWaiting",
     "SqliteStore",
     "Step",
     "StepCancelledError",
@@ -75,13 +83,15 @@ __all__ = [
     "Workflow",
     "WorkflowCheckpoint",
     "WorkflowResult",
+    "approve",
+    "ask",
     "attempt_key",
 ]
 
 
 # Tracebacks name the package users import, not the private module.
-for _error in (ApprovalDenied, BudgetExceeded, RunHalted, StepCancelledError, StepTimeoutError,
-               TraceCallbackWarning, BlockingStepWarning):
+for _error in (ApprovalDenied, BudgetExceeded, RunHalted, RunWaiting, StepCancelledError,
+               StepTimeoutError, TraceCallbackWarning, BlockingStepWarning, InputRequired):
     _error.__module__ = __name__
 del _error
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.human import Question
 
 __all__ = [
     "ApprovalDenied",
     "BudgetExceeded",
     "RunHalted",
+    "RunWaiting",
     "StepCancelledError",
     "StepTimeoutError",
     "TraceCallbackWarning",
@@ -48,6 +52,25 @@ class ApprovalDenied(RunHalted):
         )
         self.step = step
         self.reason = reason
+
+
+class RunWaiting(RunHalted):
+    """Steps wait for a person's answer, and nothing else could run: the run is parked.
+
+    ``questions`` maps each waiting step (or item) to its
+    :class:`~ekit_core.Question`; ``checkpoint`` (saved already, when the
+    run has a ``checkpoint_fn``) records them. Resume it with the answers:
+    ``workflow.run(resume_from=err.checkpoint, answers={step: value})``
+    (an ``Answer.approve(...)`` or ``Answer.deny(...)`` for an approval).
+    """
+
+    def __init__(self, checkpoint: WorkflowCheckpoint, questions: Mapping[str, Question]) -> None:
+        asked = "; ".join(f"{name!r} asks {q.prompt!r}" for name, q in questions.items())
+        super().__init__(
+            f"run waits for {len(questions)} answer(s): {asked}; resume with "
+            "answers={step: answer}", checkpoint,
+        )
+        self.questions = questions
 
 
 class StepCancelledError(Exception):

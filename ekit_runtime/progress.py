@@ -42,6 +42,7 @@ from ekit_core import (
     StepRetried,
     StepSkipped,
     StepStarted,
+    StepWaiting,
 )
 from ekit_runtime.runner import SAVE_FAILED_NOTE
 
@@ -167,6 +168,7 @@ class ProgressPrinter:
         self._items: dict[str, set[str]] = {}
         self._expanded: set[str] = set()  # mapped steps whose StepExpanded was seen
         self._failed = 0
+        self._waiting: set[str] = set()  # steps waiting for a person's answer
         self._tokens = 0
         self._running: dict[str, float] = {}  # step in flight -> when it started
         self._done_at_start = 0  # recorded before this run: not part of its pace
@@ -284,6 +286,10 @@ class ProgressPrinter:
         elif isinstance(event, StepInterrupted):
             self._running.pop(event.name, None)
             self._draw()
+        elif isinstance(event, StepWaiting):
+            self._running.pop(event.name, None)
+            self._waiting.add(event.name)
+            self._note(f"{self._prefix()} WAITING {event.name} for an answer: {event.question.prompt}")
         elif isinstance(event, RunSettled):
             self._stop_ticking()
             self._running.clear()
@@ -294,6 +300,8 @@ class ProgressPrinter:
             notes = [f"{self._skipped} skipped"] if self._skipped else []
             if self._by_condition:
                 notes.append(f"{self._by_condition} skipped by a condition")
+            if self._waiting:
+                notes.append(f"{len(self._waiting)} waiting for an answer")
             summary = (
                 f"run {_ending(event)}: {done}/{event.total} steps"
                 + (f" ({', '.join(notes)})" if notes else "")

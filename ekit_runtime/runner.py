@@ -32,6 +32,7 @@ from types import FunctionType
 from typing import Any, TypeAlias, cast
 
 from ekit_core import (
+    Asked,
     Batch,
     Began,
     Cancelled,
@@ -54,12 +55,13 @@ from ekit_core import (
 )
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
+from ekit_core.human import Answer, answers_of
 from ekit_core.results import succeeded
 from ekit_core.shapes import item_name
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import attempt as attempts
-from ekit_runtime import signal_wakeup
+from ekit_runtime import human, signal_wakeup
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
@@ -191,6 +193,13 @@ class Runner:
         self._cancelling = 0
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
+        # The answers a person gave to the steps that asked (see human.py):
+        # handed to those steps' attempts; empty in a run that never asked.
+        self._answers: dict[str, tuple[Answer, ...]] = (
+            answers_of(state.setbacks.asked) if state.setbacks.asked else {})
+        # Whether the first checkpoint must be saved: answers were recorded
+        # in it before the run began (a denial may end it before any step).
+        self.save_first = False
 
     def _runs_as_own_task(self, step: Step) -> bool:
         """Can the step's coroutine be the attempt's task itself, with nothing around it?
@@ -203,6 +212,7 @@ class Runner:
         run = step.run
         own = self._own[step.name] = (
             step.timeout is None
+            and not self._answers  # an attempt with answers is handed them in _attempt
             and self.run_id is None
             and self.before_attempt is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
@@ -312,7 +322,7 @@ class Runner:
         if self.trace is not None:
             await self._emit(self._initial_events)
         self._carry_out(batch)
-        await self._report(state, save=False)
+        await self._report(state, save=self.save_first)
 
     async def _turn(self) -> State:
         """Wait for completions, fold them in, do what the core says, save."""
@@ -557,6 +567,8 @@ class Runner:
         if error is None:
             output, usage = split_result(task.result())
             return succeeded(name, output, usage, duration)
+        if isinstance(error, human.InputRequired):
+            return self._asked(name, error, duration)
         if isinstance(error, Exception):
             return Failed(name, error, duration)
         raise error
@@ -594,6 +606,8 @@ class Runner:
         )
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
+        if self._answers:
+            human.enter(self._answers.get(name, ()))
         if self.before_attempt is not None:
             try:
                 admitted = self.before_attempt(attempt)
@@ -608,10 +622,30 @@ class Runner:
                 returned = await _within(step, executor.run(attempt))
             else:
                 returned = await executor.run(attempt)
+        except human.InputRequired as exc:
+            return self._asked(name, exc, self.clock() - began)
         except Exception as exc:
             return Failed(name, exc, self.clock() - began)
         output, usage = split_result(returned)
         return Succeeded(name, output, usage, self.clock() - began)
+
+    def _asked(self, name: str, asked: human.InputRequired, duration: float) -> Input:
+        """The attempt asked a question with no answer: the step waits (see :mod:`ekit_runtime.human`).
+
+        Unless its answers are recorded already, which means they never
+        reached the step: its executor ran it elsewhere (another process).
+        That attempt fails, saying so, rather than asking for ever.
+        """
+        given = len(self._answers.get(name, ()))
+        if asked.number <= given:
+            error = RuntimeError(
+                f"step {name!r} asked question {asked.number} again although its answer is "
+                "recorded: its executor runs it where ekit_runtime.ask cannot read the recorded "
+                "answers (another process); give steps that ask a person executor=LocalExecutor()"
+            )
+            error.__cause__ = asked
+            return Failed(name, error, duration)
+        return Asked(name, asked.question)
 
     # -- callbacks ----------------------------------------------------------
 

@@ -25,10 +25,13 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.human import questions
+from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.approval import ApprovalFn
-from ekit_runtime.errors import ApprovalDenied, BudgetExceeded
+from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.human import with_answers
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
@@ -91,6 +94,9 @@ def _check_options(options: Mapping[str, object]) -> None:
     executor = options.get("executor")
     if executor is not None and not isinstance(executor, Executor):
         raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
+    answers = options.get("answers")
+    if answers is not None and not isinstance(answers, Mapping):
+        raise ValueError(f"answers must be a mapping of step -> answer, got {type(answers).__name__}")
 
 
 def _callable_or_none(value: object, name: str) -> None:
@@ -112,6 +118,7 @@ class RunOptions(TypedDict, total=False):
     isolate_failures: bool
     run_id: str | None
     before_attempt: BeforeAttempt | None
+    answers: Mapping[str, Any] | None
 
 
 class Workflow:
@@ -211,9 +218,14 @@ class Workflow:
         approval, trace = options.get("approval"), options.get("trace")
         executor = options.get("executor")
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
+        resume_from, answers = options.get("resume_from"), options.get("answers")
+        if answers:  # recorded before anything runs: a step that is not waiting is refused
+            resume_from = with_answers(resume_checkpoint(
+                self.graph, resume_from, allow_graph_change=options.get("allow_graph_change", False)
+            ), answers)
         state = self.start_state(
             initial_context,
-            resume_from=options.get("resume_from"),
+            resume_from=resume_from,
             max_concurrency=options.get("max_concurrency"),
             budget=options.get("budget"),
             allow_graph_change=options.get("allow_graph_change", False),
@@ -222,7 +234,7 @@ class Workflow:
             record_events=trace is not None if record_events is None else record_events,
         )
         self._check_executors(executor)
-        return Runner(
+        runner = Runner(
             self.steps,
             state,
             checkpoint_fn=checkpoint_fn,
@@ -234,6 +246,8 @@ class Workflow:
             run_id=run_id,
             before_attempt=before_attempt,
         )
+        runner.save_first = bool(answers)
+        return runner
 
     def _check_executors(self, default: Executor | None) -> None:
         if not any(s.executor is not None for s in self._with_options):
@@ -285,10 +299,20 @@ class Workflow:
           approval, outside its timeout); it may wait (a rate limiter, a
           worker's admission). What it raises fails that attempt, as the
           step's own error would.
+        - ``answers``: ``{step: answer}``, recorded in ``resume_from`` before
+          anything runs, for steps that wait on a question a person must
+          answer (see :mod:`ekit_runtime.human`): an
+          :class:`~ekit_core.Answer` (``Answer(value, by=...)``,
+          ``Answer.approve(by=...)``, ``Answer.deny(reason, by=...)``), or a
+          plain value for a value question. A step that is not waiting, or
+          an answer that does not fit its question, is a ``ValueError``.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
         with a note naming the step (an ``ExceptionGroup`` if several failed).
+        A step that asks a person (``ekit_runtime.ask``, ``approve``) with no
+        answer recorded waits: what needs it does not start, the rest runs,
+        and then, the final checkpoint saved, :class:`RunWaiting` is raised.
         Cancellation saves a final checkpoint and re-raises.
         """
         runner = self.runner(initial_context, **options)
@@ -379,4 +403,6 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise BudgetExceeded(checkpoint, budget)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
+    if kind == "waiting":
+        raise RunWaiting(checkpoint, questions(checkpoint))
     raise InternalError(f"ekit: run ended as {kind!r}, which has no result")

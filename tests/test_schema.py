@@ -73,8 +73,9 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
         assert set(data) <= set(SCHEMA["properties"])
     # All of them but "graph", which files written before graph_steps and
     # graph_needs hold (read, no longer written), and the two that only a run
-    # with run-time shapes writes (see the shaped test below).
-    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph", "skipped", "shapes"}
+    # with run-time shapes writes (see the shaped test below), and the one that
+    # only a run whose steps asked a person writes (tests/test_human_input.py).
+    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph", "skipped", "shapes", "asked"}
 
 
 def test_a_checkpoint_written_with_the_graph_mapping_still_validates_and_resumes() -> None:
@@ -174,7 +175,7 @@ def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     assert {"size[0]", "size[2]", "size"} <= set(last["outputs"]) and last["skipped"]
     assert last["shapes"]["any"] == {"join": "any"}
     assert set(last) <= set(SCHEMA["properties"])
-    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph"}
+    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph", "asked"}
     assert WorkflowCheckpoint.from_dict(last) == saved[-1]
 
 
@@ -200,7 +201,7 @@ def _shaped_json() -> dict[str, Any]:
         lambda d: d.update(shapes={"size": {"map_over": ""}}),
         lambda d: d.update(shapes={"size": {"map_over": "split", "order": "random"}}),
         lambda d: d.update(shapes={"size": "split"}),
-        lambda d: d.update(format_version=3),
+        lambda d: d.update(format_version=4),
     ],
 )
 def test_what_the_parser_refuses_of_a_shaped_checkpoint_the_schema_refuses(breakage: Any) -> None:

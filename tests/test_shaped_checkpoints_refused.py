@@ -86,5 +86,5 @@ def test_malformed_fields_and_shapes_are_refused() -> None:
     ran.clear()
     _refused(other.to_dict(), "", "different workflow graph", GraphMismatchError)
     data = _good()
-    data["format_version"] = 3
+    data["format_version"] = 4
     _refused(data, "format_version", "newer ekit", UnsupportedFormatError)
