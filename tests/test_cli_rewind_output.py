@@ -71,7 +71,7 @@ def test_a_queue_database_is_refused_untouched_and_still_listable(
     # It points at the fenced way in: the queue's own rewind.
     assert f"ekit queue --queue {db} rewind RUN STEP" in err
     assert _digest(db) == before
-    code, out, err = _run(["queue", "--queue", str(db), "list"], capsys)
+    code, out, err = _run(["queue", "--queue", str(db), "list", "--json"], capsys)
     assert code == 0, err
     assert [r["run_id"] for r in json.loads(out)] == ["r1"]
 

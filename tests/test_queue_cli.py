@@ -47,7 +47,7 @@ def test_submit_drain_inspect_and_audit(queue_url: str, tmp_path: Path) -> None:
     worker = _ekit(tmp_path, "worker", *q, "--workflows", "flows:WORKFLOWS", "--until-idle", "--lease", "5")
     assert worker.returncode == 0, worker.stderr
     assert json.loads(worker.stdout)["runs"] == {"finished": 2}
-    listed = json.loads(_ekit(tmp_path, "queue", *q, "list", "--status", "finished").stdout)
+    listed = json.loads(_ekit(tmp_path, "queue", *q, "list", "--status", "finished", "--json").stdout)
     assert [r["run_id"] for r in listed] == ["owls", "bats"]
     checkpoint = _ekit(tmp_path, "queue", *q, "checkpoint", "owls")
     assert json.loads(checkpoint.stdout)["outputs"] == {"greet": "hello owls", "shout": "HELLO OWLS"}

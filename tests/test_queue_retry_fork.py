@@ -363,10 +363,11 @@ def test_fork_leaves_the_source_untouched_and_runs_under_the_new_id(
         queue.fork("nope")
 
 
-def test_a_fork_of_a_run_never_started_carries_its_context(queue: RunQueue) -> None:
-    queue.submit("hold", {"topic": "bats"}, run_id="src")
+def test_a_fork_of_a_run_never_started_carries_its_context_and_options(queue: RunQueue) -> None:
+    queue.submit("hold", {"topic": "bats"}, run_id="src", options={"max_concurrency": 2})
     new = queue.fork("src", new_run_id="copy")
     assert queue.checkpoint("copy") is None
+    assert dict(queue.status("copy").options) == dict(queue.status("src").options) == {"max_concurrency": 2}
     with pytest.raises(RunStateError, match="has no checkpoint yet"):
         queue.fork("src", ["a"])
     leases = [queue.claim("w", FINGERPRINTS, 30) for _ in range(2)]

@@ -11,6 +11,8 @@ worker, which resumes the run from its last checkpoint. See ``docs/queue.md``.
   psycopg 3, imported only when this name is used).
 - :func:`open_queue`: either, from a URL (``sqlite:///path`` or
   ``postgresql://...``).
+- :data:`RUN_OPTIONS`: the plain-data run options a run may be submitted
+  with (``submit(..., options=...)``), applied by the worker that drives it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.attempt import AttemptKey, attempt_key
 from ekit_runtime.queue.contract import RunQueue
+from ekit_runtime.queue.options import RUN_OPTIONS
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     STATUSES,
@@ -33,7 +36,7 @@ from ekit_runtime.queue.records import (
     UnknownRunError,
 )
 from ekit_runtime.queue.sqlite import SqliteQueue
-from ekit_runtime.queue.worker import Worker
+from ekit_runtime.queue.worker import StepsFailed, TraceFactory, Worker
 from ekit_runtime.redaction import is_keyword_dsn, redacted
 
 if TYPE_CHECKING:
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINAL_STATUSES",
+    "RUN_OPTIONS",
     "STATUSES",
     "AttemptKey",
     "Lease",
@@ -53,6 +57,8 @@ __all__ = [
     "RunStateError",
     "RunStatus",
     "SqliteQueue",
+    "StepsFailed",
+    "TraceFactory",
     "UnknownRunError",
     "Worker",
     "attempt_key",

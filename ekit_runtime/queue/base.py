@@ -20,6 +20,7 @@ database is touched; the rest turns the rows a statement read into records
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -34,6 +35,7 @@ from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue.lifecycle import reopen_refusal
+from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     Lease,
@@ -55,13 +57,21 @@ from ekit_runtime.stores.errors import UnencodableError
 from ekit_runtime.stores.rows import EncodedCheckpoint, decode_checkpoint, encode_checkpoint
 from ekit_runtime.workflow import WorkflowResult
 
-__all__ = ["RunQueue", "Submission", "schema_columns", "schema_problem"]
+__all__ = [
+    "RunQueue",
+    "Submission",
+    "layout_before",
+    "progress",
+    "queued_reason",
+    "schema_columns",
+    "schema_problem",
+]
 
 
 class Submission:
-    """A checked ``submit``: the run id (given or new), workflow, encoded context, priority."""
+    """A checked ``submit``: the run id (given or new), workflow, encoded context, priority, options."""
 
-    __slots__ = ("context", "priority", "run_id", "workflow")
+    __slots__ = ("context", "options", "priority", "run_id", "workflow")
 
     def __init__(
         self,
@@ -70,10 +80,12 @@ class Submission:
         run_id: object,
         priority: object,
         dumps: Dumps,
+        options: object = None,
     ) -> None:
         self.workflow = check_workflow_name(workflow)
         self.run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         self.priority = check_priority(priority)
+        self.options = default_dumps(check_run_options(options))
         ctx = {} if context is None else context
         if not isinstance(ctx, Mapping) or not all(isinstance(k, str) for k in ctx):
             raise ValueError("context must be a mapping with string keys or None")
@@ -156,6 +168,56 @@ def schema_problem(expected: dict[str, set[str]], found: dict[str, set[str]]) ->
     return None
 
 
+def layout_before(
+    expected: dict[str, set[str]], added: Mapping[str, Mapping[str, str]], new_tables: Sequence[str]
+) -> dict[str, set[str]]:
+    """The tables and columns of the previous release's layout: ``expected`` less what came after.
+
+    ``added`` maps a table to the columns (name -> SQL type) this version
+    added to it; ``new_tables`` are the tables it added whole. A database
+    holding that layout is brought up to date on open, never one missing more.
+    """
+    return {
+        table: columns - set(added.get(table, {}))
+        for table, columns in expected.items()
+        if table not in new_tables
+    }
+
+
+def progress(checkpoint: WorkflowCheckpoint) -> tuple[int, int | None]:
+    """``(steps done, steps in all)`` of a checkpoint, without touching its outputs but mapped-over ones.
+
+    Done: the steps recorded (the items of a mapped step each count) and the
+    steps skipped. In all: the steps of the recorded graph plus the items of
+    each mapped step whose mapped-over output is recorded (``None`` without
+    a recorded graph). O(mapped steps), so every save can afford it.
+    """
+    done = checkpoint.step_index + len(checkpoint.skipped or ())
+    graph = checkpoint.graph
+    if graph is None:
+        return done, None
+    total = len(graph)
+    for shape in (checkpoint.shapes or {}).values():
+        over = shape.map_over
+        if over is not None:
+            output = checkpoint.outputs.get(over)
+            if isinstance(output, list | tuple | Mapping):
+                total += len(output)
+    return done, max(done, total)
+
+
+def queued_reason(
+    workflow: str, fingerprint: str | None, served: Mapping[str, set[str | None]]
+) -> str | None:
+    """Why a queued run waits, from what the live workers serve (workflow -> their fingerprints)."""
+    versions = served.get(workflow)
+    if versions is None:
+        return f"no worker has workflow {workflow}"
+    if fingerprint is not None and fingerprint not in versions:
+        return f"no worker has this version of workflow {workflow} (graph fingerprint {fingerprint[:19]})"
+    return None
+
+
 class RunQueue(ABC):
     """What a worker and a caller need from a queue backend (see the module docstring).
 
@@ -174,9 +236,14 @@ class RunQueue(ABC):
         self._saved: dict[str, tuple[int, WorkflowCheckpoint | None, TokenUsage]] = {}
 
     def _submission(
-        self, workflow: object, context: Mapping[str, Any] | None, run_id: object, priority: object
+        self,
+        workflow: object,
+        context: Mapping[str, Any] | None,
+        run_id: object,
+        priority: object,
+        options: object = None,
     ) -> Submission:
-        return Submission(workflow, context, run_id, priority, self.dumps)
+        return Submission(workflow, context, run_id, priority, self.dumps, options)
 
     def _previous(self, lease: Lease) -> WorkflowCheckpoint | None:
         """The checkpoint this object last stored under ``lease`` (else the one it was granted with)."""
@@ -235,11 +302,62 @@ class RunQueue(ABC):
         context: str,
         checkpoint: WorkflowCheckpoint | None,
         until: float,
+        options: str = "{}",
     ) -> Lease:
         """The lease a claim read, remembered as holding ``checkpoint``."""
-        lease = Lease(run_id, epoch, workflow, self._context(context), checkpoint, until)
+        lease = Lease(
+            run_id, epoch, workflow, self._context(context), checkpoint, until,
+            options=self._options(options),
+        )
         self._remember(lease, checkpoint)
         return lease
+
+    # -- what RunInfo reads besides the run's own columns (options, progress, cost, reason)
+
+    @staticmethod
+    def _options(text: str | None) -> MappingProxyType[str, Any]:
+        """Stored run options, checked again (a row edited by hand is refused, naming the option)."""
+        data = json.loads(text) if text else {}
+        return MappingProxyType(check_run_options(data, "the stored options"))
+
+    def _run_info(self, row: Sequence[Any], served: Mapping[str, set[str | None]]) -> RunInfo:
+        """A :class:`RunInfo` from the columns of ``INFO_COLUMNS``; ``served``: what live workers drive."""
+        (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp,
+         options, done, total, input_tokens, output_tokens, calls, reason) = row
+        if status == "queued":
+            reason = queued_reason(workflow, fp, served)
+        elif status in FINAL_STATUSES:
+            reason = None
+        return RunInfo(
+            run_id, workflow, status, priority, epoch, owner, until, bool(cancel), error, created,
+            updated, fp, self._options(options), done, total,
+            TokenUsage(input_tokens, output_tokens, calls), reason,
+        )
+
+    def _served(self, rows: Sequence[Sequence[Any]]) -> dict[str, set[str | None]]:
+        """``workflow -> fingerprints`` from the live workers' rows (each a JSON map of the two)."""
+        served: dict[str, set[str | None]] = {}
+        for (text,) in rows:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                for name, fp in json.loads(text).items():
+                    served.setdefault(name, set()).add(fp)
+        return served
+
+    @staticmethod
+    def _presence(
+        worker: object, workflows: Mapping[str, str | None], seconds: float
+    ) -> tuple[str, str, float]:
+        """A checked :meth:`announce`: the worker's name, its workflows as JSON, how long it counts."""
+        names = RunQueue._workflows(workflows)
+        return (
+            RunQueue._worker_name(worker),
+            default_dumps(dict(names)),
+            check_seconds(seconds, "seconds"),
+        )
+
+    @staticmethod
+    def _reason_text(reason: object) -> str | None:
+        return None if reason is None else check_text(reason, "reason", limit=500)
 
     def _decode_run(
         self,
@@ -349,14 +467,13 @@ class RunQueue(ABC):
     ) -> str:
         """Queue a copy of the run under a new id, its checkpoint rewound at ``steps``; return the new id.
 
-        The copy has the source's workflow, context and priority (or
-        ``priority``) and its latest checkpoint, without the outputs of
+        The copy has the source's workflow, context, run options and priority
+        (or ``priority``) and its latest checkpoint, without the outputs of
         ``steps`` and of everything downstream of them (none given: all of
         it); it is ``queued`` at epoch 0. The source is only read, whatever
         its status. ``new_run_id`` defaults to a new random id; one the queue
         already has is a ``ValueError`` (nothing is written).
         """
-        # TODO(lead): copy the run's ``options`` too once the options column is merged (qopsa).
         source = check_run_id(run_id)
         new = uuid.uuid4().hex if new_run_id is None else check_run_id(new_run_id, "new_run_id")
         level = None if priority is None else check_priority(priority)
@@ -406,11 +523,12 @@ class RunQueue(ABC):
         )
 
     def _fork_row(self, copy: WorkflowCheckpoint | None) -> tuple[EncodedCheckpoint | None, list[Any]]:
-        """A fork's encoded checkpoint, and its header, fingerprint, four counts and failures columns."""
+        """A fork's encoded checkpoint, and its header, fingerprint, four counts, failures and
+        progress (steps done, in all) columns."""
         if copy is None:
-            return None, [None, None, 0, 0, 0, 0, "{}"]
+            return None, [None, None, 0, 0, 0, 0, "{}", 0, None]
         enc = self._encode_whole(copy)
-        return enc, [enc.header, copy.fingerprint, *enc.counts, enc.failures]
+        return enc, [enc.header, copy.fingerprint, *enc.counts, enc.failures, *progress(copy)]
 
     @staticmethod
     def _taken(new_run_id: str) -> ValueError:
@@ -464,8 +582,9 @@ class RunQueue(ABC):
         *,
         run_id: str | None = None,
         priority: int = 0,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
-        """Queue a run (idempotent for a given ``run_id``) and return its id."""
+        """Queue a run (idempotent for a given ``run_id``) with its run ``options``; return its id."""
 
     @abstractmethod
     def status(self, run_id: str) -> RunInfo:
@@ -518,6 +637,22 @@ class RunQueue(ABC):
     @abstractmethod
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""
+
+    @abstractmethod
+    def set_reason(self, lease: Lease, reason: str | None) -> None:
+        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
+
+    @abstractmethod
+    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` more."""
+
+    @abstractmethod
+    def retire(self, worker: str) -> None:
+        """Forget a worker's :meth:`announce` (it stopped): its workflows are no longer served by it."""
+
+    @abstractmethod
+    def usage_hold(self) -> tuple[float, str | None]:
+        """:meth:`usage_wait` and the reason for it: ``"rate limit llm_calls_per_minute"`` or ``None``."""
 
     @abstractmethod
     def close(self) -> None:

@@ -10,8 +10,13 @@
   expire) or, with ``--until-idle``, until nothing is claimable: it exits 0
   if no run is left waiting in the queue, else ``3``, with a warning line
   per run left (queued or running) saying why this worker did not take it.
+  What every run it drives gets: ``--max-concurrency N``, ``--budget-calls
+  N`` / ``--budget-input-tokens N`` / ``--budget-output-tokens N``,
+  ``--isolate-failures`` (defaults a run's own options override),
+  ``--executor MODULE:ATTR`` and ``--trace otel|progress|MODULE:ATTR``.
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
-  [--priority N]``, ``status RUN``, ``list [--status S]``, ``cancel RUN``,
+  [--priority N] [--option KEY=VALUE]... [--options JSON]``, ``status RUN``,
+  ``list [--status S] [--workflow W] [--json]`` (a table, or JSON), ``cancel RUN``,
   ``prune --older-than AGE`` (``90``, ``15m``, ``2h``, ``1d``, ``1h30m``: see
   :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
@@ -45,8 +50,10 @@ from types import FrameType
 from typing import Any
 
 from ekit_runtime.durations import parse_duration
-from ekit_runtime.executors import busy_sync_steps
-from ekit_runtime.queue import FINAL_STATUSES, STATUSES, RunInfo, RunQueue, Worker, open_queue
+from ekit_runtime.executors import Executor, busy_sync_steps
+from ekit_runtime.queue import FINAL_STATUSES, STATUSES, Lease, RunInfo, RunQueue, Worker, open_queue
+from ekit_runtime.queue.options import RUN_OPTIONS
+from ekit_runtime.queue.worker import TraceFactory
 from ekit_runtime.workflow import Workflow
 
 __all__ = ["EXIT_LEFT", "add_parsers"]
@@ -63,10 +70,11 @@ def _input_error(message: str) -> Exception:
     return InputError(message)
 
 
-def _registry(spec: str) -> Mapping[str, Workflow]:
+def _imported(flag: str, spec: str, what: str) -> Any:
+    """The object ``MODULE:ATTR`` names (the current folder importable), or an input error naming ``flag``."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise _input_error(f"--workflows {spec}: expected MODULE:ATTR naming a dict of name -> Workflow")
+        raise _input_error(f"{flag} {spec}: expected MODULE:ATTR naming {what}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -74,7 +82,13 @@ def _registry(spec: str) -> Mapping[str, Workflow]:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (Exception, SystemExit) as exc:
-        raise _input_error(f"--workflows {spec}: cannot import it ({type(exc).__name__}: {exc})") from None
+        raise _input_error(f"{flag} {spec}: cannot import it ({type(exc).__name__}: {exc})") from None
+    return obj
+
+
+def _registry(spec: str) -> Mapping[str, Workflow]:
+    obj = _imported("--workflows", spec, "a dict of name -> Workflow")
+    attr = spec.partition(":")[2]
     if isinstance(obj, Workflow):
         return {attr.rsplit(".", 1)[-1]: obj}
     if not isinstance(obj, Mapping) or not all(isinstance(w, Workflow) for w in obj.values()):
@@ -89,8 +103,65 @@ def _open(args: argparse.Namespace) -> RunQueue:
         raise _input_error(f"--queue {args.queue}: {exc}") from None
 
 
+def _worker_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The run options ``ekit worker``'s flags give every run (a run's own override them)."""
+    defaults: dict[str, Any] = {}
+    if args.max_concurrency is not None:
+        defaults["max_concurrency"] = args.max_concurrency
+    budget = {
+        field: value
+        for field, value in (
+            ("llm_calls", args.budget_calls),
+            ("input_tokens", args.budget_input_tokens),
+            ("output_tokens", args.budget_output_tokens),
+        )
+        if value is not None
+    }
+    if budget:
+        defaults["budget"] = budget
+    if args.isolate_failures:
+        defaults["isolate_failures"] = True
+    return defaults
+
+
+def _executor(spec: str | None) -> Executor | None:
+    if spec is None:
+        return None
+    obj = _imported("--executor", spec, "an ekit Executor")
+    if not isinstance(obj, Executor):
+        raise _input_error(f"--executor {spec}: not an ekit Executor (got {type(obj).__name__})")
+    return obj
+
+
+def _trace(spec: str | None, registry: Mapping[str, Workflow]) -> TraceFactory | None:
+    """``--trace``: an OpenTelemetry tracer per run, a progress printer per run, or a factory of yours."""
+    if spec is None:
+        return None
+    if spec == "otel":
+        from ekit_runtime.otel import OtelTracer
+
+        try:
+            OtelTracer()  # says now, not at the first run, what to install
+        except ImportError as exc:
+            raise _input_error(f"--trace otel: {exc}") from None
+        return lambda lease: OtelTracer()
+    if spec == "progress":
+        from ekit_runtime.progress import ProgressPrinter
+
+        def printer(lease: Lease) -> ProgressPrinter:
+            return ProgressPrinter(sys.stderr, tty=False, graph=registry[lease.workflow].graph, tick=None)
+
+        return printer
+    obj = _imported("--trace", spec, "a factory of trace callbacks (otel, progress or MODULE:ATTR)")
+    if not callable(obj):
+        raise _input_error(f"--trace {spec}: not callable (got {type(obj).__name__})")
+    return obj  # type: ignore[no-any-return]
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     registry = _registry(args.workflows)
+    executor = _executor(args.executor)
+    trace = _trace(args.trace, registry)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     queue = _open(args)
     try:
@@ -101,6 +172,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             lease_seconds=args.lease,
             heartbeat=args.heartbeat,
             name=args.name,
+            executor=executor,
+            trace=trace,
+            defaults=_worker_defaults(args),
         )
     except ValueError as exc:
         queue.close()
@@ -234,8 +308,11 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _info(info: Any) -> dict[str, Any]:
-    return dataclasses.asdict(info)
+def _info(info: RunInfo) -> dict[str, Any]:
+    data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    data["options"] = json.loads(json.dumps(dict(info.options)))
+    data["cost"] = dataclasses.asdict(info.cost)
+    return data
 
 
 def _cmd_queue(args: argparse.Namespace) -> int:
@@ -248,8 +325,71 @@ def _cmd_queue(args: argparse.Namespace) -> int:
         raise _input_error(f"queue {args.action}: {exc}") from None
     finally:
         queue.close()
+    if isinstance(out, _Table):
+        print(out.text)
+        return 0
     print(json.dumps(out, indent=2, ensure_ascii=True))
     return 0
+
+
+class _Table:
+    """Text ``ekit queue list`` prints as it is (not JSON)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def age_text(seconds: float) -> str:
+    """A short age: ``"5s"``, ``"3m"``, ``"2h"``, ``"4d"`` (whole units, rounded down; never negative)."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+_COLUMNS = ("RUN", "WORKFLOW", "STATUS", "STEPS", "CALLS", "TOKENS", "AGE", "OWNER", "REASON")
+
+
+def runs_table(runs: list[RunInfo], now: float) -> str:
+    """The table ``ekit queue list`` prints: a header, then one line per run, columns aligned."""
+    rows = [list(_COLUMNS)]
+    for r in runs:
+        total = "?" if r.steps_total is None else str(r.steps_total)
+        reason = r.reason or (f"error: {r.error}" if r.status == "failed" and r.error else "")
+        rows.append([
+            r.run_id, r.workflow,
+            r.status + (" (cancel asked)" if r.cancel_requested and r.status == "running" else ""),
+            f"{r.steps_done}/{total}", str(r.cost.llm_calls), str(r.cost.total_tokens),
+            age_text(now - r.created_at), r.owner or "-", " ".join(reason.split())[:120] or "-",
+        ])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+             for row in rows]
+    if len(rows) == 1:
+        lines.append("(no runs)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _submit_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--options JSON`` with each ``--option KEY=VALUE`` over it (VALUE read as JSON, else as text)."""
+    options: dict[str, Any] = {}
+    if args.options is not None:
+        try:
+            options = json.loads(args.options)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--options is not JSON: {exc}") from None
+        if not isinstance(options, dict):
+            raise ValueError(f"--options must be a JSON object, got {type(options).__name__}")
+    for item in args.option or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {item}: expected KEY=VALUE, such as max_concurrency=2")
+        try:
+            options[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key.strip()] = text
+    return options or None
 
 
 def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
@@ -259,11 +399,19 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
             context = json.loads(args.context) if args.context is not None else None
         except json.JSONDecodeError as exc:
             raise ValueError(f"--context is not JSON: {exc}") from None
-        return {"run_id": queue.submit(args.workflow, context, run_id=args.run_id, priority=args.priority)}
+        options = _submit_options(args)
+        return {
+            "run_id": queue.submit(
+                args.workflow, context, run_id=args.run_id, priority=args.priority, options=options
+            )
+        }
     if action == "status":
         return _info(queue.status(args.run_id))
     if action == "list":
-        return [_info(r) for r in queue.runs(args.status)]
+        runs = [r for r in queue.runs(args.status) if args.workflow is None or r.workflow == args.workflow]
+        if args.json:
+            return [_info(r) for r in runs]
+        return _Table(runs_table(runs, time.time()))
     if action == "cancel":
         return {"run_id": args.run_id, "cancelled": queue.cancel(args.run_id)}
     if action == "prune":
@@ -338,8 +486,37 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--heartbeat", type=float, default=None, help="renewal interval (default lease/3)")
     p.add_argument("--name", default=None, help="how this worker signs its claims (default host:pid)")
     p.add_argument("--until-idle", action="store_true", help="return once nothing is claimable")
+    _add_run_settings(p)
     p.set_defaults(func=_cmd_worker)
     _add_queue_parser(sub)
+
+
+def _add_run_settings(p: argparse.ArgumentParser) -> None:
+    """``ekit worker``'s settings for every run it drives (a run's own options override the first ones)."""
+    g = p.add_argument_group(
+        "every run this worker drives",
+        "defaults for each run's options (a run submitted with its own, --option or submit(options=...), "
+        "overrides them name by name), and what is code, which only a worker can give",
+    )
+    g.add_argument("--max-concurrency", type=int, metavar="N",
+                   help="at most N steps of a run in flight at once (default: no limit)")
+    g.add_argument("--budget-calls", type=int, metavar="N",
+                   help="stop starting a run's steps once they reported N LLM calls; the run ends failed "
+                   "with BudgetExceeded, its checkpoint kept")
+    g.add_argument("--budget-input-tokens", type=int, metavar="N",
+                   help="the same, once a run's steps reported N input tokens")
+    g.add_argument("--budget-output-tokens", type=int, metavar="N",
+                   help="the same, once a run's steps reported N output tokens")
+    g.add_argument("--isolate-failures", action="store_true",
+                   help="a failed step stops only the steps that depend on it; the rest run to completion "
+                   "and the run ends failed naming the failed steps")
+    g.add_argument("--executor", metavar="MODULE:ATTR",
+                   help="an ekit Executor every run's steps run on, unless a step names its own")
+    g.add_argument("--trace", metavar="otel|progress|MODULE:ATTR",
+                   help="trace each run: otel (an OpenTelemetry span per run and per step attempt; needs "
+                   "opentelemetry-api), progress (a ProgressPrinter per run, plain lines on stderr), or "
+                   "MODULE:ATTR, a factory called with each run's Lease (run_id, workflow, ...) returning "
+                   "its trace callback or list of them")
 
 
 def _add_queue_parser(sub: Any) -> None:
@@ -365,15 +542,33 @@ def _add_queue_parser(sub: Any) -> None:
         "--priority", type=int, default=0, metavar="N",
         help="workers claim runs of higher N first, then the oldest (default 0; may be negative)",
     )
+    names = ", ".join(RUN_OPTIONS)
+    a.add_argument(
+        "--option", action="append", metavar="KEY=VALUE",
+        help=f"a run option stored with the run and applied by the worker that drives it ({names}); "
+        "VALUE is read as JSON (2, true, {\"llm_calls\": 10}) or else as text; repeat for several; "
+        "over --options and the worker's defaults",
+    )
+    a.add_argument(
+        "--options", metavar="JSON",
+        help='the run options as one JSON object, such as \'{"max_concurrency": 2, "budget": '
+        '{"llm_calls": 10}}\'; plain data only, unknown names refused before anything is stored',
+    )
     for name, helptext in (
         ("status", "a run's record"),
         ("cancel", "ask a run to stop"),
         ("checkpoint", "a run's latest checkpoint as JSON (or: ekit audit QUEUE --run-id RUN)"),
     ):
         actions.add_parser(name, help=helptext).add_argument("run_id", metavar="RUN", help="the run's id")
-    actions.add_parser("list", help="runs, by status").add_argument(
-        "--status", choices=STATUSES, help="only the runs in this status (default: every run)"
+    ls = actions.add_parser(
+        "list", help="runs as a table (--json for machines)",
+        description="One line per run: id, workflow, status, steps done/total, LLM calls and tokens "
+        "reported, age since submitted (5s, 3m, 2h, 4d), owner (the worker that last claimed it), "
+        "and why it waits (or a failed run's error).",
     )
+    ls.add_argument("--status", choices=STATUSES, help="only the runs in this status (default: every run)")
+    ls.add_argument("--workflow", metavar="W", help="only the runs of workflow W")
+    ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
     actions.add_parser("prune", help="delete ended runs").add_argument(
         "--older-than", type=_duration, required=True, metavar="AGE",
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "

@@ -124,6 +124,7 @@ __all__ = [
     "reopen_refusal",
     "usage_limited",
     "usage_over",
+    "usage_reason",
     "usage_wait",
 ]
 
@@ -363,6 +364,15 @@ def usage_wait(limits: Limits, calls: int, tokens: int, oldest: float | None, no
     if not usage_over(limits, calls, tokens) or oldest is None:
         return 0.0
     return max(float(oldest) + limits.window - float(now), 0.01)
+
+
+def usage_reason(limits: Limits, calls: int, tokens: int) -> str | None:
+    """Which usage limit holds steps back (``"rate limit llm_calls_per_minute"``), or ``None``."""
+    if limits.llm_calls_per_minute is not None and calls >= limits.llm_calls_per_minute:
+        return "rate limit llm_calls_per_minute"
+    if limits.tokens_per_minute is not None and tokens >= limits.tokens_per_minute:
+        return "rate limit tokens_per_minute"
+    return None
 
 
 # -- the same conditions as SQL pieces --------------------------------------

@@ -29,11 +29,12 @@ when a lease expires.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, layout_before, progress, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -52,6 +53,7 @@ from ekit_runtime.queue.lifecycle import (
     cancel_effect,
     render,
     usage_limited,
+    usage_reason,
     usage_wait,
 )
 from ekit_runtime.queue.records import (
@@ -69,7 +71,7 @@ from ekit_runtime.queue.records import (
 from ekit_runtime.redaction import redacted, scrub
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
-from ekit_runtime.stores.pg import PgConnection, psycopg
+from ekit_runtime.stores.pg import _SCHEMA_LOCK, PgConnection, psycopg
 from ekit_runtime.stores.rows import EncodedCheckpoint
 
 __all__ = ["PostgresQueue"]
@@ -96,7 +98,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     failures text NOT NULL DEFAULT '{}',
     saves bigint NOT NULL DEFAULT 0,
     created_at double precision NOT NULL,
-    updated_at double precision NOT NULL
+    updated_at double precision NOT NULL,
+    options text NOT NULL DEFAULT '{}',
+    steps_done bigint NOT NULL DEFAULT 0,
+    steps_total bigint,
+    reason text
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
@@ -113,13 +119,18 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
     at double precision NOT NULL, llm_calls bigint NOT NULL, tokens bigint NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_workers (
+    name text PRIMARY KEY, workflows text NOT NULL, last_seen double precision NOT NULL,
+    until double precision NOT NULL
+);
 INSERT INTO ekit_queue_config (key, value) VALUES ('limits', '{}') ON CONFLICT (key) DO NOTHING;
 """
 
 _NOW = "extract(epoch from now())::float8"
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
-    "error, created_at, updated_at, fingerprint"
+    "error, created_at, updated_at, fingerprint, "
+    "options, steps_done, steps_total, input_tokens, output_tokens, llm_calls, reason"
 )
 # The lifecycle's named placeholders in PostgreSQL's terms: the clock is the
 # server's; a claim matches its (workflow, fingerprint) pairs as a joined array.
@@ -160,6 +171,7 @@ _ROWS = (
 _SAVE_FULL = (
     "WITH fenced AS (UPDATE ekit_queue_runs SET header = %s, fingerprint = %s, step_index = %s, "
     "input_tokens = %s, output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+    "steps_done = %s, steps_total = %s, "
     f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} RETURNING run_id, cancel_requested), "
     "new AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) "
     "WITH ORDINALITY AS e(kind, name, value, ord)), "
@@ -176,6 +188,26 @@ _SAVE_FULL = (
 
 
 _COLUMNS = schema_columns(_SCHEMA)
+# What this version added to the previous release's layout: a database of
+# that layout gains these on open, in one transaction under the schema lock.
+_ADDED = {
+    "ekit_queue_runs": {
+        "options": "text NOT NULL DEFAULT '{}'",
+        "steps_done": "bigint NOT NULL DEFAULT 0",
+        "steps_total": "bigint",
+        "reason": "text",
+    }
+}
+_NEW_TABLES = ("ekit_queue_workers",)
+_BEFORE = layout_before(_COLUMNS, _ADDED, _NEW_TABLES)
+_UPGRADE = "".join(
+    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {kind};\n"
+    for table, columns in _ADDED.items()
+    for name, kind in columns.items()
+) + "\n".join(
+    m.group(0) for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\);", _SCHEMA, re.S)
+    if m.group(1) in _NEW_TABLES
+)
 _MAX_IDLE = (2**31 - 1) // 1000
 
 
@@ -264,10 +296,6 @@ class _QueueConnection(PgConnection):
         super().close()
 
 
-def _info(row: tuple[Any, ...]) -> RunInfo:
-    return RunInfo(*row)
-
-
 def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
@@ -310,7 +338,13 @@ class PostgresQueue(RunQueue):
         self.where = redacted(dsn) if isinstance(dsn, str) else "postgresql (an open connection)"
         try:
             self.db = _QueueConnection(dsn, _SCHEMA, "ekit_queue_runs", idle_timeout=idle)
-            problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
+            problem = schema_problem(_BEFORE, self.db.run(_columns_found))
+            if problem is None and schema_problem(_COLUMNS, self.db.run(_columns_found)) is not None:
+                # A queue of the previous release: bring it up to date.
+                with self.db.transaction() as conn:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    conn.execute(_UPGRADE)
+                problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -333,15 +367,16 @@ class PostgresQueue(RunQueue):
         *,
         run_id: str | None = None,
         priority: int = 0,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
-        """Queue a run of ``workflow``; idempotent for a given ``run_id`` (see :class:`SqliteQueue`)."""
-        sub = self._submission(workflow, context, run_id, priority)
+        """Queue a run of ``workflow`` with its ``options``; idempotent by ``run_id`` (see SqliteQueue)."""
+        sub = self._submission(workflow, context, run_id, priority, options)
         with self.db.transaction() as conn:
             conn.execute(
                 "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
-                f"updated_at) VALUES (%s, %s, %s, %s, 'queued', {_NOW}, {_NOW}) "
+                f"updated_at, options) VALUES (%s, %s, %s, %s, 'queued', {_NOW}, {_NOW}, %s) "
                 "ON CONFLICT (run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.context, sub.priority),
+                (sub.run_id, sub.workflow, sub.context, sub.priority, sub.options),
             )
             row = conn.execute(
                 "SELECT workflow FROM ekit_queue_runs WHERE run_id = %s", (sub.run_id,)
@@ -356,23 +391,26 @@ class PostgresQueue(RunQueue):
     def status(self, run_id: str) -> RunInfo:
         """The run's record; :class:`UnknownRunError` if there is none."""
         check_run_id(run_id)
-        row = self.db.run(
-            lambda c: c.execute(
-                f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
-            ).fetchone()
-        )
-        if row is None:
+        rows, served = self._infos("WHERE run_id = %s", (run_id,))
+        if not rows:
             raise UnknownRunError(run_id)
-        return _info(row)
+        return self._run_info(rows[0], served)
 
     def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
         """Every run (or those with ``status``), in submission order."""
         check_status(status)
         where, args = ("WHERE status = %s", (status,)) if status is not None else ("", ())
-        rows = self.db.run(
-            lambda c: c.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
-        )
-        return [_info(r) for r in rows]
+        rows, served = self._infos(where, args)
+        return [self._run_info(r, served) for r in rows]
+
+    def _infos(self, where: str, args: tuple[Any, ...]) -> tuple[list[Any], dict[str, set[str | None]]]:
+        """The runs' rows and what the live workers serve, in one snapshot."""
+        with self.db.transaction(snapshot=True) as conn:
+            rows = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
+            workers = conn.execute(
+                f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
+            ).fetchall()
+        return rows, self._served(workers)
 
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
         """The run's latest saved checkpoint (one snapshot), ``None`` before its first save."""
@@ -463,12 +501,13 @@ class PostgresQueue(RunQueue):
                 enc = self._encode_whole(written)
                 sets = (
                     ", header = %s, fingerprint = %s, step_index = %s, input_tokens = %s, "
-                    "output_tokens = %s, llm_calls = %s, failures = %s"
+                    "output_tokens = %s, llm_calls = %s, failures = %s, steps_done = %s, steps_total = %s"
                 )
-                args = [enc.header, written.fingerprint, *enc.counts, enc.failures]
+                args = [enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)]
             info = conn.execute(
                 f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
-                f"lease_until = NULL, cancel_requested = false, error = NULL, updated_at = {_NOW}{sets} "
+                f"lease_until = NULL, cancel_requested = false, error = NULL, reason = NULL, "
+                f"updated_at = {_NOW}{sets} "
                 f"WHERE {_UNCHANGED} RETURNING {_INFO}",
                 (*args, run_id, epoch),
             ).fetchone()
@@ -477,8 +516,11 @@ class PostgresQueue(RunQueue):
             if change is not None:
                 conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
                 conn.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
+            workers = conn.execute(
+                f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
+            ).fetchall()
         self._forget(run_id)
-        return _info(info), written
+        return self._run_info(info, self._served(workers)), written
 
     def _fork(
         self,
@@ -492,12 +534,12 @@ class PostgresQueue(RunQueue):
             if row is None:
                 raise UnknownRunError(source)
             enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
-            # TODO(lead): add the options column to both column lists once it is merged (qopsa).
             inserted = conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
-                "updated_at, header, fingerprint, step_index, input_tokens, output_tokens, llm_calls, "
-                f"failures) SELECT %s, workflow, context, coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, "
-                "%s, %s, %s, %s, %s, %s, %s FROM ekit_queue_runs WHERE run_id = %s "
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
+                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
+                "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, options, "
+                f"coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+                "FROM ekit_queue_runs WHERE run_id = %s "
                 "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
                 (new_run_id, priority, *columns, source),
             ).fetchone()
@@ -534,9 +576,9 @@ class PostgresQueue(RunQueue):
             row = self._claim(conn, who, names, seconds)
             if row is None:
                 return None
-            run_id, epoch, workflow, context, until = row
+            run_id, epoch, workflow, context, until, options = row
             checkpoint = self._load(conn, run_id, missing_ok=True)
-        return self._granted(run_id, epoch, workflow, context, checkpoint, until)
+        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options)
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -563,8 +605,8 @@ class PostgresQueue(RunQueue):
             return None
         claimed = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
-            f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE run_id = %s "
-            "RETURNING run_id, epoch, workflow, context, lease_until",
+            f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL WHERE run_id = %s "
+            "RETURNING run_id, epoch, workflow, context, lease_until, options",
             (worker, seconds, row[0]),
         ).fetchone()
         if limits.runs_per_minute is not None:
@@ -612,20 +654,30 @@ class PostgresQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         with self.db._lock:
             encoded, added = self._prepare_save(lease, checkpoint)
+            done, total = progress(checkpoint)  # RunInfo's progress, read without decoding
             if encoded.full:
-                cancel = self._save_full(lease, encoded, seconds, checkpoint, added)
+                cancel = self._save_full(lease, encoded, seconds, checkpoint, added, done, total)
             else:
-                cancel = self._save_delta(lease, encoded, seconds, added)
+                cancel = self._save_delta(lease, encoded, seconds, added, done, total)
             self._remember(lease, checkpoint)
             return cancel
 
-    def _save_delta(self, lease: Lease, enc: EncodedCheckpoint, seconds: float, added: TokenUsage) -> bool:
+    def _save_delta(
+        self,
+        lease: Lease,
+        enc: EncodedCheckpoint,
+        seconds: float,
+        added: TokenUsage,
+        done: int,
+        total: int | None,
+    ) -> bool:
         used = self._uses(added)
         kinds, names, values = _columns(enc.rows)
         # One statement: the fenced UPDATE, and inserts that exist only for the row it matched.
         sql = (
             "WITH fenced AS (UPDATE ekit_queue_runs SET step_index = %s, input_tokens = %s, "
             "output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+            "steps_done = %s, steps_total = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} "
             "RETURNING run_id, cancel_requested), "
             "added AS (" + _ROWS + "), "
@@ -636,6 +688,8 @@ class PostgresQueue(RunQueue):
         args = (
             *enc.counts,
             enc.failures,
+            done,
+            total,
             seconds,
             lease.run_id,
             lease.epoch,
@@ -657,6 +711,8 @@ class PostgresQueue(RunQueue):
         seconds: float,
         checkpoint: WorkflowCheckpoint,
         added: TokenUsage,
+        done: int,
+        total: int | None,
     ) -> bool:
         kinds, names, values = _columns(enc.rows)
         used = self._uses(added)
@@ -668,6 +724,8 @@ class PostgresQueue(RunQueue):
             checkpoint.fingerprint,
             *enc.counts,
             enc.failures,
+            done,
+            total,
             seconds,
             lease.run_id,
             lease.epoch,
@@ -713,11 +771,15 @@ class PostgresQueue(RunQueue):
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
+        return self.usage_hold()[0]
 
-        def body(conn: psycopg.Connection[Any]) -> float:
+    def usage_hold(self) -> tuple[float, str | None]:
+        """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
+
+        def body(conn: psycopg.Connection[Any]) -> tuple[float, str | None]:
             limits = self._read_limits(conn)
             if not usage_limited(limits):
-                return 0.0
+                return 0.0, None
             row = conn.execute(
                 f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
                 f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
@@ -725,9 +787,44 @@ class PostgresQueue(RunQueue):
             ).fetchone()
             assert row is not None
             calls, tokens, oldest, now = row
-            return usage_wait(limits, calls, tokens, oldest, now)
+            wait = usage_wait(limits, calls, tokens, oldest, now)
+            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
 
         return self.db.run(body)
+
+    # -- why a run waits, and who serves what --------------------------------
+
+    def set_reason(self, lease: Lease, reason: str | None) -> None:
+        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
+        text = self._reason_text(reason)
+        row = self.db.run(
+            lambda c: c.execute(
+                f"UPDATE ekit_queue_runs SET reason = %s WHERE {_HELD} RETURNING cancel_requested",
+                (text, lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        self._fenced(lease, row)
+
+    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
+        name, served, ttl = self._presence(worker, workflows, seconds)
+        sql = (
+            "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) "
+            f"VALUES (%s, %s, {_NOW}, {_NOW} + %s) ON CONFLICT (name) DO UPDATE SET "
+            "workflows = excluded.workflows, last_seen = excluded.last_seen, until = excluded.until"
+        )
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            conn.execute(sql, (name, served, ttl))
+            # Workers gone for a day are forgotten: the table stays as small as the fleet.
+            conn.execute(f"DELETE FROM ekit_queue_workers WHERE until < {_NOW} - 86400")
+
+        self.db.run(body)
+
+    def retire(self, worker: str) -> None:
+        """Forget ``worker``'s announcement (it stopped)."""
+        name = self._worker_name(worker)
+        self.db.run(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = %s", (name,)))
 
     def close(self) -> None:
         """Close the connection."""

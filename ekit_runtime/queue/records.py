@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from ekit_core import WorkflowCheckpoint
+from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.usage import NO_USAGE
 from ekit_runtime import run_ids
 
 __all__ = [
@@ -110,6 +111,21 @@ class RunInfo:
     names the last worker that claimed it, for people reading logs, never for
     recovery; ``lease_until`` is when the current lease expires (seconds since
     the epoch, on the database's clock), ``None`` when none was granted.
+
+    Read from the run's row, without decoding its checkpoint:
+
+    - ``options``: the run options it was submitted with (plain data, see
+      :data:`~ekit_runtime.queue.options.RUN_OPTIONS`).
+    - ``steps_done`` / ``steps_total``: progress as of its last save. Done
+      counts the steps recorded or skipped; total the steps of its graph,
+      plus the items of each mapped step once the step it maps over has
+      recorded its output (each item counts as a step, as in ``done``).
+      ``steps_total`` is ``None`` before the first save.
+    - ``cost``: the usage its steps reported, as of its last save.
+    - ``reason``: why a run that is not final waits, or ``None``: for a
+      running run what its worker set (``"rate limit llm_calls_per_minute"``
+      while the fleet's usage limit holds its next step), for a queued one
+      ``"no worker has workflow W"`` when no live worker serves it.
     """
 
     run_id: str
@@ -124,6 +140,11 @@ class RunInfo:
     created_at: float
     updated_at: float
     fingerprint: str | None
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    steps_done: int = 0
+    steps_total: int | None = None
+    cost: TokenUsage = NO_USAGE
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +155,8 @@ class Lease:
     and the database refuses the write unless the run's epoch still equals it
     and the lease has not expired. ``checkpoint`` is the run's latest
     checkpoint when the lease was granted (``None`` for a fresh run);
-    ``context`` the initial context it was submitted with.
+    ``context`` the initial context it was submitted with; ``options`` its
+    run options (checked plain data, see :mod:`ekit_runtime.queue.options`).
     """
 
     run_id: str
@@ -144,6 +166,7 @@ class Lease:
     checkpoint: WorkflowCheckpoint | None
     expires: float
     cancel_requested: bool = False
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

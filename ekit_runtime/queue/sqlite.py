@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue, schema_columns, schema_problem
+from ekit_runtime.queue.base import RunQueue, layout_before, progress, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -45,6 +45,7 @@ from ekit_runtime.queue.lifecycle import (
     live,
     render,
     usage_limited,
+    usage_reason,
     usage_wait,
 )
 from ekit_runtime.queue.records import (
@@ -88,7 +89,11 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     failures TEXT NOT NULL DEFAULT '{}',
     saves INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}',
+    steps_done INTEGER NOT NULL DEFAULT 0,
+    steps_total INTEGER,
+    reason TEXT
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
@@ -104,13 +109,28 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
     at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_workers (
+    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL
+);
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
+# What this version added to the previous release's layout: a database of
+# that layout gains these on open (ALTER TABLE ... ADD COLUMN), in one write.
+_ADDED = {
+    "ekit_queue_runs": {
+        "options": "TEXT NOT NULL DEFAULT '{}'",
+        "steps_done": "INTEGER NOT NULL DEFAULT 0",
+        "steps_total": "INTEGER",
+        "reason": "TEXT",
+    }
+}
+_BEFORE = layout_before(_COLUMNS, _ADDED, ("ekit_queue_workers",))
 
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
-    "error, created_at, updated_at, fingerprint"
+    "error, created_at, updated_at, fingerprint, "
+    "options, steps_done, steps_total, input_tokens, output_tokens, llm_calls, reason"
 )
 # The lifecycle's named placeholders in SQLite's terms: every one a parameter,
 # the clock too (the machine's, time.time(), shared by every process).
@@ -124,13 +144,6 @@ _IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
-
-
-def _info(row: tuple[Any, ...]) -> RunInfo:
-    (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp) = row
-    return RunInfo(
-        run_id, workflow, status, priority, epoch, owner, until, bool(cancel), error, created, updated, fp
-    )
 
 
 class SqliteQueue(RunQueue):
@@ -184,12 +197,24 @@ class SqliteQueue(RunQueue):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         conn.executescript(_SCHEMA)
-        found = {
-            table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS
-        }
-        problem = schema_problem(_COLUMNS, found)
+        problem = schema_problem(_BEFORE, self._found(conn))
+        if problem is None and schema_problem(_COLUMNS, self._found(conn)) is not None:
+            self._tx(self._add_columns)  # a queue of the previous release: bring it up to date
+            problem = schema_problem(_COLUMNS, self._found(conn))
         if problem is not None:
             raise CorruptStoreError(self.path, problem)
+
+    @staticmethod
+    def _found(conn: sqlite3.Connection) -> dict[str, set[str]]:
+        return {table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS}
+
+    def _add_columns(self, conn: sqlite3.Connection) -> None:
+        """Add the columns this version added, those still missing (read again under the write lock)."""
+        found = self._found(conn)
+        for table, columns in _ADDED.items():
+            for name, kind in columns.items():
+                if name not in found[table]:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def _open_error(self, exc: sqlite3.Error) -> ValueError:
         """The error naming the file for an ``sqlite3`` error raised while opening it."""
@@ -232,23 +257,26 @@ class SqliteQueue(RunQueue):
         *,
         run_id: str | None = None,
         priority: int = 0,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         """Queue a run of ``workflow`` and return its run id.
 
         With ``run_id`` the call is idempotent: submitting an id that is
         already queued (a retried submit) changes nothing and returns it; a
         different ``workflow`` for that id is a ``ValueError``. Higher
-        ``priority`` runs are claimed first, then the oldest.
+        ``priority`` runs are claimed first, then the oldest. ``options`` are
+        the run's plain-data run options (:data:`~ekit_runtime.queue.options.RUN_OPTIONS`),
+        stored with it and applied by the worker that drives it.
         """
-        sub = self._submission(workflow, context, run_id, priority)
+        sub = self._submission(workflow, context, run_id, priority, options)
         now = time.time()
 
         def body(conn: sqlite3.Connection) -> str:
             conn.execute(
                 "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?) "
+                "created_at, updated_at, options) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) "
                 "ON CONFLICT(run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now),
+                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now, sub.options),
             )
             stored = conn.execute(
                 "SELECT workflow FROM ekit_queue_runs WHERE run_id = ?", (sub.run_id,)
@@ -265,25 +293,29 @@ class SqliteQueue(RunQueue):
     def status(self, run_id: str) -> RunInfo:
         """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
         check_run_id(run_id)
-        row = self._tx(
-            lambda c: c.execute(
-                f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
-            ).fetchone(),
-            write=False,
+        rows, served = self._tx(
+            lambda c: self._infos(c, "WHERE run_id = ?", (run_id,)), write=False
         )
-        if row is None:
+        if not rows:
             raise UnknownRunError(run_id)
-        return _info(row)
+        return self._run_info(rows[0], served)
 
     def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
         """Every run (or those with ``status``), in submission order."""
         check_status(status)
         where, args = ("WHERE status = ?", (status,)) if status is not None else ("", ())
-        rows = self._tx(
-            lambda c: c.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall(),
-            write=False,
-        )
-        return [_info(r) for r in rows]
+        rows, served = self._tx(lambda c: self._infos(c, where, args), write=False)
+        return [self._run_info(r, served) for r in rows]
+
+    def _infos(
+        self, conn: sqlite3.Connection, where: str, args: tuple[Any, ...]
+    ) -> tuple[list[Any], dict[str, set[str | None]]]:
+        """The runs' rows and what the live workers serve, in one snapshot."""
+        rows = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
+        workers = conn.execute(
+            "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
+        ).fetchall()
+        return rows, self._served(workers)
 
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
         """The run's latest saved checkpoint, ``None`` before its first save."""
@@ -373,13 +405,13 @@ class SqliteQueue(RunQueue):
             if change is not None:
                 written = change(status, self._load(conn, run_id, missing_ok=False))
                 enc = self._encode_whole(written)
-                sets, args = f", header = ?, fingerprint = ?, {_COUNTS}", [
-                    enc.header, written.fingerprint, *enc.counts, enc.failures
+                sets, args = f", header = ?, fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
+                    enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)
                 ]
             updated = conn.execute(
                 f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
-                f"lease_until = NULL, cancel_requested = 0, error = NULL, updated_at = ?{sets} "
-                f"WHERE {_UNCHANGED}",
+                f"lease_until = NULL, cancel_requested = 0, error = NULL, reason = NULL, "
+                f"updated_at = ?{sets} WHERE {_UNCHANGED}",
                 (now, *args, run_id, epoch, now),
             ).rowcount
             if updated != 1:
@@ -387,8 +419,8 @@ class SqliteQueue(RunQueue):
             if change is not None:
                 self._write_entries(conn, run_id, enc, epoch + 1)
             self._forget(run_id)
-            info = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs WHERE run_id = ?", (run_id,)).fetchone()
-            return _info(info), written
+            rows, served = self._infos(conn, "WHERE run_id = ?", (run_id,))
+            return self._run_info(rows[0], served), written
 
         return self._tx(body)
 
@@ -407,12 +439,12 @@ class SqliteQueue(RunQueue):
             if conn.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
                 raise self._taken(new_run_id)
             enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
-            # TODO(lead): add the options column to both column lists once it is merged (qopsa).
             conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
-                "updated_at, header, fingerprint, step_index, input_tokens, output_tokens, llm_calls, "
-                "failures) SELECT ?, workflow, context, coalesce(?, priority), 'queued', ?, ?, ?, ?, "
-                "?, ?, ?, ?, ? FROM ekit_queue_runs WHERE run_id = ?",
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
+                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
+                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, context, options, "
+                "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                "FROM ekit_queue_runs WHERE run_id = ?",
                 (new_run_id, priority, now, now, *columns, source),
             )
             if enc is not None:
@@ -479,22 +511,22 @@ class SqliteQueue(RunQueue):
             return None
         match = " OR ".join(f"({_MATCHES})" for _ in names)
         row = conn.execute(
-            f"SELECT run_id, epoch, workflow, context FROM ekit_queue_runs "
+            f"SELECT run_id, epoch, workflow, context, options FROM ekit_queue_runs "
             f"WHERE {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1",
             (now, *[v for pair in names for v in pair]),
         ).fetchone()
         if row is None:
             return None
-        run_id, epoch, workflow, context = row
+        run_id, epoch, workflow, context, options = row
         until = now + seconds
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'running', epoch = ?, owner = ?, lease_until = ?, "
-            "updated_at = ? WHERE run_id = ?",
+            "updated_at = ?, reason = NULL WHERE run_id = ?",
             (epoch + 1, worker, until, now, run_id),
         )
         conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
         checkpoint = self._load(conn, run_id, missing_ok=True)
-        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until)
+        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options)
 
     def _below_limits(self, conn: sqlite3.Connection, now: float) -> bool:
         """Whether one more lease keeps the fleet within its cap and its start rate."""
@@ -573,6 +605,8 @@ class SqliteQueue(RunQueue):
         now = time.time()
         sets = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?, "
         args: list[Any] = [*enc.counts, enc.failures]
+        sets += "steps_done = ?, steps_total = ?, "  # RunInfo's progress, read without decoding
+        args += progress(checkpoint)
         if enc.full:
             sets += "header = ?, fingerprint = ?, "
             args += [enc.header, checkpoint.fingerprint]
@@ -638,11 +672,15 @@ class SqliteQueue(RunQueue):
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
+        return self.usage_hold()[0]
 
-        def body(conn: sqlite3.Connection) -> float:
+    def usage_hold(self) -> tuple[float, str | None]:
+        """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
+
+        def body(conn: sqlite3.Connection) -> tuple[float, str | None]:
             limits = self._read_limits(conn)
             if not usage_limited(limits):
-                return 0.0
+                return 0.0, None
             now = time.time()
             start = now - limits.window
             calls, tokens, oldest = conn.execute(
@@ -650,9 +688,51 @@ class SqliteQueue(RunQueue):
                 f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
                 (start,),
             ).fetchone()
-            return usage_wait(limits, calls, tokens, oldest, now)
+            wait = usage_wait(limits, calls, tokens, oldest, now)
+            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
 
         return self._tx(body, write=False)
+
+    # -- why a run waits, and who serves what --------------------------------
+
+    def set_reason(self, lease: Lease, reason: str | None) -> None:
+        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
+        text = self._reason_text(reason)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            self._fence(
+                conn,
+                lease,
+                conn.execute(
+                    f"UPDATE ekit_queue_runs SET reason = ? WHERE {_HELD}",
+                    (text, lease.run_id, lease.epoch, now),
+                ).rowcount,
+            )
+
+        self._tx(body)
+
+    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
+        name, served, ttl = self._presence(worker, workflows, seconds)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.execute(
+                "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET workflows = excluded.workflows, "
+                "last_seen = excluded.last_seen, until = excluded.until",
+                (name, served, now, now + ttl),
+            )
+            # Workers gone for a day are forgotten: the table stays as small as the fleet.
+            conn.execute("DELETE FROM ekit_queue_workers WHERE until < ?", (now - 86_400,))
+
+        self._tx(body)
+
+    def retire(self, worker: str) -> None:
+        """Forget ``worker``'s announcement (it stopped)."""
+        name = self._worker_name(worker)
+        self._tx(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = ?", (name,)))
 
     def close(self) -> None:
         """Close the database connection."""

@@ -31,6 +31,14 @@ claim ends :meth:`Worker.run`.
 
 Database calls run on one thread of the worker's own, so a slow database
 never blocks the event loop the steps run on.
+
+Each run is driven with its own run options (stored with it at submit,
+:mod:`ekit_runtime.queue.options`) merged over the worker's ``defaults``,
+and with the worker's ``executor`` and a ``trace`` its factory makes for
+that run. While the fleet's usage limits hold a step back, the run's
+``reason`` says which (written when it changes, cleared when the step goes
+on); and at most once a second the worker announces the workflows it
+serves, so that a queued run no live worker serves says so.
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ from typing import Any, TypeVar
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.attempt import Attempt
+from ekit_runtime.executors import Executor
 from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited
+from ekit_runtime.queue.options import check_run_options, run_arguments
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
@@ -60,9 +70,14 @@ from ekit_runtime.queue.records import (
     check_workflow_name,
 )
 from ekit_runtime.queue.transient import is_transient
-from ekit_runtime.workflow import Workflow
+from ekit_runtime.runner import TraceFn
+from ekit_runtime.workflow import Workflow, WorkflowResult
 
-__all__ = ["Worker"]
+__all__ = ["StepsFailed", "TraceFactory", "Worker"]
+
+TraceFactory = Callable[[Lease], "TraceFn | list[TraceFn] | None"]
+"""What ``Worker(trace=...)`` takes: called once per drive with the run's :class:`Lease`
+(``run_id``, ``workflow``, ``epoch``, ``options``), returning that drive's trace callback(s)."""
 
 T = TypeVar("T")
 log = logging.getLogger("ekit.worker")
@@ -74,6 +89,25 @@ _MAX_BACKOFF = 5.0
 # The first wait before a save that failed transiently is tried again; it
 # doubles up to a quarter of the heartbeat. Short: no step starts meanwhile.
 _SAVE_RETRY = 0.02
+# A worker tells the queue it is alive and which workflows it serves at most
+# this often (seconds), however short its poll.
+_ANNOUNCE_EVERY = 1.0
+
+
+class StepsFailed(Exception):
+    """A run driven with ``isolate_failures`` ended with failed steps: the queue marks it ``failed``.
+
+    The checkpoint keeps every output the other steps recorded; the message
+    names the failed steps (with their errors) and those that never started.
+    """
+
+    def __init__(self, result: WorkflowResult) -> None:
+        failed = "; ".join(f"{n!r} ({type(e).__name__}: {e})" for n, e in result.failed.items())
+        waiting = ", ".join(repr(n) for n in result.not_started) or "none"
+        super().__init__(
+            f"{len(result.failed)} step(s) failed with isolate_failures: {failed}; not started: {waiting}"
+        )
+        self.result = result
 
 
 @dataclass(slots=True)
@@ -96,6 +130,10 @@ class _Drive:
     """Set whenever ``saves`` is 0."""
     confirming: asyncio.Future[None] | None = None
     """A renewal asked by an attempt about to start near the lease's end, shared by all."""
+    reason: str | None = None
+    """The reason last written for the run (why it waits), ``None`` when none is."""
+    held: int = 0
+    """Attempts the fleet's usage limits hold back right now."""
 
     def __post_init__(self) -> None:
         self.saved.set()
@@ -111,6 +149,14 @@ class Worker:
       ``heartbeat`` (default a third of it, and shorter than it) how often
       it is renewed.
     - ``poll``: seconds between claims while the queue has nothing to give.
+    - ``executor``: the :class:`~ekit_runtime.executors.Executor` every run
+      is driven with (steps that name their own keep it).
+    - ``trace``: a factory called once per drive with the run's
+      :class:`Lease` (``run_id``, ``workflow``, ...) returning that drive's
+      trace callback, a list of them, or ``None`` (an ``OtelTracer()``, a
+      ``ProgressPrinter``, ...).
+    - ``defaults``: run options (plain data, as ``submit(options=...)``
+      takes) for every run; a run's own options override them, name by name.
 
     ``await worker.run()`` works until :meth:`stop` (or cancellation);
     ``await worker.run_until_idle()`` returns once nothing is claimable and
@@ -129,6 +175,9 @@ class Worker:
         lease_seconds: float = 30.0,
         heartbeat: float | None = None,
         poll: float = 0.5,
+        executor: Executor | None = None,
+        trace: TraceFactory | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         """Check the arguments; nothing is claimed until :meth:`run`."""
         if not isinstance(registry, Mapping) or not registry:
@@ -153,6 +202,14 @@ class Worker:
         if self.heartbeat >= self.lease_seconds:
             raise ValueError("heartbeat must be shorter than lease_seconds")
         self.poll = check_seconds(poll, "poll")
+        if executor is not None and not isinstance(executor, Executor):
+            raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
+        if trace is not None and not callable(trace):
+            raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
+        self.executor = executor
+        self.trace = trace
+        self.defaults = check_run_options(defaults, "defaults")
+        self._announced = -_ANNOUNCE_EVERY
         self.fingerprints = {k: w.graph.fingerprint for k, w in self.registry.items()}
         self.outcomes: dict[str, str] = {}
         """``run id -> how this worker's last drive of it ended``: finished, failed,
@@ -194,6 +251,7 @@ class Worker:
         self._claim_failures = 0
         try:
             while not stop.is_set():
+                await self._announce()
                 claimed: bool | None = False
                 if len(self._drives) < self.max_runs:
                     claimed = await self._try_claim()
@@ -211,6 +269,7 @@ class Worker:
         finally:
             stopping.cancel()
             await self._stop_all()
+            await self._retire()
             self._executor.shutdown(wait=True)
 
     async def _try_claim(self) -> bool | None:
@@ -235,6 +294,24 @@ class Worker:
             return None
         self._claim_failures = 0
         return claimed
+
+    async def _announce(self) -> None:
+        """Tell the queue this worker is alive and what it serves, at most once a second."""
+        now = time.monotonic()
+        if now - self._announced < _ANNOUNCE_EVERY:
+            return
+        self._announced = now
+        # It counts for a few rounds of the loop: a claim's backoff, a long poll.
+        seconds = 3 * max(self.poll, _MAX_BACKOFF)
+        try:
+            await self._db(self.queue.announce, self.name, self.fingerprints, seconds)
+        except Exception as exc:  # advisory: only a queued run's reason depends on it
+            log.warning("worker %s: announcing it serves %s failed (%s: %s)", self.name,
+                        ", ".join(sorted(self.fingerprints)), type(exc).__name__, exc)
+
+    async def _retire(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._db(self.queue.retire, self.name)
 
     def _backoff(self) -> float:
         """The wait before the next claim after ``_claim_failures`` failures in a row.
@@ -289,29 +366,46 @@ class Worker:
     # -- one run ------------------------------------------------------------
 
     async def _drive(self, drive: _Drive) -> None:
-        lease = drive.lease
         if drive.stopping:
             # Claimed while the worker was being stopped: give it back untouched.
             await self._give_back(drive)
             return
-        gate = self._usage_gate() if self._gated else None
+        gate = self._usage_gate(drive) if self._gated else None
         # The run's id keys its attempts (run/step/number, the number counted
         # across runs), and each attempt waits for the worker's admission.
-        drive.task = asyncio.create_task(
-            self.registry[lease.workflow].run(
-                None if lease.checkpoint is not None else dict(lease.context),
-                checkpoint_fn=functools.partial(self._checkpoint, drive),
-                resume_from=lease.checkpoint,
-                run_id=lease.run_id,
-                before_attempt=functools.partial(self._admit, drive, gate),
-            )
-        )
+        drive.task = asyncio.create_task(self._run(drive, gate))
         beat = asyncio.create_task(self._heartbeat(drive))
         try:
             await asyncio.wait({drive.task})
         finally:
             beat.cancel()
         await self._record_ending(drive, drive.task)
+
+    async def _run(self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None) -> WorkflowResult:
+        """Drive the run with its options over the worker's; failed steps of an isolated run raise."""
+        lease = drive.lease
+        result = await self.registry[lease.workflow].run(
+            None if lease.checkpoint is not None else dict(lease.context),
+            checkpoint_fn=functools.partial(self._checkpoint, drive),
+            resume_from=lease.checkpoint,
+            run_id=lease.run_id,
+            before_attempt=functools.partial(self._admit, drive, gate),
+            **self._run_options(lease),
+        )
+        if not result.ok:
+            raise StepsFailed(result)
+        return result
+
+    def _run_options(self, lease: Lease) -> dict[str, Any]:
+        """The ``Workflow.run`` arguments of one drive: run options over defaults, executor, trace."""
+        options = run_arguments({**self.defaults, **lease.options}) if self.defaults or lease.options else {}
+        if self.executor is not None:
+            options["executor"] = self.executor
+        if self.trace is not None:
+            trace = self.trace(lease)
+            if trace is not None:
+                options["trace"] = list(trace) if isinstance(trace, list | tuple) else trace
+        return options
 
     async def _record_ending(self, drive: _Drive, task: asyncio.Task[Any]) -> None:
         """Record how the run ended, unless the lease was lost (then write nothing)."""
@@ -542,13 +636,37 @@ class Worker:
         )
         self._lose(drive)
 
-    def _usage_gate(self) -> Callable[[], Awaitable[None]]:
+    def _usage_gate(self, drive: _Drive) -> Callable[[], Awaitable[None]]:
         async def gate() -> None:
-            while True:
-                wait = await self._db(self.queue.usage_wait)
-                if wait <= 0:
-                    return
-                await asyncio.sleep(min(wait, self.heartbeat))
+            held = False
+            try:
+                while True:
+                    wait, reason = await self._db(self.queue.usage_hold)
+                    if wait <= 0:
+                        break
+                    if not held:
+                        held = True
+                        drive.held += 1
+                    await self._say(drive, reason)
+                    await asyncio.sleep(min(wait, self.heartbeat))
+            finally:
+                if held:
+                    drive.held -= 1
+            if held and not drive.held:
+                await self._say(drive, None)  # the last attempt held goes on: clear the reason
 
         return gate
+
+    async def _say(self, drive: _Drive, reason: str | None) -> None:
+        """Record why the run waits, only when that changes; a refusal loses the lease."""
+        if drive.reason == reason or drive.lost:
+            return
+        drive.reason = reason
+        try:
+            await self._db(self.queue.set_reason, drive.lease, reason)
+        except LeaseLostError:
+            self._lose(drive)
+        except Exception as exc:  # a reason is for people: never the run's failure
+            log.warning("worker %s: recording why run %r waits failed (%s: %s)", self.name,
+                        drive.lease.run_id, type(exc).__name__, exc)
 
