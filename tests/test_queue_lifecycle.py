@@ -15,13 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ekit_core import WorkflowCheckpoint
+from ekit_core.human import Question
+from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue import lifecycle as lc
 from ekit_runtime.queue.records import FINAL_STATUSES, STATUSES, LeaseLostError, Limits
 
 NOW = 1000.0
 LEASES = {"none": None, "live": NOW + 5.0, "expired": NOW - 5.0, "edge": NOW}
-HOLDER_VERBS = {"save", "renew", "finish", "release"}
-REOPENING_VERBS = {"retry", "rewind"}
+HOLDER_VERBS = {"save", "renew", "finish", "release", "park"}
+ANSWERING_VERBS = {"answer", "approve", "deny"}
+REOPENING_VERBS = {"retry", "rewind", *ANSWERING_VERBS}
 
 
 def _cases() -> list[tuple[str, str, bool, int]]:
@@ -75,6 +79,11 @@ def test_the_transition_table_is_coherent() -> None:
     assert {t.source for t in rows if t.verb == "retry"} == lc.RETRYABLE
     assert {t.source for t in rows if t.verb == "rewind"} == set(STATUSES)
     assert [t.source for t in rows if t.verb in ("submit", "fork")] == [None, None]
+    # A person's answer takes a waiting run, and only a waiting one, back to queued.
+    assert {(t.source, t.target) for t in rows if t.verb in ANSWERING_VERBS} == {("waiting", "queued")}
+    # Only a holder parks a run (never a claim or a person), and a parked run holds no lease: no claim takes it.
+    assert {(t.source, t.who) for t in rows if t.target == "waiting"} == {("running", "holder")}
+    assert not [t for t in rows if t.source == "waiting" and t.verb == "claim"]
     # A holder acts only on a running run; every final status is reached by finish.
     assert all(t.source == "running" for t in rows if t.who == "holder")
     assert {t.target for t in rows if t.verb == "finish"} == FINAL_STATUSES
@@ -153,13 +162,30 @@ def test_who_may_reopen_a_run_and_what_a_refusal_advises(status: str, lease: str
         assert advice[status] in retry
     if rewind is not None:
         assert "cancel it first" in rewind
+    # An answer, approval or denial takes only a waiting run.
+    for verb in sorted(ANSWERING_VERBS):
+        refusal = lc.reopen_refusal(verb, status, lease_live)
+        assert (refusal is None) is (status == "waiting")
+        assert refusal is None or f"it is {status}, not waiting for an answer" == refusal
     with pytest.raises(ValueError, match="not a verb that reopens"):
         lc.reopen_refusal("claim", status, lease_live)
+
+
+def test_the_reason_a_parked_run_shows_names_the_step_and_its_question() -> None:
+    value, approval = Question("value", "Which colour?"), Question("approval", "Pay $3?")
+    assert lc.waiting_reason({"pick": value}) == "waiting for an answer to step 'pick': Which colour?"
+    assert lc.waiting_reason({"pay": approval}) == (
+        "waiting for an answer to step 'pay' (approve or deny): Pay $3?"
+    )
+    assert lc.waiting_reason({"a": value, "b[2]": approval}) == "waiting for answers to steps 'a', 'b[2]'"
 
 
 def test_next_status_refuses_an_unknown_verb() -> None:
     with pytest.raises(ValueError, match="not a verb"):
         lc.next_status("steal", "running", NOW + 1, False, NOW)
+
+
+WAITING = RunWaiting(WorkflowCheckpoint(step_index=0, outputs={}), {"s": Question("value", "which?")})
 
 
 def _errors() -> st.SearchStrategy[BaseException | None]:
@@ -171,6 +197,7 @@ def _errors() -> st.SearchStrategy[BaseException | None]:
             LeaseLostError("r", 1),
             ExceptionGroup("g", [ValueError("x"), LeaseLostError("r", 1)]),
             ExceptionGroup("g", [ValueError("x")]),
+            WAITING,
         ]
     )
 
@@ -190,6 +217,9 @@ def test_how_a_drive_ended(
     )
     if lost or refused:
         assert ending == "lost"
+    elif isinstance(error, RunWaiting):
+        # A run waiting for a person is parked (even while its worker stops), unless cancelled.
+        assert ending == ("cancelled" if cancel_asked else "parked")
     elif stopping and not cancel_asked:
         assert ending == "released"
     elif cancel_asked and (cancelled or isinstance(error, asyncio.CancelledError)):

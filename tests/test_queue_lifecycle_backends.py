@@ -3,7 +3,7 @@
 A model of the queue, moved only by the functions of
 ``ekit_runtime.queue.lifecycle``, is driven alongside a real queue with the
 same random operations (submit, claim with a matching or another graph, save,
-renew, finish, release, cancel, a person's retry and rewind, and expiry of a
+renew, finish, release, park, cancel, a person's retry and rewind, and expiry of a
 lease, by moving its expiry into the past). After every operation, what each call returned and every
 run's status, epoch, cancel flag, fingerprint and lease agree.
 """
@@ -14,13 +14,14 @@ import random
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
-from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue, RunStateError
+from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue, RunStateError, SqliteQueue
 from ekit_runtime.queue import lifecycle as lc
 from tests.queue_backends import queue, queue_url
 
@@ -120,7 +121,7 @@ class Driver:
     def step(self) -> None:
         ops = [self.submit, self.claim, self.claim, self.cancel, self.expire, self.retry, self.rewind]
         if self.leases:
-            ops += [self.save, self.renew, self.finish, self.release, self.save, self.renew]
+            ops += [self.save, self.renew, self.finish, self.release, self.park, self.save, self.renew]
         self.rng.choice(ops)()
         self.check()
 
@@ -180,6 +181,12 @@ class Driver:
         if held:
             run = self.model.runs[lease.run_id]
             run.status, run.until = lc.RELEASED_AS[run.cancel], None
+
+    def park(self) -> None:
+        def parked(run: Run) -> None:
+            run.status, run.until = lc.PARKED_AS[run.cancel], None
+
+        self._holder_write(lambda lease: self.queue.park(lease, "waiting for an answer to step 's0'"), parked)
 
     def cancel(self) -> None:
         if not self.model.runs:
@@ -248,7 +255,17 @@ def test_a_backend_follows_the_lifecycle_rules(queue: RunQueue, queue_url: str, 
     # Each sequence went through accepted and refused writes and reached a final status.
     assert {("holder write", True), ("holder write", False), ("status", "running")} <= driver.seen
     assert any(("status", s) in driver.seen for s in FINAL_STATUSES)
-    # ... and accepted and refused retries, and rewinds (seeds 1 to 3 accept some, too).
-    assert {("retry", True), ("retry", False)} <= driver.seen
-    assert any(k == "rewind" for k, _ in driver.seen)
+    # ... and refused retries and rewinds (accepted ones and parked runs: the test below).
+    assert {("retry", False), ("rewind", False)} <= driver.seen
+
+
+def test_the_sequences_go_through_accepted_retries_and_rewinds_and_parked_runs(tmp_path: Path) -> None:
+    seen: set[tuple[str, object]] = set()
+    for seed in range(6):
+        with SqliteQueue(tmp_path / f"q{seed}.db") as queue:
+            driver = Driver(queue, str(tmp_path / f"q{seed}.db"), random.Random(seed))
+            for _ in range(80):
+                driver.step()
+            seen |= driver.seen
+    assert {("retry", True), ("rewind", True), ("status", "waiting")} <= seen
 

@@ -24,6 +24,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,9 @@ from types import MappingProxyType
 from typing import Any, NoReturn, Self
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.human import Answer, Question
+from ekit_core.human import answer as answer_checkpoint
+from ekit_core.human import questions as pending_questions
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
@@ -487,6 +491,82 @@ class RunQueue(ABC):
         self._fork(source, new, level, copied)
         return new
 
+    # -- a person's answers to a run that waits (status ``waiting``) --------
+
+    def questions(self, run_id: str) -> Mapping[str, Question]:
+        """The questions the run's steps wait on, step (or item ``step[key]``) -> question.
+
+        Empty when none waits. Read from its latest checkpoint (the run's
+        ``RunInfo.reason`` names the step without decoding it).
+        """
+        checkpoint = self.checkpoint(run_id)
+        return MappingProxyType({}) if checkpoint is None else pending_questions(checkpoint)
+
+    def answer(self, run_id: str, step: str, value: Any, *, by: str | None = None) -> RunInfo:
+        """Answer the question ``step`` of a waiting run asked with ``value``; return its record.
+
+        One transaction: the answer is recorded in the run's checkpoint (with
+        ``by``, who answered, and the time; audit shows them), and the run is
+        queued again (epoch + 1), so the next worker to claim it resumes it
+        and the step's ``ask`` returns ``value``. Refused, writing nothing,
+        with :class:`RunStateError` (a ``ValueError`` naming the run and the
+        step): the run is not waiting, ``step`` has no question pending, the
+        question is an approval (:meth:`approve`, :meth:`deny`), or someone
+        answered (or cancelled, or rewound it) since this call read it: of
+        two people answering at once, exactly one wins. ``value`` must be
+        what the queue's ``dumps`` encodes (JSON by default).
+        """
+        return self._answer(run_id, step, "answer", lambda who, at: Answer(value, by=who, at=at), by, value)
+
+    def approve(self, run_id: str, step: str, *, by: str | None = None) -> RunInfo:
+        """Approve the approval ``step`` of a waiting run asked for; see :meth:`answer`.
+
+        The resumed step's ``approve(...)`` returns and the step goes on.
+        """
+        return self._answer(run_id, step, "approve", lambda who, at: Answer.approve(by=who, at=at), by)
+
+    def deny(self, run_id: str, step: str, reason: str = "", *, by: str | None = None) -> RunInfo:
+        """Deny the approval ``step`` of a waiting run asked for, saying why; see :meth:`answer`.
+
+        The next worker to claim the run ends it at once: ``failed``, its
+        error ``ApprovalDenied: step 'S' was denied approval: REASON``; the
+        step never runs (rewind it to ask again).
+        """
+        why = "" if reason == "" else check_text(reason, "reason", limit=2000)
+        return self._answer(run_id, step, "deny", lambda who, at: Answer.deny(why, by=who, at=at), by)
+
+    def _answer(
+        self,
+        run_id: str,
+        step: str,
+        verb: str,
+        make: Callable[[str, float], Answer],
+        by: str | None,
+        value: Any = None,
+    ) -> RunInfo:
+        rid = check_run_id(run_id)
+        name = check_step_name(step)
+        who = "" if by is None else check_text(by, "by", limit=200)
+        if verb == "answer":
+            try:
+                text = encode_text(value, self.dumps, ())
+            except UnencodableError as exc:
+                message = f"cannot encode the answer to step {name!r}: {exc}"
+                raise UnencodableError(message, step=name) from None
+            _storable(text, f"the encoded answer to step {name!r}", name)
+        given = make(who, time.time())
+
+        def answered(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint:
+            if checkpoint is None:
+                problem = "it has no checkpoint: no question to answer"
+                raise RunStateError(rid, status, verb, problem, step=name)
+            try:
+                return answer_checkpoint(checkpoint, name, given)
+            except ValueError as exc:
+                raise RunStateError(rid, status, verb, str(exc), step=name) from None
+
+        return self._reopen(rid, verb, answered, step=name)[0]
+
     def _rewound(
         self, run_id: str, status: str, checkpoint: WorkflowCheckpoint | None, names: list[str], verb: str
     ) -> WorkflowCheckpoint:
@@ -505,14 +585,16 @@ class RunQueue(ABC):
             raise ValueError(f"cannot {verb} run {run_id!r}: {exc}") from None
 
     @staticmethod
-    def _refuse_reopening(run_id: str, verb: str, status: str, lease_live: bool) -> None:
+    def _refuse_reopening(
+        run_id: str, verb: str, status: str, lease_live: bool, step: str | None = None
+    ) -> None:
         """Raise :class:`RunStateError` unless ``verb`` may reopen a run in ``status`` (lifecycle's rule)."""
         problem = reopen_refusal(verb, status, lease_live)
         if problem is not None:
-            raise RunStateError(run_id, status, verb, problem)
+            raise RunStateError(run_id, status, verb, problem, step=step)
 
     @staticmethod
-    def _changed(run_id: str, status: str, verb: str) -> NoReturn:
+    def _changed(run_id: str, status: str, verb: str, step: str | None = None) -> NoReturn:
         """A person's write met a claim or another write made since its read: refused."""
         raise RunStateError(
             run_id,
@@ -520,7 +602,16 @@ class RunQueue(ABC):
             verb,
             "it changed while this call read it (a worker claimed it, or someone else retried, "
             "rewound, answered or cancelled it); nothing was written: read its status and try again",
+            step=step,
         )
+
+    @staticmethod
+    def _park_reason(reason: object) -> str:
+        """A park's reason as stored: text, cut to the 500 characters a reason holds."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason must be a non-empty string, got {reason!r:.100}")
+        text = reason if len(reason) <= 500 else reason[:497] + "..."
+        return check_text(text.replace("\x00", "\\x00"), "reason", limit=500)
 
     def _fork_row(self, copy: WorkflowCheckpoint | None) -> tuple[EncodedCheckpoint | None, list[Any]]:
         """A fork's encoded checkpoint, and its header, fingerprint, four counts, failures and
@@ -550,11 +641,14 @@ class RunQueue(ABC):
         run_id: str,
         verb: str,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
     ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
-        """Reopen the run in one transaction: read its status, epoch and lease; refuse what
-        :meth:`_refuse_reopening` refuses; with ``change``, write ``change(status, checkpoint)``
-        in full; queue it at epoch + 1 (error, cancel flag and lease cleared) under
-        :data:`~ekit_runtime.queue.lifecycle.UNCHANGED`, else :meth:`_changed`. Returns the
+        """Reopen the run in one transaction (``step``: the step a refusal names): read its
+        status, epoch and lease; refuse what :meth:`_refuse_reopening` refuses; with ``change``,
+        write ``change(status, checkpoint)`` in full; queue it at epoch + 1 (error, cancel
+        flag, reason and lease cleared) under :data:`~ekit_runtime.queue.lifecycle.UNCHANGED`,
+        else :meth:`_changed`. Returns the
         run's record after the write and the checkpoint written (``None`` without ``change``)."""
 
     @abstractmethod
@@ -633,6 +727,17 @@ class RunQueue(ABC):
     @abstractmethod
     def release(self, lease: Lease) -> bool:
         """Give a run back to the queue; ``False`` if the lease was already lost."""
+
+    @abstractmethod
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: it waits for a person (``waiting``), holding no lease.
+
+        Its lease and owner are cleared and ``reason`` recorded (``waiting for
+        an answer to step 'S'``); no claim takes it until a person answers,
+        approves or denies. A run whose cancel was asked meanwhile is ended
+        ``cancelled`` instead. Fenced like any holder's write:
+        :class:`LeaseLostError`, writing nothing, unless the lease is live.
+        """
 
     @abstractmethod
     def usage_wait(self) -> float:

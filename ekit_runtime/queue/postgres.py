@@ -45,6 +45,7 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    PARK_STATUS,
     RELEASE_STATUS,
     REOPENED_AS,
     UNCHANGED,
@@ -485,6 +486,8 @@ class PostgresQueue(RunQueue):
         run_id: str,
         verb: str,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
     ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
         with self.db.transaction() as conn:
             row = conn.execute(
@@ -493,7 +496,7 @@ class PostgresQueue(RunQueue):
             if row is None:
                 raise UnknownRunError(run_id)
             status, epoch, lease_live = row
-            self._refuse_reopening(run_id, verb, status, bool(lease_live))
+            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
             written = None
             sets, args = "", []
             if change is not None:
@@ -512,7 +515,7 @@ class PostgresQueue(RunQueue):
                 (*args, run_id, epoch),
             ).fetchone()
             if info is None:
-                self._changed(run_id, status, verb)
+                self._changed(run_id, status, verb, step)
             if change is not None:
                 conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
                 conn.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
@@ -768,6 +771,19 @@ class PostgresQueue(RunQueue):
         )
         self._forget(lease.run_id)
         return row is not None
+
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
+        text = self._park_reason(reason)
+        row = self.db.run(
+            lambda c: c.execute(
+                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
+                f"reason = %s, updated_at = {_NOW} WHERE {_HELD} RETURNING cancel_requested",
+                (text, lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        self._fenced(lease, row)
+        self._forget(lease.run_id)
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""

@@ -38,10 +38,11 @@ __all__ = [
     "check_workflow_name",
 ]
 
-RunStatus: TypeAlias = Literal["queued", "running", "finished", "failed", "cancelled"]
-"""Where a run is: waiting, leased by a worker, or one of the three final states."""
+RunStatus: TypeAlias = Literal["queued", "running", "waiting", "finished", "failed", "cancelled"]
+"""Where a run is: queued for a worker, leased by one, parked until a person answers (``waiting``:
+no lease, no worker), or one of the three final states."""
 
-STATUSES: tuple[RunStatus, ...] = ("queued", "running", "finished", "failed", "cancelled")
+STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "finished", "failed", "cancelled")
 """Every status, in the order a run goes through them."""
 
 FINAL_STATUSES: frozenset[str] = frozenset({"finished", "failed", "cancelled"})

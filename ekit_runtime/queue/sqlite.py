@@ -36,6 +36,7 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    PARK_STATUS,
     RELEASE_STATUS,
     REOPENED_AS,
     UNCHANGED,
@@ -390,6 +391,8 @@ class SqliteQueue(RunQueue):
         run_id: str,
         verb: str,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
     ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
         def body(conn: sqlite3.Connection) -> tuple[RunInfo, WorkflowCheckpoint | None]:
             now = time.time()
@@ -399,7 +402,7 @@ class SqliteQueue(RunQueue):
             if row is None:
                 raise UnknownRunError(run_id)
             status, epoch, lease_live = row
-            self._refuse_reopening(run_id, verb, status, bool(lease_live))
+            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
             written = None
             sets, args = "", []
             if change is not None:
@@ -415,7 +418,7 @@ class SqliteQueue(RunQueue):
                 (now, *args, run_id, epoch, now),
             ).rowcount
             if updated != 1:
-                self._changed(run_id, status, verb)
+                self._changed(run_id, status, verb, step)
             if change is not None:
                 self._write_entries(conn, run_id, enc, epoch + 1)
             self._forget(run_id)
@@ -669,6 +672,22 @@ class SqliteQueue(RunQueue):
         released = self._tx(body)
         self._forget(lease.run_id)
         return released
+
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
+        text = self._park_reason(reason)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            updated = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
+                f"reason = ?, updated_at = ? WHERE {_HELD}",
+                (text, now, lease.run_id, lease.epoch, now),
+            ).rowcount
+            self._fence(conn, lease, updated)
+
+        self._tx(body)
+        self._forget(lease.run_id)
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
