@@ -81,7 +81,7 @@ def test_the_transition_table_is_coherent() -> None:
     assert [t.source for t in rows if t.verb in ("submit", "fork")] == [None, None]
     # A person's answer takes a waiting run, and only a waiting one, back to queued.
     assert {(t.source, t.target) for t in rows if t.verb in ANSWERING_VERBS} == {("waiting", "queued")}
-    # Only a holder parks a run (never a claim or a person), and a parked run holds no lease: no claim takes it.
+    # Only a holder parks a run (never a claim or a person); a parked run holds no lease: no claim takes it.
     assert {(t.source, t.who) for t in rows if t.target == "waiting"} == {("running", "holder")}
     assert not [t for t in rows if t.source == "waiting" and t.verb == "claim"]
     # A holder acts only on a running run; every final status is reached by finish.
