@@ -27,6 +27,10 @@
   [--priority N]`` (a copy under a new id, rewound at the steps): see
   :meth:`RunQueue.retry`, :meth:`RunQueue.rewind`, :meth:`RunQueue.fork`. A
   refusal (a running run, a finished one to retry) is one line, exit 2.
+- ``ekit queue --queue URL answer RUN STEP VALUE_JSON [--by NAME]``,
+  ``approve RUN STEP [--by NAME]``, ``deny RUN STEP [--reason TEXT] [--by
+  NAME]``: answer the question a waiting run's step asked (``status RUN``
+  shows it, ``list`` its step and prompt); the run is queued again.
 
 ``URL`` is ``sqlite:///PATH``, a file path, or ``postgresql://...``.
 Registered with the ``ekit`` command by :func:`add_parsers`.
@@ -406,7 +410,11 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
             )
         }
     if action == "status":
-        return _info(queue.status(args.run_id))
+        info = queue.status(args.run_id)
+        data = _info(info)
+        if info.status == "waiting":  # what the person is asked, step by step
+            data["questions"] = {k: q.to_dict() for k, q in queue.questions(args.run_id).items()}
+        return data
     if action == "list":
         runs = [r for r in queue.runs(args.status) if args.workflow is None or r.workflow == args.workflow]
         if args.json:
@@ -466,7 +474,32 @@ def _to_run(checkpoint: Any) -> list[str]:
     return [n for n in graph if n not in checkpoint.outputs and n not in checkpoint.skipped]
 
 
-_REOPENING = {"retry": _retry, "rewind": _rewind, "fork": _fork}
+def _answered(info: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
+    return {"run_id": info.run_id, "step": args.step, "status": info.status, "epoch": info.epoch,
+            "by": args.by}
+
+
+def _answer(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        value = json.loads(args.value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"VALUE_JSON is not JSON ({exc}): give a JSON value such as '\"blue\"', 3 or '{{\"n\": 1}}'"
+        ) from None
+    return _answered(queue.answer(args.run_id, args.step, value, by=args.by), args)
+
+
+def _approve(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    return _answered(queue.approve(args.run_id, args.step, by=args.by), args)
+
+
+def _deny(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    return _answered(queue.deny(args.run_id, args.step, args.reason, by=args.by), args)
+
+
+_REOPENING = {
+    "retry": _retry, "rewind": _rewind, "fork": _fork, "answer": _answer, "approve": _approve, "deny": _deny
+}
 
 
 def add_parsers(sub: Any) -> None:
@@ -575,6 +608,7 @@ def _add_queue_parser(sub: Any) -> None:
         "a duration such as 90s, 15m, 2h, 1d, 1w or 1h30m; queued and running runs are never deleted",
     )
     _add_reopening_parsers(actions)
+    _add_answering_parsers(actions)
     lim = actions.add_parser("limits", help="show or set the fleet's limits")
     for field, helptext in (
         ("max-in-flight", "runs holding a live lease at once, across every worker"),
@@ -621,3 +655,36 @@ def _add_reopening_parsers(actions: Any) -> None:
     a.add_argument(
         "--priority", type=int, default=None, metavar="N", help="the new run's priority (default: RUN's)"
     )
+
+
+def _add_answering_parsers(actions: Any) -> None:
+    """``answer``, ``approve`` and ``deny``: a person answers the question a waiting run's step asked."""
+    after = (
+        "The answer is recorded in the run's checkpoint (with --by and the time) and the run is queued "
+        "again: the next worker to claim it resumes it. Refused unless the run is waiting and STEP has a "
+        "question pending (see 'ekit queue status RUN'); of two answers given at once, one wins."
+    )
+    a = actions.add_parser(
+        "answer", help="answer the question a waiting run's step asked, with a JSON value",
+        description=f"Answer the value question STEP of the waiting run RUN asked. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("value", metavar="VALUE_JSON", help='the answer, as JSON: \'"blue"\', 3, \'{"n": 1}\'')
+    a.add_argument("--by", metavar="NAME", help="who answers (recorded; audit shows it)")
+    a = actions.add_parser(
+        "approve", help="approve what a waiting run's step asked approval for",
+        description=f"Approve the approval STEP of the waiting run RUN asked for. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("--by", metavar="NAME", help="who approves (recorded; audit shows it)")
+    a = actions.add_parser(
+        "deny", help="deny what a waiting run's step asked approval for: the run ends failed",
+        description=f"Deny the approval STEP of the waiting run RUN asked for: the next worker ends "
+        f"the run failed (ApprovalDenied), and the step never runs. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("--reason", default="", help="why (recorded, and in the run's error)")
+    a.add_argument("--by", metavar="NAME", help="who denies (recorded; audit shows it)")
