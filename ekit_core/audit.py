@@ -27,6 +27,7 @@ from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
+from ekit_core.human import Exchange
 from ekit_core.report import (
     GraphSource,
     count,
@@ -45,8 +46,9 @@ from ekit_core.usage import TokenUsage
 
 __all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
 
-Action = Literal["skip", "run"]
-Reason = Literal["recorded", "outdated", "ready", "failed", "waiting", "skipped", "mapped"]
+Action = Literal["skip", "run", "wait"]
+Reason = Literal["recorded", "outdated", "ready", "failed", "waiting", "skipped", "mapped",
+                 "asked", "denied"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,13 @@ class StepAudit:
     collected once they are; ``items`` is how many it has (``None`` while
     what it maps over is not recorded) and ``items_recorded`` how many of
     those are recorded or skipped.
+
+    A step (or item) that asked a person (``ekit_runtime.ask``, ``approve``)
+    lists its questions and their answers in ``asked`` (who answered what,
+    and when), whatever its action. One whose last question is unanswered
+    has action ``"wait"`` and reason ``"asked"``: a resume leaves it waiting
+    until an answer is recorded. One whose approval was denied has action
+    ``"wait"`` and reason ``"denied"``: a resume ends denied without running it.
     """
 
     name: str
@@ -85,10 +94,23 @@ class StepAudit:
     item_of: str | None = None
     items: int | None = None
     items_recorded: int = 0
+    asked: tuple[Exchange, ...] = ()
 
     @property
     def why(self) -> str:
-        """One human-readable line explaining ``action``."""
+        """One human-readable line explaining ``action`` (and who answered what, if it asked)."""
+        why = self._why()
+        if not self.asked:
+            return why
+        return "; ".join([why, *(_answered(i, e) for i, e in enumerate(self.asked, 1)
+                                 if e.answer is not None)])
+
+    def _why(self) -> str:
+        if self.reason == "asked":
+            return (f"waits for a person's answer to question {len(self.asked)}: "
+                    f"{self.asked[-1].question.prompt!r}")
+        if self.reason == "denied":
+            return "its approval was denied: a resume ends denied without running it"
         if self.reason == "recorded":
             return "output recorded"
         if self.reason == "skipped":
@@ -138,7 +160,21 @@ class StepAudit:
             "item_of": self.item_of,
             "items": self.items,
             "items_recorded": self.items_recorded,
+            "asked": [e.to_dict() for e in self.asked],
         }
+
+
+def _answered(number: int, exchange: Exchange) -> str:
+    """Who answered question ``number``, when, and what."""
+    given = exchange.answer
+    assert given is not None
+    by = f" by {given.by}" if given.by else ""
+    at = f" at {given.at}" if given.at is not None else ""
+    if given.approved is None:
+        what = repr(given.value)
+    else:
+        what = ("approved" if given.approved else "denied") + (f" ({given.reason})" if given.reason else "")
+    return f"question {number} ({exchange.question.prompt!r}) answered{by}{at}: {what}"
 
 
 AnomalyKind = Literal[
@@ -222,6 +258,11 @@ class AuditReport:
         return tuple(s.name for s in self.steps if s.action == "run")
 
     @property
+    def waiting(self) -> tuple[str, ...]:
+        """Steps (and items) that wait for a person's answer or whose approval was denied."""
+        return tuple(s.name for s in self.steps if s.action == "wait")
+
+    @property
     def outdated(self) -> tuple[str, ...]:
         """Steps whose recorded output a resume discards and runs again, in declaration order."""
         return tuple(s.name for s in self.steps if s.reason == "outdated")
@@ -245,6 +286,7 @@ class AuditReport:
             "cost": self.cost.to_dict(),
             "skip": list(self.skipped),
             "run": list(self.to_run),
+            "wait": list(self.waiting),
             "outdated": list(self.outdated),
             "steps": [s.to_dict() for s in self.steps],
             "anomalies": [a.to_dict() for a in self.anomalies],
@@ -261,12 +303,13 @@ class AuditReport:
             (s.name, s.action, "-" if s.usage is None else usage_text(s.usage), s.why)
             for s in self.steps
         ]
+        waits = f", waits on {count(len(self.waiting))} (a person's answer)" if self.waiting else ""
         return "\n".join([
             source_line(self.graph_source, self.fingerprint, plural=False),
             f"checkpoint: format {self.format_version}, step_index {count(self.step_index)}, "
             f"usage {usage_text(self.cost)}",
             f"resume skips {count(len(self.skipped))} {what}, runs "
-            f"{count(len(self.to_run))}{outdated}",
+            f"{count(len(self.to_run))}{outdated}{waits}",
             "",
             *table(("STEP", "ACTION", "USAGE in/out/calls", "WHY"), rows),
             "",
@@ -314,7 +357,7 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_rows(audited),
+        steps=_with_questions(_rows(audited), cp),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -463,6 +506,25 @@ def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | No
                          items_recorded=done)
     reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"
     return StepAudit(name, "run", reason, deps, waiting, failure, usage, item_of=item_of)
+
+
+def _with_questions(rows: tuple[StepAudit, ...], cp: WorkflowCheckpoint) -> tuple[StepAudit, ...]:
+    """The rows of the steps that asked a person, with their questions: waiting or denied
+    ones are neither skipped nor run (the core's rule: :mod:`ekit_core.human`)."""
+    asked = cp.asked
+    if not asked:
+        return rows
+    out = []
+    for row in rows:
+        exchanges = asked.get(row.name)
+        if exchanges and row.action == "run" and row.reason not in ("outdated", "mapped"):
+            last = exchanges[-1].answer
+            if last is None:
+                row = replace(row, action="wait", reason="asked")
+            elif last.approved is False:
+                row = replace(row, action="wait", reason="denied")
+        out.append(row if not exchanges else replace(row, asked=exchanges))
+    return tuple(out)
 
 
 # -- the checks, one per anomaly kind ------------------------------------------------

@@ -305,10 +305,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ) or (self.asked is not previous.asked and self.asked != previous.asked):
-            # (Outputs set aside only change when an expansion lets them go:
-            # rarely; questions when a step asks or a person answers: a store
-            # writes those in full.)
+        ):
+            # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
         failures = {
             k: f for k, f in self.failures.items() if previous.failures.get(k) != f
@@ -325,6 +323,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 and _holds(self.context, previous.context, same_output)
             ),
             skipped=skipped,
+            asked_changed=self.asked is not previous.asked and self.asked != previous.asked,
         )
 
     def to_dict(self, *, per_step: bool = True) -> dict[str, Any]:
@@ -491,7 +490,10 @@ class CheckpointDelta:
     ``failures`` the records that are new or changed; ``cost`` the usage
     added; ``context_changed`` whether the run's context differs;
     ``skipped`` the skips that are new (skips only grow within a run), with
-    their reasons, in the order they were recorded.
+    their reasons, in the order they were recorded; ``asked_changed``
+    whether the questions and answers (``asked``) differ: a step asked, or a
+    person answered (rare: a store writes the checkpoint in full then, as
+    for a changed context).
     """
 
     extends: bool
@@ -501,6 +503,7 @@ class CheckpointDelta:
     cost: TokenUsage
     context_changed: bool
     skipped: MappingProxyType[str, str] = field(default_factory=_empty)
+    asked_changed: bool = False
 
 
 def same_output(a: object, b: object) -> bool:
@@ -554,6 +557,7 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         cost=cp.cost,
         context_changed=bool(cp.context),
         skipped=cp.skipped,
+        asked_changed=bool(cp.asked),
     )
 
 

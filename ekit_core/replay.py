@@ -150,7 +150,10 @@ class TimelineEntry:
     changed version tag or dependencies, or a dependency that runs again);
     ``graph_changed`` says how its graph differs from the predecessor's.
     ``skipped`` maps the steps and items it newly records as skipped by a
-    condition to the reason.
+    condition to the reason. ``asked`` maps the steps and items that newly
+    wait for a person's answer here to the question's prompt; ``answered``
+    those whose answers are new here to who answered what (see
+    :mod:`ekit_core.human`).
     """
 
     index: int
@@ -165,6 +168,8 @@ class TimelineEntry:
     outdated: Mapping[str, str] = field(default_factory=_no_reasons)
     graph_changed: str | None = None
     skipped: Mapping[str, str] = field(default_factory=_no_reasons)
+    asked: Mapping[str, str] = field(default_factory=_no_reasons)
+    answered: Mapping[str, str] = field(default_factory=_no_reasons)
 
     @property
     def note(self) -> str:
@@ -186,6 +191,11 @@ class TimelineEntry:
             notes.append("skipped: " + ", ".join(self.skipped))
         if self.failed:
             notes.append("failed: " + ", ".join(self.failed))
+        if self.answered:
+            notes.append("answered: " + ", ".join(f"{n} ({a})" for n, a in self.answered.items()))
+        if self.asked:
+            notes.append("waits for an answer: " + ", ".join(
+                f"{n} ({prompt!r})" for n, prompt in self.asked.items()))
         if self.repeat:
             notes.append("repeat: nothing new")
         return "; ".join(notes)
@@ -205,6 +215,8 @@ class TimelineEntry:
             "outdated": dict(self.outdated),
             "graph_changed": self.graph_changed,
             "skipped": dict(self.skipped),
+            "asked": dict(self.asked),
+            "answered": dict(self.answered),
         }
 
 
@@ -320,7 +332,7 @@ def _adds_nothing(cp: WorkflowCheckpoint, prev: WorkflowCheckpoint | None) -> bo
     """Whether ``cp`` (which extends ``prev``) is a repeat: the closing save of a stopped run."""
     if prev is None:
         return (not cp.outputs and not cp.failures and not cp.skipped and cp.step_index == 0
-                and cp.cost.is_zero())
+                and cp.cost.is_zero() and not cp.asked)
     return (
         cp.step_index == prev.step_index
         and cp.cost == prev.cost
@@ -328,7 +340,31 @@ def _adds_nothing(cp: WorkflowCheckpoint, prev: WorkflowCheckpoint | None) -> bo
         and len(cp.step_usage) == len(prev.step_usage)
         and cp.failures == prev.failures
         and len(cp.skipped) == len(prev.skipped)
+        and (cp.asked is prev.asked or cp.asked == prev.asked)
     )
+
+
+def _questions_new(cp: WorkflowCheckpoint, base: WorkflowCheckpoint | None
+                   ) -> tuple[dict[str, str], dict[str, str]]:
+    """The questions ``cp`` newly waits on (name -> prompt) and the answers it newly
+    records (name -> who answered what), against ``base``."""
+    mine, theirs = cp.asked, base.asked if base is not None else {}
+    if mine is theirs or not mine:
+        return {}, {}
+    asked, answered = {}, {}
+    for name, exchanges in mine.items():
+        before = theirs.get(name, ())
+        for k, exchange in enumerate(exchanges):
+            earlier = before[k] if k < len(before) else None
+            if earlier is None and exchange.answer is None:
+                asked[name] = exchange.question.prompt
+            given = exchange.answer
+            if given is not None and (earlier is None or earlier.answer != given):
+                what = repr(given.value) if given.approved is None else (
+                    "approved" if given.approved else "denied")
+                answered[name] = f"{what} by {given.by or 'someone'}" + (
+                    f" at {given.at}" if given.at is not None else "")
+    return asked, answered
 
 
 def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
@@ -559,10 +595,12 @@ class _Walk:
         failed = tuple(sorted(delta.failures, key=lambda n: graph.index.get(n, len(graph))))
         before: Mapping[str, str] = {} if base is None else base.skipped
         skipped = {n: why for n, why in cp.skipped.items() if n not in before}
+        asked, answered = _questions_new(cp, base)
         self.timeline.append(TimelineEntry(
             i, cp.step_index, tuple(finished), failed, cp.cost, repeat, resumed, resumed_from,
             self.segment, MappingProxyType(dict(outdated)),
             None if changes is None else changes.describe(), MappingProxyType(skipped),
+            MappingProxyType(asked), MappingProxyType(answered),
         ))
         self.prev, self.prev_repeat = cp, repeat
 

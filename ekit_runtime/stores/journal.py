@@ -329,6 +329,7 @@ class JournalStore:
         if (
             not delta.extends
             or delta.context_changed
+            or delta.asked_changed  # questions and answers: rare, written in full
             # Usage that went down cannot be a delta: a delta's counts are
             # parsed like a checkpoint's, which are never negative.
             or min(cost.input_tokens, cost.output_tokens, cost.llm_calls) < 0
@@ -706,4 +707,5 @@ class _History:
             versions=fold.start.versions,
             skipped=self.skipped,
             shapes=fold.start.shapes,
+            asked=fold.start.asked,
         )

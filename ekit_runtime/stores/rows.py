@@ -207,7 +207,7 @@ def encode_checkpoint(
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
         delta = checkpoint.delta_since(previous)
-        if delta.extends and not delta.context_changed:
+        if delta.extends and not delta.context_changed and not delta.asked_changed:
             rows = texts.rows(delta.outputs, delta.step_usage, dumps)
             rows += _skip_rows(delta.skipped.items())
             if engine == "PostgreSQL":
