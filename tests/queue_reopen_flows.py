@@ -11,6 +11,9 @@ the step sees it. Synchronisation is by files in that folder, never by time:
   policy retries once).
 - ``hold``: ``a``, then ``b``, which waits (politely, the loop running on)
   until the file ``go`` exists, after writing ``holding``.
+- ``ask``: ``a``, then ``pick``, which asks a person "Which colour?" and logs
+  ``got RUN pick VALUE PID`` with the answer it received, then ``pay``,
+  which asks for an approval and logs ``paid RUN PID`` once approved.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 from typing import Any
 
 from ekit_core import RetryPolicy
-from ekit_runtime import Step, Workflow
+from ekit_runtime import Step, Workflow, approve, ask
 from ekit_runtime.queue import attempt_key
 
 
@@ -65,6 +68,20 @@ async def _b_holds(ctx: dict[str, Any]) -> str:
     return out
 
 
+async def _pick(ctx: dict[str, Any]) -> str:
+    _started("pick")
+    colour = ask("Which colour?", details={"choices": ["red", "blue"]})
+    _log(f"got {attempt_key().run_id} pick {colour} {os.getpid()}")
+    return f"picked {colour}"
+
+
+def _pay(ctx: dict[str, Any]) -> str:  # a sync step: its thread reads the answers too
+    _started("pay")
+    approve("Pay $3 for the call?", details={"usd": 3})
+    _log(f"paid {attempt_key().run_id} - {os.getpid()}")
+    return "paid"
+
+
 WORKFLOWS = {
     "chain": Workflow(
         [
@@ -75,6 +92,7 @@ WORKFLOWS = {
         ]
     ),
     "hold": Workflow([Step("a", _plain("a")), Step("b", _b_holds, ("a",))]),
+    "ask": Workflow([Step("a", _plain("a")), Step("pick", _pick, ("a",)), Step("pay", _pay, ("pick",))]),
 }
 
 
@@ -85,4 +103,15 @@ def starts(logdir: str) -> list[tuple[str, str, int, int]]:
             lines = f.read().splitlines()
     except FileNotFoundError:
         return []
-    return [(r, s, int(a), int(p)) for _, r, s, a, p in (line.split() for line in lines)]
+    started = [line.split()[1:] for line in lines if line.startswith("start ")]
+    return [(r, s, int(a), int(p)) for r, s, a, p in started]
+
+
+def lines(logdir: str, kind: str) -> list[list[str]]:
+    """The log's lines of ``kind`` (``got``, ``paid``), split into words after the kind."""
+    try:
+        with open(os.path.join(logdir, "steps.log")) as f:
+            found = [line.split() for line in f.read().splitlines()]
+    except FileNotFoundError:
+        return []
+    return [words[1:] for words in found if words[0] == kind]
