@@ -357,7 +357,7 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_with_questions(_rows(audited), cp),
+        steps=_with_questions(_rows(audited), without(cp, graph, audited.outdated).asked),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -508,10 +508,11 @@ def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | No
     return StepAudit(name, "run", reason, deps, waiting, failure, usage, item_of=item_of)
 
 
-def _with_questions(rows: tuple[StepAudit, ...], cp: WorkflowCheckpoint) -> tuple[StepAudit, ...]:
-    """The rows of the steps that asked a person, with their questions: waiting or denied
-    ones are neither skipped nor run (the core's rule: :mod:`ekit_core.human`)."""
-    asked = cp.asked
+def _with_questions(rows: tuple[StepAudit, ...], asked: Mapping[str, tuple[Exchange, ...]]
+                    ) -> tuple[StepAudit, ...]:
+    """The rows of the steps that asked a person, with the questions a resume keeps (those
+    below an outdated step go): waiting or denied ones are neither skipped nor run (the
+    core's rule: :mod:`ekit_core.human`)."""
     if not asked:
         return rows
     out = []

@@ -22,6 +22,7 @@ decided again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -249,13 +250,35 @@ def _step_names(steps: object) -> list[str]:
 
 def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[str]) -> WorkflowCheckpoint:
     """``checkpoint`` with the outputs and usage of ``names`` removed, and the questions
-    they asked with their answers (nothing else changes)."""
+    they and what depends on them asked, with their answers (nothing else changes).
+
+    A question below a step that runs again goes too: the input it was
+    asked about changes, so it is asked again.
+    """
     gone = set(names)
-    if not gone & checkpoint.outputs.keys() and not (checkpoint.asked and gone & checkpoint.asked.keys()):
+    if gone and checkpoint.asked:
+        return _without_asking(checkpoint, graph, gone)
+    if not gone & checkpoint.outputs.keys():
         return checkpoint
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
     return _dropping(checkpoint, gone, outputs, sum(1 for n in graph.names if n in outputs),
                      skipped=checkpoint.skipped, superseded=checkpoint.superseded)
+
+
+def _without_asking(checkpoint: WorkflowCheckpoint, graph: GraphSpec, gone: set[str]
+                    ) -> WorkflowCheckpoint:
+    """:func:`without` of a checkpoint that records questions: those of ``gone``, of the
+    steps below it and of their items go with the outputs."""
+    below = set(downstream(graph, [n for n in gone if n in graph.index]))
+    items = tuple(f"{n}[" for n in below)
+    asking = {k for k in checkpoint.asked if k in gone or k in below or k.startswith(items)}
+    if not asking and not gone & checkpoint.outputs.keys():
+        return checkpoint
+    outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
+    dropped = _dropping(checkpoint, gone, outputs, sum(1 for n in graph.names if n in outputs),
+                        skipped=checkpoint.skipped, superseded=checkpoint.superseded)
+    return replace(dropped, asked=MappingProxyType(
+        {k: v for k, v in checkpoint.asked.items() if k not in asking}))
 
 
 def _dropping(

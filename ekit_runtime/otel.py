@@ -32,6 +32,7 @@ from ekit_core import (
     StepRetried,
     StepSkipped,
     StepStarted,
+    StepWaiting,
 )
 
 __all__ = ["OtelTracer"]
@@ -114,10 +115,11 @@ class OtelTracer:
                 span.set_attribute("ekit.retried", isinstance(event, StepRetried))
                 self._error(span, event.error_type, event.message)
                 span.end()
-        elif isinstance(event, StepDenied | StepInterrupted):
+        elif isinstance(event, StepDenied | StepInterrupted | StepWaiting):
             span = self._end_step(event.name)
             if span is not None:
-                outcome = "denied" if isinstance(event, StepDenied) else "interrupted"
+                outcome = ("denied" if isinstance(event, StepDenied) else
+                           "waiting" if isinstance(event, StepWaiting) else "interrupted")
                 span.set_attribute("ekit.outcome", outcome)
                 span.end()
         elif isinstance(event, CheckpointSaved):
@@ -132,6 +134,6 @@ class OtelTracer:
                 run.set_attribute("ekit.outcome", event.outcome)
                 run.set_attribute("ekit.steps.completed", event.completed)
                 run.set_attribute("ekit.usage.total_tokens", event.cost.total_tokens)
-                if event.outcome != "finished":
+                if event.outcome not in ("finished", "waiting"):  # (a parked run is no error)
                     self._error(run, event.outcome, f"run ended as {event.outcome}")
                 run.end()

@@ -545,3 +545,37 @@ def test_replay_of_a_parked_and_answered_run_is_legal_and_tells_who_answered() -
     assert "waits for an answer: name_it ('What title?')" in text
     # The save a question makes is progress, not a repeat: no resume is invented inside a run.
     assert not any(e.repeat for e in report.timeline)
+
+
+def test_a_changed_step_upstream_of_a_waiting_one_asks_it_again() -> None:
+    async def main() -> None:
+        parked = await waiting(workflow())
+        second = await waiting(workflow(), resume_from=parked.checkpoint, answers={"name_it": "T"})
+        assert set(second.questions) == {"pay"}
+        # fetch's code changed (its version): it runs again, and what asked below it asks again.
+        bumped = Workflow([
+            Step("fetch", fetch, version="2"),
+            Step("name_it", name_it, depends_on=("fetch",)),
+            Step("pay", pay, depends_on=("name_it",)),
+            Step("other", other),
+        ])
+        ran.clear()
+        again = await waiting(bumped, resume_from=second.checkpoint)
+        assert set(again.questions) == {"name_it"} and "pay" not in again.checkpoint.asked
+        assert ran == Counter(fetch=1, name_it=1)
+
+    asyncio.run(main())
+
+
+def test_opentelemetry_ends_a_waiting_step_s_span_and_a_parked_run_is_no_error() -> None:
+    from ekit_runtime import OtelTracer
+    from tests.test_otel import FakeTracer
+
+    tracer = FakeTracer()
+    with pytest.raises(RunWaiting):
+        Workflow([Step("fetch", fetch), Step("name_it", name_it, depends_on=("fetch",))]).run_sync(
+            trace=OtelTracer(tracer))
+    run, *steps = tracer.spans
+    assert run.attributes["ekit.outcome"] == "waiting" and "status" not in run.attributes
+    asking = next(s for s in steps if s.name == "ekit.step name_it")
+    assert asking.ended == 1 and asking.attributes["ekit.outcome"] == "waiting"
