@@ -183,3 +183,31 @@ def test_the_help_documents_every_run_setting(capsys: pytest.CaptureFixture[str]
     out = " ".join(capsys.readouterr().out.split())
     assert "--option KEY=VALUE a run option stored with the run" in out
     assert "--options JSON the run options as one JSON object" in out
+
+
+@pytest.mark.timeout(120)
+def test_ekit_worker_traces_progress_per_run_and_refuses_bad_settings(tmp_path: Path) -> None:
+    url = str(tmp_path / "q.db")
+    with open_queue(url) as q:
+        q.submit("mapped", {}, run_id="m")
+    done = subprocess.run(
+        [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", FLOWS, "--until-idle",
+         "--trace", "progress", "--executor", "ekit_runtime.executors:DEFAULT_EXECUTOR"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run started" in done.stderr and "run finished: 6/6 steps" in done.stderr
+    for flags, said in (
+        (["--executor", "os:path"], "--executor os:path: not an ekit Executor (got module)"),
+        (["--executor", "nowhere"], "--executor nowhere: expected MODULE:ATTR"),
+        (["--trace", "os:sep"], "--trace os:sep: not callable (got str)"),
+        (["--max-concurrency", "0"], "run option 'max_concurrency' must be a positive int"),
+        (["--budget-calls", "-1"], "llm_calls must be an int >= 0"),
+    ):
+        refused = subprocess.run(
+            [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", FLOWS,
+             "--until-idle", *flags],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr

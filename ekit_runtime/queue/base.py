@@ -196,14 +196,15 @@ def progress(checkpoint: WorkflowCheckpoint) -> tuple[int, int | None]:
     each mapped step whose mapped-over output is recorded (``None`` without
     a recorded graph). O(mapped steps), so every save can afford it.
     """
-    done = checkpoint.step_index + len(checkpoint.skipped or ())
+    skipped: Mapping[str, str] = checkpoint.skipped or {}
+    done = checkpoint.step_index + len(skipped)
     graph = checkpoint.graph
     if graph is None:
         return done, None
     total = len(graph)
-    for shape in (checkpoint.shapes or {}).values():
+    for name, shape in (checkpoint.shapes or {}).items():
         over = shape.map_over
-        if over is not None:
+        if over is not None and name not in skipped:  # a skipped mapped step has no items
             output = checkpoint.outputs.get(over)
             if isinstance(output, list | tuple | Mapping):
                 total += len(output)

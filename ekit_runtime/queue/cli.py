@@ -552,6 +552,35 @@ def _add_run_settings(p: argparse.ArgumentParser) -> None:
                    "its trace callback or list of them")
 
 
+def _add_submit_options(a: argparse.ArgumentParser) -> None:
+    """``ekit queue submit``'s ``--option`` and ``--options``: the run options stored with the run."""
+    names = ", ".join(RUN_OPTIONS)
+    a.add_argument(
+        "--option", action="append", metavar="KEY=VALUE",
+        help=f"a run option stored with the run and applied by the worker that drives it ({names}); "
+        "VALUE is read as JSON (2, true, {\"llm_calls\": 10}) or else as text; repeat for several; "
+        "over --options and the worker's defaults",
+    )
+    a.add_argument(
+        "--options", metavar="JSON",
+        help='the run options as one JSON object, such as \'{"max_concurrency": 2, "budget": '
+        '{"llm_calls": 10}}\'; plain data only, unknown names refused before anything is stored',
+    )
+
+
+def _add_list_parser(actions: Any) -> None:
+    """``ekit queue list``: a table, or ``--json``."""
+    ls = actions.add_parser(
+        "list", help="runs as a table (--json for machines)",
+        description="One line per run: id, workflow, status, steps done/total, LLM calls and tokens "
+        "reported, age since submitted (5s, 3m, 2h, 4d), owner (the worker that last claimed it), "
+        "and why it waits (or a failed run's error).",
+    )
+    ls.add_argument("--status", choices=STATUSES, help="only the runs in this status (default: every run)")
+    ls.add_argument("--workflow", metavar="W", help="only the runs of workflow W")
+    ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
+
+
 def _add_queue_parser(sub: Any) -> None:
     q = sub.add_parser("queue", help="submit to and inspect a run queue")
     q.add_argument(
@@ -575,33 +604,14 @@ def _add_queue_parser(sub: Any) -> None:
         "--priority", type=int, default=0, metavar="N",
         help="workers claim runs of higher N first, then the oldest (default 0; may be negative)",
     )
-    names = ", ".join(RUN_OPTIONS)
-    a.add_argument(
-        "--option", action="append", metavar="KEY=VALUE",
-        help=f"a run option stored with the run and applied by the worker that drives it ({names}); "
-        "VALUE is read as JSON (2, true, {\"llm_calls\": 10}) or else as text; repeat for several; "
-        "over --options and the worker's defaults",
-    )
-    a.add_argument(
-        "--options", metavar="JSON",
-        help='the run options as one JSON object, such as \'{"max_concurrency": 2, "budget": '
-        '{"llm_calls": 10}}\'; plain data only, unknown names refused before anything is stored',
-    )
+    _add_submit_options(a)
     for name, helptext in (
         ("status", "a run's record"),
         ("cancel", "ask a run to stop"),
         ("checkpoint", "a run's latest checkpoint as JSON (or: ekit audit QUEUE --run-id RUN)"),
     ):
         actions.add_parser(name, help=helptext).add_argument("run_id", metavar="RUN", help="the run's id")
-    ls = actions.add_parser(
-        "list", help="runs as a table (--json for machines)",
-        description="One line per run: id, workflow, status, steps done/total, LLM calls and tokens "
-        "reported, age since submitted (5s, 3m, 2h, 4d), owner (the worker that last claimed it), "
-        "and why it waits (or a failed run's error).",
-    )
-    ls.add_argument("--status", choices=STATUSES, help="only the runs in this status (default: every run)")
-    ls.add_argument("--workflow", metavar="W", help="only the runs of workflow W")
-    ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
+    _add_list_parser(actions)
     actions.add_parser("prune", help="delete ended runs").add_argument(
         "--older-than", type=_duration, required=True, metavar="AGE",
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "
