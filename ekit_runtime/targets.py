@@ -20,9 +20,10 @@ its next save still succeeds), its format, the file's permission bits.
 
 Anything else is refused, before a byte is written, with a
 :class:`TargetError` naming the file: a run queue's database (a queue run's
-checkpoint is written only by the worker holding its lease; there is no
-fenced way in from outside), a SQLite database of another application, JSON
-lines, a JSON array or any other content, a directory, a URL.
+checkpoint is written by the worker holding its lease, or in place by the
+queue's own fenced ``ekit queue rewind``, which the message points to), a
+SQLite database of another application, JSON lines, a JSON array or any other
+content, a directory, a URL.
 """
 
 from __future__ import annotations
@@ -193,10 +194,9 @@ def _sqlite_target(path: str, run_id: str | None) -> _Target:
         return _Target(what, lambda cp: _sqlite_store(path, run_id, cp))
     if has_queue:
         raise TargetError(
-            f"{path}: a run queue's database (SqliteQueue); a queue run's checkpoint is written only "
-            "by the worker holding its lease, so nothing was written. Write the rewound checkpoint "
-            "to a file (-o rewound.json) and resume from it: run the workflow with "
-            "resume_from=JsonFileStore('rewound.json').load()"
+            f"{path}: a run queue's database (SqliteQueue): nothing was written. Rewind a queued run "
+            f"in place, fenced against its workers, with: ekit queue --queue {path} rewind RUN STEP... "
+            "(or fork it under a new id: ekit queue ... fork RUN STEP... --run-id NEW)"
         )
     raise TargetError(f"{path}: a SQLite database without a SqliteStore's tables; {_NOT_OURS}")
 

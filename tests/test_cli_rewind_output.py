@@ -68,6 +68,8 @@ def test_a_queue_database_is_refused_untouched_and_still_listable(
     code, _, err = _run(_rewind(_source(tmp_path), db), capsys)
     assert code == 2
     assert "run queue" in err and "nothing was written" in err and err.count("\n") == 1
+    # It points at the fenced way in: the queue's own rewind.
+    assert f"ekit queue --queue {db} rewind RUN STEP" in err
     assert _digest(db) == before
     code, out, err = _run(["queue", "--queue", str(db), "list", "--json"], capsys)
     assert code == 0, err

@@ -15,12 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ekit_core import WorkflowCheckpoint
+from ekit_core.human import Question
+from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue import lifecycle as lc
 from ekit_runtime.queue.records import FINAL_STATUSES, STATUSES, LeaseLostError, Limits
 
 NOW = 1000.0
 LEASES = {"none": None, "live": NOW + 5.0, "expired": NOW - 5.0, "edge": NOW}
-HOLDER_VERBS = {"save", "renew", "finish", "release"}
+HOLDER_VERBS = {"save", "renew", "finish", "release", "park"}
+ANSWERING_VERBS = {"answer", "approve", "deny"}
+REOPENING_VERBS = {"retry", "rewind", *ANSWERING_VERBS}
 
 
 def _cases() -> list[tuple[str, str, bool, int]]:
@@ -55,16 +60,30 @@ def test_each_rule_over_status_lease_cancel_and_epoch(
 def test_the_transition_table_is_coherent() -> None:
     rows = lc.TRANSITIONS
     assert len(set(rows)) == len(rows)
-    # A final status is never left.
-    assert not [t for t in rows if t.source in FINAL_STATUSES]
+    # A final status is left only when a person reopens the run: back to queued, for a worker to claim.
+    assert {(t.target, t.who, t.verb) for t in rows if t.source in FINAL_STATUSES} <= {
+        ("queued", "submitter", v) for v in REOPENING_VERBS
+    }
     # Only a claim or a cancel can end a lease other than by its holder, and every verb has one actor.
     actors = {t.verb: {u.who for u in rows if u.verb == t.verb} for t in rows}
     assert actors == {
         "submit": {"submitter"},
+        "fork": {"submitter"},
         "claim": {"anyone"},
         "cancel": {"submitter"},
         **{v: {"holder"} for v in HOLDER_VERBS},
+        **{v: {"submitter"} for v in REOPENING_VERBS},
     }
+    # Every reopening goes to queued, from a run no live lease holds (running only once it expired).
+    assert all(t.target == "queued" for t in rows if t.verb in REOPENING_VERBS)
+    assert {t.source for t in rows if t.verb == "retry"} == lc.RETRYABLE
+    assert {t.source for t in rows if t.verb == "rewind"} == set(STATUSES)
+    assert [t.source for t in rows if t.verb in ("submit", "fork")] == [None, None]
+    # A person's answer takes a waiting run, and only a waiting one, back to queued.
+    assert {(t.source, t.target) for t in rows if t.verb in ANSWERING_VERBS} == {("waiting", "queued")}
+    # Only a holder parks a run (never a claim or a person); a parked run holds no lease: no claim takes it.
+    assert {(t.source, t.who) for t in rows if t.target == "waiting"} == {("running", "holder")}
+    assert not [t for t in rows if t.source == "waiting" and t.verb == "claim"]
     # A holder acts only on a running run; every final status is reached by finish.
     assert all(t.source == "running" for t in rows if t.who == "holder")
     assert {t.target for t in rows if t.verb == "finish"} == FINAL_STATUSES
@@ -86,10 +105,18 @@ def test_the_pure_rules_only_make_transitions_of_the_table(status: str, lease: s
     if lc.fenced(status, 1, until, 1, NOW):
         for verb in HOLDER_VERBS:
             assert any(t.source == status and t.verb == verb for t in lc.TRANSITIONS)
+    for verb in REOPENING_VERBS:
+        if lc.reopen_refusal(verb, status, lc.live(status, until, NOW)) is None:
+            assert (status, "queued", verb) in table
 
 
-VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS))
-WHO = {"claim": "anyone", "cancel": "submitter", **{v: "holder" for v in HOLDER_VERBS}}
+VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
+WHO = {
+    "claim": "anyone",
+    "cancel": "submitter",
+    **{v: "holder" for v in HOLDER_VERBS},
+    **{v: "submitter" for v in REOPENING_VERBS},
+}
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -117,9 +144,48 @@ def test_who_may_make_each_transition(verb: str, status: str, lease: str, cancel
     assert {t.who for t in lc.TRANSITIONS if t.verb == verb} == {WHO[verb]}
 
 
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("lease", LEASES)
+def test_who_may_reopen_a_run_and_what_a_refusal_advises(status: str, lease: str) -> None:
+    until = LEASES[lease]
+    lease_live = lc.live(status, until, NOW)
+    retry = lc.reopen_refusal("retry", status, lease_live)
+    rewind = lc.reopen_refusal("rewind", status, lease_live)
+    # Retry: a run that ended without finishing; rewind: any run no worker is driving.
+    assert (retry is None) is (status in ("failed", "cancelled"))
+    assert (rewind is None) is (not lease_live)
+    assert lc.next_status("retry", status, until, False, NOW) == (None if retry else "queued")
+    assert lc.next_status("rewind", status, until, True, NOW) == (None if rewind else "queued")
+    # Each refusal says what to do instead.
+    advice = {"queued": "a worker will claim it", "running": "cancel it first", "finished": "rewind"}
+    if retry is not None and status in advice:
+        assert advice[status] in retry
+    if rewind is not None:
+        assert "cancel it first" in rewind
+    # An answer, approval or denial takes only a waiting run.
+    for verb in sorted(ANSWERING_VERBS):
+        refusal = lc.reopen_refusal(verb, status, lease_live)
+        assert (refusal is None) is (status == "waiting")
+        assert refusal is None or f"it is {status}, not waiting for an answer" == refusal
+    with pytest.raises(ValueError, match="not a verb that reopens"):
+        lc.reopen_refusal("claim", status, lease_live)
+
+
+def test_the_reason_a_parked_run_shows_names_the_step_and_its_question() -> None:
+    value, approval = Question("value", "Which colour?"), Question("approval", "Pay $3?")
+    assert lc.waiting_reason({"pick": value}) == "waiting for an answer to step 'pick': Which colour?"
+    assert lc.waiting_reason({"pay": approval}) == (
+        "waiting for an answer to step 'pay' (approve or deny): Pay $3?"
+    )
+    assert lc.waiting_reason({"a": value, "b[2]": approval}) == "waiting for answers to steps 'a', 'b[2]'"
+
+
 def test_next_status_refuses_an_unknown_verb() -> None:
     with pytest.raises(ValueError, match="not a verb"):
         lc.next_status("steal", "running", NOW + 1, False, NOW)
+
+
+WAITING = RunWaiting(WorkflowCheckpoint(step_index=0, outputs={}), {"s": Question("value", "which?")})
 
 
 def _errors() -> st.SearchStrategy[BaseException | None]:
@@ -131,6 +197,7 @@ def _errors() -> st.SearchStrategy[BaseException | None]:
             LeaseLostError("r", 1),
             ExceptionGroup("g", [ValueError("x"), LeaseLostError("r", 1)]),
             ExceptionGroup("g", [ValueError("x")]),
+            WAITING,
         ]
     )
 
@@ -150,6 +217,9 @@ def test_how_a_drive_ended(
     )
     if lost or refused:
         assert ending == "lost"
+    elif isinstance(error, RunWaiting):
+        # A run waiting for a person is parked (even while its worker stops), unless cancelled.
+        assert ending == ("cancelled" if cancel_asked else "parked")
     elif stopping and not cancel_asked:
         assert ending == "released"
     elif cancel_asked and (cancelled or isinstance(error, asyncio.CancelledError)):
@@ -262,6 +332,10 @@ def test_the_sql_pieces_agree_with_the_functions(
         workflow, fp, {"a": fingerprint}
     )
     assert _ask(memory, lc.FINAL, row) is (status in FINAL_STATUSES)
+    # A person's write (retry, rewind) lands only on the run as read: same epoch, no live lease.
+    assert _ask(memory, lc.UNCHANGED, row, run_id="r", epoch=lease_epoch) is (
+        epoch == lease_epoch and not lc.live(status, until, NOW)
+    )
 
 
 @given(st.floats(0, 2000), st.floats(0.5, 100))

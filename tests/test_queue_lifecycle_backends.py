@@ -3,8 +3,8 @@
 A model of the queue, moved only by the functions of
 ``ekit_runtime.queue.lifecycle``, is driven alongside a real queue with the
 same random operations (submit, claim with a matching or another graph, save,
-renew, finish, release, cancel, and expiry of a lease, by moving its expiry
-into the past). After every operation, what each call returned and every
+renew, finish, release, park, cancel, a person's retry and rewind, and expiry of a
+lease, by moving its expiry into the past). After every operation, what each call returned and every
 run's status, epoch, cancel flag, fingerprint and lease agree.
 """
 
@@ -14,13 +14,14 @@ import random
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
-from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue
+from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue, RunStateError, SqliteQueue
 from ekit_runtime.queue import lifecycle as lc
 from tests.queue_backends import queue, queue_url
 
@@ -98,6 +99,16 @@ class Model:
         return target is not None
 
 
+    def reopen(self, verb: str, run_id: str) -> bool:
+        """A person's retry or rewind: whether it is accepted (a rewind needs a saved checkpoint)."""
+        run = self.runs[run_id]
+        target = lc.next_status(verb, run.status, run.until, run.cancel, NOW)
+        if target is None or (verb == "rewind" and run.fingerprint is None):
+            return False
+        run.status, run.epoch, run.until, run.cancel = target, run.epoch + 1, None, False
+        return True
+
+
 class Driver:
     """Applies one random operation to the queue and the model, and checks they agree."""
 
@@ -108,9 +119,9 @@ class Driver:
         self.seen: set[tuple[str, object]] = set()
 
     def step(self) -> None:
-        ops = [self.submit, self.claim, self.claim, self.cancel, self.expire]
+        ops = [self.submit, self.claim, self.claim, self.cancel, self.expire, self.retry, self.rewind]
         if self.leases:
-            ops += [self.save, self.renew, self.finish, self.release, self.save, self.renew]
+            ops += [self.save, self.renew, self.finish, self.release, self.park, self.save, self.renew]
         self.rng.choice(ops)()
         self.check()
 
@@ -171,11 +182,35 @@ class Driver:
             run = self.model.runs[lease.run_id]
             run.status, run.until = lc.RELEASED_AS[run.cancel], None
 
+    def park(self) -> None:
+        def parked(run: Run) -> None:
+            run.status, run.until = lc.PARKED_AS[run.cancel], None
+
+        self._holder_write(lambda lease: self.queue.park(lease, "waiting for an answer to step 's0'"), parked)
+
     def cancel(self) -> None:
         if not self.model.runs:
             return
         run_id = self.rng.choice(sorted(self.model.runs))
         assert self.queue.cancel(run_id) is self.model.cancel(run_id)
+
+    def _reopen(self, verb: str, call: Any) -> None:
+        if not self.model.runs:
+            return
+        run_id = self.rng.choice(sorted(self.model.runs))
+        accepted = self.model.reopen(verb, run_id)
+        self.seen.add((verb, accepted))
+        if not accepted:
+            with pytest.raises(RunStateError, match=run_id):
+                call(run_id)
+            return
+        call(run_id)
+
+    def retry(self) -> None:
+        self._reopen("retry", self.queue.retry)
+
+    def rewind(self) -> None:
+        self._reopen("rewind", lambda run_id: self.queue.rewind(run_id, "s0"))
 
     def expire(self) -> None:
         live = [r for r, run in self.model.runs.items() if lc.live(run.status, run.until, NOW)]
@@ -220,3 +255,17 @@ def test_a_backend_follows_the_lifecycle_rules(queue: RunQueue, queue_url: str, 
     # Each sequence went through accepted and refused writes and reached a final status.
     assert {("holder write", True), ("holder write", False), ("status", "running")} <= driver.seen
     assert any(("status", s) in driver.seen for s in FINAL_STATUSES)
+    # ... and refused retries and rewinds (accepted ones and parked runs: the test below).
+    assert {("retry", False), ("rewind", False)} <= driver.seen
+
+
+def test_the_sequences_go_through_accepted_retries_and_rewinds_and_parked_runs(tmp_path: Path) -> None:
+    seen: set[tuple[str, object]] = set()
+    for seed in range(6):
+        with SqliteQueue(tmp_path / f"q{seed}.db") as queue:
+            driver = Driver(queue, str(tmp_path / f"q{seed}.db"), random.Random(seed))
+            for _ in range(80):
+                driver.step()
+            seen |= driver.seen
+    assert {("retry", True), ("rewind", True), ("status", "waiting")} <= seen
+

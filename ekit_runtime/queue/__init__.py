@@ -31,6 +31,7 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
+    RunStateError,
     RunStatus,
     UnknownRunError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "QueueUnavailableError",
     "RunInfo",
     "RunQueue",
+    "RunStateError",
     "RunStatus",
     "SqliteQueue",
     "StepsFailed",

@@ -24,6 +24,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +32,13 @@ from types import MappingProxyType
 from typing import Any, NoReturn, Self, cast
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.human import Answer, Question
+from ekit_core.human import answer as answer_checkpoint
+from ekit_core.human import questions as pending_questions
+from ekit_core.report import recorded_graph
+from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
+from ekit_runtime.queue.lifecycle import reopen_refusal
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -39,6 +46,7 @@ from ekit_runtime.queue.records import (
     LeaseLostError,
     Limits,
     RunInfo,
+    RunStateError,
     RunStatus,
     UnknownRunError,
     check_priority,
@@ -119,6 +127,22 @@ def _check_names(names: Iterable[str]) -> None:
             check_step_name(name)
         except ValueError as exc:
             raise UnencodableError(f"{exc}; nothing was saved", step=name) from None
+
+
+def _step_list(steps: object, verb: str) -> list[str]:
+    """``steps`` as a list of step names (one string is one name), refused before the database is touched."""
+    if isinstance(steps, str):
+        return [check_text(steps, "step name", limit=1000)]
+    if isinstance(steps, bytes | bytearray) or not isinstance(steps, Iterable):
+        raise ValueError(
+            f"{verb}: steps must be a step name or an iterable of step names, got {type(steps).__name__}"
+        )
+    names = list(steps)
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"{verb}: steps must hold step names (strings), got {name!r:.100}")
+        check_text(name, "step name", limit=1000)
+    return list(dict.fromkeys(names))
 
 
 def _error_text(error: object) -> str | None:
@@ -410,6 +434,251 @@ class RunQueue(ABC):
         """Whether a save adds calls or tokens to the fleet's usage window."""
         return added.llm_calls > 0 or added.total_tokens > 0
 
+    # -- a person's verbs: reopen a run (retry, rewind), or copy it (fork) ---
+
+    def retry(self, run_id: str) -> RunInfo:
+        """Queue a failed or cancelled run again, from its last checkpoint; return its record.
+
+        The run resumes where it stopped: what finished stays finished, and
+        attempt numbers carry on (the checkpoint records the failed attempts,
+        so a failed step's next attempt is one more than its last). The error
+        and the cancel flag are cleared and the epoch goes up by one, fencing
+        out any worker that still believes it holds the run. A run that is
+        queued, running or finished is refused with :class:`RunStateError`
+        (a ``ValueError``) naming the run and its status; nothing is written.
+        """
+        return self._reopen(check_run_id(run_id), "retry", None)[0]
+
+    def rewind(self, run_id: str, steps: str | Iterable[str]) -> WorkflowCheckpoint:
+        """Drop the outputs of ``steps`` and everything downstream from the run's checkpoint, in place.
+
+        The rule is :func:`ekit_core.rewind`'s (``ekit rewind``'s), on the
+        graph the checkpoint records; ``steps`` is one step name or several
+        (items of a mapped step as ``step[key]``). The run goes back to
+        ``queued`` with its epoch + 1, its error and cancel flag cleared, and
+        the next worker to claim it runs exactly those steps and their
+        dependents. Any run no live lease holds is rewound (queued, finished,
+        failed, cancelled, or running with an expired lease); a run a worker
+        is driving is refused (:class:`RunStateError`: cancel it first), and
+        so is a write that meets a claim or another person's write made since
+        this call read the run: one transaction, fenced on the epoch it read.
+        Returns the checkpoint as now stored. An unknown step is a
+        ``ValueError`` naming it; nothing is written.
+        """
+        rid = check_run_id(run_id)
+        names = _step_list(steps, "rewind")
+        if not names:
+            raise ValueError("rewind: steps must name at least one step")
+
+        def rewound(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint:
+            return self._rewound(rid, status, checkpoint, names, "rewind")
+
+        checkpoint = self._reopen(rid, "rewind", rewound)[1]
+        assert checkpoint is not None
+        return checkpoint
+
+    def fork(
+        self,
+        run_id: str,
+        steps: str | Iterable[str] = (),
+        *,
+        new_run_id: str | None = None,
+        priority: int | None = None,
+    ) -> str:
+        """Queue a copy of the run under a new id, its checkpoint rewound at ``steps``; return the new id.
+
+        The copy has the source's workflow, context, run options and priority
+        (or ``priority``) and its latest checkpoint, without the outputs of
+        ``steps`` and of everything downstream of them (none given: all of
+        it); it is ``queued`` at epoch 0. The source is only read, whatever
+        its status. ``new_run_id`` defaults to a new random id; one the queue
+        already has is a ``ValueError`` (nothing is written).
+        """
+        source = check_run_id(run_id)
+        new = uuid.uuid4().hex if new_run_id is None else check_run_id(new_run_id, "new_run_id")
+        level = None if priority is None else check_priority(priority)
+        names = _step_list(steps, "fork")
+
+        def copied(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint | None:
+            if not names:
+                return checkpoint
+            return self._rewound(source, status, checkpoint, names, "fork")
+
+        self._fork(source, new, level, copied)
+        return new
+
+    # -- a person's answers to a run that waits (status ``waiting``) --------
+
+    def questions(self, run_id: str) -> Mapping[str, Question]:
+        """The questions the run's steps wait on, step (or item ``step[key]``) -> question.
+
+        Empty when none waits. Read from its latest checkpoint (the run's
+        ``RunInfo.reason`` names the step without decoding it).
+        """
+        checkpoint = self.checkpoint(run_id)
+        return MappingProxyType({}) if checkpoint is None else pending_questions(checkpoint)
+
+    def answer(self, run_id: str, step: str, value: Any, *, by: str | None = None) -> RunInfo:
+        """Answer the question ``step`` of a waiting run asked with ``value``; return its record.
+
+        One transaction: the answer is recorded in the run's checkpoint (with
+        ``by``, who answered, and the time; audit shows them), and the run is
+        queued again (epoch + 1), so the next worker to claim it resumes it
+        and the step's ``ask`` returns ``value``. Refused, writing nothing,
+        with :class:`RunStateError` (a ``ValueError`` naming the run and the
+        step): the run is not waiting, ``step`` has no question pending, the
+        question is an approval (:meth:`approve`, :meth:`deny`), or someone
+        answered (or cancelled, or rewound it) since this call read it: of
+        two people answering at once, exactly one wins. ``value`` must be
+        what the queue's ``dumps`` encodes (JSON by default).
+        """
+        return self._answer(run_id, step, "answer", lambda who, at: Answer(value, by=who, at=at), by, value)
+
+    def approve(self, run_id: str, step: str, *, by: str | None = None) -> RunInfo:
+        """Approve the approval ``step`` of a waiting run asked for; see :meth:`answer`.
+
+        The resumed step's ``approve(...)`` returns and the step goes on.
+        """
+        return self._answer(run_id, step, "approve", lambda who, at: Answer.approve(by=who, at=at), by)
+
+    def deny(self, run_id: str, step: str, reason: str = "", *, by: str | None = None) -> RunInfo:
+        """Deny the approval ``step`` of a waiting run asked for, saying why; see :meth:`answer`.
+
+        The next worker to claim the run ends it at once: ``failed``, its
+        error ``ApprovalDenied: step 'S' was denied approval: REASON``; the
+        step never runs (rewind it to ask again).
+        """
+        why = "" if reason == "" else check_text(reason, "reason", limit=2000)
+        return self._answer(run_id, step, "deny", lambda who, at: Answer.deny(why, by=who, at=at), by)
+
+    def _answer(
+        self,
+        run_id: str,
+        step: str,
+        verb: str,
+        make: Callable[[str, float], Answer],
+        by: str | None,
+        value: Any = None,
+    ) -> RunInfo:
+        rid = check_run_id(run_id)
+        name = check_step_name(step)
+        who = "" if by is None else check_text(by, "by", limit=200)
+        if verb == "answer":
+            try:
+                text = encode_text(value, self.dumps, ())
+            except UnencodableError as exc:
+                message = f"cannot encode the answer to step {name!r}: {exc}"
+                raise UnencodableError(message, step=name) from None
+            _storable(text, f"the encoded answer to step {name!r}", name)
+        given = make(who, time.time())
+
+        def answered(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint:
+            if checkpoint is None:
+                problem = "it has no checkpoint: no question to answer"
+                raise RunStateError(rid, status, verb, problem, step=name)
+            try:
+                return answer_checkpoint(checkpoint, name, given)
+            except ValueError as exc:
+                raise RunStateError(rid, status, verb, str(exc), step=name) from None
+
+        return self._reopen(rid, verb, answered, step=name)[0]
+
+    def _rewound(
+        self, run_id: str, status: str, checkpoint: WorkflowCheckpoint | None, names: list[str], verb: str
+    ) -> WorkflowCheckpoint:
+        """``checkpoint`` rewound at ``names`` on the graph it records, or refused naming the run."""
+        if checkpoint is None:
+            problem = f"it is {status} and has no checkpoint yet: no step to rewind"
+            raise RunStateError(run_id, status, verb, problem)
+        try:
+            graph = recorded_graph(checkpoint)
+        except ValueError as exc:
+            problem = f"its checkpoint records no usable graph ({exc})"
+            raise RunStateError(run_id, status, verb, problem) from None
+        try:
+            return rewind_checkpoint(graph, checkpoint, names)
+        except ValueError as exc:
+            raise ValueError(f"cannot {verb} run {run_id!r}: {exc}") from None
+
+    @staticmethod
+    def _refuse_reopening(
+        run_id: str, verb: str, status: str, lease_live: bool, step: str | None = None
+    ) -> None:
+        """Raise :class:`RunStateError` unless ``verb`` may reopen a run in ``status`` (lifecycle's rule)."""
+        problem = reopen_refusal(verb, status, lease_live)
+        if problem is not None:
+            raise RunStateError(run_id, status, verb, problem, step=step)
+
+    @staticmethod
+    def _changed(run_id: str, status: str, verb: str, step: str | None = None) -> NoReturn:
+        """A person's write met a claim or another write made since its read: refused."""
+        raise RunStateError(
+            run_id,
+            status,
+            verb,
+            "it changed while this call read it (a worker claimed it, or someone else retried, "
+            "rewound, answered or cancelled it); nothing was written: read its status and try again",
+            step=step,
+        )
+
+    @staticmethod
+    def _park_reason(reason: object) -> str:
+        """A park's reason as stored: text, cut to the 500 characters a reason holds."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason must be a non-empty string, got {reason!r:.100}")
+        text = reason if len(reason) <= 500 else reason[:497] + "..."
+        return check_text(text.replace("\x00", "\\x00"), "reason", limit=500)
+
+    def _fork_row(self, copy: WorkflowCheckpoint | None) -> tuple[EncodedCheckpoint | None, list[Any]]:
+        """A fork's encoded checkpoint, and its header, fingerprint, four counts, failures and
+        progress (steps done, in all) columns."""
+        if copy is None:
+            return None, [None, None, 0, 0, 0, 0, "{}", 0, None]
+        enc = self._encode_whole(copy)
+        return enc, [enc.header, copy.fingerprint, *enc.counts, enc.failures, *progress(copy)]
+
+    @staticmethod
+    def _taken(new_run_id: str) -> ValueError:
+        return ValueError(f"new_run_id {new_run_id!r} is a run the queue already has; fork under another id")
+
+    def _encode_whole(self, checkpoint: WorkflowCheckpoint) -> EncodedCheckpoint:
+        """The rows of ``checkpoint`` written in full (a rewind, a fork), checked as a save checks them."""
+        _check_step_names(checkpoint)
+        encoded = encode_checkpoint(checkpoint, None, self.dumps)
+        for _kind, name, value in encoded.rows:
+            _storable(value, f"the encoded output of step {name!r}", name)
+        if encoded.header is not None:
+            _storable(encoded.header, "the encoded checkpoint")
+        return encoded
+
+    @abstractmethod
+    def _reopen(
+        self,
+        run_id: str,
+        verb: str,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
+    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        """Reopen the run in one transaction (``step``: the step a refusal names): read its
+        status, epoch and lease; refuse what :meth:`_refuse_reopening` refuses; with ``change``,
+        write ``change(status, checkpoint)`` in full; queue it at epoch + 1 (error, cancel
+        flag, reason and lease cleared) under :data:`~ekit_runtime.queue.lifecycle.UNCHANGED`,
+        else :meth:`_changed`. Returns the
+        run's record after the write and the checkpoint written (``None`` without ``change``)."""
+
+    @abstractmethod
+    def _fork(
+        self,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+    ) -> None:
+        """In one transaction: read ``source`` and its checkpoint, and insert ``new_run_id`` (queued,
+        epoch 0) with its workflow, context, priority (or ``priority``) and
+        ``change(status, checkpoint)``; a ``ValueError`` if ``new_run_id`` exists."""
+
     # The contract: what each backend supplies.
 
     backend: str
@@ -499,6 +768,17 @@ class RunQueue(ABC):
     @abstractmethod
     def slots_held(self) -> dict[str, int]:
         """``resource -> slots held now`` across the fleet, for each resource with one held."""
+
+    @abstractmethod
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: it waits for a person (``waiting``), holding no lease.
+
+        Its lease and owner are cleared and ``reason`` recorded (``waiting for
+        an answer to step 'S'``); no claim takes it until a person answers,
+        approves or denies. A run whose cancel was asked meanwhile is ended
+        ``cancelled`` instead. Fenced like any holder's write:
+        :class:`LeaseLostError`, writing nothing, unless the lease is live.
+        """
 
     @abstractmethod
     def usage_wait(self) -> float:

@@ -23,6 +23,16 @@
   :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N] [--resource NAME=N ...]``.
+- ``ekit queue --queue URL retry RUN`` (a failed or cancelled run, queued again
+  from its checkpoint), ``rewind RUN STEP...`` (those steps and everything
+  downstream run again, in place), ``fork RUN [STEP...] [--run-id NEW]
+  [--priority N]`` (a copy under a new id, rewound at the steps): see
+  :meth:`RunQueue.retry`, :meth:`RunQueue.rewind`, :meth:`RunQueue.fork`. A
+  refusal (a running run, a finished one to retry) is one line, exit 2.
+- ``ekit queue --queue URL answer RUN STEP VALUE_JSON [--by NAME]``,
+  ``approve RUN STEP [--by NAME]``, ``deny RUN STEP [--reason TEXT] [--by
+  NAME]``: answer the question a waiting run's step asked (``status RUN``
+  shows it, ``list`` its step and prompt); the run is queued again.
 
 ``URL`` is ``sqlite:///PATH``, a file path, or ``postgresql://...``.
 Registered with the ``ekit`` command by :func:`add_parsers`.
@@ -498,7 +508,11 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
             )
         }
     if action == "status":
-        return _info(queue.status(args.run_id))
+        info = queue.status(args.run_id)
+        data = _info(info)
+        if info.status == "waiting":  # what the person is asked, step by step
+            data["questions"] = {k: q.to_dict() for k, q in queue.questions(args.run_id).items()}
+        return data
     if action == "list":
         runs = [r for r in queue.runs(args.status) if args.workflow is None or r.workflow == args.workflow]
         if args.json:
@@ -513,6 +527,8 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
         if checkpoint is None:
             raise ValueError(f"run {args.run_id!r} has no checkpoint yet")
         return checkpoint.to_dict()
+    if action in _REOPENING:
+        return _REOPENING[action](queue, args)
     fields = {
         k: getattr(args, k)
         for k in ("max_in_flight", "runs_per_minute", "llm_calls_per_minute", "tokens_per_minute")
@@ -550,6 +566,66 @@ def _resource_caps(stored: Mapping[str, int], given: list[tuple[str, int | None]
         else:
             caps[name] = cap  # checked (naming the resource) by Limits
     return caps
+
+def _retry(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    info = queue.retry(args.run_id)
+    return {"run_id": info.run_id, "status": info.status, "epoch": info.epoch}
+
+
+def _rewind(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    checkpoint = queue.rewind(args.run_id, args.steps)
+    return {
+        "run_id": args.run_id,
+        "status": "queued",
+        "kept": list(checkpoint.outputs),
+        "runs_again": _to_run(checkpoint),
+    }
+
+
+def _fork(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    new = queue.fork(args.run_id, args.steps, new_run_id=args.new_run_id, priority=args.priority)
+    checkpoint = queue.checkpoint(new)
+    return {
+        "run_id": new,
+        "forked_from": args.run_id,
+        "status": "queued",
+        "kept": [] if checkpoint is None else list(checkpoint.outputs),
+        "runs_again": None if checkpoint is None else _to_run(checkpoint),
+    }
+
+
+def _to_run(checkpoint: Any) -> list[str]:
+    """The declared steps a resume of ``checkpoint`` still runs (those with no output and no skip)."""
+    graph = checkpoint.graph or {}
+    return [n for n in graph if n not in checkpoint.outputs and n not in checkpoint.skipped]
+
+
+def _answered(info: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
+    return {"run_id": info.run_id, "step": args.step, "status": info.status, "epoch": info.epoch,
+            "by": args.by}
+
+
+def _answer(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        value = json.loads(args.value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"VALUE_JSON is not JSON ({exc}): give a JSON value such as '\"blue\"', 3 or '{{\"n\": 1}}'"
+        ) from None
+    return _answered(queue.answer(args.run_id, args.step, value, by=args.by), args)
+
+
+def _approve(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    return _answered(queue.approve(args.run_id, args.step, by=args.by), args)
+
+
+def _deny(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
+    return _answered(queue.deny(args.run_id, args.step, args.reason, by=args.by), args)
+
+
+_REOPENING = {
+    "retry": _retry, "rewind": _rewind, "fork": _fork, "answer": _answer, "approve": _approve, "deny": _deny
+}
 
 
 def add_parsers(sub: Any) -> None:
@@ -668,6 +744,8 @@ def _add_queue_parser(sub: Any) -> None:
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "
         "a duration such as 90s, 15m, 2h, 1d, 1w or 1h30m; queued and running runs are never deleted",
     )
+    _add_reopening_parsers(actions)
+    _add_answering_parsers(actions)
     lim = actions.add_parser("limits", help="show or set the fleet's limits")
     for field, helptext in (
         ("max-in-flight", "runs holding a live lease at once, across every worker"),
@@ -682,3 +760,73 @@ def _add_queue_parser(sub: Any) -> None:
         "worker (NAME=none removes the cap; repeat for several resources)",
     )
     q.set_defaults(func=_cmd_queue)
+
+
+def _add_reopening_parsers(actions: Any) -> None:
+    """``retry``, ``rewind`` and ``fork``: a person reopens a run, or copies it."""
+    a = actions.add_parser(
+        "retry", help="queue a failed or cancelled run again, from its last checkpoint",
+        description="Queue a failed or cancelled run again: it resumes from its last checkpoint "
+        "(finished steps are not run again; attempt numbers carry on), its error and cancel flag "
+        "cleared. A queued, running or finished run is refused.",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a = actions.add_parser(
+        "rewind", help="run steps of a run again, and everything downstream of them, in place",
+        description="Drop the outputs of STEP... and of every step downstream of them from the run's "
+        "checkpoint (on the graph it records, as 'ekit rewind' does) and queue the run again: the next "
+        "worker runs exactly those steps. Any run no live lease holds is rewound; a running run is "
+        "refused (cancel it first).",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("steps", nargs="+", metavar="STEP", help="a step to run again, or an item (step[key])")
+    a = actions.add_parser(
+        "fork", help="queue a copy of a run under a new id, rewound at steps",
+        description="Queue a new run with the workflow, context and priority of RUN and its latest "
+        "checkpoint, without the outputs of STEP... and of everything downstream (no STEP: all of it). "
+        "RUN itself is only read.",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run to copy")
+    a.add_argument(
+        "steps", nargs="*", metavar="STEP", help="a step the copy runs again, or an item (step[key])"
+    )
+    a.add_argument(
+        "--run-id", dest="new_run_id", metavar="NEW",
+        help="the new run's id (default: a new random one); an id the queue already has is refused",
+    )
+    a.add_argument(
+        "--priority", type=int, default=None, metavar="N", help="the new run's priority (default: RUN's)"
+    )
+
+
+def _add_answering_parsers(actions: Any) -> None:
+    """``answer``, ``approve`` and ``deny``: a person answers the question a waiting run's step asked."""
+    after = (
+        "The answer is recorded in the run's checkpoint (with --by and the time) and the run is queued "
+        "again: the next worker to claim it resumes it. Refused unless the run is waiting and STEP has a "
+        "question pending (see 'ekit queue status RUN'); of two answers given at once, one wins."
+    )
+    a = actions.add_parser(
+        "answer", help="answer the question a waiting run's step asked, with a JSON value",
+        description=f"Answer the value question STEP of the waiting run RUN asked. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("value", metavar="VALUE_JSON", help='the answer, as JSON: \'"blue"\', 3, \'{"n": 1}\'')
+    a.add_argument("--by", metavar="NAME", help="who answers (recorded; audit shows it)")
+    a = actions.add_parser(
+        "approve", help="approve what a waiting run's step asked approval for",
+        description=f"Approve the approval STEP of the waiting run RUN asked for. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("--by", metavar="NAME", help="who approves (recorded; audit shows it)")
+    a = actions.add_parser(
+        "deny", help="deny what a waiting run's step asked approval for: the run ends failed",
+        description=f"Deny the approval STEP of the waiting run RUN asked for: the next worker ends "
+        f"the run failed (ApprovalDenied), and the step never runs. {after}",
+    )
+    a.add_argument("run_id", metavar="RUN", help="the run's id")
+    a.add_argument("step", metavar="STEP", help="the step (or item, step[key]) that asked")
+    a.add_argument("--reason", default="", help="why (recorded, and in the run's error)")
+    a.add_argument("--by", metavar="NAME", help="who denies (recorded; audit shows it)")

@@ -12,7 +12,8 @@ run's ``epoch`` + 1, the fencing token, and an expiry ``lease_until``) and
 makes it ``running``. Only the lease's holder writes to a running run, and
 only while the lease is live (same epoch, unexpired, still running); once the
 lease expired, anyone's claim takes the run over. Three statuses are final: a
-run never leaves them, and only they may be pruned.
+run leaves them only when a person reopens it (``retry``, ``rewind``), and
+only they may be pruned.
 
     TRANSITIONS (from, to, who, by doing what, on what condition)
 
@@ -29,9 +30,42 @@ run never leaves them, and only they may be pruned.
     running    cancelled  holder     finish   fenced
     running    queued     holder     release  fenced, no cancel asked; the epoch stays
     running    cancelled  holder     release  fenced, a cancel asked (the holder had not seen it)
+    running    waiting    holder     park     fenced, no cancel asked; lease and owner cleared, reason set
+    running    cancelled  holder     park     fenced, a cancel asked (the holder had not seen it)
     queued     cancelled  submitter  cancel   at once; epoch + 1
     running    cancelled  submitter  cancel   the lease expired; epoch + 1 (else: flagged)
     running    running    submitter  cancel   the lease is live: cancel_requested is set
+    waiting    cancelled  submitter  cancel   at once; epoch + 1
+    failed     queued     submitter  retry    epoch + 1; error and cancel flag cleared
+    cancelled  queued     submitter  retry    epoch + 1; error and cancel flag cleared
+    queued     queued     submitter  rewind   no live lease; checkpoint rewound; epoch + 1
+    running    queued     submitter  rewind   the lease expired; checkpoint rewound; epoch + 1
+    finished   queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    failed     queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    cancelled  queued     submitter  rewind   checkpoint rewound; epoch + 1; error, flag cleared
+    waiting    queued     submitter  rewind   checkpoint rewound (its questions too); epoch + 1
+    waiting    queued     submitter  answer   a question pending at the step; answer recorded; epoch + 1
+    waiting    queued     submitter  approve  an approval pending at the step; recorded; epoch + 1
+    waiting    queued     submitter  deny     an approval pending at the step; recorded; epoch + 1
+    (none)     queued     submitter  fork     a new run id: the source's run, checkpoint rewound
+
+WAITING: a run whose every runnable step is done and some step waits for a
+person's answer (``workflow.run`` raised ``RunWaiting`` after its final
+checkpoint) is parked by its holder: no lease, no owner, no worker holds it,
+and no claim takes it (it is not claimable). ``reason`` says which step
+waits. A person's answer, approval or denial records the answer in its
+checkpoint and queues it again; the next claim resumes it and the step
+receives the answer.
+
+REOPENED (retry, rewind, answer, approve, deny: a person's verbs,
+:func:`reopen_refusal` says when each is refused): one transaction reads the run's status and epoch (and its
+checkpoint), and its write carries :data:`UNCHANGED`: the run still has the
+epoch read and no live lease. So a claim, a cancel or another reopening that
+came in between wins, and this one writes nothing
+(:class:`~ekit_runtime.queue.records.RunStateError`). The epoch + 1 fences
+out any stale holder. A retry keeps the checkpoint, whose failure records
+count the failed attempts, so attempt numbers carry on. A fork reads its
+source and leaves it as it was.
 
 CLAIMABLE: status ``queued``, or ``running`` with an expired lease and no
 cancel asked (a claim first cancels, rather than resumes, an expired run
@@ -48,6 +82,8 @@ changes nothing (:class:`~ekit_runtime.queue.records.LeaseLostError`).
 HOW A DRIVE ENDED (:func:`drive_ending`, from what the worker knows):
 
     lease lost (a refusal, or the worker's clock says it lapsed)  -> lost (nothing written)
+    the run waits for a person (RunWaiting), no cancel asked       -> parked
+    the run waits for a person (RunWaiting), a cancel asked        -> cancelled
     stopped by the worker, no cancel asked                         -> released
     cancel asked and the run stopped by cancellation               -> cancelled
     the run returned                                               -> finished
@@ -84,10 +120,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from ekit_runtime.queue.records import FINAL_STATUSES, LeaseLostError, Limits, RunStatus
+from ekit_core.human import Question
+from ekit_runtime.errors import RunWaiting
+from ekit_runtime.queue.records import FINAL_STATUSES, STATUSES, LeaseLostError, Limits, RunStatus
 
 __all__ = [
     "ABANDONED",
+    "ANSWERING_VERBS",
     "CLAIMABLE",
     "CLAIM_ORDER",
     "FINAL",
@@ -96,10 +135,15 @@ __all__ = [
     "LEFT_WINDOW",
     "LIVE",
     "MATCHES",
+    "PARKED_AS",
+    "PARK_STATUS",
     "RELEASED_AS",
     "RELEASE_STATUS",
     "SLOT_HELD",
+    "REOPENED_AS",
+    "RETRYABLE",
     "TRANSITIONS",
+    "UNCHANGED",
     "Actor",
     "CancelEffect",
     "Ending",
@@ -118,16 +162,18 @@ __all__ = [
     "render",
     "slot_free",
     "slot_held",
+    "reopen_refusal",
     "usage_limited",
     "usage_over",
     "usage_reason",
     "usage_wait",
+    "waiting_reason",
 ]
 
 Actor: TypeAlias = Literal["submitter", "holder", "anyone"]
 """Who makes a transition: the caller's side, the lease holder, or any worker's claim."""
 
-Ending: TypeAlias = Literal["finished", "failed", "cancelled", "lost", "released"]
+Ending: TypeAlias = Literal["finished", "failed", "cancelled", "lost", "released", "parked"]
 """How a worker's drive of a run ended."""
 
 CancelEffect: TypeAlias = Literal["ended", "flag", "cancel"]
@@ -160,6 +206,21 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
     Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1"),
     Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set"),
+    Transition("failed", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
+    Transition("cancelled", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
+    Transition("queued", "queued", "submitter", "rewind", "no live lease; epoch + 1"),
+    Transition("running", "queued", "submitter", "rewind", "lease expired; epoch + 1"),
+    Transition("finished", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition("failed", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition("cancelled", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
+    Transition(None, "queued", "submitter", "fork", "a new run id; the source's checkpoint, rewound"),
+    Transition("running", "waiting", "holder", "park", "fenced, no cancel asked; lease cleared"),
+    Transition("running", "cancelled", "holder", "park", "fenced, a cancel asked"),
+    Transition("waiting", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
+    Transition("waiting", "queued", "submitter", "rewind", "epoch + 1; questions rewound too"),
+    Transition("waiting", "queued", "submitter", "answer", "a question pending; epoch + 1"),
+    Transition("waiting", "queued", "submitter", "approve", "an approval pending; epoch + 1"),
+    Transition("waiting", "queued", "submitter", "deny", "an approval pending; epoch + 1"),
 )
 """Every legal status change (the table in this module's docstring)."""
 
@@ -232,22 +293,77 @@ def next_status(
     if verb == "cancel":
         effect = cancel_effect(status, live(status, lease_until, now))
         return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
+    if verb in _REOPENING_VERBS:
+        return None if reopen_refusal(verb, status, live(status, lease_until, now)) else REOPENED_AS
     if verb not in _HOLDER_VERBS:
         raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
     if not (fenced_ok and live(status, lease_until, now)):
         return None
     if verb == "release":
         return RELEASED_AS[cancel_requested]
+    if verb == "park":
+        return PARKED_AS[cancel_requested]
     return {"save": status, "renew": status, "finish": final}[verb]
 
 
-_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release"})
+_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release", "park"})
+_REOPENING_VERBS = frozenset({"retry", "rewind", "answer", "approve", "deny"})
+ANSWERING_VERBS: frozenset[str] = frozenset({"answer", "approve", "deny"})
+"""A person's verbs that answer the question a waiting run's step asked."""
+
+REOPENED_AS: RunStatus = "queued"
+"""The status a person's reopening verb (retry, rewind) leaves a run in: any worker claims it next."""
+
+RETRYABLE: frozenset[str] = frozenset({"failed", "cancelled"})
+"""The statuses a ``retry`` takes: a run that ended without finishing."""
+
+_RETRY_ADVICE: Mapping[str, str] = {
+    "queued": "it is queued already: a worker will claim it",
+    "running": "it is running: cancel it first (ekit queue cancel), then retry it once it is cancelled",
+    "waiting": "it is waiting for a person: answer it (ekit queue answer, approve or deny)",
+    "finished": "it finished: to run steps again, rewind them (ekit queue rewind) or fork it "
+    "(ekit queue fork)",
+}
+
+
+def reopen_refusal(verb: str, status: str, lease_live: bool) -> str | None:
+    """Why ``verb`` (``retry``, ``rewind``, ``answer``, ``approve``, ``deny``) may not reopen
+    a run in ``status``; ``None``: it may.
+
+    ``lease_live``: :func:`live` of the run. A retry takes a failed or
+    cancelled run; a rewind any run no live lease holds (a running one whose
+    worker is alive is refused: cancel it first); an answer, approval or
+    denial only a waiting run (whether the step has a question pending is
+    the checkpoint's to say: :func:`ekit_core.answer`).
+    """
+    if verb in ANSWERING_VERBS:
+        if status == "waiting":
+            return None
+        return f"it is {status}, not waiting for an answer"
+    if verb == "retry":
+        if status in RETRYABLE:
+            return None
+        return f"{_RETRY_ADVICE.get(status, f'it is {status}')}; only a failed or cancelled run is retried"
+    if verb == "rewind":
+        if not lease_live:
+            return None
+        return (
+            "it is running under a live lease (a worker is driving it): cancel it first "
+            "(ekit queue cancel), then rewind it once it is cancelled"
+        )
+    raise ValueError(f"not a verb that reopens a run: {verb!r}")
 
 RELEASED_AS: Mapping[bool, RunStatus] = {False: "queued", True: "cancelled"}
 """The status a release leaves a run in, by whether a cancel was asked."""
 
 RELEASE_STATUS = "CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END"
 """SQL of :data:`RELEASED_AS`, for the release's ``SET status = ...``."""
+
+PARKED_AS: Mapping[bool, RunStatus] = {False: "waiting", True: "cancelled"}
+"""The status a park leaves a run in, by whether a cancel was asked (a cancelled run is not parked)."""
+
+PARK_STATUS = "CASE WHEN cancel_requested THEN 'cancelled' ELSE 'waiting' END"
+"""SQL of :data:`PARKED_AS`, for the park's ``SET status = ...``."""
 
 
 def drive_ending(
@@ -262,10 +378,15 @@ def drive_ending(
 
     ``cancelled``: the run's task was cancelled; ``error``: what it raised
     (``None`` if it returned or was cancelled). ``lost`` and ``released`` write
-    no final status; the other three are the status the holder finishes with.
+    no final status, ``parked`` parks the run (status ``waiting``); the other
+    three are the status the holder finishes with. A run that waits for a
+    person is parked even while the worker stops: it needs no worker until
+    someone answers.
     """
     if lost or _refused(error):
         return "lost"
+    if isinstance(error, RunWaiting):
+        return "cancelled" if cancel_asked else "parked"
     if stopping and not cancel_asked:
         return "released"
     if cancel_asked and (cancelled or isinstance(error, asyncio.CancelledError)):
@@ -273,6 +394,16 @@ def drive_ending(
     if error is None and not cancelled:
         return "finished"
     return "failed"
+
+
+def waiting_reason(questions: Mapping[str, Question]) -> str:
+    """The reason a parked run shows (``RunInfo.reason``, ``ekit queue list``): who waits, for what."""
+    names = list(questions)
+    if len(names) != 1:
+        return f"waiting for answers to steps {', '.join(map(repr, names))}"
+    question = questions[names[0]]
+    how = " (approve or deny)" if question.kind == "approval" else ""
+    return f"waiting for an answer to step {names[0]!r}{how}: {question.prompt}"
 
 
 def _refused(error: BaseException | None) -> bool:
@@ -352,7 +483,7 @@ def usage_reason(limits: Limits, calls: int, tokens: int) -> str | None:
 
 def _sql(text: str) -> str:
     """``text`` with each ``{status}`` written as that status's SQL literal."""
-    return text.format(**{s: f"'{s}'" for s in ("queued", "running", "finished", "failed", "cancelled")})
+    return text.format(**{s: f"'{s}'" for s in STATUSES})
 
 
 LIVE = _sql("status = {running} AND lease_until > :now")
@@ -369,6 +500,12 @@ ABANDONED = _sql("status = {running} AND cancel_requested AND lease_until <= :no
 
 MATCHES = "workflow = :workflow AND (fingerprint IS NULL OR fingerprint = :fingerprint)"
 """SQL of :func:`matches`, for one (workflow, fingerprint) pair of the claimer."""
+
+UNCHANGED = _sql(
+    "run_id = :run_id AND epoch = :epoch "
+    "AND (status <> {running} OR lease_until IS NULL OR lease_until <= :now)"
+)
+"""The fence of a person's write (retry, rewind): the run still has the epoch read, and no live lease."""
 
 CLAIM_ORDER = "priority DESC, seq"
 """The order claims take runs in: the highest priority first, then the oldest submission."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
@@ -45,8 +45,11 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    PARK_STATUS,
     RELEASE_STATUS,
+    REOPENED_AS,
     SLOT_HELD,
+    UNCHANGED,
     at_cap,
     at_start_rate,
     cancel_effect,
@@ -158,6 +161,13 @@ _SLOT_HELD = render(SLOT_HELD, _DIALECT)
 # The first key of the advisory lock a slot's take holds on its resource (the
 # second is the name's hash): "ekit" in ASCII, apart from any other user's locks.
 _SLOT_LOCK = 0x656B6974
+_UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch
+_WHOLE = (
+    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+    "SELECT %s, e.kind, e.name, e.value, %s "
+    "FROM unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS e(kind, name, value, ord) "
+    "ORDER BY e.ord"
+)
 _ROWS = (
     "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
     "SELECT fenced.run_id, e.kind, e.name, e.value, %s "
@@ -474,6 +484,84 @@ class PostgresQueue(RunQueue):
             )
             return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (age,)).rowcount
 
+    # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
+    #
+    # One transaction each (READ COMMITTED): the read takes no lock, and the
+    # write carries the epoch it read (UNCHANGED). A claim or another write
+    # that commits in between changes the epoch, so this UPDATE then matches
+    # nothing (it waits for a concurrent writer's commit, then checks again)
+    # and the call is refused, writing nothing.
+
+    def _reopen(
+        self,
+        run_id: str,
+        verb: str,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
+    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            status, epoch, lease_live = row
+            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
+            written = None
+            sets, args = "", []
+            if change is not None:
+                written = change(status, self._load(conn, run_id, missing_ok=False))
+                enc = self._encode_whole(written)
+                sets = (
+                    ", header = %s, fingerprint = %s, step_index = %s, input_tokens = %s, "
+                    "output_tokens = %s, llm_calls = %s, failures = %s, steps_done = %s, steps_total = %s"
+                )
+                args = [enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)]
+            info = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
+                f"lease_until = NULL, cancel_requested = false, error = NULL, reason = NULL, "
+                f"updated_at = {_NOW}{sets} "
+                f"WHERE {_UNCHANGED} RETURNING {_INFO}",
+                (*args, run_id, epoch),
+            ).fetchone()
+            if info is None:
+                self._changed(run_id, status, verb, step)
+            if change is not None:
+                conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
+                conn.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
+            workers = conn.execute(
+                f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
+            ).fetchall()
+        self._forget(run_id)
+        return self._run_info(info, self._served(workers)), written
+
+    def _fork(
+        self,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+    ) -> None:
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
+            if row is None:
+                raise UnknownRunError(source)
+            enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
+            inserted = conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
+                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
+                "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, options, "
+                f"coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+                "FROM ekit_queue_runs WHERE run_id = %s "
+                "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+                (new_run_id, priority, *columns, source),
+            ).fetchone()
+            if inserted is None:
+                raise self._taken(new_run_id)
+            if enc is not None:
+                conn.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
+
     def limits(self) -> Limits:
         """The fleet's limits as stored in the database."""
         return self.db.run(self._read_limits)
@@ -749,6 +837,19 @@ class PostgresQueue(RunQueue):
             ).fetchall()
         )
         return {name: int(count) for name, count in rows}
+
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
+        text = self._park_reason(reason)
+        row = self.db.run(
+            lambda c: c.execute(
+                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
+                f"reason = %s, updated_at = {_NOW} WHERE {_HELD} RETURNING cancel_requested",
+                (text, lease.run_id, lease.epoch),
+            ).fetchone()
+        )
+        self._fenced(lease, row)
+        self._forget(lease.run_id)
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""

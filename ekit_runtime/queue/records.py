@@ -26,6 +26,7 @@ __all__ = [
     "Limits",
     "QueueUnavailableError",
     "RunInfo",
+    "RunStateError",
     "RunStatus",
     "UnknownRunError",
     "check_age",
@@ -39,14 +40,15 @@ __all__ = [
     "check_workflow_name",
 ]
 
-RunStatus: TypeAlias = Literal["queued", "running", "finished", "failed", "cancelled"]
-"""Where a run is: waiting, leased by a worker, or one of the three final states."""
+RunStatus: TypeAlias = Literal["queued", "running", "waiting", "finished", "failed", "cancelled"]
+"""Where a run is: queued for a worker, leased by one, parked until a person answers (``waiting``:
+no lease, no worker), or one of the three final states."""
 
-STATUSES: tuple[RunStatus, ...] = ("queued", "running", "finished", "failed", "cancelled")
+STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "finished", "failed", "cancelled")
 """Every status, in the order a run goes through them."""
 
 FINAL_STATUSES: frozenset[str] = frozenset({"finished", "failed", "cancelled"})
-"""The statuses a run never leaves (and that :meth:`prune` may delete)."""
+"""The statuses a run stays in unless a person reopens it (``retry``, ``rewind``); ``prune`` deletes them."""
 
 
 class LeaseLostError(RuntimeError):
@@ -76,6 +78,24 @@ class QueueUnavailableError(ValueError):
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"{where}: {problem}")
         self.where = where
+
+
+class RunStateError(ValueError):
+    """A caller's ``retry``, ``rewind`` (or another verb reopening a run) refused: nothing was written.
+
+    The run is in a status that verb does not take (``status``: the one read),
+    or it changed between the read and the write (a worker claimed it,
+    another call reopened it): the message names the run, its status and
+    what to do instead. ``step`` names the step, for a verb about one.
+    """
+
+    def __init__(self, run_id: str, status: str, verb: str, problem: str, step: str | None = None) -> None:
+        about = "" if step is None else f" at step {step!r}"
+        super().__init__(f"cannot {verb} run {run_id!r}{about}: {problem}")
+        self.run_id = run_id
+        self.status = status
+        self.verb = verb
+        self.step = step
 
 
 class UnknownRunError(LookupError):

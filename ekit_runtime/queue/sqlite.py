@@ -40,8 +40,11 @@ from ekit_runtime.queue.lifecycle import (
     LEFT_WINDOW,
     LIVE,
     MATCHES,
+    PARK_STATUS,
     RELEASE_STATUS,
+    REOPENED_AS,
     SLOT_HELD,
+    UNCHANGED,
     at_cap,
     at_start_rate,
     cancel_effect,
@@ -173,6 +176,8 @@ _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
+_UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
+_COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
 
 
 class SqliteQueue(RunQueue):
@@ -437,6 +442,86 @@ class SqliteQueue(RunQueue):
             return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (cutoff,)).rowcount
 
         return self._tx(body)
+
+    # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
+
+    def _reopen(
+        self,
+        run_id: str,
+        verb: str,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
+        *,
+        step: str | None = None,
+    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        def body(conn: sqlite3.Connection) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+            now = time.time()
+            row = conn.execute(
+                f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = ?", (now, run_id)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            status, epoch, lease_live = row
+            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
+            written = None
+            sets, args = "", []
+            if change is not None:
+                written = change(status, self._load(conn, run_id, missing_ok=False))
+                enc = self._encode_whole(written)
+                sets, args = f", header = ?, fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
+                    enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)
+                ]
+            updated = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
+                f"lease_until = NULL, cancel_requested = 0, error = NULL, reason = NULL, "
+                f"updated_at = ?{sets} WHERE {_UNCHANGED}",
+                (now, *args, run_id, epoch, now),
+            ).rowcount
+            if updated != 1:
+                self._changed(run_id, status, verb, step)
+            if change is not None:
+                self._write_entries(conn, run_id, enc, epoch + 1)
+            self._forget(run_id)
+            rows, served = self._infos(conn, "WHERE run_id = ?", (run_id,))
+            return self._run_info(rows[0], served), written
+
+        return self._tx(body)
+
+    def _fork(
+        self,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+    ) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = ?", (source,)).fetchone()
+            if row is None:
+                raise UnknownRunError(source)
+            if conn.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
+                raise self._taken(new_run_id)
+            enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
+            conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
+                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
+                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, context, options, "
+                "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                "FROM ekit_queue_runs WHERE run_id = ?",
+                (new_run_id, priority, now, now, *columns, source),
+            )
+            if enc is not None:
+                self._write_entries(conn, new_run_id, enc, 0)
+
+        self._tx(body)
+
+    @staticmethod
+    def _write_entries(conn: sqlite3.Connection, run_id: str, enc: EncodedCheckpoint, epoch: int) -> None:
+        """Replace the run's entries with those of a checkpoint written in full."""
+        conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (run_id,))
+        conn.executemany(
+            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?)",
+            [(run_id, kind, name, value, epoch) for kind, name, value in enc.rows],
+        )
 
     def limits(self) -> Limits:
         """The fleet's limits as stored in the database."""
@@ -729,6 +814,22 @@ class SqliteQueue(RunQueue):
             write=False,
         )
         return dict(rows)
+
+    def park(self, lease: Lease, reason: str) -> None:
+        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
+        text = self._park_reason(reason)
+
+        def body(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            updated = conn.execute(
+                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
+                f"reason = ?, updated_at = ? WHERE {_HELD}",
+                (text, now, lease.run_id, lease.epoch, now),
+            ).rowcount
+            self._fence(conn, lease, updated)
+
+        self._tx(body)
+        self._forget(lease.run_id)
 
     def usage_wait(self) -> float:
         """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""

@@ -58,9 +58,10 @@ from typing import Any, TypeVar, cast
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
+from ekit_runtime.errors import RunWaiting
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.contract import RunQueue
-from ekit_runtime.queue.lifecycle import drive_ending, usage_limited
+from ekit_runtime.queue.lifecycle import drive_ending, usage_limited, waiting_reason
 from ekit_runtime.queue.options import check_run_options, run_arguments
 from ekit_runtime.queue.records import (
     Lease,
@@ -218,7 +219,8 @@ class Worker:
         self.fingerprints = {k: w.graph.fingerprint for k, w in self.registry.items()}
         self.outcomes: dict[str, str] = {}
         """``run id -> how this worker's last drive of it ended``: finished, failed,
-        cancelled, lost (lease lost), released (given back on stop)."""
+        cancelled, lost (lease lost), released (given back on stop), parked
+        (waiting for a person's answer, holding no lease)."""
         # Less than this left of a lease, an attempt about to start renews it
         # first. A healthy worker always has more left (it renews every
         # heartbeat), so only a stall or a failing database ever gets here.
@@ -442,6 +444,10 @@ class Worker:
         if ending == "released":
             await self._give_back(drive)
             return
+        if ending == "parked":
+            assert isinstance(error, RunWaiting)
+            await self._park(drive, error)
+            return
         status: RunStatus = ending
         message = None if status != "failed" else f"{type(error).__name__}: {error}"
         try:
@@ -458,6 +464,16 @@ class Worker:
             )
             return
         self._log_ended(lease, status, message)
+
+    async def _park(self, drive: _Drive, waiting: RunWaiting) -> None:
+        """Park a run that waits for a person: no lease, no worker, until someone answers."""
+        await drive.saved.wait()  # the final checkpoint, with the questions, is stored first
+        try:
+            await self._db(self.queue.park, drive.lease, waiting_reason(waiting.questions))
+        except LeaseLostError:
+            drive.outcome = "lost"
+            return
+        drive.outcome = "parked"
 
     async def _give_back(self, drive: _Drive) -> None:
         """Release the run to the queue (a stop): any worker may claim it at once."""
