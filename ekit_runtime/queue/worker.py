@@ -313,7 +313,12 @@ class Worker:
         seconds = 3 * max(self.poll, _MAX_BACKOFF)
         try:
             await self._db(self.queue.announce, self.name, self.fingerprints, seconds)
-        except Exception as exc:  # advisory: only a queued run's reason depends on it
+        except Exception as exc:
+            # A permanent error (no privilege, not a queue) would fail the claim
+            # next: raised, as a claim's is. A transient one only costs a queued
+            # run its reason for a while (it is advisory), so the loop goes on.
+            if not is_transient(exc):
+                raise
             log.warning("worker %s: announcing it serves %s failed (%s: %s)", self.name,
                         ", ".join(sorted(self.fingerprints)), type(exc).__name__, exc)
 
