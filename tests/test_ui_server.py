@@ -403,3 +403,13 @@ def test_ekit_ui_refuses_both_or_neither_source(tmp_path: Any, capsys: Any) -> N
     assert main(["ui", str(tmp_path / "x.json"), "--queue", str(tmp_path / "q.db")]) == 2
     assert main(["ui", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_the_ui_benchmark_runs_and_reports_its_figures(capsys: Any) -> None:
+    from benchmarks import ui as ui_bench
+
+    assert ui_bench.main(["--runs", "60", "--steps", "100", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "runs page at 60 runs:" in out and "met" in out
+    assert "run page, 100-step graph" in out
