@@ -23,9 +23,12 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import JournalStore, JsonFileStore, Step, Workflow
-from ekit_runtime.queue import SqliteQueue
+from ekit_runtime.queue import RunQueue, SqliteQueue, open_queue
 from ekit_runtime.redaction import redacted
 from ekit_runtime.ui import Dashboard, FileSource, QueueSource, Source, make_server
+from tests.queue_backends import fresh_postgres, queue_url
+
+__all__ = ["queue_url"]  # a fixture, used by name
 
 EVIL = "<img src=x onerror=alert(1)>"
 USAGE = {"input_tokens": 10, "output_tokens": 5, "llm_calls": 1}
@@ -84,7 +87,7 @@ def queue(tmp_path: Any) -> Iterator[SqliteQueue]:
     q.close()
 
 
-def in_every_status(q: SqliteQueue) -> None:
+def in_every_status(q: RunQueue) -> None:
     """One run per status, each of its own workflow (so that a claim picks it)."""
     graph = {"a": [], "b": ["a"], "c": ["b"]}
     q.submit("wf-queued", {}, run_id="r-queued")
@@ -116,7 +119,15 @@ def rows(html: str) -> list[str]:
     return re.findall(r'<tr data-run-id="([^"]*)"', html)
 
 
-def test_runs_page_shows_runs_in_every_status(queue: SqliteQueue) -> None:
+@pytest.fixture
+def any_queue(queue_url: str) -> Iterator[RunQueue]:
+    """An empty queue on each backend (SQLite, and the test PostgreSQL server)."""
+    with open_queue(queue_url) as q:
+        yield q
+
+
+def test_runs_page_shows_runs_in_every_status(any_queue: RunQueue) -> None:
+    queue = any_queue
     in_every_status(queue)
     with serving(QueueSource(queue, "q.db")) as server:
         page = fetch(server, "/")
@@ -230,7 +241,8 @@ def test_pages_carry_the_security_headers(queue: SqliteQueue) -> None:
         assert fetch(server, "/static/app.js").headers["Content-Type"].startswith("text/javascript")
 
 
-def test_run_page_shows_graph_states_steps_audit_and_questions(queue: SqliteQueue) -> None:
+def test_run_page_shows_graph_states_steps_audit_and_questions(any_queue: RunQueue) -> None:
+    queue = any_queue
     in_every_status(queue)
     with serving(QueueSource(queue, "q.db")) as server:
         running = fetch(server, "/run/r-running").body
@@ -299,7 +311,8 @@ def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origi
         assert queue.status("r-queued").status == "cancelled"
 
 
-def test_answer_approve_and_retry_through_the_dashboard(queue: SqliteQueue) -> None:
+def test_answer_approve_and_retry_through_the_dashboard(any_queue: RunQueue) -> None:
+    queue = any_queue
     in_every_status(queue)
     queue.submit("wf-approval", {}, run_id="r-approval")
     lease = queue.claim("w1", {"wf-approval": None}, 60)
@@ -413,3 +426,58 @@ def test_the_ui_benchmark_runs_and_reports_its_figures(capsys: Any) -> None:
     out = capsys.readouterr().out
     assert "runs page at 60 runs:" in out and "met" in out
     assert "run page, 100-step graph" in out
+
+
+def test_mapped_items_and_skips_by_a_condition_are_shown(tmp_path: Any) -> None:
+    def summarize(ctx: dict[str, Any]) -> int:
+        if ctx["split"] == 2:
+            raise RuntimeError("item two broke")
+        return int(ctx["split"]) * 10
+
+    workflow = Workflow([
+        Step("split", lambda c: [1, 2, 3]),
+        Step("summarize", summarize, ("split",), map_over="split"),
+        Step("never", lambda c: 1, ("split",), when=lambda c: False),
+        Step("after", lambda c: 1, ("summarize",)),
+    ])
+    path = str(tmp_path / "mapped.json")
+    with pytest.raises(RuntimeError, match="item two broke"):
+        workflow.run_sync({}, checkpoint_fn=JsonFileStore(path))
+    with serving(FileSource(path)) as server:
+        body = fetch(server, "/run/mapped.json").body
+        assert '<g class="node state-skipped" data-step="never">' in body
+        assert '<g class="node state-failed" data-step="summarize">' in body
+        assert "2/3 items" in body  # two of its three items recorded
+        assert '<tr data-step="summarize[1]">' in body and "item two broke" in body
+        assert fetch(server, "/api/run/mapped.json").json()["items"] == {"summarize": [2, 3]}
+        assert "failed" in fetch(server, "/").body
+
+
+@pytest.mark.timeout(120)
+def test_ekit_ui_on_postgres_never_shows_the_password() -> None:
+    with fresh_postgres() as url:
+        with open_queue(url) as q:
+            q.submit("wf", {}, run_id="pg-run")
+        secret = "s3cr3t-ui-pw"
+        dsn = url + "&password=" + secret
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        proc = subprocess.Popen([sys.executable, "-m", "ekit_runtime", "ui", "--queue", dsn],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert proc.stdout is not None
+            base = proc.stdout.readline().strip()
+            assert base.startswith("http://127.0.0.1:"), base
+            for path in ("", "run/pg-run", "api/runs", "api/run/pg-run", "run/nope"):
+                try:
+                    with urllib.request.urlopen(base + path, timeout=30) as r:
+                        body = r.read().decode()
+                except urllib.error.HTTPError as e:
+                    body = e.read().decode()
+                assert secret not in body, path
+            with urllib.request.urlopen(base, timeout=30) as r:
+                page = r.read().decode()
+            assert 'data-run-id="pg-run"' in page and "password=***" in page
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+        assert secret not in err
