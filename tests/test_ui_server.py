@@ -297,7 +297,8 @@ def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origi
             ({"token": token}, {}),  # the form's token without the cookie (a cross-site form)
             ({}, {"Cookie": cookie}),  # the cookie without the token
             ({"token": "wrong"}, {"Cookie": cookie}),
-            ({"token": token}, {"Cookie": "ekit_ui=wrong"}),
+            ({"token": token}, {"Cookie": cookie.split("=")[0] + "=wrong"}),
+            ({"token": token}, {"Cookie": "ekit_ui=" + token}),  # another port's cookie name
             ({"token": token}, {"Cookie": cookie, "Origin": "http://evil.example"}),
         ]
         for form, headers in refused:
@@ -309,6 +310,23 @@ def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origi
                     {"Cookie": cookie, "Origin": f"http://{host}"})
         assert got.status == 303 and got.headers["Location"] == "/run/r-queued"
         assert queue.status("r-queued").status == "cancelled"
+
+
+def test_a_request_naming_another_host_is_refused(queue: SqliteQueue) -> None:
+    """DNS rebinding: a site whose name now points at 127.0.0.1 reads no page and acts on nothing."""
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
+        port = urllib.parse.urlsplit(server.url).port
+        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        assert cookie.startswith(f"ekit_ui_{port}=")
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port}0"):
+            assert fetch(server, "/", headers={"Host": host}).status == 403, host
+            assert fetch(server, "/api/runs", headers={"Host": host}).status == 403, host
+            got = fetch(server, "/run/r-queued/cancel", {"token": token}, {"Cookie": cookie, "Host": host})
+            assert got.status == 403
+        assert queue.status("r-queued").status == "queued"
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            assert fetch(server, "/", headers={"Host": host}).status == 200, host
 
 
 def test_answer_approve_and_retry_through_the_dashboard(any_queue: RunQueue) -> None:
