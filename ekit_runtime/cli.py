@@ -18,7 +18,8 @@ it reads, and its exit codes. The decisions themselves are the pure
   (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
-  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`.
+  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`,
+  ``ekit ui`` (the web dashboard) from :mod:`ekit_runtime.ui.cli`.
 
 ``SOURCE`` is anything :func:`~ekit_runtime.sources.read_checkpoints` reads:
 a checkpoint JSON, JSON lines, a ``JournalStore`` journal, a SQLite or

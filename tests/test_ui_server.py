@@ -379,6 +379,21 @@ def test_a_json_file_store_is_shown_as_its_checkpoint(tmp_path: Any) -> None:
         assert fetch(server, "/run/run.json/cancel", {"token": "x"}).status == 405
 
 
+def test_a_store_file_that_goes_away_is_a_503_page_saying_so(tmp_path: Any) -> None:
+    path = str(tmp_path / "gone.json")
+    _workflow().run_sync({}, checkpoint_fn=JsonFileStore(path))
+    with serving(FileSource(path)) as server:
+        assert fetch(server, "/run/gone.json").status == 200
+        os.remove(path)
+        for page in ("/", "/run/gone.json", "/api/run/gone.json"):
+            got = fetch(server, page)
+            assert got.status == 503 and "no such file" in got.body and "Traceback" not in got.body
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("{not json")
+        got = fetch(server, "/run/gone.json")
+        assert got.status == 503 and "invalid JSON" in got.body
+
+
 def test_a_journal_store_shows_the_timeline_of_its_checkpoints(tmp_path: Any) -> None:
     path = str(tmp_path / "run.jsonl")
     with JournalStore(path) as journal:

@@ -22,7 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ekit_runtime.queue import STATUSES, RunQueue
+from ekit_runtime.queue import STATUSES, QueueUnavailableError, RunQueue
+from ekit_runtime.sources import SourceError
 from ekit_runtime.ui import pages
 from ekit_runtime.ui.sources import QueueSource, Source
 from ekit_runtime.ui.static import APP_CSS, APP_JS
@@ -127,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
             body()
         except _Refused as exc:
             self._error(exc.code, str(exc), as_json)
+        except (SourceError, QueueUnavailableError) as exc:  # a file gone, a database down
+            self._error(503, str(exc), as_json)
         except Exception as exc:  # never a traceback on the page
             print(f"ekit ui: {type(exc).__name__} answering {self.command}", file=sys.stderr)
             self._error(500, f"internal error: {type(exc).__name__}", as_json)

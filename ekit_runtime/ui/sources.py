@@ -22,7 +22,7 @@ from ekit_core.human import Question, questions
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import RunInfo, RunQueue
-from ekit_runtime.sources import SourceError, read_checkpoints
+from ekit_runtime.sources import read_checkpoints
 
 __all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states"]
 
@@ -207,11 +207,8 @@ class FileSource(Source):
                        view.questions, view.problem, view.timeline, view.states, view.items)
 
     def runs(self) -> list[RunInfo]:
-        """The file's one run, as a record (status from its audit)."""
-        try:
-            view = self.read()
-        except SourceError:
-            return []
+        """The file's one run, as a record (status from its audit); a :class:`SourceError` if unreadable."""
+        view = self.read()
         cp = view.checkpoint
         total = None if view.graph is None else len(view.graph.names)
         done = 0 if cp is None else len(cp.outputs) + len(cp.skipped)
