@@ -379,6 +379,17 @@ def test_a_json_file_store_is_shown_as_its_checkpoint(tmp_path: Any) -> None:
         assert fetch(server, "/run/run.json/cancel", {"token": "x"}).status == 405
 
 
+def test_a_sqlite_store_file_shows_the_run_picked(tmp_path: Any) -> None:
+    from ekit_runtime import SqliteStore
+
+    path = str(tmp_path / "runs.sqlite")
+    with SqliteStore(path, run_id="nightly") as store:
+        _workflow().run_sync({}, checkpoint_fn=store)
+    with serving(FileSource(path, run_id="nightly")) as server:
+        assert rows(fetch(server, "/").body) == ["nightly"]
+        assert '<g class="node state-recorded" data-step="review">' in fetch(server, "/run/nightly").body
+
+
 def test_a_store_file_that_goes_away_is_a_503_page_saying_so(tmp_path: Any) -> None:
     path = str(tmp_path / "gone.json")
     _workflow().run_sync({}, checkpoint_fn=JsonFileStore(path))

@@ -21,6 +21,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--queue", metavar="URL", help="sqlite:///PATH, a file path, or postgresql://...")
     p.add_argument("--workflow", metavar="MODULE:ATTR",
                    help="with STORE_FILE: audit against this workflow's graph (default: the recorded one)")
+    p.add_argument("--run-id", metavar="RUN",
+                   help="with a STORE_FILE that is a database (a SqliteStore file): the run to show")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
     p.add_argument("--allow-actions", action="store_true",
@@ -39,8 +41,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         raise InputError("ui: give --queue URL or a STORE_FILE (one of them)")
     source: Source
     if args.queue is not None:
-        if args.workflow is not None:
-            raise InputError("ui: --workflow goes with a STORE_FILE, not --queue")
+        if args.workflow is not None or args.run_id is not None:
+            raise InputError("ui: --workflow and --run-id go with a STORE_FILE, not --queue")
         from ekit_runtime.queue import open_queue
 
         try:
@@ -50,11 +52,11 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         source = QueueSource(queue, redacted(args.queue))
     else:
         try:
-            read_checkpoints(args.source)
+            read_checkpoints(args.source, run_id=args.run_id)
         except SourceError as exc:
             raise InputError(str(exc)) from None
         graph, versions = _import_graph(args.workflow) if args.workflow else (None, None)
-        source = FileSource(args.source, graph, versions)
+        source = FileSource(args.source, graph, versions, run_id=args.run_id)
     try:
         server = make_server(source, args.host, args.port, allow_actions=args.allow_actions)
     except OSError as exc:

@@ -175,21 +175,23 @@ class QueueSource(Source):
 class FileSource(Source):
     """One store file (a checkpoint JSON, JSON lines, a ``JournalStore`` journal), re-read per request.
 
-    Its one run is named after the file; ``graph`` (from ``--workflow``)
+    Its one run is named after the file (a SQLite database: ``run_id``, its run to show); ``graph`` (from ``--workflow``)
     is audited against, else the graph the checkpoint records.
     """
 
     def __init__(self, path: str, graph: GraphSpec | None = None,
-                 versions: Mapping[str, str] | None = None) -> None:
+                 versions: Mapping[str, str] | None = None, *, run_id: str | None = None) -> None:
         self.path = path
         self.label = path
-        self.run_id = os.path.basename(path) or path
+        # A database (a SqliteStore file) holds many runs: ``run_id`` picks one, and names it here.
+        self.store_run_id = run_id
+        self.run_id = run_id if run_id is not None else (os.path.basename(path) or path)
         self.graph = graph
         self.versions = versions
 
     def read(self) -> RunView:
         """The file's latest checkpoint, audited; a :class:`SourceError` if unreadable."""
-        recorded = read_checkpoints(self.path)
+        recorded = read_checkpoints(self.path, run_id=self.store_run_id)
         timeline = recorded.checkpoints if recorded.kind in ("journal", "jsonl") else ()
         latest = recorded.latest
         waiting = bool(questions(latest))
