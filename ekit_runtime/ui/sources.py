@@ -175,8 +175,9 @@ class QueueSource(Source):
 class FileSource(Source):
     """One store file (a checkpoint JSON, JSON lines, a ``JournalStore`` journal), re-read per request.
 
-    Its one run is named after the file (a SQLite database: ``run_id``, its run to show); ``graph`` (from ``--workflow``)
-    is audited against, else the graph the checkpoint records.
+    Its one run is named after the file (a SQLite database: ``run_id``,
+    its run to show); ``graph`` (from ``--workflow``) is audited against,
+    else the graph the checkpoint records.
     """
 
     def __init__(self, path: str, graph: GraphSpec | None = None,
