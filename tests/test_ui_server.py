@@ -494,7 +494,10 @@ def test_mapped_items_and_skips_by_a_condition_are_shown(tmp_path: Any) -> None:
         assert "2/3 items" in body  # two of its three items recorded
         assert '<tr data-step="summarize[1]">' in body and "item two broke" in body
         assert fetch(server, "/api/run/mapped.json").json()["items"] == {"summarize": [2, 3]}
-        assert "failed" in fetch(server, "/").body
+        runs = fetch(server, "/").body
+        assert "failed" in runs
+        assert '<td class="num progress">2/4</td>' in runs  # split recorded, never skipped: steps, not items
+        assert "2/4 steps recorded or skipped" in body
 
 
 @pytest.mark.timeout(120)

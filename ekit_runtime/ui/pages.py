@@ -263,10 +263,10 @@ def progress_text(view: RunView) -> str:
     """``12/40 steps`` for a run page's heading."""
     if view.info is not None:
         return _progress(view.info) + " steps"
-    if view.graph is None or view.checkpoint is None:
+    if view.graph is None:
         return ""
-    cp = view.checkpoint
-    return f"{len(cp.outputs) + len(cp.skipped):,} outputs or skips, {len(view.graph.names):,} steps"
+    done = sum(1 for state in view.states.values() if state in ("recorded", "skipped"))
+    return f"{done:,}/{len(view.graph.names):,} steps recorded or skipped"
 
 
 def run_page(source: str, view: RunView, token: str | None) -> str:

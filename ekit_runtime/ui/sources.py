@@ -214,7 +214,7 @@ class FileSource(Source):
         view = self.read()
         cp = view.checkpoint
         total = None if view.graph is None else len(view.graph.names)
-        done = 0 if cp is None else len(cp.outputs) + len(cp.skipped)
+        done = sum(1 for state in view.states.values() if state in ("recorded", "skipped"))
         error = None if cp is None or not cp.failures else "; ".join(
             f"{n}: {f.error_type}: {f.message}" for n, f in cp.failures.items())
         return [RunInfo(
@@ -222,7 +222,7 @@ class FileSource(Source):
             priority=0, epoch=0, owner=None, lease_until=None, cancel_requested=False,
             error=error, created_at=_mtime(self.path), updated_at=_mtime(self.path),
             fingerprint=None if cp is None else cp.fingerprint,
-            steps_done=done if total is None else min(done, total), steps_total=total,
+            steps_done=done, steps_total=total,
             cost=NO_USAGE if cp is None else cp.cost,
         )]
 
