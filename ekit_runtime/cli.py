@@ -18,7 +18,8 @@ it reads, and its exit codes. The decisions themselves are the pure
   (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
-  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`.
+  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`,
+  ``ekit ui`` (the web dashboard) from :mod:`ekit_runtime.ui.cli`.
 
 ``SOURCE`` is anything :func:`~ekit_runtime.sources.read_checkpoints` reads:
 a checkpoint JSON, JSON lines, a ``JournalStore`` journal, a SQLite or
@@ -75,6 +76,7 @@ from ekit_runtime.sources import (
     read_text,
 )
 from ekit_runtime.targets import TargetError, write_checkpoint
+from ekit_runtime.ui import cli as ui_cli
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -673,6 +675,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_demo)
     queue_cli.add_parsers(sub)
+    ui_cli.add_parser(sub)
     return parser
 
 
