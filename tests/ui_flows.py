@@ -2,7 +2,8 @@
 
 ``ekit ui`` imports this module (``tests.ui_flows:WORKFLOWS``) to draw each
 run's graph; the test process imports it too, to drive the runs with a
-worker. ``GATE`` and ``AFTER`` hold the ``live`` workflow's steps until the
+worker. ``GATE`` and ``AFTER`` hold the ``live`` workflow's steps (after a
+first step, ``start``, whose checkpoint gives the run its graph) until the
 test sets them: the test's worker runs in the test process, so the events
 are shared with it (the ``ekit ui`` process only reads the queue).
 """
@@ -70,7 +71,9 @@ WORKFLOWS = {
     "simple": SIMPLE,
     "broken": Workflow([Step("draft", _draft), Step("explode", _explode, ("draft",))]),
     "asks": Workflow([Step("draft", _draft), Step("title", _title, ("draft",))]),
-    "live": Workflow([Step("gate", _gate), Step("after", _after, ("gate",))]),
+    "live": Workflow(
+        [Step("start", _draft), Step("gate", _gate, ("start",)), Step("after", _after, ("gate",))]
+    ),
     "hostile": Workflow([Step("draft", _draft), Step(HOSTILE, _hostile, ("draft",))]),
 }
 """Every workflow the tests submit, by name (``elsewhere`` is left out on purpose: its runs stay queued)."""
@@ -111,6 +114,8 @@ def populate(queue: Any) -> dict[str, str]:
 class LiveWorker:
     """A worker on a thread of its own, driving the ``live`` run (blocked at ``gate``).
 
+    ``started()`` is True once the run's first checkpoint (``start`` recorded) is saved.
+
     ``with LiveWorker(queue):`` starts it; leaving opens both gates and stops it.
     """
 
@@ -138,6 +143,11 @@ class LiveWorker:
         except BaseException as exc:  # reported by __exit__
             self.error = exc
             self._ready.set()
+
+    def started(self, run_id: str = "live-running") -> bool:
+        """True once ``start`` is recorded and the run is still running (blocked at ``gate``)."""
+        checkpoint = self.queue.checkpoint(run_id)
+        return checkpoint is not None and "start" in checkpoint.outputs
 
     def __enter__(self) -> LiveWorker:
         GATE.clear()

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_until(
                 driver, lambda d: "gate" in getattr(queue.checkpoint(ids["running"]), "outputs", {}), 20
             )
-            server_args = ["--queue", str(db), "--port", "0", "--workflows", "tests.ui_flows:WORKFLOWS"]
+            server_args = ["--queue", str(db), "--port", "0"]
             with UiServer(server_args) as server:
                 driver.get(server.url + "/")
                 wait_until(driver, lambda d: d.find_elements("css selector", "#runs tr[data-run-id]"), 20)
