@@ -75,6 +75,7 @@ from ekit_runtime.sources import (
     read_text,
 )
 from ekit_runtime.targets import TargetError, write_checkpoint
+from ekit_runtime.ui import cli as ui_cli
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -673,6 +674,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_demo)
     queue_cli.add_parsers(sub)
+    ui_cli.add_parser(sub)
     return parser
 
 

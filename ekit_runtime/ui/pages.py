@@ -1,0 +1,318 @@
+"""The dashboard's HTML: the runs page, a run's page, and error pages.
+
+Everything that comes from a run (ids, workflow names, step names,
+errors, reasons, questions, answers) goes through :func:`esc`
+(``html.escape`` with ``quote=True``) before it reaches the page; no JSON
+is embedded in a page (the script fetches it), and the only script is
+``/static/app.js``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from ekit_core.usage import TokenUsage
+from ekit_runtime.queue import RunInfo
+from ekit_runtime.ui.graph_svg import STATES, svg
+from ekit_runtime.ui.sources import RunView
+
+__all__ = ["PAGE_SIZE", "error_page", "esc", "run_page", "runs_page", "runs_tbody", "steps_tbody"]
+
+PAGE_SIZE = 50
+"""Runs per page of the runs page."""
+
+
+def esc(value: object) -> str:
+    """``value`` as text, HTML-escaped (quotes too): safe in an element and in an attribute."""
+    return escape(str(value), quote=True)
+
+
+def run_href(run_id: str) -> str:
+    """The run page's path, the id URL-quoted."""
+    return "/run/" + quote(run_id, safe="")
+
+
+def _usage(u: TokenUsage | None) -> str:
+    if u is None:
+        return "-"
+    return f"{u.input_tokens:,}/{u.output_tokens:,}/{u.llm_calls:,}"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def _progress(info: RunInfo) -> str:
+    return f"{info.steps_done:,}/{'?' if info.steps_total is None else f'{info.steps_total:,}'}"
+
+
+def _owner(info: RunInfo, now: float) -> str:
+    if info.owner is None:
+        return "-"
+    if info.status == "running" and info.lease_until is not None:
+        left = info.lease_until - now
+        lease = f"lease {left:.0f}s left" if left > 0 else "lease expired"
+        return f"{esc(info.owner)} <small>({lease})</small>"
+    return esc(info.owner)
+
+
+def runs_tbody(runs: Sequence[RunInfo], now: float | None = None) -> str:
+    """The rows of the runs table, one ``<tr data-run-id=...>`` per run."""
+    now = time.time() if now is None else now
+    out = []
+    for r in runs:
+        reason = r.error if r.status == "failed" and r.error else r.reason
+        cancel = " <small>(cancel requested)</small>" if r.cancel_requested else ""
+        out.append(
+            f'<tr data-run-id="{esc(r.run_id)}">'
+            f'<td class="run-id"><a href="{esc(run_href(r.run_id))}">{esc(r.run_id)}</a></td>'
+            f'<td class="status status-{esc(r.status)}">{esc(r.status)}{cancel}</td>'
+            f'<td class="workflow">{esc(r.workflow)}</td>'
+            f'<td class="num progress">{esc(_progress(r))}</td>'
+            f'<td class="num cost">{esc(_usage(r.cost))}</td>'
+            f'<td class="owner">{_owner(r, now)}</td>'
+            f'<td class="num age">{esc(_age(now - r.created_at))}</td>'
+            f'<td class="reason">{esc(reason or "")}</td>'
+            "</tr>"
+        )
+    return "\n".join(out)
+
+
+def _layout(title: str, body: str, source: str) -> str:
+    return (
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{esc(title)} - ekit</title>"
+        '<link rel="stylesheet" href="/static/app.css"></head><body>'
+        f'<header><h1><a href="/">ekit runs</a></h1><span class="source">{esc(source)}</span></header>'
+        f"<main>{body}</main>"
+        '<script src="/static/app.js"></script></body></html>\n'
+    )
+
+
+def runs_summary(total: int, page: int, pages: int) -> str:
+    """``10,000 run(s), page 1 of 200``."""
+    return f"{total:,} run(s), page {page:,} of {pages:,}"
+
+
+def runs_page(
+    source: str, shown: Sequence[RunInfo], total: int, page: int, status: str, workflow: str,
+    statuses: Sequence[str],
+) -> str:
+    """The runs page: filters, the table of one page of runs, and links to the other pages."""
+    pages = max(1, -(-total // PAGE_SIZE))
+    query = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
+    api = "/api/runs?" + urlencode({**query, "page": page})
+    options = "".join(
+        f'<option value="{esc(s)}"{" selected" if s == status else ""}>{esc(s or "any status")}</option>'
+        for s in ("", *statuses)
+    )
+    nav = []
+    if page > 1:
+        nav.append(f'<a rel="prev" href="/?{esc(urlencode({**query, "page": page - 1}))}">previous</a>')
+    if page < pages:
+        nav.append(f'<a rel="next" href="/?{esc(urlencode({**query, "page": page + 1}))}">next</a>')
+    body = (
+        '<form class="filters" method="get" action="/">'
+        f'<label>status <select name="status" id="filter-status">{options}</select></label>'
+        f'<label>workflow <input name="workflow" id="filter-workflow" value="{esc(workflow)}"></label>'
+        '<button type="submit">filter</button></form>'
+        f'<p id="runs-summary">{esc(runs_summary(total, page, pages))}</p>'
+        f'<table id="runs" data-api="{esc(api)}"><thead><tr>'
+        "<th>run</th><th>status</th><th>workflow</th><th>steps</th><th>usage in/out/calls</th>"
+        "<th>owner</th><th>age</th><th>reason</th></tr></thead>"
+        f"<tbody>{runs_tbody(shown)}</tbody></table>"
+        f'<nav class="pages">{"".join(nav)}</nav>'
+    )
+    return _layout("runs", body, source)
+
+
+def _state_of(view: RunView, name: str) -> str:
+    return view.states.get(name, "not-started")
+
+
+def steps_tbody(view: RunView) -> str:
+    """The rows of a run's step table: steps, and the items that failed or wait."""
+    report = view.report
+    if report is None:
+        return ""
+    out = []
+    for row in report.steps:
+        if row.item_of is not None and row.action != "wait" and row.reason != "failed":
+            continue
+        state = _state_of(view, row.name) if row.item_of is None else (
+            "waiting" if row.action == "wait" else "failed")
+        failure = row.failure
+        attempts = "-" if failure is None else f"{failure.attempts:,}"
+        message = "" if failure is None else f"{failure.error_type}: {failure.message}"
+        items = view.items.get(row.name)
+        shown = "" if items is None else f"{items[0]:,}/{'?' if items[1] is None else f'{items[1]:,}'}"
+        out.append(
+            f'<tr data-step="{esc(row.name)}"><td class="step">{esc(row.name)}</td>'
+            f'<td class="state state-{esc(state)}">{esc(state)}</td>'
+            f'<td class="action">{esc(row.action)}</td>'
+            f'<td class="num items">{esc(shown)}</td>'
+            f'<td class="num attempts">{esc(attempts)}</td>'
+            f'<td class="num usage">{esc(_usage(row.usage))}</td>'
+            '<td class="duration">not recorded</td>'
+            f'<td class="failure error">{esc(message)}</td>'
+            f'<td class="why">{esc(row.why)}</td></tr>'
+        )
+    return "\n".join(out)
+
+
+def _legend() -> str:
+    return '<ul class="legend" id="legend">' + "".join(
+        f'<li class="state-{esc(key)}">{esc(words)}</li>' for key, words in STATES) + "</ul>"
+
+
+def _token_field(token: str) -> str:
+    return f'<input type="hidden" name="token" value="{esc(token)}">'
+
+
+def _button(view: RunView, verb: str, token: str, extra: str = "", label: str = "") -> str:
+    return (
+        f'<form class="inline action" method="post" action="{esc(run_href(view.run_id))}/{verb}">'
+        f'{_token_field(token)}{extra}'
+        f'<button type="submit" id="action-{verb}">{esc(label or verb)}</button></form>'
+    )
+
+
+def _actions(view: RunView, token: str | None) -> str:
+    if token is None or view.info is None:
+        return ""
+    buttons = []
+    if view.status not in ("finished", "failed", "cancelled"):
+        buttons.append(_button(view, "cancel", token))
+    if view.status in ("failed", "cancelled"):
+        buttons.append(_button(view, "retry", token))
+    return f'<div class="actions">{"".join(buttons)}</div>' if buttons else ""
+
+
+def _questions(view: RunView, token: str | None) -> str:
+    if not view.questions:
+        return ""
+    out = ['<section id="questions"><h2>Waiting for a person</h2>']
+    for step, q in view.questions.items():
+        details = ""
+        if q.details is not None:
+            details = f"<pre class=\"details\">{esc(json.dumps(q.details, indent=2, default=str))}</pre>"
+        forms = ""
+        if token is not None and view.info is not None and view.status == "waiting":
+            step_field = f'<input type="hidden" name="step" value="{esc(step)}">'
+            by = '<input name="by" placeholder="your name" value="dashboard">'
+            if q.kind == "approval":
+                forms = (_button(view, "approve", token, step_field + by)
+                         + _button(view, "deny", token, step_field
+                                   + '<input name="reason" placeholder="why">', "deny"))
+            else:
+                forms = _button(view, "answer", token, step_field + by
+                                + '<input name="value" placeholder="answer (JSON, or text)">')
+        out.append(
+            f'<div class="question" data-step="{esc(step)}"><p><b>{esc(step)}</b> asks '
+            f'({esc(q.kind)}): <span class="prompt">{esc(q.prompt)}</span></p>{details}{forms}</div>'
+        )
+    out.append("</section>")
+    return "".join(out)
+
+
+def _timeline(view: RunView) -> str:
+    if not view.timeline:
+        return ""
+    rows = "".join(
+        f"<tr><td class=\"num\">{i:,}</td><td class=\"num\">{cp.step_index:,}</td>"
+        f"<td class=\"num\">{len(cp.outputs):,}</td><td class=\"num\">{len(cp.failures):,}</td>"
+        f"<td class=\"num\">{esc(_usage(cp.cost))}</td></tr>"
+        for i, cp in enumerate(view.timeline, 1)
+    )
+    return (
+        '<section><h2>Timeline</h2><table id="timeline"><thead><tr><th>checkpoint</th>'
+        "<th>step_index</th><th>outputs</th><th>failures</th><th>usage</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></section>"
+    )
+
+
+def _explanation(view: RunView) -> str:
+    report = view.report
+    if report is None:
+        return ""
+    anomalies = "".join(f"<li>{esc(a.kind)}: {esc(a.message)}</li>" for a in report.anomalies)
+    return (
+        '<section id="audit"><h2>What a resume would do</h2>'
+        f"<p>skips {len(report.skipped):,}, runs {len(report.to_run):,}, "
+        f"waits on {len(report.waiting):,} (a person's answer); graph from the "
+        f"{esc(report.graph_source)}</p>"
+        f'<pre id="audit-text">{esc(report.format())}</pre>'
+        + (f'<ul class="anomalies">{anomalies}</ul>' if anomalies else "")
+        + "</section>"
+    )
+
+
+def progress_text(view: RunView) -> str:
+    """``12/40 steps`` for a run page's heading."""
+    if view.info is not None:
+        return _progress(view.info) + " steps"
+    if view.graph is None or view.checkpoint is None:
+        return ""
+    cp = view.checkpoint
+    return f"{len(cp.outputs) + len(cp.skipped):,} outputs or skips, {len(view.graph.names):,} steps"
+
+
+def run_page(source: str, view: RunView, token: str | None) -> str:
+    """A run's page: its record, graph, step table, questions, audit and (journal) timeline."""
+    info = view.info
+    facts = []
+    if info is not None:
+        facts = [("workflow", info.workflow), ("priority", info.priority), ("epoch", info.epoch),
+                 ("owner", info.owner or "-"), ("usage in/out/calls", _usage(info.cost)),
+                 ("reason", info.reason or ""), ("error", info.error or "")]
+    fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
+    graph = ""
+    if view.graph is not None:
+        graph = (f'<h2>Graph</h2>{_legend()}<div class="graph-box">'
+                 f"{svg(view.graph.names, view.graph.deps, view.states, view.items)}</div>")
+    problem = f'<p class="error" id="problem">{esc(view.problem)}</p>' if view.problem else ""
+    api = "/api" + run_href(view.run_id)
+    body = (
+        f'<section id="run" data-api="{esc(api)}" data-run-id="{esc(view.run_id)}">'
+        f'<h2>run {esc(view.run_id)}: <span id="run-status" class="status status-{esc(view.status)}">'
+        f'{esc(view.status)}</span> <small id="run-progress">{esc(progress_text(view))}</small></h2>'
+        f'{_actions(view, token)}<table class="facts">{fact_rows}</table>{problem}'
+        f"{_questions(view, token)}{graph}"
+        '<h2>Steps</h2><table id="steps"><thead><tr><th>step</th><th>state</th><th>resume</th>'
+        "<th>items</th><th>attempts</th><th>usage in/out/calls</th><th>duration</th>"
+        f"<th>failure</th><th>why</th></tr></thead><tbody>{steps_tbody(view)}</tbody></table>"
+        f"{_explanation(view)}{_timeline(view)}</section>"
+    )
+    return _layout(f"run {view.run_id}", body, source)
+
+
+def run_json(view: RunView) -> dict[str, Any]:
+    """What ``/api/run/<id>`` answers: status, each step's state, the step table's rows."""
+    return {
+        "run_id": view.run_id,
+        "status": view.status,
+        "progress": progress_text(view),
+        "states": view.states,
+        "items": {k: list(v) for k, v in view.items.items()},
+        "questions": {k: q.to_dict() for k, q in view.questions.items()},
+        "problem": view.problem,
+        "steps_tbody": steps_tbody(view),
+    }
+
+
+def error_page(source: str, code: int, message: str) -> str:
+    """A page saying what went wrong (no traceback, the message escaped)."""
+    body = f'<h2 class="error-code">{code}</h2><p class="error" id="error">{esc(message)}</p>'
+    return _layout(str(code), body, source)

@@ -1,0 +1,282 @@
+"""The dashboard's HTTP server: stdlib ``ThreadingHTTPServer``, no dependency, nothing remote.
+
+Routes (GET): ``/`` the runs page (``?status=&workflow=&page=N``),
+``/api/runs`` the same as JSON, ``/run/<id>`` a run's page, ``/api/run/<id>``
+its JSON, ``/static/app.js`` and ``/static/app.css``. With actions allowed,
+POST ``/run/<id>/cancel``, ``retry``, ``answer``, ``approve`` and ``deny``
+act on the queue; each must carry the process's random token in the form's
+``token`` field *and* in the ``ekit_ui`` cookie (``SameSite=Strict``, set by
+every page), and an ``Origin`` header, when sent, must name this server:
+anything else is refused with 403. Read-only, every POST is a 405.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import sys
+from collections.abc import Callable
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ekit_runtime.queue import STATUSES, RunQueue
+from ekit_runtime.ui import pages
+from ekit_runtime.ui.sources import QueueSource, Source
+from ekit_runtime.ui.static import APP_CSS, APP_JS
+
+__all__ = ["Dashboard", "make_server", "serve"]
+
+_COOKIE = "ekit_ui"
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'")
+_VERBS = ("cancel", "retry", "answer", "approve", "deny")
+_MAX_FORM = 64 * 1024
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Dashboard(ThreadingHTTPServer):
+    """The server: ``source`` is what it shows, ``token`` guards its actions (``None``: read-only)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], source: Source, *, allow_actions: bool = False) -> None:
+        super().__init__(address, _Handler)
+        self.source = source
+        self.token: str | None = secrets.token_urlsafe(32) if allow_actions and source.can_act else None
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/``."""
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}/"
+
+
+def make_server(source: Source, host: str = "127.0.0.1", port: int = 0, *,
+                allow_actions: bool = False) -> Dashboard:
+    """A :class:`Dashboard` bound to ``host:port`` (0: any free port); call ``serve_forever()``."""
+    return Dashboard((host, port), source, allow_actions=allow_actions)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Dashboard
+    server_version = "ekit-ui"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    # -- answering ---------------------------------------------------------------
+
+    def _send(self, code: int, body: str, ctype: str = "text/html; charset=utf-8",
+              extra: dict[str, str] | None = None) -> None:
+        data = body.encode("utf-8", "backslashreplace")
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Security-Policy", _CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Cache-Control", "no-store")
+        token = self.server.token
+        if token is not None and ctype.startswith("text/html"):
+            self.send_header("Set-Cookie", f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _json(self, data: Any, code: int = 200) -> None:
+        self._send(code, json.dumps(data), "application/json")
+
+    def _error(self, code: int, message: str, as_json: bool = False) -> None:
+        if as_json:
+            self._json({"error": message}, code)
+        else:
+            self._send(code, pages.error_page(self.server.source.label, code, message))
+
+    def _guard(self, body: Callable[[], None], as_json: bool = False) -> None:
+        try:
+            body()
+        except _Refused as exc:
+            self._error(exc.code, str(exc), as_json)
+        except Exception as exc:  # never a traceback on the page
+            print(f"ekit ui: {type(exc).__name__} answering {self.command}", file=sys.stderr)
+            self._error(500, f"internal error: {type(exc).__name__}", as_json)
+
+    # -- GET -----------------------------------------------------------------------
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        path = url.path
+        as_json = path.startswith("/api/")
+        self._guard(lambda: self._get(path, parse_qs(url.query, keep_blank_values=True)), as_json)
+
+    def _get(self, path: str, query: dict[str, list[str]]) -> None:
+        if path == "/static/app.js":
+            self._send(200, APP_JS, "text/javascript; charset=utf-8")
+        elif path == "/static/app.css":
+            self._send(200, APP_CSS, "text/css; charset=utf-8")
+        elif path in ("/", "/api/runs"):
+            self._runs(query, as_json=path == "/api/runs")
+        elif path.startswith("/run/") or path.startswith("/api/run/"):
+            as_json = path.startswith("/api/")
+            rest = path.removeprefix("/api" if as_json else "").removeprefix("/run/")
+            if "/" in rest:
+                raise _Refused(404, "no such page")
+            self._run(unquote(rest), as_json)
+        elif path == "/favicon.ico":
+            self._send(204, "", "image/x-icon")
+        else:
+            raise _Refused(404, f"no page {path}")
+
+    def _runs(self, query: dict[str, list[str]], as_json: bool) -> None:
+        status = _one(query, "status")
+        workflow = _one(query, "workflow")
+        if status and status not in STATUSES and not (status == "incomplete"):
+            raise _Refused(400, f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        raw_page = _one(query, "page") or "1"
+        if not (raw_page.isascii() and raw_page.isdigit()) or int(raw_page) < 1 or len(raw_page) > 9:
+            raise _Refused(400, f"page must be a whole number from 1, got {raw_page!r}")
+        page = int(raw_page)
+        runs = self.server.source.runs()
+        if status:
+            runs = [r for r in runs if r.status == status]
+        if workflow:
+            runs = [r for r in runs if r.workflow == workflow]
+        total = len(runs)
+        start = (page - 1) * pages.PAGE_SIZE
+        shown = runs[start:start + pages.PAGE_SIZE]
+        if as_json:
+            n_pages = max(1, -(-total // pages.PAGE_SIZE))
+            self._json({
+                "total": total, "page": page, "pages": n_pages, "page_size": pages.PAGE_SIZE,
+                "summary": pages.runs_summary(total, page, n_pages),
+                "runs": [_run_dict(r) for r in shown],
+                "tbody": pages.runs_tbody(shown),
+            })
+        else:
+            self._send(200, pages.runs_page(self.server.source.label, shown, total, page, status,
+                                            workflow, STATUSES))
+
+    def _run(self, run_id: str, as_json: bool) -> None:
+        view = self.server.source.view(run_id)
+        if view is None:
+            raise _Refused(404, f"no run {run_id!r}")
+        if as_json:
+            self._json(pages.run_json(view))
+        else:
+            self._send(200, pages.run_page(self.server.source.label, view, self.server.token))
+
+    # -- POST ----------------------------------------------------------------------
+
+    def do_POST(self) -> None:
+        self._guard(self._post)
+
+    def _post(self) -> None:
+        token = self.server.token
+        source = self.server.source
+        if token is None or not isinstance(source, QueueSource):
+            self._drain()
+            raise _Refused(405, "this dashboard is read-only (start it with --allow-actions to act)")
+        path = urlsplit(self.path).path
+        parts = path.split("/")
+        if len(parts) != 4 or parts[:2] != ["", "run"] or parts[3] not in _VERBS:
+            self._drain()
+            raise _Refused(404, "no such action")
+        form = self._form()
+        self._check(token, form)
+        run_id, verb = unquote(parts[2]), parts[3]
+        by = (form.get("by") or "dashboard")[:200]
+        step = form.get("step", "")
+        calls: dict[str, Callable[[RunQueue], Any]] = {
+            "cancel": lambda q: q.cancel(run_id),
+            "retry": lambda q: q.retry(run_id),
+            "answer": lambda q: q.answer(run_id, step, _value(form.get("value", "")), by=by),
+            "approve": lambda q: q.approve(run_id, step, by=by),
+            "deny": lambda q: q.deny(run_id, step, form.get("reason", ""), by=by),
+        }
+        try:
+            source.act(calls[verb])
+        except LookupError:
+            raise _Refused(404, f"no run {run_id!r}") from None
+        except ValueError as exc:  # RunStateError and bad arguments: nothing was written
+            raise _Refused(409, str(exc)) from None
+        self._send(303, "", extra={"Location": pages.run_href(run_id)})
+
+    def _drain(self) -> None:
+        length = self.headers.get("Content-Length", "0")
+        if length.isdigit() and int(length) <= _MAX_FORM:
+            self.rfile.read(int(length))
+
+    def _form(self) -> dict[str, str]:
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or int(length) > _MAX_FORM:
+            raise _Refused(400, "a form of at most 64 KiB with a Content-Length is expected")
+        raw = self.rfile.read(int(length)).decode("utf-8", "replace")
+        return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+
+    def _check(self, token: str, form: dict[str, str]) -> None:
+        """The form's token and the cookie's must both be this process's; a foreign Origin is refused."""
+        cookie = SimpleCookie()
+        try:
+            cookie.load(self.headers.get("Cookie", ""))
+        except Exception:
+            raise _Refused(403, "unreadable cookie") from None
+        held = cookie[_COOKIE].value if _COOKIE in cookie else ""
+        given = form.get("token", "")
+        if not (hmac.compare_digest(given.encode(), token.encode())
+                and hmac.compare_digest(held.encode(), token.encode())):
+            raise _Refused(403, "refused: the form's token or the dashboard's cookie is missing or wrong "
+                                "(reload the page)")
+        origin = self.headers.get("Origin")
+        host = self.headers.get("Host", "")
+        if origin is not None and urlsplit(origin).netloc != host:
+            raise _Refused(403, "refused: the request comes from another site")
+
+
+def _one(query: dict[str, list[str]], key: str) -> str:
+    values = query.get(key)
+    return values[0] if values else ""
+
+
+def _value(text: str) -> Any:
+    """An answer's value: the JSON it spells, else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _run_dict(r: Any) -> dict[str, Any]:
+    return {
+        "run_id": r.run_id, "workflow": r.workflow, "status": r.status, "priority": r.priority,
+        "epoch": r.epoch, "owner": r.owner, "lease_until": r.lease_until,
+        "cancel_requested": r.cancel_requested, "error": r.error, "created_at": r.created_at,
+        "updated_at": r.updated_at, "steps_done": r.steps_done, "steps_total": r.steps_total,
+        "cost": r.cost.to_dict(), "reason": r.reason,
+    }
+
+
+def serve(server: Dashboard, out: Any = None) -> None:
+    """Print the URL (first line, flushed) and serve until interrupted."""
+    out = sys.stdout if out is None else out
+    out.write(server.url + "\n")
+    out.flush()
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+

@@ -1,0 +1,240 @@
+"""What the dashboard shows, read from a run queue or from one store file.
+
+:class:`QueueSource` reads a queue (``queue.runs()``, ``queue.checkpoint``)
+and can act on it; :class:`FileSource` reads one store file with the
+readers ``ekit audit`` uses (:func:`ekit_runtime.sources.read_checkpoints`),
+again on every request, so the page follows a run that is writing it. Both
+give a :class:`RunView`: a run's checkpoint, its audit and the state of
+each step, in plain values the pages render.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ekit_core import GraphSpec, WorkflowCheckpoint, audit
+from ekit_core.audit import AuditReport, StepAudit
+from ekit_core.human import Question, questions
+from ekit_core.report import recorded_graph
+from ekit_core.usage import NO_USAGE
+from ekit_runtime.queue import RunInfo, RunQueue
+from ekit_runtime.sources import SourceError, read_checkpoints
+
+__all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """One run as its page shows it.
+
+    ``info`` is the queue's record (``None`` for a store file);
+    ``checkpoint`` the latest one saved (``None`` before the first save);
+    ``report`` its audit and ``graph`` the graph drawn (``None`` when there
+    is no checkpoint, or ``problem`` says why the audit could not be made);
+    ``timeline`` the checkpoints of a journal, oldest first (empty otherwise).
+    """
+
+    run_id: str
+    status: str
+    info: RunInfo | None
+    checkpoint: WorkflowCheckpoint | None
+    report: AuditReport | None
+    graph: GraphSpec | None
+    questions: Mapping[str, Question]
+    problem: str | None = None
+    timeline: tuple[WorkflowCheckpoint, ...] = ()
+    states: dict[str, str] = field(default_factory=dict)
+    items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+
+
+def step_states(
+    report: AuditReport, graph: GraphSpec, status: str
+) -> tuple[dict[str, str], dict[str, tuple[int, int | None]]]:
+    """Each step's state (``recorded``, ``running``, ``failed``, ``waiting``, ``skipped``,
+    ``not-started``) and, for a mapped step, its items (done, total or ``None``).
+
+    ``running`` is a step a running run can be driving now: ready to start
+    (every dependency recorded) or a mapped step some of whose items are.
+    """
+    rows: dict[str, StepAudit] = {}
+    by_step: dict[str, list[StepAudit]] = {}
+    for step_row in report.steps:
+        if step_row.item_of is None:
+            rows[step_row.name] = step_row
+        else:
+            by_step.setdefault(step_row.item_of, []).append(step_row)
+    states: dict[str, str] = {}
+    items: dict[str, tuple[int, int | None]] = {}
+    running = status == "running"
+    for name in graph.names:
+        row: StepAudit | None = rows.get(name)
+        its = by_step.get(name, [])
+        if its:
+            items[name] = (sum(1 for r in its if r.action == "skip"), len(its))
+        elif row is not None and row.reason == "mapped":
+            items[name] = (row.items_recorded, row.items)
+        states[name] = _state(row, its, running)
+    return states, items
+
+
+def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool) -> str:
+    if row is None:
+        return "not-started"
+    if row.reason == "recorded":
+        return "recorded"
+    if row.reason == "skipped":
+        return "skipped"
+    if row.action == "wait" or any(r.action == "wait" for r in its):
+        return "waiting"
+    if row.reason == "failed" or any(r.reason == "failed" for r in its):
+        return "failed"
+    ready = row.reason == "ready" or any(r.reason == "ready" for r in its)
+    if running and ready:
+        return "running"
+    return "not-started"
+
+
+def _view(
+    run_id: str,
+    status: str,
+    info: RunInfo | None,
+    checkpoint: WorkflowCheckpoint | None,
+    given: GraphSpec | None,
+    versions: Mapping[str, str] | None = None,
+    timeline: tuple[WorkflowCheckpoint, ...] = (),
+) -> RunView:
+    if checkpoint is None:
+        return RunView(run_id, status, info, None, None, given, {}, "no checkpoint saved yet",
+                       timeline)
+    try:
+        graph = given if given is not None else recorded_graph(checkpoint)
+        report = audit(given, checkpoint, versions=versions)
+    except ValueError as exc:
+        return RunView(run_id, status, info, checkpoint, None, None, questions(checkpoint),
+                       f"cannot audit the checkpoint: {exc}", timeline)
+    states, items = step_states(report, graph, status)
+    return RunView(run_id, status, info, checkpoint, report, graph, questions(checkpoint), None,
+                   timeline, states, items)
+
+
+class Source:
+    """Where the dashboard reads runs from (see :class:`QueueSource`, :class:`FileSource`)."""
+
+    label: str = ""
+    can_act: bool = False
+
+    def runs(self) -> list[RunInfo]:
+        """Every run, newest first."""
+        raise NotImplementedError
+
+    def view(self, run_id: str) -> RunView | None:
+        """The run's page data; ``None`` when there is no such run."""
+        raise NotImplementedError
+
+
+class QueueSource(Source):
+    """A run queue: every run it holds; actions go to its ``cancel``, ``retry``, ``answer`` ...
+
+    Calls are serialised with a lock: the server answers requests on threads.
+    """
+
+    can_act = True
+
+    def __init__(self, queue: RunQueue, label: str) -> None:
+        self.queue = queue
+        self.label = label
+        self._lock = threading.Lock()
+
+    def runs(self) -> list[RunInfo]:
+        """Every run, newest first."""
+        with self._lock:
+            found = self.queue.runs()
+        found.reverse()
+        return found
+
+    def view(self, run_id: str) -> RunView | None:
+        """The run's record, latest checkpoint and its audit against the graph it records."""
+        with self._lock:
+            try:
+                info = self.queue.status(run_id)
+            except (LookupError, ValueError):
+                return None
+            checkpoint = self.queue.checkpoint(run_id)
+        return _view(run_id, info.status, info, checkpoint, None)
+
+    def act(self, call: Callable[[RunQueue], Any]) -> Any:
+        """Run ``call(queue)`` under the lock."""
+        with self._lock:
+            return call(self.queue)
+
+
+class FileSource(Source):
+    """One store file (a checkpoint JSON, JSON lines, a ``JournalStore`` journal), re-read per request.
+
+    Its one run is named after the file; ``graph`` (from ``--workflow``)
+    is audited against, else the graph the checkpoint records.
+    """
+
+    def __init__(self, path: str, graph: GraphSpec | None = None,
+                 versions: Mapping[str, str] | None = None) -> None:
+        self.path = path
+        self.label = path
+        self.run_id = os.path.basename(path) or path
+        self.graph = graph
+        self.versions = versions
+
+    def read(self) -> RunView:
+        """The file's latest checkpoint, audited; a :class:`SourceError` if unreadable."""
+        recorded = read_checkpoints(self.path)
+        timeline = recorded.checkpoints if recorded.kind in ("journal", "jsonl") else ()
+        latest = recorded.latest
+        waiting = bool(questions(latest))
+        view = _view(self.run_id, "", None, latest, self.graph, self.versions, timeline)
+        report = view.report
+        if waiting:
+            status = "waiting"
+        elif report is not None and not report.to_run:
+            status = "finished"
+        elif latest.failures:
+            status = "failed"
+        else:
+            status = "incomplete"
+        return RunView(view.run_id, status, None, view.checkpoint, view.report, view.graph,
+                       view.questions, view.problem, view.timeline, view.states, view.items)
+
+    def runs(self) -> list[RunInfo]:
+        """The file's one run, as a record (status from its audit)."""
+        try:
+            view = self.read()
+        except SourceError:
+            return []
+        cp = view.checkpoint
+        total = None if view.graph is None else len(view.graph.names)
+        done = 0 if cp is None else len(cp.outputs) + len(cp.skipped)
+        error = None if cp is None or not cp.failures else "; ".join(
+            f"{n}: {f.error_type}: {f.message}" for n, f in cp.failures.items())
+        return [RunInfo(
+            run_id=self.run_id, workflow="-", status=view.status,  # type: ignore[arg-type]
+            priority=0, epoch=0, owner=None, lease_until=None, cancel_requested=False,
+            error=error, created_at=_mtime(self.path), updated_at=_mtime(self.path),
+            fingerprint=None if cp is None else cp.fingerprint,
+            steps_done=done if total is None else min(done, total), steps_total=total,
+            cost=NO_USAGE if cp is None else cp.cost,
+        )]
+
+    def view(self, run_id: str) -> RunView | None:
+        """The file's run, if ``run_id`` names it."""
+        if run_id != self.run_id:
+            return None
+        return self.read()
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0

@@ -1,0 +1,90 @@
+"""The dashboard's script and style sheet, served as ``/static/app.js`` and ``/static/app.css``.
+
+Kept as Python strings so that the wheel carries them with no package
+data; nothing is fetched from anywhere else. The script only polls the
+page's own JSON endpoint (named by the ``data-api`` attribute of the
+table or run section) and puts in place HTML the server escaped.
+"""
+
+from __future__ import annotations
+
+__all__ = ["APP_CSS", "APP_JS"]
+
+APP_JS = r"""'use strict';
+(function () {
+  function poll(url, every, apply) {
+    var busy = false;
+    function tick() {
+      if (busy) { return; }
+      busy = true;
+      fetch(url, {headers: {'Accept': 'application/json'}, credentials: 'same-origin'})
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (data) { if (data) { apply(data); } })
+        .catch(function () {})
+        .then(function () { busy = false; });
+    }
+    window.setInterval(tick, every);
+  }
+  function setText(id, text) {
+    var el = document.getElementById(id);
+    if (el && text !== undefined && text !== null) { el.textContent = text; }
+  }
+  var runs = document.getElementById('runs');
+  if (runs && runs.dataset.api) {
+    poll(runs.dataset.api, 1500, function (data) {
+      runs.tBodies[0].innerHTML = data.tbody;
+      setText('runs-summary', data.summary);
+      document.body.dataset.refreshed = String(Date.now());
+    });
+  }
+  var run = document.getElementById('run');
+  if (run && run.dataset.api) {
+    var nodes = {};
+    document.querySelectorAll('#graph g.node').forEach(function (g) { nodes[g.dataset.step] = g; });
+    poll(run.dataset.api, 2000, function (data) {
+      var states = data.states || {};
+      Object.keys(states).forEach(function (name) {
+        var g = nodes[name];
+        if (g) { g.setAttribute('class', 'node state-' + states[name]); }
+      });
+      var steps = document.getElementById('steps');
+      if (steps && data.steps_tbody !== undefined) { steps.tBodies[0].innerHTML = data.steps_tbody; }
+      setText('run-status', data.status);
+      setText('run-progress', data.progress);
+      document.body.dataset.refreshed = String(Date.now());
+    });
+  }
+})();
+"""
+
+APP_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+header { display: flex; gap: 1em; align-items: baseline; border-bottom: 1px solid #ccc; margin-bottom: 1em; }
+header .source { color: #666; font-family: monospace; }
+table { border-collapse: collapse; width: 100%; font-size: 0.9em; }
+th, td { border-bottom: 1px solid #e3e3e3; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.status { font-weight: 600; }
+.status-queued { color: #555; } .status-running { color: #0a58ca; } .status-waiting { color: #b35c00; }
+.status-finished { color: #1e7b34; } .status-failed { color: #b02a37; } .status-cancelled { color: #777; }
+form.filters { margin-bottom: 1em; display: flex; gap: 0.5em; align-items: center; }
+form.inline { display: inline; }
+nav.pages { margin: 1em 0; display: flex; gap: 1em; }
+.graph-box { overflow: auto; border: 1px solid #ddd; max-height: 70vh; background: #fcfcfc; }
+svg.graph text { font: 12px monospace; fill: #111; }
+svg.graph text.items { font-size: 10px; fill: #333; }
+svg.graph line.edge { stroke: #999; stroke-width: 1; }
+svg.graph rect { stroke: #555; stroke-width: 1; }
+.state-recorded rect, .legend .state-recorded { fill: #b7e4c7; background: #b7e4c7; }
+.state-running rect, .legend .state-running { fill: #9ec5fe; background: #9ec5fe; }
+.state-failed rect, .legend .state-failed { fill: #f1aeb5; background: #f1aeb5; }
+.state-waiting rect, .legend .state-waiting { fill: #ffda6a; background: #ffda6a; }
+.state-skipped rect, .legend .state-skipped { fill: #dee2e6; background: #dee2e6; }
+.state-not-started rect, .legend .state-not-started { fill: #ffffff; background: #ffffff; }
+.legend { display: flex; gap: 1em; margin: 0.5em 0; list-style: none; padding: 0; }
+.legend li { padding: 2px 8px; border: 1px solid #555; border-radius: 4px; }
+.error { color: #b02a37; white-space: pre-wrap; }
+.question { border: 1px solid #ffda6a; padding: 0.5em 1em; margin: 0.5em 0; }
+pre { white-space: pre-wrap; }
+"""
