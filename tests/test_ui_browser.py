@@ -22,7 +22,6 @@ Skipped when no Chromium is installed, except under CI (see tests/browser.py).
 
 from __future__ import annotations
 
-import json
 import threading
 import urllib.error
 import urllib.parse
