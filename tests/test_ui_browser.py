@@ -9,13 +9,16 @@ a real subprocess, and the browser checks what a user sees:
 - the pages load with no SEVERE console error (no script error, no failed load);
 - the runs table shows every status, and a run's graph nodes carry the right
   ``state-*`` classes;
-- a live update arrives: once the worker finishes the blocked step, its node
-  turns ``state-recorded`` in the page, with no reload;
+- live updates arrive with no reload: once the worker finishes the blocked
+  step, its node turns ``state-recorded`` in the open run page; a run
+  cancelled by another client turns ``cancelled`` in the open runs table;
 - markup in names and values renders as text: no ``<img>`` is created and no
   alert opens;
 - an action (cancel) works through the page's button with --allow-actions,
-  and a POST without the page's token is refused (403) and changes nothing;
-- a store file (JournalStore) opens as a source too.
+  and a POST without the page's token (or its cookie, or from another
+  Origin) is refused (403) and changes nothing; an answer typed into the
+  waiting run's form requeues it;
+- a store file (JournalStore) opens as a source too, read-only (a POST is 405).
 
 Skipped when no Chromium is installed, except under CI (see tests/browser.py).
 """
@@ -262,3 +265,42 @@ def test_a_journal_store_file_opens_as_a_read_only_source(browser: Any, tmp_path
         assert "state-skipped" in node_class(browser, "extra").split()
         assert not browser.find_elements(By.CSS_SELECTOR, "form.action")  # no actions on a file
         assert post(run_url(server, "run.journal") + "/cancel", {}) == 405
+
+
+def test_an_answer_typed_in_the_page_requeues_the_waiting_run(
+    browser: Any, dashboard: dict[str, Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
+    load(browser, run_url(server, ids["waiting"]))
+    form = browser.find_element(By.CSS_SELECTOR, "#questions .question[data-step='title'] form.action")
+    form.find_element(By.NAME, "value").send_keys("A <i>title</i>")
+    form.find_element(By.CSS_SELECTOR, "#action-answer").click()
+    # No worker has 'asks' now: the answered run waits in the queue, the answer recorded.
+    wait_for_status(queue, ids["waiting"], "queued")
+    wait_until(browser, lambda d: d.find_element(By.ID, "run-status").text == "queued", 20)
+    assert not severe_console_errors(browser)
+
+
+def test_the_runs_table_follows_the_queue_without_a_reload(browser: Any, dashboard: dict[str, Any]) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
+    load(browser, server.url + "/")
+    browser.execute_script("window.__ekitMarker = 'same page';")
+
+    def status_in_page(d: Any) -> str:
+        for row in d.find_elements(By.CSS_SELECTOR, "#runs tr[data-run-id]"):
+            if row.get_attribute("data-run-id") == ids["queued"]:
+                return str(row.find_element(By.CSS_SELECTOR, ".status").text.split()[0])
+        return ""
+
+    assert status_in_page(browser) == "queued"
+    queue.cancel(ids["queued"])  # another client acts on the queue; the open page must show it
+    wait_until(
+        browser, lambda d: status_in_page(d) == "cancelled", 20, "the runs table never showed the cancel"
+    )
+    assert browser.execute_script("return window.__ekitMarker") == "same page"
+    assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1
+    assert not severe_console_errors(browser)
