@@ -94,6 +94,37 @@ def node_class(driver: Any, step: str) -> str:
     )
 
 
+def row_statuses(driver: Any) -> dict[str, str]:
+    """Each row of the runs table: run id -> the first word of its status cell.
+
+    Read in one script: the page replaces the table's body on every poll, so
+    elements found one call earlier may already be gone.
+    """
+    return dict(
+        driver.execute_script(
+            "var out = {};"
+            "document.querySelectorAll('#runs tr[data-run-id]').forEach(function (tr) {"
+            "  var cell = tr.querySelector('.status');"
+            "  out[tr.dataset.runId] = cell ? cell.textContent.trim().split(/\\s+/)[0] : '';"
+            "});"
+            "return out;"
+        )
+    )
+
+
+def row_text(driver: Any, run_id: str) -> str:
+    """The whole text of the runs table's row of ``run_id`` ('' when there is none)."""
+    return str(
+        driver.execute_script(
+            "var id = arguments[0];"
+            "var tr = Array.from(document.querySelectorAll('#runs tr[data-run-id]'))"
+            ".find(function (r) { return r.dataset.runId === id; });"
+            "return tr ? tr.textContent : '';",
+            run_id,
+        )
+    )
+
+
 def load(driver: Any, url: str) -> None:
     driver.get(url)
     errors = severe_console_errors(driver)
@@ -101,14 +132,8 @@ def load(driver: Any, url: str) -> None:
 
 
 def test_runs_page_shows_a_run_in_every_status(browser: Any, dashboard: dict[str, Any]) -> None:
-    from selenium.webdriver.common.by import By
-
     load(browser, dashboard["server"].url + "/")
-    table = browser.find_element(By.ID, "runs")
-    rows = {
-        row.get_attribute("data-run-id"): row.find_element(By.CSS_SELECTOR, ".status").text.split()[0]
-        for row in table.find_elements(By.CSS_SELECTOR, "tr[data-run-id]")
-    }
+    rows = row_statuses(browser)
     ids = dashboard["ids"]
     assert rows[ids["queued"]] == "queued"
     assert rows[ids["running"]] == "running"
@@ -171,17 +196,9 @@ def assert_inert(driver: Any) -> None:
 
 
 def test_markup_in_names_and_values_renders_as_text(browser: Any, dashboard: dict[str, Any]) -> None:
-    from selenium.webdriver.common.by import By
-
     server = dashboard["server"]
     load(browser, server.url + "/")
-    rows = [
-        r
-        for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-run-id]")
-        if r.get_attribute("data-run-id") == ui_flows.HOSTILE
-    ]
-    assert rows, "the run with a markup id has no row"
-    assert ui_flows.HOSTILE in rows[0].get_attribute("textContent")
+    assert ui_flows.HOSTILE in row_text(browser, ui_flows.HOSTILE), "the run with a markup id has no row"
     assert_inert(browser)
 
     load(browser, run_url(server, ui_flows.HOSTILE))
@@ -257,9 +274,7 @@ def test_a_journal_store_file_opens_as_a_read_only_source(browser: Any, tmp_path
     asyncio.run(ui_flows.SIMPLE.run({"doc": "z.txt"}, checkpoint_fn=store.save))
     with UiServer([str(path), "--workflow", "tests.ui_flows:SIMPLE", "--port", "0"]) as server:
         load(browser, server.url + "/")
-        rows = browser.find_elements(By.CSS_SELECTOR, "#runs tr[data-run-id]")
-        assert [r.get_attribute("data-run-id") for r in rows] == ["run.journal"]
-        assert rows[0].find_element(By.CSS_SELECTOR, ".status").text.split()[0] == "finished"
+        assert row_statuses(browser) == {"run.journal": "finished"}
         load(browser, run_url(server, "run.journal"))
         assert "state-recorded" in node_class(browser, "publish").split()
         assert "state-skipped" in node_class(browser, "extra").split()
@@ -284,17 +299,12 @@ def test_an_answer_typed_in_the_page_requeues_the_waiting_run(
 
 
 def test_the_runs_table_follows_the_queue_without_a_reload(browser: Any, dashboard: dict[str, Any]) -> None:
-    from selenium.webdriver.common.by import By
-
     server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
     load(browser, server.url + "/")
     browser.execute_script("window.__ekitMarker = 'same page';")
 
     def status_in_page(d: Any) -> str:
-        for row in d.find_elements(By.CSS_SELECTOR, "#runs tr[data-run-id]"):
-            if row.get_attribute("data-run-id") == ids["queued"]:
-                return str(row.find_element(By.CSS_SELECTOR, ".status").text.split()[0])
-        return ""
+        return row_statuses(d).get(ids["queued"], "")
 
     assert status_in_page(browser) == "queued"
     queue.cancel(ids["queued"])  # another client acts on the queue; the open page must show it
