@@ -5,7 +5,7 @@ Routes (GET): ``/`` the runs page (``?status=&workflow=&page=N``),
 its JSON, ``/static/app.js`` and ``/static/app.css``. With actions allowed,
 POST ``/run/<id>/cancel``, ``retry``, ``answer``, ``approve`` and ``deny``
 act on the queue; each must carry the process's random token in the form's
-``token`` field *and* in the ``ekit_ui`` cookie (``SameSite=Strict``, set by
+``token`` field *and* in the ``ekit_ui_<port>`` cookie (``SameSite=Strict``, set by
 every page), and an ``Origin`` header, when sent, must name this server:
 anything else is refused with 403. Read-only, every POST is a 405.
 """
@@ -29,7 +29,7 @@ from ekit_runtime.ui.static import APP_CSS, APP_JS
 
 __all__ = ["Dashboard", "make_server", "serve"]
 
-_COOKIE = "ekit_ui"
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'")
 _VERBS = ("cancel", "retry", "answer", "approve", "deny")
@@ -51,6 +51,24 @@ class Dashboard(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.source = source
         self.token: str | None = secrets.token_urlsafe(32) if allow_actions and source.can_act else None
+        # One cookie per port: browsers share cookies between the ports of a host.
+        self.cookie = f"ekit_ui_{self.server_address[1]}"
+
+    def host_allowed(self, header: str | None) -> bool:
+        """Whether a request's ``Host`` header names this server.
+
+        Bound to a loopback address, only ``127.0.0.1``, ``localhost`` and
+        ``[::1]`` (at its port) are: a page whose own name was re-pointed at
+        127.0.0.1 (DNS rebinding) is refused. Bound to another address, the
+        person who chose it decides who reaches it: any ``Host`` is let in.
+        """
+        host = str(self.server_address[0])
+        if not (host.startswith("127.") or host == "localhost"):
+            return True
+        if header is None:
+            return False
+        name, _, port = header.strip().rpartition(":")
+        return (name in _LOOPBACK_NAMES or name.startswith("127.")) and port == str(self.server_address[1])
 
     @property
     def url(self) -> str:
@@ -90,7 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         token = self.server.token
         if token is not None and ctype.startswith("text/html"):
-            self.send_header("Set-Cookie", f"{_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
+            self.send_header("Set-Cookie", f"{self.server.cookie}={token}; Path=/; HttpOnly; SameSite=Strict")
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -126,7 +144,12 @@ class _Handler(BaseHTTPRequestHandler):
         as_json = path.startswith("/api/")
         self._guard(lambda: self._get(path, parse_qs(url.query, keep_blank_values=True)), as_json)
 
+    def _host_checked(self) -> None:
+        if not self.server.host_allowed(self.headers.get("Host")):
+            raise _Refused(403, "refused: the request names another host (open the address ekit ui printed)")
+
     def _get(self, path: str, query: dict[str, list[str]]) -> None:
+        self._host_checked()
         if path == "/static/app.js":
             self._send(200, APP_JS, "text/javascript; charset=utf-8")
         elif path == "/static/app.css":
@@ -188,6 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._guard(self._post)
 
     def _post(self) -> None:
+        self._host_checked()
         token = self.server.token
         source = self.server.source
         if token is None or not isinstance(source, QueueSource):
@@ -237,7 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
             cookie.load(self.headers.get("Cookie", ""))
         except Exception:
             raise _Refused(403, "unreadable cookie") from None
-        held = cookie[_COOKIE].value if _COOKIE in cookie else ""
+        name = self.server.cookie
+        held = cookie[name].value if name in cookie else ""
         given = form.get("token", "")
         if not (hmac.compare_digest(given.encode(), token.encode())
                 and hmac.compare_digest(held.encode(), token.encode())):

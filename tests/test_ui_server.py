@@ -1,0 +1,501 @@
+"""``ekit ui``: the dashboard's pages, JSON, escaping, actions' guards and store-file sources, over HTTP.
+
+A real server on a real SqliteQueue (or a real store file), in a thread,
+read with urllib as a browser would; the browser-level tests are elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from ekit_core import WorkflowCheckpoint
+from ekit_runtime import JournalStore, JsonFileStore, Step, Workflow
+from ekit_runtime.queue import RunQueue, SqliteQueue, open_queue
+from ekit_runtime.redaction import redacted
+from ekit_runtime.ui import Dashboard, FileSource, QueueSource, Source, make_server
+from tests.queue_backends import fresh_postgres, queue_url
+
+__all__ = ["queue_url"]  # a fixture, used by name
+
+EVIL = "<img src=x onerror=alert(1)>"
+USAGE = {"input_tokens": 10, "output_tokens": 5, "llm_calls": 1}
+
+
+def checkpoint(graph: dict[str, list[str]], outputs: dict[str, Any], **more: Any) -> WorkflowCheckpoint:
+    data = {"format_version": 3, "step_index": len(outputs), "outputs": outputs, "cost": USAGE,
+            "context": {}, "step_usage": {}, "graph": graph, **more}
+    return WorkflowCheckpoint.from_dict(data)
+
+
+class Page:
+    def __init__(self, status: int, headers: Any, body: str) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def fetch(server: Dashboard, path: str, data: dict[str, str] | None = None,
+          headers: dict[str, str] | None = None) -> Page:
+    body = None if data is None else urllib.parse.urlencode(data).encode()
+    req = urllib.request.Request(server.url.rstrip("/") + path, data=body, headers=headers or {})
+    try:
+        with _OPENER.open(req, timeout=30) as r:
+            return Page(r.status, r.headers, r.read().decode())
+    except urllib.error.HTTPError as e:
+        return Page(e.code, e.headers, e.read().decode())
+
+
+@contextmanager
+def serving(source: Source, allow_actions: bool = False) -> Iterator[Dashboard]:
+    server = make_server(source, allow_actions=allow_actions)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def queue(tmp_path: Any) -> Iterator[SqliteQueue]:
+    q = SqliteQueue(str(tmp_path / "q.db"))
+    yield q
+    q.close()
+
+
+def in_every_status(q: RunQueue) -> None:
+    """One run per status, each of its own workflow (so that a claim picks it)."""
+    graph = {"a": [], "b": ["a"], "c": ["b"]}
+    q.submit("wf-queued", {}, run_id="r-queued")
+    q.submit("wf-running", {}, run_id="r-running")
+    lease = q.claim("w1", {"wf-running": None}, 60)
+    assert lease is not None
+    q.save(lease, checkpoint(graph, {"a": 1}), 60)
+    q.submit("wf-waiting", {}, run_id="r-waiting")
+    lease = q.claim("w1", {"wf-waiting": None}, 60)
+    assert lease is not None
+    q.save(lease, checkpoint(graph, {"a": 1}, asked={"b": [{"kind": "value", "prompt": "which?"}]}), 60)
+    q.park(lease, "step 'b' waits for an answer")
+    q.submit("wf-finished", {}, run_id="r-finished")
+    lease = q.claim("w1", {"wf-finished": None}, 60)
+    assert lease is not None
+    q.save(lease, checkpoint(graph, {"a": 1, "b": 2, "c": 3}), 60)
+    q.finish(lease, "finished")
+    q.submit("wf-failed", {}, run_id="r-failed")
+    lease = q.claim("w1", {"wf-failed": None}, 60)
+    assert lease is not None
+    failure = {"b": {"error_type": "RuntimeError", "message": "the model said no", "attempts": 3}}
+    q.save(lease, checkpoint(graph, {"a": 1}, failures=failure), 60)
+    q.finish(lease, "failed", "RuntimeError: the model said no")
+    q.submit("wf-cancelled", {}, run_id="r-cancelled")
+    q.cancel("r-cancelled")
+
+
+def rows(html: str) -> list[str]:
+    return re.findall(r'<tr data-run-id="([^"]*)"', html)
+
+
+@pytest.fixture
+def any_queue(queue_url: str) -> Iterator[RunQueue]:
+    """An empty queue on each backend (SQLite, and the test PostgreSQL server)."""
+    with open_queue(queue_url) as q:
+        yield q
+
+
+def test_runs_page_shows_runs_in_every_status(any_queue: RunQueue) -> None:
+    queue = any_queue
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        page = fetch(server, "/")
+        assert page.status == 200
+        assert 'id="runs"' in page.body
+        assert set(rows(page.body)) == {f"r-{s}" for s in
+                                        ("queued", "running", "waiting", "finished", "failed", "cancelled")}
+        for status in ("queued", "running", "waiting", "finished", "failed", "cancelled"):
+            assert f'<td class="status status-{status}">{status}' in page.body
+        assert "RuntimeError: the model said no" in page.body  # a failed run's reason is its error
+        assert "step &#x27;b&#x27; waits for an answer" in page.body
+        assert "1/3" in page.body  # progress of the running run
+        data = fetch(server, "/api/runs").json()
+        assert data["total"] == 6 and len(data["runs"]) == 6
+        assert {r["status"] for r in data["runs"]} == {"queued", "running", "waiting", "finished",
+                                                       "failed", "cancelled"}
+        assert rows(data["tbody"]) == rows(page.body)
+
+
+def test_runs_page_filters_by_status_and_workflow(queue: SqliteQueue) -> None:
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        assert rows(fetch(server, "/?status=failed").body) == ["r-failed"]
+        assert rows(fetch(server, "/?workflow=wf-running").body) == ["r-running"]
+        assert rows(fetch(server, "/?status=queued&workflow=wf-running").body) == []
+        assert fetch(server, "/api/runs?status=waiting").json()["total"] == 1
+        bad = fetch(server, "/?status=bogus")
+        assert bad.status == 400 and "Traceback" not in bad.body
+
+
+@pytest.mark.timeout(300)
+def test_10000_runs_are_paginated_50_a_page(queue: SqliteQueue) -> None:
+    for i in range(10_000):
+        queue.submit("wf", {}, run_id=f"run-{i:05d}")
+    with serving(QueueSource(queue, "q.db")) as server:
+        first = fetch(server, "/")
+        assert rows(first.body)[:2] == ["run-09999", "run-09998"]  # newest first
+        assert len(rows(first.body)) == 50
+        assert "10,000 run(s), page 1 of 200" in first.body
+        assert 'rel="next" href="/?page=2"' in first.body
+        last = fetch(server, "/?page=200")
+        assert rows(last.body)[-1] == "run-00000" and len(rows(last.body)) == 50
+        beyond = fetch(server, "/api/runs?page=201").json()
+        assert beyond["total"] == 10_000 and beyond["runs"] == []
+
+
+@pytest.mark.parametrize("page", ["0", "-1", "x", "1.5", "9" * 40])
+def test_a_bad_page_number_is_a_400_page_not_a_traceback(queue: SqliteQueue, page: str) -> None:
+    with serving(QueueSource(queue, "q.db")) as server:
+        got = fetch(server, "/?page=" + urllib.parse.quote(page))
+        assert got.status == 400
+        assert "page must be a whole number" in got.body and "Traceback" not in got.body
+        assert fetch(server, "/api/runs?page=" + urllib.parse.quote(page)).status == 400
+        assert fetch(server, "/?page=").status == 200  # an empty page field is the first page
+
+
+def test_unknown_run_is_a_404(queue: SqliteQueue) -> None:
+    with serving(QueueSource(queue, "q.db")) as server:
+        for path in ("/run/nope", "/api/run/nope", "/run/a/b", "/nowhere"):
+            got = fetch(server, path)
+            assert got.status == 404, path
+            assert "Traceback" not in got.body
+
+
+def test_hostile_names_are_shown_as_text_never_as_markup(queue: SqliteQueue) -> None:
+    graph = {"a": [], EVIL: ["a"], "z": [EVIL]}
+    queue.submit(EVIL, {EVIL: EVIL}, run_id=EVIL)
+    lease = queue.claim(EVIL, {EVIL: None}, 60)
+    assert lease is not None
+    failure = {"z": {"error_type": EVIL, "message": EVIL, "attempts": 2}}
+    queue.save(lease, checkpoint(graph, {"a": EVIL}, asked={EVIL: [{"kind": "value", "prompt": EVIL,
+                                                                    "details": {EVIL: EVIL}}]},
+                                 failures=failure), 60)
+    queue.set_reason(lease, EVIL)
+    with serving(QueueSource(queue, EVIL), allow_actions=True) as server:
+        run = "/run/" + urllib.parse.quote(EVIL, safe="")
+        for path in ("/", run, "/?workflow=" + urllib.parse.quote(EVIL), "/run/" + urllib.parse.quote(EVIL)):
+            page = fetch(server, path)
+            assert page.status in (200, 404), path
+            assert EVIL not in page.body, path
+            assert "&lt;img src=x onerror=alert(1)&gt;" in page.body, path
+        assert fetch(server, run).status == 200
+        assert fetch(server, "/?workflow=" + urllib.parse.quote(EVIL)).body.count("<tr data-run-id") == 1
+        for api in ("/api/runs", "/api" + run):
+            data = fetch(server, api).json()
+            html = data.get("tbody", "") + data.get("steps_tbody", "")
+            assert html and EVIL not in html
+
+
+def test_no_password_of_the_queue_url_is_shown(queue: SqliteQueue) -> None:
+    dsn = "postgresql://ekit:s3cr3t-pw@db.example:5432/runs"
+    in_every_status(queue)
+    with serving(QueueSource(queue, redacted(dsn))) as server:
+        for path in ("/", "/run/r-failed", "/nope", "/?page=0"):
+            body = fetch(server, path).body
+            assert "s3cr3t-pw" not in body
+        assert "postgresql://ekit:***@db.example:5432/runs" in fetch(server, "/").body
+
+
+def test_pages_carry_the_security_headers(queue: SqliteQueue) -> None:
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        for path in ("/", "/run/r-running", "/api/runs", "/static/app.js", "/nope"):
+            page = fetch(server, path)
+            assert page.headers["Content-Security-Policy"].startswith("default-src 'self'; script-src 'self'")
+            assert page.headers["X-Content-Type-Options"] == "nosniff"
+        page = fetch(server, "/")
+        assert '<script src="/static/app.js"></script>' in page.body
+        assert re.search(r"<script>|<script [^s]", page.body) is None  # no inline script
+        assert "http://" not in page.body.replace(server.url, "").replace("http://www.w3.org/2000/svg", "")
+        assert fetch(server, "/static/app.js").headers["Content-Type"].startswith("text/javascript")
+
+
+def test_run_page_shows_graph_states_steps_audit_and_questions(any_queue: RunQueue) -> None:
+    queue = any_queue
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        running = fetch(server, "/run/r-running").body
+        assert '<g class="node state-recorded" data-step="a">' in running
+        assert '<g class="node state-running" data-step="b">' in running  # ready, and the run is running
+        assert '<g class="node state-not-started" data-step="c">' in running
+        assert 'id="legend"' in running and 'id="steps"' in running
+        assert "What a resume would do" in running and "skips 1, runs 2" in running
+        failed = fetch(server, "/run/r-failed").body
+        assert '<g class="node state-failed" data-step="b">' in failed
+        assert "RuntimeError: the model said no" in failed
+        assert '<td class="num attempts">3</td>' in failed
+        waiting = fetch(server, "/run/r-waiting").body
+        assert '<g class="node state-waiting" data-step="b">' in waiting
+        assert 'id="questions"' in waiting and "which?" in waiting
+        queued = fetch(server, "/run/r-queued").body
+        assert "no checkpoint saved yet" in queued
+        data = fetch(server, "/api/run/r-running").json()
+        assert data["status"] == "running"
+        assert data["states"] == {"a": "recorded", "b": "running", "c": "not-started"}
+        assert '<tr data-step="b">' in data["steps_tbody"]
+
+
+def test_read_only_mode_renders_no_action_and_refuses_every_post(queue: SqliteQueue) -> None:
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        for path in ("/run/r-queued", "/run/r-waiting", "/run/r-failed"):
+            body = fetch(server, path).body
+            assert "<form class=\"inline action\"" not in body and 'name="token"' not in body
+        got = fetch(server, "/run/r-queued/cancel", {"token": "x"})
+        assert got.status == 405
+        assert queue.status("r-queued").status == "queued"
+        assert "Set-Cookie" not in fetch(server, "/").headers
+
+
+def _token_and_cookie(server: Dashboard, path: str) -> tuple[str, str]:
+    page = fetch(server, path)
+    match = re.search(r'name="token" value="([^"]+)"', page.body)
+    assert match is not None
+    cookie = page.headers["Set-Cookie"]
+    assert "SameSite=Strict" in cookie and "HttpOnly" in cookie
+    return match.group(1), cookie.split(";")[0]
+
+
+def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origin(queue: SqliteQueue) -> None:
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
+        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        host = urllib.parse.urlsplit(server.url).netloc
+        refused = [
+            ({}, {}),  # nothing
+            ({"token": token}, {}),  # the form's token without the cookie (a cross-site form)
+            ({}, {"Cookie": cookie}),  # the cookie without the token
+            ({"token": "wrong"}, {"Cookie": cookie}),
+            ({"token": token}, {"Cookie": cookie.split("=")[0] + "=wrong"}),
+            ({"token": token}, {"Cookie": "ekit_ui=" + token}),  # another port's cookie name
+            ({"token": token}, {"Cookie": cookie, "Origin": "http://evil.example"}),
+        ]
+        for form, headers in refused:
+            got = fetch(server, "/run/r-queued/cancel", form, headers)
+            assert got.status == 403, (form, headers)
+            assert token not in got.body
+        assert queue.status("r-queued").status == "queued"
+        got = fetch(server, "/run/r-queued/cancel", {"token": token},
+                    {"Cookie": cookie, "Origin": f"http://{host}"})
+        assert got.status == 303 and got.headers["Location"] == "/run/r-queued"
+        assert queue.status("r-queued").status == "cancelled"
+
+
+def test_a_request_naming_another_host_is_refused(queue: SqliteQueue) -> None:
+    """DNS rebinding: a site whose name now points at 127.0.0.1 reads no page and acts on nothing."""
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
+        port = urllib.parse.urlsplit(server.url).port
+        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        assert cookie.startswith(f"ekit_ui_{port}=")
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port}0"):
+            assert fetch(server, "/", headers={"Host": host}).status == 403, host
+            assert fetch(server, "/api/runs", headers={"Host": host}).status == 403, host
+            got = fetch(server, "/run/r-queued/cancel", {"token": token}, {"Cookie": cookie, "Host": host})
+            assert got.status == 403
+        assert queue.status("r-queued").status == "queued"
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            assert fetch(server, "/", headers={"Host": host}).status == 200, host
+
+
+def test_answer_approve_and_retry_through_the_dashboard(any_queue: RunQueue) -> None:
+    queue = any_queue
+    in_every_status(queue)
+    queue.submit("wf-approval", {}, run_id="r-approval")
+    lease = queue.claim("w1", {"wf-approval": None}, 60)
+    assert lease is not None
+    queue.save(lease, checkpoint({"a": [], "b": ["a"]}, {"a": 1},
+                                 asked={"b": [{"kind": "approval", "prompt": "ship it?"}]}), 60)
+    queue.park(lease, "approval")
+    with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
+        token, cookie = _token_and_cookie(server, "/run/r-waiting")
+        page = fetch(server, "/run/r-waiting").body
+        assert 'action="/run/r-waiting/answer"' in page
+        got = fetch(server, "/run/r-waiting/answer", {"token": token, "step": "b", "value": '{"pick": 2}',
+                                                       "by": "ann"}, {"Cookie": cookie})
+        assert got.status == 303
+        assert queue.status("r-waiting").status == "queued"
+        answer = queue.checkpoint("r-waiting").asked["b"][-1].answer  # type: ignore[union-attr]
+        assert answer is not None and answer.value == {"pick": 2} and answer.by == "ann"
+        assert 'action="/run/r-approval/approve"' in fetch(server, "/run/r-approval").body
+        got = fetch(server, "/run/r-approval/approve", {"token": token, "step": "b"}, {"Cookie": cookie})
+        assert got.status == 303 and queue.status("r-approval").status == "queued"
+        assert 'action="/run/r-failed/retry"' in fetch(server, "/run/r-failed").body
+        got = fetch(server, "/run/r-failed/retry", {"token": token}, {"Cookie": cookie})
+        assert got.status == 303 and queue.status("r-failed").status == "queued"
+        # A verb the run's status refuses: 409 with the queue's reason, nothing written.
+        got = fetch(server, "/run/r-finished/retry", {"token": token}, {"Cookie": cookie})
+        assert got.status == 409 and "cannot retry" in got.body
+        assert fetch(server, "/run/nope/cancel", {"token": token}, {"Cookie": cookie}).status == 404
+
+
+def _workflow() -> Workflow:
+    return Workflow([Step("draft", lambda c: "d"), Step("review", lambda c: c["draft"] + "!", ("draft",))])
+
+
+def test_a_json_file_store_is_shown_as_its_checkpoint(tmp_path: Any) -> None:
+    path = str(tmp_path / "run.json")
+    _workflow().run_sync({}, checkpoint_fn=JsonFileStore(path))
+    source = FileSource(path)
+    with serving(source, allow_actions=True) as server:
+        page = fetch(server, "/")
+        assert rows(page.body) == ["run.json"] and "finished" in page.body
+        run = fetch(server, "/run/run.json")
+        assert run.status == 200
+        assert '<g class="node state-recorded" data-step="review">' in run.body
+        assert 'id="timeline"' not in run.body and 'name="token"' not in run.body
+        assert fetch(server, "/run/other").status == 404
+        assert fetch(server, "/run/run.json/cancel", {"token": "x"}).status == 405
+
+
+def test_a_journal_store_shows_the_timeline_of_its_checkpoints(tmp_path: Any) -> None:
+    path = str(tmp_path / "run.jsonl")
+    with JournalStore(path) as journal:
+        _workflow().run_sync({}, checkpoint_fn=journal)
+    history = list(JournalStore(path).history())
+    with serving(FileSource(path)) as server:
+        body = fetch(server, "/run/run.jsonl").body
+        assert 'id="timeline"' in body
+        timeline = body.split('id="timeline"')[1].split("</table>")[0]
+        assert timeline.count("<tr><td") == len(history) >= 2
+        assert fetch(server, "/api/run/run.jsonl").json()["states"] == {"draft": "recorded",
+                                                                         "review": "recorded"}
+
+
+def test_a_2000_step_graph_renders_every_node(tmp_path: Any) -> None:
+    names = [f"s{i}" for i in range(2000)]
+    graph = {n: ([names[i - 1]] if i % 40 else []) for i, n in enumerate(names)}
+    cp = checkpoint(graph, {n: i for i, n in enumerate(names[:700])})
+    path = str(tmp_path / "big.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cp.to_dict(), f)
+    with serving(FileSource(path)) as server:
+        page = fetch(server, "/run/big.json")
+        assert page.status == 200
+        assert page.body.count('<g class="node ') == 2000
+        assert page.body.count("node state-recorded") == 700
+        assert len(fetch(server, "/api/run/big.json").json()["states"]) == 2000
+
+
+@pytest.mark.timeout(60)
+def test_ekit_ui_prints_its_url_first_and_serves(tmp_path: Any) -> None:
+    db = str(tmp_path / "q.db")
+    with SqliteQueue(db) as q:
+        q.submit("wf", {}, run_id="r1")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "ekit_runtime", "ui", "--queue", db],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert 'data-run-id="r1"' in r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_ekit_ui_refuses_both_or_neither_source(tmp_path: Any, capsys: Any) -> None:
+    from ekit_runtime.cli import main
+
+    assert main(["ui"]) == 2
+    assert main(["ui", str(tmp_path / "x.json"), "--queue", str(tmp_path / "q.db")]) == 2
+    assert main(["ui", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_the_ui_benchmark_runs_and_reports_its_figures(capsys: Any) -> None:
+    from benchmarks import ui as ui_bench
+
+    assert ui_bench.main(["--runs", "60", "--steps", "100", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "runs page at 60 runs:" in out and "met" in out
+    assert "run page, 100-step graph" in out
+
+
+def test_mapped_items_and_skips_by_a_condition_are_shown(tmp_path: Any) -> None:
+    def summarize(ctx: dict[str, Any]) -> int:
+        if ctx["split"] == 2:
+            raise RuntimeError("item two broke")
+        return int(ctx["split"]) * 10
+
+    workflow = Workflow([
+        Step("split", lambda c: [1, 2, 3]),
+        Step("summarize", summarize, ("split",), map_over="split"),
+        Step("never", lambda c: 1, ("split",), when=lambda c: False),
+        Step("after", lambda c: 1, ("summarize",)),
+    ])
+    path = str(tmp_path / "mapped.json")
+    with pytest.raises(RuntimeError, match="item two broke"):
+        workflow.run_sync({}, checkpoint_fn=JsonFileStore(path))
+    with serving(FileSource(path)) as server:
+        body = fetch(server, "/run/mapped.json").body
+        assert '<g class="node state-skipped" data-step="never">' in body
+        assert '<g class="node state-failed" data-step="summarize">' in body
+        assert "2/3 items" in body  # two of its three items recorded
+        assert '<tr data-step="summarize[1]">' in body and "item two broke" in body
+        assert fetch(server, "/api/run/mapped.json").json()["items"] == {"summarize": [2, 3]}
+        assert "failed" in fetch(server, "/").body
+
+
+@pytest.mark.timeout(120)
+def test_ekit_ui_on_postgres_never_shows_the_password() -> None:
+    with fresh_postgres() as url:
+        with open_queue(url) as q:
+            q.submit("wf", {}, run_id="pg-run")
+        secret = "s3cr3t-ui-pw"
+        dsn = url + "&password=" + secret
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        proc = subprocess.Popen([sys.executable, "-m", "ekit_runtime", "ui", "--queue", dsn],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert proc.stdout is not None
+            base = proc.stdout.readline().strip()
+            assert base.startswith("http://127.0.0.1:"), base
+            for path in ("", "run/pg-run", "api/runs", "api/run/pg-run", "run/nope"):
+                try:
+                    with urllib.request.urlopen(base + path, timeout=30) as r:
+                        body = r.read().decode()
+                except urllib.error.HTTPError as e:
+                    body = e.read().decode()
+                assert secret not in body, path
+            with urllib.request.urlopen(base, timeout=30) as r:
+                page = r.read().decode()
+            assert 'data-run-id="pg-run"' in page and "password=***" in page
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+        assert secret not in err
