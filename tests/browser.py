@@ -77,7 +77,7 @@ def require_browser() -> tuple[str, str]:
 
 @contextmanager
 def chrome(width: int = 1280, height: int = 800) -> Iterator[Any]:
-    """A headless Chromium (selenium WebDriver) logging the page's console."""
+    """A headless Chromium (selenium WebDriver), its viewport ``width`` x ``height``, logging the console."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -97,7 +97,11 @@ def chrome(width: int = 1280, height: int = 800) -> Iterator[Any]:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
     try:
-        driver.set_window_size(width, height)
+        # The page's viewport itself (the window's size includes its frame).
+        driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         yield driver
     finally:
         driver.quit()

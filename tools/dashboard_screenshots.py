@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_until(
                 driver, lambda d: "gate" in getattr(queue.checkpoint(ids["running"]), "outputs", {}), 20
             )
-            server_args = ["--queue", str(db), "--port", "0"]
-            with UiServer(server_args) as server:
+            server_args = ["--queue", "runs.db", "--port", "0"]  # shown as the source
+            with UiServer(server_args, cwd=Path(tmp)) as server:
                 driver.get(server.url + "/")
                 wait_until(driver, lambda d: d.find_elements("css selector", "#runs tr[data-run-id]"), 20)
                 runs_png = args.out / "dashboard-runs.png"
