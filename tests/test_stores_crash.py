@@ -68,6 +68,11 @@ def _one_run(kind: str, folder: Path, rng: random.Random, stats: dict[str, int])
     # (byte offset in the start log, steps recorded then): any start after the
     # offset must not be one of those steps.
     marks: list[tuple[int, frozenset[str]]] = []
+    # Kills in a row that found nothing new recorded: each widens the window the
+    # next kill falls in (doubling, up to 64 times), so that a loaded machine,
+    # on which a child takes longer than MAX_DELAY to record its first step,
+    # still gets through the run, its kills still at random moments.
+    stalled = 0
     for spawn in range(400):
         tear = kind == "journal" and rng.random() < TEAR_SHARE
         argv = [sys.executable, str(CHILD), kind, str(path), str(log), str(rng.randrange(2**32))]
@@ -77,7 +82,7 @@ def _one_run(kind: str, folder: Path, rng: random.Random, stats: dict[str, int])
         assert proc.stdout is not None
         ready = proc.stdout.readline()
         if ready == b"ready\n" and not tear:
-            time.sleep(rng.random() * MAX_DELAY)
+            time.sleep(rng.random() * MAX_DELAY * 2 ** min(stalled, 6))
             proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
         if proc.returncode == 0:
@@ -96,6 +101,7 @@ def _one_run(kind: str, folder: Path, rng: random.Random, stats: dict[str, int])
         for name, value in outputs.items():
             assert value == expected[name], f"kill {spawn}: wrong output for {name}"
         assert checkpoint is None or checkpoint.step_index == len(outputs)
+        stalled = stalled + 1 if len(outputs) == len(recorded) and not tear else 0
         recorded = outputs
         marks.append((log.stat().st_size if log.exists() else 0, frozenset(outputs)))
     else:
