@@ -101,3 +101,11 @@ class StepTimeoutError(TimeoutError):
 
 class TraceCallbackWarning(UserWarning):
     """A trace callback raised; the run went on and the event was dropped."""
+
+    @classmethod
+    def dropped(cls, error: BaseException | None, event: str) -> TraceCallbackWarning:
+        """The warning for a callback that raised ``error`` on an event of type ``event``."""
+        return cls(
+            f"trace callback raised {type(error).__name__}: {error} "
+            f"(event {event} dropped for it; the run goes on)"
+        )

@@ -707,13 +707,7 @@ class Runner:
                     if inspect.isawaitable(returned):
                         await returned
                 except Exception as exc:
-                    warnings.warn(
-                        TraceCallbackWarning(
-                            f"trace callback raised {type(exc).__name__}: {exc} "
-                            f"(event {type(event).__name__} dropped for it; the run goes on)"
-                        ),
-                        stacklevel=2,
-                    )
+                    warnings.warn(TraceCallbackWarning.dropped(exc, type(event).__name__), stacklevel=2)
 
     def _save(self, state: State) -> Awaitable[Any] | None:
         """Hand the checkpoint of ``state`` to ``checkpoint_fn``.

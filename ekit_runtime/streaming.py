@@ -97,13 +97,7 @@ def _settled(pending: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]
 
 
 def _dropped(exc: BaseException | None) -> None:
-    warnings.warn(
-        TraceCallbackWarning(
-            f"trace callback raised {type(exc).__name__}: {exc} "
-            "(event StepPartial dropped for it; the run goes on)"
-        ),
-        stacklevel=3,
-    )
+    warnings.warn(TraceCallbackWarning.dropped(exc, "StepPartial"), stacklevel=3)
 
 
 SINK: ContextVar[PartialSink | None] = ContextVar("ekit_partial_sink", default=None)

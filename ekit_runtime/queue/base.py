@@ -780,9 +780,9 @@ class RunQueue(ABC):
         :class:`LeaseLostError`, writing nothing, unless the lease is live.
         """
 
-    @abstractmethod
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""
+        return self.usage_hold()[0]
 
     @abstractmethod
     def set_reason(self, lease: Lease, reason: str | None) -> None:

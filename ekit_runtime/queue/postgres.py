@@ -851,10 +851,6 @@ class PostgresQueue(RunQueue):
         self._fenced(lease, row)
         self._forget(lease.run_id)
 
-    def usage_wait(self) -> float:
-        """Seconds until the fleet's recorded usage drops below its call and token limits (0: go)."""
-        return self.usage_hold()[0]
-
     def usage_hold(self) -> tuple[float, str | None]:
         """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
 
