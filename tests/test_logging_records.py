@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ekit_runtime import logs as ekit_logs
 from ekit_runtime.cli import main
 from ekit_runtime.queue import Worker, open_queue
 from ekit_runtime.queue.cli import _masking
+from ekit_runtime.queue.worker import _Drive
 from tests.queue_backends import queue_url
 
 __all__ = ["queue_url"]
@@ -402,3 +404,30 @@ def test_the_queue_password_is_masked_in_record_attributes() -> None:
     record.__dict__.update(error="cannot reach postgresql://u:hunter2SECRET@db/x", step="fetch")
     assert _masking("postgresql://u:hunter2SECRET@db/x")(record)
     assert "SECRET" not in record.__dict__["error"] and record.__dict__["step"] == "fetch"
+
+
+
+def test_giving_back_a_run_another_worker_took_over_is_a_lost_lease_not_a_release(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping worker gives its runs back; one whose lease expired and was claimed anew is not its own."""
+    queue = open_queue(str(tmp_path / "q.db"))
+    queue.submit("stalls", run_id="taken")
+    stale = queue.claim("w-old", {"stalls": None}, 0.001)
+    assert stale is not None and stale.epoch == 1
+    deadline = time.monotonic() + 60
+    while (fresh := queue.claim("w-new", {"stalls": None}, 60.0)) is None and time.monotonic() < deadline:
+        threading.Event().wait(0.01)  # the old lease's expiry is the clock's to reach
+    assert fresh is not None and fresh.epoch == 2
+    worker = Worker(queue, {"stalls": Workflow([Step("a", _first)])}, name="w-old")
+    drive = _Drive(stale, valid_until=0.0)
+    with caplog.at_level(logging.INFO, logger="ekit"):
+        asyncio.run(worker._give_back(drive))
+    (info,) = queue.runs()
+    queue.close()
+    assert drive.outcome == "lost"
+    assert (info.status, info.owner) == ("running", "w-new")  # the new holder's lease is untouched
+    (lost,) = [r for r in _ekit(caplog) if r.event == "lease_lost"]  # type: ignore[attr-defined]
+    assert lost.levelno == logging.WARNING and "given back" in lost.getMessage()
+    assert (lost.run_id, lost.epoch, lost.worker) == ("taken", 1, "w-old")  # type: ignore[attr-defined]
+    assert "released" not in _events(_ekit(caplog))

@@ -459,14 +459,7 @@ class Worker:
             await self._db(self.queue.finish, lease, status, message)
             drive.outcome = status
         except LeaseLostError:
-            drive.outcome = "lost"
-            log.warning(
-                "worker %s: lease on run %r lost before it could be marked %s",
-                self.name,
-                lease.run_id,
-                status,
-                extra=self._fields("lease_lost", lease, status=status),
-            )
+            self._lost_before(drive, f"marked {status}", status=status)
             return
         self._log_ended(lease, status, message)
 
@@ -476,21 +469,37 @@ class Worker:
         try:
             await self._db(self.queue.park, drive.lease, waiting_reason(waiting.questions))
         except LeaseLostError:
-            drive.outcome = "lost"
+            self._lost_before(drive, "parked")
             return
         drive.outcome = "parked"
 
     async def _give_back(self, drive: _Drive) -> None:
         """Release the run to the queue (a stop): any worker may claim it at once."""
+        # ``release`` answers a lost lease with False (it raises only for a
+        # refused write): either way another holder owns the run now.
         try:
-            await self._db(self.queue.release, drive.lease)
+            released = await self._db(self.queue.release, drive.lease)
         except LeaseLostError:
-            drive.outcome = "lost"
+            released = False
+        if not released:
+            self._lost_before(drive, "given back")
             return
         drive.outcome = "released"
         logs.log_event(
             log, logging.INFO, "released", "worker %s: gave run %r (epoch %d) back to the queue (stopping)",
             self.name, drive.lease.run_id, drive.lease.epoch, **self._fields(None, drive.lease),
+        )
+
+    def _lost_before(self, drive: _Drive, what: str, **more: Any) -> None:
+        """The run's last write was refused: another holder has it now, so nothing more is written."""
+        drive.outcome = "lost"
+        log.warning(
+            "worker %s: lease on run %r (epoch %d) lost before it could be %s",
+            self.name,
+            drive.lease.run_id,
+            drive.lease.epoch,
+            what,
+            extra=self._fields("lease_lost", drive.lease, **more),
         )
 
     def _checkpoint(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> Awaitable[None]:
