@@ -128,6 +128,10 @@ class ProgressPrinter:
     - ``graph``: the run's ``GraphSpec`` (or ``Workflow``), so that items
       are told from steps by the mapped steps it declares rather than by
       their ``step[key]`` form; ``None`` (the default) goes by the form.
+    - ``label``: text put before every line, as ``label: ``, so that the
+      lines of runs printed to one stream side by side (an ``ekit worker
+      --trace progress`` drives several) tell whose they are; ``None``
+      (the default) puts nothing.
 
     One printer can watch several runs one after another: ``RunStarted``
     resets its counts. It is a plain synchronous callable, so it never
@@ -143,6 +147,7 @@ class ProgressPrinter:
         interval: float = 0.1,
         graph: Any = None,
         tick: float | None = 1.0,
+        label: str | None = None,
     ) -> None:
         if not callable(clock):
             raise ValueError(f"clock must be callable, got {type(clock).__name__}")
@@ -152,6 +157,9 @@ class ProgressPrinter:
             raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}")
         if tick is not None and (isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0):
             raise ValueError(f"tick must be a positive number of seconds or None, got {tick!r}")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a str or None, got {type(label).__name__}")
+        self._label = "" if not label else f"{label}: "
         self._tick_every = None if tick is None else float(tick)
         self._timer: asyncio.TimerHandle | None = None
         self._stream = stream
@@ -438,7 +446,7 @@ class ProgressPrinter:
         out.flush()
 
     def _line(self, text: str) -> None:
-        self._write(text + "\n")
+        self._write(self._label + text + "\n")
 
     def _end_line(self) -> None:
         if self._line_open:
@@ -448,7 +456,7 @@ class ProgressPrinter:
     def _note(self, text: str) -> None:
         """A line worth keeping: above the status line on a terminal."""
         if self._is_tty():
-            self._write("\r" + text + _CLEAR_LINE + "\n")
+            self._write("\r" + self._label + text + _CLEAR_LINE + "\n")
             self._line_open = False
             self._draw(force=True)
         else:
@@ -462,5 +470,5 @@ class ProgressPrinter:
         if not force and self._drawn_at is not None and now - self._drawn_at < self._interval:
             return
         self._drawn_at = now
-        self._write("\r" + self.status() + _CLEAR_LINE)
+        self._write("\r" + self._label + self.status() + _CLEAR_LINE)
         self._line_open = True

@@ -60,6 +60,25 @@ def test_plain_lines_for_ci_logs() -> None:
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
 
 
+def test_a_label_names_the_run_on_every_line_plain_and_on_a_terminal() -> None:
+    plain, clock = io.StringIO(), FakeClock()
+    p = ProgressPrinter(plain, clock=clock, tty=False, label="run r7")
+    p(RunStarted(total=2, recorded=0))
+    p(StepStarted("a", 1, 0.0))
+    p(StepFinished("a", 1, _usage(10), 0.5))
+    p(StepFailed("b", 1, "KeyError", "'x'", 0.1))
+    p(RunSettled("failed", 1, 2, _usage(10)))
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 4 and all(line.startswith("run r7: ") for line in lines), lines
+    assert lines[1] == "run r7: [1/2 0.0s] done a in 0.5s, 15 tokens"
+    tty = io.StringIO()
+    t = ProgressPrinter(tty, clock=FakeClock(), tty=True, interval=0, label="run r7")
+    t(RunStarted(total=1, recorded=0))
+    t(StepFailed("a", 1, "KeyError", "'x'", 0.1))
+    assert tty.getvalue().startswith("\rrun r7: [....................] 0/1 steps")
+    assert "\rrun r7: [0/1 0.0s] FAILED a on attempt 1: KeyError: 'x'\x1b[K\n" in tty.getvalue()
+
+
 def test_tty_rewrites_one_line_and_throttles() -> None:
     out, clock = io.StringIO(), FakeClock()
     p = ProgressPrinter(out, clock=clock, tty=True, interval=0.5)
@@ -136,7 +155,12 @@ def test_a_new_run_resets_the_counts() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "argument"),
-    [({"clock": 3}, "clock"), ({"tty": "yes"}, "tty"), ({"interval": -1}, "interval")],
+    [
+        ({"clock": 3}, "clock"),
+        ({"tty": "yes"}, "tty"),
+        ({"interval": -1}, "interval"),
+        ({"label": 7}, "label"),
+    ],
 )
 def test_bad_arguments_name_themselves(kwargs: dict[str, object], argument: str) -> None:
     with pytest.raises(ValueError, match=argument):

@@ -190,13 +190,18 @@ def test_ekit_worker_traces_progress_per_run_and_refuses_bad_settings(tmp_path: 
     url = str(tmp_path / "q.db")
     with open_queue(url) as q:
         q.submit("mapped", {}, run_id="m")
+        q.submit("mapped", {}, run_id="n")
     done = subprocess.run(
         [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", FLOWS, "--until-idle",
          "--trace", "progress", "--executor", "ekit_runtime.executors:DEFAULT_EXECUTOR"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "run started" in done.stderr and "run finished: 6/6 steps" in done.stderr
+    lines = done.stderr.splitlines()
+    for run in ("m", "n"):  # two runs print side by side: every line names its run
+        assert f"run {run}: run started: 3 steps" in lines  # the mapped step's items are not known yet
+        assert any(line.startswith(f"run {run}: run finished: 6/6 steps") for line in lines)
+        assert any(line.startswith(f"run {run}: [") for line in lines)
     for flags, said in (
         (["--executor", "os:path"], "--executor os:path: not an ekit Executor (got module)"),
         (["--executor", "nowhere"], "--executor nowhere: expected MODULE:ATTR"),

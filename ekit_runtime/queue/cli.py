@@ -248,7 +248,9 @@ def _trace(spec: str | None, registry: Mapping[str, Workflow]) -> TraceFactory |
         from ekit_runtime.progress import ProgressPrinter
 
         def printer(lease: Lease) -> ProgressPrinter:
-            return ProgressPrinter(sys.stderr, tty=False, graph=registry[lease.workflow].graph, tick=None)
+            # Several runs print to one stream at once: each line names its run.
+            graph = registry[lease.workflow].graph
+            return ProgressPrinter(sys.stderr, tty=False, graph=graph, tick=None, label=f"run {lease.run_id}")
 
         return printer
     obj = _imported("--trace", spec, "a factory of trace callbacks (otel, progress or MODULE:ATTR)")
