@@ -160,17 +160,20 @@ def test_run_pages_draw_each_node_state(browser: Any, dashboard: dict[str, Any])
         load(browser, run_url(server, run_id))
         assert browser.find_elements("css selector", "#graph g.node") or not states
         for step, state in states.items():
-            assert f"state-{state}" in node_class(browser, step).split(), (
-                run_id,
-                step,
-                node_class(browser, step),
+            # A running node is what its worker announced (at most a second old): the page's poll brings it.
+            wait_until(
+                browser,
+                lambda d, step=step, state=state: f"state-{state}" in node_class(d, step).split(),
+                20,
+                f"run {run_id}: node {step} never turned state-{state} ({node_class(browser, step)})",
             )
 
 
 def test_a_finished_step_turns_recorded_without_a_reload(browser: Any, dashboard: dict[str, Any]) -> None:
     server, ids = dashboard["server"], dashboard["ids"]
     load(browser, run_url(server, ids["running"]))
-    assert "state-running" in node_class(browser, "gate").split()
+    wait_until(browser, lambda d: "state-running" in node_class(d, "gate").split(), 20)
+    assert "on worker" in browser.find_element("css selector", "#in-flight").text
     browser.execute_script("window.__ekitMarker = 'same page';")
     ui_flows.GATE.set()  # the worker finishes 'gate' and saves; the page's poll must show it
     wait_until(

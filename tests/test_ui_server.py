@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -247,8 +248,16 @@ def test_run_page_shows_graph_states_steps_audit_and_questions(any_queue: RunQue
     with serving(QueueSource(queue, "q.db")) as server:
         running = fetch(server, "/run/r-running").body
         assert '<g class="node state-recorded" data-step="a">' in running
-        assert '<g class="node state-running" data-step="b">' in running  # ready, and the run is running
+        # Its inputs are recorded but no worker says it runs it: ready, not running.
+        assert '<g class="node state-ready" data-step="b">' in running
         assert '<g class="node state-not-started" data-step="c">' in running
+        assert "nothing: no attempt of this run has begun on a live worker" in running
+        queue.announce("w1", {"wf-running": None}, 60, {"r-running": (1, {"b": (time.time() - 5, 2)})})
+        running = fetch(server, "/run/r-running").body
+        assert '<g class="node state-running" data-step="b">' in running
+        assert '<li data-step="b"><b>b</b>: attempt 2 on worker w1, for ' in running
+        live = json.loads(fetch(server, "/api/run/r-running").body)
+        assert live["states"]["b"] == "running" and "attempt 2 on worker w1" in live["in_flight_html"]
         assert 'id="legend"' in running and 'id="steps"' in running
         assert "What a resume would do" in running and "skips 1, runs 2" in running
         failed = fetch(server, "/run/r-failed").body

@@ -26,6 +26,7 @@ from ekit_runtime.queue.options import RUN_OPTIONS
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
     STATUSES,
+    InFlight,
     Lease,
     LeaseLostError,
     Limits,
@@ -47,6 +48,7 @@ __all__ = [
     "RUN_OPTIONS",
     "STATUSES",
     "AttemptKey",
+    "InFlight",
     "Lease",
     "LeaseLostError",
     "Limits",

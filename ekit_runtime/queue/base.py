@@ -42,6 +42,7 @@ from ekit_runtime.queue.lifecycle import reopen_refusal
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
+    InFlight,
     Lease,
     LeaseLostError,
     Limits,
@@ -63,6 +64,7 @@ from ekit_runtime.stores.rows import EncodedCheckpoint, decode_checkpoint, encod
 from ekit_runtime.workflow import WorkflowResult
 
 __all__ = [
+    "Doing",
     "RunQueue",
     "Submission",
     "layout_before",
@@ -102,6 +104,21 @@ class Submission:
             # The codec's own words name "the checkpoint": it is the context being encoded here.
             raise UnencodableError(f"cannot encode the context: {exc}") from None
         self.context = _storable(text, "the encoded context")
+
+
+Doing = Mapping[str, tuple[int, Mapping[str, tuple[float, int]]]]
+"""What a worker runs now, as it announces it: ``run id -> (epoch, {name: (began, attempt)})``."""
+
+
+def _doing_text(doing: Doing) -> str:
+    """``doing`` as the JSON a worker's row holds (see :meth:`RunQueue.in_flight`)."""
+    try:
+        return default_dumps({
+            check_run_id(run_id): [int(epoch), {str(n): [float(t), int(a)] for n, (t, a) in attempts.items()}]
+            for run_id, (epoch, attempts) in doing.items()
+        })
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"doing must map run ids to (epoch, {{name: (began, attempt)}}): {exc}") from None
 
 
 def _storable(text: str, what: str, step: str | None = None) -> str:
@@ -365,15 +382,39 @@ class RunQueue(ABC):
 
     @staticmethod
     def _presence(
-        worker: object, workflows: Mapping[str, str | None], seconds: float
-    ) -> tuple[str, str, float]:
-        """A checked :meth:`announce`: the worker's name, its workflows as JSON, how long it counts."""
+        worker: object, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
+    ) -> tuple[str, str, float, str | None]:
+        """A checked :meth:`announce`: the worker's name, its workflows and what it runs as JSON, how long."""
         names = RunQueue._workflows(workflows)
         return (
             RunQueue._worker_name(worker),
             default_dumps(dict(names)),
             check_seconds(seconds, "seconds"),
+            None if not doing else _doing_text(doing),
         )
+
+    def in_flight(self, run_id: str) -> dict[str, InFlight]:
+        """The attempts of ``run_id`` that a live worker said it runs now: name -> :class:`InFlight`.
+
+        Read from the workers' announcements (at most a second old), only
+        those made under the run's current lease: empty for a run that is not
+        running, and for a step held back before its work began (a limit, a
+        resource's slot). For people watching (the dashboard), never for
+        recovery: the lease is what says who drives a run.
+        """
+        info = self.status(run_id)
+        if info.status != "running":
+            return {}
+        found: dict[str, InFlight] = {}
+        for worker, text in self._doing_rows():
+            # Advisory and written by other processes: a row that does not parse is passed over.
+            with contextlib.suppress(ValueError, TypeError, AttributeError, IndexError):
+                epoch, attempts = json.loads(text).get(run_id, (None, {}))
+                if epoch != info.epoch:
+                    continue
+                for name, (since, attempt) in attempts.items():
+                    found[name] = InFlight(str(name), int(attempt), str(worker), float(since))
+        return found
 
     @staticmethod
     def _reason_text(reason: object) -> str | None:
@@ -789,8 +830,18 @@ class RunQueue(ABC):
         """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
 
     @abstractmethod
-    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
-        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` more."""
+    def announce(
+        self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
+    ) -> None:
+        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` more.
+
+        ``doing`` is what it runs now, ``run id -> (epoch, {name: (began, attempt)})``,
+        read back by :meth:`in_flight`.
+        """
+
+    @abstractmethod
+    def _doing_rows(self) -> list[tuple[str, str]]:
+        """``(worker, doing as JSON)`` of each live worker that announced attempts in flight."""
 
     @abstractmethod
     def retire(self, worker: str) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue, layout_before, progress, schema_columns, schema_problem
+from ekit_runtime.queue.base import Doing, RunQueue, layout_before, progress, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -124,7 +124,7 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS ekit_queue_workers (
     name text PRIMARY KEY, workflows text NOT NULL, last_seen double precision NOT NULL,
-    until double precision NOT NULL
+    until double precision NOT NULL, doing text
 );
 INSERT INTO ekit_queue_config (key, value) VALUES ('limits', '{}') ON CONFLICT (key) DO NOTHING;
 CREATE TABLE IF NOT EXISTS ekit_queue_slots (
@@ -208,17 +208,20 @@ _ADDED = {
         "steps_done": "bigint NOT NULL DEFAULT 0",
         "steps_total": "bigint",
         "reason": "text",
-    }
+    },
+    "ekit_queue_workers": {"doing": "text"},
 }
 _NEW_TABLES = ("ekit_queue_workers", "ekit_queue_slots")
 _BEFORE = layout_before(_COLUMNS, _ADDED, _NEW_TABLES)
-_UPGRADE = "".join(
+# The new tables first: a column added to one of them (the workers' doing) is
+# then already there for a database that had none of it.
+_UPGRADE = "\n".join(
+    m.group(0) for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\);", _SCHEMA, re.S)
+    if m.group(1) in _NEW_TABLES
+) + "\n" + "".join(
     f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {kind};\n"
     for table, columns in _ADDED.items()
     for name, kind in columns.items()
-) + "\n".join(
-    m.group(0) for m in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\);", _SCHEMA, re.S)
-    if m.group(1) in _NEW_TABLES
 )
 _MAX_IDLE = (2**31 - 1) // 1000
 
@@ -883,17 +886,20 @@ class PostgresQueue(RunQueue):
         )
         self._fenced(lease, row)
 
-    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+    def announce(
+        self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
+    ) -> None:
         """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
-        name, served, ttl = self._presence(worker, workflows, seconds)
+        name, served, ttl, doing_text = self._presence(worker, workflows, seconds, doing)
         sql = (
-            "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) "
-            f"VALUES (%s, %s, {_NOW}, {_NOW} + %s) ON CONFLICT (name) DO UPDATE SET "
-            "workflows = excluded.workflows, last_seen = excluded.last_seen, until = excluded.until"
+            "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until, doing) "
+            f"VALUES (%s, %s, {_NOW}, {_NOW} + %s, %s) ON CONFLICT (name) DO UPDATE SET "
+            "workflows = excluded.workflows, last_seen = excluded.last_seen, until = excluded.until, "
+            "doing = excluded.doing"
         )
 
         def body(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(sql, (name, served, ttl))
+            conn.execute(sql, (name, served, ttl, doing_text))
             # Workers gone for a day are forgotten: the table stays as small as the fleet.
             conn.execute(f"DELETE FROM ekit_queue_workers WHERE until < {_NOW} - 86400")
 
@@ -903,6 +909,15 @@ class PostgresQueue(RunQueue):
         """Forget ``worker``'s announcement (it stopped)."""
         name = self._worker_name(worker)
         self.db.run(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = %s", (name,)))
+
+    def _doing_rows(self) -> list[tuple[str, str]]:
+        """``(worker, doing)`` of the live workers that announced attempts in flight."""
+        rows = self.db.run(
+            lambda c: c.execute(
+                f"SELECT name, doing FROM ekit_queue_workers WHERE until > {_NOW} AND doing IS NOT NULL"
+            ).fetchall()
+        )
+        return [(str(name), str(text)) for name, text in rows]
 
     def close(self) -> None:
         """Close the connection."""

@@ -21,6 +21,7 @@ from ekit_runtime.step import unstorable_resource
 __all__ = [
     "FINAL_STATUSES",
     "STATUSES",
+    "InFlight",
     "Lease",
     "LeaseLostError",
     "Limits",
@@ -148,6 +149,23 @@ class RunInfo:
     steps_total: int | None = None
     cost: TokenUsage = NO_USAGE
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """An attempt a live worker said it runs now (see ``RunQueue.in_flight``).
+
+    Advisory, like the worker's announcements it comes from: up to about a
+    second old, and never used for recovery. ``name`` is the step's (or
+    item's, ``step[key]``), ``attempt`` its number counted across runs,
+    ``worker`` the worker's name and ``since`` when its work began
+    (seconds since the epoch, on the worker's clock).
+    """
+
+    name: str
+    attempt: int
+    worker: str
+    since: float
 
 
 @dataclass(frozen=True, slots=True)

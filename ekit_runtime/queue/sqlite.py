@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue, layout_before, progress, schema_columns, schema_problem
+from ekit_runtime.queue.base import Doing, RunQueue, layout_before, progress, schema_columns, schema_problem
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -138,7 +138,8 @@ CREATE TABLE IF NOT EXISTS ekit_queue_slots (
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
 CREATE TABLE IF NOT EXISTS ekit_queue_workers (
-    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL
+    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL,
+    doing TEXT
 );
 """
 
@@ -151,7 +152,8 @@ _ADDED = {
         "steps_done": "INTEGER NOT NULL DEFAULT 0",
         "steps_total": "INTEGER",
         "reason": "TEXT",
-    }
+    },
+    "ekit_queue_workers": {"doing": "TEXT"},
 }
 _BEFORE = layout_before(_COLUMNS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
 
@@ -869,17 +871,20 @@ class SqliteQueue(RunQueue):
 
         self._tx(body)
 
-    def announce(self, worker: str, workflows: Mapping[str, str | None], seconds: float) -> None:
+    def announce(
+        self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
+    ) -> None:
         """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
-        name, served, ttl = self._presence(worker, workflows, seconds)
+        name, served, ttl, doing_text = self._presence(worker, workflows, seconds, doing)
 
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
             conn.execute(
-                "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) VALUES (?, ?, ?, ?) "
+                "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until, doing) "
+                "VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET workflows = excluded.workflows, "
-                "last_seen = excluded.last_seen, until = excluded.until",
-                (name, served, now, now + ttl),
+                "last_seen = excluded.last_seen, until = excluded.until, doing = excluded.doing",
+                (name, served, now, now + ttl, doing_text),
             )
             # Workers gone for a day are forgotten: the table stays as small as the fleet.
             conn.execute("DELETE FROM ekit_queue_workers WHERE until < ?", (now - 86_400,))
@@ -890,6 +895,17 @@ class SqliteQueue(RunQueue):
         """Forget ``worker``'s announcement (it stopped)."""
         name = self._worker_name(worker)
         self._tx(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = ?", (name,)))
+
+    def _doing_rows(self) -> list[tuple[str, str]]:
+        """``(worker, doing)`` of the live workers that announced attempts in flight."""
+        rows = self._tx(
+            lambda c: c.execute(
+                "SELECT name, doing FROM ekit_queue_workers WHERE until > ? AND doing IS NOT NULL",
+                (time.time(),),
+            ).fetchall(),
+            write=False,
+        )
+        return [(str(name), str(text)) for name, text in rows]
 
     def close(self) -> None:
         """Close the database connection."""

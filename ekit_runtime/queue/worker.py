@@ -38,7 +38,9 @@ and with the worker's ``executor`` and a ``trace`` its factory makes for
 that run. While the fleet's usage limits hold a step back, the run's
 ``reason`` says which (written when it changes, cleared when the step goes
 on); and at most once a second the worker announces the workflows it
-serves, so that a queued run no live worker serves says so.
+serves, so that a queued run no live worker serves says so, and the
+attempts it runs at that moment (``RunQueue.in_flight``, the dashboard's
+running steps).
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ class _Drive:
     """The reason last written for the run (why it waits), ``None`` when none is."""
     held: int = 0
     """Attempts the fleet's usage limits hold back right now."""
+    doing: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """``name -> (when it began, attempt number)`` of each attempt running now (its work
+    begun, not yet ended), told to the queue with the worker's announcements."""
 
     def __post_init__(self) -> None:
         self.saved.set()
@@ -312,7 +317,7 @@ class Worker:
         # It counts for a few rounds of the loop: a claim's backoff, a long poll.
         seconds = 3 * max(self.poll, _MAX_BACKOFF)
         try:
-            await self._db(self.queue.announce, self.name, self.fingerprints, seconds)
+            await self._db(self.queue.announce, self.name, self.fingerprints, seconds, self._doing())
         except Exception as exc:
             # A permanent error (no privilege, not a queue) would fail the claim
             # next: raised, as a claim's is. A transient one only costs a queued
@@ -321,6 +326,10 @@ class Worker:
                 raise
             log.warning("worker %s: announcing it serves %s failed (%s: %s)", self.name,
                         ", ".join(sorted(self.fingerprints)), type(exc).__name__, exc)
+
+    def _doing(self) -> dict[str, tuple[int, dict[str, tuple[float, int]]]]:
+        """What this worker runs now, for the dashboard: ``run id -> (epoch, its attempts in flight)``."""
+        return {d.lease.run_id: (d.lease.epoch, dict(d.doing)) for d in self._drives.values() if d.doing}
 
     async def _retire(self) -> None:
         with contextlib.suppress(Exception):
@@ -702,7 +711,7 @@ class Worker:
                     continue  # (a renewal below awaits too: a save handed over meanwhile is waited for)
                 left = drive.valid_until - time.monotonic()
                 if left > self.start_margin:
-                    return release
+                    return self._begun(drive, attempt, release)
                 if left <= 0:
                     self._lapsed(drive)
                     break
@@ -714,6 +723,21 @@ class Worker:
                 await asyncio.shield(release())  # (a second cancel leaves it to finish alone)
             raise
         return None  # (unreachable: the wait above ends only by cancellation)
+
+    @staticmethod
+    def _begun(
+        drive: _Drive, attempt: Attempt, release: Callable[[], Awaitable[None]] | None
+    ) -> Callable[[], Awaitable[None]]:
+        """Count the attempt as in flight until the runner calls the release returned (once, at its end)."""
+        name = attempt.name
+        drive.doing[name] = (time.time(), attempt.number)
+
+        async def ended() -> None:
+            drive.doing.pop(name, None)
+            if release is not None:
+                await release()
+
+        return ended
 
     async def _take_slot(self, drive: _Drive, attempt: Attempt) -> Callable[[], Awaitable[None]]:
         """Wait for a slot of the attempt's resource and take it; return what gives it back.

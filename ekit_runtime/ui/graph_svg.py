@@ -19,6 +19,7 @@ __all__ = ["STATES", "layers", "svg"]
 STATES: tuple[tuple[str, str], ...] = (
     ("recorded", "recorded"),
     ("running", "running"),
+    ("ready", "ready, not begun"),
     ("failed", "failed"),
     ("waiting", "waiting for a person"),
     ("skipped", "skipped by a condition"),

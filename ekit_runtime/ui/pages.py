@@ -227,6 +227,19 @@ def _questions(view: RunView, token: str | None) -> str:
     return "".join(out)
 
 
+def in_flight_html(view: RunView, now: float | None = None) -> str:
+    """The list of attempts the run's worker runs now (the ``running`` nodes), or a line saying none."""
+    if not view.in_flight:
+        return '<p class="none">nothing: no attempt of this run has begun on a live worker</p>'
+    at = time.time() if now is None else now
+    rows = "".join(
+        f'<li data-step="{esc(f.name)}"><b>{esc(f.name)}</b>: attempt {f.attempt:,} on worker '
+        f"{esc(f.worker)}, for {esc(_age(max(0.0, at - f.since)))}</li>"
+        for f in sorted(view.in_flight.values(), key=lambda f: (f.since, f.name))
+    )
+    return f"<ul>{rows}</ul>"
+
+
 def _timeline(view: RunView) -> str:
     if not view.timeline:
         return ""
@@ -289,13 +302,19 @@ def run_page(source: str, view: RunView, token: str | None) -> str:
         f'<h2>run {esc(view.run_id)}: <span id="run-status" class="status status-{esc(view.status)}">'
         f'{esc(view.status)}</span> <small id="run-progress">{esc(progress_text(view))}</small></h2>'
         f'{_actions(view, token)}<table class="facts">{fact_rows}</table>{problem}'
-        f"{_questions(view, token)}{graph}"
+        f"{_questions(view, token)}{graph}{_running_now(view)}"
         '<h2>Steps</h2><table id="steps"><thead><tr><th>step</th><th>state</th><th>resume</th>'
         "<th>items</th><th>attempts</th><th>usage in/out/calls</th><th>duration</th>"
         f"<th>failure</th><th>why</th></tr></thead><tbody>{steps_tbody(view)}</tbody></table>"
         f"{_explanation(view)}{_timeline(view)}</section>"
     )
     return _layout(f"run {view.run_id}", body, source)
+
+
+def _running_now(view: RunView) -> str:
+    if view.info is None:  # a store file: no worker says what it runs
+        return ""
+    return f'<section><h2>Running now</h2><div id="in-flight">{in_flight_html(view)}</div></section>'
 
 
 def run_json(view: RunView) -> dict[str, Any]:
@@ -309,6 +328,7 @@ def run_json(view: RunView) -> dict[str, Any]:
         "questions": {k: q.to_dict() for k, q in view.questions.items()},
         "problem": view.problem,
         "steps_tbody": steps_tbody(view),
+        "in_flight_html": in_flight_html(view),
     }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from ekit_core.audit import AuditReport, StepAudit
 from ekit_core.human import Question, questions
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue import RunInfo, RunQueue
+from ekit_runtime.queue import InFlight, RunInfo, RunQueue
 from ekit_runtime.sources import read_checkpoints
 
 __all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states"]
@@ -35,7 +35,9 @@ class RunView:
     ``checkpoint`` the latest one saved (``None`` before the first save);
     ``report`` its audit and ``graph`` the graph drawn (``None`` when there
     is no checkpoint, or ``problem`` says why the audit could not be made);
-    ``timeline`` the checkpoints of a journal, oldest first (empty otherwise).
+    ``timeline`` the checkpoints of a journal, oldest first (empty otherwise);
+    ``in_flight`` the attempts a live worker says it runs now (a queue's
+    running run only, see ``RunQueue.in_flight``).
     """
 
     run_id: str
@@ -49,16 +51,19 @@ class RunView:
     timeline: tuple[WorkflowCheckpoint, ...] = ()
     states: dict[str, str] = field(default_factory=dict)
     items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    in_flight: Mapping[str, InFlight] = field(default_factory=dict)
 
 
 def step_states(
-    report: AuditReport, graph: GraphSpec, status: str
+    report: AuditReport, graph: GraphSpec, status: str, in_flight: Collection[str] = ()
 ) -> tuple[dict[str, str], dict[str, tuple[int, int | None]]]:
-    """Each step's state (``recorded``, ``running``, ``failed``, ``waiting``, ``skipped``,
-    ``not-started``) and, for a mapped step, its items (done, total or ``None``).
+    """Each step's state (``recorded``, ``running``, ``ready``, ``failed``, ``waiting``,
+    ``skipped``, ``not-started``) and, for a mapped step, its items (done, total or ``None``).
 
-    ``running`` is a step a running run can be driving now: ready to start
-    (every dependency recorded) or a mapped step some of whose items are.
+    ``running`` is a step of a running run with an attempt in ``in_flight``
+    (what its worker says it runs now; for a mapped step, an item's);
+    ``ready`` one whose inputs are recorded that nothing runs yet: about to
+    start, or held back by a limit (its run's reason says which).
     """
     rows: dict[str, StepAudit] = {}
     by_step: dict[str, list[StepAudit]] = {}
@@ -70,6 +75,7 @@ def step_states(
     states: dict[str, str] = {}
     items: dict[str, tuple[int, int | None]] = {}
     running = status == "running"
+    flying = {name.partition("[")[0] for name in in_flight}  # an item's name is step[key]
     for name in graph.names:
         row: StepAudit | None = rows.get(name)
         its = by_step.get(name, [])
@@ -77,11 +83,11 @@ def step_states(
             items[name] = (sum(1 for r in its if r.action == "skip"), len(its))
         elif row is not None and row.reason == "mapped":
             items[name] = (row.items_recorded, row.items)
-        states[name] = _state(row, its, running)
+        states[name] = _state(row, its, running, name in flying)
     return states, items
 
 
-def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool) -> str:
+def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool, flying: bool) -> str:
     if row is None:
         return "not-started"
     if row.reason == "recorded":
@@ -92,9 +98,11 @@ def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool) -> st
         return "waiting"
     if row.reason == "failed" or any(r.reason == "failed" for r in its):
         return "failed"
+    if running and flying:
+        return "running"
     ready = row.reason == "ready" or any(r.reason == "ready" for r in its)
     if running and ready:
-        return "running"
+        return "ready"
     return "not-started"
 
 
@@ -106,6 +114,7 @@ def _view(
     given: GraphSpec | None,
     versions: Mapping[str, str] | None = None,
     timeline: tuple[WorkflowCheckpoint, ...] = (),
+    in_flight: Mapping[str, InFlight] | None = None,
 ) -> RunView:
     if checkpoint is None:
         return RunView(run_id, status, info, None, None, given, {}, "no checkpoint saved yet",
@@ -116,9 +125,10 @@ def _view(
     except ValueError as exc:
         return RunView(run_id, status, info, checkpoint, None, None, questions(checkpoint),
                        f"cannot audit the checkpoint: {exc}", timeline)
-    states, items = step_states(report, graph, status)
+    flying = in_flight or {}
+    states, items = step_states(report, graph, status, flying)
     return RunView(run_id, status, info, checkpoint, report, graph, questions(checkpoint), None,
-                   timeline, states, items)
+                   timeline, states, items, flying)
 
 
 class Source:
@@ -164,7 +174,8 @@ class QueueSource(Source):
             except (LookupError, ValueError):
                 return None
             checkpoint = self.queue.checkpoint(run_id)
-        return _view(run_id, info.status, info, checkpoint, None)
+            in_flight = self.queue.in_flight(run_id) if info.status == "running" else {}
+        return _view(run_id, info.status, info, checkpoint, None, in_flight=in_flight)
 
     def act(self, call: Callable[[RunQueue], Any]) -> Any:
         """Run ``call(queue)`` under the lock."""

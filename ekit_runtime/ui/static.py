@@ -49,6 +49,8 @@ APP_JS = r"""'use strict';
       });
       var steps = document.getElementById('steps');
       if (steps && data.steps_tbody !== undefined) { steps.tBodies[0].innerHTML = data.steps_tbody; }
+      var flying = document.getElementById('in-flight');
+      if (flying && data.in_flight_html !== undefined) { flying.innerHTML = data.in_flight_html; }
       setText('run-status', data.status);
       setText('run-progress', data.progress);
       document.body.dataset.refreshed = String(Date.now());
@@ -78,6 +80,7 @@ svg.graph line.edge { stroke: #999; stroke-width: 1; }
 svg.graph rect { stroke: #555; stroke-width: 1; }
 .state-recorded rect, .legend .state-recorded { fill: #b7e4c7; background: #b7e4c7; }
 .state-running rect, .legend .state-running { fill: #9ec5fe; background: #9ec5fe; }
+.state-ready rect, .legend .state-ready { fill: #e7f1ff; background: #e7f1ff; stroke-dasharray: 4 2; }
 .state-failed rect, .legend .state-failed { fill: #f1aeb5; background: #f1aeb5; }
 .state-waiting rect, .legend .state-waiting { fill: #ffda6a; background: #ffda6a; }
 .state-skipped rect, .legend .state-skipped { fill: #dee2e6; background: #dee2e6; }
