@@ -18,14 +18,16 @@ from typing import Any
 
 import pytest
 
-from ekit_core import RunSettled, TokenUsage, WorkflowCheckpoint, rewind
+from ekit_core import Answer, RunSettled, TokenUsage, WorkflowCheckpoint, answer, rewind
 from ekit_runtime import (
+    ApprovalDenied,
     BudgetExceeded,
     PatternResult,
     ProgressPrinter,
     RunWaiting,
     Step,
     Workflow,
+    approve,
     ask,
 )
 
@@ -204,3 +206,21 @@ def test_the_run_s_end_says_how_many_steps_it_left_out() -> None:
     again: list[Any] = []
     _branches().run_sync(only=["summary"], resume_from=result.checkpoint, trace=again.append)
     assert isinstance(again[-1], RunSettled) and again[-1].left_out == 6
+
+
+def test_a_recorded_denial_halts_a_selective_resume_unless_its_selection_is_recorded() -> None:
+    async def pay(ctx: Any) -> str:
+        ran["pay"] += 1
+        approve("Spend $3?")
+        return "paid"
+
+    wf = Workflow([_step("a"), Step("pay", pay), _step("b", "a")])
+    first = wf.run_sync(only=["a"])
+    with pytest.raises(RunWaiting) as caught:
+        wf.run_sync(only=["pay"], resume_from=first.checkpoint)
+    denied = answer(caught.value.checkpoint, "pay", Answer.deny("too dear", by="ops"))
+    ran.clear()
+    with pytest.raises(ApprovalDenied):
+        wf.run_sync(only=["b"], resume_from=denied)
+    assert ran == Counter()
+    assert wf.run_sync(only=["a"], resume_from=denied).left_out == ("pay", "b")
