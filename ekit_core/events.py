@@ -195,13 +195,16 @@ class RunSettled:
     ``outcome`` says how it ended: ``"finished"`` (every output recorded),
     ``"failed"``, ``"budget_exceeded"``, ``"denied"``, ``"cancelled"``, or
     ``"waiting"`` (steps wait for an answer, and nothing else could run).
-    ``completed`` outputs are recorded, of ``total`` steps.
+    ``completed`` outputs are recorded, of ``total`` steps. A run with
+    ``only`` (:mod:`ekit_core.selection`) never settles ``left_out`` of them,
+    outside its selection: finished, it settled the other ``total - left_out``.
     """
 
     outcome: Outcome
     completed: int
     total: int
     cost: TokenUsage
+    left_out: int = 0
 
 
 Event = (

@@ -14,7 +14,10 @@ run-time shapes will build on. The rules of :func:`add_steps`:
   its unrecorded dependencies when it has several), so readiness still costs
   O(1) per finished dependency;
 - a settled run does not grow (:class:`~ekit_core.TransitionError`): it has
-  ended, and its outcome is final.
+  ended, and its outcome is final;
+- a run with ``only`` (:mod:`ekit_core.selection`) fixed its selection when
+  it started: the added steps are outside it, never ready, and left for a
+  run without ``only`` (the run ends without them).
 
 The fingerprint rule: a state's graph is the grown graph, so its
 checkpoints record and fingerprint every step added so far, not the graph
@@ -47,6 +50,10 @@ def add_steps(state: State, steps: Mapping[str, Iterable[str]]) -> State:
     graph = state.spec.graph
     added = {name: tuple(deps) for name, deps in _checked_names(graph, steps)}
     grown = GraphSpec.of([*graph.deps.items(), *added.items()])
+    if state.limits.only is not None:  # outside the selection: known, never ready
+        spec = RunSpec(grown, state.spec.limits, state.spec.context, state.spec.versions,
+                       state.spec.dependents, held=state.spec.held + len(added))
+        return replace(state, spec=spec, events=())
     outputs = state.outputs
     ready, offset, waiting = state._ready, state._offset, dict(state._waiting)
     if not (ready or state._running):

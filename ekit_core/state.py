@@ -78,7 +78,9 @@ class RunLimits:
     whether an approval callback gates each step's first attempt, and whether a
     failure stops the run or only the steps that depend on it. ``run_id`` is
     the run's id where the shell gives one: it seeds the jitter of retry
-    delays (:attr:`RetryPolicy.jitter`), so that runs spread out."""
+    delays (:attr:`RetryPolicy.jitter`), so that runs spread out. ``only``
+    is the set of steps a selective run may start (:mod:`ekit_core.selection`),
+    ``None`` for every step."""
 
     max_concurrency: int | None = None
     budget: TokenUsage | None = None
@@ -86,6 +88,9 @@ class RunLimits:
     approval: bool = False
     isolate_failures: bool = False
     run_id: str | None = None
+    # The steps a run with ``only`` may start (the selection's closure, see
+    # ekit_core.selection); ``None``: every step.
+    only: frozenset[str] | None = None
 
 
 _FROM_GRAPH: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -116,6 +121,11 @@ class RunSpec:
     # The declared graph of a shaped run (None: ``graph`` is declared) and its expansions.
     declared: GraphSpec | None = field(default=None, repr=False)
     shaped: Expansion | None = field(default=None, repr=False)
+    # A run with ``only`` (see ekit_core.selection): how many steps of ``graph``
+    # outside the selection are neither recorded nor skipped, which the run
+    # never settles (its end is counted without them). Changed by growing,
+    # and by a skip that reaches such a step. Always 0 without ``only``.
+    held: int = field(default=0, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
 

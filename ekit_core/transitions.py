@@ -132,6 +132,7 @@ from ekit_core.results import (
     Succeeded,
 )
 from ekit_core.rewind import downstream, outdated_steps, without
+from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of
 from ekit_core.state import (
     NO_SKIPS,
@@ -425,6 +426,7 @@ def initial_state(
     versions: Mapping[str, str] | None = None,
     record_events: bool = True,
     run_id: str | None = None,
+    only: object = None,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -440,14 +442,13 @@ def initial_state(
     with everything downstream of it (``StepOutdated`` events say why).
     With ``record_events=False`` the state's ``events`` is empty, as with
     :func:`advance`. ``run_id`` (the run's id, if it has one) seeds the
-    jitter of retry delays. Every argument is checked here, before any step
-    could run: a bad one raises ``ValueError`` naming it.
+    jitter of retry delays. ``only`` (a list of step names) makes the run
+    start only those steps and what they need, and end once they are
+    recorded (see :mod:`ekit_core.selection`). Every argument is checked
+    here, before any step could run: a bad one raises ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
-    if run_id is not None:  # the jitter's seed: see _retry_wait
-        if not isinstance(run_id, str):
-            raise ValueError(f"run_id must be None or a string, got {type(run_id).__name__}")
-        limits = _replace(limits, run_id=run_id)
+    limits = _of_this_run(graph, limits, run_id, only)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
@@ -462,6 +463,19 @@ def initial_state(
     return _initial_static(graph, checkpoint, base, outdated, record_events)
 
 
+def _of_this_run(graph: GraphSpec, limits: RunLimits, run_id: object, only: object) -> RunLimits:
+    """``limits`` with the run's id (the jitter's seed: see ``_retry_wait``) and the steps
+    it may start (``only``: see :mod:`ekit_core.selection`), each checked; a run with
+    neither pays nothing here."""
+    if run_id is not None:
+        if not isinstance(run_id, str):
+            raise ValueError(f"run_id must be None or a string, got {type(run_id).__name__}")
+        limits = _replace(limits, run_id=run_id)
+    if only is not None:
+        limits = _replace(limits, only=closure(graph, check_only(graph, only)))
+    return limits
+
+
 _NOT_YET: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
@@ -471,19 +485,27 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     limits = base.limits
     outputs, step_usage = _ledgers(checkpoint)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
+    held = 0
+    if limits.only is not None:  # only the selection is ready, or made ready
+        recorded = checkpoint.outputs
+        first, kept, held = narrowed(graph.names, limits.only, first,
+                                     [n for n in graph.names if n not in recorded])
+        dependents = graph.dependents_among(kept)
     asked = checkpoint.asked
     denied = None
     if asked:  # steps that wait for an answer are not ready; a denial halts
         first, denied = _held(graph, checkpoint, first, False)
     offset, ready = window.start(first)
-    halt = denied or _recorded_halt(limits, checkpoint, len(graph) - done)
+    halt = denied or _recorded_halt(limits, checkpoint, len(graph) - done - held)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt,
                         asked=asked if asked else NO_EXCHANGES)  # (one shared empty mapping)
-    outcome = outcome_of(done, len(graph), 0, ready, setbacks)
+    outcome = outcome_of(done, len(graph) - held, 0, ready, setbacks)
     events = (_first_events(graph, checkpoint.outputs, outdated, outcome, checkpoint.cost, asked)
               if record_events else ())
+    if held and outcome is not None and events:  # settled at once: say what it leaves out
+        events = (*events[:-1], _replace(cast(RunSettled, events[-1]), left_out=held))
     return State(
-        _replace(base, dependents=dependents), outputs, step_usage,
+        _replace(base, dependents=dependents, held=held), outputs, step_usage,
         completed=done, cost=checkpoint.cost, setbacks=setbacks, events=events, outcome=outcome,
         _offset=offset, _ready=ready, _running=0, _in_flight=0, _waiting=MappingProxyType(waiting),
     )
@@ -495,14 +517,17 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     checkpoint = kept_on_resume(graph, checkpoint, outdated, base.versions)
     skipped = checkpoint.skipped
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    held = 0
+    if base.limits.only is not None:  # only the selection is ready, or made ready
+        first, left, held = narrowed(graph.names, base.limits.only, first, left)
     asked = checkpoint.asked
     denied = None
     if asked:  # steps and items that wait for an answer are not ready; a denial halts
         first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
     spec = _replace(base, dependents=_lowered(graph, left), declared=graph,
-                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded))
-    halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done)
+                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded), held=held)
+    halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage = _ledgers(checkpoint)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
                         asked=asked if asked else NO_EXCHANGES)
@@ -1039,6 +1064,9 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
 def _expand(w: _Run, over: str) -> None:
     """Grow the run by the items of every step mapped over ``over``, whose output is recorded."""
     more, refused = expand(w.spec.declared_graph, over, w.outputs[over])
+    only = w.spec.limits.only
+    if only is not None:  # a mapped step the run does not select fails nothing in it
+        refused = {mapped: why for mapped, why in refused.items() if mapped in only}
     for mapped, why in refused.items():
         _map_failed(w, mapped, why)
     skipped = w.setbacks.skipped
@@ -1046,6 +1074,9 @@ def _expand(w: _Run, over: str) -> None:
         more = _without_skipped(more, skipped)
     if cast(Expansion, w.spec.shaped).superseded:
         _cutoff(w, over, more)
+    if only is not None:
+        more, outside = split(more, only)
+        _grow_held(w, outside)
     _grow(w, more)
     outputs, waiting = w.outputs, w.counts()
     deps = w.spec.declared_graph.deps
@@ -1168,6 +1199,24 @@ def _grow(w: _Run, more: Expanded) -> None:
                       shaped=spec.shaped.grown(more))
 
 
+def _grow_held(w: _Run, outside: Expanded) -> None:
+    """Add the items of mapped steps a run with ``only`` does not select: known (their
+    recorded outputs and skips stay theirs), never ready, never collected; those not
+    settled are held (see :mod:`ekit_core.selection`)."""
+    if not outside.steps:
+        return
+    spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
+    held = 0
+    for name in outside.steps:
+        if name in outputs:
+            w.completed += 1
+        elif name not in skipped:
+            held += 1
+    assert spec.shaped is not None
+    w.spec = _replace(spec, graph=spec.graph.extended(outside.steps),
+                      shaped=spec.shaped.grown(outside), held=spec.held + held)
+
+
 def _item_settled(w: _Run, mapped: str) -> None:
     """An item of ``mapped`` was recorded or skipped: at the last one, collect.
 
@@ -1231,11 +1280,14 @@ def _skip(w: _Run, name: str, reason: str) -> None:
         if step in w.outputs or step in skips:  # (a collection below may record outputs)
             continue
         skips[step] = why
+        only = w.spec.limits.only
+        if only is not None and not selected(only, w.spec.shaped, step):
+            w.spec = _replace(w.spec, held=w.spec.held - 1)  # settled, though never to start
         if w.record:
             w.events.append(StepSkipped(step, why))
         shaped = w.spec.shaped
         ref = shaped.items.get(step) if shaped is not None else None
-        if ref is not None:
+        if ref is not None and (only is None or ref.step in only):
             _item_settled(w, ref.step)
         for child in _needing(w, step):
             if child in w.outputs or child in skips:
@@ -1251,6 +1303,9 @@ def _needing(w: _Run, step: str) -> tuple[str, ...]:
     declared = w.spec.declared_graph
     scheduled = w.spec.dependents.get(step, ())
     if step not in declared.index:
+        only = w.spec.limits.only
+        if only is not None:  # and the items a selective run holds that are chained to it
+            return (*scheduled, *held_chained(declared, w.spec.graph, w.spec.shaped, only, step))
         return tuple(scheduled)
     items = w.spec.shaped.items if w.spec.shaped is not None else {}
     return (*declared.dependents[step], *[c for c in scheduled if c in items])
@@ -1271,7 +1326,9 @@ def _join_any(w: _Run, step: str) -> str:
         waiting[step] = left
         return ""
     if any(d in w.outputs for d in deps):
-        w.fresh.append(w.spec.graph.index[step])
+        only = w.spec.limits.only
+        if only is None or step in only:  # (a join the run does not select never starts)
+            w.fresh.append(w.spec.graph.index[step])
         return ""
     return "every step it joins was skipped"
 
@@ -1418,9 +1475,10 @@ def _freeze(w: _Run) -> State:
     if not w.in_flight:  # else the run goes on: no need to ask
         total = len(w.spec.graph.names)
         settled = w.completed + len(w.setbacks.skipped)
-        outcome = outcome_of(settled, total, 0, w.ready, w.setbacks)
+        # (held: the steps a run with ``only`` never settles; 0 without it)
+        outcome = outcome_of(settled, total - w.spec.held, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
-            w.events.append(RunSettled(outcome, w.completed, total, w.cost))
+            w.events.append(RunSettled(outcome, w.completed, total, w.cost, w.spec.held))
     w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
     if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
         w.waiting = MappingProxyType(w.waiting)

@@ -299,9 +299,12 @@ class ProgressPrinter:
             self._running.clear()
             # A finished run settled every step: the ones skipped by a
             # condition are done too (a resume does not announce those it read).
-            done = event.total if event.outcome == "finished" else event.completed + self._by_condition
+            done = (event.total - event.left_out if event.outcome == "finished"
+                    else event.completed + self._by_condition)
             self._done, self._total = done, max(event.total, self._total)
             notes = [f"{self._skipped} skipped"] if self._skipped else []
+            if event.left_out:  # a run with only: outside its selection, for a later run
+                notes.append(f"{event.left_out} left out")
             if self._by_condition:
                 notes.append(f"{self._by_condition} skipped by a condition")
             if self._waiting:

@@ -26,6 +26,7 @@ from ekit_core import (
     initial_state,
 )
 from ekit_core.human import questions
+from ekit_core.selection import left_out, selected
 from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
@@ -50,6 +51,10 @@ class WorkflowResult:
     ``isolate_failures=True`` returns even when steps failed: ``failed``
     maps each step that failed (after its retries) to its exception, and
     ``not_started`` lists the steps that waited on one; ``ok`` is false then.
+    A run with ``only`` lists in ``left_out`` the steps outside its selection
+    that are neither recorded nor skipped: what a later run without ``only``
+    (resuming ``checkpoint``) runs. Leaving them out is what was asked, so
+    ``ok`` does not count them.
     """
 
     outputs: MappingProxyType[str, Any]
@@ -57,10 +62,12 @@ class WorkflowResult:
     checkpoint: WorkflowCheckpoint | None = None
     failed: Mapping[str, BaseException] = field(default_factory=lambda: MappingProxyType({}))
     not_started: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every step's output is recorded."""
+        """Whether every step the run was to run is recorded (or skipped by a condition):
+        every step, or with ``only`` every selected step and what it needs."""
         return not self.failed and not self.not_started
 
     def __repr__(self) -> str:
@@ -73,7 +80,8 @@ class WorkflowResult:
         return (
             f"WorkflowResult(outputs={{{shown}{more}}}, cost={self.cost!r}, "
             f"checkpoint={self.checkpoint!r}, failed={dict(self.failed)!r}, "
-            f"not_started={self.not_started!r})"
+            f"not_started={self.not_started!r}"
+            + (f", left_out={self.left_out!r})" if self.left_out else ")")
         )
 
 
@@ -85,6 +93,7 @@ def _check_options(options: Mapping[str, object]) -> None:
         raise ValueError(f"unknown run option(s): {', '.join(unknown)} (options: {known})")
     if options.get("run_id") is not None:
         check_run_id(options["run_id"])
+    # ``only`` is checked with the graph (ekit_core.selection), in start_state.
     for name in ("checkpoint_fn", "approval", "before_attempt"):
         _callable_or_none(options.get(name), name)
     trace = options.get("trace")
@@ -121,6 +130,7 @@ class RunOptions(TypedDict, total=False):
     run_id: str | None
     before_attempt: BeforeAttempt | None
     answers: Mapping[str, Any] | None
+    only: list[str] | tuple[str, ...] | None
 
 
 class Workflow:
@@ -194,11 +204,13 @@ class Workflow:
         isolate_failures: bool = False,
         record_events: bool = True,
         run_id: str | None = None,
+        only: list[str] | tuple[str, ...] | None = None,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
         ``approval`` says whether the run has an approval callback; ``run_id``
-        seeds the jitter of retry delays (:attr:`RetryPolicy.jitter`).
+        seeds the jitter of retry delays (:attr:`RetryPolicy.jitter`);
+        ``only`` selects the steps to run (see :meth:`run`).
         """
         return initial_state(
             self.graph,
@@ -213,6 +225,7 @@ class Workflow:
             versions={s.name: s.version for s in self._with_options if s.version is not None},
             record_events=record_events,
             run_id=run_id,
+            only=only,
         )
 
     def runner(
@@ -256,6 +269,7 @@ class Workflow:
             isolate_failures=options.get("isolate_failures", False),
             record_events=trace is not None if record_events is None else record_events,
             run_id=run_id,
+            only=options.get("only"),
         )
         self._check_executors(executor)
         runner = Runner(
@@ -332,6 +346,7 @@ class Workflow:
           ``Answer.approve(by=...)``, ``Answer.deny(reason, by=...)``), or a
           plain value for a value question. A step that is not waiting, or
           an answer that does not fit its question, is a ``ValueError``.
+        - ``only``: step names to run, with what they need, and none else: :mod:`ekit_core.selection`.
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
@@ -408,13 +423,19 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
     checkpoint = last if last is not None else checkpoint_of(state)
     kind = state.outcome
     if kind == "finished":
+        if state.limits.only is not None:
+            return WorkflowResult(_outputs(state), state.cost, checkpoint, left_out=left_out(state))
         return WorkflowResult(_outputs(state), state.cost, checkpoint)
     if kind == "failed" and state.limits.isolate_failures:
         failed = dict(state.errors)
         left = (state.outputs, failed, state.skipped)
         waiting = tuple(n for n in state.graph.names if not any(n in x for x in left))
+        only = state.limits.only
+        if only is not None:  # what waits on a failure, of what the run was to run
+            waiting = tuple(n for n in waiting if selected(only, state.spec.shaped, n))
         return WorkflowResult(
             _outputs(state), state.cost, checkpoint, MappingProxyType(failed), waiting,
+            left_out(state),
         )
     if kind == "failed":
         errors = []

@@ -525,27 +525,31 @@ class RunQueue(ABC):
         *,
         new_run_id: str | None = None,
         priority: int | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         """Queue a copy of the run under a new id, its checkpoint rewound at ``steps``; return the new id.
 
-        The copy has the source's workflow, context, run options and priority
-        (or ``priority``) and its latest checkpoint, without the outputs of
-        ``steps`` and of everything downstream of them (none given: all of
-        it); it is ``queued`` at epoch 0. The source is only read, whatever
-        its status. ``new_run_id`` defaults to a new random id; one the queue
-        already has is a ``ValueError`` (nothing is written).
+        The copy has the source's workflow, context, run options (or
+        ``options``, checked as :meth:`submit` checks them: ``{}`` for none,
+        such as a copy without the source's ``only`` that runs the rest) and
+        priority (or ``priority``) and its latest checkpoint, without the
+        outputs of ``steps`` and of everything downstream of them (none
+        given: all of it); it is ``queued`` at epoch 0. The source is only
+        read, whatever its status. ``new_run_id`` defaults to a new random
+        id; one the queue already has is a ``ValueError`` (nothing is written).
         """
         source = check_run_id(run_id)
         new = uuid.uuid4().hex if new_run_id is None else check_run_id(new_run_id, "new_run_id")
         level = None if priority is None else check_priority(priority)
         names = _step_list(steps, "fork")
+        stored = None if options is None else default_dumps(check_run_options(options))
 
         def copied(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint | None:
             if not names:
                 return checkpoint
             return self._rewound(source, status, checkpoint, names, "fork")
 
-        self._fork(source, new, level, copied)
+        self._fork(source, new, level, copied, stored)
         return new
 
     # -- a person's answers to a run that waits (status ``waiting``) --------
@@ -715,10 +719,11 @@ class RunQueue(ABC):
         new_run_id: str,
         priority: int | None,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+        options: str | None = None,
     ) -> None:
         """In one transaction: read ``source`` and its checkpoint, and insert ``new_run_id`` (queued,
-        epoch 0) with its workflow, context, priority (or ``priority``) and
-        ``change(status, checkpoint)``; a ``ValueError`` if ``new_run_id`` exists."""
+        epoch 0) with its workflow, context, options (or ``options``, stored text), priority
+        (or ``priority``) and ``change(status, checkpoint)``; a ``ValueError`` if ``new_run_id`` exists."""
 
     # The contract: what each backend supplies.
 

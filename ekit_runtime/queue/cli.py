@@ -585,7 +585,11 @@ def _rewind(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fork(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
-    new = queue.fork(args.run_id, args.steps, new_run_id=args.new_run_id, priority=args.priority)
+    given = args.options is not None or bool(args.option)  # (--options '{}': the copy has none)
+    options = (_submit_options(args) or {}) if given else None
+    new = queue.fork(
+        args.run_id, args.steps, new_run_id=args.new_run_id, priority=args.priority, options=options
+    )
     checkpoint = queue.checkpoint(new)
     return {
         "run_id": new,
@@ -798,6 +802,16 @@ def _add_reopening_parsers(actions: Any) -> None:
     )
     a.add_argument(
         "--priority", type=int, default=None, metavar="N", help="the new run's priority (default: RUN's)"
+    )
+    a.add_argument(
+        "--option", action="append", metavar="KEY=VALUE",
+        help="a run option of the copy (VALUE read as JSON, else as text), over --options; "
+        "given any, the copy has these instead of RUN's",
+    )
+    a.add_argument(
+        "--options", metavar="JSON",
+        help="the copy's run options as one JSON object instead of RUN's ('{}': none, such as a "
+        "copy of a run with only that runs the rest)",
     )
 
 

@@ -86,6 +86,27 @@ def _budget(value: object, name: str) -> dict[str, int] | None:
     return budget
 
 
+def _step_names(value: object, name: str) -> list[str]:
+    """A selection of steps (``only``): a non-empty list of names, checked against the
+    workflow by the worker that runs it (an unknown name fails the run before any step)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        raise ValueError(
+            f"run option {name!r} must be a list of step names, such as [\"summary\"], "
+            f"got {_what(value)} {value!r:.80}"
+        )
+    if not value:
+        raise ValueError(f"run option {name!r} must name at least one step, got an empty list")
+    for i, step in enumerate(value):
+        if not isinstance(step, str) or not step:
+            raise ValueError(
+                f"run option {name!r}: [{i}] must be a step name (a non-empty string), "
+                f"got {_what(step)} {step!r:.80}"
+            )
+    return value
+
+
 def _usage(stored: dict[str, int] | None) -> TokenUsage | None:
     return None if stored is None else TokenUsage(**stored)
 
@@ -101,6 +122,9 @@ RUN_OPTIONS: Mapping[str, RunOption] = MappingProxyType({
     ),
     "isolate_failures": RunOption(_flag, _same, "true/false: a failed step stops only its dependants"),
     "allow_graph_change": RunOption(_flag, _same, "true/false: resume a checkpoint of another graph"),
+    "only": RunOption(
+        _step_names, _same, 'a list of step names, such as ["summary"]: run those and what they need'
+    ),
 })
 """Every run option a queued run may carry, by name (the ``Workflow.run`` argument it sets)."""
 

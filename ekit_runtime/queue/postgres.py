@@ -545,6 +545,7 @@ class PostgresQueue(RunQueue):
         new_run_id: str,
         priority: int | None,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+        options: str | None = None,
     ) -> None:
         with self.db.transaction() as conn:
             row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
@@ -554,11 +555,12 @@ class PostgresQueue(RunQueue):
             inserted = conn.execute(
                 "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
                 "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
-                "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, options, "
-                f"coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+                "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, "
+                f"coalesce(%s, options), coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, "
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s "
                 "FROM ekit_queue_runs WHERE run_id = %s "
                 "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-                (new_run_id, priority, *columns, source),
+                (new_run_id, options, priority, *columns, source),
             ).fetchone()
             if inserted is None:
                 raise self._taken(new_run_id)

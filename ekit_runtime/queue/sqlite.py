@@ -494,6 +494,7 @@ class SqliteQueue(RunQueue):
         new_run_id: str,
         priority: int | None,
         change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
+        options: str | None = None,
     ) -> None:
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
@@ -506,10 +507,10 @@ class SqliteQueue(RunQueue):
             conn.execute(
                 "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
                 "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
-                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, context, options, "
-                "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, context, "
+                "coalesce(?, options), coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
                 "FROM ekit_queue_runs WHERE run_id = ?",
-                (new_run_id, priority, now, now, *columns, source),
+                (new_run_id, options, priority, now, now, *columns, source),
             )
             if enc is not None:
                 self._write_entries(conn, new_run_id, enc, 0)
