@@ -160,3 +160,30 @@ def test_workflow_names_are_each_workflow_once_in_code_point_order(queue: RunQue
     got = queue.workflow_names()
     assert got == sorted(set(names)) == RunQueue.workflow_names(queue)
     assert got[:3] == ["Zeta", "alpha", "beta"]  # code points: upper case first, accents last
+
+
+def test_workflow_names_keep_code_point_order_where_the_database_collates_by_language() -> None:
+    """A PostgreSQL database whose collation is a language's (ICU en-US sorts ``alpha`` before
+    ``Zeta``) lists workflows in code point order all the same, as SQLite and ``sorted`` do."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from ekit_runtime.queue import open_queue
+    from tests.queue_backends import postgres_dsn
+
+    dsn = postgres_dsn()
+    name = f"ekit_test_icu_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE \"{name}\" LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C' "
+                      "TEMPLATE template0")
+    params = {**conninfo_to_dict(dsn), "dbname": name}
+    try:
+        with open_queue("postgresql://?" + "&".join(f"{k}={v}" for k, v in params.items())) as q:
+            for i, workflow in enumerate(("beta", "Zeta", "alpha", "émile", "z")):
+                q.submit(workflow, {}, run_id=f"r{i}")
+            assert q.workflow_names() == ["Zeta", "alpha", "beta", "z", "émile"]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

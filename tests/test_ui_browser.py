@@ -18,6 +18,12 @@ a real subprocess, and the browser checks what a user sees:
   and a POST without the page's token (or its cookie, or from another
   Origin) is refused (403) and changes nothing; an answer typed into the
   waiting run's form requeues it;
+- approve, deny and retry work through their buttons, each refused first
+  (403, nothing written) over HTTP without the token or the cookie and in
+  the page with its form's token forged or removed: an approved run is
+  queued again and, once a worker claims it, its step runs approved and the
+  run finishes; a denied one ends ``failed`` with ``ApprovalDenied`` and the
+  reason typed, its step never run; a retried failed run is queued again;
 - a store file (JournalStore) opens as a source too, read-only (a POST is 405).
 
 Skipped when no Chromium is installed, except under CI (see tests/browser.py).

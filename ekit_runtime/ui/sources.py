@@ -143,10 +143,11 @@ class Source:
         raise NotImplementedError
 
     def page(self, status: str, workflow: str, limit: int, offset: int) -> tuple[list[RunInfo], int]:
-        """The runs of ``status`` and ``workflow`` (``""``: any), newest first, ``offset`` of them
-        skipped and at most ``limit``; and how many match in all.
+        """One page of the runs, newest first, and how many match in all.
 
-        This default filters :meth:`runs` in Python (a store file has one run).
+        The runs of ``status`` and ``workflow`` (``""``: any), ``offset`` of
+        them skipped and at most ``limit``. This default filters :meth:`runs`
+        in Python (a store file has one run).
         """
         found = [r for r in self.runs()
                  if (not status or r.status == status) and (not workflow or r.workflow == workflow)]
