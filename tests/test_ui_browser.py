@@ -18,6 +18,12 @@ a real subprocess, and the browser checks what a user sees:
   and a POST without the page's token (or its cookie, or from another
   Origin) is refused (403) and changes nothing; an answer typed into the
   waiting run's form requeues it;
+- approve, deny and retry work through their buttons, each refused first
+  (403, nothing written) over HTTP without the token or the cookie and in
+  the page with its form's token forged or removed: an approved run is
+  queued again and, once a worker claims it, its step runs approved and the
+  run finishes; a denied one ends ``failed`` with ``ApprovalDenied`` and the
+  reason typed, its step never run; a retried failed run is queued again;
 - a store file (JournalStore) opens as a source too, read-only (a POST is 405).
 
 Skipped when no Chromium is installed, except under CI (see tests/browser.py).
@@ -316,4 +322,154 @@ def test_the_runs_table_follows_the_queue_without_a_reload(browser: Any, dashboa
     )
     assert browser.execute_script("return window.__ekitMarker") == "same page"
     assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1
+    assert not severe_console_errors(browser)
+
+
+def page_form(driver: Any, verb: str) -> tuple[str, str]:
+    """The token of the page's ``verb`` form and the page's cookies, as a client would send them."""
+    from selenium.webdriver.common.by import By
+
+    token = (
+        driver.find_element(By.CSS_SELECTOR, f"#action-{verb}")
+        .find_element(By.XPATH, "./ancestor::form//input[@name='token']")
+        .get_attribute("value")
+    )
+    cookie = "; ".join(f"{c['name']}={c['value']}" for c in driver.get_cookies())
+    assert token and cookie
+    return token, cookie
+
+
+def click_with_a_forged_token(driver: Any, verb: str, forged: str | None) -> None:
+    """Click ``verb``'s button after setting its form's token to ``forged`` (``None``: removing it);
+    the browser must land on the 403 page."""
+    from selenium.webdriver.common.by import By
+
+    driver.execute_script(
+        "var field = document.querySelector('#action-' + arguments[0])"
+        ".closest('form').querySelector('input[name=token]');"
+        "if (arguments[1] === null) { field.remove(); } else { field.value = arguments[1]; }",
+        verb,
+        forged,
+    )
+    driver.find_element(By.CSS_SELECTOR, f"#action-{verb}").click()
+    wait_until(
+        driver,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "h2.error-code")
+        and d.find_element(By.CSS_SELECTOR, "h2.error-code").text == "403",
+        20,
+        f"a {verb} with a forged token did not land on the 403 page",
+    )
+    assert "token" in driver.find_element(By.ID, "error").text
+    # The refused POST is the one failed load the console reports, and nothing else.
+    errors = severe_console_errors(driver)
+    assert errors and all(f"/{verb} - " in e["message"] and "403" in e["message"] for e in errors), errors
+
+
+def assert_refused_without_the_token(driver: Any, server: UiServer, run_id: str, verb: str,
+                                     form: dict[str, str]) -> None:
+    """Every forged form of ``verb`` on ``run_id`` is a 403: over HTTP, and clicked in the page."""
+    token, cookie = page_form(driver, verb)
+    action = run_url(server, run_id) + "/" + verb
+    assert post(action, form) == 403  # no token, no cookie
+    assert post(action, {**form, "token": "not-the-token"}, {"Cookie": cookie}) == 403
+    assert post(action, {**form, "token": token}) == 403  # the token without the page's cookie
+    assert post(action, form, {"Cookie": cookie}) == 403  # the cookie without the token
+    assert post(action, {**form, "token": token}, {"Cookie": cookie, "Origin": "http://evil.example"}) == 403
+    click_with_a_forged_token(driver, verb, "not-the-token")
+    load(driver, run_url(server, run_id))
+    click_with_a_forged_token(driver, verb, None)
+    load(driver, run_url(server, run_id))
+
+
+def drain(queue: Any, workflow: str) -> None:
+    """Run a worker for ``workflow`` in this process until nothing is left for it."""
+    import asyncio
+
+    from ekit_runtime.queue import Worker
+
+    asyncio.run(Worker(queue, {workflow: ui_flows.WORKFLOWS[workflow]}, poll=0.05).run_until_idle())
+
+
+def test_approve_from_the_page_requeues_the_run_and_the_step_receives_the_approval(
+    browser: Any, dashboard: dict[str, Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
+    target = ids["to_approve"]
+    assert queue.status(target).status == "waiting"
+    load(browser, run_url(server, target))
+    assert_refused_without_the_token(browser, server, target, "approve", {"step": "ship"})
+    assert queue.status(target).status == "waiting"
+    assert queue.checkpoint(target).asked["ship"][-1].answer is None
+
+    form = browser.find_element(By.CSS_SELECTOR, "#questions .question[data-step='ship'] form.action")
+    by = form.find_element(By.NAME, "by")
+    by.clear()
+    by.send_keys("ann")
+    browser.find_element(By.CSS_SELECTOR, "#action-approve").click()
+    wait_for_status(queue, target, "queued")  # claimable again: no worker serves 'approves' yet
+    wait_until(browser, lambda d: d.find_element(By.ID, "run-status").text == "queued", 20)
+    answer = queue.checkpoint(target).asked["ship"][-1].answer
+    assert answer is not None and answer.approved is True and answer.by == "ann"
+
+    drain(queue, "approves")  # a worker claims it; the step runs again and this time is approved
+    assert queue.status(target).status == "finished"
+    assert queue.result(target).outputs["ship"] == "shipped: draft of h.txt"
+    wait_until(browser, lambda d: d.find_element(By.ID, "run-status").text == "finished", 20,
+               "the open page never showed the approved run finished")
+    assert not severe_console_errors(browser)
+
+
+def test_deny_from_the_page_ends_the_run_failed_with_the_reason_given(
+    browser: Any, dashboard: dict[str, Any]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
+    target = ids["to_deny"]
+    load(browser, run_url(server, target))
+    assert_refused_without_the_token(browser, server, target, "deny", {"step": "ship", "reason": "no"})
+    assert queue.status(target).status == "waiting"
+    assert queue.checkpoint(target).asked["ship"][-1].answer is None
+
+    form = browser.find_element(By.CSS_SELECTOR, "#questions .question[data-step='ship'] form.action "
+                                                 "input[name='reason']")
+    form.send_keys("not this week")
+    browser.find_element(By.CSS_SELECTOR, "#action-deny").click()
+    wait_for_status(queue, target, "queued")
+    answer = queue.checkpoint(target).asked["ship"][-1].answer
+    assert answer is not None and answer.approved is False and answer.by == "dashboard"
+    assert answer.reason == "not this week"
+
+    # As documented: the next worker to claim it ends it failed, without running the step.
+    drain(queue, "approves")
+    info = queue.status(target)
+    assert info.status == "failed"
+    assert info.error == "ApprovalDenied: step 'ship' was denied approval: not this week"
+    assert "ship" not in queue.checkpoint(target).outputs
+    wait_until(browser, lambda d: d.find_element(By.ID, "run-status").text == "failed", 20,
+               "the open page never showed the denied run failed")
+    assert not severe_console_errors(browser)
+
+
+def test_retry_from_the_page_queues_the_failed_run_again(browser: Any, dashboard: dict[str, Any]) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, queue, ids = dashboard["server"], dashboard["queue"], dashboard["ids"]
+    target = ids["to_retry"]
+    before = queue.status(target)
+    assert before.status == "failed"
+    load(browser, run_url(server, target))
+    assert_refused_without_the_token(browser, server, target, "retry", {})
+    assert queue.status(target) == before  # refused: nothing written
+
+    browser.find_element(By.CSS_SELECTOR, "#action-retry").click()
+    wait_for_status(queue, target, "queued")  # no worker serves 'broken' now: it stays queued
+    wait_until(browser, lambda d: d.find_element(By.ID, "run-status").text == "queued", 20,
+               "the page never showed the retried run queued")
+    after = queue.status(target)
+    assert after.error is None and after.epoch == before.epoch + 1
+    assert not browser.find_elements(By.CSS_SELECTOR, "#action-retry")  # a queued run offers cancel
+    assert browser.find_elements(By.CSS_SELECTOR, "#action-cancel")
     assert not severe_console_errors(browser)

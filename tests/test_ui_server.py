@@ -148,7 +148,8 @@ def test_runs_page_shows_runs_in_every_status(any_queue: RunQueue) -> None:
         assert rows(data["tbody"]) == rows(page.body)
 
 
-def test_runs_page_filters_by_status_and_workflow(queue: SqliteQueue) -> None:
+def test_runs_page_filters_by_status_and_workflow(any_queue: RunQueue) -> None:
+    queue = any_queue
     in_every_status(queue)
     with serving(QueueSource(queue, "q.db")) as server:
         assert rows(fetch(server, "/?status=failed").body) == ["r-failed"]
@@ -157,6 +158,49 @@ def test_runs_page_filters_by_status_and_workflow(queue: SqliteQueue) -> None:
         assert fetch(server, "/api/runs?status=waiting").json()["total"] == 1
         bad = fetch(server, "/?status=bogus")
         assert bad.status == 400 and "Traceback" not in bad.body
+
+
+def test_the_runs_page_reads_one_page_from_the_queue_never_every_run(
+    any_queue: RunQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = any_queue
+    for i in range(130):
+        queue.submit("even" if i % 2 == 0 else "odd", {}, run_id=f"r{i:03d}")
+    for i in range(0, 130, 3):
+        assert queue.cancel(f"r{i:03d}")
+
+    def every_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the runs page read every run")
+
+    monkeypatch.setattr(queue, "runs", every_run)
+    newest = [f"r{i:03d}" for i in range(129, -1, -1)]
+    with serving(QueueSource(queue, "q")) as server:
+        first = fetch(server, "/")
+        assert first.status == 200 and rows(first.body) == newest[:50]
+        assert "130 run(s), page 1 of 3" in first.body
+        assert ('<datalist id="workflow-names"><option value="even"></option><option value="odd">'
+                "</option></datalist>") in first.body
+        third = fetch(server, "/api/runs?page=3").json()
+        assert rows(third["tbody"]) == newest[100:] and third["total"] == 130 and third["pages"] == 3
+        assert fetch(server, "/api/runs?page=4").json()["runs"] == []
+        cancelled_odd = [r for r in newest if int(r[1:]) % 3 == 0 and int(r[1:]) % 2 == 1]
+        both = fetch(server, "/api/runs?status=cancelled&workflow=odd").json()
+        assert [r["run_id"] for r in both["runs"]] == cancelled_odd and both["total"] == len(cancelled_odd)
+        page = fetch(server, "/?status=queued&workflow=even")
+        queued_even = [r for r in newest if int(r[1:]) % 3 and int(r[1:]) % 2 == 0]
+        assert rows(page.body) == queued_even and "43 run(s), page 1 of 1" in page.body
+        assert rows(fetch(server, "/?status=queued&workflow=even&page=2").body) == []
+
+
+def test_a_queue_has_no_incomplete_runs_and_a_bad_workflow_filter_is_a_400(queue: SqliteQueue) -> None:
+    in_every_status(queue)
+    with serving(QueueSource(queue, "q.db")) as server:
+        page = fetch(server, "/?status=incomplete")  # a store file's status: no queue run has it
+        assert page.status == 200 and rows(page.body) == [] and "0 run(s)" in page.body
+        for bad in ("w" * 201, "a\x00b"):
+            got = fetch(server, "/?workflow=" + urllib.parse.quote(bad))
+            assert got.status == 400 and "workflow must" in got.body and "Traceback" not in got.body
+            assert fetch(server, "/api/runs?workflow=" + urllib.parse.quote(bad)).status == 400
 
 
 @pytest.mark.timeout(300)
@@ -319,6 +363,52 @@ def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origi
                     {"Cookie": cookie, "Origin": f"http://{host}"})
         assert got.status == 303 and got.headers["Location"] == "/run/r-queued"
         assert queue.status("r-queued").status == "cancelled"
+
+
+def _approval_waiting(q: RunQueue, run_id: str) -> None:
+    q.submit("wf-approval", {}, run_id=run_id)
+    lease = q.claim("w1", {"wf-approval": None}, 60)
+    assert lease is not None and lease.run_id == run_id
+    q.save(lease, checkpoint({"a": [], "b": ["a"]}, {"a": 1},
+                             asked={"b": [{"kind": "approval", "prompt": "ship it?"}]}), 60)
+    q.park(lease, "approval")
+
+
+@pytest.mark.parametrize(("verb", "run_id", "form"), [
+    ("cancel", "r-queued", {}),
+    ("retry", "r-failed", {}),
+    ("answer", "r-waiting", {"step": "b", "value": "2"}),
+    ("approve", "r-approval", {"step": "b"}),
+    ("deny", "r-approval", {"step": "b", "reason": "no"}),
+])
+def test_every_action_is_refused_without_the_token_and_works_with_it(
+    queue: SqliteQueue, verb: str, run_id: str, form: dict[str, str]
+) -> None:
+    in_every_status(queue)
+    _approval_waiting(queue, "r-approval")
+    with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
+        token, cookie = _token_and_cookie(server, "/run/" + run_id)
+        assert f'action="/run/{run_id}/{verb}"' in fetch(server, "/run/" + run_id).body
+        before = (queue.status(run_id), queue.checkpoint(run_id))
+        for sent, headers in [
+            (form, {}),  # no token, no cookie
+            ({**form, "token": "wrong"}, {"Cookie": cookie}),  # a forged token with the cookie
+            ({**form, "token": token}, {}),  # the token without the cookie
+            (form, {"Cookie": cookie}),  # the cookie without the token
+            ({**form, "token": token}, {"Cookie": cookie, "Origin": "http://evil.example"}),
+        ]:
+            got = fetch(server, f"/run/{run_id}/{verb}", sent, headers)
+            assert got.status == 403, (verb, sent, headers)
+            assert (queue.status(run_id), queue.checkpoint(run_id)) == before  # nothing written
+        got = fetch(server, f"/run/{run_id}/{verb}", {**form, "token": token}, {"Cookie": cookie})
+        assert got.status == 303, got.body
+    after = queue.status(run_id)
+    assert after.status == ("cancelled" if verb == "cancel" else "queued")
+    if verb in ("answer", "approve", "deny"):
+        answer = queue.checkpoint(run_id).asked["b"][-1].answer  # type: ignore[union-attr]
+        assert answer is not None and answer.by == "dashboard"
+        assert {"answer": answer.value == 2, "approve": answer.approved is True,
+                "deny": answer.approved is False and answer.reason == "no"}[verb]
 
 
 def test_a_request_naming_another_host_is_refused(queue: SqliteQueue) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ekit_runtime import Step, Workflow, ask
+from ekit_runtime import Step, Workflow, approve, ask
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 """A step name (and a context value) that must render as text, never as markup."""
@@ -58,6 +58,11 @@ async def _hostile(ctx: Any) -> str:
     return HOSTILE
 
 
+async def _ship(ctx: Any) -> str:
+    approve("Ship it?")
+    return f"shipped: {ctx['draft']}"
+
+
 SIMPLE = Workflow(
     [
         Step("draft", _draft),
@@ -75,6 +80,7 @@ WORKFLOWS = {
         [Step("start", _draft), Step("gate", _gate, ("start",)), Step("after", _after, ("gate",))]
     ),
     "hostile": Workflow([Step("draft", _draft), Step(HOSTILE, _hostile, ("draft",))]),
+    "approves": Workflow([Step("draft", _draft), Step("ship", _ship, ("draft",))]),
 }
 """Every workflow the tests submit, by name (``elsewhere`` is left out on purpose: its runs stay queued)."""
 
@@ -88,6 +94,8 @@ def populate(queue: Any) -> dict[str, str]:
     queued), two ``queued`` runs of a workflow no worker has (one for the
     cancel button), and a finished run whose run id, step name and context
     are markup. ``live`` is submitted too; :class:`LiveWorker` drives it.
+    For the approve, deny and retry buttons: two runs waiting for an
+    approval (``to_approve``, ``to_deny``) and a second failed run (``to_retry``).
     """
     import asyncio
 
@@ -103,6 +111,9 @@ def populate(queue: Any) -> dict[str, str]:
         "cancelled": queue.submit("simple", {"doc": "d.txt"}, run_id="simple-cancelled"),
         "queued": queue.submit("elsewhere", {"doc": "e.txt"}, run_id="elsewhere-queued"),
         "to_cancel": queue.submit("elsewhere", {"doc": "f.txt"}, run_id="elsewhere-to-cancel"),
+        "to_approve": queue.submit("approves", {"doc": "h.txt"}, run_id="approves-to-approve"),
+        "to_deny": queue.submit("approves", {"doc": "i.txt"}, run_id="approves-to-deny"),
+        "to_retry": queue.submit("broken", {"doc": "j.txt"}, run_id="broken-to-retry"),
     }
     queue.cancel(ids["cancelled"])
     registry = {k: v for k, v in WORKFLOWS.items() if k != "live"}

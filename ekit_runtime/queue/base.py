@@ -47,12 +47,15 @@ from ekit_runtime.queue.records import (
     LeaseLostError,
     Limits,
     RunInfo,
+    RunsPage,
     RunStateError,
     RunStatus,
     UnknownRunError,
+    check_count,
     check_priority,
     check_run_id,
     check_seconds,
+    check_status,
     check_step_name,
     check_text,
     check_workflow_name,
@@ -895,3 +898,65 @@ class RunQueue(ABC):
             fingerprint = None if fp is None else check_text(fp, f"fingerprint of {name!r}", limit=200)
             checked.append((check_workflow_name(name), fingerprint))
         return checked
+
+    # -- one page of runs, filtered and counted (the dashboard's runs page) -----
+
+    def runs_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        workflow: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> RunsPage:
+        """One page of the runs of ``status`` and ``workflow`` (``None``: any), and how many match in all.
+
+        The runs are in submission order (``newest_first=True``: the reverse),
+        ``offset`` of them skipped, at most ``limit`` (``None``: every one
+        after the offset). ``total`` counts every run the filters match, read
+        in the same snapshot as the page. An offset past the end is an empty
+        page (``total`` still counts them). The backends filter, count and cut
+        in the database, so a page costs its own rows, not the queue's; this
+        default (for a backend that has not) filters :meth:`runs` in Python.
+
+        Bad arguments are a ``ValueError`` naming the argument, before the
+        database is read: a status not in ``STATUSES``, a workflow name no run
+        can have (empty, over 200 characters, a NUL), a ``limit`` or
+        ``offset`` that is not a whole number from 0.
+        """
+        status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
+        found = [r for r in self.runs(status) if workflow is None or r.workflow == workflow]
+        if newest_first:
+            found.reverse()
+        end = None if limit is None else offset + limit
+        return RunsPage(found[offset:end], len(found))
+
+    def workflow_names(self) -> list[str]:
+        """The workflow of every run the queue holds, each once, sorted (the backends ask for DISTINCT)."""
+        return sorted({r.workflow for r in self.runs()})
+
+    @staticmethod
+    def _page_args(
+        status: object, workflow: object, limit: object, offset: object, newest_first: object
+    ) -> tuple[RunStatus | None, str | None, int | None, int]:
+        """:meth:`runs_page`'s arguments, checked (a ``ValueError`` naming the one that is wrong)."""
+        checked = check_status(status)
+        name = None if workflow is None else check_workflow_name(workflow)
+        if not isinstance(newest_first, bool):
+            raise ValueError(f"newest_first must be True or False, got {newest_first!r}")
+        most = None if limit is None else check_count(limit, "limit")
+        return checked, name, most, check_count(offset, "offset")
+
+    @staticmethod
+    def _page_filter(
+        status: str | None, workflow: str | None, mark: str, status_term: str = "status"
+    ) -> tuple[str, tuple[str, ...]]:
+        """``WHERE ...`` (or ``""``) matching ``status`` and ``workflow``; ``mark`` is the placeholder,
+        ``status_term`` what the status is compared as (``+status``: no index, for SQLite's planner)."""
+        terms = [(column, value) for column, value in ((status_term, status), ("workflow", workflow))
+                 if value is not None]
+        if not terms:
+            return "", ()
+        where = "WHERE " + " AND ".join(f"{column} = {mark}" for column, _ in terms)
+        return where, tuple(value for _, value in terms)

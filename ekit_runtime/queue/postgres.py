@@ -64,6 +64,7 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
+    RunsPage,
     RunStatus,
     UnknownRunError,
     check_age,
@@ -927,3 +928,48 @@ class PostgresQueue(RunQueue):
 
     def __repr__(self) -> str:
         return "PostgresQueue(...)"
+
+    # -- one page of runs, filtered and counted in SQL (the dashboard) ------------
+
+    def runs_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        workflow: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> RunsPage:
+        """One page of the matching runs and how many match in all (see :meth:`RunQueue.runs_page`).
+
+        One read-only REPEATABLE READ snapshot: a ``count(*)``, then ``ORDER
+        BY seq LIMIT ... OFFSET ...``, then the live workers for the queued
+        runs' reasons.
+        """
+        status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
+        where, args = self._page_filter(status, workflow, "%s")
+        order = "DESC" if newest_first else "ASC"
+        rows: list[Any] = []
+        workers: list[Any] = []
+        with self.db.transaction(snapshot=True) as conn:
+            row = conn.execute(f"SELECT count(*) FROM ekit_queue_runs {where}", args).fetchone()
+            total = 0 if row is None else int(row[0])
+            if offset < total and limit != 0:
+                rows = conn.execute(
+                    f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq {order} "
+                    "LIMIT %s::bigint OFFSET %s::bigint",
+                    (*args, limit, offset),
+                ).fetchall()
+                workers = conn.execute(
+                    f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
+                ).fetchall()
+        served = self._served(workers)
+        return RunsPage([self._run_info(r, served) for r in rows], total)
+
+    def workflow_names(self) -> list[str]:
+        """The workflow of every run the queue holds, each once, in code point order (``SELECT DISTINCT``)."""
+        with self.db.transaction(snapshot=True) as conn:
+            rows = conn.execute(
+                'SELECT DISTINCT workflow COLLATE "C" AS w FROM ekit_queue_runs ORDER BY w'
+            ).fetchall()
+        return [name for (name,) in rows]

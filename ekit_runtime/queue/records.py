@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NoReturn, TypeAlias
+from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.usage import NO_USAGE
@@ -28,9 +28,11 @@ __all__ = [
     "QueueUnavailableError",
     "RunInfo",
     "RunStateError",
+    "RunsPage",
     "RunStatus",
     "UnknownRunError",
     "check_age",
+    "check_count",
     "check_priority",
     "check_resources",
     "check_run_id",
@@ -374,3 +376,25 @@ def check_status(status: object) -> RunStatus | None:
     if status is not None and status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)} or None, got {status!r}")
     return status
+
+
+class RunsPage(NamedTuple):
+    """One page of runs, as :meth:`RunQueue.runs_page` reads it: ``(runs, total)``.
+
+    ``runs`` are the page's records, in the order asked for; ``total`` is how
+    many runs match the filters in all (every page's), counted in the same
+    snapshot, so a pager can say "page 3 of 200".
+    """
+
+    runs: list[RunInfo]
+    total: int
+
+
+_MAX_ROWS = 2**63 - 1  # what SQLite's and PostgreSQL's LIMIT and OFFSET take (a signed 64-bit integer)
+
+
+def check_count(value: object, name: str) -> int:
+    """``value`` if it is a whole number from 0 to 2**63-1 (a page's ``limit``, ``offset``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_ROWS:
+        raise ValueError(f"{name} must be a whole number from 0 to 2**63-1, got {value!r}")
+    return value

@@ -60,6 +60,7 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
+    RunsPage,
     RunStatus,
     UnknownRunError,
     check_age,
@@ -914,3 +915,54 @@ class SqliteQueue(RunQueue):
 
     def __repr__(self) -> str:
         return f"SqliteQueue({self.path!r})"
+
+    # -- one page of runs, filtered and counted in SQL (the dashboard) ------------
+
+    def runs_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        workflow: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> RunsPage:
+        """One page of the matching runs and how many match in all (see :meth:`RunQueue.runs_page`).
+
+        One read transaction: a ``count(*)`` (a status alone is counted on the
+        claim index), then ``ORDER BY seq LIMIT ... OFFSET ...``, then the
+        live workers for the queued runs' reasons. The page walks the primary
+        key in order and stops at its last row: the status is compared as
+        ``+status`` so that SQLite does not take the claim index instead,
+        which would sort every run of that status for each page (113 ms for
+        the first page of 250,000 failed runs of 1,000,000, against 0.1 ms).
+        """
+        status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
+        where, args = self._page_filter(status, workflow, "?")
+        walk, _ = self._page_filter(status, workflow, "?", "+status")
+        order = "DESC" if newest_first else "ASC"
+
+        def body(conn: sqlite3.Connection) -> tuple[int, list[Any], list[Any]]:
+            total = conn.execute(f"SELECT count(*) FROM ekit_queue_runs {where}", args).fetchone()[0]
+            if offset >= total or limit == 0:
+                return total, [], []
+            rows = conn.execute(
+                f"SELECT {_INFO} FROM ekit_queue_runs {walk} ORDER BY seq {order} LIMIT ? OFFSET ?",
+                (*args, -1 if limit is None else limit, offset),
+            ).fetchall()
+            workers = conn.execute(
+                "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
+            ).fetchall()
+            return total, rows, workers
+
+        total, rows, workers = self._tx(body, write=False)
+        served = self._served(workers)
+        return RunsPage([self._run_info(r, served) for r in rows], total)
+
+    def workflow_names(self) -> list[str]:
+        """The workflow of every run the queue holds, each once, sorted (``SELECT DISTINCT``)."""
+        rows = self._tx(
+            lambda c: c.execute("SELECT DISTINCT workflow FROM ekit_queue_runs ORDER BY workflow").fetchall(),
+            write=False,
+        )
+        return [name for (name,) in rows]

@@ -108,9 +108,13 @@ def runs_summary(total: int, page: int, pages: int) -> str:
 
 def runs_page(
     source: str, shown: Sequence[RunInfo], total: int, page: int, status: str, workflow: str,
-    statuses: Sequence[str],
+    statuses: Sequence[str], workflows: Sequence[str] = (),
 ) -> str:
-    """The runs page: filters, the table of one page of runs, and links to the other pages."""
+    """The runs page: filters, the table of one page of runs, and links to the other pages.
+
+    ``workflows`` are offered as the workflow filter's suggestions (a ``<datalist>``);
+    any name may still be typed.
+    """
     pages = max(1, -(-total // PAGE_SIZE))
     query = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
     api = "/api/runs?" + urlencode({**query, "page": page})
@@ -118,6 +122,7 @@ def runs_page(
         f'<option value="{esc(s)}"{" selected" if s == status else ""}>{esc(s or "any status")}</option>'
         for s in ("", *statuses)
     )
+    names = "".join(f'<option value="{esc(name)}"></option>' for name in workflows)
     nav = []
     if page > 1:
         nav.append(f'<a rel="prev" href="/?{esc(urlencode({**query, "page": page - 1}))}">previous</a>')
@@ -126,7 +131,8 @@ def runs_page(
     body = (
         '<form class="filters" method="get" action="/">'
         f'<label>status <select name="status" id="filter-status">{options}</select></label>'
-        f'<label>workflow <input name="workflow" id="filter-workflow" value="{esc(workflow)}"></label>'
+        f'<label>workflow <input name="workflow" id="filter-workflow" list="workflow-names" '
+        f'value="{esc(workflow)}"></label><datalist id="workflow-names">{names}</datalist>'
         '<button type="submit">filter</button></form>'
         f'<p id="runs-summary">{esc(runs_summary(total, page, pages))}</p>'
         f'<table id="runs" data-api="{esc(api)}"><thead><tr>'

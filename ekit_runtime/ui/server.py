@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ekit_runtime.queue import STATUSES, QueueUnavailableError, RunQueue
+from ekit_runtime.queue.records import check_workflow_name
 from ekit_runtime.sources import SourceError
 from ekit_runtime.ui import pages
 from ekit_runtime.ui.sources import QueueSource, Source
@@ -179,14 +180,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not (raw_page.isascii() and raw_page.isdigit()) or int(raw_page) < 1 or len(raw_page) > 9:
             raise _Refused(400, f"page must be a whole number from 1, got {raw_page!r}")
         page = int(raw_page)
-        runs = self.server.source.runs()
-        if status:
-            runs = [r for r in runs if r.status == status]
         if workflow:
-            runs = [r for r in runs if r.workflow == workflow]
-        total = len(runs)
-        start = (page - 1) * pages.PAGE_SIZE
-        shown = runs[start:start + pages.PAGE_SIZE]
+            try:
+                check_workflow_name(workflow)
+            except ValueError as exc:
+                raise _Refused(400, str(exc)) from None
+        source = self.server.source
+        shown, total = source.page(status, workflow, pages.PAGE_SIZE, (page - 1) * pages.PAGE_SIZE)
         if as_json:
             n_pages = max(1, -(-total // pages.PAGE_SIZE))
             self._json({
@@ -196,8 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "tbody": pages.runs_tbody(shown),
             })
         else:
-            self._send(200, pages.runs_page(self.server.source.label, shown, total, page, status,
-                                            workflow, STATUSES))
+            self._send(200, pages.runs_page(source.label, shown, total, page, status,
+                                            workflow, STATUSES, source.workflows()))
 
     def _run(self, run_id: str, as_json: bool) -> None:
         view = self.server.source.view(run_id)

@@ -1,9 +1,10 @@
 """What the dashboard shows, read from a run queue or from one store file.
 
-:class:`QueueSource` reads a queue (``queue.runs()``, ``queue.checkpoint``)
-and can act on it; :class:`FileSource` reads one store file with the
-readers ``ekit audit`` uses (:func:`ekit_runtime.sources.read_checkpoints`),
-again on every request, so the page follows a run that is writing it. Both
+:class:`QueueSource` reads a queue (a page of runs at a time with
+``queue.runs_page()``, filtered and counted by the queue; ``queue.checkpoint``)
+and can act on it; :class:`FileSource` reads one store file with the readers
+``ekit audit`` uses (:func:`ekit_runtime.sources.read_checkpoints`), again
+on every request, so the page follows a run that is writing it. Both
 give a :class:`RunView`: a run's checkpoint, its audit and the state of
 each step, in plain values the pages render.
 """
@@ -21,7 +22,7 @@ from ekit_core.audit import AuditReport, StepAudit
 from ekit_core.human import Question, questions
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue import InFlight, RunInfo, RunQueue
+from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue
 from ekit_runtime.sources import read_checkpoints
 
 __all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states"]
@@ -141,6 +142,21 @@ class Source:
         """Every run, newest first."""
         raise NotImplementedError
 
+    def page(self, status: str, workflow: str, limit: int, offset: int) -> tuple[list[RunInfo], int]:
+        """One page of the runs, newest first, and how many match in all.
+
+        The runs of ``status`` and ``workflow`` (``""``: any), ``offset`` of
+        them skipped and at most ``limit``. This default filters :meth:`runs`
+        in Python (a store file has one run).
+        """
+        found = [r for r in self.runs()
+                 if (not status or r.status == status) and (not workflow or r.workflow == workflow)]
+        return found[offset:offset + limit], len(found)
+
+    def workflows(self) -> list[str]:
+        """The workflow names the filter offers (none by default)."""
+        return []
+
     def view(self, run_id: str) -> RunView | None:
         """The run's page data; ``None`` when there is no such run."""
         raise NotImplementedError
@@ -165,6 +181,20 @@ class QueueSource(Source):
             found = self.queue.runs()
         found.reverse()
         return found
+
+    def page(self, status: str, workflow: str, limit: int, offset: int) -> tuple[list[RunInfo], int]:
+        """One page, newest first, filtered, cut and counted by the queue (:meth:`RunQueue.runs_page`)."""
+        if status and status not in STATUSES:
+            return [], 0  # "incomplete" is a store file's: no queue run has it
+        with self._lock:
+            found = self.queue.runs_page(status or None, workflow=workflow or None,
+                                         limit=limit, offset=offset, newest_first=True)
+        return found.runs, found.total
+
+    def workflows(self) -> list[str]:
+        """Every workflow the queue's runs are of (``SELECT DISTINCT``, not every run)."""
+        with self._lock:
+            return self.queue.workflow_names()
 
     def view(self, run_id: str) -> RunView | None:
         """The run's record, latest checkpoint and its audit against the graph it records."""
