@@ -85,6 +85,12 @@ def test_list_filters_and_json(queue_url: str, tmp_path: Path, capsys: pytest.Ca
     assert records[0]["cost"] == {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
     assert records[1]["reason"] == "no worker has workflow ghost"
     assert isinstance(records[0]["created_at"], float)
+    assert main([*base, "--last", "2"]) == 0  # the newest two, oldest first
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["RUN", "m2", "g1"]
+    assert main([*base, "--last", "1", "--workflow", "mapped", "--json"]) == 0
+    assert [r["run_id"] for r in json.loads(capsys.readouterr().out)] == ["m2"]
+    assert main([*base, "--last", "-1"]) == 2
+    assert "--last must be a whole number from 0, got -1" in capsys.readouterr().err
     assert main([*base, "--help"]) == 0
     assert "--json a JSON list of the runs' records instead of a table" in " ".join(
         capsys.readouterr().out.split()

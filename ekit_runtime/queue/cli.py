@@ -516,7 +516,14 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
             data["questions"] = {k: q.to_dict() for k, q in queue.questions(args.run_id).items()}
         return data
     if action == "list":
-        runs = [r for r in queue.runs(args.status) if args.workflow is None or r.workflow == args.workflow]
+        if args.last is not None and args.last < 0:
+            raise ValueError(f"--last must be a whole number from 0, got {args.last}")
+        # Filtered and cut in the database: a long queue costs the lines shown, not every run.
+        runs = queue.runs_page(
+            args.status, workflow=args.workflow, limit=args.last, newest_first=args.last is not None
+        ).runs
+        if args.last is not None:
+            runs.reverse()  # the newest N, listed oldest first like the rest
         if args.json:
             return [_info(r) for r in runs]
         return _Table(runs_table(runs, time.time()))
@@ -711,6 +718,7 @@ def _add_list_parser(actions: Any) -> None:
     )
     ls.add_argument("--status", choices=STATUSES, help="only the runs in this status (default: every run)")
     ls.add_argument("--workflow", metavar="W", help="only the runs of workflow W")
+    ls.add_argument("--last", metavar="N", type=int, help="only the N runs submitted last")
     ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
 
 
