@@ -51,6 +51,7 @@ from ekit_core.checkpoint import (
     _NOTHING,
     FORMAT_VERSION,
     FailureRecord,
+    Timings,
     WorkflowCheckpoint,
     _Unset,
 )
@@ -91,6 +92,7 @@ def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) ->
     state.spec = w.spec
     state.outputs = w.outputs
     state.step_usage = w.step_usage
+    state._times = w.times
     state.completed = w.completed
     state.cost = w.cost
     state.setbacks = w.setbacks
@@ -106,7 +108,7 @@ def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) ->
 
 
 def checkpoint(
-    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage],
+    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], times: Timings,
     # Before the "*": a positional default is filled from a tuple, a
     # keyword-only one looked up in a dict (on every call, once per step).
     asked: MappingProxyType[str, Any] = _NOTHING, *,
@@ -133,7 +135,8 @@ def checkpoint(
         cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
-    cp.asked = asked
+    # (durations left unset: built from the timings when first read)
+    cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
     return cast(WorkflowCheckpoint, cp)

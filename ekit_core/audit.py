@@ -35,6 +35,7 @@ from ekit_core.report import (
     load_checkpoint,
     mismatch,
     needs_of,
+    seconds_text,
     source_line,
     subject_of,
     table,
@@ -80,6 +81,9 @@ class StepAudit:
     has action ``"wait"`` and reason ``"asked"``: a resume leaves it waiting
     until an answer is recorded. One whose approval was denied has action
     ``"wait"`` and reason ``"denied"``: a resume ends denied without running it.
+
+    ``duration`` is the seconds the attempt that made the step's recorded
+    output took, when the checkpoint has it (``durations``).
     """
 
     name: str
@@ -95,6 +99,7 @@ class StepAudit:
     items: int | None = None
     items_recorded: int = 0
     asked: tuple[Exchange, ...] = ()
+    duration: float | None = None
 
     @property
     def why(self) -> str:
@@ -161,6 +166,7 @@ class StepAudit:
             "items": self.items,
             "items_recorded": self.items_recorded,
             "asked": [e.to_dict() for e in self.asked],
+            "duration": self.duration,
         }
 
 
@@ -299,10 +305,15 @@ class AuditReport:
         if any(s.item_of is not None or s.reason in ("skipped", "mapped") for s in self.steps):
             by_condition = sum(1 for s in self.steps if s.reason == "skipped")
             what = f"step(s) and item(s) ({count(by_condition)} skipped by a condition)"
-        rows = [
+        rows: list[tuple[str, ...]] = [
             (s.name, s.action, "-" if s.usage is None else usage_text(s.usage), s.why)
             for s in self.steps
         ]
+        header: tuple[str, ...] = ("STEP", "ACTION", "USAGE in/out/calls", "WHY")
+        if any(s.duration is not None for s in self.steps):  # (a column only when there are some)
+            header = ("STEP", "ACTION", "USAGE in/out/calls", "TIME", "WHY")
+            rows = [(*r[:3], "-" if s.duration is None else seconds_text(s.duration), r[3])
+                    for r, s in zip(rows, self.steps, strict=True)]
         waits = f", waits on {count(len(self.waiting))} (a person's answer)" if self.waiting else ""
         return "\n".join([
             source_line(self.graph_source, self.fingerprint, plural=False),
@@ -311,7 +322,7 @@ class AuditReport:
             f"resume skips {count(len(self.skipped))} {what}, runs "
             f"{count(len(self.to_run))}{outdated}{waits}",
             "",
-            *table(("STEP", "ACTION", "USAGE in/out/calls", "WHY"), rows),
+            *table(header, rows),
             "",
             *findings([f"{a.kind}: {a.message}" for a in self.anomalies], "anomaly(ies)", "no anomalies"),
         ])
@@ -357,7 +368,8 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_with_questions(_rows(audited), without(cp, graph, audited.outdated).asked),
+        steps=_timed(_with_questions(_rows(audited), without(cp, graph, audited.outdated).asked),
+                     cp.durations),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -506,6 +518,14 @@ def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | No
                          items_recorded=done)
     reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"
     return StepAudit(name, "run", reason, deps, waiting, failure, usage, item_of=item_of)
+
+
+def _timed(rows: tuple[StepAudit, ...], durations: Mapping[str, float]) -> tuple[StepAudit, ...]:
+    """The rows with the recorded duration of each step (or item) that has one."""
+    if not durations:
+        return rows
+    return tuple(row if (d := durations.get(row.name)) is None else replace(row, duration=d)
+                 for row in rows)
 
 
 def _with_questions(rows: tuple[StepAudit, ...], asked: Mapping[str, tuple[Exchange, ...]]

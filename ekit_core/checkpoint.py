@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import ekit_core
 from ekit_core.graph import GraphSpec
@@ -158,15 +158,41 @@ class _CheckpointFields:
     # The questions steps asked a person, and the answers given (see
     # ekit_core.human): empty for a run that never asked.
     asked: MappingProxyType[str, tuple[Exchange, ...]] = field(default_factory=_empty)
+    # Step (or item) -> the seconds the attempt whose output is recorded
+    # took: sparse (only outputs the shell timed), see docs/checkpoint-format.md.
+    # Read through a property: a checkpoint the core makes leaves it unset,
+    # built from ``_times`` when first read.
+    durations: Mapping[str, float] = field(default_factory=_empty, repr=False)
     # The ledgers behind ``outputs`` and ``step_usage`` when the core made this
     # checkpoint, so that deltas between checkpoints of one run cost O(delta):
     # set by of_ledgers. Two fields, not a tuple: one object fewer per
     # checkpoint kept alive.
     _outputs_ledger: Ledger[str, Any] | None = field(default=None, repr=False, compare=False)
     _usage_ledger: Ledger[str, TokenUsage] | None = field(default=None, repr=False, compare=False)
+    # The run's timings when the core made this checkpoint (see Timings):
+    # what ``durations`` is built from, and what deltas walk in O(delta).
+    _times: Timings | None = field(default=None, repr=False, compare=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
+_STORED_DURATIONS: Any = vars(_CheckpointFields)["durations"]
+
+Timings: TypeAlias = "tuple[str, float, Timings] | Mapping[str, float] | None"
+"""A run's durations as the core records them, one tuple per timed success.
+
+``(name, seconds, before)``, ``before`` the timings up to then, down to the
+mapping the run started from (the recorded durations of a resume), or
+``None`` when it started from none (a fresh run: the tuples then hold no
+container, and the collector stops tracking them). Why not
+a :class:`~ekit_core.ledger.Ledger`, as outputs are: a tuple is one object
+built by one bytecode, where ``with_item`` is a method call (about 4k
+instructions a step, measured: 3 % of a chain step); and tuples are
+persistent, so branches of a run share them with nothing to claim. The
+cost moves to the readers: ``WorkflowCheckpoint.durations`` is built when
+first read (O(timed steps), once per checkpoint: what writing it out
+costs anyway) and a delta walks back to the previous checkpoint's
+timings (O(new)). Seconds are rounded to microseconds as they are read.
+"""
 
 
 class WorkflowCheckpoint(_CheckpointFields):
@@ -188,7 +214,10 @@ class WorkflowCheckpoint(_CheckpointFields):
     whose steps asked a person records in ``asked`` each such step's
     questions and the answers given so far (:class:`~ekit_core.human.Exchange`
     values, in the order asked); such a checkpoint has format
-    ``HUMAN_FORMAT_VERSION``.
+    ``HUMAN_FORMAT_VERSION``. ``durations`` maps a recorded step (or item)
+    to the seconds the attempt that made its output took, for the outputs
+    the shell timed (a mapped step's collected output has none: it never
+    ran); a rewound or outdated step loses its entry with its output.
     """
 
     __slots__ = ()
@@ -214,6 +243,26 @@ class WorkflowCheckpoint(_CheckpointFields):
         # Only __init__ gets here (through object.__setattr__): the value is frozen.
         _STORED_FINGERPRINT.__set__(self, value)
 
+    @property
+    def durations(self) -> Mapping[str, float]:
+        """Recorded step (or item) -> seconds its output's attempt took (see the class).
+
+        A checkpoint the core makes leaves it unset: built from the run's
+        timings when first read (see :data:`Timings`), so that a run whose
+        checkpoints are never written out builds none.
+        """
+        try:
+            table: Mapping[str, float] = _STORED_DURATIONS.__get__(self, WorkflowCheckpoint)
+        except AttributeError:
+            table = _timed(self._times)
+            _STORED_DURATIONS.__set__(self, table)
+        return table
+
+    @durations.setter
+    def durations(self, value: Mapping[str, float]) -> None:
+        # Only __init__ gets here (through object.__setattr__): the value is frozen.
+        _STORED_DURATIONS.__set__(self, value)
+
     @classmethod
     def of_ledgers(
         cls, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
@@ -225,8 +274,10 @@ class WorkflowCheckpoint(_CheckpointFields):
         shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
         superseded: MappingProxyType[str, Any] = _NOTHING,
         asked: MappingProxyType[str, tuple[Exchange, ...]] = NO_EXCHANGES,
+        durations: Timings | None = None,
     ) -> WorkflowCheckpoint:
-        """The checkpoint whose outputs and usage are those of two append-only ledgers.
+        """The checkpoint whose outputs and usage are those of two append-only ledgers
+        (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's).
 
         What the core and the journal store make once per step: O(1) (the
         ledgers are shared, not copied, and nothing is checked), and the
@@ -241,7 +292,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             format_version = (HUMAN_FORMAT_VERSION if asked else
                               SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION)
         return ekit_core._frozen.checkpoint(
-            outputs, step_usage, step_index=step_index, cost=cost, context=context,
+            outputs, step_usage, durations,
+            step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
             superseded=superseded, asked=asked,
@@ -302,8 +354,9 @@ class WorkflowCheckpoint(_CheckpointFields):
         if entries is None:
             return _full_delta(self, extends=False)
         one_run, new_outputs, new_usage = entries
+        new_durations = _new_durations(self, previous)
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
-        if skipped is None or not _same_shapes(self.shapes, previous.shapes) or (
+        if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
         ):
             # (Outputs set aside only change when an expansion lets them go: rarely.)
@@ -315,6 +368,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             extends=True,
             outputs=tuple(new_outputs),
             step_usage=tuple(new_usage),
+            durations=new_durations,
             failures=MappingProxyType(failures),
             cost=self.cost - previous.cost,
             context_changed=self.context is not previous.context
@@ -332,9 +386,11 @@ class WorkflowCheckpoint(_CheckpointFields):
         ``json.dumps(cp.to_dict())`` works whenever the outputs and context are
         JSON-safe. The graph is written as ``graph_steps`` and ``graph_needs``
         (see docs/checkpoint-format.md). ``per_step=False`` leaves ``outputs``
-        and ``step_usage`` empty, for a writer that encodes those itself,
-        entry by entry (the stores do), so that the rest costs the same
-        however many steps are recorded.
+        and ``step_usage`` empty and ``durations`` out, for a writer that
+        encodes those itself, entry by entry (the stores do), so that the
+        rest costs the same however many steps are recorded. ``durations``
+        is written only when it has entries (and needs no new format: a
+        reader that does not know it ignores it).
         """
         data: dict[str, Any] = {
             "format_version": self.format_version,
@@ -360,6 +416,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["superseded"] = dict(self.superseded)
         if self.asked:
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
+        if per_step and has_durations(self):
+            data["durations"] = dict(self.durations)
         return data
 
     @classmethod
@@ -388,9 +446,11 @@ class WorkflowCheckpoint(_CheckpointFields):
             if not isinstance(tag, str):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
+        outputs = _table(data["outputs"], "outputs")
+        durations = _durations(data.get("durations"))
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
-            outputs=MappingProxyType(_table(data["outputs"], "outputs")),
+            outputs=MappingProxyType(outputs),
             cost=_usage(data["cost"], "cost"),
             context=MappingProxyType(_table(data.get("context", {}), "context")),
             step_usage=MappingProxyType(
@@ -407,6 +467,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             shapes=MappingProxyType(shapes),
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
+            durations=durations,
         )
         return checkpoint
 
@@ -486,7 +547,7 @@ class RecordedGraph(Mapping[str, tuple[str, ...]]):
 class CheckpointDelta:
     """What a checkpoint adds to an earlier one: see :meth:`WorkflowCheckpoint.delta_since`.
 
-    ``outputs`` and ``step_usage`` list the new entries in completion order;
+    ``outputs``, ``step_usage`` and ``durations`` list the new entries in completion order;
     ``failures`` the records that are new or changed; ``cost`` the usage
     added; ``context_changed`` whether the run's context differs;
     ``skipped`` the skips that are new (skips only grow within a run), with
@@ -504,6 +565,7 @@ class CheckpointDelta:
     context_changed: bool
     skipped: MappingProxyType[str, str] = field(default_factory=_empty)
     asked_changed: bool = False
+    durations: tuple[tuple[str, float], ...] = ()
 
 
 def same_output(a: object, b: object) -> bool:
@@ -558,6 +620,7 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         context_changed=bool(cp.context),
         skipped=cp.skipped,
         asked_changed=bool(cp.asked),
+        durations=tuple(cp.durations.items()) if has_durations(cp) else (),
     )
 
 
@@ -589,6 +652,63 @@ def _new_entries(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> tuple[
             [(k, v) for k, v in cp.step_usage.items() if k not in previous.step_usage],
         )
     return None
+
+
+_NO_TIMES: Mapping[str, float] = MappingProxyType({})
+
+
+def _micro(seconds: float) -> float:
+    """``seconds`` in whole microseconds: ``k / 1e6`` is the float that prints as k
+    microseconds, so files stay short ("1.2e-05", not 17 digits)."""
+    return round(seconds * 1e6) / 1e6
+
+
+def _timed(times: Timings | None) -> Mapping[str, float]:
+    """The durations mapping of the core's timings (see :data:`Timings`), in recorded order."""
+    new = []
+    while type(times) is tuple:
+        new.append(times)
+        times = times[2]
+    base = _NO_TIMES if times is None else cast("Mapping[str, float]", times)
+    if not new:
+        return base
+    table = dict(base)
+    for name, seconds, _ in reversed(new):
+        table[name] = _micro(seconds)
+    return MappingProxyType(table)
+
+
+def has_durations(cp: WorkflowCheckpoint) -> bool:
+    """Whether ``cp`` records any duration, told without building its mapping."""
+    try:
+        table = _STORED_DURATIONS.__get__(cp, WorkflowCheckpoint)
+    except AttributeError:
+        times = cp._times
+        return type(times) is tuple or bool(times)
+    return bool(table)
+
+
+def _new_durations(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint
+                   ) -> tuple[tuple[str, float], ...] | None:
+    """The durations ``cp`` adds to ``previous``, oldest first; ``None`` when one of
+    ``previous``' is gone or changed. O(new) for two checkpoints of one run of the core."""
+    mine, theirs = cp._times, previous._times
+    if mine is not None and theirs is not None:
+        new = []
+        node: Timings = mine
+        while node is not theirs and type(node) is tuple:
+            new.append(node)
+            node = node[2]
+        if node is theirs:
+            return tuple((name, _micro(seconds)) for name, seconds, _ in reversed(new))
+        if type(mine) is Ledger and type(theirs) is Ledger and mine.extends(theirs):
+            return tuple(mine.items_from(len(theirs)))  # (a journal's history)
+    if not has_durations(previous):
+        return tuple(cp.durations.items()) if has_durations(cp) else ()
+    now = cp.durations
+    if not _holds(now, previous.durations, _equal):
+        return None
+    return tuple((k, v) for k, v in now.items() if k not in previous.durations)
 
 
 def _new_skips(
@@ -747,6 +867,43 @@ def _decoded(steps: str, needs: str) -> dict[str, tuple[str, ...]]:
         return read(steps, needs)
     except GraphTextError as err:
         raise CheckpointError(err.field, err.problem) from None
+
+
+_INFINITY = float("inf")
+_SECONDS_TYPES = frozenset({float, int})
+
+
+def _durations(value: object) -> MappingProxyType[str, float]:
+    """The ``durations`` field: step (or item) -> seconds, each a finite number >= 0.
+
+    A resume reads one per recorded step, so the common case (every value a
+    float) is checked by C loops: the types as one set, the range by ``min``
+    and ``sum`` (a NaN or an infinity makes the sum not less than infinity).
+    Anything else is checked entry by entry, to name the one at fault. The
+    names are checked by a resume, which knows the graph (see
+    :func:`ekit_core.transitions.initial_state`).
+    """
+    if value is None:
+        return _empty()
+    table = _table(value, "durations")
+    values = table.values()
+    if not table or (
+        set(map(type, values)) <= _SECONDS_TYPES
+        and min(values) >= 0
+        and sum(values) < _INFINITY
+        and "" not in table
+    ):
+        return MappingProxyType(table)
+    for name, seconds in table.items():
+        where = f"durations.{name}"
+        if not name:
+            raise CheckpointError("durations", "holds an empty step name")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise CheckpointError(where, f"must be a number of seconds, got {type(seconds).__name__}")
+        if not 0 <= seconds < _INFINITY:
+            raise CheckpointError(where, f"must be a finite number of seconds >= 0, got {seconds!r}")
+    # Each entry is fine, their sum is not finite: only near the largest float.
+    raise CheckpointError("durations", "the seconds add up to more than a float holds")
 
 
 def _step_usage(value: object, step: str) -> TokenUsage:

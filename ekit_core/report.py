@@ -40,6 +40,7 @@ __all__ = [
     "mismatch",
     "needs_of",
     "recorded_graph",
+    "seconds_text",
     "source_line",
     "subject_of",
     "table",
@@ -190,6 +191,20 @@ def count(n: int) -> str:
 def usage_text(usage: TokenUsage) -> str:
     """Usage as ``in/out/calls`` (``12,000/900/3``), the form ``ekit audit --budget`` reads."""
     return f"{usage.input_tokens:,}/{usage.output_tokens:,}/{usage.llm_calls:,}"
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as people read it: ``850µs``, ``12.5ms``, ``3.20s``, ``4m05s``, ``2h03m``."""
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f}ms"
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600:,}h{whole % 3600 // 60:02d}m"
 
 
 def source_line(source: GraphSource, fingerprint: str, *, plural: bool) -> str:

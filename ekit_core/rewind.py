@@ -285,7 +285,7 @@ def _dropping(
     checkpoint: WorkflowCheckpoint, gone: set[str], outputs: dict[str, Any], step_index: int, *,
     skipped: MappingProxyType[str, str], superseded: MappingProxyType[str, Any],
 ) -> WorkflowCheckpoint:
-    """``checkpoint`` with ``outputs`` (the usage and questions of ``gone`` dropped too):
+    """``checkpoint`` with ``outputs`` (the usage, durations and questions of ``gone`` dropped too):
     every other field kept.
 
     Built field by field rather than by ``dataclasses.replace``, which would
@@ -298,6 +298,7 @@ def _dropping(
         cost=checkpoint.cost,
         context=checkpoint.context,
         step_usage=MappingProxyType({k: u for k, u in checkpoint.step_usage.items() if k not in gone}),
+        durations=MappingProxyType({k: d for k, d in checkpoint.durations.items() if k not in gone}),
         failures=checkpoint.failures,
         fingerprint=checkpoint.fingerprint,
         graph=checkpoint.graph,

@@ -20,6 +20,7 @@ from ekit_core.checkpoint import (
     SHAPED_FORMAT_VERSION,
     FailureRecord,
     RecordedGraph,
+    Timings,
     WorkflowCheckpoint,
 )
 from ekit_core.events import Event, Outcome
@@ -188,6 +189,9 @@ class State:
     unfinished dependencies of steps that have several and some done, so
     readiness costs O(1) per finished dependency.
     ``step_usage`` is sparse: a step that spent nothing has no entry.
+    ``_times`` are the durations of the recorded steps the shell timed
+    (see :data:`~ekit_core.checkpoint.Timings`): what the checkpoint's
+    ``durations`` are read from.
     """
 
     spec: RunSpec
@@ -203,6 +207,9 @@ class State:
     _running: int
     _in_flight: int
     _waiting: MappingProxyType[str, int] = field(default_factory=lambda: _NO_COUNTS)
+    # Not compared or shown: a chain one tuple deep per timed step, which
+    # == and repr would walk by recursion. The checkpoint's durations compare.
+    _times: Timings = field(default=None, repr=False, compare=False)
 
     @property
     def graph(self) -> GraphSpec:
@@ -314,20 +321,20 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         # A static graph that asked no one: no skips, no shapes, nothing set
         # aside, no questions (once per step).
         return ekit_core._frozen.checkpoint(
-            state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions,
         )
     if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
         return ekit_core._frozen.checkpoint(
-            state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
     return ekit_core._frozen.checkpoint(
-        state.outputs, state.step_usage, step_index=state.completed, cost=state.cost,
+        state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions,
         skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,

@@ -82,6 +82,7 @@ from ekit_core._frozen import batch, first_start, state_of_run
 from ekit_core.checkpoint import (
     CheckpointError,
     FailureRecord,
+    Timings,
     WorkflowCheckpoint,
     describe_error,
     storable_text,
@@ -403,13 +404,34 @@ def _recorded_halt(limits: RunLimits, checkpoint: WorkflowCheckpoint, left: int)
     return None
 
 
-def _ledgers(checkpoint: WorkflowCheckpoint) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage]]:
-    """The ledgers a run starts from: the recorded outputs, and the usage of those steps."""
+def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
+             ) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage], Mapping[str, float] | None]:
+    """The ledgers a run starts from: the recorded outputs, and the usage and durations
+    of those steps.
+
+    A duration (or usage) of a step with no recorded output is dropped: a
+    step rewound by hand. A duration naming no step or item of ``graph`` is
+    a :class:`CheckpointError` naming it.
+    """
     # Membership is asked of the checkpoint's own mapping (a dict's lookup,
     # one per step), not of the ledger built from it.
     recorded = checkpoint.outputs
     usage = [(k, u) for k, u in checkpoint.step_usage.items() if k in recorded]
-    return Ledger(recorded), Ledger(usage)
+    durations: Mapping[str, float] | None = checkpoint.durations  # (see Timings)
+    if not durations:
+        durations = None  # (no container under the run's timings: see Timings)
+    elif not durations.keys() <= recorded.keys():  # (what a run writes: one C loop)
+        _check_timed_names(graph, [k for k in durations if k not in recorded])
+        durations = MappingProxyType({k: d for k, d in durations.items() if k in recorded})
+    return Ledger(recorded), Ledger(usage), durations
+
+
+def _check_timed_names(graph: GraphSpec, names: list[str]) -> None:
+    """Refuse a duration naming no step of ``graph`` nor an item of one of its mapped steps."""
+    mapped = tuple(f"{name}[" for name, shape in graph.shapes.items() if shape.map_over is not None)
+    for name in names:
+        if name not in graph.index and not (name.endswith("]") and name.startswith(mapped)):
+            raise CheckpointError(f"durations.{name}", "names no step or item of the graph")
 
 
 def initial_state(
@@ -483,7 +505,7 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
                     outdated: Mapping[str, str], record_events: bool) -> State:
     """:func:`initial_state` of a graph without run-time shapes (most runs)."""
     limits = base.limits
-    outputs, step_usage = _ledgers(checkpoint)
+    outputs, step_usage, durations = _ledgers(checkpoint, graph)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
     held = 0
     if limits.only is not None:  # only the selection is ready, or made ready
@@ -508,6 +530,7 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         _replace(base, dependents=dependents, held=held), outputs, step_usage,
         completed=done, cost=checkpoint.cost, setbacks=setbacks, events=events, outcome=outcome,
         _offset=offset, _ready=ready, _running=0, _in_flight=0, _waiting=MappingProxyType(waiting),
+        _times=durations,
     )
 
 
@@ -528,13 +551,13 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     spec = _replace(base, dependents=_lowered(graph, left), declared=graph,
                     shaped=Expansion(expanders(graph), superseded=checkpoint.superseded), held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
-    outputs, step_usage = _ledgers(checkpoint)
+    outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
                         asked=asked if asked else NO_EXCHANGES)
     first_state = State(
         spec, outputs, step_usage, completed=done, cost=checkpoint.cost, setbacks=setbacks,
         events=(), outcome=None, _offset=offset, _ready=ready, _running=0, _in_flight=0,
-        _waiting=MappingProxyType(waiting),
+        _waiting=MappingProxyType(waiting), _times=durations,
     )
     w = _thaw(first_state, record)
     if record:
@@ -615,6 +638,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         checkpoint,
         outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
+        durations=MappingProxyType({k: v for k, v in checkpoint.durations.items() if k not in drop}),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
         superseded=MappingProxyType(aside),
     )
@@ -728,6 +752,7 @@ class _Run:
         "setbacks",
         "spec",
         "step_usage",
+        "times",
         "waiting",
     )
 
@@ -736,6 +761,7 @@ class _Run:
     record: bool
     outputs: Ledger[str, Any]
     step_usage: Ledger[str, TokenUsage]
+    times: Timings
     completed: int
     cost: TokenUsage
     setbacks: Setbacks
@@ -808,7 +834,7 @@ def _thaw(state: State, record: bool) -> _Run:
     """The working copy of ``state`` (built without ``__init__``: one per transition)."""
     w = _new(_Run)
     w.before, w.spec, w.record = state, state.spec, record
-    w.outputs, w.step_usage = state.outputs, state.step_usage
+    w.outputs, w.step_usage, w.times = state.outputs, state.step_usage, state._times
     w.completed, w.cost, w.setbacks = state.completed, state.cost, state.setbacks
     w.offset, w.ready, w.running = state._offset, state._ready, state._running
     w.in_flight, w.waiting = state._in_flight, state._waiting
@@ -847,8 +873,11 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     usage = item.usage
     if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
         w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
+    duration = item.duration
+    if duration is not None and 0 <= duration < _LONGEST:  # else (not timed, a bad clock) none
+        w.times = (name, duration, w.times)  # one tuple: see Timings
     if w.record:
-        w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, item.duration))
+        w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
     children = spec.dependents[name]
     if children:
         _count_down(w, children, outputs, index)
@@ -858,6 +887,11 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
+
+
+_LONGEST = 2.0**53 / 1e6
+"""Seconds a recorded duration stays below (some 285 years): its microseconds a float
+holds exactly. A clock's nonsense (negative, infinite, NaN) is not recorded."""
 
 
 def _count_down(

@@ -558,7 +558,7 @@ class _Forms:
                     cost=cp.cost, context=context, failures=cp.failures, graph=cp.graph,
                     versions=cp.versions, fingerprint=cp.fingerprint,
                     format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
-                    superseded=superseded,
+                    superseded=superseded, durations=cp._times,
                 )
         self._last = (cp, out)
         return out

@@ -60,3 +60,24 @@ def with_recorded_graph(data: Mapping[str, Any], graph: Mapping[str, Sequence[st
     out = {k: v for k, v in data.items() if k not in ("graph", "graph_steps", "graph_needs")}
     out["graph_steps"], out["graph_needs"] = spell(list(graph), graph)
     return out
+
+
+def untimed(checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
+    """``checkpoint`` without its ``durations``: what two runs of one workflow agree on.
+
+    Durations are clock readings, so checkpoints of separate runs differ in
+    them alone; compare these, and the durations' names with
+    :func:`timed_alike`.
+    """
+    import dataclasses
+    from types import MappingProxyType
+
+    return dataclasses.replace(checkpoint, durations=MappingProxyType({}), _times=None)
+
+
+def timed_alike(a: WorkflowCheckpoint | None, b: WorkflowCheckpoint | None) -> bool:
+    """Whether ``a`` and ``b`` are equal but for their durations' values: the same
+    fields, and a duration for the same steps."""
+    if a is None or b is None:
+        return a is b
+    return untimed(a) == untimed(b) and a.durations.keys() == b.durations.keys()

@@ -151,12 +151,18 @@ def test_parser_raises_only_checkpoint_errors(data: object) -> None:
     st.dictionaries(st.text(), json_values, max_size=5),
     st.integers(0, 10**6),
     st.tuples(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**6)),
+    st.lists(st.one_of(st.floats(0, 1e12), st.integers(0, 10**9)), max_size=5),
 )
 def test_any_json_safe_checkpoint_round_trips_through_json(
-    outputs: dict[str, Any], index: int, counts: tuple[int, int, int]
+    outputs: dict[str, Any], index: int, counts: tuple[int, int, int], seconds: list[float]
 ) -> None:
-    cp = WorkflowCheckpoint(index, MappingProxyType(outputs), TokenUsage(*counts))
-    assert WorkflowCheckpoint.from_dict(json.loads(json.dumps(cp.to_dict()))) == cp
+    # Durations for some of the outputs (a non-empty name each), any finite number >= 0.
+    durations = dict(zip([k for k in outputs if k], seconds, strict=False))
+    cp = WorkflowCheckpoint(index, MappingProxyType(outputs), TokenUsage(*counts),
+                            durations=MappingProxyType(durations))
+    data = json.loads(json.dumps(cp.to_dict()))
+    assert data.get("durations", {}) == durations
+    assert WorkflowCheckpoint.from_dict(data) == cp
 
 
 def test_token_usage_arithmetic_and_budget_rule() -> None:

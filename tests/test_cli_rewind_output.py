@@ -111,7 +111,8 @@ def test_a_new_file_gets_the_mode_a_store_gives_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out_path = tmp_path / "rewound.json"
-    code, _, err = _run(_rewind(_source(tmp_path), out_path), capsys)
+    source = _source(tmp_path)  # one run: its durations are what both files get
+    code, _, err = _run(_rewind(source, out_path), capsys)
     assert code == 0, err
     umask = os.umask(0)
     os.umask(umask)
@@ -121,7 +122,7 @@ def test_a_new_file_gets_the_mode_a_store_gives_it(
     # An empty file (made by touch, say) holds nothing to lose: written the same way.
     empty = tmp_path / "empty.json"
     empty.touch()
-    code, _, err = _run(_rewind(_source(tmp_path), empty), capsys)
+    code, _, err = _run(_rewind(source, empty), capsys)
     assert code == 0, err
     assert JsonFileStore(empty).load() == loaded
 

@@ -36,6 +36,7 @@ from ekit_runtime import JournalStore, JsonFileStore, PostgresStore, SqliteStore
 from ekit_runtime.queue import Worker, open_queue
 from ekit_runtime.stores import CorruptStoreError
 from ekit_runtime.stores.rows import EncodedCheckpoint
+from tests.helpers import timed_alike
 from tests.queue_backends import fresh_postgres, queue_url
 from tests.store_helpers import framed_line
 
@@ -91,9 +92,11 @@ def expected_skips(n: int) -> set[str]:
     return evens | {f"check[{k}]" for k in range(3, n, 6)} | {"escalate"}
 
 
-def check_final(final: WorkflowCheckpoint, loaded: WorkflowCheckpoint | None, n: int) -> None:
+def check_final(final: WorkflowCheckpoint, loaded: WorkflowCheckpoint | None, n: int, *,
+                other_run: bool = False) -> None:
     assert loaded is not None
-    assert loaded == final
+    # Two runs (a reference, and the one stored) agree on all but their durations' values.
+    assert timed_alike(loaded, final) if other_run else loaded == final
     assert loaded.format_version == SHAPED_FORMAT_VERSION == 2
     assert set(loaded.skipped) == expected_skips(n)
     assert loaded.shapes == shaped([]).graph.shapes and set(loaded.shapes) == {
@@ -110,7 +113,8 @@ def resumes_running_nothing(loaded: WorkflowCheckpoint, final: WorkflowCheckpoin
     result = shaped(ran).run_sync(resume_from=loaded)
     assert ran == []
     # Not step_index: see test_a_resume_of_a_finished_run_keeps_its_step_index.
-    assert result.checkpoint == dataclasses.replace(final, step_index=result.checkpoint.step_index)
+    assert timed_alike(result.checkpoint, dataclasses.replace(final, step_index=result.checkpoint.step_index))
+    assert result.checkpoint.durations == loaded.durations  # nothing ran: the recorded ones kept
 
 
 # -- the stores ------------------------------------------------------------------
@@ -198,7 +202,9 @@ def test_a_row_store_writes_each_skip_once_and_never_rewrites_the_run(
     assert checked.rows == []
     assert written[0].full and not any(e.full for e in written[1:])
     rows = [row for e in written for row in e.rows]
-    assert len(rows) == len(final.outputs) + len(final.step_usage) + len(final.skipped)
+    # (A step's duration rides in its usage row: one for each step with usage or a duration.)
+    usage_rows = len(final.step_usage.keys() | final.durations.keys())
+    assert len(rows) == len(final.outputs) + usage_rows + len(final.skipped)
     assert {name for kind, name, _ in rows if kind == "skip"} == set(final.skipped)
     assert any(kind == "skip" for e in written[1:] for kind, _, _ in e.rows)
 
@@ -281,7 +287,7 @@ def test_a_worker_saves_a_shaped_run_on_each_queue_backend_in_deltas(
         loaded = q.checkpoint(run_id)
     finally:
         q.close()
-    check_final(reference, loaded, N)
+    check_final(reference, loaded, N, other_run=True)
     assert loaded is not None
     resumes_running_nothing(loaded, reference)
     assert len(written) > 3 and written[0].full and not any(e.full for e in written[1:])

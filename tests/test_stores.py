@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -330,7 +331,8 @@ def test_journal_resumed_in_new_process_writes_full_then_deltas(tmp_path: Path) 
     cp = again.load()
     assert cp is not None
     again(WorkflowCheckpoint(6, MappingProxyType({**cp.outputs, "x": 1}), cp.cost,
-                             cp.context, cp.step_usage, cp.failures, cp.fingerprint, cp.graph))
+                             cp.context, cp.step_usage, cp.failures, cp.fingerprint, cp.graph,
+                             durations=cp.durations))
     assert [r["kind"] for r in _lines(path)][-1] == "delta"
     assert JournalStore(path).load().outputs["x"] == 1
 
@@ -483,7 +485,7 @@ def test_journal_with_windows_line_endings_loads_and_appends(tmp_path: Path) -> 
 def _extended(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
     return WorkflowCheckpoint(
         cp.step_index + 1, MappingProxyType({**cp.outputs, "x": "X ✓"}), cp.cost, cp.context,
-        cp.step_usage, cp.failures, cp.fingerprint, cp.graph,
+        cp.step_usage, cp.failures, cp.fingerprint, cp.graph, durations=cp.durations,
     )
 
 
@@ -587,6 +589,7 @@ checkpoint_sequences = st.lists(
         st.integers(0, 50),
         st.lists(st.sampled_from("xyz"), max_size=3, unique=True),
         st.integers(1, 3),
+        st.lists(st.one_of(st.none(), st.floats(0, 1e6)), max_size=3),
     ),
     min_size=1,
     max_size=8,
@@ -597,26 +600,31 @@ checkpoint_sequences = st.lists(
 @given(steps=checkpoint_sequences, cut=st.floats(0, 1))
 def test_journal_folds_random_sequences(
     tmp_path_factory: pytest.TempPathFactory,
-    steps: list[tuple[list[Any], int, list[str], int]],
+    steps: list[tuple[list[Any], int, list[str], int, list[float | None]]],
     cut: float,
 ) -> None:
-    """Any growing sequence of checkpoints folds back to each one; any truncation to a prefix."""
+    """Any growing sequence of checkpoints folds back to each one; any truncation to a prefix.
+    Durations too: some outputs timed (the seconds drawn beside them), some not."""
     path = tmp_path_factory.mktemp("j") / "cp.jsonl"
     store = JournalStore(path, durable=False)
     outputs: dict[str, Any] = {}
     usage: dict[str, TokenUsage] = {}
     cost = TokenUsage()
+    durations: dict[str, float] = {}
     saved: list[WorkflowCheckpoint] = []
     sizes: list[int] = []
-    for values, tokens, failing, attempts in steps:
-        for value in values:
+    for values, tokens, failing, attempts, seconds in steps:
+        for value, took in itertools.zip_longest(values, seconds[: len(values)]):
             name = f"s{len(outputs)}"
             outputs[name] = value
             usage[name] = TokenUsage(tokens, 1, 1)
             cost = cost + usage[name]
+            if took is not None:
+                durations[name] = took
         checkpoint = WorkflowCheckpoint(
             len(outputs), MappingProxyType(dict(outputs)), cost,
             step_usage=MappingProxyType(dict(usage)), failures=_failures(failing, attempts),
+            durations=MappingProxyType(dict(durations)),
         )
         store(checkpoint)
         saved.append(checkpoint)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, TypeAlias
 
 from ekit_core import WorkflowCheckpoint
+from ekit_core.checkpoint import has_durations
 from ekit_runtime.stores.errors import UnencodableError
 
 __all__ = [
@@ -241,7 +242,8 @@ class OutputEncodings:
     from their first encoding and encoded again with the document.
     """
 
-    __slots__ = ("_chosen", "_dumps", "_entries", "_fresh", "_json", "_loads", "_prev", "_usage")
+    __slots__ = ("_chosen", "_dumps", "_durations", "_entries", "_fresh", "_json", "_loads", "_prev",
+                 "_usage")
 
     def __init__(self, dumps: Dumps, loads: Loads) -> None:
         self._dumps = dumps
@@ -256,6 +258,7 @@ class OutputEncodings:
         self._prev: WorkflowCheckpoint | None = None
         self._chosen: _Chosen = []
         self._usage: list[bytes] = []
+        self._durations: list[bytes] = []
 
     def members(self, outputs: Iterable[tuple[str, Any]], *, every: bool = False) -> _Chosen:
         """``(step, entry)`` for each ``(step, output)``: the cached entry, or a new encoding.
@@ -303,32 +306,40 @@ class OutputEncodings:
     def document_of(self, checkpoint: WorkflowCheckpoint, head: Mapping[str, Any]) -> bytes:
         """``{**head, **checkpoint.to_dict()}`` encoded, each output from its first encoding.
 
-        Within one run only the outputs and usage new since the last call are
-        looked up (``delta_since``); the rest is spliced from that call's.
+        Within one run only the outputs, usage and durations new since the
+        last call are looked up (``delta_since``); the rest is spliced from
+        that call's.
         """
         prev = self._prev
         delta = checkpoint.delta_since(prev) if prev is not None and same_run(checkpoint, prev) else None
         if delta is not None and delta.extends:
             chosen = self._chosen + self.members(delta.outputs)
-            new_usage = delta.step_usage
-            usage = self._usage
+            new_usage, new_durations = delta.step_usage, delta.durations
+            usage, durations = self._usage, self._durations
         else:
             chosen = self.members(checkpoint.outputs.items(), every=True)
             new_usage = tuple(checkpoint.step_usage.items())
-            usage = []
+            new_durations = tuple(checkpoint.durations.items())
+            usage, durations = [], []
         if self._json:
             usage = usage + [
                 _to_bytes(name, default_dumps) + b":" + _to_bytes(u.to_dict(), default_dumps)
                 for name, u in new_usage
             ]
-        self._prev, self._chosen, self._usage = checkpoint, chosen, usage
+            durations = durations + [
+                _to_bytes(name, default_dumps) + b":" + _to_bytes(seconds, default_dumps)
+                for name, seconds in new_durations
+            ]
+        self._prev, self._chosen, self._usage, self._durations = checkpoint, chosen, usage, durations
         # to_dict of the checkpoint without its per-step parts: every other
         # field, in order, as the core defines them (cheap, whatever the
         # run's length: the graph's two strings are spelt once per graph).
         record = {**head, **checkpoint.to_dict(per_step=False)}
         if not self._json:
             record["step_usage"] = {k: u.to_dict() for k, u in checkpoint.step_usage.items()}
-        return self.document(record, chosen, checkpoint.context, usage)
+        if has_durations(checkpoint):  # (written only when there are some, as to_dict does)
+            record["durations"] = None if self._json else dict(checkpoint.durations)
+        return self.document(record, chosen, checkpoint.context, usage, durations)
 
     def document(
         self,
@@ -336,11 +347,13 @@ class OutputEncodings:
         chosen: _Chosen,
         context: Mapping[str, Any] | None,
         usage: list[bytes] | None = None,
+        durations: list[bytes] | None = None,
     ) -> bytes:
         """``dumps(record)`` as utf-8, ``record["outputs"]`` replaced by the ``chosen`` encodings.
 
         ``usage``, when given, replaces ``record["step_usage"]`` the same way
-        (members ``"<step>":{...}``, default codec only).
+        (members ``"<step>":{...}``, default codec only), and ``durations``
+        ``record["durations"]`` (members ``"<step>":<seconds>``).
         """
         if not self._json:
             data = dict(record)
@@ -357,6 +370,8 @@ class OutputEncodings:
                 parts.append(head + b"{" + b",".join(entry[1] for _, entry in chosen) + b"}")
             elif key == "step_usage" and usage is not None:
                 parts.append(head + b"{" + b",".join(usage) + b"}")
+            elif key == "durations" and durations is not None:
+                parts.append(head + b"{" + b",".join(durations) + b"}")
             else:
                 parts.append(head + encode(value, self._dumps, (), context))
         return b"{" + b",".join(parts) + b"}"

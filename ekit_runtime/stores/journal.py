@@ -4,7 +4,9 @@ This module owns the journal format. Every line is one JSON object,
 ``{"c":"<crc32 of the record, 8 hex digits>","r":<record>}``. The first
 record is ``{"kind":"full", ...WorkflowCheckpoint.to_dict()...}``; each later
 one is ``{"kind":"delta", ...}`` and holds only what changed since the line
-before it: the new outputs and per-step usage in completion order, new or
+before it: the new outputs and per-step usage in completion order, the seconds the
+new outputs' attempts took (``durations``, only for those of the new
+outputs; a journal written before durations has none), new or
 changed failures (``failures``), failures that disappeared (``cleared``), the
 new ``step_index``, the usage added (``cost``) and the steps newly skipped by
 a condition, with why (``skipped``; a journal written before run-time shapes
@@ -42,7 +44,7 @@ import dataclasses
 import os
 import stat
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -65,7 +67,7 @@ _BODY_START = len(_HEAD) + 8 + len(_MID)
 _FRAME_START = _HEAD + b"0" * 8 + _MID
 _HEX = frozenset(b"0123456789abcdef")
 # The keys of a delta record that have the shape of checkpoint fields.
-_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped")
+_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped", "durations")
 # Sentinel inodes: the file's content is unknown to this store / there was no file.
 _UNKNOWN = -1
 _ABSENT = -2
@@ -160,12 +162,13 @@ class _Fold:
     failures: dict[str, FailureRecord]
     cost: TokenUsage
     skipped: dict[str, str]
+    durations: dict[str, float]
 
     @classmethod
     def of(cls, start: WorkflowCheckpoint) -> _Fold:
         return cls(
             start, start.step_index, dict(start.outputs), dict(start.step_usage),
-            dict(start.failures), start.cost, dict(start.skipped),
+            dict(start.failures), start.cost, dict(start.skipped), dict(start.durations),
         )
 
     def checkpoint(self) -> WorkflowCheckpoint:
@@ -179,6 +182,7 @@ class _Fold:
             step_usage=MappingProxyType(self.step_usage),
             failures=MappingProxyType(self.failures),
             skipped=MappingProxyType(self.skipped),
+            durations=MappingProxyType(self.durations),
         )
 
 
@@ -335,6 +339,12 @@ class JournalStore:
             or min(cost.input_tokens, cost.output_tokens, cost.llm_calls) < 0
         ):
             return None
+        new_durations = delta.durations
+        if new_durations and not {k for k, _ in new_durations} <= {k for k, _ in delta.outputs}:
+            # A delta's durations are parsed beside its outputs, each of an
+            # output it records: one of an earlier output (never in a run) is
+            # written in full.
+            return None
         cleared = [k for k in previous.failures if k not in checkpoint.failures]
         if (
             not delta.outputs
@@ -342,6 +352,7 @@ class JournalStore:
             and not delta.failures
             and not cleared
             and not delta.skipped
+            and not new_durations
             and delta.cost.is_zero()
             and checkpoint.step_index == previous.step_index
         ):
@@ -360,6 +371,8 @@ class JournalStore:
             record["cleared"] = cleared
         if delta.skipped:
             record["skipped"] = dict(delta.skipped)
+        if new_durations:
+            record["durations"] = dict(new_durations)
         return record, delta.outputs
 
     def _open_known(self) -> tuple[int, int] | None:
@@ -608,10 +621,12 @@ class JournalStore:
         cleared = record.get("cleared", [])
         if not isinstance(cleared, list) or not all(isinstance(k, str) for k in cleared):
             raise bad("'cleared' must be a list of step names")
-        for key, target, new in (
+        tables: tuple[tuple[str, dict[str, Any], Mapping[str, Any]], ...] = (
             ("outputs", folded.outputs, part.outputs),
             ("step_usage", folded.step_usage, part.step_usage),
-        ):
+            ("durations", folded.durations, part.durations),
+        )
+        for key, target, new in tables:
             for name, value in new.items():
                 if name in target:
                     raise bad(f"{key!r} records step {name!r} a second time")
@@ -671,19 +686,21 @@ class _History:
     new entry instead of a copy per line.
     """
 
-    __slots__ = ("fold", "outputs", "skipped", "usage")
+    __slots__ = ("durations", "fold", "outputs", "skipped", "usage")
 
     def __init__(self, fold: _Fold) -> None:
         self.fold = fold
         self.outputs: Ledger[str, Any] = Ledger(fold.outputs.items())
         self.usage: Ledger[str, TokenUsage] = Ledger(fold.step_usage.items())
+        self.durations: Ledger[str, float] = Ledger(fold.durations.items())
         self.skipped = fold.start.skipped
 
     def checkpoint(self) -> WorkflowCheckpoint:
         fold = self.fold
         # Entries only ever follow those before them (a delta that records a
         # step twice is refused), so the new ones are the last of each dict.
-        for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage")):
+        for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage"),
+                            (fold.durations, "durations")):
             ledger = getattr(self, attr)
             added = len(table) - len(ledger)
             if added:
@@ -708,4 +725,5 @@ class _History:
             skipped=self.skipped,
             shapes=fold.start.shapes,
             asked=fold.start.asked,
+            durations=self.durations,
         )

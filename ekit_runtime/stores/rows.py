@@ -6,7 +6,13 @@ save writes the header only when the run is new or changed shape, and
 otherwise only the rows of the outputs that are new since the previous save,
 so it costs O(that step's output). Steps skipped by a condition are rows too
 (kind ``"skip"``, the reason as JSON text), not part of the header: skips
-grow during a run, and a save adds only the new ones. :class:`OutputTexts` keeps each output's
+grow during a run, and a save adds only the new ones. A step's duration (the
+seconds its recorded output's attempt took) rides in its usage row, as
+``"seconds"`` beside the three counts, so that the tables and a reader
+that knows no durations are unchanged (that reader takes the counts and
+ignores the rest); a step that spent nothing but was timed has a usage row
+of zeros with its seconds, read back as no usage (usage is sparse).
+:class:`OutputTexts` keeps each output's
 first text (the mutation rule of docs/stores.md). Loading folds the rows back
 and parses the result with :meth:`WorkflowCheckpoint.from_dict`, the
 untrusted-input parser: nothing read is ever executed.
@@ -130,8 +136,10 @@ class OutputTexts:
         dumps: Dumps,
         *,
         every: bool = False,
+        durations: Iterable[tuple[str, float]] = (),
     ) -> list[Row]:
-        """The rows of these outputs and usage; ``every=True``: they are all the run's outputs."""
+        """The rows of these outputs, usage and durations (each in the usage row of its
+        step: see the module); ``every=True``: they are all the run's outputs."""
         old = self._texts
         texts = {} if every else old
         rows: list[Row] = []
@@ -141,7 +149,17 @@ class OutputTexts:
                 entry = (value, encode_text(value, dumps, ((name, value),)))
             texts[name] = entry
             rows.append(("output", name, entry[1]))
-        rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+        seconds = dict(durations)
+        if not seconds:
+            rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+        else:
+            for k, u in usage:
+                spent: dict[str, Any] = u.to_dict()
+                if k in seconds:
+                    spent["seconds"] = seconds.pop(k)
+                rows.append(("usage", k, default_dumps(spent)))
+            rows.extend(("usage", k, default_dumps({**_NO_COUNTS, "seconds": d}))
+                        for k, d in seconds.items())
         self._texts = texts
         return rows
 
@@ -152,6 +170,9 @@ class OutputTexts:
     def clear(self) -> None:
         """Forget every text (nothing is stored, or what is stored is unknown)."""
         self._texts = {}
+
+
+_NO_COUNTS = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
 
 
 def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
@@ -207,13 +228,16 @@ def encode_checkpoint(
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
         delta = checkpoint.delta_since(previous)
-        if delta.extends and not delta.context_changed and not delta.asked_changed:
-            rows = texts.rows(delta.outputs, delta.step_usage, dumps)
+        if delta.extends and not delta.context_changed and not delta.asked_changed and (
+                # A duration goes in its step's usage row, written with its output.
+                not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
+            rows = texts.rows(delta.outputs, delta.step_usage, dumps, durations=delta.durations)
             rows += _skip_rows(delta.skipped.items())
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
-    rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True)
+    rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True,
+                      durations=checkpoint.durations.items())
     rows += _skip_rows(checkpoint.skipped.items())
     header = _header(checkpoint, dumps)
     if engine == "PostgreSQL":
@@ -256,6 +280,7 @@ def decode_checkpoint(
     data["failures"] = _decode(failures, default_loads, where, "failures")
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
+    durations: dict[str, Any] = {}
     skipped: dict[str, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
@@ -265,9 +290,16 @@ def decode_checkpoint(
         elif kind == "skip":
             skipped[name] = _decode(value, default_loads, where, f"skip of step {name!r}")
         else:
-            usage[name] = _decode(value, default_loads, where, f"usage of step {name!r}")
+            spent = _decode(value, default_loads, where, f"usage of step {name!r}")
+            if type(spent) is dict and "seconds" in spent:  # its duration: see the module
+                durations[name] = spent.pop("seconds")
+                if spent == _NO_COUNTS:
+                    continue  # timed, spent nothing: no usage entry
+            usage[name] = spent
     data["outputs"] = outputs
     data["step_usage"] = usage
+    if durations:
+        data["durations"] = durations
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})

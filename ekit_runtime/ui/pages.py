@@ -16,6 +16,8 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ekit_core.audit import StepAudit
+from ekit_core.report import seconds_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
@@ -148,12 +150,38 @@ def _state_of(view: RunView, name: str) -> str:
     return view.states.get(name, "not-started")
 
 
+def _item_times(rows: Sequence[StepAudit]) -> dict[str, list[tuple[float, str]]]:
+    """Mapped step -> ``(seconds, item)`` of each of its items with a recorded duration."""
+    times: dict[str, list[tuple[float, str]]] = {}
+    for row in rows:
+        if row.item_of is not None and row.duration is not None:
+            times.setdefault(row.item_of, []).append((row.duration, row.name))
+    return times
+
+
+def _duration_cell(row: StepAudit, item_times: dict[str, list[tuple[float, str]]]) -> str:
+    """The step table's duration: the recorded output's attempt's; a mapped step's
+    items' total and the slowest; ``-`` when none is recorded."""
+    if row.duration is not None:
+        return (f'<td class="num duration" data-seconds="{esc(repr(row.duration))}">'
+                f"{esc(seconds_text(row.duration))}</td>")
+    timed = item_times.get(row.name)
+    if not timed:
+        return '<td class="num duration">-</td>'
+    total = sum(seconds for seconds, _ in timed)
+    slowest, which = max(timed)
+    return (f'<td class="num duration" data-seconds="{esc(repr(total))}">'
+            f"{esc(seconds_text(total))} <small>({esc(f'{len(timed):,}')} items; slowest "
+            f"{esc(which)}: {esc(seconds_text(slowest))})</small></td>")
+
+
 def steps_tbody(view: RunView) -> str:
     """The rows of a run's step table: steps, and the items that failed or wait."""
     report = view.report
     if report is None:
         return ""
     out = []
+    item_times = _item_times(report.steps)
     for row in report.steps:
         if row.item_of is not None and row.action != "wait" and row.reason != "failed":
             continue
@@ -171,7 +199,7 @@ def steps_tbody(view: RunView) -> str:
             f'<td class="num items">{esc(shown)}</td>'
             f'<td class="num attempts">{esc(attempts)}</td>'
             f'<td class="num usage">{esc(_usage(row.usage))}</td>'
-            '<td class="duration">not recorded</td>'
+            f"{_duration_cell(row, item_times)}"
             f'<td class="failure error">{esc(message)}</td>'
             f'<td class="why">{esc(row.why)}</td></tr>'
         )
