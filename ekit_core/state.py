@@ -81,7 +81,9 @@ class RunLimits:
     the run's id where the shell gives one: it seeds the jitter of retry
     delays (:attr:`RetryPolicy.jitter`), so that runs spread out. ``only``
     is the set of steps a selective run may start (:mod:`ekit_core.selection`),
-    ``None`` for every step."""
+    ``None`` for every step. ``durations`` says whether the run records how
+    long each success took (the checkpoint's ``durations``): off unless asked,
+    because every recorded step then carries one more field to save and read."""
 
     max_concurrency: int | None = None
     budget: TokenUsage | None = None
@@ -92,6 +94,7 @@ class RunLimits:
     # The steps a run with ``only`` may start (the selection's closure, see
     # ekit_core.selection); ``None``: every step.
     only: frozenset[str] | None = None
+    durations: bool = False
 
 
 _FROM_GRAPH: Mapping[str, tuple[str, ...]] = MappingProxyType({})

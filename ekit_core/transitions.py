@@ -449,6 +449,7 @@ def initial_state(
     record_events: bool = True,
     run_id: str | None = None,
     only: object = None,
+    durations: bool = False,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -462,15 +463,15 @@ def initial_state(
     ``versions`` holds the steps' version tags: a recorded step whose tag
     (or, with ``allow_graph_change``, whose dependencies) changed runs again,
     with everything downstream of it (``StepOutdated`` events say why).
-    With ``record_events=False`` the state's ``events`` is empty, as with
-    :func:`advance`. ``run_id`` (the run's id, if it has one) seeds the
-    jitter of retry delays. ``only`` (a list of step names) makes the run
+    ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
+    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names) makes the run
     start only those steps and what they need, and end once they are
-    recorded (see :mod:`ekit_core.selection`). Every argument is checked
-    here, before any step could run: a bad one raises ``ValueError`` naming it.
+    recorded (see :mod:`ekit_core.selection`). ``durations`` records each
+    ``Succeeded.duration`` (a resumed checkpoint's are kept either way). Every
+    argument is checked first, before any step could run: ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
-    limits = _of_this_run(graph, limits, run_id, only)
+    limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     tags = _check_versions(graph, versions)
@@ -485,10 +486,15 @@ def initial_state(
     return _initial_static(graph, checkpoint, base, outdated, record_events)
 
 
-def _of_this_run(graph: GraphSpec, limits: RunLimits, run_id: object, only: object) -> RunLimits:
-    """``limits`` with the run's id (the jitter's seed: see ``_retry_wait``) and the steps
-    it may start (``only``: see :mod:`ekit_core.selection`), each checked; a run with
-    neither pays nothing here."""
+def _of_this_run(graph: GraphSpec, limits: RunLimits, run_id: object, only: object,
+                 durations: object = False) -> RunLimits:
+    """``limits`` with the run's id (the jitter's seed: see ``_retry_wait``), the steps
+    it may start (``only``: see :mod:`ekit_core.selection`) and whether it records
+    durations, each checked; a run with none of them pays nothing here."""
+    if durations is not False:
+        if not isinstance(durations, bool):
+            raise ValueError(f"durations must be True or False, got {durations!r:.80}")
+        limits = _replace(limits, durations=durations)
     if run_id is not None:
         if not isinstance(run_id, str):
             raise ValueError(f"run_id must be None or a string, got {type(run_id).__name__}")
@@ -874,7 +880,8 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
         w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
     duration = item.duration
-    if duration is not None and 0 <= duration < _LONGEST:  # else (not timed, a bad clock) none
+    # Else (not asked for, not timed, a bad clock) none.
+    if duration is not None and spec.limits.durations and 0 <= duration < _LONGEST:
         w.times = (name, duration, w.times)  # one tuple: see Timings
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))

@@ -131,6 +131,7 @@ class RunOptions(TypedDict, total=False):
     before_attempt: BeforeAttempt | None
     answers: Mapping[str, Any] | None
     only: list[str] | tuple[str, ...] | None
+    durations: bool
 
 
 class Workflow:
@@ -205,12 +206,14 @@ class Workflow:
         record_events: bool = True,
         run_id: str | None = None,
         only: list[str] | tuple[str, ...] | None = None,
+        durations: bool = False,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
         ``approval`` says whether the run has an approval callback; ``run_id``
         seeds the jitter of retry delays (:attr:`RetryPolicy.jitter`);
-        ``only`` selects the steps to run (see :meth:`run`).
+        ``only`` selects the steps to run and ``durations`` records how long
+        each took (see :meth:`run`).
         """
         return initial_state(
             self.graph,
@@ -226,6 +229,7 @@ class Workflow:
             record_events=record_events,
             run_id=run_id,
             only=only,
+            durations=durations,
         )
 
     def runner(
@@ -270,6 +274,7 @@ class Workflow:
             record_events=trace is not None if record_events is None else record_events,
             run_id=run_id,
             only=options.get("only"),
+            durations=options.get("durations", False),
         )
         self._check_executors(executor)
         runner = Runner(
@@ -313,8 +318,7 @@ class Workflow:
         - ``checkpoint_fn``: called (and awaited if async) with a new
           :class:`WorkflowCheckpoint` after each group of completions; an
           exception from it propagates out of ``run``.
-        - ``resume_from``: a checkpoint (or its dict); exactly the steps whose
-          output it records are skipped.
+        - ``resume_from``: a checkpoint (or its dict): the steps it records are skipped.
         - ``max_concurrency``: at most this many steps in flight.
         - ``budget``: stop starting steps once usage reaches any non-zero field;
           raises :class:`BudgetExceeded`.
@@ -347,6 +351,7 @@ class Workflow:
           plain value for a value question. A step that is not waiting, or
           an answer that does not fit its question, is a ``ValueError``.
         - ``only``: step names to run, with what they need, and none else: :mod:`ekit_core.selection`.
+        - ``durations``: record how long each step took in the checkpoints (off by default).
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised

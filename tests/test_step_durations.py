@@ -67,7 +67,11 @@ def chain(clock: Clock, times: dict[str, float], *, fail: str | None = None,
 
 def run(workflow: Workflow, clock: Clock, **options: Any
         ) -> tuple[WorkflowCheckpoint, list[WorkflowCheckpoint]]:
-    """The run's last checkpoint and every one it saved (``checkpoint_fn`` too, if given)."""
+    """The run's last checkpoint and every one it saved (``checkpoint_fn`` too, if given).
+
+    With ``durations=True`` unless ``options`` say otherwise: what these tests pin.
+    """
+    options.setdefault("durations", True)
     saved: list[WorkflowCheckpoint] = []
     given = options.pop("checkpoint_fn", None)
 
