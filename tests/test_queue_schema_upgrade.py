@@ -481,3 +481,12 @@ def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(t
         assert conn.execute("SELECT count(*) FROM ekit_queue_headers").fetchone() == (300 + len(STATES),)
     finally:
         conn.close()
+
+
+def test_runs_of_the_layout_before_beside_no_other_table_of_it_are_refused(tmp_path: Path) -> None:
+    db = tmp_path / "mixed.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(PREVIOUS_SQLITE.split("CREATE INDEX")[0])  # its ekit_queue_runs alone
+    conn.close()
+    with pytest.raises(CorruptStoreError, match="ekit_queue_runs is of an earlier layout"):
+        SqliteQueue(db)

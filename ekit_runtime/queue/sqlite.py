@@ -159,6 +159,7 @@ def _statement(start: str) -> str:
     """The statement of ``_SCHEMA`` that begins with ``start``."""
     return next(s.strip() for s in _SCHEMA.split(";") if s.strip().startswith(start.strip()))
 
+
 # The layout before this one (the previous release's): the run's context and
 # header lived in its row of ekit_queue_runs, so every save rewrote them, and
 # ekit_queue_entries was a rowid table beside an index of its key (a save's
@@ -280,7 +281,13 @@ class SqliteQueue(RunQueue):
             self._tx(self._upgrade)
         else:
             conn.executescript(_SCHEMA)
-        problem = schema_problem(_COLUMNS, self._found(conn))
+        found = self._found(conn)
+        problem = schema_problem(_COLUMNS, found)
+        if problem is None and "context" in found["ekit_queue_runs"]:
+            # (An earlier layout's runs beside tables that are not that layout's.)
+            problem = (
+                "table ekit_queue_runs is of an earlier layout than the other tables; use another database"
+            )
         if problem is not None:
             raise CorruptStoreError(self.path, problem)
         # Opened: from here on, :meth:`_tx` waits for locks itself (see _NAP_FIRST).
@@ -325,7 +332,7 @@ class SqliteQueue(RunQueue):
         )
         conn.execute(_statement("CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim"))
         # ekit_queue_entries keyed by (run, kind, name) alone, each entry's ord its place in the run.
-        ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"
+        ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"  # (SQLite 3.25)
         self._rebuild(conn, "ekit_queue_entries", found, {"ord": ordinal})
         return True
 
@@ -706,12 +713,14 @@ class SqliteQueue(RunQueue):
         row = conn.execute(
             "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options FROM "
             f"(SELECT * FROM ({first.format('queued')} UNION ALL {first.format('running')}) "
-            f"ORDER BY {CLAIM_ORDER} LIMIT 1) AS c JOIN ekit_queue_headers AS h ON h.seq = c.seq",
+            f"ORDER BY {CLAIM_ORDER} LIMIT 1) AS c LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
             args + args,
         ).fetchone()
         if row is None:
             return None
         run_id, epoch, workflow, context, options = row
+        if context is None:
+            raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         until = now + seconds
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'running', epoch = ?, owner = ?, lease_until = ?, "
