@@ -1,28 +1,42 @@
-"""A queue database made by the previous release opens, gains the new columns, and its runs go on.
+"""A queue database made by an earlier release opens, is brought up to date, and its runs go on.
 
-The layout below is that release's, verbatim (``ekit_queue_runs`` without
-``options``, ``steps_done``, ``steps_total`` and ``reason``, and no
-``ekit_queue_workers``). Opening it adds them (``ALTER TABLE ... ADD
-COLUMN``) and keeps every run; a worker then drains the runs queued before.
-A database whose tables are not even that layout is refused untouched.
+Two earlier layouts are written below verbatim. ``OLD_SQLITE`` (and
+``OLD_POSTGRES``): ``ekit_queue_runs`` without ``options``, ``steps_done``,
+``steps_total`` and ``reason``, and no ``ekit_queue_workers``; opening it
+adds them and keeps every run, and a worker drains the runs queued before.
+``PREVIOUS_SQLITE``, the layout just before this one: each run's context and
+header lived in its row (every save rewrote them) and the entries were a
+rowid table beside an index of their key. Opening such a file moves the
+context and header to ``ekit_queue_headers`` and rebuilds the entries keyed
+by their key alone, in one transaction: every run keeps its status, lease,
+checkpoint and the order of its outputs, and goes on from where it was
+(a held lease still fences, an expired one is resumed, a parked run is
+answered, a failed one retried), without a finished step run again. Of
+processes opening such a file at once, exactly one upgrades it. A database
+whose tables are not even the oldest layout is refused untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ekit_runtime.queue import SqliteQueue, Worker, open_queue
+from ekit_core import WorkflowCheckpoint
+from ekit_runtime import Step, Workflow, ask
+from ekit_runtime.queue import Lease, QueueUnavailableError, RunInfo, SqliteQueue, Worker, open_queue
 from ekit_runtime.stores.errors import CorruptStoreError
-from tests.queue_backends import queue_url
+from tests.queue_backends import postgres_url, queue_url
 from tests.queue_options_child import REGISTRY
 
-__all__ = ["queue_url"]
+__all__ = ["postgres_url", "queue_url"]
 
 OLD_SQLITE = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
@@ -62,6 +76,59 @@ CREATE TABLE IF NOT EXISTS ekit_queue_usage (
     at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+PREVIOUS_SQLITE = """
+CREATE TABLE IF NOT EXISTS ekit_queue_runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    workflow TEXT NOT NULL,
+    context TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_until REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    fingerprint TEXT,
+    header TEXT,
+    step_index INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    llm_calls INTEGER NOT NULL DEFAULT 0,
+    failures TEXT NOT NULL DEFAULT '{}',
+    saves INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}',
+    steps_done INTEGER NOT NULL DEFAULT 0,
+    steps_total INTEGER,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS ekit_queue_entries (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    PRIMARY KEY (run_id, kind, name)
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_starts (at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_usage (
+    at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_slots (
+    resource TEXT NOT NULL, holder TEXT NOT NULL, run_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
+CREATE TABLE IF NOT EXISTS ekit_queue_workers (
+    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL
+);
 """
 
 
@@ -167,6 +234,22 @@ def test_a_queue_of_the_previous_release_opens_and_its_runs_go_on(queue_url: str
         assert [r.run_id for r in again.runs("finished")] == ["old", "new"]
 
 
+def test_a_postgres_queue_whose_workers_table_predates_doing_gains_it_on_open(postgres_url: str) -> None:
+    """The previous release's PostgreSQL layout: ekit_queue_workers without the doing column."""
+    import psycopg
+
+    queue_url = postgres_url
+    open_queue(queue_url).close()
+    with psycopg.connect(queue_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE ekit_queue_workers DROP COLUMN doing")
+    with open_queue(queue_url) as q:
+        q.submit("mapped", {}, run_id="r")
+        lease = q.claim("w", {"mapped": None}, 60)
+        assert lease is not None
+        q.announce("w", {"mapped": None}, 60, {"r": (lease.epoch, {"split": (time.time(), 1)})})
+        assert set(q.in_flight("r")) == {"split"}
+
+
 def test_tables_that_are_not_even_the_previous_layout_are_refused_untouched(tmp_path: Path) -> None:
     db = tmp_path / "other.db"
     conn = sqlite3.connect(db)
@@ -181,3 +264,250 @@ def test_tables_that_are_not_even_the_previous_layout_are_refused_untouched(tmp_
         assert {r[1] for r in conn.execute("PRAGMA table_info(ekit_queue_runs)")} == set(columns)
     finally:
         conn.close()
+
+
+# -- the layout just before this one ------------------------------------------------
+
+ran: list[tuple[str, str]] = []  # (the run's ctx["id"], step) of every step run in this process
+BROKEN = {"b": True}
+
+
+def _step(name: str) -> Any:
+    async def run(ctx: dict[str, Any]) -> str:
+        ran.append((ctx["id"], name))
+        return f"{name} of {ctx['id']}"
+
+    return run
+
+
+async def _b(ctx: dict[str, Any]) -> str:
+    ran.append((ctx["id"], "b"))
+    if BROKEN["b"]:
+        raise RuntimeError("b is broken")
+    return "b mended"
+
+
+async def _pick(ctx: dict[str, Any]) -> str:
+    ran.append((ctx["id"], "pick"))
+    return f"picked {ask('Which colour?')}"
+
+
+# The chain's outputs are recorded in an order that is not their names' order.
+CHAIN = ("zeta", "eta", "alpha", "mu")
+FLOWS = {
+    "chain": Workflow([Step(n, _step(n), (CHAIN[i - 1],) if i else ()) for i, n in enumerate(CHAIN)]),
+    "flaky": Workflow([Step("a", _step("a")), Step("b", _b, ("a",))]),
+    "ask": Workflow([Step("a", _step("a")), Step("pick", _pick, ("a",))]),
+}
+STATES = ("finished", "failed", "waiting", "running", "queued")
+
+
+def _drain(queue: SqliteQueue) -> int:
+    return asyncio.run(Worker(queue, FLOWS, poll=0.01).run_until_idle())
+
+
+def _runs_in_every_state(path: Path) -> tuple[Lease, list[WorkflowCheckpoint]]:
+    """Runs ``finished``, ``failed``, ``waiting`` (parked on a question), ``running`` (a live lease,
+    two steps saved) and ``queued``; the running run's lease and its chain's checkpoints."""
+    with SqliteQueue(path) as q:
+        q.submit("chain", {"id": "finished"}, run_id="finished")
+        q.submit("flaky", {"id": "failed"}, run_id="failed")
+        q.submit("ask", {"id": "waiting"}, run_id="waiting")
+        assert _drain(q) == 3
+        q.submit("chain", {"id": "running"}, run_id="running")
+        lease = q.claim("old-worker", {"chain": None}, 3600)
+        assert lease is not None and lease.run_id == "running"
+        checkpoints: list[WorkflowCheckpoint] = []
+        FLOWS["chain"].run_sync({"id": "running"}, checkpoint_fn=checkpoints.append)
+        for cp in checkpoints[:2]:
+            q.save(lease, cp, 3600)
+        q.submit("chain", {"id": "queued"}, run_id="queued")
+        assert [q.status(r).status for r in STATES] == ["finished", "failed", "waiting", "running", "queued"]
+    ran.clear()
+    return lease, checkpoints
+
+
+def _as_previous_layout(current: Path, old: Path, sequence: int = 1000) -> None:
+    """Write the queue at ``current`` into ``old`` in the previous layout, as that release kept it.
+
+    Each run's context and header go back into its row; the entries into a
+    rowid table, each run's in the order they were written. The runs' seq
+    counter is set to ``sequence``, as if runs up to it had been pruned.
+    """
+    conn = sqlite3.connect(old, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(PREVIOUS_SQLITE)
+        conn.execute("ATTACH DATABASE ? AS cur", (str(current),))
+        conn.execute("BEGIN")
+        columns = [r[1] for r in conn.execute("PRAGMA cur.table_info(ekit_queue_runs)")]
+        conn.execute(
+            f"INSERT INTO ekit_queue_runs ({', '.join(columns)}, context, header) "
+            f"SELECT {', '.join('r.' + c for c in columns)}, h.context, h.header "
+            "FROM cur.ekit_queue_runs AS r JOIN cur.ekit_queue_headers AS h ON h.seq = r.seq ORDER BY r.seq"
+        )
+        conn.execute(
+            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+            "SELECT run_id, kind, name, value, epoch FROM cur.ekit_queue_entries ORDER BY run_id, ord"
+        )
+        for table in ("ekit_queue_starts", "ekit_queue_usage", "ekit_queue_config", "ekit_queue_slots"):
+            conn.execute(f"INSERT INTO {table} SELECT * FROM cur.{table}")
+        conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'ekit_queue_runs'", (sequence,))
+        conn.execute("COMMIT")
+        conn.execute("DETACH DATABASE cur")
+    finally:
+        conn.close()
+
+
+def _snapshot(path: Path) -> tuple[list[RunInfo], dict[str, WorkflowCheckpoint | None]]:
+    with SqliteQueue(path) as q:
+        return [q.status(r) for r in STATES], {r: q.checkpoint(r) for r in STATES}
+
+
+def _table_sql(path: Path) -> dict[str, str]:
+    conn = sqlite3.connect(path)
+    try:
+        return dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(tmp_path: Path) -> None:
+    current, old = tmp_path / "current.db", tmp_path / "old.db"
+    lease, checkpoints = _runs_in_every_state(current)
+    infos, saved = _snapshot(current)
+    _as_previous_layout(current, old)
+    assert "header" in _table_sql(old)["ekit_queue_runs"]
+
+    with SqliteQueue(old) as q:
+        # Every run is as it was: its record, its checkpoint, the order of its outputs.
+        assert [q.status(r) for r in STATES] == infos
+        for run_id in STATES:
+            assert q.checkpoint(run_id) == saved[run_id]
+            if saved[run_id] is not None:
+                assert list(q.checkpoint(run_id).outputs) == list(saved[run_id].outputs)  # type: ignore[union-attr]
+        tables = _table_sql(old)
+        assert "header" not in tables["ekit_queue_runs"] and "context" not in tables["ekit_queue_runs"]
+        assert "WITHOUT ROWID" in tables["ekit_queue_entries"] and "ekit_queue_headers" in tables
+        # The workers' table, kept, gains what a worker runs now (the dashboard's running steps).
+        assert "doing" in tables["ekit_queue_workers"]
+        q.announce("old-worker", {"chain": None}, 60, {"running": (lease.epoch, {"mu": (time.time(), 1)})})
+        assert set(q.in_flight("running")) == {"mu"}
+        q.retire("old-worker")
+        # The lease held before the upgrade still fences, and its saves go on after the old ones.
+        assert q.save(lease, checkpoints[2], 3600) is False
+        assert list(q.checkpoint("running").outputs) == list(CHAIN[:3])  # type: ignore[union-attr]
+        # It keeps the run from every other worker: a drain takes the queued run only.
+        assert _drain(q) == 1
+        assert ran == [("queued", name) for name in CHAIN]
+        ran.clear()
+
+        # Its holder dies: the lease expires, and another worker resumes the run at the next epoch.
+        expired = time.time() - 1
+        q.conn.execute("UPDATE ekit_queue_runs SET lease_until = ? WHERE run_id = 'running'", (expired,))
+        BROKEN["b"] = False
+        try:
+            assert q.retry("failed").status == "queued"
+            assert q.answer("waiting", "pick", "blue").status == "queued"
+            assert _drain(q) == 3
+        finally:
+            BROKEN["b"] = True
+        # Only what was not recorded ran: the chain's last step, the failed step, the asking one.
+        assert sorted(ran) == [("failed", "b"), ("running", "mu"), ("waiting", "pick")]
+        for run_id in STATES:
+            assert q.status(run_id).status == "finished"
+        assert q.status("running").epoch == lease.epoch + 1
+        results = {r: q.result(r) for r in STATES}
+        assert list(results["running"].outputs.items()) == [  # type: ignore[union-attr]
+            (n, f"{n} of running") for n in CHAIN
+        ]
+        assert dict(results["failed"].outputs) == {"a": "a of failed", "b": "b mended"}  # type: ignore[union-attr]
+        assert results["waiting"].outputs["pick"] == "picked blue"  # type: ignore[union-attr]
+        assert results["finished"].outputs == saved["finished"].outputs  # type: ignore[union-attr]
+        # Runs submitted now come after every run the file ever had (its seq counter is kept).
+        q.submit("chain", {"id": "new"}, run_id="new")
+        (seq,) = q.conn.execute("SELECT seq FROM ekit_queue_runs WHERE run_id = 'new'").fetchone()
+        assert seq == 1001
+        assert q.conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_an_upgrade_that_fails_midway_leaves_the_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    current, old = tmp_path / "current.db", tmp_path / "old.db"
+    _runs_in_every_state(current)
+    infos, saved = _snapshot(current)
+    _as_previous_layout(current, old)
+    before = _table_sql(old)
+    real = SqliteQueue._rebuild
+
+    def failing(conn: sqlite3.Connection, table: str, *args: Any) -> None:
+        if table == "ekit_queue_entries":  # the runs were rebuilt already: all of it rolls back
+            raise sqlite3.OperationalError("disk I/O error")
+        real(conn, table, *args)
+
+    monkeypatch.setattr(SqliteQueue, "_rebuild", staticmethod(failing))
+    with pytest.raises(QueueUnavailableError, match="disk I/O error"):
+        SqliteQueue(old)
+    assert _table_sql(old) == before
+    monkeypatch.undo()
+    assert _snapshot(old) == (infos, saved)
+
+
+@pytest.mark.timeout(120)
+def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(tmp_path: Path) -> None:
+    current, old = tmp_path / "current.db", tmp_path / "old.db"
+    _runs_in_every_state(current)
+    with SqliteQueue(current) as q:  # enough runs that an upgrade takes a while
+        for i in range(300):
+            q.submit("other", {"id": str(i), "text": "x" * 2000}, run_id=f"r{i}")
+    infos, saved = _snapshot(current)
+    _as_previous_layout(current, old)
+    # This process holds the write lock until every opener has read the old
+    # layout and waits for the lock to upgrade it: they all see it old.
+    holder = sqlite3.connect(old, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    root = Path(__file__).resolve().parent.parent
+    openers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.queue_upgrade_child", str(old)],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        for opener in openers:
+            assert opener.stdout is not None
+            assert opener.stdout.readline().strip() == "waiting"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    said = []
+    for opener in openers:
+        out, err = opener.communicate(timeout=90)
+        assert opener.returncode == 0, err
+        said.append(out.split("\n")[:2])
+    assert sorted(said) == [["found it upgraded", f"opened {300 + len(STATES)}"]] * 2 + [
+        ["upgraded", f"opened {300 + len(STATES)}"]
+    ]
+    assert _snapshot(old) == (infos, saved)
+    conn = sqlite3.connect(old)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("SELECT count(*) FROM ekit_queue_headers").fetchone() == (300 + len(STATES),)
+    finally:
+        conn.close()
+
+
+def test_runs_of_the_layout_before_beside_no_other_table_of_it_are_refused(tmp_path: Path) -> None:
+    db = tmp_path / "mixed.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(PREVIOUS_SQLITE.split("CREATE INDEX")[0])  # its ekit_queue_runs alone
+    conn.close()
+    with pytest.raises(CorruptStoreError, match="ekit_queue_runs is of an earlier layout"):
+        SqliteQueue(db)

@@ -179,7 +179,7 @@ def _error_text(error: object) -> str | None:
 def schema_columns(schema: str) -> dict[str, set[str]]:
     """Each table a ``CREATE TABLE`` of ``schema`` makes, and the names of its columns."""
     tables: dict[str, set[str]] = {}
-    for match in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\);", schema, re.S):
+    for match in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\)(?: WITHOUT ROWID)?;", schema, re.S):
         body = re.sub(r"PRIMARY KEY \([^)]*\)", "", match.group(2))
         tables[match.group(1)] = {p.split()[0] for p in body.split(",") if p.strip()}
     return tables
@@ -315,7 +315,8 @@ class RunQueue(ABC):
         """The rows a save writes and the usage it adds to the fleet's rate window."""
         encoded = self._encode(lease, checkpoint)
         counted = self._counted(lease)
-        added = checkpoint.cost - counted
+        cost = checkpoint.cost
+        added = NO_USAGE if cost is counted or cost == counted else cost - counted
         # What is stored is unknown until the write commits: if it fails (a
         # dropped session, a full disk), the next save is in full. The usage
         # counted stays, so a retried save does not count the whole run again.

@@ -2,9 +2,15 @@
 
 This module owns the queue's SQLite schema. ``ekit_queue_runs`` holds one row
 per run: what was submitted, its status, its lease (``epoch``, the fencing
-token, and ``lease_until``) and the non-per-step parts of its latest
-checkpoint; ``ekit_queue_entries`` one row per recorded output, per-step
-usage and skipped step (kind ``skip``), tagged with the epoch that wrote it. ``ekit_queue_starts`` and
+token, and ``lease_until``) and the counts of its latest checkpoint, the
+small columns a save rewrites; ``ekit_queue_headers`` (keyed by the run's
+``seq``) the large ones written once or rarely: the context it was submitted
+with and its checkpoint's header (graph, versions, questions).
+``ekit_queue_entries`` holds one row per recorded output, per-step usage and
+skipped step (kind ``skip``), tagged with the epoch that wrote it, in a
+``WITHOUT ROWID`` table keyed by (run, kind, name), with ``ord`` keeping the
+order they were written in: a save of one step writes two pages (the run's
+row, the entry), as one insert writes one. ``ekit_queue_starts`` and
 ``ekit_queue_usage`` are the trailing windows the rate limits count, and
 ``ekit_queue_config`` holds the fleet's :class:`Limits`.
 
@@ -96,7 +102,6 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL UNIQUE,
     workflow TEXT NOT NULL,
-    context TEXT NOT NULL,
     priority INTEGER NOT NULL,
     status TEXT NOT NULL,
     epoch INTEGER NOT NULL DEFAULT 0,
@@ -105,7 +110,6 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     fingerprint TEXT,
-    header TEXT,
     step_index INTEGER NOT NULL DEFAULT 0,
     input_tokens INTEGER NOT NULL DEFAULT 0,
     output_tokens INTEGER NOT NULL DEFAULT 0,
@@ -120,14 +124,20 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     reason TEXT
 );
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS ekit_queue_headers (
+    seq INTEGER PRIMARY KEY,
+    context TEXT NOT NULL,
+    header TEXT
+);
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
     run_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
     value TEXT NOT NULL,
     epoch INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
     PRIMARY KEY (run_id, kind, name)
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ekit_queue_starts (at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS ekit_queue_usage (
     at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
@@ -145,8 +155,25 @@ CREATE TABLE IF NOT EXISTS ekit_queue_workers (
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
-# What this version added to the previous release's layout: a database of
-# that layout gains these on open (ALTER TABLE ... ADD COLUMN), in one write.
+
+
+def _statement(start: str) -> str:
+    """The statement of ``_SCHEMA`` that begins with ``start``."""
+    return next(s.strip() for s in _SCHEMA.split(";") if s.strip().startswith(start.strip()))
+
+
+# The layout before this one (the previous release's): the run's context and
+# header lived in its row of ekit_queue_runs, so every save rewrote them, and
+# ekit_queue_entries was a rowid table beside an index of its key (a save's
+# commit wrote three pages of the log where one insert writes one).
+_PREVIOUS = {
+    **{t: c for t, c in _COLUMNS.items() if t != "ekit_queue_headers"},
+    "ekit_queue_runs": _COLUMNS["ekit_queue_runs"] | {"context", "header"},
+    "ekit_queue_entries": _COLUMNS["ekit_queue_entries"] - {"ord"},
+    "ekit_queue_workers": _COLUMNS["ekit_queue_workers"] - {"doing"},
+}
+# What the previous layout had added to the one before it (those columns have
+# defaults here, so a table of either is copied into this layout alike).
 _ADDED = {
     "ekit_queue_runs": {
         "options": "TEXT NOT NULL DEFAULT '{}'",
@@ -154,12 +181,21 @@ _ADDED = {
         "steps_total": "INTEGER",
         "reason": "TEXT",
     },
-    "ekit_queue_workers": {"doing": "TEXT"},
 }
-_BEFORE = layout_before(_COLUMNS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
+# Columns this layout added to a table an upgrade keeps as it is (ALTER TABLE
+# ... ADD COLUMN): what a worker runs now, told with its announcements.
+_KEPT_GAIN = {"ekit_queue_workers": {"doing": "TEXT"}}
+# The oldest layout a database may hold and still be brought up to date on open.
+_OLDEST = layout_before(_PREVIOUS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
+# One save's entries sort after every entry written before it: ord is the
+# run's save count (saves, after the save's increment) shifted past the
+# entries one save may write, plus the entry's place in that save.
+_ORD_SHIFT = 32
 
+# A row written again (a save retried after its commit was not known to
+# succeed) keeps its place (ord), as a rowid table's row kept its rowid.
 _UPSERT_ENTRY = (
-    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
 )
 
@@ -181,6 +217,15 @@ _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
 _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
+
+# A save's fenced UPDATE (args: the counts, failures, progress, [fingerprint,]
+# lease_until, updated_at, then _HELD's): the fence, the renewal, the cancel
+# flag and the save count in one statement (RETURNING), so that a save of one
+# step is this UPDATE and one INSERT.
+_SAVE_SETS = f"{_COUNTS}, steps_done = ?, steps_total = ?, "
+_SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
+_SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
+_SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
 
 class SqliteQueue(RunQueue):
@@ -229,15 +274,26 @@ class SqliteQueue(RunQueue):
             self.set_limits(limits)
 
     def _open(self, durable: bool) -> None:
-        """Configure the connection, create the tables if missing and check they are the queue's."""
+        """Configure the connection, create the tables if missing and check they are the queue's.
+
+        A database of an earlier layout (see ``_PREVIOUS``, ``_OLDEST``) is
+        brought up to date in one transaction, by whichever process opens it
+        first: the others wait for its lock and then find nothing to do.
+        """
         conn = self.conn
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        conn.executescript(_SCHEMA)
-        problem = schema_problem(_BEFORE, self._found(conn))
-        if problem is None and schema_problem(_COLUMNS, self._found(conn)) is not None:
-            self._tx(self._add_columns)  # a queue of the previous release: bring it up to date
-            problem = schema_problem(_COLUMNS, self._found(conn))
+        if self._earlier(self._found(conn)):
+            self._tx(self._upgrade)
+        else:
+            conn.executescript(_SCHEMA)
+        found = self._found(conn)
+        problem = schema_problem(_COLUMNS, found)
+        if problem is None and "context" in found["ekit_queue_runs"]:
+            # (An earlier layout's runs beside tables that are not that layout's.)
+            problem = (
+                "table ekit_queue_runs is of an earlier layout than the other tables; use another database"
+            )
         if problem is not None:
             raise CorruptStoreError(self.path, problem)
         # Opened: from here on, :meth:`_tx` waits for locks itself (see _NAP_FIRST).
@@ -247,13 +303,62 @@ class SqliteQueue(RunQueue):
     def _found(conn: sqlite3.Connection) -> dict[str, set[str]]:
         return {table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in _COLUMNS}
 
-    def _add_columns(self, conn: sqlite3.Connection) -> None:
-        """Add the columns this version added, those still missing (read again under the write lock)."""
+    @staticmethod
+    def _earlier(found: dict[str, set[str]]) -> bool:
+        """Whether ``found`` is a queue of an earlier layout (which :meth:`_upgrade` brings up to date)."""
+        runs, entries = found["ekit_queue_runs"], found["ekit_queue_entries"]
+        return schema_problem(_OLDEST, found) is None and ("header" in runs or "ord" not in entries)
+
+    def _upgrade(self, conn: sqlite3.Connection) -> bool:
+        """Bring a queue of an earlier layout up to date, under the write lock; whether it had to.
+
+        The layout is read again under the lock: another process may have
+        upgraded the file meanwhile. Every run keeps its row (and ``seq``),
+        its entries (and their order) and its lease; the tables this layout
+        added are created.
+        """
         found = self._found(conn)
-        for table, columns in _ADDED.items():
+        if not self._earlier(found):
+            return False
+        rebuilt = ("ekit_queue_runs", "ekit_queue_entries")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip() and not any(table in statement for table in rebuilt):
+                conn.execute(statement)  # the tables this layout added (IF NOT EXISTS)
+        for table, columns in _KEPT_GAIN.items():
             for name, kind in columns.items():
-                if name not in found[table]:
+                if found[table] and name not in found[table]:  # (a table just created has it)
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        # ekit_queue_runs without the context and header, which move to ekit_queue_headers.
+        (sequence,) = conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'ekit_queue_runs'"
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO ekit_queue_headers (seq, context, header) SELECT seq, context, header "
+            "FROM ekit_queue_runs"
+        )
+        self._rebuild(conn, "ekit_queue_runs", found, {})
+        conn.execute(
+            "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'ekit_queue_runs'", (sequence,)
+        )
+        conn.execute(_statement("CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim"))
+        # ekit_queue_entries keyed by (run, kind, name) alone, each entry's ord its place in the run.
+        ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"  # (SQLite 3.25)
+        self._rebuild(conn, "ekit_queue_entries", found, {"ord": ordinal})
+        return True
+
+    @staticmethod
+    def _rebuild(
+        conn: sqlite3.Connection, table: str, found: dict[str, set[str]], computed: dict[str, str]
+    ) -> None:
+        """Make ``table`` anew in this layout, copying the columns both have and ``computed`` ones."""
+        columns = sorted(_COLUMNS[table] & found[table])
+        made = {**{c: c for c in columns}, **computed}
+        conn.execute(_statement(f"CREATE TABLE IF NOT EXISTS {table} ").replace(table, f"{table}_new", 1))
+        conn.execute(
+            f"INSERT INTO {table}_new ({', '.join(made)}) SELECT {', '.join(made.values())} FROM {table}"
+        )
+        conn.execute(f"DROP TABLE {table}")
+        conn.execute(f"ALTER TABLE {table}_new RENAME TO {table}")
 
     def _open_error(self, exc: sqlite3.Error) -> ValueError:
         """The error naming the file for an ``sqlite3`` error raised while opening it."""
@@ -335,12 +440,17 @@ class SqliteQueue(RunQueue):
         now = time.time()
 
         def body(conn: sqlite3.Connection) -> str:
-            conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, "
-                "created_at, updated_at, options) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) "
+            added = conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, priority, status, "
+                "created_at, updated_at, options) VALUES (?, ?, ?, 'queued', ?, ?, ?) "
                 "ON CONFLICT(run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.context, sub.priority, now, now, sub.options),
+                (sub.run_id, sub.workflow, sub.priority, now, now, sub.options),
             )
+            if added.rowcount == 1:
+                conn.execute(
+                    "INSERT INTO ekit_queue_headers (seq, context) VALUES (?, ?)",
+                    (added.lastrowid, sub.context),
+                )
             stored = conn.execute(
                 "SELECT workflow FROM ekit_queue_runs WHERE run_id = ?", (sub.run_id,)
             ).fetchone()[0]
@@ -387,14 +497,14 @@ class SqliteQueue(RunQueue):
 
     def _load(self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
         row = conn.execute(
-            "SELECT header, step_index, input_tokens, output_tokens, llm_calls, failures "
-            "FROM ekit_queue_runs WHERE run_id = ?",
+            "SELECT h.header, r.step_index, r.input_tokens, r.output_tokens, r.llm_calls, r.failures "
+            "FROM ekit_queue_runs AS r LEFT JOIN ekit_queue_headers AS h ON h.seq = r.seq WHERE r.run_id = ?",
             (run_id,),
         ).fetchone()
 
         def entries() -> list[tuple[str, str, str]]:
             return conn.execute(
-                "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY rowid", (run_id,)
+                "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY ord", (run_id,)
             ).fetchall()
 
         return self._decode_run(row, run_id, entries, f"{self.path}, run {run_id!r}", missing_ok=missing_ok)
@@ -442,6 +552,11 @@ class SqliteQueue(RunQueue):
                 f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
                 (cutoff,),
             )
+            conn.execute(
+                f"DELETE FROM ekit_queue_headers WHERE seq IN "
+                f"(SELECT seq FROM ekit_queue_runs WHERE {final})",
+                (cutoff,),
+            )
             return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (cutoff,)).rowcount
 
         return self._tx(body)
@@ -470,8 +585,8 @@ class SqliteQueue(RunQueue):
             if change is not None:
                 written = change(status, self._load(conn, run_id, missing_ok=False))
                 enc = self._encode_whole(written)
-                sets, args = f", header = ?, fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
-                    enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)
+                sets, args = f", fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
+                    written.fingerprint, *enc.counts, enc.failures, *progress(written)
                 ]
             updated = conn.execute(
                 f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
@@ -482,6 +597,7 @@ class SqliteQueue(RunQueue):
             if updated != 1:
                 self._changed(run_id, status, verb, step)
             if change is not None:
+                self._write_header(conn, run_id, enc.header)
                 self._write_entries(conn, run_id, enc, epoch + 1)
             self._forget(run_id)
             rows, served = self._infos(conn, "WHERE run_id = ?", (run_id,))
@@ -505,13 +621,19 @@ class SqliteQueue(RunQueue):
             if conn.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
                 raise self._taken(new_run_id)
             enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
-            conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
-                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
-                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, context, "
-                "coalesce(?, options), coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+            header, *counts = columns
+            made = conn.execute(
+                "INSERT INTO ekit_queue_runs (run_id, workflow, options, priority, status, "
+                "created_at, updated_at, fingerprint, step_index, input_tokens, output_tokens, "
+                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, coalesce(?, options), "
+                "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
                 "FROM ekit_queue_runs WHERE run_id = ?",
-                (new_run_id, options, priority, now, now, *columns, source),
+                (new_run_id, options, priority, now, now, *counts, source),
+            )
+            conn.execute(
+                "INSERT INTO ekit_queue_headers (seq, context, header) SELECT ?, h.context, ? "
+                "FROM ekit_queue_runs AS r JOIN ekit_queue_headers AS h ON h.seq = r.seq WHERE r.run_id = ?",
+                (made.lastrowid, header, source),
             )
             if enc is not None:
                 self._write_entries(conn, new_run_id, enc, 0)
@@ -520,11 +642,24 @@ class SqliteQueue(RunQueue):
 
     @staticmethod
     def _write_entries(conn: sqlite3.Connection, run_id: str, enc: EncodedCheckpoint, epoch: int) -> None:
-        """Replace the run's entries with those of a checkpoint written in full."""
+        """Replace the run's entries with those of a checkpoint written in full.
+
+        Their ords are their places, below those of any later save's entries.
+        """
         conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (run_id,))
         conn.executemany(
-            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) VALUES (?, ?, ?, ?, ?)",
-            [(run_id, kind, name, value, epoch) for kind, name, value in enc.rows],
+            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(run_id, kind, name, value, epoch, i) for i, (kind, name, value) in enumerate(enc.rows)],
+        )
+
+    @staticmethod
+    def _write_header(conn: sqlite3.Connection, run_id: str, header: str | None) -> None:
+        """Store the header of a checkpoint written in full (its context, graph and versions)."""
+        conn.execute(
+            "UPDATE ekit_queue_headers SET header = ? "
+            "WHERE seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = ?)",
+            (header, run_id),
         )
 
     def limits(self) -> Limits:
@@ -581,19 +716,22 @@ class SqliteQueue(RunQueue):
         # in order (a plain OR would read every queued run and sort them), then
         # the first of those two.
         first = (
-            "SELECT * FROM (SELECT run_id, epoch, workflow, context, options, priority, seq "
+            "SELECT * FROM (SELECT run_id, epoch, workflow, options, priority, seq "
             "FROM ekit_queue_runs "
             f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1)"
         )
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
-            f"SELECT run_id, epoch, workflow, context, options FROM ({first.format('queued')} "
-            f"UNION ALL {first.format('running')}) ORDER BY {CLAIM_ORDER} LIMIT 1",
+            "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options FROM "
+            f"(SELECT * FROM ({first.format('queued')} UNION ALL {first.format('running')}) "
+            f"ORDER BY {CLAIM_ORDER} LIMIT 1) AS c LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
             args + args,
         ).fetchone()
         if row is None:
             return None
         run_id, epoch, workflow, context, options = row
+        if context is None:
+            raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         until = now + seconds
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'running', epoch = ?, owner = ?, lease_until = ?, "
@@ -661,6 +799,21 @@ class SqliteQueue(RunQueue):
         self._fence(conn, lease, conn.execute(sql, args).rowcount)
         return self._cancel_asked(conn, lease.run_id)
 
+    def _fenced_save(
+        self, conn: sqlite3.Connection, lease: Lease, sql: str, args: tuple[Any, ...]
+    ) -> tuple[bool, int]:
+        """:meth:`_fenced_update` of a save: the cancel flag, and the run's save count after it."""
+        if _RETURNING:
+            rows = conn.execute(sql + " RETURNING cancel_requested, saves", args).fetchall()
+        else:
+            self._fence(conn, lease, conn.execute(sql, args).rowcount)
+            rows = conn.execute(
+                "SELECT cancel_requested, saves FROM ekit_queue_runs WHERE run_id = ?", (lease.run_id,)
+            ).fetchall()
+        if len(rows) != 1:
+            self._lost(lease)
+        return bool(rows[0][0]), rows[0][1]
+
     @staticmethod
     def _cancel_asked(conn: sqlite3.Connection, run_id: str) -> bool:
         row = conn.execute(
@@ -693,25 +846,20 @@ class SqliteQueue(RunQueue):
         added: TokenUsage,
     ) -> bool:
         now = time.time()
-        sets = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?, "
-        args: list[Any] = [*enc.counts, enc.failures]
-        sets += "steps_done = ?, steps_total = ?, "  # RunInfo's progress, read without decoding
-        args += progress(checkpoint)
+        # RunInfo's progress (steps_done, steps_total) is read without decoding.
+        args: list[Any] = [*enc.counts, enc.failures, *progress(checkpoint)]
         if enc.full:
-            sets += "header = ?, fingerprint = ?, "
-            args += [enc.header, checkpoint.fingerprint]
-        # The fence, the renewal and the cancel flag in one statement (RETURNING):
-        # a save of one step is this UPDATE and one INSERT.
-        cancel = self._fenced_update(
-            conn,
-            lease,
-            f"UPDATE ekit_queue_runs SET {sets}saves = saves + 1, lease_until = ?, updated_at = ? "
-            f"WHERE {_HELD}",
-            (*args, now + seconds, now, lease.run_id, lease.epoch, now),
-        )
+            args.append(checkpoint.fingerprint)
+        args += (now + seconds, now, lease.run_id, lease.epoch, now)
+        cancel, saves = self._fenced_save(conn, lease, _SAVE_FULL if enc.full else _SAVE, tuple(args))
         if enc.full:
+            self._write_header(conn, lease.run_id, enc.header)
             conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
-        rows = [(lease.run_id, kind, name, value, lease.epoch) for kind, name, value in enc.rows]
+        base = saves << _ORD_SHIFT
+        rows = [
+            (lease.run_id, kind, name, value, lease.epoch, base + i)
+            for i, (kind, name, value) in enumerate(enc.rows)
+        ]
         if len(rows) == 1:
             conn.execute(_UPSERT_ENTRY, rows[0])  # (executemany costs more for one row)
         elif rows:

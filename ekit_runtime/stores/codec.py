@@ -57,9 +57,13 @@ def codec(dumps: Dumps | None, loads: Loads | None) -> tuple[Dumps, Loads]:
     )
 
 
+# json.dumps with these options builds an encoder at every call: one, made once, serves every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def default_dumps(data: Any) -> str:
     """Compact, strict JSON on one line: utf-8 text kept as is, NaN and infinities refused."""
-    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(data)
 
 
 class _NonFinite(ValueError):

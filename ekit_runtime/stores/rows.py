@@ -224,7 +224,11 @@ def encode_checkpoint(
     require_checkpoint(checkpoint)
     if texts is None:
         texts = OutputTexts()  # nothing to reuse: every output is encoded now
-    failures = encode_text({k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ())
+    failures = (
+        encode_text({k: f.to_dict() for k, f in checkpoint.failures.items()}, default_dumps, ())
+        if checkpoint.failures
+        else "{}"  # (most saves: nothing has failed)
+    )
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
         delta = checkpoint.delta_since(previous)
