@@ -382,3 +382,47 @@ def test_a_plain_checkpoint_has_no_duration_until_read(tmp_path: Path) -> None:
     with pytest.raises(AttributeError):
         _STORED_DURATIONS.__get__(saved[-1], WorkflowCheckpoint)
     assert saved[-1].durations == MappingProxyType(TIMES)
+
+
+# -- who records them: asked for in one process, on by default in a fleet -------------
+
+
+def test_a_run_records_no_duration_unless_asked() -> None:
+    workflow, clock = _timed_chain()
+    final, saved = run(workflow, clock, durations=False)
+    assert dict(final.durations) == {} and all(not cp.durations for cp in saved)
+    assert "durations" not in final.to_dict()
+    plain = workflow.run_sync()  # the default: a checkpoint holds what a resume needs
+    assert "durations" not in plain.checkpoint.to_dict()
+    # A resume keeps the durations recorded before, whether or not it records its own.
+    timed, _ = run(*_timed_chain())
+    resumed = workflow.run_sync(resume_from=rewind(workflow, timed, "c"))
+    assert dict(resumed.checkpoint.durations) == {"a": TIMES["a"], "b": TIMES["b"]}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_durations_option_that_is_no_bool_is_refused_before_any_step(value: Any) -> None:
+    ran: list[str] = []
+    flow = Workflow([Step("a", lambda ctx: ran.append("a"))])
+    with pytest.raises(ValueError, match="durations must be True or False"):
+        flow.run_sync(durations=value)
+    assert ran == []
+
+
+def test_queue_workers_record_durations_unless_a_run_or_their_defaults_say_not(tmp_path: Path) -> None:
+    from ekit_runtime.queue import Worker, open_queue
+
+    flows = {"chain": Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",))])}
+    with open_queue(str(tmp_path / "q.db")) as q:
+        q.submit("chain", run_id="timed")
+        q.submit("chain", run_id="untimed", options={"durations": False})
+        assert asyncio.run(Worker(q, flows, poll=0.01).run_until_idle()) == 2
+        timed, untimed = q.checkpoint("timed"), q.checkpoint("untimed")
+        assert timed is not None and set(timed.durations) == {"a", "b"}
+        assert all(0 <= s < 60 for s in timed.durations.values())
+        assert untimed is not None and dict(untimed.durations) == {}
+        q.submit("chain", run_id="quiet")
+        assert asyncio.run(Worker(q, flows, poll=0.01, defaults={"durations": False}).run_until_idle()) == 1
+        assert dict(q.checkpoint("quiet").durations) == {}  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="'durations'"):
+            q.submit("chain", run_id="bad", options={"durations": "yes"})
