@@ -71,9 +71,10 @@ class StepAudit:
     ``"skipped"`` is a skip recorded by a condition (``skipped`` says why),
     which a resume keeps: its action is ``"skip"``. ``"mapped"`` is a
     mapped step whose output is not recorded: it runs as its items, and is
-    collected once they are; ``items`` is how many it has (``None`` while
-    what it maps over is not recorded) and ``items_recorded`` how many of
-    those are recorded or skipped.
+    collected once they are and its own dependencies are too (``waiting_on``
+    names those not recorded once its items are all settled); ``items`` is
+    how many it has (``None`` while what it maps over is not recorded) and
+    ``items_recorded`` how many of those are recorded or skipped.
 
     A step (or item) that asked a person (``ekit_runtime.ask``, ``approve``)
     lists its questions and their answers in ``asked`` (who answered what,
@@ -146,6 +147,9 @@ class StepAudit:
         if not self.items_recorded:
             return f"would expand into {count(self.items)} item(s)"
         left = self.items - self.items_recorded
+        if not left and self.waiting_on:
+            return (f"{count(self.items)} item(s) recorded or skipped; waiting on "
+                    + ", ".join(self.waiting_on) + ", then collected")
         return (f"{count(self.items_recorded)} of {count(self.items)} item(s) recorded or "
                 f"skipped, {count(left)} to run; collected once all are")
 
@@ -436,7 +440,7 @@ def _audited(
 def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, Any],
                         skips: Mapping[str, str]) -> Mapping[str, Any]:
     """``kept`` and the mapped steps a resume collects as it starts: every item of theirs
-    recorded or skipped (none at all: every dependency recorded), as the core does."""
+    recorded or skipped (or none at all) and every dependency recorded, as the core does."""
     done = dict(kept)
     grew = True
     while grew:
@@ -444,7 +448,7 @@ def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, An
         for name, members in items.members.items():
             if name in done or name in skips:
                 continue
-            settled = all(m in done or m in skips for m in members) if members else all(
+            settled = all(m in done or m in skips for m in members) and all(
                 d in done for d in graph.deps[name])
             if settled:
                 done[name] = [done[m] for m in members if m in done]
@@ -513,7 +517,9 @@ def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | No
     members = a.items.members.get(name)
     if shape is not None and shape.map_over is not None and (members is not None or failure is None):
         done = 0 if members is None else sum(1 for m in members if m in kept or m in skips)
-        return StepAudit(name, "run", "mapped", deps, waiting if members is None else (),
+        # Its items settled (or none), it still waits for its own dependencies.
+        settled = members is None or done == len(members)
+        return StepAudit(name, "run", "mapped", deps, waiting if settled else (),
                          usage=usage, items=None if members is None else len(members),
                          items_recorded=done)
     reason: Reason = "failed" if failure is not None else "waiting" if waiting else "ready"

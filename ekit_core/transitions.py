@@ -1128,9 +1128,10 @@ def _expand(w: _Run, over: str) -> None:
         if mapped in outputs:  # a resume: collected already
             continue
         left = sum(1 for m in members if m not in outputs and m not in skipped)
-        if not members:
-            # No item to wait for: it waits for its dependencies themselves, so
-            # that one skipped meanwhile skips it in every order of events.
+        if not left:
+            # No item to wait for (none, or all settled already: a resume, a
+            # cutoff): it waits for its dependencies themselves, so that one
+            # skipped meanwhile skips it in every order of events.
             left = _wait_for_dependencies(w, mapped, deps[mapped])
         if left:
             waiting[mapped] = left

@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ekit_core import GraphSpec, WorkflowCheckpoint, advance, audit, checkpoint_of, initial_state
+from ekit_core import (
+    GraphSpec,
+    Skipped,
+    Succeeded,
+    WorkflowCheckpoint,
+    advance,
+    audit,
+    checkpoint_of,
+    initial_state,
+)
+from ekit_core.shapes import Shape
 from ekit_core.transitions import context_outputs
 from ekit_runtime import Step, Workflow
 from tests.test_rewind_shapes import _run_to_end, pipeline
@@ -75,6 +85,25 @@ def test_a_mapped_step_whose_input_is_not_recorded_waits_then_expands() -> None:
 
 def urgent(ctx: dict[str, Any]) -> bool:
     return bool(ctx["route"] == "urgent")
+
+
+def test_a_chained_map_whose_items_were_all_skipped_still_waits_for_its_other_dependency() -> None:
+    # d runs item by item after b, whose only item was skipped; d also needs
+    # c, not yet run: a resume does not collect d yet (c may still be skipped).
+    graph = GraphSpec.of(
+        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
+        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
+    )
+    state, _ = advance(initial_state(graph))
+    state, _ = advance(state, [Succeeded("a", ["x"])])
+    state, _ = advance(state, [Skipped("b[0]", "condition cond was false")])
+    report = audit(graph, checkpoint_of(state))
+    assert report.clean, report.format()
+    d = report.step("d")
+    assert (d.action, d.reason, d.waiting_on) == ("run", "mapped", ("c",))
+    assert d.why == "1 item(s) recorded or skipped; waiting on c, then collected"
+    resumed, batch = advance(initial_state(graph, checkpoint_of(state)))
+    assert "d" not in resumed.outputs and batch.names == ("c",)
 
 
 def test_skips_are_explained_with_their_reason_and_not_run() -> None:

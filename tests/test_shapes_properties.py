@@ -109,6 +109,7 @@ def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Driv
         if crashes and order is not None and not state.settled and order.draw(st.booleans(), label="crash"):
             recorded = set(cp["outputs"]) | set(cp.get("skipped", {}))
             state, batch = advance(initial_state(graph, checkpoints[-1]))
+            _check_started(state, batch.names, problems)
             again = [n for n in batch.names if n in recorded]
             if again:
                 problems.append(f"resumed run started recorded {again}")
@@ -175,3 +176,30 @@ def test_a_chained_map_whose_items_are_all_skipped_waits_for_its_other_dependenc
     assert "s4" not in state.outputs and batch.names == ("s2",)
     state, batch = advance(state, [Succeeded("s2", "two")])
     assert state.outputs["s4"] == [] and state.outcome == "finished"
+
+
+def test_a_chained_map_whose_items_were_skipped_before_a_resume_waits_for_its_other_dependencies() -> None:
+    # The same rule when the run resumes between the skip and the dependency:
+    # d runs item by item after b, whose only item was skipped (so d's was
+    # too), and d also needs c, which had not run. The resume re-expands d
+    # with every item settled; it must still wait for c, and c's skip skips d
+    # (not record it as [], a checkpoint its own resume would refuse).
+    graph = GraphSpec.of(
+        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
+        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
+    )
+    state, batch = advance(initial_state(graph))
+    state, batch = advance(state, [Succeeded("a", ["x"])])
+    state, batch = advance(state, [Skipped("b[0]", "condition cond was false")])
+    assert state.outputs["b"] == [] and "d[0]" in state.skipped and "d" not in state.outputs
+    saved = json.loads(json.dumps(checkpoint_of(state).to_dict()))
+
+    state, batch = advance(initial_state(graph, saved))
+    assert "d" not in state.outputs and batch.names == ("c",)
+    skipped, _ = advance(state, [Skipped("c", "condition cond was false")])
+    assert "d" not in skipped.outputs and skipped.skipped["d"] == "it needs 'c', which was skipped"
+    assert skipped.outcome == "finished"
+    initial_state(graph, checkpoint_of(skipped))  # its checkpoint resumes
+
+    recorded, _ = advance(state, [Succeeded("c", "three")])
+    assert recorded.outputs["d"] == [] and recorded.outcome == "finished"
