@@ -29,32 +29,15 @@ from ekit_core import (
     initial_state,
 )
 from ekit_core.shapes import Shape
+from tests.strategies import shaped_dags
 
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:8]
 
 
-@st.composite
-def shaped_graphs(draw: st.DrawFn) -> GraphSpec:
-    size = draw(st.integers(2, 7), label="steps")
-    deps: dict[str, tuple[str, ...]] = {}
-    shapes: dict[str, Shape] = {}
-    for i in range(size):
-        name = f"s{i}"
-        earlier = list(deps)
-        parents = tuple(draw(st.lists(st.sampled_from(earlier), max_size=3, unique=True))) if earlier else ()
-        deps[name] = parents
-        kind = draw(st.sampled_from(["plain", "plain", "map", "when", "join"]))
-        if kind == "map" and parents:
-            shapes[name] = Shape(map_over=draw(st.sampled_from(parents)))
-        elif kind == "when":
-            shapes[name] = Shape(when="cond")
-        elif kind == "join" and len(parents) >= 2:
-            shapes[name] = Shape(join="any")
-        if draw(st.booleans()) and name in shapes and shapes[name].map_over is not None:
-            shapes[name] = Shape(map_over=shapes[name].map_over, when="cond")  # per-item conditions
-    return GraphSpec.of(deps, shapes)
+# The random shaped graphs of every shapes property test (tests/strategies.py).
+shaped_graphs = shaped_dags
 
 
 def _template(state: State, name: str) -> tuple[str, Any]:
