@@ -77,10 +77,8 @@ def test_audit_and_replay_of_a_shaped_run_are_clean_from_the_recorded_graph_or_a
 ) -> None:
     code, out = run(capsys, "audit", "run.jsonl")
     assert code == 0, out
-    # (no usage, and no time: a skipped step never ran)
-    assert re.search(r"escalate\s+skip\s+-\s+-\s+skipped: condition urgent was false", out)
-    # (an item's time: what its attempt took)
-    assert re.search(r"summarize\[2\]\s+skip\s+-\s+[0-9.]+(µs|ms|s)\s+output recorded", out)
+    assert re.search(r"escalate\s+skip\s+-\s+skipped: condition urgent was false", out)
+    assert re.search(r"summarize\[2\]\s+skip\s+-\s+output recorded", out)
     assert run(capsys, "replay", "run.jsonl")[0] == 0
     _, graph = run(capsys, "graph", "--workflow", "shaped_cli_flows:pipeline")
     (run_dir / "graph.json").write_text(graph, encoding="utf-8")

@@ -63,11 +63,10 @@ def test_a_save_writes_only_the_new_step(postgres_url: str) -> None:
     chain.run_sync(checkpoint_fn=store)
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT count(*), max(seq) FROM ekit_entries WHERE run_id = 'big'").fetchone()
-    # Two rows per step: its output, and its usage row, which holds the
-    # seconds its attempt took (zero counts: the steps spent nothing); each
+    # One output row per step (no usage row: the steps spent nothing), each
     # inserted once: a save that rewrote earlier rows would have drawn more
     # sequence numbers.
-    assert row == (100, 100)
+    assert row == (50, 50)
     loaded = store.load()
     assert loaded is not None and len(loaded.outputs) == 50
     store.close()

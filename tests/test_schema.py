@@ -64,7 +64,7 @@ def test_the_schema_is_a_valid_draft_2020_12_schema() -> None:
 
 def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     saved: list[WorkflowCheckpoint] = []
-    _workflow().run_sync({"topic": "tides"}, checkpoint_fn=saved.append)
+    _workflow().run_sync({"topic": "tides"}, checkpoint_fn=saved.append, durations=True)
     assert saved and saved[-1].context == {"topic": "tides"}
     for checkpoint in saved:
         data = _json(checkpoint)
@@ -167,7 +167,7 @@ def _shaped() -> Workflow:
 
 def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     saved: list[WorkflowCheckpoint] = []
-    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1)
+    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1, durations=True)
     for checkpoint in saved:
         _valid(_json(checkpoint))
     last = _json(saved[-1])
