@@ -177,7 +177,7 @@ def test_the_help_documents_every_run_setting(capsys: pytest.CaptureFixture[str]
     out = " ".join(capsys.readouterr().out.split())
     for flag in ("--max-concurrency N", "--budget-calls N", "--budget-input-tokens N",
                  "--budget-output-tokens N", "--isolate-failures", "--executor MODULE:ATTR",
-                 "--trace otel|progress|MODULE:ATTR", "overrides them name by name", "--no-durations"):
+                 "--trace otel|progress|MODULE:ATTR", "overrides them name by name", "--durations"):
         assert flag in out
     assert main(["queue", "--queue", "q.db", "submit", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())

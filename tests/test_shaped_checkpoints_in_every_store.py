@@ -279,8 +279,7 @@ def test_a_worker_saves_a_shaped_run_on_each_queue_backend_in_deltas(
     queue_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written = _spied(monkeypatch, ekit_runtime.queue.base)
-    # A worker records durations (by default): so does the reference run.
-    reference = shaped([]).run_sync({"n": N}, durations=True).checkpoint
+    reference = shaped([]).run_sync({"n": N}).checkpoint
     q = open_queue(queue_url)
     try:
         run_id = q.submit("shaped", {"n": N})

@@ -18,6 +18,9 @@ from ekit_runtime import Step, Workflow, approve, ask
 HOSTILE = "<img src=x onerror=alert(1)>"
 """A step name (and a context value) that must render as text, never as markup."""
 
+TIMED = {"durations": True}
+"""The workers' defaults here: they record how long each step took."""
+
 GATE = threading.Event()
 AFTER = threading.Event()
 
@@ -117,7 +120,8 @@ def populate(queue: Any) -> dict[str, str]:
     }
     queue.cancel(ids["cancelled"])
     registry = {k: v for k, v in WORKFLOWS.items() if k != "live"}
-    asyncio.run(Worker(queue, registry, poll=0.05).run_until_idle())
+    # A fleet that records durations (ekit worker --durations): the step tables show them.
+    asyncio.run(Worker(queue, registry, poll=0.05, defaults=TIMED).run_until_idle())
     ids["running"] = queue.submit("live", {"doc": "g.txt"}, run_id="live-running")
     return ids
 
@@ -145,7 +149,7 @@ class LiveWorker:
 
         async def body() -> None:
             self._loop = asyncio.get_running_loop()
-            self._worker = Worker(self.queue, {"live": WORKFLOWS["live"]}, poll=0.05)
+            self._worker = Worker(self.queue, {"live": WORKFLOWS["live"]}, poll=0.05, defaults=TIMED)
             self._ready.set()
             await self._worker.run()
 

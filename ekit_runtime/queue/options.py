@@ -122,7 +122,7 @@ RUN_OPTIONS: Mapping[str, RunOption] = MappingProxyType({
     ),
     "isolate_failures": RunOption(_flag, _same, "true/false: a failed step stops only its dependants"),
     "allow_graph_change": RunOption(_flag, _same, "true/false: resume a checkpoint of another graph"),
-    "durations": RunOption(_flag, _same, "true/false: record how long each step took (workers: true)"),
+    "durations": RunOption(_flag, _same, "true/false: record how long each step took"),
     "only": RunOption(
         _step_names, _same, 'a list of step names, such as ["summary"]: run those and what they need'
     ),

@@ -167,10 +167,9 @@ class Worker:
       trace callback, a list of them, or ``None`` (an ``OtelTracer()``, a
       ``ProgressPrinter``, ...).
     - ``defaults``: run options (plain data, as ``submit(options=...)``
-      takes) for every run; a run's own options override them, name by name.
-      ``durations`` is on unless they say otherwise: a fleet's runs record
-      how long each step took, which the dashboard shows (a save's cost is
-      its commit, not the few bytes more).
+      takes) for every run; a run's own options override them, name by name
+      (``{"durations": True}`` records how long each step took, which the
+      dashboard shows).
 
     ``await worker.run()`` works until :meth:`stop` (or cancellation);
     ``await worker.run_until_idle()`` returns once nothing is claimable and
@@ -222,7 +221,7 @@ class Worker:
             raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
         self.executor = executor
         self.trace = trace
-        self.defaults = {"durations": True, **check_run_options(defaults, "defaults")}
+        self.defaults = check_run_options(defaults, "defaults")
         self._announced = -_ANNOUNCE_EVERY
         self.fingerprints = {k: w.graph.fingerprint for k, w in self.registry.items()}
         self.outcomes: dict[str, str] = {}
