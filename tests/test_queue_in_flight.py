@@ -102,3 +102,10 @@ def test_only_live_workers_under_the_current_lease_count(queue_url: str) -> None
 def test_a_malformed_announcement_is_refused_naming_doing(queue_url: str, doing: Any) -> None:
     with open_queue(queue_url) as q, pytest.raises(ValueError, match=r"doing|run_id"):
         q.announce("w", {"flow": None}, 30.0, doing)
+
+
+def test_an_unknown_run_is_an_unknown_run_error(queue_url: str) -> None:
+    from ekit_runtime.queue import UnknownRunError
+
+    with open_queue(queue_url) as q, pytest.raises(UnknownRunError):
+        q.in_flight("nobody")

@@ -404,7 +404,8 @@ class RunQueue(ABC):
         those made under the run's current lease: empty for a run that is not
         running, and for a step held back before its work began (a limit, a
         resource's slot). For people watching (the dashboard), never for
-        recovery: the lease is what says who drives a run.
+        recovery: the lease is what says who drives a run. An unknown run is
+        an :class:`UnknownRunError`, as for :meth:`status`.
         """
         info = self.status(run_id)
         if info.status != "running":
