@@ -17,19 +17,16 @@ from hypothesis import HealthCheck, given, settings
 
 from ekit_core import (
     GraphSpec,
-    Skipped,
-    Succeeded,
     WorkflowCheckpoint,
     advance,
     audit,
     checkpoint_of,
     initial_state,
 )
-from ekit_core.shapes import Shape
 from ekit_core.transitions import context_outputs
 from ekit_runtime import Step, Workflow
 from tests.test_rewind_shapes import _run_to_end, pipeline
-from tests.test_shapes_properties import _result, shaped_graphs
+from tests.test_shapes_properties import _result, all_skipped_chain, shaped_graphs
 
 
 def checkpoints() -> tuple[Workflow, list[WorkflowCheckpoint]]:
@@ -90,13 +87,7 @@ def urgent(ctx: dict[str, Any]) -> bool:
 def test_a_chained_map_whose_items_were_all_skipped_still_waits_for_its_other_dependency() -> None:
     # d runs item by item after b, whose only item was skipped; d also needs
     # c, not yet run: a resume does not collect d yet (c may still be skipped).
-    graph = GraphSpec.of(
-        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
-        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
-    )
-    state, _ = advance(initial_state(graph))
-    state, _ = advance(state, [Succeeded("a", ["x"])])
-    state, _ = advance(state, [Skipped("b[0]", "condition cond was false")])
+    graph, state = all_skipped_chain()
     report = audit(graph, checkpoint_of(state))
     assert report.clean, report.format()
     d = report.step("d")

@@ -17,17 +17,15 @@ from hypothesis import strategies as st
 from ekit_core import (
     GraphSpec,
     Skipped,
-    Succeeded,
     WorkflowCheckpoint,
     advance,
     checkpoint_of,
     initial_state,
     replay,
 )
-from ekit_core.shapes import Shape
 from ekit_runtime import Step, Workflow
 from tests.test_rewind_shapes import pipeline
-from tests.test_shapes_properties import _result, shaped_graphs
+from tests.test_shapes_properties import _result, all_skipped_chain, shaped_graphs
 
 
 def recorded() -> tuple[Workflow, list[dict[str, Any]]]:
@@ -101,13 +99,7 @@ def test_new_skips_are_on_the_timeline_with_their_reason() -> None:
 def test_a_resume_between_an_all_skipped_chain_and_its_other_dependency_replays_clean() -> None:
     # d runs item by item after b, whose only item is skipped; d also needs c,
     # skipped only after a resume: d is skipped, never recorded before c.
-    graph = GraphSpec.of(
-        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
-        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
-    )
-    state, _ = advance(initial_state(graph))
-    state, _ = advance(state, [Succeeded("a", ["x"])])
-    state, _ = advance(state, [Skipped("b[0]", "condition cond was false")])
+    graph, state = all_skipped_chain()
     saved = [checkpoint_of(state)]
     state, _ = advance(initial_state(graph, saved[-1]))
     state, _ = advance(state, [Skipped("c", "condition cond was false")])

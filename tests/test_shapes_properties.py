@@ -161,19 +161,26 @@ def test_a_chained_map_whose_items_are_all_skipped_waits_for_its_other_dependenc
     assert state.outputs["s4"] == [] and state.outcome == "finished"
 
 
+def all_skipped_chain() -> tuple[GraphSpec, State]:
+    """``d`` maps over ``b``, which maps over ``a`` and whose only item was skipped (so
+    ``d``'s was too); ``d`` also needs ``c``, not run yet. The graph, and that state."""
+    graph = GraphSpec.of(
+        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
+        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
+    )
+    state, _ = advance(initial_state(graph))
+    state, _ = advance(state, [Succeeded("a", ["x"])])
+    state, _ = advance(state, [Skipped("b[0]", "condition cond was false")])
+    return graph, state
+
+
 def test_a_chained_map_whose_items_were_skipped_before_a_resume_waits_for_its_other_dependencies() -> None:
     # The same rule when the run resumes between the skip and the dependency:
     # d runs item by item after b, whose only item was skipped (so d's was
     # too), and d also needs c, which had not run. The resume re-expands d
     # with every item settled; it must still wait for c, and c's skip skips d
     # (not record it as [], a checkpoint its own resume would refuse).
-    graph = GraphSpec.of(
-        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
-        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
-    )
-    state, batch = advance(initial_state(graph))
-    state, batch = advance(state, [Succeeded("a", ["x"])])
-    state, batch = advance(state, [Skipped("b[0]", "condition cond was false")])
+    graph, state = all_skipped_chain()
     assert state.outputs["b"] == [] and "d[0]" in state.skipped and "d" not in state.outputs
     saved = json.loads(json.dumps(checkpoint_of(state).to_dict()))
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from ekit_core.audit import StepAudit
-from ekit_core.report import seconds_text
+from ekit_core.report import seconds_text, usage_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
@@ -40,9 +40,7 @@ def run_href(run_id: str) -> str:
 
 
 def _usage(u: TokenUsage | None) -> str:
-    if u is None:
-        return "-"
-    return f"{u.input_tokens:,}/{u.output_tokens:,}/{u.llm_calls:,}"
+    return "-" if u is None else usage_text(u)
 
 
 def _age(seconds: float) -> str:
