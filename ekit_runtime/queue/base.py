@@ -344,11 +344,12 @@ class RunQueue(ABC):
         checkpoint: WorkflowCheckpoint | None,
         until: float,
         options: str = "{}",
+        limits: Limits | None = None,
     ) -> Lease:
         """The lease a claim read, remembered as holding ``checkpoint``."""
         lease = Lease(
             run_id, epoch, workflow, self._context(context), checkpoint, until,
-            options=self._options(options),
+            options=self._options(options), limits=limits,
         )
         self._remember(lease, checkpoint)
         return lease

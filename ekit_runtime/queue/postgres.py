@@ -593,16 +593,17 @@ class PostgresQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         who = self._worker_name(worker)
         with self.db.transaction() as conn:
-            row = self._claim(conn, who, names, seconds)
-            if row is None:
+            claimed = self._claim(conn, who, names, seconds)
+            if claimed is None:
                 return None
-            run_id, epoch, workflow, context, until, options = row
+            (run_id, epoch, workflow, context, until, options), limits = claimed
             checkpoint = self._load(conn, run_id, missing_ok=True)
-        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options)
+        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
-    ) -> tuple[Any, ...] | None:
+    ) -> tuple[tuple[Any, ...], Limits] | None:
+        """The claimed run's row (see :meth:`claim`) and the limits the claim read, or ``None``."""
         conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
             f"updated_at = {_NOW} WHERE {_ABANDONED}"
@@ -630,7 +631,7 @@ class PostgresQueue(RunQueue):
             return None
         if limits.runs_per_minute is not None:
             conn.execute(f"INSERT INTO ekit_queue_starts (at) VALUES ({_NOW})")
-        return claimed
+        return claimed, limits
 
     @staticmethod
     def _below_limits(conn: psycopg.Connection[Any], limits: Limits) -> bool:

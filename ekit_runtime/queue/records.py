@@ -179,7 +179,10 @@ class Lease:
     and the lease has not expired. ``checkpoint`` is the run's latest
     checkpoint when the lease was granted (``None`` for a fresh run);
     ``context`` the initial context it was submitted with; ``options`` its
-    run options (checked plain data, see :mod:`ekit_runtime.queue.options`).
+    run options (checked plain data, see :mod:`ekit_runtime.queue.options`);
+    ``limits`` the fleet's :class:`Limits` as the claim read them, in the
+    transaction that granted the lease (``None`` from a backend that does not
+    say: a worker then asks :meth:`RunQueue.limits`).
     """
 
     run_id: str
@@ -190,6 +193,7 @@ class Lease:
     expires: float
     cancel_requested: bool = False
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    limits: Limits | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ The clock is the machine's (``time.time()``), shared by every process.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import sqlite3
@@ -227,6 +228,57 @@ _SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
 _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
+# A delta save as ONE statement: an insert into the view ekit_queue_delta,
+# whose trigger runs the fenced UPDATE, refuses the save if it matched no row,
+# and writes the entries (a JSON array of [kind, name, value]) and the usage.
+#
+# Why: SQLite's write lock is held from a transaction's first write to the end
+# of its commit. With BEGIN IMMEDIATE, UPDATE, INSERT, COMMIT, the thread
+# holding it gives up the GIL inside each statement and must win it back
+# between them, so a worker whose event loop is busy kept the lock for two to
+# three times the statements' own time, and a second worker mostly waited.
+# One autocommit statement takes the lock, writes, commits and lets go of it
+# inside one call into SQLite, with the GIL released throughout.
+#
+# The trigger's body is part of the layout: a change to it needs a new name
+# (the old one dropped on open), as IF NOT EXISTS keeps whatever body a file has.
+_HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
+_LEASE_LOST = "ekit: lease lost"
+_PROCEDURES = f"""
+CREATE VIEW IF NOT EXISTS ekit_queue_delta AS SELECT
+    NULL AS run_id, NULL AS epoch, NULL AS now, NULL AS lease_until, NULL AS step_index,
+    NULL AS input_tokens, NULL AS output_tokens, NULL AS llm_calls, NULL AS failures,
+    NULL AS steps_done, NULL AS steps_total, NULL AS entries, NULL AS calls, NULL AS tokens
+    WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_delta_v1 INSTEAD OF INSERT ON ekit_queue_delta BEGIN
+    UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
+        output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
+        steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE {_HELD_NEW};
+    SELECT RAISE(ABORT, '{_LEASE_LOST}') WHERE changes() <> 1;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
+            json_extract(e.value, '$[2]'), NEW.epoch,
+            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << {_ORD_SHIFT}) + e.key
+        FROM json_each(NEW.entries) AS e WHERE 1
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
+    INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
+        SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL;
+    -- The cancel flag, told by one more change when it is set (see _write_delta).
+    UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = NEW.run_id AND cancel_requested;
+END;
+"""
+_DELTA = (
+    "INSERT INTO ekit_queue_delta (run_id, epoch, now, lease_until, step_index, input_tokens, "
+    "output_tokens, llm_calls, failures, steps_done, steps_total, entries, calls, tokens) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The entries travel as one JSON text; json_extract gives back every string
+# exactly, except that it stops at a NUL character, which no stored text holds
+# (the queue refuses one before it writes: see RunQueue._encode).
+_ENTRIES = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+
 
 class SqliteQueue(RunQueue):
     """A durable run queue in one SQLite database file (WAL), shared by worker processes.
@@ -244,6 +296,8 @@ class SqliteQueue(RunQueue):
     """
 
     backend = "sqlite"
+    # Whether delta saves are one statement (``_PROCEDURES``): this SQLite has its JSON functions.
+    _one_statement = False
 
     def __init__(
         self,
@@ -287,6 +341,9 @@ class SqliteQueue(RunQueue):
             self._tx(self._upgrade)
         else:
             conn.executescript(_SCHEMA)
+        self._one_statement = self._json_functions(conn)
+        if self._one_statement:
+            conn.executescript(_PROCEDURES)
         found = self._found(conn)
         problem = schema_problem(_COLUMNS, found)
         if problem is None and "context" in found["ekit_queue_runs"]:
@@ -298,6 +355,14 @@ class SqliteQueue(RunQueue):
             raise CorruptStoreError(self.path, problem)
         # Opened: from here on, :meth:`_tx` waits for locks itself (see _NAP_FIRST).
         conn.execute("PRAGMA busy_timeout = 0")
+
+    @staticmethod
+    def _json_functions(conn: sqlite3.Connection) -> bool:
+        """Whether this SQLite has its JSON functions (built in since 3.38, an option before)."""
+        try:
+            return bool(conn.execute("SELECT json_extract('[1]', '$[0]') = 1").fetchone()[0])
+        except sqlite3.OperationalError:
+            return False
 
     @staticmethod
     def _found(conn: sqlite3.Connection) -> dict[str, set[str]]:
@@ -373,8 +438,10 @@ class SqliteQueue(RunQueue):
         # Locked past the timeout, read-only, out of space, an I/O error: the file is not at fault.
         return QueueUnavailableError(self.path, f"cannot open the queue's database ({exc})")
 
-    def _tx(self, body: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+    def _tx(self, body: Callable[[sqlite3.Connection], T], *, write: bool = True, begin: bool = True) -> T:
         """Run ``body`` in one transaction (``BEGIN IMMEDIATE`` to write); roll back on any error.
+
+        ``begin=False``: ``body`` is one statement, its own transaction.
 
         A transaction that meets another process's lock (``SQLITE_BUSY``) is
         rolled back and run again after a short nap, for up to
@@ -387,7 +454,7 @@ class SqliteQueue(RunQueue):
             nap = _NAP_FIRST
             while True:
                 try:
-                    return self._attempt(body, write)
+                    return self._attempt(body, write) if begin else self._alone(body)
                 except sqlite3.OperationalError as exc:
                     code = getattr(exc, "sqlite_errorcode", None)
                     if not isinstance(code, int) or code & 0xFF != sqlite3.SQLITE_BUSY:
@@ -398,6 +465,12 @@ class SqliteQueue(RunQueue):
                         raise
                 _nap(nap * random.uniform(0.5, 1.5))
                 nap = min(nap * 2, _NAP_MAX if now - began < 1.0 else _NAP_MAX_LONG)
+
+    def _alone(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self.conn
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")  # (as in _attempt)
+        return body(conn)
 
     def _attempt(self, body: Callable[[sqlite3.Connection], T], write: bool) -> T:
         conn = self.conn
@@ -722,14 +795,14 @@ class SqliteQueue(RunQueue):
         )
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
-            "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options FROM "
+            "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options, h.header IS NOT NULL FROM "
             f"(SELECT * FROM ({first.format('queued')} UNION ALL {first.format('running')}) "
             f"ORDER BY {CLAIM_ORDER} LIMIT 1) AS c LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
             args + args,
         ).fetchone()
         if row is None:
             return None
-        run_id, epoch, workflow, context, options = row
+        run_id, epoch, workflow, context, options, saved = row
         if context is None:
             raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         until = now + seconds
@@ -740,8 +813,9 @@ class SqliteQueue(RunQueue):
         )
         if limits.runs_per_minute is not None:
             conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
-        checkpoint = self._load(conn, run_id, missing_ok=True)
-        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options)
+        # A run never saved has no header (and no entries): nothing to read.
+        checkpoint = self._load(conn, run_id, missing_ok=True) if saved else None
+        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options, limits)
 
     def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
         """Whether one more lease keeps the fleet within its cap and its start rate.
@@ -832,9 +906,51 @@ class SqliteQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         with self._lock:
             encoded, added = self._prepare_save(lease, checkpoint)
-            cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
+            if encoded.full or not self._one_statement:
+                cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
+            else:
+                entries = _ENTRIES(encoded.rows)
+                cancel = self._tx(
+                    lambda c: self._write_delta(c, lease, encoded, entries, seconds, checkpoint, added),
+                    begin=False,
+                )
             self._remember(lease, checkpoint)
             return cancel
+
+    def _write_delta(
+        self,
+        conn: sqlite3.Connection,
+        lease: Lease,
+        enc: EncodedCheckpoint,
+        entries: str,
+        seconds: float,
+        checkpoint: WorkflowCheckpoint,
+        added: TokenUsage,
+    ) -> bool:
+        """The one-statement save of a delta (see ``_PROCEDURES``); whether a cancel was asked.
+
+        The statement cannot return a value, but the connection counts the
+        rows it changes: the run's row, each entry, the usage row if any, and
+        the run's row once more when its cancel flag is set. Counting them
+        spares a second statement (a read of the flag) on every save.
+        """
+        now = time.time()
+        used = self._uses(added)
+        before = conn.total_changes
+        try:
+            conn.execute(
+                _DELTA,
+                (
+                    lease.run_id, lease.epoch, now, now + seconds, *enc.counts, enc.failures,
+                    *progress(checkpoint), entries,
+                    added.llm_calls if used else None, added.input_tokens + added.output_tokens,
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            if str(exc) == _LEASE_LOST:
+                self._lost(lease)
+            raise
+        return conn.total_changes - before > 1 + len(enc.rows) + used
 
     def _write(
         self,
@@ -887,7 +1003,7 @@ class SqliteQueue(RunQueue):
             ).rowcount
             self._fence(conn, lease, updated)
 
-        self._tx(body)
+        self._tx(body, begin=False)  # (one statement: its own transaction)
         self._forget(lease.run_id)
 
     def release(self, lease: Lease) -> bool:
@@ -980,7 +1096,7 @@ class SqliteQueue(RunQueue):
             ).rowcount
             self._fence(conn, lease, updated)
 
-        self._tx(body)
+        self._tx(body, begin=False)  # (one statement: its own transaction)
         self._forget(lease.run_id)
 
     def usage_hold(self) -> tuple[float, str | None]:

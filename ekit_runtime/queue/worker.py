@@ -127,6 +127,8 @@ class _Drive:
     """``time.monotonic()`` before which the lease is surely still held: the start of
     the last call that granted or renewed it, plus the lease length (the database
     set its expiry from a later moment, so this errs early, never late)."""
+    gated: bool = False
+    """Whether the fleet had usage limits when the run was claimed: each attempt then waits on them."""
     task: asyncio.Task[Any] | None = None
     lost: bool = False
     cancel_asked: bool = False
@@ -235,7 +237,6 @@ class Worker:
         self._drives: dict[asyncio.Task[None], _Drive] = {}
         self._stop: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._gated = False
         self._claim_failures = 0
 
     # -- the loop -----------------------------------------------------------
@@ -347,13 +348,13 @@ class Worker:
         return min(cap, self.poll * 2.0**exponent)
 
     async def _claim_one(self) -> bool:
-        limits = await self._db(self.queue.limits)
-        self._gated = usage_limited(limits)
         asked = time.monotonic()
         lease = await self._db(self.queue.claim, self.name, self.fingerprints, self.lease_seconds)
         if lease is None:
             return False
-        drive = _Drive(lease, asked + self.lease_seconds)
+        # The limits the claim read in its own transaction (one query fewer per claim).
+        limits = lease.limits if lease.limits is not None else await self._db(self.queue.limits)
+        drive = _Drive(lease, asked + self.lease_seconds, gated=usage_limited(limits))
         self._log_claimed(lease)
         task = asyncio.create_task(self._drive(drive), name=f"ekit-run-{lease.run_id}")
         self._drives[task] = drive
@@ -399,7 +400,7 @@ class Worker:
             # Claimed while the worker was being stopped: give it back untouched.
             await self._give_back(drive)
             return
-        gate = self._usage_gate(drive) if self._gated else None
+        gate = self._usage_gate(drive) if drive.gated else None
         # The run's id keys its attempts (run/step/number, the number counted
         # across runs), and each attempt waits for the worker's admission.
         drive.task = asyncio.create_task(self._run(drive, gate))
