@@ -179,7 +179,9 @@ def _error_text(error: object) -> str | None:
 def schema_columns(schema: str) -> dict[str, set[str]]:
     """Each table a ``CREATE TABLE`` of ``schema`` makes, and the names of its columns."""
     tables: dict[str, set[str]] = {}
-    for match in re.finditer(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\)(?: WITHOUT ROWID)?;", schema, re.S):
+    for match in re.finditer(
+        r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\)(?: WITHOUT ROWID| WITH \([^)]*\))?;", schema, re.S
+    ):
         body = re.sub(r"PRIMARY KEY \([^)]*\)", "", match.group(2))
         tables[match.group(1)] = {p.split()[0] for p in body.split(",") if p.strip()}
     return tables

@@ -107,7 +107,7 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     steps_done bigint NOT NULL DEFAULT 0,
     steps_total bigint,
     reason text
-);
+) WITH (fillfactor = 50);
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
     seq bigserial,
@@ -158,6 +158,33 @@ _ABANDONED = render(ABANDONED, _DIALECT)
 _MATCHES = render(MATCHES, _DIALECT)
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
+
+# The pick of a claim: the first claimable run of the claimer's workflows, its
+# row locked, skipping rows other claims hold (args: the names, the prints).
+_PICK = (
+    "SELECT r.run_id FROM ekit_queue_runs r "
+    f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
+    f"WHERE {_CLAIMABLE}{{}} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
+)
+# The quick claim: ONE statement, while the fleet has no limit a claim counts.
+# A claim in full is a transaction of six to eight round trips (the sweep of
+# abandoned runs, the limits, the window, the pick and lease, the checkpoint);
+# this one sweeps, trims the window, picks and leases at once, guarded by the
+# limits' text as last read (changed: it matches nothing, and the claim in
+# full runs), and returns what a checkpoint is decoded from besides its
+# entries. The pick leaves out the abandoned runs, which the sweep cancels:
+# two updates of one statement must not touch the same row.
+_QUICK_CLAIM = (
+    "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+    f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
+    f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1) "
+    "UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+    f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
+    "WHERE run_id = (" + _PICK.format(" AND NOT (r.status = 'running' AND r.cancel_requested)") + ") "
+    "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
+    "RETURNING run_id, epoch, workflow, context, lease_until, options, "
+    "header, step_index, input_tokens, output_tokens, llm_calls, failures"
+)
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)
 # The first key of the advisory lock a slot's take holds on its resource (the
 # second is the name's hash): "ekit" in ASCII, apart from any other user's locks.
@@ -580,10 +607,36 @@ class PostgresQueue(RunQueue):
         )
 
     def _read_limits(self, conn: psycopg.Connection[Any], *, lock: bool = False) -> Limits:
+        return self._read_limits_text(conn, lock=lock)[1]
+
+    def _read_limits_text(
+        self, conn: psycopg.Connection[Any], *, lock: bool = False
+    ) -> tuple[str | None, Limits]:
+        """The fleet's limits as stored (the text, ``None`` if none is) and as read."""
         row = conn.execute(
             "SELECT value FROM ekit_queue_config WHERE key = 'limits'" + (" FOR UPDATE" if lock else "")
         ).fetchone()
-        return self._limits_from(row)
+        return (None if row is None else row[0]), self._limits_from(row)
+
+    _quick: tuple[str | None, Limits] | None = None
+
+    def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
+        """The lease a quick claim returned, with the run's checkpoint (its entries read now)."""
+        run_id, epoch, workflow, context, until, options, *stored = row
+        checkpoint = None
+        if stored[0] is not None:
+            # Read after the claim committed: the lease is held, so no other writer changes them.
+            def entries() -> list[tuple[str, str, str]]:
+                return self.db.run(
+                    lambda c: c.execute(
+                        "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = %s ORDER BY seq",
+                        (run_id,),
+                    ).fetchall()
+                )
+
+            checkpoint = self._decode_run(tuple(stored), run_id, entries, f"postgresql run {run_id!r}",
+                                          missing_ok=True)
+        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
 
     # -- the worker's side --------------------------------------------------
 
@@ -592,6 +645,13 @@ class PostgresQueue(RunQueue):
         names = self._workflows(workflows)
         seconds = self._lease_seconds(lease_seconds)
         who = self._worker_name(worker)
+        quick = self._quick
+        if quick is not None:
+            args = (quick[1].window, who, seconds, [n for n, _ in names], [fp for _, fp in names], quick[0])
+            row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
+            if row is not None:
+                return self._granted_quick(row, quick[1])
+            # Nothing to claim, or the limits changed: the claim in full says which.
         with self.db.transaction() as conn:
             claimed = self._claim(conn, who, names, seconds)
             if claimed is None:
@@ -608,7 +668,10 @@ class PostgresQueue(RunQueue):
             f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
             f"updated_at = {_NOW} WHERE {_ABANDONED}"
         )
-        limits = self._read_limits(conn)
+        text, limits = self._read_limits_text(conn)
+        # Later claims are quick (see _QUICK_CLAIM) while the fleet has no limit a claim counts.
+        counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
+        self._quick = None if counted else (text, limits)
         conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
         if limits.max_in_flight is not None or limits.runs_per_minute is not None:
             # Serialise the claims that count: without this, two claims could
@@ -621,9 +684,7 @@ class PostgresQueue(RunQueue):
         claimed: tuple[Any, ...] | None = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL WHERE run_id = ("
-            "SELECT r.run_id FROM ekit_queue_runs r "
-            f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
-            f"WHERE {_CLAIMABLE} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED) "
+            f"{_PICK.format('')}) "
             "RETURNING run_id, epoch, workflow, context, lease_until, options",
             (worker, seconds, [n for n, _ in names], [fp for _, fp in names]),
         ).fetchone()

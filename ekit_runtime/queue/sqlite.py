@@ -228,9 +228,10 @@ _SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
 _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
-# A delta save as ONE statement: an insert into the view ekit_queue_delta,
-# whose trigger runs the fenced UPDATE, refuses the save if it matched no row,
-# and writes the entries (a JSON array of [kind, name, value]) and the usage.
+# A save as ONE statement: an insert into the view ekit_queue_save, whose
+# trigger runs the fenced UPDATE, refuses the save if it matched no row, and
+# writes the entries (a JSON array of [kind, name, value]) and the usage; a
+# save in full (``header`` not NULL) also replaces the header and the entries.
 #
 # Why: SQLite's write lock is held from a transaction's first write to the end
 # of its commit. With BEGIN IMMEDIATE, UPDATE, INSERT, COMMIT, the thread
@@ -244,19 +245,24 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # (the old one dropped on open), as IF NOT EXISTS keeps whatever body a file has.
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 _LEASE_LOST = "ekit: lease lost"
+_SAVE_COLUMNS = (
+    "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
+    "failures", "steps_done", "steps_total", "entries", "calls", "tokens", "fingerprint", "header",
+)
 _PROCEDURES = f"""
-CREATE VIEW IF NOT EXISTS ekit_queue_delta AS SELECT
-    NULL AS run_id, NULL AS epoch, NULL AS now, NULL AS lease_until, NULL AS step_index,
-    NULL AS input_tokens, NULL AS output_tokens, NULL AS llm_calls, NULL AS failures,
-    NULL AS steps_done, NULL AS steps_total, NULL AS entries, NULL AS calls, NULL AS tokens
-    WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_delta_v1 INSTEAD OF INSERT ON ekit_queue_delta BEGIN
+CREATE VIEW IF NOT EXISTS ekit_queue_save AS SELECT
+    {", ".join(f"NULL AS {c}" for c in _SAVE_COLUMNS)} WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_save_v1 INSTEAD OF INSERT ON ekit_queue_save BEGIN
     UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
         output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
         steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        fingerprint = CASE WHEN NEW.header IS NULL THEN fingerprint ELSE NEW.fingerprint END,
         lease_until = NEW.lease_until, updated_at = NEW.now
         WHERE {_HELD_NEW};
     SELECT RAISE(ABORT, '{_LEASE_LOST}') WHERE changes() <> 1;
+    UPDATE ekit_queue_headers SET header = NEW.header
+        WHERE NEW.header IS NOT NULL AND seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
+    DELETE FROM ekit_queue_entries WHERE NEW.header IS NOT NULL AND run_id = NEW.run_id;
     INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
         SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
             json_extract(e.value, '$[2]'), NEW.epoch,
@@ -265,14 +271,12 @@ CREATE TRIGGER IF NOT EXISTS ekit_queue_delta_v1 INSTEAD OF INSERT ON ekit_queue
         ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
         SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL;
-    -- The cancel flag, told by one more change when it is set (see _write_delta).
+    -- The cancel flag, told by one more change when it is set (see _write_one).
     UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = NEW.run_id AND cancel_requested;
 END;
 """
-_DELTA = (
-    "INSERT INTO ekit_queue_delta (run_id, epoch, now, lease_until, step_index, input_tokens, "
-    "output_tokens, llm_calls, failures, steps_done, steps_total, entries, calls, tokens) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_SAVE_ONE = (
+    f"INSERT INTO ekit_queue_save ({', '.join(_SAVE_COLUMNS)}) VALUES ({', '.join('?' * len(_SAVE_COLUMNS))})"
 )
 # The entries travel as one JSON text; json_extract gives back every string
 # exactly, except that it stops at a NUL character, which no stored text holds
@@ -751,8 +755,12 @@ class SqliteQueue(RunQueue):
         )
 
     def _read_limits(self, conn: sqlite3.Connection) -> Limits:
+        return self._read_limits_text(conn)[1]
+
+    def _read_limits_text(self, conn: sqlite3.Connection) -> tuple[str | None, Limits]:
+        """The fleet's limits as stored (the text, ``None`` if none is) and as read."""
         row = conn.execute("SELECT value FROM ekit_queue_config WHERE key = 'limits'").fetchone()
-        return self._limits_from(row)
+        return (None if row is None else row[0]), self._limits_from(row)
 
     # -- the worker's side --------------------------------------------------
 
@@ -768,7 +776,15 @@ class SqliteQueue(RunQueue):
         names = self._workflows(workflows)
         seconds = self._lease_seconds(lease_seconds)
         who = self._worker_name(worker)
-        return self._tx(lambda c: self._claim(c, who, names, seconds))
+        with self._lock:
+            quick = self._quick
+            if quick is not None:
+                self._tidy(quick[1])
+                row = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0]), begin=False)
+                if row is not None:
+                    return self._granted_quick(row, quick[1])
+                # Nothing to claim, or the limits changed: the claim in full says which.
+            return self._tx(lambda c: self._claim(c, who, names, seconds))
 
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -781,23 +797,17 @@ class SqliteQueue(RunQueue):
             f"updated_at = ? WHERE {_ABANDONED}",
             (now, now),
         )
-        limits = self._read_limits(conn)
+        text, limits = self._read_limits_text(conn)
+        # Later claims take the quick path while the fleet has no limit a claim counts.
+        counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
+        self._quick = None if counted or not _RETURNING else (text, limits)
         if not self._below_limits(conn, now, limits):
             return None
-        match = " OR ".join(f"({_MATCHES})" for _ in names)
-        # The first claimable run of each status, each read off the claim index
-        # in order (a plain OR would read every queued run and sort them), then
-        # the first of those two.
-        first = (
-            "SELECT * FROM (SELECT run_id, epoch, workflow, options, priority, seq "
-            "FROM ekit_queue_runs "
-            f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT 1)"
-        )
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
             "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options, h.header IS NOT NULL FROM "
-            f"(SELECT * FROM ({first.format('queued')} UNION ALL {first.format('running')}) "
-            f"ORDER BY {CLAIM_ORDER} LIMIT 1) AS c LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
+            f"({self._candidate(names, abandoned=True)}) AS c "
+            "LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
             args + args,
         ).fetchone()
         if row is None:
@@ -816,6 +826,94 @@ class SqliteQueue(RunQueue):
         # A run never saved has no header (and no entries): nothing to read.
         checkpoint = self._load(conn, run_id, missing_ok=True) if saved else None
         return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options, limits)
+
+    @staticmethod
+    def _candidate(names: list[tuple[str, str | None]], *, abandoned: bool) -> str:
+        """The SELECT of the next claimable run (args: ``now`` and the names, twice).
+
+        The first claimable run of each status, each read off the claim index
+        in order (a plain OR would read every queued run and sort them), then
+        the first of those two. ``abandoned=False`` leaves out the running runs
+        whose cancel was asked (a claim in full cancels them first).
+        """
+        match = " OR ".join(f"({_MATCHES})" for _ in names)
+        first = (
+            "SELECT * FROM (SELECT run_id, epoch, workflow, options, priority, seq "
+            "FROM ekit_queue_runs "
+            f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}){{}} ORDER BY {CLAIM_ORDER} LIMIT 1)"
+        )
+        running = first.format("running", "" if abandoned else " AND NOT cancel_requested")
+        both = f"{first.format('queued', '')} UNION ALL {running}"
+        return f"SELECT * FROM ({both}) ORDER BY {CLAIM_ORDER} LIMIT 1"
+
+    # -- the quick claim: one statement while the fleet has no limit a claim counts
+    #
+    # A claim in full is one transaction of several statements (the sweep of
+    # abandoned runs, the limits, the window, the pick, the lease, the
+    # checkpoint), and like a save in statements it held the write lock while
+    # winning back the GIL between them. While the fleet has neither
+    # max_in_flight nor runs_per_minute, a claim needs no count, so it is one
+    # UPDATE ... RETURNING, guarded by the limits' text as last read (changed:
+    # it matches nothing and the claim in full runs); the sweep and the trim
+    # of the usage window run at most once a second, as statements of their
+    # own; and the run's context and checkpoint are read after the commit
+    # (the lease is held by then: no other writer may change them).
+
+    _quick: tuple[str | None, Limits] | None = None
+    _tidied = -1e9
+
+    def _claim_quick(
+        self,
+        conn: sqlite3.Connection,
+        worker: str,
+        names: list[tuple[str, str | None]],
+        seconds: float,
+        limits_text: str | None,
+    ) -> tuple[Any, ...] | None:
+        now = time.time()
+        args = (now, *[v for pair in names for v in pair])
+        row: tuple[Any, ...] | None = conn.execute(
+            "UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = ?, lease_until = ?, "
+            "updated_at = ?, reason = NULL "
+            f"WHERE run_id = (SELECT run_id FROM ({self._candidate(names, abandoned=False)})) "
+            "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS ? "
+            "RETURNING run_id, epoch, workflow, options, seq, lease_until",
+            (worker, now + seconds, now, *args, *args, limits_text),
+        ).fetchone()
+        return row
+
+    def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
+        run_id, epoch, workflow, options, seq, until = row
+
+        found = self.conn.execute(
+            "SELECT context, header IS NOT NULL FROM ekit_queue_headers WHERE seq = ?", (seq,)
+        ).fetchone()
+        if found is None:
+            raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
+        context, saved = found
+        checkpoint = None
+        if saved:  # (its header and entries read in one snapshot)
+            checkpoint = self._tx(lambda c: self._load(c, run_id, missing_ok=True), write=False)
+        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
+
+    def _tidy(self, limits: Limits) -> None:
+        """At most once a second: cancel the abandoned runs and trim the usage window (a statement each)."""
+        if time.monotonic() - self._tidied < 1.0:
+            return
+        now = time.time()
+        self._tx(
+            lambda c: c.execute(
+                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
+                f"updated_at = ? WHERE {_ABANDONED}",
+                (now, now),
+            ),
+            begin=False,
+        )
+        self._tx(
+            lambda c: c.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (now - limits.window,)),
+            begin=False,
+        )
+        self._tidied = time.monotonic()
 
     def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
         """Whether one more lease keeps the fleet within its cap and its start rate.
@@ -906,18 +1004,21 @@ class SqliteQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         with self._lock:
             encoded, added = self._prepare_save(lease, checkpoint)
-            if encoded.full or not self._one_statement:
+            if not self._one_statement:
                 cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
             else:
                 entries = _ENTRIES(encoded.rows)
-                cancel = self._tx(
-                    lambda c: self._write_delta(c, lease, encoded, entries, seconds, checkpoint, added),
+                told = self._tx(
+                    lambda c: self._write_one(c, lease, encoded, entries, seconds, checkpoint, added),
                     begin=False,
                 )
+                # (Read after the commit, outside the lock: a cancel asked a moment
+                # later is seen by the next save or renewal, as it would be anyway.)
+                cancel = self._cancel_asked(self.conn, lease.run_id) if told is None else told
             self._remember(lease, checkpoint)
             return cancel
 
-    def _write_delta(
+    def _write_one(
         self,
         conn: sqlite3.Connection,
         lease: Lease,
@@ -926,30 +1027,35 @@ class SqliteQueue(RunQueue):
         seconds: float,
         checkpoint: WorkflowCheckpoint,
         added: TokenUsage,
-    ) -> bool:
-        """The one-statement save of a delta (see ``_PROCEDURES``); whether a cancel was asked.
+    ) -> bool | None:
+        """The one-statement save (see ``_PROCEDURES``); whether a cancel was asked, if it can tell.
 
         The statement cannot return a value, but the connection counts the
-        rows it changes: the run's row, each entry, the usage row if any, and
-        the run's row once more when its cancel flag is set. Counting them
-        spares a second statement (a read of the flag) on every save.
+        rows it changes: for a delta, the run's row, each entry, the usage row
+        if any, and the run's row once more when its cancel flag is set.
+        Counting them spares a second statement (a read of the flag) on every
+        save but those in full, which also delete as many entries as the run
+        had (``None``: the caller reads the flag).
         """
         now = time.time()
         used = self._uses(added)
         before = conn.total_changes
         try:
             conn.execute(
-                _DELTA,
+                _SAVE_ONE,
                 (
                     lease.run_id, lease.epoch, now, now + seconds, *enc.counts, enc.failures,
                     *progress(checkpoint), entries,
                     added.llm_calls if used else None, added.input_tokens + added.output_tokens,
+                    checkpoint.fingerprint, enc.header,
                 ),
             )
         except sqlite3.IntegrityError as exc:
             if str(exc) == _LEASE_LOST:
                 self._lost(lease)
             raise
+        if enc.full:
+            return None
         return conn.total_changes - before > 1 + len(enc.rows) + used
 
     def _write(

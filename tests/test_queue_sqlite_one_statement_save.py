@@ -1,12 +1,13 @@
-"""A SQLite save of new steps is one statement, and it keeps every promise the statements kept.
+"""A SQLite save is one statement, and it keeps every promise the statements kept.
 
-A delta save (what a worker writes after each step) is one insert into the
-view ``ekit_queue_delta``, whose trigger runs the fenced update, the entries
-and the usage, so the write lock is taken and let go inside one call into
-SQLite. These tests pin that it is one statement, and try to break what the
-statements it replaced guaranteed: the fence (a lost lease writes nothing),
-the cancel flag the save returns (read from the rows it changed), the usage
-row, text of any kind stored exactly (a NUL, which the JSON the trigger
+A save (what a worker writes after each step) is one insert into the view
+``ekit_queue_save``, whose trigger runs the fenced update, the entries and the
+usage (and, for a save in full, the header), so the write lock is taken and
+let go inside one call into SQLite. These tests pin that it is one
+statement, and try to break what the statements it replaced guaranteed: the
+fence (a lost lease writes nothing), the cancel flag the save returns (read
+from the rows it changed), the usage row, a save in full replacing what was
+stored, text of any kind stored exactly (a NUL, which the JSON the trigger
 reads cannot carry, is refused before any write), a lock held by another
 process, and a file made before the view existed.
 """
@@ -95,10 +96,12 @@ def test_a_save_of_one_new_step_is_one_statement_and_no_transaction(tmp_path: Pa
     queue = SqliteQueue(tmp_path / "q.db")
     lease = _claimed(queue)
     first, second, third = _checkpoints(["a", "b", "c"])
-    queue.save(lease, first, 60)  # the first save writes the run in full
     seen = _statements(queue)
+    queue.save(lease, first, 60)  # the first save writes the run in full, then reads the flag
+    assert len(seen) == 2 and seen[0].startswith("INSERT INTO ekit_queue_save") and "graph_steps" in seen[0]
+    seen.clear()
     assert queue.save(lease, second, 60) is False
-    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_delta"), seen
+    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_save"), seen
     assert queue.save(lease, third, 60) is False
     assert len(seen) == 2 and not any(s.startswith(("BEGIN", "COMMIT")) for s in seen)
     loaded = queue.checkpoint("r")
@@ -208,7 +211,7 @@ def test_any_text_a_dumps_writes_is_stored_exactly(tmp_path: Path, values: list[
     assert loaded is not None and dict(loaded.outputs) == {f"s{i}": v for i, v in enumerate(values)}
     # One statement per save, whatever the text: quotes, backslashes, control and astral characters.
     assert len(seen) == len(checkpoints) - 1
-    assert all(sql.startswith("INSERT INTO ekit_queue_delta") for sql in seen)
+    assert all(sql.startswith("INSERT INTO ekit_queue_save") for sql in seen)
     queue.close()
 
 
@@ -273,10 +276,12 @@ def test_a_delta_save_locked_past_the_timeout_fails_transiently_and_writes_nothi
     holder.close()
     assert "locked" in str(locked.value) and is_transient(locked.value) and naps
     assert _run_row(queue) == before
-    # What was stored is now unknown to the queue, so the next save is written in full.
+    # What was stored is now unknown to the queue, so the next save is written in full
+    # (its header in the statement), and the cancel flag read after it.
     seen = _statements(queue)
     assert queue.save(lease, second, 60) is False
-    assert seen[0] == "BEGIN IMMEDIATE"
+    assert len(seen) == 2 and seen[0].startswith("INSERT INTO ekit_queue_save") and "graph_steps" in seen[0]
+    assert seen[1].startswith("SELECT cancel_requested")
     loaded = queue.checkpoint("r")
     assert loaded is not None and dict(loaded.outputs) == {"s0": "a", "s1": "b"}
     queue.close()
@@ -286,17 +291,38 @@ def test_a_file_made_before_the_view_gains_it_on_open(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     SqliteQueue(path).close()
     raw = sqlite3.connect(path, isolation_level=None)
-    raw.execute("DROP TRIGGER ekit_queue_delta_v1")
-    raw.execute("DROP VIEW ekit_queue_delta")
+    raw.execute("DROP TRIGGER ekit_queue_save_v1")
+    raw.execute("DROP VIEW ekit_queue_save")
     raw.close()
     queue = SqliteQueue(path)
     made = queue.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('view', 'trigger')")
     names = {r[0] for r in made}
-    assert {"ekit_queue_delta", "ekit_queue_delta_v1"} <= names
+    assert {"ekit_queue_save", "ekit_queue_save_v1"} <= names
     lease = _claimed(queue)
     first, second = _checkpoints(["a", "b"])
     queue.save(lease, first, 60)
     seen = _statements(queue)
     queue.save(lease, second, 60)
-    assert seen and seen[0].startswith("INSERT INTO ekit_queue_delta")
+    assert seen and seen[0].startswith("INSERT INTO ekit_queue_save")
+    queue.close()
+
+
+@pytest.mark.parametrize("how", PATHS)
+def test_a_save_in_full_replaces_what_was_stored(tmp_path: Path, how: str) -> None:
+    queue = _open(tmp_path / "q.db", how)
+    lease = _claimed(queue)
+    checkpoints = _checkpoints(["a", "b", "c"])
+    for cp in checkpoints:
+        queue.save(lease, cp, 60)
+    # An entry no checkpoint of this run holds (as a save that failed midway might have left):
+    queue.conn.execute(
+        "INSERT INTO ekit_queue_entries VALUES ('r', 'output', 'stale', '1', ?, 0)", (lease.epoch,)
+    )
+    queue._forget("r")  # what is stored is unknown: the next save is in full
+    assert queue.cancel("r") is True
+    assert queue.save(lease, checkpoints[1], 60) is True  # an earlier one: only a save in full can say so
+    loaded = queue.checkpoint("r")
+    assert loaded is not None and dict(loaded.outputs) == {"s0": "a", "s1": "b"}
+    names = [r[0] for r in queue.conn.execute("SELECT name FROM ekit_queue_entries ORDER BY ord")]
+    assert names == ["s0", "s1"]
     queue.close()
