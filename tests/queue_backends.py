@@ -237,3 +237,35 @@ def wait_for(condition: Any, *, timeout: float, what: str, interval: float = 0.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def expire_lease(url: str, run_id: str) -> None:
+    """Make the run's lease expire now, as if its worker had died an hour ago (either backend)."""
+    sql = "UPDATE ekit_queue_runs SET lease_until = lease_until - 3600 WHERE run_id = {p}"
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.format(p="%s"), (run_id,))
+        return
+    conn2 = sqlite3.connect(url, timeout=30, isolation_level=None)
+    try:
+        conn2.execute(sql.format(p="?"), (run_id,))
+    finally:
+        conn2.close()
+
+
+@pytest.fixture
+def naps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """Every nap a SQLite queue takes while it waits for another connection's lock (really slept)."""
+    import ekit_runtime.queue.sqlite as sqlite_queue
+
+    taken: list[float] = []
+    real = sqlite_queue._nap
+
+    def nap(seconds: float) -> None:
+        taken.append(seconds)
+        real(seconds)
+
+    monkeypatch.setattr(sqlite_queue, "_nap", nap)
+    yield taken

@@ -20,7 +20,7 @@ import pytest
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Limits, RunQueue, SqliteQueue, open_queue
-from tests.queue_backends import queue, queue_url, wait_for
+from tests.queue_backends import expire_lease, queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]  # (fixtures)
 
@@ -30,24 +30,6 @@ def _checkpoints(steps: int) -> list[WorkflowCheckpoint]:
     chain = [Step(f"s{i}", lambda ctx, i=i: f"out{i}", (f"s{i - 1}",) if i else ()) for i in range(steps)]
     Workflow(chain).run_sync(checkpoint_fn=seen.append)
     return seen
-
-
-def _expire(url: str, run_id: str) -> None:
-    """Make the run's lease expire now, as if its worker had died an hour ago."""
-    sql = "UPDATE ekit_queue_runs SET lease_until = lease_until - 3600 WHERE run_id = {p}"
-    if url.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.format(p="%s"), (run_id,))
-        return
-    import sqlite3
-
-    conn2 = sqlite3.connect(url, timeout=30, isolation_level=None)
-    try:
-        conn2.execute(sql.format(p="?"), (run_id,))
-    finally:
-        conn2.close()
 
 
 @pytest.fixture
@@ -123,7 +105,7 @@ def test_a_run_abandoned_after_the_first_claim_is_cancelled_never_resumed(
         # the claims below must leave the orphan alone by themselves)
         assert taker.claim("alive", {"w": first.fingerprint}, 30) is not None
         assert dead.cancel("orphan") is True  # asked while its worker lived: flagged
-        _expire(queue_url, "orphan")  # then the worker died
+        expire_lease(queue_url, "orphan")  # then the worker died
     taken: list[str] = []
 
     def cancelled() -> bool:
@@ -149,7 +131,7 @@ def test_a_quick_claim_hands_over_the_checkpoint_of_a_run_it_resumes(queue: RunQ
         assert lease is not None and lease.run_id == "crashed"
         for cp in checkpoints[:2]:
             dead.save(lease, cp, 30)
-    _expire(queue_url, "crashed")
+    expire_lease(queue_url, "crashed")
     resumed = queue.claim("alive", {"w": checkpoints[-1].fingerprint}, 30)
     assert resumed is not None and resumed.run_id == "crashed" and resumed.epoch == 2
     assert resumed.checkpoint is not None

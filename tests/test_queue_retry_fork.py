@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, RunStateError, open_queue
 from ekit_runtime.queue import base as queue_base
-from tests.queue_backends import entry_epochs, open_writes, queue, queue_url, wait_for
+from tests.queue_backends import entry_epochs, expire_lease, open_writes, queue, queue_url, wait_for
 from tests.queue_reopen_flows import WORKFLOWS, starts
 
 __all__ = ["queue", "queue_url"]
@@ -226,7 +225,7 @@ def _saved_run(queue: RunQueue, url: str) -> tuple[Lease, WorkflowCheckpoint]:
     assert lease is not None
     checkpoint = _checkpoint_with_a()
     queue.save(lease, checkpoint, 30)
-    _expire(url, "r")
+    expire_lease(url, "r")
     return lease, checkpoint
 
 
@@ -244,21 +243,6 @@ def _checkpoint_with_a() -> WorkflowCheckpoint:
     checkpoint = WorkflowCheckpoint.from_dict({**seen[-1].to_dict(), "failures": {}})
     assert checkpoint.fingerprint == FINGERPRINTS["hold"] and set(checkpoint.outputs) == {"a"}
     return checkpoint
-
-
-def _expire(url: str, run_id: str) -> None:
-    sql = "UPDATE ekit_queue_runs SET lease_until = lease_until - 3600 WHERE run_id = {p}"
-    if url.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.format(p="%s"), (run_id,))
-        return
-    conn2 = sqlite3.connect(url, timeout=30, isolation_level=None)
-    try:
-        conn2.execute(sql.format(p="?"), (run_id,))
-    finally:
-        conn2.close()
 
 
 @pytest.mark.parametrize("rival", ["claim", "rewind"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +24,14 @@ import ekit_runtime.queue.sqlite as sqlite_queue
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import LeaseLostError, SqliteQueue, UnknownRunError
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import wait_for
+from tests.queue_backends import naps, wait_for
+
+__all__ = ["naps"]  # (a fixture)
 
 
 @pytest.fixture
 def path(tmp_path: Path) -> str:
     return str(tmp_path / "q.db")
-
-
-@pytest.fixture
-def naps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """Every nap the queue takes while it waits for a lock (really slept)."""
-    taken: list[float] = []
-    real = sqlite_queue._nap
-
-    def nap(seconds: float) -> None:
-        taken.append(seconds)
-        real(seconds)
-
-    monkeypatch.setattr(sqlite_queue, "_nap", nap)
-    yield taken
 
 
 def _holder(path: str) -> sqlite3.Connection:

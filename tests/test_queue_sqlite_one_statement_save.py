@@ -18,7 +18,6 @@ import json
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,9 @@ from ekit_core import TokenUsage
 from ekit_runtime import PatternResult, Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Lease, LeaseLostError, SqliteQueue
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import wait_for
+from tests.queue_backends import naps, wait_for
+
+__all__ = ["naps"]  # (a fixture)
 
 PATHS = ("one statement", "statements")
 
@@ -213,19 +214,6 @@ def test_any_text_a_dumps_writes_is_stored_exactly(tmp_path: Path, values: list[
     assert len(seen) == len(checkpoints) - 1
     assert all(sql.startswith("INSERT INTO ekit_queue_save") for sql in seen)
     queue.close()
-
-
-@pytest.fixture
-def naps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    taken: list[float] = []
-    real = sqlite_queue._nap
-
-    def nap(seconds: float) -> None:
-        taken.append(seconds)
-        real(seconds)
-
-    monkeypatch.setattr(sqlite_queue, "_nap", nap)
-    yield taken
 
 
 def test_a_delta_save_waits_out_another_process_lock_then_commits(tmp_path: Path, naps: list[float]) -> None:
