@@ -88,6 +88,9 @@ class _Watched:
         self.claims += 1
         return self._inner.claim(worker, workflows, lease_seconds) if self.claims == 1 else None
 
+    # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
+    save_many = RunQueue.save_many
+
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         cancel = self._inner.save(lease, checkpoint, lease_seconds)
         if self.on_save is not None:

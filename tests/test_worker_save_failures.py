@@ -137,6 +137,9 @@ class _FullOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
+    save_many = RunQueue.save_many
+
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         try:
             return self._inner.save(lease, checkpoint, lease_seconds)
@@ -195,6 +198,9 @@ class _Unreachable:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
+    save_many = RunQueue.save_many
 
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         self.saves += 1

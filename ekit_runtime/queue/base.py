@@ -70,6 +70,7 @@ __all__ = [
     "Doing",
     "RunQueue",
     "Submission",
+    "check_one_per_run",
     "layout_before",
     "progress",
     "queued_reason",
@@ -248,6 +249,18 @@ def queued_reason(
     if fingerprint is not None and fingerprint not in versions:
         return f"no worker has this version of workflow {workflow} (graph fingerprint {fingerprint[:19]})"
     return None
+
+
+def check_one_per_run(saves: Sequence[tuple[Lease, WorkflowCheckpoint]]) -> None:
+    """Refuse a :meth:`RunQueue.save_many` that holds two saves of one run (their order would matter)."""
+    seen: set[str] = set()
+    for i, item in enumerate(saves):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Lease)):
+            raise ValueError(f"saves[{i}] must be a (Lease, WorkflowCheckpoint) pair")
+        run_id = item[0].run_id
+        if run_id in seen:
+            raise ValueError(f"saves holds two saves of run {run_id!r}; save the later in a call of its own")
+        seen.add(run_id)
 
 
 class RunQueue(ABC):
@@ -789,6 +802,27 @@ class RunQueue(ABC):
     @abstractmethod
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
         """Store a checkpoint under a lease and renew it; return whether a cancel was asked."""
+
+    def save_many(
+        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+    ) -> list[bool | Exception]:
+        """Store several runs' checkpoints, each as :meth:`save` would; each one's outcome in order.
+
+        An outcome is what that ``save`` would have returned (whether a cancel
+        was asked) or the exception it would have raised, its own instance:
+        a refused lease refuses its save alone. A backend that can commits
+        them together, in one transaction and one wait for the disk (the
+        worker's group commit); this one saves them one by one. At most one
+        save per run: a run's later checkpoint goes in the next call.
+        """
+        check_one_per_run(saves)
+        outcomes: list[bool | Exception] = []
+        for lease, checkpoint in saves:
+            try:
+                outcomes.append(self.save(lease, checkpoint, lease_seconds))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
 
     @abstractmethod
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:

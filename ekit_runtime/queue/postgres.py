@@ -30,11 +30,19 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import Doing, RunQueue, layout_before, progress, schema_columns, schema_problem
+from ekit_runtime.queue.base import (
+    Doing,
+    RunQueue,
+    check_one_per_run,
+    layout_before,
+    progress,
+    schema_columns,
+    schema_problem,
+)
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -61,6 +69,7 @@ from ekit_runtime.queue.lifecycle import (
 )
 from ekit_runtime.queue.records import (
     Lease,
+    LeaseLostError,
     Limits,
     QueueUnavailableError,
     RunInfo,
@@ -202,6 +211,34 @@ _ROWS = (
     "FROM fenced, unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS e(kind, name, value, ord) "
     "ORDER BY e.ord "
     "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
+)
+
+# The deltas of several runs' saves as one statement (a worker's group commit:
+# see ekit_runtime.queue.group_commit): one commit, and one flush of the
+# write-ahead log, for all of them. Each run's row is fenced on its own: the
+# entries and usage exist only for the rows the UPDATE matched, and the runs
+# it returns are the saves made. One statement, not a transaction of one per
+# run, for the reason _SAVE_FULL gives.
+_SAVE_DELTAS = (
+    "WITH i AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
+    "%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::float8[], %s::bigint[], %s::bigint[], "
+    "%s::bool[]) AS i(rid, ep, step_index, input_tokens, output_tokens, llm_calls, failures, "
+    "steps_done, steps_total, seconds, calls, tokens, used)), "
+    "fenced AS (UPDATE ekit_queue_runs SET step_index = i.step_index, input_tokens = i.input_tokens, "
+    "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
+    "saves = saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
+    f"lease_until = {_NOW} + i.seconds, updated_at = {_NOW} FROM i "
+    f"WHERE {render(HELD, {**_DIALECT, 'run_id': 'i.rid', 'epoch': 'i.ep'})} "
+    "RETURNING run_id, epoch, cancel_requested), "
+    "added AS (INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+    "SELECT e.rid, e.kind, e.name, e.value, fenced.epoch "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS e(rid, kind, name, value, ord) "
+    "JOIN fenced ON fenced.run_id = e.rid ORDER BY e.ord "
+    "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch), "
+    f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, i.calls, i.tokens "
+    "FROM i JOIN fenced ON fenced.run_id = i.rid WHERE i.used) "
+    "SELECT run_id, cancel_requested FROM fenced"
 )
 
 # A full rewrite of a run as one statement. The DELETE and the INSERT touch
@@ -742,6 +779,80 @@ class PostgresQueue(RunQueue):
                 cancel = self._save_delta(lease, encoded, seconds, added, done, total)
             self._remember(lease, checkpoint)
             return cancel
+
+    def save_many(
+        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+    ) -> list[bool | Exception]:
+        """Store several runs' checkpoints; their deltas in one statement, one commit for all.
+
+        Each save is fenced on its own, as in :meth:`save`: a lease that is no
+        longer held refuses its save alone (its outcome is
+        :class:`LeaseLostError`, and nothing is written for it). A save in
+        full (a run's first under its lease) is made alone. If the statement
+        fails for another reason (a dropped session), each of its saves is
+        made again alone, so that each meets its own error.
+        """
+        check_one_per_run(saves)
+        if len(saves) < 2:
+            return super().save_many(saves, lease_seconds)
+        seconds = self._lease_seconds(lease_seconds)
+        outcomes: list[bool | Exception] = []
+        deltas: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
+        with self.db._lock:
+            for i, (lease, checkpoint) in enumerate(saves):
+                outcomes.append(False)
+                try:
+                    encoded, added = self._prepare_save(lease, checkpoint)
+                    if encoded.full:
+                        done, total = progress(checkpoint)
+                        outcomes[i] = self._save_full(lease, encoded, seconds, checkpoint, added, done, total)
+                        self._remember(lease, checkpoint)
+                    else:
+                        deltas.append((i, lease, checkpoint, encoded, added))
+                except Exception as exc:  # (this save's own: unencodable, refused, the session)
+                    outcomes[i] = exc
+            if len(deltas) == 1:
+                i, lease, checkpoint, _enc, _added = deltas[0]
+                outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+            elif deltas:
+                self._save_deltas(deltas, seconds, lease_seconds, outcomes)
+        return outcomes
+
+    def _save_deltas(
+        self,
+        deltas: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]],
+        seconds: float,
+        lease_seconds: float,
+        outcomes: list[bool | Exception],
+    ) -> None:
+        runs: list[list[Any]] = [[] for _ in range(13)]
+        entries: list[list[str]] = [[], [], [], []]
+        for _i, lease, checkpoint, enc, added in deltas:
+            done, total = progress(checkpoint)
+            row = (
+                lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+                added.llm_calls, added.total_tokens, self._uses(added),
+            )
+            for column, value in zip(runs, row, strict=True):
+                column.append(value)
+            for kind, name, value in enc.rows:
+                for column, value_of in zip(entries, (lease.run_id, kind, name, value), strict=True):
+                    column.append(value_of)
+        try:
+            made = dict(self.db.run(lambda c: c.execute(_SAVE_DELTAS, (*runs, *entries)).fetchall()))
+        except Exception:
+            # Not a refusal: the session, the server. Made alone, each save
+            # raises its own error (or goes through).
+            for i, lease, checkpoint, _enc, _added in deltas:
+                outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+            return
+        for i, lease, checkpoint, _enc, _added in deltas:
+            if lease.run_id in made:
+                self._remember(lease, checkpoint)
+                outcomes[i] = bool(made[lease.run_id])
+            else:
+                self._forget(lease.run_id)
+                outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
 
     def _save_delta(
         self,

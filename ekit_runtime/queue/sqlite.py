@@ -27,16 +27,25 @@ The clock is the machine's (``time.time()``), shared by every process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime.queue.base import Doing, RunQueue, layout_before, progress, schema_columns, schema_problem
+from ekit_runtime.queue.base import (
+    Doing,
+    RunQueue,
+    check_one_per_run,
+    layout_before,
+    progress,
+    schema_columns,
+    schema_problem,
+)
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     CLAIM_ORDER,
@@ -64,6 +73,7 @@ from ekit_runtime.queue.lifecycle import (
 )
 from ekit_runtime.queue.records import (
     Lease,
+    LeaseLostError,
     Limits,
     QueueUnavailableError,
     RunInfo,
@@ -228,56 +238,94 @@ _SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
 _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
-# A save as ONE statement: an insert into the view ekit_queue_save, whose
-# trigger runs the fenced UPDATE, refuses the save if it matched no row, and
-# writes the entries (a JSON array of [kind, name, value]) and the usage; a
-# save in full (``header`` not NULL) also replaces the header and the entries.
+# Saves as ONE statement: an insert into the view ekit_queue_saves of one row
+# per save (one run each), whose trigger runs each row's fenced UPDATE and,
+# if it matched, writes the entries (a JSON array of [kind, name, value]) and
+# the usage; a save in full (``header`` not NULL) also replaces the header and
+# the entries. A worker commits the saves of its runs that meet together this
+# way (see ekit_runtime.queue.group_commit): one statement, one commit, one
+# fsync for all of them.
 #
-# Why: SQLite's write lock is held from a transaction's first write to the end
-# of its commit. With BEGIN IMMEDIATE, UPDATE, INSERT, COMMIT, the thread
-# holding it gives up the GIL inside each statement and must win it back
-# between them, so a worker whose event loop is busy kept the lock for two to
-# three times the statements' own time, and a second worker mostly waited.
+# Why one statement: SQLite's write lock is held from a transaction's first
+# write to the end of its commit. With BEGIN IMMEDIATE, UPDATE, INSERT, COMMIT,
+# the thread holding it gives up the GIL inside each statement and must win it
+# back between them, so a worker whose event loop is busy kept the lock for two
+# to three times the statements' own time, and a second worker mostly waited.
 # One autocommit statement takes the lock, writes, commits and lets go of it
 # inside one call into SQLite, with the GIL released throughout.
 #
-# The trigger's body is part of the layout: a change to it needs a new name
-# (the old one dropped on open), as IF NOT EXISTS keeps whatever body a file has.
+# What each save did comes back through RETURNING, which returns the rows the
+# trigger did not end with RAISE(IGNORE): a row whose save was made and whose
+# run has no cancel asked is ignored once written, so that the usual batch
+# returns nothing and ends in its first step. The rows returned are the
+# refused saves (``cancel`` NULL: the lease is not held, nothing was written
+# for them) and the saves made on runs asked to cancel (``cancel`` 1).
+#
+# The trigger's body is part of the layout: a change to it needs a new view
+# (what an older process saves through is left to it), as IF NOT EXISTS keeps
+# whatever body a file has. ``ekit_queue_save`` and its trigger
+# ``ekit_queue_save_v1``, the one-save view of the layout before, stay in files
+# that have them for processes of that version.
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
-_LEASE_LOST = "ekit: lease lost"
+# Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
+# later than NEW.now, which no refused row can hold under NEW.epoch.
+_MADE = (
+    "EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch "
+    "AND status = 'running' AND lease_until = NEW.lease_until{more})"
+)
 _SAVE_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
     "failures", "steps_done", "steps_total", "entries", "calls", "tokens", "fingerprint", "header",
 )
 _PROCEDURES = f"""
-CREATE VIEW IF NOT EXISTS ekit_queue_save AS SELECT
+CREATE VIEW IF NOT EXISTS ekit_queue_saves AS SELECT
     {", ".join(f"NULL AS {c}" for c in _SAVE_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_save_v1 INSTEAD OF INSERT ON ekit_queue_save BEGIN
+CREATE TRIGGER IF NOT EXISTS ekit_queue_saves_v1 INSTEAD OF INSERT ON ekit_queue_saves BEGIN
     UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
         output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
         steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
         fingerprint = CASE WHEN NEW.header IS NULL THEN fingerprint ELSE NEW.fingerprint END,
         lease_until = NEW.lease_until, updated_at = NEW.now
         WHERE {_HELD_NEW};
-    SELECT RAISE(ABORT, '{_LEASE_LOST}') WHERE changes() <> 1;
     UPDATE ekit_queue_headers SET header = NEW.header
-        WHERE NEW.header IS NOT NULL AND seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
-    DELETE FROM ekit_queue_entries WHERE NEW.header IS NOT NULL AND run_id = NEW.run_id;
+        WHERE NEW.header IS NOT NULL AND {_MADE.format(more="")}
+        AND seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
+    DELETE FROM ekit_queue_entries
+        WHERE NEW.header IS NOT NULL AND run_id = NEW.run_id AND {_MADE.format(more="")};
     INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
         SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
             json_extract(e.value, '$[2]'), NEW.epoch,
             ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << {_ORD_SHIFT}) + e.key
-        FROM json_each(NEW.entries) AS e WHERE 1
+        FROM json_each(NEW.entries) AS e WHERE {_MADE.format(more="")}
         ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
-        SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL;
-    -- The cancel flag, told by one more change when it is set (see _write_one).
-    UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = NEW.run_id AND cancel_requested;
+        SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL AND {_MADE.format(more="")};
+    SELECT RAISE(IGNORE) WHERE {_MADE.format(more=" AND NOT cancel_requested")};
 END;
 """
-_SAVE_ONE = (
-    f"INSERT INTO ekit_queue_save ({', '.join(_SAVE_COLUMNS)}) VALUES ({', '.join('?' * len(_SAVE_COLUMNS))})"
+_SAVES_ROW = f"({', '.join('?' * len(_SAVE_COLUMNS))})"
+_SAVES_RETURNING = (
+    " RETURNING run_id, (SELECT r.cancel_requested FROM ekit_queue_runs AS r WHERE "
+    "r.run_id = ekit_queue_saves.run_id AND r.epoch = ekit_queue_saves.epoch "
+    "AND r.lease_until = ekit_queue_saves.lease_until)"
 )
+# At most this many saves per statement (each row binds 16 values; SQLite
+# allows 32,766 since 3.32, 999 before).
+_SAVES_PER_STATEMENT = 60
+
+
+def _saves_statement(count: int) -> str:
+    """The one statement saving ``count`` runs (see ``_PROCEDURES``)."""
+    return (
+        f"INSERT INTO ekit_queue_saves ({', '.join(_SAVE_COLUMNS)}) VALUES "
+        + ", ".join([_SAVES_ROW] * count)
+        + _SAVES_RETURNING
+    )
+
+
+_SAVES = [""] + [_saves_statement(n) for n in range(1, _SAVES_PER_STATEMENT + 1)]
+# A save ready to be written: the lease, the checkpoint, its rows, the usage it adds.
+_Prepared = tuple[Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]
 # The entries travel as one JSON text; json_extract gives back every string
 # exactly, except that it stops at a NUL character, which no stored text holds
 # (the queue refuses one before it writes: see RunQueue._encode).
@@ -300,7 +348,7 @@ class SqliteQueue(RunQueue):
     """
 
     backend = "sqlite"
-    # Whether delta saves are one statement (``_PROCEDURES``): this SQLite has its JSON functions.
+    # Whether saves are one statement (``_PROCEDURES``): this SQLite has JSON functions and RETURNING.
     _one_statement = False
 
     def __init__(
@@ -345,7 +393,7 @@ class SqliteQueue(RunQueue):
             self._tx(self._upgrade)
         else:
             conn.executescript(_SCHEMA)
-        self._one_statement = self._json_functions(conn)
+        self._one_statement = _RETURNING and self._json_functions(conn)
         if self._one_statement:
             conn.executescript(_PROCEDURES)
         found = self._found(conn)
@@ -1007,56 +1055,85 @@ class SqliteQueue(RunQueue):
             if not self._one_statement:
                 cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
             else:
-                entries = _ENTRIES(encoded.rows)
-                told = self._tx(
-                    lambda c: self._write_one(c, lease, encoded, entries, seconds, checkpoint, added),
-                    begin=False,
-                )
-                # (Read after the commit, outside the lock: a cancel asked a moment
-                # later is seen by the next save or renewal, as it would be anyway.)
-                cancel = self._cancel_asked(self.conn, lease.run_id) if told is None else told
+                item = (lease, checkpoint, encoded, added)
+                (told,) = self._tx(lambda c: self._write_saves(c, [item], seconds), begin=False)
+                if told is None:
+                    self._lost(lease)
+                cancel = told
             self._remember(lease, checkpoint)
             return cancel
 
-    def _write_one(
-        self,
-        conn: sqlite3.Connection,
-        lease: Lease,
-        enc: EncodedCheckpoint,
-        entries: str,
-        seconds: float,
-        checkpoint: WorkflowCheckpoint,
-        added: TokenUsage,
-    ) -> bool | None:
-        """The one-statement save (see ``_PROCEDURES``); whether a cancel was asked, if it can tell.
+    def save_many(
+        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+    ) -> list[bool | Exception]:
+        """Store several runs' checkpoints in one statement: one commit, one fsync for all.
 
-        The statement cannot return a value, but the connection counts the
-        rows it changes: for a delta, the run's row, each entry, the usage row
-        if any, and the run's row once more when its cancel flag is set.
-        Counting them spares a second statement (a read of the flag) on every
-        save but those in full, which also delete as many entries as the run
-        had (``None``: the caller reads the flag).
+        Each save is fenced on its own, as in :meth:`save`: a lease that is
+        no longer held refuses its save alone (its outcome is
+        :class:`LeaseLostError`, and nothing is written for it). If the
+        statement fails for another reason (the disk, the lock), each of its
+        saves is made again alone, so that each meets its own error.
         """
+        if not self._one_statement:
+            return super().save_many(saves, lease_seconds)
+        check_one_per_run(saves)
+        seconds = self._lease_seconds(lease_seconds)
+        outcomes: list[bool | Exception] = []
+        with self._lock:
+            prepared: dict[int, _Prepared] = {}
+            for i, (lease, checkpoint) in enumerate(saves):
+                try:
+                    prepared[i] = (lease, checkpoint, *self._prepare_save(lease, checkpoint))
+                except Exception as exc:  # (an output that cannot be encoded: this save's alone)
+                    outcomes.append(exc)
+                    continue
+                outcomes.append(False)  # (told below)
+            ready = list(prepared.items())
+            for at in range(0, len(ready), _SAVES_PER_STATEMENT):
+                chunk = ready[at : at + _SAVES_PER_STATEMENT]
+                items = [item for _i, item in chunk]
+                try:
+                    write = functools.partial(self._write_saves, items=items, seconds=seconds)
+                    told = self._tx(write, begin=False)
+                except Exception:
+                    # Not a refusal: the disk, the lock, the file. Made alone, each
+                    # save raises its own error (or goes through).
+                    for i, (lease, checkpoint, _enc, _added) in chunk:
+                        outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+                    continue
+                for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told, strict=True):
+                    if said is None:
+                        self._forget(lease.run_id)
+                        outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
+                    else:
+                        self._remember(lease, checkpoint)
+                        outcomes[i] = said
+        return outcomes
+
+    def _write_saves(
+        self, conn: sqlite3.Connection, items: list[_Prepared], seconds: float
+    ) -> list[bool | None]:
+        """The one statement saving ``items`` (see ``_PROCEDURES``): each cancel flag, ``None`` if refused."""
         now = time.time()
-        used = self._uses(added)
-        before = conn.total_changes
-        try:
-            conn.execute(
-                _SAVE_ONE,
-                (
-                    lease.run_id, lease.epoch, now, now + seconds, *enc.counts, enc.failures,
-                    *progress(checkpoint), entries,
-                    added.llm_calls if used else None, added.input_tokens + added.output_tokens,
-                    checkpoint.fingerprint, enc.header,
-                ),
+        args: list[Any] = []
+        for lease, checkpoint, enc, added in items:
+            used = self._uses(added)
+            args += (
+                lease.run_id, lease.epoch, now, now + seconds, *enc.counts, enc.failures,
+                *progress(checkpoint), _ENTRIES(enc.rows),
+                added.llm_calls if used else None, added.input_tokens + added.output_tokens,
+                checkpoint.fingerprint, enc.header,
             )
-        except sqlite3.IntegrityError as exc:
-            if str(exc) == _LEASE_LOST:
-                self._lost(lease)
-            raise
-        if enc.full:
-            return None
-        return conn.total_changes - before > 1 + len(enc.rows) + used
+        # Read to the end: the statement commits when its last row is read.
+        returned = dict(conn.execute(_SAVES[len(items)], args).fetchall())
+        told: list[bool | None] = []
+        for lease, *_rest in items:
+            if lease.run_id not in returned:
+                told.append(False)  # made, and no cancel asked (the usual case: no row returned)
+            else:
+                flag = returned[lease.run_id]
+                told.append(None if flag is None else bool(flag))
+        return told
 
     def _write(
         self,

@@ -30,7 +30,11 @@ after a backoff that doubles from ``poll`` up to 5 s; any other error from a
 claim ends :meth:`Worker.run`.
 
 Database calls run on one thread of the worker's own, so a slow database
-never blocks the event loop the steps run on.
+never blocks the event loop the steps run on. The saves its runs ask while
+that thread is writing are committed together next, in one call of
+:meth:`RunQueue.save_many` (:mod:`ekit_runtime.queue.group_commit`): one
+statement and one wait for the disk for all of them, each still fenced and
+answered on its own.
 
 Each run is driven with its own run options (stored with it at submit,
 :mod:`ekit_runtime.queue.options`) merged over the worker's ``defaults``,
@@ -63,6 +67,7 @@ from ekit_runtime.attempt import Attempt
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.contract import RunQueue
+from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited, waiting_reason
 from ekit_runtime.queue.options import check_run_options, run_arguments
 from ekit_runtime.queue.records import (
@@ -237,6 +242,7 @@ class Worker:
         self._drives: dict[asyncio.Task[None], _Drive] = {}
         self._stop: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._group: GroupCommit | None = None
         self._claim_failures = 0
 
     # -- the loop -----------------------------------------------------------
@@ -262,6 +268,7 @@ class Worker:
     async def _loop(self, *, idle_exit: bool) -> None:
         self._stop = stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ekit-worker-db")
+        self._group = GroupCommit(self.queue, self._executor, self.lease_seconds)
         stopping = asyncio.ensure_future(stop.wait())
         self._claim_failures = 0
         try:
@@ -285,6 +292,7 @@ class Worker:
             stopping.cancel()
             await self._stop_all()
             await self._retire()
+            await self._group.drain()
             self._executor.shutdown(wait=True)
 
     async def _try_claim(self) -> bool | None:
@@ -538,7 +546,9 @@ class Worker:
                 raise LeaseLostError(lease.run_id, lease.epoch)
             asked = time.monotonic()
             try:
-                cancel = await self._db(self.queue.save, lease, checkpoint, self.lease_seconds)
+                # Committed with the saves of the worker's other runs that meet it.
+                assert self._group is not None  # (made by _loop, which drives every run)
+                cancel = await self._group.save(lease, checkpoint)
             except LeaseLostError:
                 drive.lost = True
                 raise
@@ -703,8 +713,14 @@ class Worker:
         save handed over before (a step never starts ahead of a save that may
         yet fail and give the run up); the lease, last, so that nothing is
         awaited between the verdict and the start.
+
+        The limits are read once the run's saves so far are stored: a save may
+        wait for the worker's next group commit (see ``GroupCommit``), and the
+        usage it adds must be in the window the limits count.
         """
         if gate is not None:
+            while drive.saves:
+                await drive.saved.wait()
             await gate()
         release = None if attempt.step.resource is None else await self._take_slot(drive, attempt)
         try:
