@@ -25,11 +25,12 @@ from hypothesis import strategies as st
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Lease, LeaseLostError, RunQueue, SqliteQueue, Worker, open_queue
+from ekit_runtime.queue.base import More
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.stores.errors import UnencodableError
-from tests.queue_backends import expire_lease, postgres_url, queue, queue_url
+from tests.queue_backends import expire_lease, naps, postgres_url, queue, queue_url, wait_for
 
-__all__ = ["postgres_url", "queue", "queue_url"]  # (fixtures)
+__all__ = ["naps", "postgres_url", "queue", "queue_url"]  # (fixtures)
 
 
 def _checkpoints(steps: int, prefix: str = "out") -> list[WorkflowCheckpoint]:
@@ -195,7 +196,11 @@ def test_a_batch_does_what_each_save_alone_would(runs: list[tuple[str, bool, int
 
 
 class _Gated(SqliteQueue):
-    """A queue whose first ``save_many`` waits for ``go`` (set from the test), to hold a write in flight."""
+    """A queue whose first ``save_many`` waits for ``go`` (set from the test), to hold a write in flight.
+
+    ``calls`` records each call's runs: those it was handed, then those that
+    joined it through ``more``.
+    """
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -204,13 +209,24 @@ class _Gated(SqliteQueue):
         self.calls: list[list[str]] = []
 
     def save_many(
-        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        lease_seconds: float,
+        more: More | None = None,
     ) -> list[bool | Exception]:
-        self.calls.append([lease.run_id for lease, _ in saves])
+        runs = [lease.run_id for lease, _ in saves]
+        self.calls.append(runs)
         if len(self.calls) == 1:
             self.entered.set()
             assert self.go.wait(60)
-        return super().save_many(saves, lease_seconds)
+
+        def joined(limit: int) -> Sequence[tuple[Lease, WorkflowCheckpoint]]:
+            assert more is not None
+            got = more(limit)
+            runs.extend(lease.run_id for lease, _ in got)
+            return got
+
+        return super().save_many(saves, lease_seconds, None if more is None else joined)
 
 
 @pytest.fixture
@@ -235,7 +251,7 @@ def test_saves_asked_together_go_in_one_write(gated: _Gated) -> None:
     assert gated.calls == [["r0", "r1", "r2", "r3"]]
 
 
-def test_saves_asked_during_a_write_wait_for_it_then_go_together(gated: _Gated) -> None:
+def test_saves_asked_while_a_write_waits_for_its_turn_join_it(gated: _Gated) -> None:
     cps = _checkpoints(2)
     leases = _claimed(gated, 3)
 
@@ -245,18 +261,56 @@ def test_saves_asked_during_a_write_wait_for_it_then_go_together(gated: _Gated) 
             first = asyncio.ensure_future(group.save(leases[0], cps[0]))
             await asyncio.get_running_loop().run_in_executor(None, gated.entered.wait, 60)
             later = [asyncio.ensure_future(group.save(lease, cps[0])) for lease in leases[1:]]
-            # r0's next save waits behind its first: a run's saves are made in order.
+            # r0's next save cannot join: a run's saves are made in order, one per write.
             again = asyncio.ensure_future(group.save(leases[0], cps[1]))
             await asyncio.sleep(0)  # (one turn of the loop: each task asks its save)
             assert len(group._waiting) == 3 and not first.done() and len(gated.calls) == 1
             gated.go.set()
-            assert await first is False
-            assert await asyncio.gather(*later, again) == [False] * 3
+            assert await asyncio.gather(first, *later) == [False] * 3
+            assert await again is False
             await group.drain()
 
     asyncio.run(main())
-    assert gated.calls == [["r0"], ["r1", "r2", "r0"]]
+    assert gated.calls == [["r0", "r1", "r2"], ["r0"]]
     assert _outputs(gated, "r0") == {"s0": "out0", "s1": "out1"}
+    assert _outputs(gated, "r2") == {"s0": "out0"}
+
+
+def test_an_sqlite_batch_takes_in_the_saves_handed_over_while_it_waits_for_the_lock(
+    tmp_path: Path, naps: list[float]
+) -> None:
+    path = tmp_path / "q.db"
+    queue = SqliteQueue(path)
+    cps = _checkpoints(1)
+    leases = _claimed(queue, 3)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write lock
+    asked: list[int] = []
+
+    def more(limit: int) -> list[tuple[Lease, WorkflowCheckpoint]]:
+        asked.append(limit)
+        # The first attempt finds nothing new; after a wait for the lock, r1 and r2 join.
+        return [(lease, cps[0]) for lease in leases[1:]] if len(asked) == 2 else []
+
+    outcomes: list[Any] = []
+    seen: list[str] = []
+    queue.conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
+    saver = threading.Thread(
+        target=lambda: outcomes.extend(queue.save_many([(leases[0], cps[0])], 60, more))
+    )
+    saver.start()
+    wait_for(lambda: len(asked) >= 3 and len(naps) >= 2, timeout=30, what="the batch to wait for the lock")
+    holder.execute("ROLLBACK")
+    saver.join(30)
+    holder.close()
+    assert outcomes == [False, False, False]  # the one it was handed, then the two that joined
+    assert asked[0] == 59 and asked[1] == 59 and asked[2] == 57  # what could still join, each time
+    assert all(_outputs(queue, f"r{i}") == {"s0": "out0"} for i in range(3))
+    # Each attempt at the lock is one statement (traced with its values): the first
+    # held r0 alone, the one that went through all three rows, in one commit.
+    made = [s for s in seen if s.startswith("INSERT INTO ekit_queue_saves")]
+    assert len(made) >= 2 and "'r1'" not in made[0] and "'r1'" in made[-1] and "'r2'" in made[-1]
+    queue.close()
 
 
 def test_a_save_cancelled_before_its_write_began_is_not_made(gated: _Gated) -> None:

@@ -68,6 +68,7 @@ from ekit_runtime.workflow import WorkflowResult
 
 __all__ = [
     "Doing",
+    "More",
     "RunQueue",
     "Submission",
     "check_one_per_run",
@@ -249,6 +250,10 @@ def queued_reason(
     if fingerprint is not None and fingerprint not in versions:
         return f"no worker has this version of workflow {workflow} (graph fingerprint {fingerprint[:19]})"
     return None
+
+
+More = Callable[[int], Sequence[tuple[Lease, WorkflowCheckpoint]]]
+"""``save_many``'s ``more``: called with how many saves may still join, returns those that do."""
 
 
 def check_one_per_run(saves: Sequence[tuple[Lease, WorkflowCheckpoint]]) -> None:
@@ -804,16 +809,24 @@ class RunQueue(ABC):
         """Store a checkpoint under a lease and renew it; return whether a cancel was asked."""
 
     def save_many(
-        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        lease_seconds: float,
+        more: More | None = None,
     ) -> list[bool | Exception]:
         """Store several runs' checkpoints, each as :meth:`save` would; each one's outcome in order.
 
         An outcome is what that ``save`` would have returned (whether a cancel
         was asked) or the exception it would have raised, its own instance:
         a refused lease refuses its save alone. A backend that can commits
-        them together, in one transaction and one wait for the disk (the
+        them together, in one statement and one wait for the disk (the
         worker's group commit); this one saves them one by one. At most one
         save per run: a run's later checkpoint goes in the next call.
+
+        ``more(limit)``, if given, is a source of further saves (at most
+        ``limit``) that a backend may ask for while it waits for its turn to
+        write; their outcomes follow those of ``saves``, in the order handed
+        over. This one never asks.
         """
         check_one_per_run(saves)
         outcomes: list[bool | Exception] = []

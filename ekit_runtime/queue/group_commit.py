@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from concurrent.futures import Executor
 
 from ekit_core import WorkflowCheckpoint
@@ -28,6 +29,9 @@ from ekit_runtime.queue.base import RunQueue
 from ekit_runtime.queue.records import Lease
 
 __all__ = ["GroupCommit"]
+
+# At most this many saves in one call of save_many (a worker seldom has more runs in flight).
+_MANY = 256
 
 _Waiting = tuple[Lease, WorkflowCheckpoint, "asyncio.Future[bool]"]
 
@@ -37,7 +41,11 @@ class GroupCommit:
 
     def __init__(self, queue: RunQueue, executor: Executor, lease_seconds: float) -> None:
         self.queue, self.executor, self.lease_seconds = queue, executor, lease_seconds
+        # Appended to by the event loop; taken from by the loop when a write
+        # begins and by the worker's database thread while that write waits
+        # for its turn (``more``), hence the lock.
         self._waiting: list[_Waiting] = []
+        self._lock = threading.Lock()
         self._writing: asyncio.Future[list[bool | Exception]] | None = None
         self._soon = False
         self.batches = 0
@@ -49,7 +57,8 @@ class GroupCommit:
         """Store ``checkpoint`` under ``lease`` (as ``RunQueue.save``); whether a cancel was asked."""
         loop = asyncio.get_running_loop()
         told: asyncio.Future[bool] = loop.create_future()
-        self._waiting.append((lease, checkpoint, told))
+        with self._lock:
+            self._waiting.append((lease, checkpoint, told))
         if self._writing is None and not self._soon:
             # Begun in the loop's next round, not now: the runs whose saves
             # were answered together go on together, and the others' saves
@@ -64,26 +73,39 @@ class GroupCommit:
         while self._writing is not None:
             await asyncio.wait({self._writing})
 
+    def _take(self, batch: list[_Waiting], runs: set[str], limit: int) -> list[_Waiting]:
+        """Move up to ``limit`` waiting saves into ``batch``, at most one per run; return them."""
+        taken: list[_Waiting] = []
+        later: list[_Waiting] = []
+        with self._lock:
+            for item in self._waiting:
+                if item[2].done():
+                    continue  # its caller was cancelled before the write began: not made
+                if item[0].run_id in runs or len(taken) >= limit:
+                    later.append(item)  # a run's next save: after this one, in the next batch
+                else:
+                    runs.add(item[0].run_id)
+                    taken.append(item)
+            self._waiting = later
+        batch.extend(taken)
+        self.saves += len(taken)
+        return taken
+
     def _write(self, loop: asyncio.AbstractEventLoop) -> None:
         self._soon = False
         batch: list[_Waiting] = []
-        later: list[_Waiting] = []
         runs: set[str] = set()
-        for item in self._waiting:
-            if item[2].done():
-                continue  # its caller was cancelled before the write began: not made
-            if item[0].run_id in runs:
-                later.append(item)  # a run's next save: after this one, in the next batch
-            else:
-                runs.add(item[0].run_id)
-                batch.append(item)
-        self._waiting = later
-        if not batch:
+        first = self._take(batch, runs, _MANY)
+        if not first:
             return
         self.batches += 1
-        self.saves += len(batch)
+
+        def more(limit: int) -> list[tuple[Lease, WorkflowCheckpoint]]:
+            # (On the database thread, while the write waits for its turn.)
+            return [(lease, cp) for lease, cp, _ in self._take(batch, runs, limit)]
+
         call = functools.partial(
-            self.queue.save_many, [(lease, cp) for lease, cp, _ in batch], self.lease_seconds
+            self.queue.save_many, [(lease, cp) for lease, cp, _ in first], self.lease_seconds, more
         )
         writing = self._writing = loop.run_in_executor(self.executor, call)
         writing.add_done_callback(functools.partial(self._written, batch))

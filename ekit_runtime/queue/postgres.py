@@ -36,6 +36,7 @@ from typing import Any
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Doing,
+    More,
     RunQueue,
     check_one_per_run,
     layout_before,
@@ -781,7 +782,10 @@ class PostgresQueue(RunQueue):
             return cancel
 
     def save_many(
-        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        lease_seconds: float,
+        more: More | None = None,
     ) -> list[bool | Exception]:
         """Store several runs' checkpoints; their deltas in one statement, one commit for all.
 
@@ -790,7 +794,8 @@ class PostgresQueue(RunQueue):
         :class:`LeaseLostError`, and nothing is written for it). A save in
         full (a run's first under its lease) is made alone. If the statement
         fails for another reason (a dropped session), each of its saves is
-        made again alone, so that each meets its own error.
+        made again alone, so that each meets its own error. ``more`` is not
+        asked: the server commits concurrent writers' transactions together.
         """
         check_one_per_run(saves)
         if len(saves) < 2:

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Doing,
+    More,
     RunQueue,
     check_one_per_run,
     layout_before,
@@ -1064,7 +1065,10 @@ class SqliteQueue(RunQueue):
             return cancel
 
     def save_many(
-        self, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], lease_seconds: float
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        lease_seconds: float,
+        more: More | None = None,
     ) -> list[bool | Exception]:
         """Store several runs' checkpoints in one statement: one commit, one fsync for all.
 
@@ -1073,42 +1077,74 @@ class SqliteQueue(RunQueue):
         :class:`LeaseLostError`, and nothing is written for it). If the
         statement fails for another reason (the disk, the lock), each of its
         saves is made again alone, so that each meets its own error.
+
+        ``more`` is asked at each attempt at the write lock (again after each
+        wait for another process's): the saves it hands over join the
+        statement, so that a worker that waited for its turn writes what its
+        runs asked meanwhile in the same commit.
         """
         if not self._one_statement:
-            return super().save_many(saves, lease_seconds)
+            return super().save_many(saves, lease_seconds, more)
         check_one_per_run(saves)
         seconds = self._lease_seconds(lease_seconds)
         outcomes: list[bool | Exception] = []
         with self._lock:
-            prepared: dict[int, _Prepared] = {}
-            for i, (lease, checkpoint) in enumerate(saves):
+            waiting = list(saves)
+            while waiting or more is not None:
+                chunk: list[tuple[int, _Prepared]] = []
+                self._take(waiting[:_SAVES_PER_STATEMENT], chunk, outcomes)
+                del waiting[:_SAVES_PER_STATEMENT]
+                ask = more if not waiting else None  # (the last statement takes what joins)
+                write = functools.partial(
+                    self._write_chunk, chunk=chunk, outcomes=outcomes, more=ask, seconds=seconds
+                )
                 try:
-                    prepared[i] = (lease, checkpoint, *self._prepare_save(lease, checkpoint))
-                except Exception as exc:  # (an output that cannot be encoded: this save's alone)
-                    outcomes.append(exc)
-                    continue
-                outcomes.append(False)  # (told below)
-            ready = list(prepared.items())
-            for at in range(0, len(ready), _SAVES_PER_STATEMENT):
-                chunk = ready[at : at + _SAVES_PER_STATEMENT]
-                items = [item for _i, item in chunk]
-                try:
-                    write = functools.partial(self._write_saves, items=items, seconds=seconds)
                     told = self._tx(write, begin=False)
                 except Exception:
                     # Not a refusal: the disk, the lock, the file. Made alone, each
                     # save raises its own error (or goes through).
                     for i, (lease, checkpoint, _enc, _added) in chunk:
                         outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
-                    continue
-                for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told, strict=True):
+                    told = None
+                for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told or (), strict=False):
                     if said is None:
                         self._forget(lease.run_id)
                         outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
                     else:
                         self._remember(lease, checkpoint)
                         outcomes[i] = said
+                if ask is not None:
+                    break
         return outcomes
+
+    def _take(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        chunk: list[tuple[int, _Prepared]],
+        outcomes: list[bool | Exception],
+    ) -> None:
+        """Prepare ``saves`` into ``chunk``, each with its place in ``outcomes`` (an error: its outcome)."""
+        for lease, checkpoint in saves:
+            outcomes.append(False)  # (told once written)
+            try:
+                chunk.append((len(outcomes) - 1, (lease, checkpoint, *self._prepare_save(lease, checkpoint))))
+            except Exception as exc:  # (an output that cannot be encoded: this save's alone)
+                outcomes[-1] = exc
+
+    def _write_chunk(
+        self,
+        conn: sqlite3.Connection,
+        chunk: list[tuple[int, _Prepared]],
+        outcomes: list[bool | Exception],
+        more: More | None,
+        seconds: float,
+    ) -> list[bool | None]:
+        """One attempt at the statement of ``chunk``, grown first by what ``more`` hands over."""
+        if more is not None and len(chunk) < _SAVES_PER_STATEMENT:
+            self._take(more(_SAVES_PER_STATEMENT - len(chunk)), chunk, outcomes)
+        if not chunk:
+            return []
+        return self._write_saves(conn, [item for _i, item in chunk], seconds)
 
     def _write_saves(
         self, conn: sqlite3.Connection, items: list[_Prepared], seconds: float
