@@ -134,20 +134,45 @@ def test_a_failed_sqlite_statement_is_made_again_save_by_save(
 
     def fail_batches(self: SqliteQueue, conn: sqlite3.Connection, items: list[Any], seconds: float) -> Any:
         if len(items) > 1:
-            raise sqlite3.OperationalError("disk I/O error")
+            raise sqlite3.DataError("string or blob too big")  # as one save's value might make it
         return real(self, conn, items, seconds)
 
     monkeypatch.setattr(SqliteQueue, "_write_saves", fail_batches)
     assert queue.save_many([(lease, cps[1]) for lease in leases], 60) == [False] * 3
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0", "s1": "out1"} for i in range(3))
-    # Made alone, each save that fails meets an error of its own.
-    def fail_all(self: SqliteQueue, conn: sqlite3.Connection, items: list[Any], seconds: float) -> Any:
-        raise sqlite3.OperationalError("disk I/O error")
+    queue.close()
 
-    monkeypatch.setattr(SqliteQueue, "_write_saves", fail_all)
-    outcomes = queue.save_many([(lease, cps[1]) for lease in leases], 60)
-    assert all(isinstance(o, sqlite3.OperationalError) for o in outcomes)
-    assert len({id(o) for o in outcomes}) == 3
+
+def test_a_locked_sqlite_batch_gives_each_save_its_own_error_without_waiting_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, naps: list[float]
+) -> None:
+    import ekit_runtime.queue.sqlite as sqlite_queue
+    from ekit_runtime.queue.transient import is_transient
+
+    path = tmp_path / "q.db"
+    queue = SqliteQueue(path)
+    cps = _checkpoints(1)
+    leases = _claimed(queue, 3)
+    monkeypatch.setattr(sqlite_queue, "_BUSY_TIMEOUT", 0.2)
+    alone: list[str] = []
+    real_save = SqliteQueue.save
+
+    def save(self: SqliteQueue, lease: Lease, checkpoint: WorkflowCheckpoint, seconds: float) -> bool:
+        alone.append(lease.run_id)
+        return real_save(self, lease, checkpoint, seconds)
+
+    monkeypatch.setattr(SqliteQueue, "save", save)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # held past the timeout
+    outcomes = queue.save_many([(lease, cps[0]) for lease in leases], 60)
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert naps  # it waited for the lock, once, for the whole batch
+    assert all(isinstance(o, sqlite3.OperationalError) and is_transient(o) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 3  # three callers, three exceptions
+    # No save made again alone, which would wait for the lock once more each.
+    assert alone == [] and all(queue.checkpoint(f"r{i}") is None for i in range(3))
+    assert queue.save_many([(lease, cps[0]) for lease in leases], 60) == [False] * 3  # retried: lands
     queue.close()
 
 
@@ -424,4 +449,32 @@ def test_a_postgres_batch_whose_session_was_dropped_is_made_again_save_by_save(p
     assert queue.save_many([(lease, cps[1]) for lease in leases], 60) == [False] * 3
     assert queue.db.conn.info.backend_pid != pid  # type: ignore[attr-defined]
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0", "s1": "out1"} for i in range(3))
+    queue.close()
+
+
+def test_a_backend_answering_the_wrong_number_of_saves_fails_each_caller_instead_of_hanging(
+    tmp_path: Path,
+) -> None:
+    class Short(SqliteQueue):
+        def save_many(
+            self,
+            saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+            lease_seconds: float,
+            more: More | None = None,
+        ) -> list[bool | Exception]:
+            return super().save_many(saves, lease_seconds)[:-1]
+
+    queue = Short(tmp_path / "q.db")
+    cps = _checkpoints(1)
+    leases = _claimed(queue, 2)
+
+    async def main() -> list[Any]:
+        with _executor() as pool:
+            group = GroupCommit(queue, pool, 60)
+            saving = (group.save(lease, cps[0]) for lease in leases)
+            return await asyncio.gather(*saving, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert [type(o) for o in outcomes] == [RuntimeError, RuntimeError]
+    assert "save_many returned list for 2 saves" in str(outcomes[0])
     queue.close()

@@ -5,10 +5,12 @@ time, so a worker that commits every run's every save on its own spends its
 database thread, and the fleet its write lock, waiting for fsyncs. Here a
 save asked while the worker's previous write is still being made waits for
 it, and then goes with every other save that waited meanwhile, in one call
-of :meth:`RunQueue.save_many`: one transaction, one fsync. A save asked when
-nothing is being written goes at once, alone, so an idle worker's latency is
-what it was; under load the batches grow by themselves, as the writes get
-slower.
+of :meth:`RunQueue.save_many`: one statement, one fsync. A save asked when
+nothing is being written goes at the loop's next turn, so an idle worker's
+latency is what it was; under load the batches grow by themselves, as the
+writes get slower. While a write waits for its turn (the database thread,
+SQLite's write lock), the backend may take in the saves asked meanwhile
+through ``save_many``'s ``more``.
 
 Each save is still fenced on its own and answered on its own (its cancel
 flag, or its own exception), and its caller still waits until it is durable.
@@ -87,8 +89,8 @@ class GroupCommit:
                     runs.add(item[0].run_id)
                     taken.append(item)
             self._waiting = later
+            self.saves += len(taken)
         batch.extend(taken)
-        self.saves += len(taken)
         return taken
 
     def _write(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -121,6 +123,10 @@ class GroupCommit:
             outcomes = [error if isinstance(error, Exception) else RuntimeError(repr(error))] * len(batch)
         else:
             outcomes = writing.result()
+            if not isinstance(outcomes, list) or len(outcomes) != len(batch):
+                # A backend's bug; told to each caller rather than left unanswered (a hang).
+                wrong = f"save_many returned {type(outcomes).__name__} for {len(batch)} saves"
+                outcomes = [RuntimeError(wrong) for _ in batch]
         for (_lease, _cp, told), outcome in zip(batch, outcomes, strict=True):
             if told.done():
                 continue  # its caller was cancelled meanwhile; the save was made all the same

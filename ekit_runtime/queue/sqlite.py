@@ -27,6 +27,7 @@ The clock is the machine's (``time.time()``), shared by every process.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -85,6 +86,7 @@ from ekit_runtime.queue.records import (
     check_run_id,
     check_status,
 )
+from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
 from ekit_runtime.stores.rows import EncodedCheckpoint
@@ -1075,8 +1077,10 @@ class SqliteQueue(RunQueue):
         Each save is fenced on its own, as in :meth:`save`: a lease that is
         no longer held refuses its save alone (its outcome is
         :class:`LeaseLostError`, and nothing is written for it). If the
-        statement fails for another reason (the disk, the lock), each of its
-        saves is made again alone, so that each meets its own error.
+        statement fails for another reason, nothing of it is written, and each
+        of its saves gets an error of its own: a copy of the transient error
+        (the lock held past the timeout, a full disk), or else what the save
+        meets when made again alone.
 
         ``more`` is asked at each attempt at the write lock (again after each
         wait for another process's): the saves it hands over join the
@@ -1100,12 +1104,18 @@ class SqliteQueue(RunQueue):
                 )
                 try:
                     told = self._tx(write, begin=False)
-                except Exception:
-                    # Not a refusal: the disk, the lock, the file. Made alone, each
-                    # save raises its own error (or goes through).
-                    for i, (lease, checkpoint, _enc, _added) in chunk:
-                        outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+                except Exception as exc:
                     told = None
+                    for i, (lease, checkpoint, _enc, _added) in chunk:
+                        if is_transient(exc):
+                            # The lock held past the timeout, a full disk: each save
+                            # alone would meet the same, and wait for the lock again
+                            # each time. Each caller gets its own copy of the error.
+                            outcomes[i] = copy.copy(exc)
+                        else:
+                            # Perhaps one save's own (a value too big): made alone,
+                            # each save raises its own error or goes through.
+                            outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
                 for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told or (), strict=False):
                     if said is None:
                         self._forget(lease.run_id)
