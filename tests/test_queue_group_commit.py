@@ -262,6 +262,15 @@ def gated(tmp_path: Path) -> Iterator[_Gated]:
     queue.close()
 
 
+async def _held_first_write(
+    group: GroupCommit, gated: _Gated, lease: Lease, checkpoint: WorkflowCheckpoint
+) -> asyncio.Future[bool]:
+    """Ask a save and return once its write is in flight, held inside the gated queue."""
+    first = asyncio.ensure_future(group.save(lease, checkpoint))
+    await asyncio.get_running_loop().run_in_executor(None, gated.entered.wait, 60)
+    return first
+
+
 def test_saves_asked_together_go_in_one_write(gated: _Gated) -> None:
     gated.go.set()
     cps = _checkpoints(1)
@@ -283,8 +292,7 @@ def test_saves_asked_while_a_write_waits_for_its_turn_join_it(gated: _Gated) -> 
     async def main() -> None:
         with _executor() as pool:
             group = GroupCommit(gated, pool, 60)
-            first = asyncio.ensure_future(group.save(leases[0], cps[0]))
-            await asyncio.get_running_loop().run_in_executor(None, gated.entered.wait, 60)
+            first = await _held_first_write(group, gated, leases[0], cps[0])
             later = [asyncio.ensure_future(group.save(lease, cps[0])) for lease in leases[1:]]
             # r0's next save cannot join: a run's saves are made in order, one per write.
             again = asyncio.ensure_future(group.save(leases[0], cps[1]))
@@ -345,8 +353,7 @@ def test_a_save_cancelled_before_its_write_began_is_not_made(gated: _Gated) -> N
     async def main() -> None:
         with _executor() as pool:
             group = GroupCommit(gated, pool, 60)
-            first = asyncio.ensure_future(group.save(leases[0], cps[0]))
-            await asyncio.get_running_loop().run_in_executor(None, gated.entered.wait, 60)
+            first = await _held_first_write(group, gated, leases[0], cps[0])
             dropped = asyncio.ensure_future(group.save(leases[1], cps[0]))
             await asyncio.sleep(0)  # (one turn of the loop: the task asks its save)
             assert len(group._waiting) == 1

@@ -75,6 +75,7 @@ __all__ = [
     "layout_before",
     "progress",
     "queued_reason",
+    "save_alone",
     "schema_columns",
     "schema_problem",
 ]
@@ -266,6 +267,21 @@ def check_one_per_run(saves: Sequence[tuple[Lease, WorkflowCheckpoint]]) -> None
         if run_id in seen:
             raise ValueError(f"saves holds two saves of run {run_id!r}; save the later in a call of its own")
         seen.add(run_id)
+
+
+def save_alone(
+    queue: RunQueue, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float
+) -> bool | Exception:
+    """One save's outcome in ``save_many``'s terms: what ``queue.save`` returned, or what it raised.
+
+    A function of the queue, not a method: ``RunQueue.save_many`` borrowed by
+    a wrapper that delegates the rest (a test's fault injection) reaches the
+    wrapper's own ``save``.
+    """
+    try:
+        return queue.save(lease, checkpoint, lease_seconds)
+    except Exception as exc:
+        return exc
 
 
 class RunQueue(ABC):
@@ -829,13 +845,7 @@ class RunQueue(ABC):
         over. This one never asks.
         """
         check_one_per_run(saves)
-        outcomes: list[bool | Exception] = []
-        for lease, checkpoint in saves:
-            try:
-                outcomes.append(self.save(lease, checkpoint, lease_seconds))
-            except Exception as exc:
-                outcomes.append(exc)
-        return outcomes
+        return [save_alone(self, lease, checkpoint, lease_seconds) for lease, checkpoint in saves]
 
     @abstractmethod
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:

@@ -114,9 +114,9 @@ class GroupCommit:
 
     def _written(self, batch: list[_Waiting], writing: asyncio.Future[list[bool | Exception]]) -> None:
         self._writing = None
+        outcomes: list[bool | Exception]
         if writing.cancelled():
-            outcomes: list[bool | Exception] = [ConnectionAbortedError("the write was cancelled")]
-            outcomes *= len(batch)
+            outcomes = [ConnectionAbortedError("the write was cancelled") for _ in batch]
         elif (error := writing.exception()) is not None:
             # save_many answers each save's own error; one raised for the whole
             # call is a bug of the backend, told to every caller of the batch.

@@ -41,6 +41,7 @@ from ekit_runtime.queue.base import (
     check_one_per_run,
     layout_before,
     progress,
+    save_alone,
     schema_columns,
     schema_problem,
 )
@@ -816,10 +817,7 @@ class PostgresQueue(RunQueue):
                         deltas.append((i, lease, checkpoint, encoded, added))
                 except Exception as exc:  # (this save's own: unencodable, refused, the session)
                     outcomes[i] = exc
-            if len(deltas) == 1:
-                i, lease, checkpoint, _enc, _added = deltas[0]
-                outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
-            elif deltas:
+            if deltas:
                 self._save_deltas(deltas, seconds, lease_seconds, outcomes)
         return outcomes
 
@@ -849,7 +847,7 @@ class PostgresQueue(RunQueue):
             # Not a refusal: the session, the server. Made alone, each save
             # raises its own error (or goes through).
             for i, lease, checkpoint, _enc, _added in deltas:
-                outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+                outcomes[i] = save_alone(self, lease, checkpoint, lease_seconds)
             return
         for i, lease, checkpoint, _enc, _added in deltas:
             if lease.run_id in made:

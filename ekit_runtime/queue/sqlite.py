@@ -45,6 +45,7 @@ from ekit_runtime.queue.base import (
     check_one_per_run,
     layout_before,
     progress,
+    save_alone,
     schema_columns,
     schema_problem,
 )
@@ -1115,7 +1116,7 @@ class SqliteQueue(RunQueue):
                         else:
                             # Perhaps one save's own (a value too big): made alone,
                             # each save raises its own error or goes through.
-                            outcomes[i] = super().save_many([(lease, checkpoint)], lease_seconds)[0]
+                            outcomes[i] = save_alone(self, lease, checkpoint, lease_seconds)
                 for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told or (), strict=False):
                     if said is None:
                         self._forget(lease.run_id)
