@@ -125,6 +125,29 @@ def queue(queue_url: str) -> Iterator[RunQueue]:
         q.close()
 
 
+@pytest.fixture
+def statements(queue: RunQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The statements ``queue``'s connection runs from now on (SQLite: its trace; PostgreSQL:
+    psycopg's execute), so that a test can count them: a batch that fails and is made again
+    write by write must not pass for one statement."""
+    seen: list[str] = []
+    if queue.backend == "sqlite":
+        # (A trigger's statements are reported with the text that fired them: repeats are one.)
+        conn = queue.conn  # type: ignore[attr-defined]
+        conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
+    else:
+        import psycopg
+
+        real = psycopg.Connection.execute
+
+        def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(str(query))
+            return real(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    yield seen
+
+
 def live_leases(url: str) -> int:
     """How many runs hold an unexpired lease, read straight from the database on its own clock."""
     sql = "SELECT count(*) FROM ekit_queue_runs WHERE status = 'running' AND lease_until > {now}"

@@ -27,10 +27,11 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ekit_runtime import Step, Workflow
-from ekit_runtime.queue import Lease, RunQueue, Worker, attempt_key, open_queue
+from ekit_runtime.queue import Ending, RunQueue, Worker, attempt_key, open_queue
 
 LOGDIR = ""
 HOLD_AFTER: int | None = None
@@ -108,12 +109,19 @@ class _LoggedQueue:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def finish(self, lease: Lease, status: Any, error: str | None = None) -> None:
-        # Logged before and after the commit: a kill in between leaves only
-        # the first line, and the parent then asks the database.
-        _log("finish", f"finishing {lease.run_id} {os.getpid()}")
-        self._inner.finish(lease, status, error)
-        _log("finish", f"{status} {lease.run_id} {os.getpid()}")
+    def write_many(
+        self, saves: Any, endings: Sequence[Ending], lease_seconds: float, more: Any = None
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        # The worker ends its runs here, in the commit of the saves that meet
+        # them. Logged before and after the commit: a kill in between leaves
+        # only the first line, and the parent then asks the database.
+        for end in endings:
+            _log("finish", f"finishing {end.lease.run_id} {os.getpid()}")
+        saved, ended = self._inner.write_many(saves, endings, lease_seconds, more)
+        for end, outcome in zip(endings, ended, strict=True):
+            if outcome is None:
+                _log("finish", f"{end.status} {end.lease.run_id} {os.getpid()}")
+        return saved, ended
 
 
 async def _main(args: argparse.Namespace) -> None:

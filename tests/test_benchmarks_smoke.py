@@ -174,6 +174,8 @@ def test_queue_benchmark_reports_rates_save_costs_fsync_and_verdicts(tmp_path: P
     assert set(sqlite["runs_per_s"]) == {"1", "2"}
     assert all(rate > 0 for rate in sqlite["runs_per_s"].values())
     assert sqlite["workers_2_over_1"] > 0
+    # Commits a run: never more than a claim, a save per step and a finish, each alone.
+    assert all(0 < c <= sqlite["steps"] + 2 for c in sqlite["commits_per_run"].values())
     assert sqlite["save_us"] > 0 and sqlite["insert_us"] > 0
     assert sqlite["save_over_insert"] > 0
     assert sqlite["save_over_insert_of_medians"] == pytest.approx(sqlite["save_us"] / sqlite["insert_us"])

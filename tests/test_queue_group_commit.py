@@ -13,6 +13,7 @@ write began is not made. These tests try to break each of those promises.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Lease, LeaseLostError, RunQueue, SqliteQueue, Worker, open_queue
-from ekit_runtime.queue.base import More
+from ekit_runtime.queue.base import Ending, More
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.stores.errors import UnencodableError
 from tests.queue_backends import expire_lease, naps, postgres_url, queue, queue_url, wait_for
@@ -114,11 +115,11 @@ def test_an_sqlite_batch_is_one_statement_and_no_transaction(tmp_path: Path) -> 
     seen: list[str] = []
     queue.conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
     assert queue.save_many([(lease, cps[1]) for lease in leases[:7]], 60) == [False] * 7
-    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_saves"), seen
+    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_writes"), seen
     seen.clear()
     # More saves than one statement binds: a statement per 60, each its own commit.
     assert queue.save_many([(lease, cps[2]) for lease in leases], 60)[-1] is False
-    assert [s[:28] for s in seen] == ["INSERT INTO ekit_queue_saves"] * 3
+    assert [s[:29] for s in seen] == ["INSERT INTO ekit_queue_writes"] * 3
     assert not any(s.upper().startswith(("BEGIN", "COMMIT")) for s in seen)
     assert _outputs(queue, "r129") == {f"s{i}": f"out{i}" for i in range(3)}
     queue.close()
@@ -130,14 +131,14 @@ def test_a_failed_sqlite_statement_is_made_again_save_by_save(
     queue = SqliteQueue(tmp_path / "q.db")
     cps = _checkpoints(2)
     leases = _claimed(queue, 3)
-    real = SqliteQueue._write_saves
+    real = SqliteQueue._write_rows
 
     def fail_batches(self: SqliteQueue, conn: sqlite3.Connection, items: list[Any], seconds: float) -> Any:
         if len(items) > 1:
             raise sqlite3.DataError("string or blob too big")  # as one save's value might make it
         return real(self, conn, items, seconds)
 
-    monkeypatch.setattr(SqliteQueue, "_write_saves", fail_batches)
+    monkeypatch.setattr(SqliteQueue, "_write_rows", fail_batches)
     assert queue.save_many([(lease, cps[1]) for lease in leases], 60) == [False] * 3
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0", "s1": "out1"} for i in range(3))
     queue.close()
@@ -223,8 +224,8 @@ def test_a_batch_does_what_each_save_alone_would(runs: list[tuple[str, bool, int
 class _Gated(SqliteQueue):
     """A queue whose first ``save_many`` waits for ``go`` (set from the test), to hold a write in flight.
 
-    ``calls`` records each call's runs: those it was handed, then those that
-    joined it through ``more``.
+    ``calls`` records each call's runs: those it was handed saves of, then
+    those that joined it through ``more``, then (as ``end:<run>``) those it ended.
     """
 
     def __init__(self, path: Path) -> None:
@@ -233,12 +234,13 @@ class _Gated(SqliteQueue):
         self.entered = threading.Event()
         self.calls: list[list[str]] = []
 
-    def save_many(
+    def write_many(
         self,
         saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
         lease_seconds: float,
         more: More | None = None,
-    ) -> list[bool | Exception]:
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
         runs = [lease.run_id for lease, _ in saves]
         self.calls.append(runs)
         if len(self.calls) == 1:
@@ -251,7 +253,10 @@ class _Gated(SqliteQueue):
             runs.extend(lease.run_id for lease, _ in got)
             return got
 
-        return super().save_many(saves, lease_seconds, None if more is None else joined)
+        try:
+            return super().write_many(saves, endings, lease_seconds, None if more is None else joined)
+        finally:
+            runs.extend(f"end:{end.lease.run_id}" for end in endings)
 
 
 @pytest.fixture
@@ -309,6 +314,41 @@ def test_saves_asked_while_a_write_waits_for_its_turn_join_it(gated: _Gated) -> 
     assert _outputs(gated, "r2") == {"s0": "out0"}
 
 
+def test_runs_ended_while_a_write_is_in_flight_end_with_the_next_saves_each_answered(gated: _Gated) -> None:
+    cps = _checkpoints(2)
+    leases = _claimed(gated, 4)
+    for lease in leases:
+        assert gated.save(lease, cps[0], 60) is False  # (not write_many: the gate holds its first call)
+    stale = dataclasses.replace(leases[3], epoch=leases[3].epoch + 9)
+
+    async def main() -> None:
+        with _executor() as pool:
+            group = GroupCommit(gated, pool, 60)
+            first = await _held_first_write(group, gated, leases[0], cps[1])
+            # Asked while r0's save is in flight: r1's save, r2's ending, a stale lease's
+            # ending, and r0's own ending, which must not be written before r0's save.
+            saving = asyncio.ensure_future(group.save(leases[1], cps[1]))
+            ending = asyncio.ensure_future(group.finish(leases[2], "finished"))
+            refused = asyncio.ensure_future(group.finish(stale, "failed", "boom"))
+            last = asyncio.ensure_future(group.finish(leases[0], "finished"))
+            await asyncio.sleep(0)  # (one turn of the loop: each task asks its write)
+            assert len(group._waiting) == 4 and not first.done()
+            gated.go.set()
+            assert await first is False and await saving is False
+            assert await ending is None and await last is None
+            with pytest.raises(LeaseLostError):
+                await refused
+            await group.drain()
+            assert (group.batches, group.saves, group.endings) == (2, 2, 3)
+
+    asyncio.run(main())
+    # r1's save joined the write in flight (``more``); the endings waited for the next.
+    assert gated.calls == [["r0", "r1"], ["end:r2", "end:r3", "end:r0"]]
+    assert [gated.status(f"r{i}").status for i in range(4)] == ["finished", "running", "finished", "running"]
+    assert _outputs(gated, "r0") == {"s0": "out0", "s1": "out1"}
+    assert _outputs(gated, "r1") == {"s0": "out0", "s1": "out1"}
+
+
 def test_an_sqlite_batch_takes_in_the_saves_handed_over_while_it_waits_for_the_lock(
     tmp_path: Path, naps: list[float]
 ) -> None:
@@ -341,7 +381,7 @@ def test_an_sqlite_batch_takes_in_the_saves_handed_over_while_it_waits_for_the_l
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0"} for i in range(3))
     # Each attempt at the lock is one statement (traced with its values): the first
     # held r0 alone, the one that went through all three rows, in one commit.
-    made = [s for s in seen if s.startswith("INSERT INTO ekit_queue_saves")]
+    made = [s for s in seen if s.startswith("INSERT INTO ekit_queue_writes")]
     assert len(made) >= 2 and "'r1'" not in made[0] and "'r1'" in made[-1] and "'r2'" in made[-1]
     queue.close()
 
@@ -463,13 +503,15 @@ def test_a_backend_answering_the_wrong_number_of_saves_fails_each_caller_instead
     tmp_path: Path,
 ) -> None:
     class Short(SqliteQueue):
-        def save_many(
+        def write_many(
             self,
             saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+            endings: Sequence[Ending],
             lease_seconds: float,
             more: More | None = None,
-        ) -> list[bool | Exception]:
-            return super().save_many(saves, lease_seconds)[:-1]
+        ) -> tuple[list[bool | Exception], list[Exception | None]]:
+            saved, ended = super().write_many(saves, endings, lease_seconds)
+            return saved[:-1], ended
 
     queue = Short(tmp_path / "q.db")
     cps = _checkpoints(1)
@@ -483,5 +525,5 @@ def test_a_backend_answering_the_wrong_number_of_saves_fails_each_caller_instead
 
     outcomes = asyncio.run(main())
     assert [type(o) for o in outcomes] == [RuntimeError, RuntimeError]
-    assert "save_many returned list for 2 saves" in str(outcomes[0])
+    assert "write_many returned tuple for 2 saves and 0 endings" in str(outcomes[0])
     queue.close()

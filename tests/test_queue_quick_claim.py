@@ -13,16 +13,12 @@ comes with its checkpoint, and the lease carries the limits the claim read.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
-from ekit_runtime.queue import Limits, RunQueue, SqliteQueue, open_queue
-from tests.queue_backends import expire_lease, queue, queue_url, wait_for
+from ekit_runtime.queue import Limits, RunQueue, open_queue
+from tests.queue_backends import expire_lease, queue, queue_url, statements, wait_for
 
-__all__ = ["queue", "queue_url"]  # (fixtures)
+__all__ = ["queue", "queue_url", "statements"]  # (fixtures)
 
 
 def _checkpoints(steps: int) -> list[WorkflowCheckpoint]:
@@ -30,26 +26,6 @@ def _checkpoints(steps: int) -> list[WorkflowCheckpoint]:
     chain = [Step(f"s{i}", lambda ctx, i=i: f"out{i}", (f"s{i - 1}",) if i else ()) for i in range(steps)]
     Workflow(chain).run_sync(checkpoint_fn=seen.append)
     return seen
-
-
-@pytest.fixture
-def statements(queue: RunQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The statements the queue's connection runs (SQLite: its trace; PostgreSQL: psycopg's execute)."""
-    seen: list[str] = []
-    if isinstance(queue, SqliteQueue):
-        # (A trigger's statements are reported with the text that fired them: repeats are one.)
-        queue.conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
-    else:
-        import psycopg
-
-        real = psycopg.Connection.execute
-
-        def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            seen.append(str(query))
-            return real(self, query, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.Connection, "execute", execute)
-    yield seen
 
 
 def test_a_claim_after_the_first_is_one_statement(queue: RunQueue, statements: list[str]) -> None:

@@ -50,6 +50,9 @@ class _Failing:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    # The worker claims through claim_many; RunQueue's claims each run with self.claim (this one).
+    claim_many = RunQueue.claim_many
+
     def renew(self, lease: Lease, lease_seconds: float) -> bool:
         self.renews += 1
         if self.renews <= self.renew_failures:
@@ -66,6 +69,9 @@ class _Failing:
         if self.one_lease and self.claims > self.claim_failures + 1:
             return None
         return self._inner.claim(worker, workflows, lease_seconds)
+
+    # The worker ends runs through write_many; RunQueue's ends each with self.finish (this one).
+    write_many = RunQueue.write_many
 
     def finish(self, lease: Lease, status: Any, error: str | None = None) -> None:
         self.finishes += 1

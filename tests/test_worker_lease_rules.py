@@ -52,6 +52,9 @@ class _RenewalsFail:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    # The worker claims through claim_many; RunQueue's claims each run with self.claim (this one).
+    claim_many = RunQueue.claim_many
+
     def limits(self) -> Any:
         if not self.claims:
             self.before_claim = time.monotonic()  # asked right before the claim

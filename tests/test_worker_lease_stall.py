@@ -88,8 +88,11 @@ class _Watched:
         self.claims += 1
         return self._inner.claim(worker, workflows, lease_seconds) if self.claims == 1 else None
 
-    # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
+    # The worker claims, saves and ends runs through claim_many and write_many;
+    # RunQueue's make each claim and save with self.claim and self.save (these).
+    claim_many = RunQueue.claim_many
     save_many = RunQueue.save_many
+    write_many = RunQueue.write_many
 
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         cancel = self._inner.save(lease, checkpoint, lease_seconds)

@@ -139,6 +139,7 @@ class _FullOnce:
 
     # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
     save_many = RunQueue.save_many
+    write_many = RunQueue.write_many
 
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         try:
@@ -199,8 +200,12 @@ class _Unreachable:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    # The worker claims through claim_many; RunQueue's claims each run with self.claim (this one).
+    claim_many = RunQueue.claim_many
+
     # The worker saves through save_many; RunQueue's makes each save with self.save (this one).
     save_many = RunQueue.save_many
+    write_many = RunQueue.write_many
 
     def save(self, lease: Lease, checkpoint: Any, lease_seconds: float) -> bool:
         self.saves += 1

@@ -134,6 +134,9 @@ class _SlowClaim:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    # The worker claims through claim_many; RunQueue's claims each run with self.claim (this one).
+    claim_many = RunQueue.claim_many
+
     def claim(self, worker: str, workflows: Any, lease_seconds: float) -> Lease | None:
         self.entered.set()
         assert self.go.wait(30)

@@ -21,7 +21,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.attempt import AttemptKey, attempt_key
-from ekit_runtime.queue.contract import RunQueue
+from ekit_runtime.queue.contract import Ending, RunQueue
 from ekit_runtime.queue.options import RUN_OPTIONS
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -49,6 +49,7 @@ __all__ = [
     "RUN_OPTIONS",
     "STATUSES",
     "AttemptKey",
+    "Ending",
     "InFlight",
     "Lease",
     "LeaseLostError",

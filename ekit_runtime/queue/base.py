@@ -29,7 +29,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NoReturn, Self, cast
+from typing import Any, NamedTuple, NoReturn, Self, cast
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.human import Answer, Question
@@ -68,10 +68,13 @@ from ekit_runtime.workflow import WorkflowResult
 
 __all__ = [
     "Doing",
+    "Ending",
     "More",
     "RunQueue",
     "Submission",
     "check_one_per_run",
+    "claim_limit",
+    "finish_alone",
     "layout_before",
     "progress",
     "queued_reason",
@@ -257,8 +260,25 @@ More = Callable[[int], Sequence[tuple[Lease, WorkflowCheckpoint]]]
 """``save_many``'s ``more``: called with how many saves may still join, returns those that do."""
 
 
-def check_one_per_run(saves: Sequence[tuple[Lease, WorkflowCheckpoint]]) -> None:
-    """Refuse a :meth:`RunQueue.save_many` that holds two saves of one run (their order would matter)."""
+def claim_limit(limit: object) -> int:
+    """``claim_many``'s ``limit``: a whole number from 1 (a worker's free places)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise ValueError(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+    return limit
+
+
+class Ending(NamedTuple):
+    """A run's end as :meth:`RunQueue.write_many` takes it: what :meth:`RunQueue.finish` is given."""
+
+    lease: Lease
+    status: RunStatus
+    error: str | None = None
+
+
+def check_one_per_run(
+    saves: Sequence[tuple[Lease, WorkflowCheckpoint]], endings: Sequence[Ending] = ()
+) -> None:
+    """Refuse a :meth:`RunQueue.write_many` that holds two writes of one run (their order would matter)."""
     seen: set[str] = set()
     for i, item in enumerate(saves):
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Lease)):
@@ -267,6 +287,14 @@ def check_one_per_run(saves: Sequence[tuple[Lease, WorkflowCheckpoint]]) -> None
         if run_id in seen:
             raise ValueError(f"saves holds two saves of run {run_id!r}; save the later in a call of its own")
         seen.add(run_id)
+    for i, end in enumerate(endings):
+        if not (isinstance(end, Ending) and isinstance(end.lease, Lease)):
+            raise ValueError(f"endings[{i}] must be an Ending of a Lease")
+        if end.lease.run_id in seen:
+            raise ValueError(
+                f"run {end.lease.run_id!r} has two writes in one call; end it in a call of its own"
+            )
+        seen.add(end.lease.run_id)
 
 
 def save_alone(
@@ -282,6 +310,15 @@ def save_alone(
         return queue.save(lease, checkpoint, lease_seconds)
     except Exception as exc:
         return exc
+
+
+def finish_alone(queue: RunQueue, end: Ending) -> Exception | None:
+    """One ending's outcome in ``write_many``'s terms: ``None`` once ended, or what ``finish`` raised."""
+    try:
+        queue.finish(end.lease, end.status, end.error)
+    except Exception as exc:
+        return exc
+    return None
 
 
 class RunQueue(ABC):
@@ -816,6 +853,33 @@ class RunQueue(ABC):
     def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
         """Lease the next claimable run, or ``None``."""
 
+    def claim_many(
+        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` claimable runs at once, as that many calls of :meth:`claim` would.
+
+        The runs are those the claims would take, in claim order; fewer (or
+        none) when fewer are claimable or the fleet reaches a limit. A
+        backend that can leases them in one statement and one commit (a
+        worker with several free places fills them in one go); this one
+        claims one by one. A claim that fails after others were granted
+        ends the call with those (the next call meets the error again), so
+        that no granted lease is dropped.
+        """
+        limit = claim_limit(limit)
+        leases: list[Lease] = []
+        while len(leases) < limit:
+            try:
+                lease = self.claim(worker, workflows, lease_seconds)
+            except Exception:
+                if not leases:
+                    raise
+                break
+            if lease is None:
+                break
+            leases.append(lease)
+        return leases
+
     @abstractmethod
     def renew(self, lease: Lease, lease_seconds: float) -> bool:
         """Extend a lease; return whether a cancel was asked."""
@@ -846,6 +910,27 @@ class RunQueue(ABC):
         """
         check_one_per_run(saves)
         return [save_alone(self, lease, checkpoint, lease_seconds) for lease, checkpoint in saves]
+
+    def write_many(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
+        lease_seconds: float,
+        more: More | None = None,
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        """:meth:`save_many` of ``saves`` and :meth:`finish` of each of ``endings``, in one commit if it can.
+
+        Returns the saves' outcomes (as ``save_many``'s, those ``more`` handed
+        over included) and each ending's: ``None`` once the run is ended, or
+        the exception ``finish`` would have raised (:class:`LeaseLostError`
+        for a lease no longer held), its own instance. At most one write per
+        run. A worker's runs that end while others save are thus ended in the
+        commit of those saves (see :mod:`ekit_runtime.queue.group_commit`);
+        this one saves as ``save_many`` does, then ends the runs one by one.
+        """
+        check_one_per_run(saves, endings)
+        saved = self.save_many(saves, lease_seconds, more)
+        return saved, [finish_alone(self, end) for end in endings]
 
     @abstractmethod
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:

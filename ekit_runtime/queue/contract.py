@@ -15,6 +15,6 @@ The contract is one class, defined with what the backends share in
 
 from __future__ import annotations
 
-from ekit_runtime.queue.base import RunQueue
+from ekit_runtime.queue.base import Ending, RunQueue
 
-__all__ = ["RunQueue"]
+__all__ = ["Ending", "RunQueue"]

@@ -1,4 +1,4 @@
-"""``GroupCommit``: a worker's saves that meet are committed together.
+"""``GroupCommit``: a worker's saves and run endings that meet are committed together.
 
 A durable commit waits for the disk, and SQLite lets one process commit at a
 time, so a worker that commits every run's every save on its own spends its
@@ -12,11 +12,16 @@ writes get slower. While a write waits for its turn (the database thread,
 SQLite's write lock), the backend may take in the saves asked meanwhile
 through ``save_many``'s ``more``.
 
-Each save is still fenced on its own and answered on its own (its cancel
-flag, or its own exception), and its caller still waits until it is durable.
-A run has at most one save in a batch (a run's saves are made in order);
-a save whose caller was cancelled before its batch was taken is not made,
-as a write not yet begun on the worker's thread would not be.
+A run that ends (finished, failed, cancelled) is ended the same way, in the
+batch of the saves that meet it (:meth:`RunQueue.write_many`): the worker's
+runs that end together, or while others save, cost no commit of their own.
+
+Each write is still fenced on its own and answered on its own (a save's
+cancel flag, or its own exception), and its caller still waits until it is
+durable. A run has at most one write in a batch (a run's writes are made in
+order: its ending after its last save); a write whose caller was cancelled
+before its batch was taken is not made, as a write not yet begun on the
+worker's thread would not be.
 """
 
 from __future__ import annotations
@@ -25,17 +30,19 @@ import asyncio
 import functools
 import threading
 from concurrent.futures import Executor
+from typing import Any, cast
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.queue.base import RunQueue
-from ekit_runtime.queue.records import Lease
+from ekit_runtime.queue.base import Ending, RunQueue
+from ekit_runtime.queue.records import Lease, RunStatus
 
 __all__ = ["GroupCommit"]
 
 # At most this many saves in one call of save_many (a worker seldom has more runs in flight).
 _MANY = 256
 
-_Waiting = tuple[Lease, WorkflowCheckpoint, "asyncio.Future[bool]"]
+# A save (its checkpoint) or an ending, and its caller's future.
+_Waiting = tuple[Lease, "WorkflowCheckpoint | Ending", "asyncio.Future[Any]"]
 
 
 class GroupCommit:
@@ -48,19 +55,29 @@ class GroupCommit:
         # for its turn (``more``), hence the lock.
         self._waiting: list[_Waiting] = []
         self._lock = threading.Lock()
-        self._writing: asyncio.Future[list[bool | Exception]] | None = None
+        self._writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]] | None = None
         self._soon = False
         self.batches = 0
-        """How many calls of ``save_many`` were made (the tests and benchmarks read it)."""
+        """How many calls of ``write_many`` were made (the tests and benchmarks read it)."""
         self.saves = 0
         """How many saves they held."""
+        self.endings = 0
+        """How many run endings they held."""
 
     async def save(self, lease: Lease, checkpoint: WorkflowCheckpoint) -> bool:
         """Store ``checkpoint`` under ``lease`` (as ``RunQueue.save``); whether a cancel was asked."""
+        told: bool = await self._ask(lease, checkpoint)
+        return told
+
+    async def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
+        """End the run under ``lease`` (as ``RunQueue.finish``), with the saves that meet it."""
+        await self._ask(lease, Ending(lease, status, error))
+
+    async def _ask(self, lease: Lease, write: WorkflowCheckpoint | Ending) -> Any:
         loop = asyncio.get_running_loop()
-        told: asyncio.Future[bool] = loop.create_future()
+        told: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            self._waiting.append((lease, checkpoint, told))
+            self._waiting.append((lease, write, told))
         if self._writing is None and not self._soon:
             # Begun in the loop's next round, not now: the runs whose saves
             # were answered together go on together, and the others' saves
@@ -75,61 +92,87 @@ class GroupCommit:
         while self._writing is not None:
             await asyncio.wait({self._writing})
 
-    def _take(self, batch: list[_Waiting], runs: set[str], limit: int) -> list[_Waiting]:
-        """Move up to ``limit`` waiting saves into ``batch``, at most one per run; return them."""
+    def _take(self, runs: set[str], limit: int, *, ends: bool) -> list[_Waiting]:
+        """Take up to ``limit`` waiting writes, at most one per run (``runs``: the batch's so far).
+
+        ``ends=False`` (a write already begun, taking in more) leaves the endings for the next batch.
+        """
         taken: list[_Waiting] = []
         later: list[_Waiting] = []
         with self._lock:
             for item in self._waiting:
                 if item[2].done():
                     continue  # its caller was cancelled before the write began: not made
-                if item[0].run_id in runs or len(taken) >= limit:
-                    later.append(item)  # a run's next save: after this one, in the next batch
+                run_id = item[0].run_id
+                if run_id in runs or len(taken) >= limit or (not ends and type(item[1]) is Ending):
+                    runs.add(run_id)  # (a run's later write waits for this batch: order kept)
+                    later.append(item)
                 else:
-                    runs.add(item[0].run_id)
+                    runs.add(run_id)
                     taken.append(item)
             self._waiting = later
-            self.saves += len(taken)
-        batch.extend(taken)
+            ending = sum(type(item[1]) is Ending for item in taken)
+            self.saves += len(taken) - ending
+            self.endings += ending
         return taken
 
     def _write(self, loop: asyncio.AbstractEventLoop) -> None:
         self._soon = False
-        batch: list[_Waiting] = []
         runs: set[str] = set()
-        first = self._take(batch, runs, _MANY)
+        first = self._take(runs, _MANY, ends=True)
         if not first:
             return
         self.batches += 1
+        # The batch in the order of write_many's outcomes: the saves (then those
+        # taken in while the write waits), and the endings.
+        order = [item for item in first if type(item[1]) is not Ending]
+        ended = [item for item in first if type(item[1]) is Ending]
+        saves = [(lease, cast(WorkflowCheckpoint, cp)) for lease, cp, _ in order]
+        endings = [cast(Ending, end) for _lease, end, _ in ended]
 
         def more(limit: int) -> list[tuple[Lease, WorkflowCheckpoint]]:
             # (On the database thread, while the write waits for its turn.)
-            return [(lease, cp) for lease, cp, _ in self._take(batch, runs, limit)]
+            joined = self._take(runs, limit, ends=False)
+            order.extend(joined)
+            return [(lease, cast(WorkflowCheckpoint, cp)) for lease, cp, _ in joined]
 
-        call = functools.partial(
-            self.queue.save_many, [(lease, cp) for lease, cp, _ in first], self.lease_seconds, more
-        )
+        call = functools.partial(self.queue.write_many, saves, endings, self.lease_seconds, more)
         writing = self._writing = loop.run_in_executor(self.executor, call)
-        writing.add_done_callback(functools.partial(self._written, batch))
+        writing.add_done_callback(functools.partial(self._written, order, ended))
 
-    def _written(self, batch: list[_Waiting], writing: asyncio.Future[list[bool | Exception]]) -> None:
+    def _written(
+        self,
+        order: list[_Waiting],
+        ended: list[_Waiting],
+        writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]],
+    ) -> None:
         self._writing = None
-        outcomes: list[bool | Exception]
+        batch = order + ended
+        outcomes: list[Any]
         if writing.cancelled():
             outcomes = [ConnectionAbortedError("the write was cancelled") for _ in batch]
         elif (error := writing.exception()) is not None:
-            # save_many answers each save's own error; one raised for the whole
+            # write_many answers each write's own error; one raised for the whole
             # call is a bug of the backend, told to every caller of the batch.
             outcomes = [error if isinstance(error, Exception) else RuntimeError(repr(error))] * len(batch)
         else:
-            outcomes = writing.result()
-            if not isinstance(outcomes, list) or len(outcomes) != len(batch):
+            result = writing.result()
+            if not (
+                isinstance(result, tuple) and len(result) == 2
+                and isinstance(result[0], list) and len(result[0]) == len(order)
+                and isinstance(result[1], list) and len(result[1]) == len(ended)
+            ):
                 # A backend's bug; told to each caller rather than left unanswered (a hang).
-                wrong = f"save_many returned {type(outcomes).__name__} for {len(batch)} saves"
+                wrong = (
+                    f"write_many returned {type(result).__name__} for {len(order)} saves "
+                    f"and {len(ended)} endings"
+                )
                 outcomes = [RuntimeError(wrong) for _ in batch]
-        for (_lease, _cp, told), outcome in zip(batch, outcomes, strict=True):
+            else:
+                outcomes = [*result[0], *result[1]]
+        for (_lease, _write, told), outcome in zip(batch, outcomes, strict=True):
             if told.done():
-                continue  # its caller was cancelled meanwhile; the save was made all the same
+                continue  # its caller was cancelled meanwhile; the write was made all the same
             if isinstance(outcome, Exception):
                 told.set_exception(outcome)
             else:

@@ -36,9 +36,12 @@ from typing import Any
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Doing,
+    Ending,
     More,
     RunQueue,
     check_one_per_run,
+    claim_limit,
+    finish_alone,
     layout_before,
     progress,
     save_alone,
@@ -175,7 +178,7 @@ _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 _PICK = (
     "SELECT r.run_id FROM ekit_queue_runs r "
     f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
-    f"WHERE {_CLAIMABLE}{{}} ORDER BY {CLAIM_ORDER} LIMIT 1 FOR UPDATE OF r SKIP LOCKED"
+    f"WHERE {_CLAIMABLE}{{}} ORDER BY {CLAIM_ORDER} LIMIT {{}} FOR UPDATE OF r SKIP LOCKED"
 )
 # The quick claim: ONE statement, while the fleet has no limit a claim counts.
 # A claim in full is a transaction of six to eight round trips (the sweep of
@@ -188,15 +191,30 @@ _PICK = (
 _QUICK_CLAIM = (
     "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
     f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
-    f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1) "
-    "UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+    f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
+    "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
     f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
-    "WHERE run_id = (" + _PICK.format(" AND NOT (r.status = 'running' AND r.cancel_requested)") + ") "
+    # (The runs a worker with several free places leases at once: see claim_many.)
+    "WHERE run_id IN (" + _PICK.format(" AND NOT (r.status = 'running' AND r.cancel_requested)", "%s") + ") "
     "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
     "RETURNING run_id, epoch, workflow, context, lease_until, options, "
-    "header, step_index, input_tokens, output_tokens, llm_calls, failures"
+    "header, step_index, input_tokens, output_tokens, llm_calls, failures, priority, seq) "
+    "SELECT run_id, epoch, workflow, context, lease_until, options, "
+    f"header, step_index, input_tokens, output_tokens, llm_calls, failures FROM leased ORDER BY {CLAIM_ORDER}"
 )
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)
+
+
+def _quick_args(
+    quick: tuple[str | None, Limits],
+    worker: str,
+    seconds: float,
+    names: list[tuple[str, str | None]],
+    limit: int,
+) -> tuple[Any, ...]:
+    """The arguments of ``_QUICK_CLAIM`` (``quick``: the limits' text as last read, and the limits)."""
+    return (quick[1].window, worker, seconds, [n for n, _ in names], [fp for _, fp in names], limit, quick[0])
+
 # The first key of the advisory lock a slot's take holds on its resource (the
 # second is the name's hash): "ekit" in ASCII, apart from any other user's locks.
 _SLOT_LOCK = 0x656B6974
@@ -215,32 +233,49 @@ _ROWS = (
     "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
 )
 
-# The deltas of several runs' saves as one statement (a worker's group commit:
-# see ekit_runtime.queue.group_commit): one commit, and one flush of the
-# write-ahead log, for all of them. Each run's row is fenced on its own: the
-# entries and usage exist only for the rows the UPDATE matched, and the runs
-# it returns are the saves made. One statement, not a transaction of one per
-# run, for the reason _SAVE_FULL gives.
-_SAVE_DELTAS = (
+# A worker's writes as one statement (its group commit: see
+# ekit_runtime.queue.group_commit): several runs' saves, and the endings of
+# other runs, in one commit and one flush of the write-ahead log. Each row is
+# fenced on its own: the entries and usage exist only for the saves the
+# UPDATE matched, and the runs it returns are the writes made. A save in full
+# (``header`` not NULL: a run's first under its lease) also replaces the
+# header and fingerprint, deletes the entries its checkpoint lacks and gives
+# the others a fresh seq in checkpoint order, as _SAVE_FULL does; its sub-
+# statements touch disjoint rows, and no run has two writes in the statement
+# (a statement's sub-statements must not modify the same row). An ending is
+# finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
+# not a transaction of one per run, for the reason _SAVE_FULL gives.
+_WRITES = (
     "WITH i AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
     "%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::float8[], %s::bigint[], %s::bigint[], "
-    "%s::bool[]) AS i(rid, ep, step_index, input_tokens, output_tokens, llm_calls, failures, "
-    "steps_done, steps_total, seconds, calls, tokens, used)), "
-    "fenced AS (UPDATE ekit_queue_runs SET step_index = i.step_index, input_tokens = i.input_tokens, "
+    "%s::bool[], %s::text[], %s::text[]) AS i(rid, ep, step_index, input_tokens, output_tokens, llm_calls, "
+    "failures, steps_done, steps_total, seconds, calls, tokens, used, header, fp)), "
+    "fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
     "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
-    "saves = saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
+    "saves = r.saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
+    "header = COALESCE(i.header, r.header), "
+    "fingerprint = CASE WHEN i.header IS NULL THEN r.fingerprint ELSE i.fp END, "
     f"lease_until = {_NOW} + i.seconds, updated_at = {_NOW} FROM i "
     f"WHERE {render(HELD, {**_DIALECT, 'run_id': 'i.rid', 'epoch': 'i.ep'})} "
-    "RETURNING run_id, epoch, cancel_requested), "
+    "RETURNING r.run_id, r.epoch, r.cancel_requested, i.header IS NOT NULL AS whole), "
+    "e AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS e(rid, kind, name, value, ord)), "
+    "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE fenced.whole "
+    "AND x.run_id = fenced.run_id "
+    "AND NOT EXISTS (SELECT 1 FROM e WHERE e.rid = x.run_id AND e.kind = x.kind AND e.name = x.name)), "
     "added AS (INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
-    "SELECT e.rid, e.kind, e.name, e.value, fenced.epoch "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
-    "WITH ORDINALITY AS e(rid, kind, name, value, ord) "
+    "SELECT e.rid, e.kind, e.name, e.value, fenced.epoch FROM e "
     "JOIN fenced ON fenced.run_id = e.rid ORDER BY e.ord "
-    "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch), "
+    "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch, "
+    "seq = CASE WHEN EXISTS (SELECT 1 FROM fenced WHERE fenced.run_id = excluded.run_id AND fenced.whole) "
+    "THEN excluded.seq ELSE ekit_queue_entries.seq END), "
     f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, i.calls, i.tokens "
-    "FROM i JOIN fenced ON fenced.run_id = i.rid WHERE i.used) "
-    "SELECT run_id, cancel_requested FROM fenced"
+    "FROM i JOIN fenced ON fenced.run_id = i.rid WHERE i.used), "
+    "ended AS (UPDATE ekit_queue_runs SET status = x.st, error = x.err, lease_until = NULL, "
+    f"updated_at = {_NOW} FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[]) "
+    "AS x(rid, ep, st, err) "
+    f"WHERE {render(HELD, {**_DIALECT, 'run_id': 'x.rid', 'epoch': 'x.ep'})} RETURNING run_id) "
+    "SELECT run_id, cancel_requested FROM fenced UNION ALL SELECT run_id, NULL FROM ended"
 )
 
 # A full rewrite of a run as one statement. The DELETE and the INSERT touch
@@ -686,7 +721,7 @@ class PostgresQueue(RunQueue):
         who = self._worker_name(worker)
         quick = self._quick
         if quick is not None:
-            args = (quick[1].window, who, seconds, [n for n, _ in names], [fp for _, fp in names], quick[0])
+            args = _quick_args(quick, who, seconds, names, 1)
             row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
             if row is not None:
                 return self._granted_quick(row, quick[1])
@@ -698,6 +733,28 @@ class PostgresQueue(RunQueue):
             (run_id, epoch, workflow, context, until, options), limits = claimed
             checkpoint = self._load(conn, run_id, missing_ok=True)
         return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
+
+    def claim_many(
+        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
+
+        While the fleet has no limit a claim counts, one statement leases
+        them all (one commit); otherwise each is a claim in full, one by one.
+        """
+        limit = claim_limit(limit)
+        quick = self._quick
+        if limit == 1 or quick is None:
+            return super().claim_many(worker, workflows, lease_seconds, limit)
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        who = self._worker_name(worker)
+        args = _quick_args(quick, who, seconds, names, limit)
+        rows = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
+        if not rows:
+            # Nothing to claim, or the limits changed: the claims in full say which.
+            return super().claim_many(worker, workflows, lease_seconds, limit)
+        return [self._granted_quick(row, quick[1]) for row in rows]
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -723,7 +780,7 @@ class PostgresQueue(RunQueue):
         claimed: tuple[Any, ...] | None = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL WHERE run_id = ("
-            f"{_PICK.format('')}) "
+            f"{_PICK.format('', 1)}) "
             "RETURNING run_id, epoch, workflow, context, lease_until, options",
             (worker, seconds, [n for n, _ in names], [fp for _, fp in names]),
         ).fetchone()
@@ -788,74 +845,103 @@ class PostgresQueue(RunQueue):
         lease_seconds: float,
         more: More | None = None,
     ) -> list[bool | Exception]:
-        """Store several runs' checkpoints; their deltas in one statement, one commit for all.
+        """Store several runs' checkpoints: :meth:`write_many` with no endings."""
+        check_one_per_run(saves)
+        if len(saves) < 2:
+            return super().save_many(saves, lease_seconds)  # (alone: no statement to share)
+        return self.write_many(saves, (), lease_seconds, more)[0]
 
-        Each save is fenced on its own, as in :meth:`save`: a lease that is no
-        longer held refuses its save alone (its outcome is
-        :class:`LeaseLostError`, and nothing is written for it). A save in
-        full (a run's first under its lease) is made alone. If the statement
-        fails for another reason (a dropped session), each of its saves is
+    def write_many(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
+        lease_seconds: float,
+        more: More | None = None,
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        """Store several runs' checkpoints and end other runs in one statement: one commit for all.
+
+        Each write is fenced on its own, as in :meth:`save` and :meth:`finish`:
+        a lease that is no longer held refuses its write alone (its outcome
+        is :class:`LeaseLostError`, and nothing is written for it). If the
+        statement fails for another reason (a dropped session), each of its writes is
         made again alone, so that each meets its own error. ``more`` is not
         asked: the server commits concurrent writers' transactions together.
         """
-        check_one_per_run(saves)
-        if len(saves) < 2:
-            return super().save_many(saves, lease_seconds)
+        check_one_per_run(saves, endings)
+        if len(saves) + len(endings) < 2:
+            return super().write_many(saves, endings, lease_seconds)
         seconds = self._lease_seconds(lease_seconds)
         outcomes: list[bool | Exception] = []
-        deltas: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
+        ended: list[Exception | None] = [None] * len(endings)
+        ends: list[tuple[int, Ending]] = []
+        for j, end in enumerate(endings):
+            try:
+                ends.append((j, Ending(end.lease, end.status, self._final(end.status, end.error))))
+            except Exception as exc:  # (a status that is not final: this ending's alone)
+                ended[j] = exc
+        prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
         with self.db._lock:
             for i, (lease, checkpoint) in enumerate(saves):
                 outcomes.append(False)
                 try:
-                    encoded, added = self._prepare_save(lease, checkpoint)
-                    if encoded.full:
-                        done, total = progress(checkpoint)
-                        outcomes[i] = self._save_full(lease, encoded, seconds, checkpoint, added, done, total)
-                        self._remember(lease, checkpoint)
-                    else:
-                        deltas.append((i, lease, checkpoint, encoded, added))
-                except Exception as exc:  # (this save's own: unencodable, refused, the session)
+                    prepared.append((i, lease, checkpoint, *self._prepare_save(lease, checkpoint)))
+                except Exception as exc:  # (this save's own: an output that cannot be encoded)
                     outcomes[i] = exc
-            if deltas:
-                self._save_deltas(deltas, seconds, lease_seconds, outcomes)
-        return outcomes
+            if prepared or ends:
+                self._write_batch(prepared, ends, seconds, lease_seconds, outcomes, ended)
+        return outcomes, ended
 
-    def _save_deltas(
+    def _write_batch(
         self,
-        deltas: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]],
+        prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]],
+        ends: list[tuple[int, Ending]],
         seconds: float,
         lease_seconds: float,
         outcomes: list[bool | Exception],
+        ended: list[Exception | None],
     ) -> None:
-        runs: list[list[Any]] = [[] for _ in range(13)]
+        """``_WRITES`` of the ``prepared`` saves and the ``ends``; each outcome in its place."""
+        runs: list[list[Any]] = [[] for _ in range(15)]
         entries: list[list[str]] = [[], [], [], []]
-        for _i, lease, checkpoint, enc, added in deltas:
+        for _i, lease, checkpoint, enc, added in prepared:
             done, total = progress(checkpoint)
             row = (
                 lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
-                added.llm_calls, added.total_tokens, self._uses(added),
+                added.llm_calls, added.total_tokens, self._uses(added), enc.header,
+                checkpoint.fingerprint if enc.full else None,
             )
             for column, value in zip(runs, row, strict=True):
                 column.append(value)
             for kind, name, value in enc.rows:
                 for column, value_of in zip(entries, (lease.run_id, kind, name, value), strict=True):
                     column.append(value_of)
+        endings: list[list[Any]] = [[], [], [], []]
+        for _j, end in ends:
+            for column, value in zip(endings, (end.lease.run_id, end.lease.epoch, end.status, end.error),
+                                     strict=True):
+                column.append(value)
+        sql, args = _WRITES, (*runs, *entries, *endings)
         try:
-            made = dict(self.db.run(lambda c: c.execute(_SAVE_DELTAS, (*runs, *entries)).fetchall()))
+            made = dict(self.db.run(lambda c: c.execute(sql, args).fetchall()))
         except Exception:
-            # Not a refusal: the session, the server. Made alone, each save
+            # Not a refusal: the session, the server. Made alone, each write
             # raises its own error (or goes through).
-            for i, lease, checkpoint, _enc, _added in deltas:
+            for i, lease, checkpoint, _enc, _added in prepared:
                 outcomes[i] = save_alone(self, lease, checkpoint, lease_seconds)
+            for j, end in ends:
+                ended[j] = finish_alone(self, end)
             return
-        for i, lease, checkpoint, _enc, _added in deltas:
+        for i, lease, checkpoint, _enc, _added in prepared:
             if lease.run_id in made:
                 self._remember(lease, checkpoint)
                 outcomes[i] = bool(made[lease.run_id])
             else:
                 self._forget(lease.run_id)
                 outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
+        for j, end in ends:
+            self._forget(end.lease.run_id)  # (ended, or another holder's now)
+            if end.lease.run_id not in made:
+                ended[j] = LeaseLostError(end.lease.run_id, end.lease.epoch)
 
     def _save_delta(
         self,

@@ -40,9 +40,12 @@ from typing import Any, TypeVar
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Doing,
+    Ending,
     More,
     RunQueue,
     check_one_per_run,
+    claim_limit,
+    finish_alone,
     layout_before,
     progress,
     save_alone,
@@ -242,13 +245,16 @@ _SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
 _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
-# Saves as ONE statement: an insert into the view ekit_queue_saves of one row
-# per save (one run each), whose trigger runs each row's fenced UPDATE and,
-# if it matched, writes the entries (a JSON array of [kind, name, value]) and
-# the usage; a save in full (``header`` not NULL) also replaces the header and
-# the entries. A worker commits the saves of its runs that meet together this
-# way (see ekit_runtime.queue.group_commit): one statement, one commit, one
-# fsync for all of them.
+# A worker's writes as ONE statement: an insert into the view
+# ekit_queue_writes of one row per save or per run ending (one run each),
+# whose triggers do each row's fenced write. A save's row runs its fenced
+# UPDATE and, if it matched, writes the entries (the first in the row's
+# kind, name and value, the others as a JSON array of [kind, name, value])
+# and the usage; a save in full (``header`` not NULL) also replaces the
+# header and the entries. An ending's row (``status`` not NULL) is finish's
+# fenced UPDATE. A worker commits the writes of its runs that meet together
+# this way (see ekit_runtime.queue.group_commit): one statement, one commit,
+# one fsync for all of them.
 #
 # Why one statement: SQLite's write lock is held from a transaction's first
 # write to the end of its commit. With BEGIN IMMEDIATE, UPDATE, INSERT, COMMIT,
@@ -258,18 +264,28 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # One autocommit statement takes the lock, writes, commits and lets go of it
 # inside one call into SQLite, with the GIL released throughout.
 #
-# What each save did comes back through RETURNING, which returns the rows the
-# trigger did not end with RAISE(IGNORE): a row whose save was made and whose
-# run has no cancel asked is ignored once written, so that the usual batch
-# returns nothing and ends in its first step. The rows returned are the
-# refused saves (``cancel`` NULL: the lease is not held, nothing was written
-# for them) and the saves made on runs asked to cancel (``cancel`` 1).
+# Why a trigger for each kind of row (WHEN): an ending runs finish's UPDATE
+# and nothing of a save's, and a save of a run's next step (the usual row)
+# none of a save in full's statements. Its first entry is read from the
+# row's columns rather than parsed out of JSON, which spares the Python side
+# encoding it. (Measured with synchronous=OFF, so CPU only: the statement of
+# one such save costs about 17 us, a bare insert of its entry in a
+# transaction of its own 8 us; each statement a trigger skips by its WHERE
+# still costs about half a microsecond, and each trigger whose WHEN is
+# false, about as much.)
 #
-# The trigger's body is part of the layout: a change to it needs a new view
-# (what an older process saves through is left to it), as IF NOT EXISTS keeps
-# whatever body a file has. ``ekit_queue_save`` and its trigger
-# ``ekit_queue_save_v1``, the one-save view of the layout before, stay in files
-# that have them for processes of that version.
+# What each write did comes back through RETURNING, which returns the rows
+# whose trigger did not end with RAISE(IGNORE): a save made on a run with no
+# cancel asked, and an ending made, are ignored once written, so that the
+# usual batch returns nothing and ends in its first step. The rows returned
+# are the refused writes (``cancel`` NULL: the lease is not held, nothing was
+# written for them) and the saves made on runs asked to cancel (``cancel`` 1).
+#
+# A trigger's body is part of the layout: a change to it needs a new view
+# (what an older process writes through is left to it), as IF NOT EXISTS
+# keeps whatever body a file has. The views of the layouts before,
+# ``ekit_queue_save`` and ``ekit_queue_saves`` with their triggers, stay in
+# files that have them for processes of those versions.
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 # Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
 # later than NEW.now, which no refused row can hold under NEW.epoch.
@@ -277,63 +293,87 @@ _MADE = (
     "EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch "
     "AND status = 'running' AND lease_until = NEW.lease_until{more})"
 )
-_SAVE_COLUMNS = (
+_WRITE_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
-    "failures", "steps_done", "steps_total", "entries", "calls", "tokens", "fingerprint", "header",
+    "failures", "steps_done", "steps_total", "kind", "name", "value", "entries", "calls", "tokens",
+    "fingerprint", "header", "status", "error",
 )
-_PROCEDURES = f"""
-CREATE VIEW IF NOT EXISTS ekit_queue_saves AS SELECT
-    {", ".join(f"NULL AS {c}" for c in _SAVE_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_saves_v1 INSTEAD OF INSERT ON ekit_queue_saves BEGIN
-    UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
+_SAVE_RUN = f"""UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
         output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
         steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
-        fingerprint = CASE WHEN NEW.header IS NULL THEN fingerprint ELSE NEW.fingerprint END,
-        lease_until = NEW.lease_until, updated_at = NEW.now
-        WHERE {_HELD_NEW};
-    UPDATE ekit_queue_headers SET header = NEW.header
-        WHERE NEW.header IS NOT NULL AND {_MADE.format(more="")}
-        AND seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
-    DELETE FROM ekit_queue_entries
-        WHERE NEW.header IS NOT NULL AND run_id = NEW.run_id AND {_MADE.format(more="")};
+        {{fingerprint}}lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE {_HELD_NEW};"""
+# The entries' order (``ord``): the run's save count, then the place in the save.
+_SAVE_ENTRIES = f"""INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << {_ORD_SHIFT}
+        FROM ekit_queue_runs WHERE NEW.name IS NOT NULL AND run_id = NEW.run_id AND epoch = NEW.epoch
+        AND status = 'running' AND lease_until = NEW.lease_until
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
         SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
             json_extract(e.value, '$[2]'), NEW.epoch,
-            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << {_ORD_SHIFT}) + e.key
-        FROM json_each(NEW.entries) AS e WHERE {_MADE.format(more="")}
+            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << {_ORD_SHIFT}) + e.key + 1
+        FROM json_each(NEW.entries) AS e WHERE NEW.entries IS NOT NULL AND {_MADE.format(more="")}
         ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
         SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL AND {_MADE.format(more="")};
-    SELECT RAISE(IGNORE) WHERE {_MADE.format(more=" AND NOT cancel_requested")};
+    SELECT RAISE(IGNORE) WHERE {_MADE.format(more=" AND NOT cancel_requested")};"""
+_PROCEDURES = f"""
+CREATE VIEW IF NOT EXISTS ekit_queue_writes AS SELECT
+    {", ".join(f"NULL AS {c}" for c in _WRITE_COLUMNS)} WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_delta_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NULL AND NEW.header IS NULL BEGIN
+    {_SAVE_RUN.format(fingerprint="")}
+    {_SAVE_ENTRIES}
+END;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_full_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
+    {_SAVE_RUN.format(fingerprint="fingerprint = NEW.fingerprint, ")}
+    UPDATE ekit_queue_headers SET header = NEW.header
+        WHERE {_MADE.format(more="")} AND seq = (SELECT seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
+    DELETE FROM ekit_queue_entries WHERE run_id = NEW.run_id AND {_MADE.format(more="")};
+    {_SAVE_ENTRIES}
+END;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_end_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NOT NULL BEGIN
+    UPDATE ekit_queue_runs SET status = NEW.status, error = NEW.error, lease_until = NULL,
+        updated_at = NEW.now WHERE {_HELD_NEW};
+    SELECT RAISE(IGNORE) WHERE changes() = 1;
 END;
 """
-_SAVES_ROW = f"({', '.join('?' * len(_SAVE_COLUMNS))})"
-_SAVES_RETURNING = (
+_WRITES_ROW = f"({', '.join('?' * len(_WRITE_COLUMNS))})"
+_WRITES_RETURNING = (
     " RETURNING run_id, (SELECT r.cancel_requested FROM ekit_queue_runs AS r WHERE "
-    "r.run_id = ekit_queue_saves.run_id AND r.epoch = ekit_queue_saves.epoch "
-    "AND r.lease_until = ekit_queue_saves.lease_until)"
+    "r.run_id = ekit_queue_writes.run_id AND r.epoch = ekit_queue_writes.epoch "
+    "AND r.lease_until = ekit_queue_writes.lease_until)"
 )
-# At most this many saves per statement (each row binds 16 values; SQLite
-# allows 32,766 since 3.32, 999 before).
-_SAVES_PER_STATEMENT = 60
+# At most this many rows per statement (each binds 21 values; SQLite allows
+# 32,766 since 3.32, and RETURNING, which this needs, came in 3.35).
+_WRITES_PER_STATEMENT = 60
 
 
-def _saves_statement(count: int) -> str:
-    """The one statement saving ``count`` runs (see ``_PROCEDURES``)."""
+@functools.cache
+def _writes_statement(count: int) -> str:
+    """The one statement of ``count`` writes (see ``_PROCEDURES``)."""
     return (
-        f"INSERT INTO ekit_queue_saves ({', '.join(_SAVE_COLUMNS)}) VALUES "
-        + ", ".join([_SAVES_ROW] * count)
-        + _SAVES_RETURNING
+        f"INSERT INTO ekit_queue_writes ({', '.join(_WRITE_COLUMNS)}) VALUES "
+        + ", ".join([_WRITES_ROW] * count)
+        + _WRITES_RETURNING
     )
 
 
-_SAVES = [""] + [_saves_statement(n) for n in range(1, _SAVES_PER_STATEMENT + 1)]
 # A save ready to be written: the lease, the checkpoint, its rows, the usage it adds.
 _Prepared = tuple[Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]
-# The entries travel as one JSON text; json_extract gives back every string
-# exactly, except that it stops at a NUL character, which no stored text holds
-# (the queue refuses one before it writes: see RunQueue._encode).
+# A row of the statement: a save ready to be written, or an ending (its error as stored).
+_Row = _Prepared | Ending
+# The entries after a save's first travel as one JSON text; json_extract gives
+# back every string exactly, except that it stops at a NUL character, which
+# no stored text holds (the queue refuses one before it writes: see
+# RunQueue._encode).
 _ENTRIES = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+_NO_ENTRY = (None, None, None)
+# An ending's columns between lease_until and status.
+_NO_ROW = (None,) * (len(_WRITE_COLUMNS) - 6)
 
 
 class SqliteQueue(RunQueue):
@@ -832,11 +872,34 @@ class SqliteQueue(RunQueue):
             quick = self._quick
             if quick is not None:
                 self._tidy(quick[1])
-                row = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0]), begin=False)
-                if row is not None:
-                    return self._granted_quick(row, quick[1])
+                rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], 1), begin=False)
+                if rows:
+                    return self._granted_quick(rows[0], quick[1])
                 # Nothing to claim, or the limits changed: the claim in full says which.
             return self._tx(lambda c: self._claim(c, who, names, seconds))
+
+    def claim_many(
+        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
+
+        While the fleet has no limit a claim counts, one statement leases
+        them all (one commit); otherwise each is a claim in full, one by one.
+        """
+        limit = claim_limit(limit)
+        quick = self._quick
+        if limit == 1 or quick is None:
+            return super().claim_many(worker, workflows, lease_seconds, limit)
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        who = self._worker_name(worker)
+        with self._lock:
+            self._tidy(quick[1])
+            rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], limit), begin=False)
+            if not rows:
+                # Nothing to claim, or the limits changed: the claims in full say which.
+                return super().claim_many(worker, workflows, lease_seconds, limit)
+            return [self._granted_quick(row, quick[1]) for row in rows]
 
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -880,23 +943,24 @@ class SqliteQueue(RunQueue):
         return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options, limits)
 
     @staticmethod
-    def _candidate(names: list[tuple[str, str | None]], *, abandoned: bool) -> str:
-        """The SELECT of the next claimable run (args: ``now`` and the names, twice).
+    def _candidate(names: list[tuple[str, str | None]], *, abandoned: bool, limit: int = 1) -> str:
+        """The SELECT of the next ``limit`` claimable runs (args: ``now`` and the names, twice).
 
-        The first claimable run of each status, each read off the claim index
+        The first claimable runs of each status, each read off the claim index
         in order (a plain OR would read every queued run and sort them), then
-        the first of those two. ``abandoned=False`` leaves out the running runs
+        the first of those. ``abandoned=False`` leaves out the running runs
         whose cancel was asked (a claim in full cancels them first).
         """
         match = " OR ".join(f"({_MATCHES})" for _ in names)
         first = (
             "SELECT * FROM (SELECT run_id, epoch, workflow, options, priority, seq "
             "FROM ekit_queue_runs "
-            f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}){{}} ORDER BY {CLAIM_ORDER} LIMIT 1)"
+            f"WHERE status = '{{}}' AND {_CLAIMABLE} AND ({match}){{}} "
+            f"ORDER BY {CLAIM_ORDER} LIMIT {limit:d})"
         )
         running = first.format("running", "" if abandoned else " AND NOT cancel_requested")
         both = f"{first.format('queued', '')} UNION ALL {running}"
-        return f"SELECT * FROM ({both}) ORDER BY {CLAIM_ORDER} LIMIT 1"
+        return f"SELECT * FROM ({both}) ORDER BY {CLAIM_ORDER} LIMIT {limit:d}"
 
     # -- the quick claim: one statement while the fleet has no limit a claim counts
     #
@@ -921,18 +985,21 @@ class SqliteQueue(RunQueue):
         names: list[tuple[str, str | None]],
         seconds: float,
         limits_text: str | None,
-    ) -> tuple[Any, ...] | None:
+        limit: int,
+    ) -> list[tuple[Any, ...]]:
+        """Lease the next ``limit`` claimable runs in one statement; their rows, oldest first."""
         now = time.time()
         args = (now, *[v for pair in names for v in pair])
-        row: tuple[Any, ...] | None = conn.execute(
+        rows: list[tuple[Any, ...]] = conn.execute(
             "UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = ?, lease_until = ?, "
             "updated_at = ?, reason = NULL "
-            f"WHERE run_id = (SELECT run_id FROM ({self._candidate(names, abandoned=False)})) "
+            f"WHERE run_id IN (SELECT run_id FROM ({self._candidate(names, abandoned=False, limit=limit)})) "
             "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS ? "
             "RETURNING run_id, epoch, workflow, options, seq, lease_until",
             (worker, now + seconds, now, *args, *args, limits_text),
-        ).fetchone()
-        return row
+        ).fetchall()
+        # (RETURNING's order is not the claim's; the runs leased together start together.)
+        return sorted(rows, key=lambda row: row[4])
 
     def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
         run_id, epoch, workflow, options, seq, until = row
@@ -1059,8 +1126,8 @@ class SqliteQueue(RunQueue):
             if not self._one_statement:
                 cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
             else:
-                item = (lease, checkpoint, encoded, added)
-                (told,) = self._tx(lambda c: self._write_saves(c, [item], seconds), begin=False)
+                rows: list[_Row] = [(lease, checkpoint, encoded, added)]
+                (told,) = self._tx(lambda c: self._write_rows(c, rows, seconds), begin=False)
                 if told is None:
                     self._lost(lease)
                 cancel = told
@@ -1075,12 +1142,29 @@ class SqliteQueue(RunQueue):
     ) -> list[bool | Exception]:
         """Store several runs' checkpoints in one statement: one commit, one fsync for all.
 
-        Each save is fenced on its own, as in :meth:`save`: a lease that is
-        no longer held refuses its save alone (its outcome is
-        :class:`LeaseLostError`, and nothing is written for it). If the
+        :meth:`write_many` with no endings: each save is fenced on its own, as
+        in :meth:`save`, and ``more`` may hand over further saves while the
+        statement waits for the write lock.
+        """
+        if not self._one_statement:
+            return super().save_many(saves, lease_seconds, more)
+        return self.write_many(saves, (), lease_seconds, more)[0]
+
+    def write_many(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
+        lease_seconds: float,
+        more: More | None = None,
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        """Store several runs' checkpoints and end other runs in one statement: one commit for all.
+
+        Each write is fenced on its own, as in :meth:`save` and :meth:`finish`:
+        a lease that is no longer held refuses its write alone (its outcome
+        is :class:`LeaseLostError`, and nothing is written for it). If the
         statement fails for another reason, nothing of it is written, and each
-        of its saves gets an error of its own: a copy of the transient error
-        (the lock held past the timeout, a full disk), or else what the save
+        of its writes gets an error of its own: a copy of the transient error
+        (the lock held past the timeout, a full disk), or else what the write
         meets when made again alone.
 
         ``more`` is asked at each attempt at the write lock (again after each
@@ -1089,96 +1173,124 @@ class SqliteQueue(RunQueue):
         runs asked meanwhile in the same commit.
         """
         if not self._one_statement:
-            return super().save_many(saves, lease_seconds, more)
-        check_one_per_run(saves)
+            return super().write_many(saves, endings, lease_seconds, more)
+        check_one_per_run(saves, endings)
         seconds = self._lease_seconds(lease_seconds)
-        outcomes: list[bool | Exception] = []
+        saved: list[bool | Exception] = []
+        ended: list[Exception | None] = [None] * len(endings)
+        # Each row with the place of its outcome (in saved for a save, in ended for an ending).
+        ends: list[tuple[int, _Row]] = []
+        for j, end in enumerate(endings):
+            try:
+                ends.append((j, Ending(end.lease, end.status, self._final(end.status, end.error))))
+            except Exception as exc:  # (a status that is not final: this ending's alone)
+                ended[j] = exc
         with self._lock:
             waiting = list(saves)
-            while waiting or more is not None:
-                chunk: list[tuple[int, _Prepared]] = []
-                self._take(waiting[:_SAVES_PER_STATEMENT], chunk, outcomes)
-                del waiting[:_SAVES_PER_STATEMENT]
-                ask = more if not waiting else None  # (the last statement takes what joins)
+            while True:
+                chunk: list[tuple[int, _Row]] = []
+                self._take(waiting[:_WRITES_PER_STATEMENT], chunk, saved)
+                del waiting[:_WRITES_PER_STATEMENT]
+                last = not waiting  # (the last statement takes the endings, and what joins)
+                if last:
+                    room = max(0, _WRITES_PER_STATEMENT - len(chunk))
+                    chunk += ends[:room]
+                    del ends[:room]
+                    last = not ends
                 write = functools.partial(
-                    self._write_chunk, chunk=chunk, outcomes=outcomes, more=ask, seconds=seconds
+                    self._write_chunk, chunk=chunk, saved=saved, more=more if last else None, seconds=seconds
                 )
                 try:
                     told = self._tx(write, begin=False)
                 except Exception as exc:
                     told = None
-                    for i, (lease, checkpoint, _enc, _added) in chunk:
-                        if is_transient(exc):
-                            # The lock held past the timeout, a full disk: each save
-                            # alone would meet the same, and wait for the lock again
-                            # each time. Each caller gets its own copy of the error.
-                            outcomes[i] = copy.copy(exc)
+                    for i, row in chunk:
+                        # The lock held past the timeout, a full disk: each write alone
+                        # would meet the same, and wait for the lock again each time.
+                        # Each caller gets its own copy of the error. Else perhaps one
+                        # save's own (a value too big): made alone, each write raises
+                        # its own error or goes through.
+                        transient = is_transient(exc)
+                        if isinstance(row, Ending):
+                            ended[i] = copy.copy(exc) if transient else finish_alone(self, row)
                         else:
-                            # Perhaps one save's own (a value too big): made alone,
-                            # each save raises its own error or goes through.
-                            outcomes[i] = save_alone(self, lease, checkpoint, lease_seconds)
-                for (i, (lease, checkpoint, _enc, _added)), said in zip(chunk, told or (), strict=False):
-                    if said is None:
+                            alone = save_alone(self, row[0], row[1], lease_seconds) if not transient else None
+                            saved[i] = copy.copy(exc) if alone is None else alone
+                for (i, row), said in zip(chunk, told or (), strict=False):
+                    lease = row[0]
+                    if isinstance(row, Ending):
+                        self._forget(lease.run_id)  # (ended, or another holder's now)
+                        if said is None:
+                            ended[i] = LeaseLostError(lease.run_id, lease.epoch)
+                    elif said is None:
                         self._forget(lease.run_id)
-                        outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
+                        saved[i] = LeaseLostError(lease.run_id, lease.epoch)
                     else:
-                        self._remember(lease, checkpoint)
-                        outcomes[i] = said
-                if ask is not None:
+                        self._remember(lease, row[1])
+                        saved[i] = said
+                if last:
                     break
-        return outcomes
+        return saved, ended
 
     def _take(
         self,
         saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        chunk: list[tuple[int, _Prepared]],
-        outcomes: list[bool | Exception],
+        chunk: list[tuple[int, _Row]],
+        saved: list[bool | Exception],
     ) -> None:
-        """Prepare ``saves`` into ``chunk``, each with its place in ``outcomes`` (an error: its outcome)."""
+        """Prepare ``saves`` into ``chunk``, each with its place in ``saved`` (an error: its outcome)."""
         for lease, checkpoint in saves:
-            outcomes.append(False)  # (told once written)
+            saved.append(False)  # (told once written)
             try:
-                chunk.append((len(outcomes) - 1, (lease, checkpoint, *self._prepare_save(lease, checkpoint))))
+                chunk.append((len(saved) - 1, (lease, checkpoint, *self._prepare_save(lease, checkpoint))))
             except Exception as exc:  # (an output that cannot be encoded: this save's alone)
-                outcomes[-1] = exc
+                saved[-1] = exc
 
     def _write_chunk(
         self,
         conn: sqlite3.Connection,
-        chunk: list[tuple[int, _Prepared]],
-        outcomes: list[bool | Exception],
+        chunk: list[tuple[int, _Row]],
+        saved: list[bool | Exception],
         more: More | None,
         seconds: float,
     ) -> list[bool | None]:
         """One attempt at the statement of ``chunk``, grown first by what ``more`` hands over."""
-        if more is not None and len(chunk) < _SAVES_PER_STATEMENT:
-            self._take(more(_SAVES_PER_STATEMENT - len(chunk)), chunk, outcomes)
+        if more is not None and len(chunk) < _WRITES_PER_STATEMENT:
+            self._take(more(_WRITES_PER_STATEMENT - len(chunk)), chunk, saved)
         if not chunk:
             return []
-        return self._write_saves(conn, [item for _i, item in chunk], seconds)
+        return self._write_rows(conn, [row for _where, row in chunk], seconds)
 
-    def _write_saves(
-        self, conn: sqlite3.Connection, items: list[_Prepared], seconds: float
-    ) -> list[bool | None]:
-        """The one statement saving ``items`` (see ``_PROCEDURES``): each cancel flag, ``None`` if refused."""
+    def _write_rows(self, conn: sqlite3.Connection, rows: list[_Row], seconds: float) -> list[bool | None]:
+        """The one statement of ``rows`` (see ``_PROCEDURES``): for each, a save's cancel flag
+        (an ending's ``False``), or ``None`` if refused."""
         now = time.time()
+        until = now + seconds
         args: list[Any] = []
-        for lease, checkpoint, enc, added in items:
+        for row in rows:
+            if isinstance(row, Ending):
+                lease = row.lease
+                args += (lease.run_id, lease.epoch, now, None, *_NO_ROW, row.status, row.error)
+                continue
+            lease, checkpoint, enc, added = row
+            entries = enc.rows
             used = self._uses(added)
             args += (
-                lease.run_id, lease.epoch, now, now + seconds, *enc.counts, enc.failures,
-                *progress(checkpoint), _ENTRIES(enc.rows),
+                lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
+                *(entries[0] if entries else _NO_ENTRY),
+                _ENTRIES(entries[1:]) if len(entries) > 1 else None,
                 added.llm_calls if used else None, added.input_tokens + added.output_tokens,
-                checkpoint.fingerprint, enc.header,
+                checkpoint.fingerprint, enc.header, None, None,
             )
         # Read to the end: the statement commits when its last row is read.
-        returned = dict(conn.execute(_SAVES[len(items)], args).fetchall())
+        returned = dict(conn.execute(_writes_statement(len(rows)), args).fetchall())
         told: list[bool | None] = []
-        for lease, *_rest in items:
-            if lease.run_id not in returned:
+        for row in rows:
+            run_id = row[0].run_id
+            if run_id not in returned:
                 told.append(False)  # made, and no cancel asked (the usual case: no row returned)
             else:
-                flag = returned[lease.run_id]
+                flag = returned[run_id]
                 told.append(None if flag is None else bool(flag))
         return told
 

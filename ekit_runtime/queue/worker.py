@@ -30,11 +30,11 @@ after a backoff that doubles from ``poll`` up to 5 s; any other error from a
 claim ends :meth:`Worker.run`.
 
 Database calls run on one thread of the worker's own, so a slow database
-never blocks the event loop the steps run on. The saves its runs ask while
-that thread is writing are committed together next, in one call of
-:meth:`RunQueue.save_many` (:mod:`ekit_runtime.queue.group_commit`): one
-statement and one wait for the disk for all of them, each still fenced and
-answered on its own.
+never blocks the event loop the steps run on. The saves its runs ask, and
+the endings of its runs, while that thread is writing are committed
+together next, in one call of :meth:`RunQueue.write_many`
+(:mod:`ekit_runtime.queue.group_commit`): one statement and one wait for the
+disk for all of them, each still fenced and answered on its own.
 
 Each run is driven with its own run options (stored with it at submit,
 :mod:`ekit_runtime.queue.options`) merged over the worker's ``defaults``,
@@ -296,12 +296,12 @@ class Worker:
             self._executor.shutdown(wait=True)
 
     async def _try_claim(self) -> bool | None:
-        """Claim one run: whether one was claimed, or ``None`` after a transient error.
+        """Claim runs for the free places: whether any was claimed, or ``None`` after a transient error.
 
         A permanent error is raised: retrying would only hide it.
         """
         try:
-            claimed = await self._claim_one()
+            claimed = await self._claim_some()
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -355,17 +355,23 @@ class Worker:
         exponent = min(self._claim_failures - 1, 32)  # 2**32 * poll is past any cap; keeps the float finite
         return min(cap, self.poll * 2.0**exponent)
 
-    async def _claim_one(self) -> bool:
+    async def _claim_some(self) -> bool:
+        """Fill the free places: the runs are leased together (one commit), so they start together."""
         asked = time.monotonic()
-        lease = await self._db(self.queue.claim, self.name, self.fingerprints, self.lease_seconds)
-        if lease is None:
+        leases = await self._db(
+            self.queue.claim_many, self.name, self.fingerprints, self.lease_seconds,
+            self.max_runs - len(self._drives),
+        )
+        if not leases:
             return False
         # The limits the claim read in its own transaction (one query fewer per claim).
-        limits = lease.limits if lease.limits is not None else await self._db(self.queue.limits)
-        drive = _Drive(lease, asked + self.lease_seconds, gated=usage_limited(limits))
-        self._log_claimed(lease)
-        task = asyncio.create_task(self._drive(drive), name=f"ekit-run-{lease.run_id}")
-        self._drives[task] = drive
+        limits = leases[0].limits if leases[0].limits is not None else await self._db(self.queue.limits)
+        gated = usage_limited(limits)
+        for lease in leases:
+            drive = _Drive(lease, asked + self.lease_seconds, gated=gated)
+            self._log_claimed(lease)
+            task = asyncio.create_task(self._drive(drive), name=f"ekit-run-{lease.run_id}")
+            self._drives[task] = drive
         return True
 
     def _reap(self) -> None:
@@ -476,7 +482,9 @@ class Worker:
         status: RunStatus = ending
         message = None if status != "failed" else f"{type(error).__name__}: {error}"
         try:
-            await self._db(self.queue.finish, lease, status, message)
+            # Ended in the commit of the saves (and other endings) that meet it.
+            assert self._group is not None  # (made by _loop, which drives every run)
+            await self._group.finish(lease, status, message)
             drive.outcome = status
         except LeaseLostError:
             self._lost_before(drive, f"marked {status}", status=status)
