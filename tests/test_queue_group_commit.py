@@ -466,7 +466,7 @@ def test_a_postgres_batch_of_deltas_is_one_statement(
     queue = open_queue(postgres_url)
     cps = _checkpoints(2)
     leases = _claimed(queue, 5)
-    queue.save_many([(lease, cps[0]) for lease in leases], 60)  # first saves: each in full, alone
+    queue.save_many([(lease, cps[0]) for lease in leases], 60)  # first saves: in full (a batch of their own)
     seen: list[str] = []
     real = psycopg.Connection.execute
 

@@ -1203,34 +1203,53 @@ class SqliteQueue(RunQueue):
                 try:
                     told = self._tx(write, begin=False)
                 except Exception as exc:
+                    self._failed(chunk, exc, saved, ended, lease_seconds)
                     told = None
-                    for i, row in chunk:
-                        # The lock held past the timeout, a full disk: each write alone
-                        # would meet the same, and wait for the lock again each time.
-                        # Each caller gets its own copy of the error. Else perhaps one
-                        # save's own (a value too big): made alone, each write raises
-                        # its own error or goes through.
-                        transient = is_transient(exc)
-                        if isinstance(row, Ending):
-                            ended[i] = copy.copy(exc) if transient else finish_alone(self, row)
-                        else:
-                            alone = save_alone(self, row[0], row[1], lease_seconds) if not transient else None
-                            saved[i] = copy.copy(exc) if alone is None else alone
-                for (i, row), said in zip(chunk, told or (), strict=False):
-                    lease = row[0]
-                    if isinstance(row, Ending):
-                        self._forget(lease.run_id)  # (ended, or another holder's now)
-                        if said is None:
-                            ended[i] = LeaseLostError(lease.run_id, lease.epoch)
-                    elif said is None:
-                        self._forget(lease.run_id)
-                        saved[i] = LeaseLostError(lease.run_id, lease.epoch)
-                    else:
-                        self._remember(lease, row[1])
-                        saved[i] = said
+                self._told(chunk, told or [], saved, ended)
                 if last:
                     break
         return saved, ended
+
+    def _failed(
+        self,
+        chunk: list[tuple[int, _Row]],
+        exc: Exception,
+        saved: list[bool | Exception],
+        ended: list[Exception | None],
+        lease_seconds: float,
+    ) -> None:
+        """The outcomes of a statement that failed as a whole (it wrote nothing)."""
+        # The lock held past the timeout, a full disk: each write alone would
+        # meet the same, and wait for the lock again each time. Each caller
+        # gets its own copy of the error. Else perhaps one save's own (a value
+        # too big): made alone, each write raises its own error or goes through.
+        transient = is_transient(exc)
+        for i, row in chunk:
+            if isinstance(row, Ending):
+                ended[i] = copy.copy(exc) if transient else finish_alone(self, row)
+            else:
+                saved[i] = copy.copy(exc) if transient else save_alone(self, row[0], row[1], lease_seconds)
+
+    def _told(
+        self,
+        chunk: list[tuple[int, _Row]],
+        told: list[bool | None],
+        saved: list[bool | Exception],
+        ended: list[Exception | None],
+    ) -> None:
+        """The outcomes of a statement that was made: each row's, from what it returned."""
+        for (i, row), said in zip(chunk, told, strict=False):
+            lease = row[0]
+            if isinstance(row, Ending):
+                self._forget(lease.run_id)  # (ended, or another holder's now)
+                if said is None:
+                    ended[i] = LeaseLostError(lease.run_id, lease.epoch)
+            elif said is None:
+                self._forget(lease.run_id)
+                saved[i] = LeaseLostError(lease.run_id, lease.epoch)
+            else:
+                self._remember(lease, row[1])
+                saved[i] = said
 
     def _take(
         self,
