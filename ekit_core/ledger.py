@@ -136,6 +136,12 @@ class Ledger(Mapping[K, V]):
     def items_from(self, start: int) -> list[tuple[K, V]]:
         """The entries after the first ``start``, in insertion order: in
         O(len(result)) past the base, and a C walk to ``start`` inside it."""
+        b = self._b
+        first = start - len(b.base)
+        if first >= 0:
+            # Past the base (a save's delta, every step): two slices, no iterator
+            # chain. This runs once per save, so its constant matters.
+            return list(zip(b.keys[first:self._n], b.values[first:self._n], strict=True))
         return list(self._entries(start, len(self)))
 
     def _entries(self, start: int, stop: int) -> Iterator[tuple[K, V]]:

@@ -496,6 +496,14 @@ def test_a_postgres_batch_whose_session_was_dropped_is_made_again_save_by_save(p
     assert queue.save_many([(lease, cps[1]) for lease in leases], 60) == [False] * 3
     assert queue.db.conn.info.backend_pid != pid  # type: ignore[attr-defined]
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0", "s1": "out1"} for i in range(3))
+    # The same for a batch with runs ended in it: each ending is made again alone.
+    pid = queue.db.conn.info.backend_pid  # type: ignore[attr-defined]
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    endings = [Ending(leases[1], "finished"), Ending(leases[2], "failed")]
+    saved, ended = queue.write_many([(leases[0], cps[1])], endings, 60)
+    assert (saved, ended) == ([False], [None, None])
+    assert [queue.status(f"r{i}").status for i in range(3)] == ["running", "finished", "failed"]
     queue.close()
 
 
