@@ -13,6 +13,7 @@ per-write answers and the limits.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,50 @@ def test_a_resumed_run_claimed_among_others_carries_its_checkpoint(queue: RunQue
     resumed = leases["r0"].checkpoint
     assert resumed is not None and dict(resumed.outputs) == {"s0": "out0"}
     assert leases["r1"].checkpoint is None and leases["r0"].epoch == 2
+
+
+def test_claim_many_hands_over_the_runs_it_could_read_and_gives_the_rest_back(queue: RunQueue) -> None:
+    for i in range(5):
+        queue.submit("w", run_id=f"r{i}")
+    assert queue.claim("me", {"w": None}, 60) is not None  # (the claim in full: later ones are quick)
+    real = queue._granted_quick  # type: ignore[attr-defined]
+    calls: list[str] = []
+
+    def flaky(row: Any, limits: Any) -> Lease:
+        # A session dropped while reading the second run (PostgreSQL reads each
+        # resumed run's entries after the claim's commit), or a run that cannot be read.
+        calls.append(row[0])
+        if len(calls) == 2:
+            raise ConnectionError("the session dropped while reading the run")
+        return real(row, limits)  # type: ignore[no-any-return]
+
+    queue._granted_quick = flaky  # type: ignore[attr-defined]
+    got = queue.claim_many("me", {"w": None}, 60, 3)
+    queue._granted_quick = real  # type: ignore[attr-defined]
+    # The first is handed over; the two it could not hand over are queued again, not left leased to nobody.
+    assert [lease.run_id for lease in got] == ["r1"]
+    assert [queue.status(f"r{i}").status for i in range(1, 5)] == ["running", "queued", "queued", "queued"]
+    again = queue.claim_many("me", {"w": None}, 60, 5)
+    assert [lease.run_id for lease in again] == ["r2", "r3", "r4"]
+    # A failure on the first run: nothing to hand over, so the error is raised, and every run given back.
+    for i in range(5, 7):
+        queue.submit("w", run_id=f"r{i}")
+
+    def broken(row: Any, limits: Any) -> Lease:
+        raise ConnectionError("the session dropped while reading the run")
+
+    queue._granted_quick = broken  # type: ignore[attr-defined]
+    with pytest.raises(ConnectionError):
+        queue.claim_many("me", {"w": None}, 60, 2)
+    queue._granted_quick = real  # type: ignore[attr-defined]
+    assert [queue.status(f"r{i}").status for i in range(5, 7)] == ["queued", "queued"]
+
+
+def test_claim_many_hands_runs_over_in_claim_order(queue: RunQueue) -> None:
+    queue.submit("w", run_id="first")
+    assert queue.claim("me", {"w": None}, 60) is not None  # (the claim in full: later ones are quick)
+    queue.submit("w", run_id="old")
+    queue.submit("w", run_id="urgent", priority=5)
+    queue.submit("w", run_id="new")
+    leases = queue.claim_many("me", {"w": None}, 60, 3)
+    assert [lease.run_id for lease in leases] == ["urgent", "old", "new"]  # priority, then age

@@ -29,7 +29,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, NoReturn, Self, cast
+from typing import Any, NamedTuple, NoReturn, Self, TypeVar, cast
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.human import Answer, Question
@@ -75,6 +75,7 @@ __all__ = [
     "check_one_per_run",
     "claim_limit",
     "finish_alone",
+    "handed_over",
     "layout_before",
     "progress",
     "queued_reason",
@@ -265,6 +266,36 @@ def claim_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise ValueError(f"limit must be a whole number from 1 to 10000, got {limit!r}")
     return limit
+
+
+T = TypeVar("T")
+
+
+def handed_over(
+    rows: Sequence[T],
+    grant: Callable[[T], Lease],
+    give_back: Callable[[Sequence[T]], None],
+) -> list[Lease]:
+    """The leases of the runs one claim statement leased (``rows``), each made by ``grant``.
+
+    The statement has committed every lease already: if making one fails (a
+    run's stored context or checkpoint cannot be read, the session dropped
+    while reading it), the runs from that one on are given back at once
+    (``give_back``, best effort: else their leases run out), and the call ends
+    with the leases made before it, or with the error if there are none, so
+    that no committed lease is left to nobody.
+    """
+    leases: list[Lease] = []
+    for i, row in enumerate(rows):
+        try:
+            leases.append(grant(row))
+        except Exception:
+            with contextlib.suppress(Exception):
+                give_back(rows[i:])
+            if not leases:
+                raise
+            break
+    return leases
 
 
 class Ending(NamedTuple):

@@ -42,6 +42,7 @@ from ekit_runtime.queue.base import (
     check_one_per_run,
     claim_limit,
     finish_alone,
+    handed_over,
     layout_before,
     progress,
     save_alone,
@@ -754,7 +755,18 @@ class PostgresQueue(RunQueue):
         if not rows:
             # Nothing to claim, or the limits changed: the claims in full say which.
             return super().claim_many(worker, workflows, lease_seconds, limit)
-        return [self._granted_quick(row, quick[1]) for row in rows]
+        return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
+
+    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
+        """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""
+        self.db.run(
+            lambda c: c.execute(
+                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, owner = NULL, "
+                f"updated_at = {_NOW} FROM unnest(%s::text[], %s::bigint[]) AS x(rid, ep) "
+                "WHERE run_id = x.rid AND epoch = x.ep AND status = 'running'",
+                ([row[0] for row in leased], [row[1] for row in leased]),
+            )
+        )
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float

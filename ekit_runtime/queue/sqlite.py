@@ -46,6 +46,7 @@ from ekit_runtime.queue.base import (
     check_one_per_run,
     claim_limit,
     finish_alone,
+    handed_over,
     layout_before,
     progress,
     save_alone,
@@ -899,7 +900,18 @@ class SqliteQueue(RunQueue):
             if not rows:
                 # Nothing to claim, or the limits changed: the claims in full say which.
                 return super().claim_many(worker, workflows, lease_seconds, limit)
-            return [self._granted_quick(row, quick[1]) for row in rows]
+            return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
+
+    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
+        """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""
+        now = time.time()
+        self._tx(
+            lambda c: c.executemany(
+                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, owner = NULL, "
+                "updated_at = ? WHERE run_id = ? AND epoch = ? AND status = 'running'",
+                [(now, row[0], row[1]) for row in leased],
+            )
+        )
 
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -987,7 +999,7 @@ class SqliteQueue(RunQueue):
         limits_text: str | None,
         limit: int,
     ) -> list[tuple[Any, ...]]:
-        """Lease the next ``limit`` claimable runs in one statement; their rows, oldest first."""
+        """Lease the next ``limit`` claimable runs in one statement; their rows, in claim order."""
         now = time.time()
         args = (now, *[v for pair in names for v in pair])
         rows: list[tuple[Any, ...]] = conn.execute(
@@ -995,11 +1007,11 @@ class SqliteQueue(RunQueue):
             "updated_at = ?, reason = NULL "
             f"WHERE run_id IN (SELECT run_id FROM ({self._candidate(names, abandoned=False, limit=limit)})) "
             "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS ? "
-            "RETURNING run_id, epoch, workflow, options, seq, lease_until",
+            "RETURNING run_id, epoch, workflow, options, seq, lease_until, priority",
             (worker, now + seconds, now, *args, *args, limits_text),
         ).fetchall()
-        # (RETURNING's order is not the claim's; the runs leased together start together.)
-        return sorted(rows, key=lambda row: row[4])
+        # RETURNING's order is not the claim's: put them in claim order (priority, then age).
+        return [row[:6] for row in sorted(rows, key=lambda row: (-row[6], row[4]))]
 
     def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
         run_id, epoch, workflow, options, seq, until = row
