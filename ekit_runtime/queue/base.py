@@ -408,7 +408,8 @@ class RunQueue(ABC):
                 _check_names({name for _kind, name, _value in encoded.rows})
                 _check_names(checkpoint.failures)
         for _kind, name, value in encoded.rows:
-            _storable(value, f"the encoded output of step {name!r}", name)
+            if "\x00" in value:  # (the message is made only for the refusal: this runs every save)
+                _storable(value, f"the encoded output of step {name!r}", name)
         if encoded.header is not None:
             _storable(encoded.header, "the encoded checkpoint")
         return encoded
@@ -801,7 +802,8 @@ class RunQueue(ABC):
         _check_step_names(checkpoint)
         encoded = encode_checkpoint(checkpoint, None, self.dumps)
         for _kind, name, value in encoded.rows:
-            _storable(value, f"the encoded output of step {name!r}", name)
+            if "\x00" in value:  # (the message is made only for the refusal: this runs every save)
+                _storable(value, f"the encoded output of step {name!r}", name)
         if encoded.header is not None:
             _storable(encoded.header, "the encoded checkpoint")
         return encoded
