@@ -21,7 +21,7 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
-from ekit_runtime.queue import LeaseLostError, Limits, RunQueue, Worker, open_queue
+from ekit_runtime.queue import Ending, LeaseLostError, Limits, RunQueue, Worker, open_queue
 from tests.queue_backends import entry_epochs, queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
@@ -83,7 +83,14 @@ def _stored(url: str, run: str) -> tuple[Any, ...]:
 # -- expiry alone ends a lease ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("write", ["delta save", "full save", "renew", "release", "finish"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        "delta save", "full save", "renew", "release", "finish",
+        # In a worker's batch (write_many's one statement), beside a live run's write that lands.
+        "batched delta save", "batched full save", "batched finish",
+    ],
+)
 def test_every_holder_write_after_a_plain_expiry_is_refused(
     queue: RunQueue, queue_url: str, write: str
 ) -> None:
@@ -92,15 +99,30 @@ def test_every_holder_write_after_a_plain_expiry_is_refused(
     lease = queue.claim("w1", {"w": None}, 0.3)
     assert lease is not None
     queue.save(lease, first, 0.3)
+    queue.submit("w", run_id="live")
+    live = queue.claim("w1", {"w": None}, 60)
+    assert live is not None and live.run_id == "live"
     wait_for(lambda: _expired(queue, run), timeout=10, what="the lease to expire")
     before = _stored(queue_url, run)
     other = Workflow([Step("z", lambda ctx: "z")]).run_sync().checkpoint
     assert other is not None
+
+    def batched(saves: list[Any], endings: list[Ending]) -> None:
+        # (The live run's checkpoint records no usage: the fleet's usage window is one for all runs.)
+        saved, ended = queue.write_many([*saves, (live, other)], endings, 30)
+        assert saved[-1] is False and queue.checkpoint("live") == other  # landed in the same statement
+        (refused,) = saved[:-1] + ended
+        assert isinstance(refused, Exception)
+        raise refused
+
     calls = {
         "delta save": lambda: queue.save(lease, second, 30),
         "full save": lambda: queue.save(lease, other, 30),  # not an extension of `first`: a rewrite
         "renew": lambda: queue.renew(lease, 30),
         "finish": lambda: queue.finish(lease, "finished"),
+        "batched delta save": lambda: batched([(lease, second)], []),
+        "batched full save": lambda: batched([(lease, other)], []),
+        "batched finish": lambda: batched([], [Ending(lease, "finished")]),
     }
     if write == "release":
         assert queue.release(lease) is False
