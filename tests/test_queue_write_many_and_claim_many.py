@@ -209,3 +209,38 @@ def test_claim_many_hands_runs_over_in_claim_order(queue: RunQueue) -> None:
     queue.submit("w", run_id="new")
     leases = queue.claim_many("me", {"w": None}, 60, 3)
     assert [lease.run_id for lease in leases] == ["urgent", "old", "new"]  # priority, then age
+
+
+def test_claimers_racing_on_their_own_connections_lease_each_run_once(queue_url: str) -> None:
+    # Four claimers, each its own connection (PostgreSQL: its own session), released
+    # at once by a barrier and claiming batches until the queue is empty: a run
+    # leased twice would come back to two of them, or show an epoch above 1.
+    import threading
+
+    setup = open_queue(queue_url)
+    for i in range(160):
+        setup.submit("w", run_id=f"r{i:03d}")
+    claimers = [open_queue(queue_url) for _ in range(4)]
+    for c in claimers:  # (a claim in full first, so that the race is between quick claims)
+        assert c.claim_many("warm-up", {"w": None}, 60, 1)
+    gate = threading.Barrier(len(claimers))
+    taken: list[list[Lease]] = [[] for _ in claimers]
+
+    def claim(k: int) -> None:
+        gate.wait(30)
+        while got := claimers[k].claim_many(f"w{k}", {"w": None}, 60, 3):
+            taken[k].extend(got)
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(len(claimers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    leased = [lease.run_id for got in taken for lease in got]
+    try:
+        assert len(leased) == len(set(leased)) == 156, sorted(leased)
+        assert all(lease.epoch == 1 for got in taken for lease in got)
+        assert {setup.status(r).epoch for r in leased} == {1}
+    finally:
+        for c in [setup, *claimers]:
+            c.close()
