@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from ekit_runtime.queue import RunQueue, open_queue
+from ekit_runtime import Step, Workflow, WorkflowCheckpoint
+from ekit_runtime.queue import Lease, RunQueue, open_queue
 
 BACKENDS = ("sqlite", "postgres")
 DSN_VAR = "EKIT_TEST_POSTGRES_DSN"
@@ -123,6 +124,25 @@ def queue(queue_url: str) -> Iterator[RunQueue]:
         yield q
     finally:
         q.close()
+
+
+def chain_checkpoints(steps: int, prefix: str = "out") -> list[WorkflowCheckpoint]:
+    """The checkpoints of a run of a chain of ``steps`` steps, ``s<i>`` returning ``<prefix><i>``."""
+    seen: list[WorkflowCheckpoint] = []
+    chain = [
+        Step(f"s{i}", lambda ctx, i=i: f"{prefix}{i}", (f"s{i - 1}",) if i else ()) for i in range(steps)
+    ]
+    Workflow(chain).run_sync(checkpoint_fn=seen.append)
+    return seen
+
+
+def claim_runs(queue: RunQueue, count: int) -> list[Lease]:
+    """Submit runs ``r0`` .. of workflow ``w`` and claim each (worker ``me``, 60 s leases)."""
+    for i in range(count):
+        queue.submit("w", run_id=f"r{i}")
+    leases = [queue.claim("me", {"w": None}, 60) for _ in range(count)]
+    assert all(lease is not None for lease in leases)
+    return [lease for lease in leases if lease is not None]
 
 
 @pytest.fixture

@@ -29,26 +29,18 @@ from ekit_runtime.queue import Lease, LeaseLostError, RunQueue, SqliteQueue, Wor
 from ekit_runtime.queue.base import Ending, More
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.stores.errors import UnencodableError
-from tests.queue_backends import expire_lease, naps, postgres_url, queue, queue_url, wait_for
+from tests.queue_backends import (
+    chain_checkpoints,
+    claim_runs,
+    expire_lease,
+    naps,
+    postgres_url,
+    queue,
+    queue_url,
+    wait_for,
+)
 
 __all__ = ["naps", "postgres_url", "queue", "queue_url"]  # (fixtures)
-
-
-def _checkpoints(steps: int, prefix: str = "out") -> list[WorkflowCheckpoint]:
-    seen: list[WorkflowCheckpoint] = []
-    chain = [
-        Step(f"s{i}", lambda ctx, i=i: f"{prefix}{i}", (f"s{i - 1}",) if i else ()) for i in range(steps)
-    ]
-    Workflow(chain).run_sync(checkpoint_fn=seen.append)
-    return seen
-
-
-def _claimed(queue: RunQueue, count: int) -> list[Lease]:
-    for i in range(count):
-        queue.submit("w", run_id=f"r{i}")
-    leases = [queue.claim("me", {"w": None}, 60) for _ in range(count)]
-    assert all(lease is not None for lease in leases)
-    return [lease for lease in leases if lease is not None]
 
 
 def _outputs(queue: RunQueue, run_id: str) -> dict[str, Any]:
@@ -57,8 +49,8 @@ def _outputs(queue: RunQueue, run_id: str) -> dict[str, Any]:
 
 
 def test_each_save_of_a_batch_is_fenced_and_answered_on_its_own(queue: RunQueue, queue_url: str) -> None:
-    cps = _checkpoints(3)
-    leases = _claimed(queue, 4)
+    cps = chain_checkpoints(3)
+    leases = claim_runs(queue, 4)
     assert queue.save_many([(lease, cps[0]) for lease in leases], 60) == [False] * 4
     expire_lease(queue_url, "r1")  # r1's worker is presumed dead: its lease has run out
     queue.cancel("r2")
@@ -76,8 +68,8 @@ def test_each_save_of_a_batch_is_fenced_and_answered_on_its_own(queue: RunQueue,
 
 
 def test_a_batch_mixes_saves_in_full_and_deltas(queue: RunQueue) -> None:
-    cps = _checkpoints(4)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(4)
+    leases = claim_runs(queue, 3)
     queue.save_many([(leases[0], cps[0]), (leases[1], cps[1])], 60)
     # r0: a delta; r1: a delta; r2: its first save, in full.
     assert queue.save_many([(leases[0], cps[2]), (leases[1], cps[3]), (leases[2], cps[3])], 60) == [False] * 3
@@ -87,8 +79,8 @@ def test_a_batch_mixes_saves_in_full_and_deltas(queue: RunQueue) -> None:
 
 
 def test_an_output_that_cannot_be_encoded_fails_its_save_alone(queue: RunQueue) -> None:
-    leases = _claimed(queue, 2)
-    good = _checkpoints(1)[0]
+    leases = claim_runs(queue, 2)
+    good = chain_checkpoints(1)[0]
     bad: list[WorkflowCheckpoint] = []
     Workflow([Step("s0", lambda ctx: object())]).run_sync(checkpoint_fn=bad.append)
     outcomes = queue.save_many([(leases[0], bad[-1]), (leases[1], good)], 60)
@@ -98,8 +90,8 @@ def test_an_output_that_cannot_be_encoded_fails_its_save_alone(queue: RunQueue) 
 
 
 def test_two_saves_of_one_run_in_a_batch_are_refused_before_anything_is_written(queue: RunQueue) -> None:
-    cps = _checkpoints(2)
-    (lease,) = _claimed(queue, 1)
+    cps = chain_checkpoints(2)
+    (lease,) = claim_runs(queue, 1)
     with pytest.raises(ValueError, match="two saves of run 'r0'"):
         queue.save_many([(lease, cps[0]), (lease, cps[1])], 60)
     with pytest.raises(ValueError, match=r"saves\[0\] must be a \(Lease, WorkflowCheckpoint\) pair"):
@@ -109,8 +101,8 @@ def test_two_saves_of_one_run_in_a_batch_are_refused_before_anything_is_written(
 
 def test_an_sqlite_batch_is_one_statement_and_no_transaction(tmp_path: Path) -> None:
     queue = SqliteQueue(tmp_path / "q.db")
-    cps = _checkpoints(3)
-    leases = _claimed(queue, 130)
+    cps = chain_checkpoints(3)
+    leases = claim_runs(queue, 130)
     queue.save_many([(lease, cps[0]) for lease in leases], 60)
     seen: list[str] = []
     queue.conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
@@ -129,8 +121,8 @@ def test_a_failed_sqlite_statement_is_made_again_save_by_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     queue = SqliteQueue(tmp_path / "q.db")
-    cps = _checkpoints(2)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(queue, 3)
     real = SqliteQueue._write_rows
 
     def fail_batches(self: SqliteQueue, conn: sqlite3.Connection, items: list[Any], seconds: float) -> Any:
@@ -152,8 +144,8 @@ def test_a_locked_sqlite_batch_gives_each_save_its_own_error_without_waiting_aga
 
     path = tmp_path / "q.db"
     queue = SqliteQueue(path)
-    cps = _checkpoints(1)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(queue, 3)
     monkeypatch.setattr(sqlite_queue, "_BUSY_TIMEOUT", 0.2)
     alone: list[str] = []
     real_save = SqliteQueue.save
@@ -189,11 +181,11 @@ def test_a_batch_does_what_each_save_alone_would(runs: list[tuple[str, bool, int
     """Any mix of held, expired and taken-over leases, cancels, and deltas or saves in full."""
     import tempfile
 
-    cps = _checkpoints(5)
+    cps = chain_checkpoints(5)
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/q.db"
         queue, rival = SqliteQueue(path), SqliteQueue(path)
-        leases = _claimed(queue, len(runs))
+        leases = claim_runs(queue, len(runs))
         for lease, (_how, _cancel, saved) in zip(leases, runs, strict=True):
             if saved:
                 assert queue.save(lease, cps[saved - 1], 60) is False
@@ -278,8 +270,8 @@ async def _held_first_write(
 
 def test_saves_asked_together_go_in_one_write(gated: _Gated) -> None:
     gated.go.set()
-    cps = _checkpoints(1)
-    leases = _claimed(gated, 4)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(gated, 4)
 
     async def main() -> list[bool]:
         with _executor() as pool:
@@ -291,8 +283,8 @@ def test_saves_asked_together_go_in_one_write(gated: _Gated) -> None:
 
 
 def test_saves_asked_while_a_write_waits_for_its_turn_join_it(gated: _Gated) -> None:
-    cps = _checkpoints(2)
-    leases = _claimed(gated, 3)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(gated, 3)
 
     async def main() -> None:
         with _executor() as pool:
@@ -315,8 +307,8 @@ def test_saves_asked_while_a_write_waits_for_its_turn_join_it(gated: _Gated) -> 
 
 
 def test_runs_ended_while_a_write_is_in_flight_end_with_the_next_saves_each_answered(gated: _Gated) -> None:
-    cps = _checkpoints(2)
-    leases = _claimed(gated, 4)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(gated, 4)
     for lease in leases:
         assert gated.save(lease, cps[0], 60) is False  # (not write_many: the gate holds its first call)
     stale = dataclasses.replace(leases[3], epoch=leases[3].epoch + 9)
@@ -354,8 +346,8 @@ def test_an_sqlite_batch_takes_in_the_saves_handed_over_while_it_waits_for_the_l
 ) -> None:
     path = tmp_path / "q.db"
     queue = SqliteQueue(path)
-    cps = _checkpoints(1)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(queue, 3)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another process's write lock
     asked: list[int] = []
@@ -387,8 +379,8 @@ def test_an_sqlite_batch_takes_in_the_saves_handed_over_while_it_waits_for_the_l
 
 
 def test_a_save_cancelled_before_its_write_began_is_not_made(gated: _Gated) -> None:
-    cps = _checkpoints(1)
-    leases = _claimed(gated, 2)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(gated, 2)
 
     async def main() -> None:
         with _executor() as pool:
@@ -409,8 +401,8 @@ def test_a_save_cancelled_before_its_write_began_is_not_made(gated: _Gated) -> N
 
 
 def test_each_caller_of_a_batch_meets_its_own_outcome(queue: RunQueue, queue_url: str) -> None:
-    cps = _checkpoints(1)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(queue, 3)
     expire_lease(queue_url, "r1")
     queue.cancel("r2")
 
@@ -464,8 +456,8 @@ def test_a_postgres_batch_of_deltas_is_one_statement(
     import psycopg
 
     queue = open_queue(postgres_url)
-    cps = _checkpoints(2)
-    leases = _claimed(queue, 5)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(queue, 5)
     queue.save_many([(lease, cps[0]) for lease in leases], 60)  # first saves: in full (a batch of their own)
     seen: list[str] = []
     real = psycopg.Connection.execute
@@ -485,8 +477,8 @@ def test_a_postgres_batch_whose_session_was_dropped_is_made_again_save_by_save(p
     import psycopg
 
     queue = open_queue(postgres_url)
-    cps = _checkpoints(2)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(queue, 3)
     queue.save_many([(lease, cps[0]) for lease in leases], 60)
     pid = queue.db.conn.info.backend_pid  # type: ignore[attr-defined]
     with psycopg.connect(postgres_url, autocommit=True) as admin:
@@ -522,8 +514,8 @@ def test_a_backend_answering_the_wrong_number_of_saves_fails_each_caller_instead
             return saved[:-1], ended
 
     queue = Short(tmp_path / "q.db")
-    cps = _checkpoints(1)
-    leases = _claimed(queue, 2)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(queue, 2)
 
     async def main() -> list[Any]:
         with _executor() as pool:

@@ -17,33 +17,17 @@ from typing import Any
 
 import pytest
 
-from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Ending, Lease, LeaseLostError, Limits, RunQueue, open_queue
-from tests.queue_backends import postgres_url, queue, queue_url, statements
+from tests.queue_backends import chain_checkpoints, claim_runs, postgres_url, queue, queue_url, statements
 
 __all__ = ["postgres_url", "queue", "queue_url", "statements"]  # (fixtures)
-
-
-def _checkpoints(steps: int) -> list[WorkflowCheckpoint]:
-    seen: list[WorkflowCheckpoint] = []
-    chain = [Step(f"s{i}", lambda ctx, i=i: f"out{i}", (f"s{i - 1}",) if i else ()) for i in range(steps)]
-    Workflow(chain).run_sync(checkpoint_fn=seen.append)
-    return seen
-
-
-def _claimed(queue: RunQueue, count: int) -> list[Lease]:
-    for i in range(count):
-        queue.submit("w", run_id=f"r{i}")
-    leases = [queue.claim("me", {"w": None}, 60) for _ in range(count)]
-    assert all(lease is not None for lease in leases)
-    return [lease for lease in leases if lease is not None]
 
 
 def test_first_saves_and_endings_of_a_batch_are_one_statement_each_fenced(
     queue: RunQueue, statements: list[str]
 ) -> None:
-    cps = _checkpoints(2)
-    leases = _claimed(queue, 5)
+    cps = chain_checkpoints(2)
+    leases = claim_runs(queue, 5)
     statements.clear()
     # The runs' first saves (each in full: its header and entries) in one statement.
     saved, ended = queue.write_many([(lease, cps[0]) for lease in leases], [], 60)
@@ -76,8 +60,8 @@ def test_first_saves_and_endings_of_a_batch_are_one_statement_each_fenced(
 
 
 def test_an_ending_that_is_not_final_fails_alone(queue: RunQueue) -> None:
-    cps = _checkpoints(1)
-    leases = _claimed(queue, 3)
+    cps = chain_checkpoints(1)
+    leases = claim_runs(queue, 3)
     bad = Ending(leases[1], "running")  # type: ignore[arg-type]
     saved, ended = queue.write_many([(leases[0], cps[0])], [bad, Ending(leases[2], "finished")], 60)
     assert saved == [False] and isinstance(ended[0], ValueError) and ended[1] is None
@@ -86,8 +70,8 @@ def test_an_ending_that_is_not_final_fails_alone(queue: RunQueue) -> None:
 
 
 def test_a_run_with_two_writes_in_one_batch_is_refused_before_any_write(queue: RunQueue) -> None:
-    cps = _checkpoints(1)
-    (lease,) = _claimed(queue, 1)
+    cps = chain_checkpoints(1)
+    (lease,) = claim_runs(queue, 1)
     with pytest.raises(ValueError, match="two writes"):
         queue.write_many([(lease, cps[0])], [Ending(lease, "finished")], 60)
     with pytest.raises(ValueError, match="must be an Ending"):
@@ -150,8 +134,8 @@ def test_claim_many_of_two_claimers_never_shares_a_run(queue_url: str) -> None:
 
 
 def test_a_resumed_run_claimed_among_others_carries_its_checkpoint(queue: RunQueue) -> None:
-    cps = _checkpoints(2)
-    (lease,) = _claimed(queue, 1)
+    cps = chain_checkpoints(2)
+    (lease,) = claim_runs(queue, 1)
     queue.save(lease, cps[0], 60)
     queue.release(lease)
     for i in range(1, 3):

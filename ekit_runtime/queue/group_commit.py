@@ -105,11 +105,10 @@ class GroupCommit:
                     continue  # its caller was cancelled before the write began: not made
                 run_id = item[0].run_id
                 if run_id in runs or len(taken) >= limit or (not ends and type(item[1]) is Ending):
-                    runs.add(run_id)  # (a run's later write waits for this batch: order kept)
                     later.append(item)
                 else:
-                    runs.add(run_id)
                     taken.append(item)
+                runs.add(run_id)  # (a run's later write waits for the next batch: its order kept)
             self._waiting = later
             ending = sum(type(item[1]) is Ending for item in taken)
             self.saves += len(taken) - ending

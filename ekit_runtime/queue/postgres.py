@@ -932,9 +932,9 @@ class PostgresQueue(RunQueue):
             for column, value in zip(endings, (end.lease.run_id, end.lease.epoch, end.status, end.error),
                                      strict=True):
                 column.append(value)
-        sql, args = _WRITES, (*runs, *entries, *endings)
+        args = (*runs, *entries, *endings)
         try:
-            made = dict(self.db.run(lambda c: c.execute(sql, args).fetchall()))
+            made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
         except Exception:
             # Not a refusal: the session, the server. Made alone, each write
             # raises its own error (or goes through).
