@@ -140,6 +140,12 @@ def _storable(text: str, what: str, step: str | None = None) -> str:
     return text
 
 
+def _storable_output(step: str, text: str) -> None:
+    """:func:`_storable` of a step's encoded output, its message made only to refuse (every save runs it)."""
+    if "\x00" in text:
+        _storable(text, f"the encoded output of step {step!r}", step)
+
+
 def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
     """Refuse a checkpoint naming a step the queue cannot store, naming that step."""
     if not isinstance(checkpoint, WorkflowCheckpoint):
@@ -408,8 +414,7 @@ class RunQueue(ABC):
                 _check_names({name for _kind, name, _value in encoded.rows})
                 _check_names(checkpoint.failures)
         for _kind, name, value in encoded.rows:
-            if "\x00" in value:  # (the message is made only for the refusal: this runs every save)
-                _storable(value, f"the encoded output of step {name!r}", name)
+            _storable_output(name, value)
         if encoded.header is not None:
             _storable(encoded.header, "the encoded checkpoint")
         return encoded
@@ -802,8 +807,7 @@ class RunQueue(ABC):
         _check_step_names(checkpoint)
         encoded = encode_checkpoint(checkpoint, None, self.dumps)
         for _kind, name, value in encoded.rows:
-            if "\x00" in value:  # (the message is made only for the refusal: this runs every save)
-                _storable(value, f"the encoded output of step {name!r}", name)
+            _storable_output(name, value)
         if encoded.header is not None:
             _storable(encoded.header, "the encoded checkpoint")
         return encoded
