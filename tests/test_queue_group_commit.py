@@ -468,7 +468,7 @@ def test_a_postgres_batch_of_deltas_is_one_statement(
 
     monkeypatch.setattr(psycopg.Connection, "execute", execute)
     assert queue.save_many([(lease, cps[1]) for lease in leases], 60) == [False] * 5
-    assert len(seen) == 1 and seen[0].startswith("WITH i AS (SELECT * FROM unnest("), seen
+    assert len(seen) == 1 and seen[0].startswith("WITH i AS (SELECT d->>0 AS rid"), seen
     assert all(_outputs(queue, f"r{i}") == {"s0": "out0", "s1": "out1"} for i in range(5))
     queue.close()
 

@@ -29,6 +29,8 @@ when a lease expires.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -157,30 +159,50 @@ _INFO = (
     "options, steps_done, steps_total, input_tokens, output_tokens, llm_calls, reason"
 )
 # The lifecycle's named placeholders in PostgreSQL's terms: the clock is the
-# server's; a claim matches its (workflow, fingerprint) pairs as a joined array.
+# server's.
 _DIALECT = {
     "now": _NOW,
     "since": f"{_NOW} - %s",  # args: the window's length
     "run_id": "%s",
     "epoch": "%s",
-    "workflow": "w.name",
-    "fingerprint": "w.fp",
 }
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch
 _LIVE = render(LIVE, _DIALECT)
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)
 _ABANDONED = render(ABANDONED, _DIALECT)
-_MATCHES = render(MATCHES, _DIALECT)
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 
-# The pick of a claim: the first claimable run of the claimer's workflows, its
-# row locked, skipping rows other claims hold (args: the names, the prints).
-_PICK = (
-    "SELECT r.run_id FROM ekit_queue_runs r "
-    f"JOIN unnest(%s::text[], %s::text[]) AS w(name, fp) ON {_MATCHES} "
-    f"WHERE {_CLAIMABLE}{{}} ORDER BY {CLAIM_ORDER} LIMIT {{}} FOR UPDATE OF r SKIP LOCKED"
-)
+# One (workflow, fingerprint) pair of a claimer (args: the two).
+_MATCH_ONE = render(MATCHES, {"workflow": "%s", "fingerprint": "%s"})
+
+# The pick of a claim: the first ``limit`` claimable runs of the claimer's
+# workflows in claim order, their rows locked, skipping rows other claims
+# hold (args: each workflow's name and fingerprint, then ``limit`` three times
+# when it is a parameter). Each status is read off the claim index in order
+# and stops at ``limit`` rows. The match is a filter of that scan, one term per
+# workflow, rather than a join, and one OR of both statuses would make a
+# scan that cannot keep the order: the planner would read every queued run and
+# sort them, on every claim (see _SESSION).
+@functools.cache
+def _pick(pairs: int, running: str, limit: str) -> str:
+    """The pick for a claimer of ``pairs`` workflows; ``running``: more of the expired runs' filter."""
+    match = " OR ".join(f"({_MATCH_ONE})" for _ in range(pairs))
+    first = (
+        "SELECT * FROM (SELECT run_id, priority, seq FROM ekit_queue_runs WHERE status = '{}' "
+        f"AND {_CLAIMABLE}{{}} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT {limit} FOR UPDATE SKIP LOCKED) AS "
+    )
+    queued = first.format("queued", "") + "q"
+    expired = first.format("running", running) + "x"
+    return f"SELECT run_id FROM ({queued} UNION ALL {expired}) AS c ORDER BY {CLAIM_ORDER} LIMIT {limit}"
+
+
+
+def _pairs(names: list[tuple[str, str | None]]) -> tuple[str | None, ...]:
+    """The pick's arguments for ``names`` (each workflow's name and fingerprint, once per status)."""
+    return tuple(v for pair in names for v in pair)
+
+
 # The quick claim: ONE statement, while the fleet has no limit a claim counts.
 # A claim in full is a transaction of six to eight round trips (the sweep of
 # abandoned runs, the limits, the window, the pick and lease, the checkpoint);
@@ -189,20 +211,26 @@ _PICK = (
 # full runs), and returns what a checkpoint is decoded from besides its
 # entries. The pick leaves out the abandoned runs, which the sweep cancels:
 # two updates of one statement must not touch the same row.
-_QUICK_CLAIM = (
-    "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
-    f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
-    f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
-    "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
-    f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
-    # (The runs a worker with several free places leases at once: see claim_many.)
-    "WHERE run_id IN (" + _PICK.format(" AND NOT (r.status = 'running' AND r.cancel_requested)", "%s") + ") "
-    "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
-    "RETURNING run_id, epoch, workflow, context, lease_until, options, "
-    "header, step_index, input_tokens, output_tokens, llm_calls, failures, priority, seq) "
-    "SELECT run_id, epoch, workflow, context, lease_until, options, "
-    f"header, step_index, input_tokens, output_tokens, llm_calls, failures FROM leased ORDER BY {CLAIM_ORDER}"
-)
+@functools.cache
+def _quick_claim(pairs: int) -> str:
+    """The quick claim of a claimer of ``pairs`` workflows (args: :func:`_quick_args`)."""
+    return (
+        "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+        f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
+        f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
+        "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+        f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
+        # (The runs a worker with several free places leases at once: see claim_many.)
+        f"WHERE run_id IN ({_pick(pairs, ' AND NOT cancel_requested', '%s')}) "
+        "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
+        "RETURNING run_id, epoch, workflow, context, lease_until, options, "
+        "header, step_index, input_tokens, output_tokens, llm_calls, failures, priority, seq) "
+        "SELECT run_id, epoch, workflow, context, lease_until, options, "
+        "header, step_index, input_tokens, output_tokens, llm_calls, failures "
+        f"FROM leased ORDER BY {CLAIM_ORDER}"
+    )
+
+
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)
 
 
@@ -213,8 +241,10 @@ def _quick_args(
     names: list[tuple[str, str | None]],
     limit: int,
 ) -> tuple[Any, ...]:
-    """The arguments of ``_QUICK_CLAIM`` (``quick``: the limits' text as last read, and the limits)."""
-    return (quick[1].window, worker, seconds, [n for n, _ in names], [fp for _, fp in names], limit, quick[0])
+    """The arguments of ``_quick_claim`` (``quick``: the limits' text as last read, and the limits)."""
+    pairs = _pairs(names)
+    return (quick[1].window, worker, seconds, *pairs, limit, *pairs, limit, limit, quick[0])
+
 
 # The first key of the advisory lock a slot's take holds on its resource (the
 # second is the name's hash): "ekit" in ASCII, apart from any other user's locks.
@@ -246,21 +276,40 @@ _ROWS = (
 # (a statement's sub-statements must not modify the same row). An ending is
 # finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
 # not a transaction of one per run, for the reason _SAVE_FULL gives.
+
+
+def _held_joined(rows: str) -> str:
+    """The fence (HELD) of each run of a batch, the runs ``rows`` names (``rid``, ``ep``).
+
+    The runs are found by their ids, one index probe each. The status test is
+    hidden from the planner (``IS TRUE``): as an index condition it read the
+    claim index's entries for status running, which hold every running row
+    version not yet vacuumed (one per claim), and the planner, counting only
+    the few live ones, preferred that to the probes. It cost a scan of the
+    runs claimed since the last vacuum on every write.
+    """
+    held = render(HELD, {**_DIALECT, "run_id": f"{rows}.rid", "epoch": f"{rows}.ep"})
+    running = "status = 'running'"
+    assert running in held, "HELD's status test is not where _held_joined looks for it"
+    return held.replace(running, f"({running}) IS TRUE")
+
+
 _WRITES = (
-    "WITH i AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
-    "%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::float8[], %s::bigint[], %s::bigint[], "
-    "%s::bool[], %s::text[], %s::text[]) AS i(rid, ep, step_index, input_tokens, output_tokens, llm_calls, "
-    "failures, steps_done, steps_total, seconds, calls, tokens, used, header, fp)), "
-    "fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
+    "WITH i AS (SELECT d->>0 AS rid, (d->>1)::bigint AS ep, (d->>2)::bigint AS step_index, "
+    "(d->>3)::bigint AS input_tokens, (d->>4)::bigint AS output_tokens, (d->>5)::bigint AS llm_calls, "
+    "d->>6 AS failures, (d->>7)::bigint AS steps_done, (d->>8)::bigint AS steps_total, "
+    "(d->>9)::float8 AS seconds, (d->>10)::bigint AS calls, (d->>11)::bigint AS tokens, "
+    "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp FROM unnest(%s::jsonb[]) AS j(d)), "
+"fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
     "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
     "saves = r.saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
     "header = COALESCE(i.header, r.header), "
     "fingerprint = CASE WHEN i.header IS NULL THEN r.fingerprint ELSE i.fp END, "
     f"lease_until = {_NOW} + i.seconds, updated_at = {_NOW} FROM i "
-    f"WHERE {render(HELD, {**_DIALECT, 'run_id': 'i.rid', 'epoch': 'i.ep'})} "
+    f"WHERE {_held_joined('i')} "
     "RETURNING r.run_id, r.epoch, r.cancel_requested, i.header IS NOT NULL AS whole), "
-    "e AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
-    "WITH ORDINALITY AS e(rid, kind, name, value, ord)), "
+    "e AS (SELECT d->>0 AS rid, d->>1 AS kind, d->>2 AS name, d->>3 AS value, ord "
+    "FROM unnest(%s::jsonb[]) WITH ORDINALITY AS e(d, ord)), "
     "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE fenced.whole "
     "AND x.run_id = fenced.run_id "
     "AND NOT EXISTS (SELECT 1 FROM e WHERE e.rid = x.run_id AND e.kind = x.kind AND e.name = x.name)), "
@@ -273,9 +322,9 @@ _WRITES = (
     f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, i.calls, i.tokens "
     "FROM i JOIN fenced ON fenced.run_id = i.rid WHERE i.used), "
     "ended AS (UPDATE ekit_queue_runs SET status = x.st, error = x.err, lease_until = NULL, "
-    f"updated_at = {_NOW} FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[]) "
-    "AS x(rid, ep, st, err) "
-    f"WHERE {render(HELD, {**_DIALECT, 'run_id': 'x.rid', 'epoch': 'x.ep'})} RETURNING run_id) "
+    f"updated_at = {_NOW} FROM (SELECT d->>0 AS rid, (d->>1)::bigint AS ep, d->>2 AS st, d->>3 AS err "
+    "FROM unnest(%s::jsonb[]) AS j(d)) AS x "
+    f"WHERE {_held_joined('x')} RETURNING run_id) "
     "SELECT run_id, cancel_requested FROM fenced UNION ALL SELECT run_id, NULL FROM ended"
 )
 
@@ -343,6 +392,25 @@ def _columns_found(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
     return found
 
 
+# The planner settings of the queue's own sessions. The queue's statements are
+# few and fixed, and its tables churn: statistics go stale between two runs of
+# autovacuum (a burst of submits is not counted until the next ANALYZE), and
+# the plans must not depend on them.
+# - plan_cache_mode: each statement is planned once per session. A custom plan
+#   of a batch of writes took longer to make (~0.4 ms) than to run.
+# - random_page_cost: the rows a queue touches are in memory. At the default
+#   4.0 the planner priced a probe by run id of each run of a batch above a
+#   scan of a small table.
+# - enable_bitmapscan: a bitmap scan cannot keep the claim index's order, and
+#   with a burst of submits not yet in the statistics the planner read every
+#   queued run through one and sorted them, on every claim.
+# An adopted connection is left as its owner set it.
+_SESSION = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
+    "set_config('random_page_cost', '1.1', false), set_config('enable_bitmapscan', 'off', false)"
+)
+
+
 class _QueueConnection(PgConnection):
     """The queue's connection: reopened whenever it is not ready, refused once the queue is closed.
 
@@ -392,6 +460,10 @@ class _QueueConnection(PgConnection):
         conn.add_notice_handler(heard)
         return conn
 
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        super()._configure(conn)
+        conn.execute(_SESSION)
+
     def _hung_up(self, conn: psycopg.Connection[Any]) -> bool:
         """Whether the server already ended this idle session (its farewell waits in the socket).
 
@@ -412,6 +484,10 @@ class _QueueConnection(PgConnection):
     def close(self) -> None:
         self._closed_by_caller = True
         super().close()
+
+
+# A row of _WRITES's input: a JSON array, one per save, entry or ending (see _WRITES).
+_row = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
@@ -723,7 +799,7 @@ class PostgresQueue(RunQueue):
         quick = self._quick
         if quick is not None:
             args = _quick_args(quick, who, seconds, names, 1)
-            row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
+            row = self.db.run(lambda c: c.execute(_quick_claim(len(names)), args).fetchone())
             if row is not None:
                 return self._granted_quick(row, quick[1])
             # Nothing to claim, or the limits changed: the claim in full says which.
@@ -751,7 +827,7 @@ class PostgresQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         who = self._worker_name(worker)
         args = _quick_args(quick, who, seconds, names, limit)
-        rows = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
+        rows = self.db.run(lambda c: c.execute(_quick_claim(len(names)), args).fetchall())
         if not rows:
             # Nothing to claim, or the limits changed: the claims in full say which.
             return super().claim_many(worker, workflows, lease_seconds, limit)
@@ -777,7 +853,7 @@ class PostgresQueue(RunQueue):
             f"updated_at = {_NOW} WHERE {_ABANDONED}"
         )
         text, limits = self._read_limits_text(conn)
-        # Later claims are quick (see _QUICK_CLAIM) while the fleet has no limit a claim counts.
+        # Later claims are quick (see _quick_claim) while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted else (text, limits)
         conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
@@ -792,9 +868,9 @@ class PostgresQueue(RunQueue):
         claimed: tuple[Any, ...] | None = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL WHERE run_id = ("
-            f"{_PICK.format('', 1)}) "
+            f"{_pick(len(names), '', '1')}) "
             "RETURNING run_id, epoch, workflow, context, lease_until, options",
-            (worker, seconds, [n for n, _ in names], [fp for _, fp in names]),
+            (worker, seconds, *_pairs(names), *_pairs(names)),
         ).fetchone()
         if claimed is None:
             return None
@@ -913,26 +989,18 @@ class PostgresQueue(RunQueue):
         ended: list[Exception | None],
     ) -> None:
         """``_WRITES`` of the ``prepared`` saves and the ``ends``; each outcome in its place."""
-        runs: list[list[Any]] = [[] for _ in range(15)]
-        entries: list[list[str]] = [[], [], [], []]
+        runs: list[str] = []
+        entries: list[str] = []
         for _i, lease, checkpoint, enc, added in prepared:
             done, total = progress(checkpoint)
-            row = (
+            runs.append(_row((
                 lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
                 added.llm_calls, added.total_tokens, self._uses(added), enc.header,
                 checkpoint.fingerprint if enc.full else None,
-            )
-            for column, value in zip(runs, row, strict=True):
-                column.append(value)
-            for kind, name, value in enc.rows:
-                for column, value_of in zip(entries, (lease.run_id, kind, name, value), strict=True):
-                    column.append(value_of)
-        endings: list[list[Any]] = [[], [], [], []]
-        for _j, end in ends:
-            for column, value in zip(endings, (end.lease.run_id, end.lease.epoch, end.status, end.error),
-                                     strict=True):
-                column.append(value)
-        args = (*runs, *entries, *endings)
+            )))
+            entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+        endings = [_row((end.lease.run_id, end.lease.epoch, end.status, end.error)) for _j, end in ends]
+        args = (runs, entries, endings)
         try:
             made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
         except Exception:
