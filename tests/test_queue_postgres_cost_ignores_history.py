@@ -180,3 +180,31 @@ def test_the_queues_statements_are_planned_once_per_session(pg_url: str) -> None
     assert any(text.startswith("WITH i AS") for text in prepared), prepared  # (the writes, prepared)
     assert any(text.startswith("WITH swept AS") for text in prepared), prepared  # (the claims)
     assert all(custom == 0 for _generic, custom in prepared.values()), prepared
+
+
+def test_every_session_of_the_queue_gets_the_planner_settings(pg_url: str) -> None:
+    import psycopg
+
+    from ekit_runtime.queue import PostgresQueue
+
+    def settings(queue: RunQueue) -> tuple[str, ...]:
+        row = queue.db.conn.execute(  # type: ignore[attr-defined]
+            "SELECT current_setting('plan_cache_mode'), current_setting('random_page_cost'), "
+            "current_setting('enable_bitmapscan')"
+        ).fetchone()
+        return tuple(row)
+
+    wanted = ("force_generic_plan", "1.1", "off")
+    own = open_queue(pg_url)
+    adopted = PostgresQueue(psycopg.connect(pg_url.replace("postgresql://?", "").replace("&", " ")))
+    try:
+        assert settings(own) == wanted
+        assert settings(adopted) == wanted
+        # A session the server ended is replaced by one with the same settings.
+        with pytest.raises(psycopg.OperationalError):
+            own.db.conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")  # type: ignore[attr-defined]
+        own.submit("w", run_id="after")  # (reconnects)
+        assert settings(own) == wanted
+    finally:
+        own.close()
+        adopted.close()

@@ -404,7 +404,8 @@ def _columns_found(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
 # - enable_bitmapscan: a bitmap scan cannot keep the claim index's order, and
 #   with a burst of submits not yet in the statistics the planner read every
 #   queued run through one and sorted them, on every claim.
-# An adopted connection is left as its owner set it.
+# Set on every session the queue uses, an adopted connection's too (as its
+# idle timeout and autocommit are), at open and on each reconnect.
 _SESSION = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
     "set_config('random_page_cost', '1.1', false), set_config('enable_bitmapscan', 'off', false)"
