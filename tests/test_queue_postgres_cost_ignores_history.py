@@ -156,10 +156,11 @@ def test_a_claim_does_not_read_the_whole_backlog(pg_url: str) -> None:
         long = claim_buffers(3000, "b")
     finally:
         pg_queue.close()
-    # Read off the claim index in order, a claim stops after the runs it takes
-    # (and the few row versions left before them); reading every queued run
-    # cost about one buffer per twenty.
-    assert long <= short + 12, (short, long)
+    # Read off its index in order, a claim stops after the runs it takes (a
+    # larger backlog costs a level more in each index the leases write to:
+    # four runs, four indexes). Reading every queued run cost about one
+    # buffer per twenty, 164 more here.
+    assert long <= short + 24, (short, long)
 
 
 def test_the_queues_statements_are_planned_once_per_session(pg_url: str) -> None:

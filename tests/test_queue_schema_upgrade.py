@@ -511,3 +511,23 @@ def test_runs_of_the_layout_before_beside_no_other_table_of_it_are_refused(tmp_p
     conn.close()
     with pytest.raises(CorruptStoreError, match="ekit_queue_runs is of an earlier layout"):
         SqliteQueue(db)
+
+
+def test_a_postgres_queue_made_before_the_pick_index_gains_it_on_open(postgres_url: str) -> None:
+    """A queue of this layout made before claims read ekit_queue_runs_pick: its runs go on."""
+    import psycopg
+
+    def has_index() -> bool:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            row = conn.execute("SELECT to_regclass('ekit_queue_runs_pick') IS NOT NULL").fetchone()
+            return bool(row and row[0])
+
+    with open_queue(postgres_url) as q:
+        q.submit("mapped", {}, run_id="r")
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX ekit_queue_runs_pick")
+    assert not has_index()
+    with open_queue(postgres_url) as q:
+        assert has_index()
+        lease = q.claim("w", {"mapped": None}, 60)
+        assert lease is not None and lease.run_id == "r"

@@ -29,7 +29,6 @@ when a lease expires.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -126,6 +125,8 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     reason text
 ) WITH (fillfactor = 50);
 CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS ekit_queue_runs_pick ON ekit_queue_runs (priority DESC, seq)
+    WHERE status IN ('queued', 'running');
 CREATE TABLE IF NOT EXISTS ekit_queue_entries (
     seq bigserial,
     run_id text NOT NULL,
@@ -152,6 +153,14 @@ CREATE TABLE IF NOT EXISTS ekit_queue_slots (
 CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
 """
 
+# The index a claim reads its runs off (see _pick): the claimable statuses
+# only, in claim order. The claim index (status first) cannot give that order
+# across the two statuses, so a pick that read it had either to sort every
+# queued run (one scan of both) or to lock runs it would not lease (a scan of
+# each, merged), which other claims then skipped, finding nothing while runs
+# were claimable. A queue made before it gains it when it is next opened.
+_PICK_INDEX = next(s.strip() for s in _SCHEMA.split(";") if "ekit_queue_runs_pick" in s)
+
 _NOW = "extract(epoch from now())::float8"
 _INFO = (
     "run_id, workflow, status, priority, epoch, owner, lease_until, cancel_requested, "
@@ -173,34 +182,33 @@ _ABANDONED = render(ABANDONED, _DIALECT)
 _IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 
-# One (workflow, fingerprint) pair of a claimer (args: the two).
-_MATCH_ONE = render(MATCHES, {"workflow": "%s", "fingerprint": "%s"})
+# Whether a run is of one of the claimer's workflows (args: the names, their
+# fingerprints, the names again): a filter of the pick's scan, not a join,
+# so that the scan keeps its order (a hash join with the names did not).
+_MATCH_ANY = render(
+    MATCHES,
+    {"workflow": "ANY(%s::text[])", "fingerprint": "(%s::text[])[array_position(%s::text[], workflow)]"},
+)
 
-# The pick of a claim: the first ``limit`` claimable runs of the claimer's
-# workflows in claim order, their rows locked, skipping rows other claims
-# hold (args: each workflow's name and fingerprint, then ``limit`` three times
-# when it is a parameter). Each status is read off the claim index in order
-# and stops at ``limit`` rows. The match is a filter of that scan, one term per
-# workflow, rather than a join, and one OR of both statuses would make a
-# scan that cannot keep the order: the planner would read every queued run and
-# sort them, on every claim (see _SESSION).
-@functools.cache
-def _pick(pairs: int, running: str, limit: str) -> str:
-    """The pick for a claimer of ``pairs`` workflows; ``running``: more of the expired runs' filter."""
-    match = " OR ".join(f"({_MATCH_ONE})" for _ in range(pairs))
-    first = (
-        "SELECT * FROM (SELECT run_id, priority, seq FROM ekit_queue_runs WHERE status = '{}' "
-        f"AND {_CLAIMABLE}{{}} AND ({match}) ORDER BY {CLAIM_ORDER} LIMIT {limit} FOR UPDATE SKIP LOCKED) AS "
+
+def _pick(more: str, limit: str) -> str:
+    """The pick of a claim: the first ``limit`` claimable runs of the claimer's workflows.
+
+    One scan of ``ekit_queue_runs_pick`` in claim order, each row locked as it
+    is taken, skipping the rows other claims hold, and stopping at ``limit``
+    (args: :func:`_names`, then ``limit`` if it is a parameter). ``more``:
+    a further filter.
+    """
+    return (
+        f"SELECT run_id FROM ekit_queue_runs WHERE status IN ('queued', 'running') AND {_CLAIMABLE}{more} "
+        f"AND {_MATCH_ANY} ORDER BY {CLAIM_ORDER} LIMIT {limit} FOR UPDATE SKIP LOCKED"
     )
-    queued = first.format("queued", "") + "q"
-    expired = first.format("running", running) + "x"
-    return f"SELECT run_id FROM ({queued} UNION ALL {expired}) AS c ORDER BY {CLAIM_ORDER} LIMIT {limit}"
 
 
-
-def _pairs(names: list[tuple[str, str | None]]) -> tuple[str | None, ...]:
-    """The pick's arguments for ``names`` (each workflow's name and fingerprint, once per status)."""
-    return tuple(v for pair in names for v in pair)
+def _names(names: list[tuple[str, str | None]]) -> tuple[list[str], list[str | None], list[str]]:
+    """The arguments of ``_MATCH_ANY`` for the claimer's (workflow, fingerprint) pairs."""
+    workflows = [n for n, _ in names]
+    return workflows, [fp for _, fp in names], workflows
 
 
 # The quick claim: ONE statement, while the fleet has no limit a claim counts.
@@ -211,24 +219,22 @@ def _pairs(names: list[tuple[str, str | None]]) -> tuple[str | None, ...]:
 # full runs), and returns what a checkpoint is decoded from besides its
 # entries. The pick leaves out the abandoned runs, which the sweep cancels:
 # two updates of one statement must not touch the same row.
-@functools.cache
-def _quick_claim(pairs: int) -> str:
-    """The quick claim of a claimer of ``pairs`` workflows (args: :func:`_quick_args`)."""
-    return (
-        "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
-        f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
-        f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
-        "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
-        f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
-        # (The runs a worker with several free places leases at once: see claim_many.)
-        f"WHERE run_id IN ({_pick(pairs, ' AND NOT cancel_requested', '%s')}) "
-        "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
-        "RETURNING run_id, epoch, workflow, context, lease_until, options, "
-        "header, step_index, input_tokens, output_tokens, llm_calls, failures, priority, seq) "
-        "SELECT run_id, epoch, workflow, context, lease_until, options, "
-        "header, step_index, input_tokens, output_tokens, llm_calls, failures "
-        f"FROM leased ORDER BY {CLAIM_ORDER}"
-    )
+_NOT_ABANDONED = " AND NOT (status = 'running' AND cancel_requested)"
+_QUICK_CLAIM = (
+    "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+    f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
+    f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
+    "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
+    f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL "
+    # (The runs a worker with several free places leases at once: see claim_many.)
+    f"WHERE run_id IN ({_pick(_NOT_ABANDONED, '%s')}) "
+    "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS NOT DISTINCT FROM %s "
+    "RETURNING run_id, epoch, workflow, context, lease_until, options, "
+    "header, step_index, input_tokens, output_tokens, llm_calls, failures, priority, seq) "
+    "SELECT run_id, epoch, workflow, context, lease_until, options, "
+    "header, step_index, input_tokens, output_tokens, llm_calls, failures "
+    f"FROM leased ORDER BY {CLAIM_ORDER}"
+)
 
 
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)
@@ -241,9 +247,8 @@ def _quick_args(
     names: list[tuple[str, str | None]],
     limit: int,
 ) -> tuple[Any, ...]:
-    """The arguments of ``_quick_claim`` (``quick``: the limits' text as last read, and the limits)."""
-    pairs = _pairs(names)
-    return (quick[1].window, worker, seconds, *pairs, limit, *pairs, limit, limit, quick[0])
+    """The arguments of ``_QUICK_CLAIM`` (``quick``: the limits' text as last read, and the limits)."""
+    return (quick[1].window, worker, seconds, *_names(names), limit, quick[0])
 
 
 # The first key of the advisory lock a slot's take holds on its resource (the
@@ -376,6 +381,11 @@ _UPGRADE = "\n".join(
     for name, kind in columns.items()
 )
 _MAX_IDLE = (2**31 - 1) // 1000
+
+
+def _has_pick_index(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT to_regclass('ekit_queue_runs_pick') IS NOT NULL").fetchone()
+    return bool(row and row[0])
 
 
 def _columns_found(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
@@ -540,6 +550,11 @@ class PostgresQueue(RunQueue):
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     conn.execute(_UPGRADE)
                 problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
+            if problem is None and not self.db.run(_has_pick_index):
+                # A queue made before the pick's index: built once, under the schema lock.
+                with self.db.transaction() as conn:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    conn.execute(_PICK_INDEX)
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -800,7 +815,7 @@ class PostgresQueue(RunQueue):
         quick = self._quick
         if quick is not None:
             args = _quick_args(quick, who, seconds, names, 1)
-            row = self.db.run(lambda c: c.execute(_quick_claim(len(names)), args).fetchone())
+            row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
             if row is not None:
                 return self._granted_quick(row, quick[1])
             # Nothing to claim, or the limits changed: the claim in full says which.
@@ -828,7 +843,7 @@ class PostgresQueue(RunQueue):
         seconds = self._lease_seconds(lease_seconds)
         who = self._worker_name(worker)
         args = _quick_args(quick, who, seconds, names, limit)
-        rows = self.db.run(lambda c: c.execute(_quick_claim(len(names)), args).fetchall())
+        rows = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
         if not rows:
             # Nothing to claim, or the limits changed: the claims in full say which.
             return super().claim_many(worker, workflows, lease_seconds, limit)
@@ -854,7 +869,7 @@ class PostgresQueue(RunQueue):
             f"updated_at = {_NOW} WHERE {_ABANDONED}"
         )
         text, limits = self._read_limits_text(conn)
-        # Later claims are quick (see _quick_claim) while the fleet has no limit a claim counts.
+        # Later claims are quick (see _QUICK_CLAIM) while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted else (text, limits)
         conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
@@ -869,9 +884,9 @@ class PostgresQueue(RunQueue):
         claimed: tuple[Any, ...] | None = conn.execute(
             f"UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
             f"lease_until = {_NOW} + %s, updated_at = {_NOW}, reason = NULL WHERE run_id = ("
-            f"{_pick(len(names), '', '1')}) "
+            f"{_pick('', '1')}) "
             "RETURNING run_id, epoch, workflow, context, lease_until, options",
-            (worker, seconds, *_pairs(names), *_pairs(names)),
+            (worker, seconds, *_names(names)),
         ).fetchone()
         if claimed is None:
             return None
