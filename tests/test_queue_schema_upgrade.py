@@ -531,3 +531,36 @@ def test_a_postgres_queue_made_before_the_pick_index_gains_it_on_open(postgres_u
         assert has_index()
         lease = q.claim("w", {"mapped": None}, 60)
         assert lease is not None and lease.run_id == "r"
+
+
+def test_a_role_that_cannot_build_the_pick_index_still_opens_the_queue(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Least privilege: a worker's role may read and write the tables but own none of them."""
+    import uuid
+
+    import psycopg
+
+    with open_queue(postgres_url) as q:
+        q.submit("mapped", {}, run_id="r")
+    role = f"ekit_worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("DROP INDEX ekit_queue_runs_pick")
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    try:
+        with caplog.at_level("WARNING", logger="ekit.worker"), open_queue(f"{postgres_url}&user={role}") as q:
+            lease = q.claim("w", {"mapped": None}, 60)
+            assert lease is not None and lease.run_id == "r"
+        (record,) = [r for r in caplog.records if getattr(r, "event", None) == "index_missing"]
+        assert "ekit_queue_runs_pick" in record.getMessage()
+        with open_queue(postgres_url):  # the owner builds it
+            pass
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            row = conn.execute("SELECT to_regclass('ekit_queue_runs_pick') IS NOT NULL").fetchone()
+            assert row is not None and row[0]
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

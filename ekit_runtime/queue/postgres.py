@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_runtime import logs
+from ekit_runtime.logs import log_event
 from ekit_runtime.queue.base import (
     Doing,
     Ending,
@@ -551,10 +554,7 @@ class PostgresQueue(RunQueue):
                     conn.execute(_UPGRADE)
                 problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
             if problem is None and not self.db.run(_has_pick_index):
-                # A queue made before the pick's index: built once, under the schema lock.
-                with self.db.transaction() as conn:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                    conn.execute(_PICK_INDEX)
+                self._build_pick_index()
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -567,6 +567,25 @@ class PostgresQueue(RunQueue):
             raise CorruptStoreError(self.where, problem)
         if limits is not None:
             self.set_limits(limits)
+
+    def _build_pick_index(self) -> None:
+        """Build ``ekit_queue_runs_pick`` for a queue made before it, once, under the schema lock.
+
+        A role that does not own the table cannot: the queue opens all the
+        same, its claims then read every queued run (as before the index),
+        and a warning says so.
+        """
+        try:
+            with self.db.transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(_PICK_INDEX)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log_event(
+                logs.WORKER, logging.WARNING, "index_missing",
+                "queue %s: cannot build index ekit_queue_runs_pick (%s); each claim reads every queued "
+                "run until the table's owner opens the queue once",
+                self.where, " ".join(str(exc).split()),
+            )
 
     # -- submitting and asking ----------------------------------------------
 
