@@ -7,9 +7,11 @@ Time is the server's (``now()``), so machines with skewed clocks agree on
 when a lease expires.
 
 - A claim is one short transaction: ``SELECT ... FOR UPDATE SKIP LOCKED``
-  picks a claimable run that no other claim or save holds, and the same
-  transaction increments its epoch. When the fleet has a cap or a start rate,
-  the claim first locks the config row, so concurrent claims count in turn.
+  picks a claimable run that no other claim or save holds, reading the
+  claimable runs in claim order off an index of their own
+  (``ekit_queue_runs_pick``), and the same transaction increments its
+  epoch. When the fleet has a cap or a start rate, the claim first locks the
+  config row, so concurrent claims count in turn.
 - A save is one statement: the ``UPDATE`` of the run row carries the fencing
   check (``epoch = %s AND lease_until > now()``), and the new output rows are
   inserted by the same statement only for the row it matched, so a refused
@@ -24,6 +26,9 @@ when a lease expires.
   ``idle_in_transaction_session_timeout`` (``idle_timeout``), so a client
   that stalls or vanishes inside one has its transaction rolled back and its
   locks released instead of holding a run's row or the fleet's config row.
+- The queue's sessions plan each statement once and use no bitmap scan
+  (``_SESSION``), so that a claim and a batch of writes cost the same
+  whatever the queue held before (docs/decisions/012).
 """
 
 from __future__ import annotations
@@ -272,20 +277,6 @@ _ROWS = (
     "ON CONFLICT (run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch"
 )
 
-# A worker's writes as one statement (its group commit: see
-# ekit_runtime.queue.group_commit): several runs' saves, and the endings of
-# other runs, in one commit and one flush of the write-ahead log. Each row is
-# fenced on its own: the entries and usage exist only for the saves the
-# UPDATE matched, and the runs it returns are the writes made. A save in full
-# (``header`` not NULL: a run's first under its lease) also replaces the
-# header and fingerprint, deletes the entries its checkpoint lacks and gives
-# the others a fresh seq in checkpoint order, as _SAVE_FULL does; its sub-
-# statements touch disjoint rows, and no run has two writes in the statement
-# (a statement's sub-statements must not modify the same row). An ending is
-# finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
-# not a transaction of one per run, for the reason _SAVE_FULL gives.
-
-
 def _held_joined(rows: str) -> str:
     """The fence (HELD) of each run of a batch, the runs ``rows`` names (``rid``, ``ep``).
 
@@ -302,6 +293,21 @@ def _held_joined(rows: str) -> str:
     return held.replace(running, f"({running}) IS TRUE")
 
 
+# A worker's writes as one statement (its group commit: see
+# ekit_runtime.queue.group_commit): several runs' saves, and the endings of
+# other runs, in one commit and one flush of the write-ahead log. Each row is
+# fenced on its own: the entries and usage exist only for the saves the
+# UPDATE matched, and the runs it returns are the writes made. A save in full
+# (``header`` not NULL: a run's first under its lease) also replaces the
+# header and fingerprint, deletes the entries its checkpoint lacks and gives
+# the others a fresh seq in checkpoint order, as _SAVE_FULL does; its sub-
+# statements touch disjoint rows, and no run has two writes in the statement
+# (a statement's sub-statements must not modify the same row). An ending is
+# finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
+# not a transaction of one per run, for the reason _SAVE_FULL gives. Its rows
+# come as one jsonb[] parameter per kind (saves, entries, endings), a JSON
+# array per row (``_row``): psycopg dumps a list parameter in Python, and 23
+# typed arrays cost about 200 us a batch.
 _WRITES = (
     "WITH i AS (SELECT d->>0 AS rid, (d->>1)::bigint AS ep, (d->>2)::bigint AS step_index, "
     "(d->>3)::bigint AS input_tokens, (d->>4)::bigint AS output_tokens, (d->>5)::bigint AS llm_calls, "
