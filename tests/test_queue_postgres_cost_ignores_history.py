@@ -197,7 +197,7 @@ def test_every_session_of_the_queue_gets_the_planner_settings(pg_url: str) -> No
 
     wanted = ("force_generic_plan", "1.1", "off")
     own = open_queue(pg_url)
-    adopted = PostgresQueue(psycopg.connect(pg_url.replace("postgresql://?", "").replace("&", " ")))
+    adopted = PostgresQueue(psycopg.connect(pg_url))
     try:
         assert settings(own) == wanted
         assert settings(adopted) == wanted

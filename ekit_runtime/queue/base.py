@@ -146,6 +146,15 @@ def _storable_output(step: str, text: str) -> None:
         _storable(text, f"the encoded output of step {step!r}", step)
 
 
+def _storable_rows(encoded: EncodedCheckpoint) -> EncodedCheckpoint:
+    """``encoded``, once every output and its header are known to be storable (else an error)."""
+    for _kind, name, value in encoded.rows:
+        _storable_output(name, value)
+    if encoded.header is not None:
+        _storable(encoded.header, "the encoded checkpoint")
+    return encoded
+
+
 def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
     """Refuse a checkpoint naming a step the queue cannot store, naming that step."""
     if not isinstance(checkpoint, WorkflowCheckpoint):
@@ -413,11 +422,7 @@ class RunQueue(ABC):
                 # written, so only the new ones are (O(the step), not O(the run)).
                 _check_names({name for _kind, name, _value in encoded.rows})
                 _check_names(checkpoint.failures)
-        for _kind, name, value in encoded.rows:
-            _storable_output(name, value)
-        if encoded.header is not None:
-            _storable(encoded.header, "the encoded checkpoint")
-        return encoded
+        return _storable_rows(encoded)
 
     def _prepare_save(
         self, lease: Lease, checkpoint: WorkflowCheckpoint
@@ -806,11 +811,7 @@ class RunQueue(ABC):
         """The rows of ``checkpoint`` written in full (a rewind, a fork), checked as a save checks them."""
         _check_step_names(checkpoint)
         encoded = encode_checkpoint(checkpoint, None, self.dumps)
-        for _kind, name, value in encoded.rows:
-            _storable_output(name, value)
-        if encoded.header is not None:
-            _storable(encoded.header, "the encoded checkpoint")
-        return encoded
+        return _storable_rows(encoded)
 
     @abstractmethod
     def _reopen(

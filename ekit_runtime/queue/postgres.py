@@ -227,7 +227,7 @@ def _names(names: list[tuple[str, str | None]]) -> tuple[list[str], list[str | N
 # full runs), and returns what a checkpoint is decoded from besides its
 # entries. The pick leaves out the abandoned runs, which the sweep cancels:
 # two updates of one statement must not touch the same row.
-_NOT_ABANDONED = " AND NOT (status = 'running' AND cancel_requested)"
+_NOT_ABANDONED = f" AND NOT ({_ABANDONED})"
 _QUICK_CLAIM = (
     "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
     f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
@@ -314,7 +314,7 @@ _WRITES = (
     "d->>6 AS failures, (d->>7)::bigint AS steps_done, (d->>8)::bigint AS steps_total, "
     "(d->>9)::float8 AS seconds, (d->>10)::bigint AS calls, (d->>11)::bigint AS tokens, "
     "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp FROM unnest(%s::jsonb[]) AS j(d)), "
-"fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
+    "fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
     "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
     "saves = r.saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
     "header = COALESCE(i.header, r.header), "
