@@ -30,11 +30,14 @@ import asyncio
 import functools
 import threading
 from concurrent.futures import Executor
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.queue.base import Ending, RunQueue
 from ekit_runtime.queue.records import Lease, RunStatus
+
+if TYPE_CHECKING:
+    from ekit_runtime.queue.postgres_loop import LoopSession
 
 __all__ = ["GroupCommit"]
 
@@ -48,8 +51,13 @@ _Waiting = tuple[Lease, "WorkflowCheckpoint | Ending", "asyncio.Future[Any]"]
 class GroupCommit:
     """Saves of one worker's runs, batched while a write is in flight (see the module docstring)."""
 
-    def __init__(self, queue: RunQueue, executor: Executor, lease_seconds: float) -> None:
+    def __init__(
+        self, queue: RunQueue, executor: Executor, lease_seconds: float, session: LoopSession | None = None
+    ) -> None:
         self.queue, self.executor, self.lease_seconds = queue, executor, lease_seconds
+        # When given, each batch is awaited on the loop through it instead of
+        # made on the executor's thread (see ekit_runtime.queue.postgres_loop).
+        self.session = session
         # Appended to by the event loop; taken from by the loop when a write
         # begins and by the worker's database thread while that write waits
         # for its turn (``more``), hence the lock.
@@ -135,8 +143,16 @@ class GroupCommit:
             order.extend(joined)
             return [(lease, cast(WorkflowCheckpoint, cp)) for lease, cp, _ in joined]
 
-        call = functools.partial(self.queue.write_many, saves, endings, self.lease_seconds, more)
-        writing = self._writing = loop.run_in_executor(self.executor, call)
+        writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]]
+        if self.session is not None:
+            # A task: a caller cancelled while it runs does not cancel it.
+            writing = asyncio.ensure_future(
+                self.session.write_many(saves, endings, self.lease_seconds, self.executor)
+            )
+        else:
+            call = functools.partial(self.queue.write_many, saves, endings, self.lease_seconds, more)
+            writing = loop.run_in_executor(self.executor, call)
+        self._writing = writing
         writing.add_done_callback(functools.partial(self._written, order, ended))
 
     def _written(

@@ -431,6 +431,21 @@ _SESSION = (
 )
 
 
+def hung_up(pgconn: psycopg.pq.abc.PGconn) -> bool:
+    """Whether the server ended this idle session, as far as reading it without blocking shows.
+
+    Reading parses an idle session's farewell (a FATAL error) into its
+    notice handler, which the caller may also consult.
+    """
+    try:
+        pgconn.consume_input()
+        pgconn.is_busy()  # parses what was read: an idle session's error goes to the notice handler
+        pgconn.consume_input()
+    except psycopg.OperationalError:
+        return True
+    return pgconn.status != psycopg.pq.ConnStatus.OK
+
+
 class _QueueConnection(PgConnection):
     """The queue's connection: reopened whenever it is not ready, refused once the queue is closed.
 
@@ -493,13 +508,7 @@ class _QueueConnection(PgConnection):
         reconnect first instead of failing on it. A session that dies while a
         statement runs still fails that statement (with a transient error).
         """
-        try:
-            conn.pgconn.consume_input()
-            conn.pgconn.is_busy()  # parses what was read: an idle session's error goes to `heard`
-            conn.pgconn.consume_input()
-        except psycopg.OperationalError:
-            return True
-        return self._farewell.get(id(conn), False) or conn.pgconn.status != psycopg.pq.ConnStatus.OK
+        return hung_up(conn.pgconn) or self._farewell.get(id(conn), False)
 
     def close(self) -> None:
         self._closed_by_caller = True
@@ -512,6 +521,88 @@ _row = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=Fal
 
 def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+
+
+class _Batch:
+    """A worker's writes as ``_WRITES``'s arguments, and the outcome of each (see ``write_many``).
+
+    Made on whichever thread asks (the worker's database thread, or its event
+    loop: ``postgres_loop``), then told what the statement made, or made again
+    write by write when the statement failed as a whole.
+    """
+
+    __slots__ = ("args", "ended", "ends", "lease_seconds", "outcomes", "prepared", "queue")
+
+    def __init__(
+        self,
+        queue: PostgresQueue,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
+        lease_seconds: float,
+    ) -> None:
+        self.queue, self.lease_seconds = queue, lease_seconds
+        seconds = queue._lease_seconds(lease_seconds)
+        self.outcomes: list[bool | Exception] = []
+        self.ended: list[Exception | None] = [None] * len(endings)
+        self.ends: list[tuple[int, Ending]] = []
+        for j, end in enumerate(endings):
+            try:
+                self.ends.append((j, Ending(end.lease, end.status, queue._final(end.status, end.error))))
+            except Exception as exc:  # (a status that is not final: this ending's alone)
+                self.ended[j] = exc
+        self.prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
+        for i, (lease, checkpoint) in enumerate(saves):
+            self.outcomes.append(False)
+            try:
+                self.prepared.append((i, lease, checkpoint, *queue._prepare_save(lease, checkpoint)))
+            except Exception as exc:  # (this save's own: an output that cannot be encoded)
+                self.outcomes[i] = exc
+        runs: list[str] = []
+        entries: list[str] = []
+        for _i, lease, checkpoint, enc, added in self.prepared:
+            done, total = progress(checkpoint)
+            runs.append(_row((
+                lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+                added.llm_calls, added.total_tokens, queue._uses(added), enc.header,
+                checkpoint.fingerprint if enc.full else None,
+            )))
+            entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+        ended = [_row((end.lease.run_id, end.lease.epoch, end.status, end.error)) for _j, end in self.ends]
+        # None: nothing to write (every write failed before the statement).
+        self.args = (runs, entries, ended) if self.prepared or self.ends else None
+
+    def write(self) -> None:
+        """The statement, on the queue's connection (this thread), and each write's outcome."""
+        args = self.args
+        try:
+            made = dict(self.queue.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
+        except Exception:
+            self.alone()  # not a refusal: the session, the server
+        else:
+            self.told(made)
+
+    def told(self, made: dict[str, Any]) -> None:
+        """Each write's outcome from the statement's answer: the runs it wrote, with their cancel flags."""
+        queue = self.queue
+        for i, lease, checkpoint, _enc, _added in self.prepared:
+            if lease.run_id in made:
+                queue._remember(lease, checkpoint)
+                self.outcomes[i] = bool(made[lease.run_id])
+            else:
+                queue._forget(lease.run_id)
+                self.outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
+        for j, end in self.ends:
+            queue._forget(end.lease.run_id)  # (ended, or another holder's now)
+            if end.lease.run_id not in made:
+                self.ended[j] = LeaseLostError(end.lease.run_id, end.lease.epoch)
+
+    def alone(self) -> None:
+        """Each write made again on its own, after the statement failed as a whole (a dropped
+        session, the server): each meets its own error, or goes through."""
+        for i, lease, checkpoint, _enc, _added in self.prepared:
+            self.outcomes[i] = save_alone(self.queue, lease, checkpoint, self.lease_seconds)
+        for j, end in self.ends:
+            self.ended[j] = finish_alone(self.queue, end)
 
 
 class PostgresQueue(RunQueue):
@@ -999,70 +1090,29 @@ class PostgresQueue(RunQueue):
         check_one_per_run(saves, endings)
         if len(saves) + len(endings) < 2:
             return super().write_many(saves, endings, lease_seconds)
-        seconds = self._lease_seconds(lease_seconds)
-        outcomes: list[bool | Exception] = []
-        ended: list[Exception | None] = [None] * len(endings)
-        ends: list[tuple[int, Ending]] = []
-        for j, end in enumerate(endings):
-            try:
-                ends.append((j, Ending(end.lease, end.status, self._final(end.status, end.error))))
-            except Exception as exc:  # (a status that is not final: this ending's alone)
-                ended[j] = exc
-        prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
         with self.db._lock:
-            for i, (lease, checkpoint) in enumerate(saves):
-                outcomes.append(False)
-                try:
-                    prepared.append((i, lease, checkpoint, *self._prepare_save(lease, checkpoint)))
-                except Exception as exc:  # (this save's own: an output that cannot be encoded)
-                    outcomes[i] = exc
-            if prepared or ends:
-                self._write_batch(prepared, ends, seconds, lease_seconds, outcomes, ended)
-        return outcomes, ended
+            batch = _Batch(self, saves, endings, lease_seconds)
+            if batch.args is not None:
+                batch.write()
+        return batch.outcomes, batch.ended
 
-    def _write_batch(
-        self,
-        prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]],
-        ends: list[tuple[int, Ending]],
-        seconds: float,
-        lease_seconds: float,
-        outcomes: list[bool | Exception],
-        ended: list[Exception | None],
-    ) -> None:
-        """``_WRITES`` of the ``prepared`` saves and the ``ends``; each outcome in its place."""
-        runs: list[str] = []
-        entries: list[str] = []
-        for _i, lease, checkpoint, enc, added in prepared:
-            done, total = progress(checkpoint)
-            runs.append(_row((
-                lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
-                added.llm_calls, added.total_tokens, self._uses(added), enc.header,
-                checkpoint.fingerprint if enc.full else None,
-            )))
-            entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
-        endings = [_row((end.lease.run_id, end.lease.epoch, end.status, end.error)) for _j, end in ends]
-        args = (runs, entries, endings)
-        try:
-            made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
-        except Exception:
-            # Not a refusal: the session, the server. Made alone, each write
-            # raises its own error (or goes through).
-            for i, lease, checkpoint, _enc, _added in prepared:
-                outcomes[i] = save_alone(self, lease, checkpoint, lease_seconds)
-            for j, end in ends:
-                ended[j] = finish_alone(self, end)
-            return
-        for i, lease, checkpoint, _enc, _added in prepared:
-            if lease.run_id in made:
-                self._remember(lease, checkpoint)
-                outcomes[i] = bool(made[lease.run_id])
-            else:
-                self._forget(lease.run_id)
-                outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
-        for j, end in ends:
-            self._forget(end.lease.run_id)  # (ended, or another holder's now)
-            if end.lease.run_id not in made:
-                ended[j] = LeaseLostError(end.lease.run_id, end.lease.epoch)
+    def _loop_session(self) -> Any:
+        """A session of the worker's event loop for its writes and claims (see
+        :mod:`ekit_runtime.queue.postgres_loop`), or ``None``: every call on the
+        worker's database thread.
+
+        ``None`` for a queue on an adopted connection (its owner decides what
+        connects) and for a subclass that makes its writes or claims its own way.
+        """
+        own = type(self)
+        if self.db._conninfo is None or any(
+            getattr(own, verb) is not getattr(PostgresQueue, verb)
+            for verb in ("write_many", "claim_many", "claim", "save", "finish", "_granted_quick")
+        ):
+            return None
+        from ekit_runtime.queue.postgres_loop import LoopSession  # (it needs this module)
+
+        return LoopSession(self, self.db._conninfo, self.db._idle_ms)
 
     def _save_delta(
         self,

@@ -34,7 +34,11 @@ never blocks the event loop the steps run on. The saves its runs ask, and
 the endings of its runs, while that thread is writing are committed
 together next, in one call of :meth:`RunQueue.write_many`
 (:mod:`ekit_runtime.queue.group_commit`): one statement and one wait for the
-disk for all of them, each still fenced and answered on its own.
+disk for all of them, each still fenced and answered on its own. On
+PostgreSQL those batches and the worker's quick claims are awaited on the
+loop instead, through an asynchronous session of the worker's own
+(:mod:`ekit_runtime.queue.postgres_loop`): the thread's hand-overs cost more
+than the statements (decision 013).
 
 Each run is driven with its own run options (stored with it at submit,
 :mod:`ekit_runtime.queue.options`) merged over the worker's ``defaults``,
@@ -59,7 +63,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import logs
@@ -81,6 +85,9 @@ from ekit_runtime.queue.records import (
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.runner import TraceFn
 from ekit_runtime.workflow import Workflow, WorkflowResult
+
+if TYPE_CHECKING:
+    from ekit_runtime.queue.postgres_loop import LoopSession
 
 __all__ = ["StepsFailed", "TraceFactory", "Worker"]
 
@@ -243,6 +250,7 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._group: GroupCommit | None = None
+        self._session: LoopSession | None = None
         self._claim_failures = 0
 
     # -- the loop -----------------------------------------------------------
@@ -268,7 +276,13 @@ class Worker:
     async def _loop(self, *, idle_exit: bool) -> None:
         self._stop = stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ekit-worker-db")
-        self._group = GroupCommit(self.queue, self._executor, self.lease_seconds)
+        # The queue's session of this loop, if it has one: PostgreSQL's (see
+        # ekit_runtime.queue.postgres_loop). Looked up on the class, so that
+        # a wrapper delegating to a queue (a test's fault injection) is
+        # called through its own methods.
+        opener = getattr(type(self.queue), "_loop_session", None)
+        self._session = opener(self.queue) if opener is not None else None
+        self._group = GroupCommit(self.queue, self._executor, self.lease_seconds, self._session)
         stopping = asyncio.ensure_future(stop.wait())
         self._claim_failures = 0
         try:
@@ -293,6 +307,9 @@ class Worker:
             await self._stop_all()
             await self._retire()
             await self._group.drain()
+            if self._session is not None:
+                with contextlib.suppress(Exception):
+                    await self._session.aclose()
             self._executor.shutdown(wait=True)
 
     async def _try_claim(self) -> bool | None:
@@ -358,10 +375,15 @@ class Worker:
     async def _claim_some(self) -> bool:
         """Fill the free places: the runs are leased together (one commit), so they start together."""
         asked = time.monotonic()
-        leases = await self._db(
-            self.queue.claim_many, self.name, self.fingerprints, self.lease_seconds,
-            self.max_runs - len(self._drives),
-        )
+        free = self.max_runs - len(self._drives)
+        if self._session is not None and self._executor is not None:
+            leases = await self._session.claim_many(
+                self.name, self.fingerprints, self.lease_seconds, free, self._executor
+            )
+        else:
+            leases = await self._db(
+                self.queue.claim_many, self.name, self.fingerprints, self.lease_seconds, free
+            )
         if not leases:
             return False
         # The limits the claim read in its own transaction (one query fewer per claim).
