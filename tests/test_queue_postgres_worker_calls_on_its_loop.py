@@ -346,3 +346,38 @@ def test_only_a_queue_that_owns_its_connection_and_its_writes_is_given_a_loop_se
         adopted.close()
     mine.close()
     queue.close()
+
+
+def test_outputs_of_any_text_survive_a_batch_on_the_loop_and_on_the_thread(postgres_url: str) -> None:
+    """The rows travel as one JSON text: quotes, backslashes, braces, newlines, any script, big texts."""
+    hostile = [
+        'a "quoted" \\ back\\slash', "{\"not\": [\"json\"]}", "line\nbreak\ttab\r", "naïve 日本語 🙂",
+        "'); DROP TABLE ekit_queue_runs; --", "\\u0041 is not A", "x" * 200_000, "", "[1, 2]",
+    ]
+    steps = [
+        Step(f"s{i}", lambda ctx, i=i: hostile[i], (f"s{i - 1}",) if i else ()) for i in range(len(hostile))
+    ]
+    cps: list[Any] = []
+    Workflow(steps).run_sync(checkpoint_fn=cps.append)
+    queue = PostgresQueue(postgres_url)
+    on_loop, on_thread = _claim(queue, "w", 2)
+
+    async def main() -> None:
+        session = _session(queue)
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            for cp in cps:  # the first in full, then deltas
+                saved, _ = await session.write_many([(on_loop, cp)], [], 60, thread)
+                assert saved == [False]
+            await session.aclose()
+
+    asyncio.run(main())
+    for cp in cps:
+        ending = [Ending(on_loop, "finished")] if cp is cps[-1] else []
+        saved, _ = queue.write_many([(on_thread, cp)], ending, 60)
+        assert saved == [False]
+    expected = {f"s{i}": text for i, text in enumerate(hostile)}
+    for lease in (on_loop, on_thread):
+        stored = queue.checkpoint(lease.run_id)
+        assert stored is not None and dict(stored.outputs) == expected
+    assert queue.status(on_loop.run_id).status == "finished"
+    queue.close()
