@@ -340,6 +340,11 @@ def test_only_a_queue_that_owns_its_connection_and_its_writes_is_given_a_loop_se
 
     mine = Mine(postgres_url)
     assert mine._loop_session() is None  # its writes are its own: made through write_many
+    counted = PostgresQueue(postgres_url, async_session=False)
+    assert counted._loop_session() is None  # one connection per worker, as asked
+    with pytest.raises(ValueError, match="async_session must be True or False, got str"):
+        PostgresQueue(postgres_url, async_session="no")  # type: ignore[arg-type]
+    counted.close()
     with psycopg.connect(postgres_url) as conn:
         adopted = PostgresQueue(conn)
         assert adopted._loop_session() is None  # its owner decides what connects

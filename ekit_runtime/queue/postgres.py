@@ -625,6 +625,13 @@ class PostgresQueue(RunQueue):
     thread at a time; a session the server ended fails the call that meets
     it (a transient error) and the next call reconnects.
 
+    ``async_session`` (default ``True``): a :class:`Worker` on this queue
+    awaits its batches of writes and its claims on its event loop, through
+    an asynchronous session of its own (a second connection per worker; see
+    :mod:`ekit_runtime.queue.postgres_loop`). ``False`` keeps every call on
+    the worker's database thread and one connection per worker, for a
+    server whose connections are counted tight.
+
     A server that cannot be reached, or a DSN that cannot be parsed, is a
     :class:`QueueUnavailableError` naming the DSN with its password hidden;
     a database whose queue tables lack columns, a ``CorruptStoreError``.
@@ -640,9 +647,13 @@ class PostgresQueue(RunQueue):
         idle_timeout: float = 10.0,
         dumps: Dumps | None = None,
         loads: Loads | None = None,
+        async_session: bool = True,
     ) -> None:
         """Connect and create the queue's tables if missing."""
         super().__init__(dumps=dumps, loads=loads)
+        if not isinstance(async_session, bool):
+            raise ValueError(f"async_session must be True or False, got {type(async_session).__name__}")
+        self.async_session = async_session
         idle = check_seconds(idle_timeout, "idle_timeout")
         if idle > _MAX_IDLE:  # the server keeps it in milliseconds, in a 32-bit int
             raise ValueError(f"idle_timeout must be at most {_MAX_IDLE} seconds, got {idle_timeout!r}")
@@ -1108,11 +1119,12 @@ class PostgresQueue(RunQueue):
         :mod:`ekit_runtime.queue.postgres_loop`), or ``None``: every call on the
         worker's database thread.
 
-        ``None`` for a queue on an adopted connection (its owner decides what
-        connects) and for a subclass that makes its writes or claims its own way.
+        ``None`` for a queue made with ``async_session=False``, for a queue on
+        an adopted connection (its owner decides what connects) and for a
+        subclass that makes its writes or claims its own way.
         """
         own = type(self)
-        if self.db._conninfo is None or any(
+        if not self.async_session or self.db._conninfo is None or any(
             getattr(own, verb) is not getattr(PostgresQueue, verb)
             for verb in ("write_many", "claim_many", "claim", "save", "finish", "_granted_quick")
         ):
