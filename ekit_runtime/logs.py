@@ -90,8 +90,8 @@ FIELDS: tuple[str, ...] = ("event", "run_id", "workflow", "worker", "epoch", "st
   ``step_failed``, ``step_denied``, ``step_cancelled``, ``step_skipped``,
   ``step_expanded``, ``step_outdated``; ``claimed``, ``finished``,
   ``failed``, ``cancelled``, ``released``, ``lease_lost``, ``parked`` and
-  the worker's troubles (``claim_failed``, ``save_failed``, ``renew_failed``,
-  ``drive_failed``, ``left``); ``index_missing`` (a PostgreSQL queue opened
+  the worker's troubles (``claim_failed``, ``save_failed``, ``end_failed``,
+  ``renew_failed``, ``drive_failed``, ``left``); ``index_missing`` (a PostgreSQL queue opened
   by a role that could not build the claims' index).
 - ``run_id``: the run's id (``None`` for a run started without one).
 - ``workflow``, ``worker``, ``epoch``: under a queue worker, the workflow's

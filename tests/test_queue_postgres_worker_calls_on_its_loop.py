@@ -386,3 +386,37 @@ def test_outputs_of_any_text_survive_a_batch_on_the_loop_and_on_the_thread(postg
         assert stored is not None and dict(stored.outputs) == expected
     assert queue.status(on_loop.run_id).status == "finished"
     queue.close()
+
+
+def test_an_idle_claim_on_the_loop_asks_the_quick_claim_once_then_the_claim_in_full(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = PostgresQueue(postgres_url)
+    queue.submit("w", run_id="only")
+    assert queue.claim("warm", {"w": None}, 60) is not None  # (the queue is now empty; claims are quick)
+    asked: list[str] = []
+    in_full = queue._claim_in_full
+
+    def full(*args: Any) -> Lease | None:
+        asked.append("in full")
+        return in_full(*args)
+
+    def never(*args: Any) -> Any:
+        asked.append("quick again")  # claim and claim_many both begin with the quick claim
+        raise AssertionError("the quick claim made twice")
+
+    monkeypatch.setattr(queue, "_claim_in_full", full)
+    monkeypatch.setattr(queue, "claim", never)
+    monkeypatch.setattr(queue, "claim_many", never)
+
+    async def main() -> list[Lease]:
+        session = _session(queue)
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            try:
+                return await session.claim_many("me", {"w": None}, 60, 4, thread)
+            finally:
+                await session.aclose()
+
+    assert asyncio.run(main()) == []
+    assert asked == ["in full"]
+    queue.close()

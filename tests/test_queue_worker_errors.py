@@ -38,9 +38,17 @@ def _transient(backend: str) -> Exception:
 class _Failing:
     """The queue, with ``renew`` and ``claim`` failing as a test says (called on the worker's db thread)."""
 
-    def __init__(self, inner: RunQueue, *, renew_failures: float = 0, claim_failures: int = 0) -> None:
+    def __init__(
+        self,
+        inner: RunQueue,
+        *,
+        renew_failures: float = 0,
+        claim_failures: int = 0,
+        finish_failures: float = 0,
+    ) -> None:
         self._inner = inner
         self.renew_failures, self.claim_failures = renew_failures, claim_failures
+        self.finish_failures = finish_failures
         self.renews = self.claims = self.finishes = 0
         self.claim_times: list[float] = []
         self.renewed = threading.Event()  # set by the first renewal that succeeds
@@ -75,6 +83,8 @@ class _Failing:
 
     def finish(self, lease: Lease, status: Any, error: str | None = None) -> None:
         self.finishes += 1
+        if self.finishes <= self.finish_failures:
+            raise _transient(self._inner.backend)
         self._inner.finish(lease, status, error)
 
 
@@ -111,6 +121,51 @@ def test_a_failed_renewal_is_logged_and_retried_at_the_next_heartbeat(
         assert (
             "'beat' (epoch 1)" in message and error in message and "retrying at the next heartbeat" in message
         )
+
+
+def test_an_ending_that_fails_transiently_is_retried_and_the_run_ends_on_its_own_lease(
+    queue: RunQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    flaky = _Failing(queue, finish_failures=2)
+    run = queue.submit("w", run_id="ends")
+    done = threading.Event()
+    done.set()
+    worker = Worker(flaky, {"w": _waits_for(done)}, lease_seconds=30, poll=0.01)
+    with caplog.at_level(logging.WARNING, logger="ekit.worker"):
+        assert asyncio.run(worker.run_until_idle()) == 1
+    # Ended by this worker, on its lease: not left running for another to take.
+    assert worker.outcomes == {run: "finished"} and flaky.finishes == 3
+    info = queue.status(run)
+    assert (info.status, info.epoch) == ("finished", 1)
+    warned = _warnings(caplog)
+    assert len(warned) == 2, warned  # the 1st and 2nd failures in a row
+    error = str(_transient(queue.backend))
+    for message in warned:
+        assert "marking run 'ends' (epoch 1) finished failed" in message and error in message
+        assert "retrying" in message
+    events = [getattr(r, "event", None) for r in caplog.records if r.name == "ekit.worker"]
+    assert events.count("end_failed") == 2
+
+
+def test_an_ending_that_keeps_failing_is_given_up_once_the_lease_may_have_run_out(
+    queue: RunQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    flaky = _Failing(queue, finish_failures=float("inf"))
+    flaky.one_lease = True
+    run = queue.submit("w", run_id="stuck")
+    done = threading.Event()
+    done.set()
+    worker = Worker(flaky, {"w": _waits_for(done)}, lease_seconds=0.6, heartbeat=0.1, poll=0.01)
+    with caplog.at_level(logging.WARNING, logger="ekit.worker"):
+        assert asyncio.run(worker.run_until_idle()) == 1
+    # Retried, then given up as before: the run stays running until its lease
+    # runs out, and the next taker (which resumes from its checkpoint) ends it.
+    assert flaky.finishes >= 3
+    assert queue.status(run).status == "running"
+    errors = [
+        r.getMessage() for r in caplog.records if r.name == "ekit.worker" and r.levelno >= logging.ERROR
+    ]
+    assert any("driving run 'stuck' failed" in m for m in errors), errors
 
 
 def test_a_renewal_that_keeps_failing_loses_the_lease_once_it_has_run_out(

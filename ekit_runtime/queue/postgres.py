@@ -953,8 +953,14 @@ class PostgresQueue(RunQueue):
             if row is not None:
                 return self._granted_quick(row, quick[1])
             # Nothing to claim, or the limits changed: the claim in full says which.
+        return self._claim_in_full(who, names, seconds)
+
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        """A claim in full (see :meth:`_claim`), in one transaction, with the run's checkpoint."""
         with self.db.transaction() as conn:
-            claimed = self._claim(conn, who, names, seconds)
+            claimed = self._claim(conn, worker, names, seconds)
             if claimed is None:
                 return None
             (run_id, epoch, workflow, context, until, options), limits = claimed
@@ -1126,7 +1132,9 @@ class PostgresQueue(RunQueue):
         own = type(self)
         if not self.async_session or self.db._conninfo is None or any(
             getattr(own, verb) is not getattr(PostgresQueue, verb)
-            for verb in ("write_many", "claim_many", "claim", "save", "finish", "_granted_quick")
+            for verb in (
+                "write_many", "claim_many", "claim", "save", "finish", "_granted_quick", "_claim_in_full"
+            )
         ):
             return None
         from ekit_runtime.queue.postgres_loop import LoopSession  # (it needs this module)

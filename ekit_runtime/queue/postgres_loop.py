@@ -120,10 +120,9 @@ class LoopSession:
         queue = self.queue
         loop = asyncio.get_running_loop()
         quick = queue._quick
-        args = None if quick is None else _quick_args(
-            quick, queue._worker_name(worker), queue._lease_seconds(lease_seconds),
-            queue._workflows(workflows), claim_limit(limit),
-        )
+        who, names = queue._worker_name(worker), queue._workflows(workflows)
+        seconds = queue._lease_seconds(lease_seconds)
+        args = None if quick is None else _quick_args(quick, who, seconds, names, claim_limit(limit))
         conn = None if args is None else await self._session()
         if quick is None or conn is None:
             return await loop.run_in_executor(
@@ -140,10 +139,11 @@ class LoopSession:
                 raise
             rows = []
         if not rows:
-            # Nothing to claim, the limits changed, or the session failed: the claim in full says which.
-            return await loop.run_in_executor(
-                executor, queue.claim_many, worker, workflows, lease_seconds, limit
-            )
+            # Nothing to claim, the limits changed, or the session failed: a
+            # claim in full (not claim_many, which would make the quick claim
+            # again first) says which.
+            lease = await loop.run_in_executor(executor, queue._claim_in_full, who, names, seconds)
+            return [] if lease is None else [lease]
 
         def grant(row: tuple[Any, ...]) -> Lease:
             return queue._granted_quick(row, quick[1])

@@ -503,15 +503,44 @@ class Worker:
             return
         status: RunStatus = ending
         message = None if status != "failed" else f"{type(error).__name__}: {error}"
-        try:
-            # Ended in the commit of the saves (and other endings) that meet it.
-            assert self._group is not None  # (made by _loop, which drives every run)
-            await self._group.finish(lease, status, message)
-            drive.outcome = status
-        except LeaseLostError:
-            self._lost_before(drive, f"marked {status}", status=status)
-            return
+        failures = 0
+        while True:
+            try:
+                # Ended in the commit of the saves (and other endings) that meet it.
+                assert self._group is not None  # (made by _loop, which drives every run)
+                await self._group.finish(lease, status, message)
+                drive.outcome = status
+                break
+            except LeaseLostError:
+                self._lost_before(drive, f"marked {status}", status=status)
+                return
+            except Exception as exc:
+                # A dropped session, a server restarting: retried while the
+                # lease may hold, as a save is. Left to fail, the run would
+                # stay running until its lease ran out and another worker
+                # took it only to end it.
+                left = drive.valid_until - time.monotonic()
+                if not is_transient(exc) or left <= 0:
+                    raise
+                failures += 1
+                self._end_failed(drive, status, exc, left, failures)
+                delay = min(_SAVE_RETRY * 2.0 ** min(failures - 1, 16), max(self.heartbeat / 4, _SAVE_RETRY))
+                await asyncio.sleep(min(delay, left))
         self._log_ended(lease, status, message)
+
+    def _end_failed(
+        self, drive: _Drive, status: RunStatus, exc: Exception, left: float, failures: int
+    ) -> None:
+        """Log an ending that failed transiently (the 1st, 2nd, 4th, 8th ... in a row): retried."""
+        if failures & (failures - 1):
+            return
+        lease = drive.lease
+        log.warning(
+            "worker %s: marking run %r (epoch %d) %s failed (%s: %s); retrying, %.2f s before the "
+            "lease may run out (failure %d in a row)",
+            self.name, lease.run_id, lease.epoch, status, type(exc).__name__, exc, left, failures,
+            extra=self._fields("end_failed", lease),
+        )
 
     async def _park(self, drive: _Drive, waiting: RunWaiting) -> None:
         """Park a run that waits for a person: no lease, no worker, until someone answers."""
