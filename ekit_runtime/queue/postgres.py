@@ -38,7 +38,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import logs
@@ -101,6 +101,9 @@ from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
 from ekit_runtime.stores.pg import _SCHEMA_LOCK, PgConnection, psycopg
 from ekit_runtime.stores.rows import EncodedCheckpoint
+
+if TYPE_CHECKING:
+    from ekit_runtime.queue.postgres_loop import LoopSession
 
 __all__ = ["PostgresQueue"]
 
@@ -1120,7 +1123,7 @@ class PostgresQueue(RunQueue):
                 batch.write()
         return batch.outcomes, batch.ended
 
-    def _loop_session(self) -> Any:
+    def _loop_session(self) -> LoopSession | None:
         """A session of the worker's event loop for its writes and claims (see
         :mod:`ekit_runtime.queue.postgres_loop`), or ``None``: every call on the
         worker's database thread.

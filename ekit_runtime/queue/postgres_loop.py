@@ -21,8 +21,10 @@ queue's proven path decides:
 - a statement that fails as a whole (a dropped session, a server restarting)
   has each of its writes made again alone on the thread, as ``write_many``
   does there, so that each meets its own error (lease lost, transient);
-- a claim that fails, finds nothing or finds a run with a stored checkpoint
-  (read on the thread, in the claim's terms) is made on the thread;
+- a quick claim that fails or finds nothing is followed by a claim in full
+  on the thread, which says whether the queue is empty or the fleet's
+  limits changed; the runs a claim leased with a stored checkpoint have it
+  read on the thread;
 - after a failure, the session is closed and, for ``_PAUSE`` seconds, every
   call goes to the thread, so that a database that is down is not asked twice
   per call.
