@@ -7,8 +7,9 @@ and back. These tests pin what that must not change: every write still
 fenced and answered on its own, a batch that fails as a whole made again
 write by write on the thread, a session that the server ends or that a
 cancellation interrupts replaced, a database that cannot be reached asked on
-the thread, and a queue that makes its writes its own way (a subclass, an
-adopted connection) called through them.
+the thread, outputs of any text stored as they are, an idle claim made once,
+and a queue that makes its writes its own way (a subclass, an adopted
+connection, ``async_session=False``) called through them.
 """
 
 from __future__ import annotations
