@@ -436,6 +436,11 @@ _SESSION = (
 )
 
 
+def farewell(diag: psycopg.errors.Diagnostic) -> bool:
+    """Whether a notice is the server's farewell to an idle session (FATAL, then it hangs up)."""
+    return diag.severity_nonlocalized in ("FATAL", "PANIC")
+
+
 def hung_up(pgconn: psycopg.pq.abc.PGconn) -> bool:
     """Whether the server ended this idle session, as far as reading it without blocking shows.
 
@@ -493,8 +498,7 @@ class _QueueConnection(PgConnection):
         self._farewell[key] = False
 
         def heard(diag: psycopg.errors.Diagnostic) -> None:
-            # An error the server sends an idle session is its farewell (FATAL, then it hangs up).
-            if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            if farewell(diag):
                 self._farewell[key] = True
 
         conn.add_notice_handler(heard)

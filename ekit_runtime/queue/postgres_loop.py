@@ -51,10 +51,11 @@ from ekit_runtime.queue.postgres import (
     PostgresQueue,
     _Batch,
     _quick_args,
+    farewell,
     hung_up,
 )
 from ekit_runtime.queue.records import Lease
-from ekit_runtime.stores.pg import psycopg
+from ekit_runtime.stores.pg import IDLE_TIMEOUT, psycopg
 
 __all__ = ["LoopSession"]
 
@@ -198,15 +199,12 @@ class LoopSession:
         self._farewell = False
 
         def heard(diag: psycopg.errors.Diagnostic) -> None:
-            # An error the server sends an idle session is its farewell (FATAL, then it hangs up).
-            if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            if farewell(diag):
                 self._farewell = True
 
         conn.add_notice_handler(heard)
         if self._idle_ms is not None:
-            await conn.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (f"{self._idle_ms}ms",)
-            )
+            await conn.execute(IDLE_TIMEOUT, (f"{self._idle_ms}ms",))
         await conn.execute(_SESSION)
 
     async def _failed(self, conn: psycopg.AsyncConnection[Any]) -> None:

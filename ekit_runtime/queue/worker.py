@@ -524,8 +524,7 @@ class Worker:
                     raise
                 failures += 1
                 self._end_failed(drive, status, exc, left, failures)
-                delay = min(_SAVE_RETRY * 2.0 ** min(failures - 1, 16), max(self.heartbeat / 4, _SAVE_RETRY))
-                await asyncio.sleep(min(delay, left))
+                await asyncio.sleep(min(self._retry_delay(failures), left))
         self._log_ended(lease, status, message)
 
     def _end_failed(
@@ -619,12 +618,15 @@ class Worker:
                 self._save_failed(drive, exc, left, failures)
                 if left <= 0:
                     raise
-                # Doubling from _SAVE_RETRY up to a quarter of the heartbeat.
-                delay = min(_SAVE_RETRY * 2.0 ** min(failures - 1, 16), max(self.heartbeat / 4, _SAVE_RETRY))
-                await asyncio.sleep(min(delay, left))
+                await asyncio.sleep(min(self._retry_delay(failures), left))
                 continue
             self._renewed(drive, asked, cancel)  # every save renews the lease
             return
+
+    def _retry_delay(self, failures: int) -> float:
+        """The wait before a save or an ending is made again after ``failures`` transient failures in
+        a row: doubling from ``_SAVE_RETRY`` up to a quarter of the heartbeat."""
+        return min(_SAVE_RETRY * 2.0 ** min(failures - 1, 16), max(self.heartbeat / 4, _SAVE_RETRY))
 
     def _save_failed(self, drive: _Drive, exc: Exception, left: float, failures: int) -> None:
         """Log a save that failed transiently; lose the lease once it may have run out."""

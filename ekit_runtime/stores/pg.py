@@ -23,13 +23,19 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
         "the PostgreSQL backends need psycopg 3: pip install 'ekit-workflows[postgres]'", name=exc.name
     ) from exc
 
-__all__ = ["PgConnection", "connect", "psycopg"]
+__all__ = ["IDLE_TIMEOUT", "PgConnection", "connect", "psycopg"]
 
 T = TypeVar("T")
 
 # Any fixed number: serialises schema creation between processes starting at once
 # (CREATE TABLE IF NOT EXISTS is not safe against a concurrent twin).
 _SCHEMA_LOCK = 0x656B6974
+
+# A session's idle_in_transaction_session_timeout (args: "<ms>ms"). Without it
+# a client that stops inside a transaction (paused, or its network gone)
+# keeps that transaction's row locks until TCP gives up, which can be hours;
+# SET takes no parameters, set_config does.
+IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
 
 
 def connect(conninfo: str) -> psycopg.Connection[Any]:
@@ -128,13 +134,8 @@ class PgConnection:
         return conn
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        # Without it a client that stops inside a transaction (paused, or its
-        # network gone) keeps that transaction's row locks until TCP gives up,
-        # which can be hours; SET takes no parameters, set_config does.
         if self._idle_ms is not None:
-            conn.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (f"{self._idle_ms}ms",)
-            )
+            conn.execute(IDLE_TIMEOUT, (f"{self._idle_ms}ms",))
 
     def close(self) -> None:
         """Close the connection."""
