@@ -14,6 +14,7 @@ from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
     SHAPED_FORMAT_VERSION,
+    CheckpointDelta,
     CheckpointError,
     FailureRecord,
     UnsupportedFormatError,
@@ -73,6 +74,7 @@ __all__ = [
     "Batch",
     "Began",
     "Cancelled",
+    "CheckpointDelta",
     "CheckpointError",
     "CheckpointSaved",
     "CycleError",

@@ -28,7 +28,10 @@ Every value built this way, and its constructor here:
   the shell reports it (importable as ``ekit_core.results.succeeded``);
 - :class:`~ekit_core.Start`, by :func:`first_start`: a plain first attempt;
 - :class:`~ekit_core.Batch`, by :func:`batch`: a batch of starts and
-  nothing to withdraw.
+  nothing to withdraw;
+- :class:`~ekit_core.CheckpointDelta`, by :func:`delta`: what a checkpoint
+  of the core adds to the one before it, once per save of every store
+  (measured: 0.23 us through the twin, 0.99 us through ``__init__``).
 
 Everything else, these values included when built anywhere else, is built
 the ordinary way. No other module of the core makes a twin or assigns
@@ -47,9 +50,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ekit_core.checkpoint import (
     _GRAPHS,
+    _NO_FAILURES,
     _NO_SHAPES,
     _NOTHING,
     FORMAT_VERSION,
+    CheckpointDelta,
     FailureRecord,
     Timings,
     WorkflowCheckpoint,
@@ -65,7 +70,7 @@ from ekit_core.usage import TokenUsage
 if TYPE_CHECKING:
     from ekit_core.transitions import _Run
 
-__all__ = ["batch", "checkpoint", "first_start", "state_of_run", "succeeded"]
+__all__ = ["batch", "checkpoint", "delta", "first_start", "state_of_run", "succeeded"]
 
 
 def _twin(frozen: type) -> type[Any]:
@@ -79,6 +84,7 @@ _CheckpointTwin = _twin(WorkflowCheckpoint)
 _SucceededTwin = _twin(Succeeded)
 _StartTwin = _twin(Start)
 _BatchTwin = _twin(Batch)
+_DeltaTwin = _twin(CheckpointDelta)
 
 
 def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) -> State:
@@ -123,7 +129,7 @@ def checkpoint(
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
-    Without a ``fingerprint`` the field is left unset, for the checkpoint's
+    Without a ``fingerprint`` the field holds ``_GRAPHS``, for the checkpoint's
     ``fingerprint`` property to read off ``graph`` when first asked; ``kind``
     is the class ``of_ledgers`` was called on.
     """
@@ -131,8 +137,7 @@ def checkpoint(
     cp.step_index, cp.outputs, cp.cost = step_index, MappingProxyType(outputs), cost
     cp.context, cp.step_usage = context, MappingProxyType(step_usage)
     cp.failures, cp.graph = failures, graph
-    if type(fingerprint) is not _Unset:
-        cp.fingerprint = fingerprint
+    cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
     # (durations left unset: built from the timings when first read)
@@ -171,3 +176,23 @@ def batch(starts: tuple[Start, ...]) -> Batch:
     value.withdraw = ()
     value.__class__ = Batch
     return cast(Batch, value)
+
+
+def delta(
+    outputs: tuple[tuple[str, Any], ...], step_usage: tuple[tuple[str, TokenUsage], ...],
+    cost: TokenUsage, durations: tuple[tuple[str, float], ...],
+) -> CheckpointDelta:
+    """The delta of the usual save: ``CheckpointDelta(True, outputs, step_usage, no failures,
+    cost, False, no skips, False, durations)`` (a prefix extended, nothing else changed)."""
+    value = _DeltaTwin()
+    value.extends = True
+    value.outputs = outputs
+    value.step_usage = step_usage
+    value.failures = _NO_FAILURES
+    value.cost = cost
+    value.context_changed = False
+    value.skipped = _NOTHING
+    value.asked_changed = False
+    value.durations = durations
+    value.__class__ = CheckpointDelta
+    return cast(CheckpointDelta, value)

@@ -231,8 +231,12 @@ class WorkflowCheckpoint(_CheckpointFields):
         written out, or a resume that compares graphs, hashes nothing.
         """
         try:
-            fingerprint: str | None = _STORED_FINGERPRINT.__get__(self, WorkflowCheckpoint)
-        except AttributeError:
+            fingerprint: str | _Unset | None = _STORED_FINGERPRINT.__get__(self, WorkflowCheckpoint)
+        except AttributeError:  # (built by __init__ without one)
+            fingerprint = _GRAPHS
+        # The core's checkpoints hold _GRAPHS (see ekit_core._frozen.checkpoint):
+        # read once per save, so no exception is raised and caught for them.
+        if isinstance(fingerprint, _Unset):
             graph = self.graph
             fingerprint = graph.fingerprint if type(graph) is RecordedGraph else None
             _STORED_FINGERPRINT.__set__(self, fingerprint)
@@ -641,29 +645,23 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
     my_usage, their_usage = cp._usage_ledger, previous._usage_ledger
     if (
         mine is None or theirs is None or my_usage is None or their_usage is None
-        or mine._b is not theirs._b or my_usage._b is not their_usage._b
         or cp.failures is not previous.failures or cp.skipped is not previous.skipped
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
     ):
         return None
-    outputs_before, usage_before = len(theirs), len(their_usage)
-    if outputs_before > len(mine) or usage_before > len(my_usage):
-        return None  # (an earlier state of the run: not a prefix)
+    # None: not one storage, or an earlier state of the run (not a prefix).
+    outputs = mine.added_since(theirs)
+    usage = my_usage.added_since(their_usage)
+    if outputs is None or usage is None:
+        return None
     durations = () if cp._times is previous._times else _new_durations(cp, previous)
     if durations is None:
         return None
-    return CheckpointDelta(
-        True,
-        tuple(mine.items_from(outputs_before)),
-        tuple(my_usage.items_from(usage_before)),
-        _NO_FAILURES,
-        cp.cost - previous.cost,
-        False,
-        _NOTHING,
-        False,
-        durations,
-    )
+    cost = cp.cost
+    # (A step that reported no usage leaves the run's cost object as it was.)
+    added = NO_USAGE if cost is previous.cost else cost - previous.cost
+    return ekit_core._frozen.delta(outputs, usage, added, durations)
 
 
 _NO_FAILURES: MappingProxyType[str, FailureRecord] = MappingProxyType({})

@@ -158,6 +158,17 @@ class Ledger(Mapping[K, V]):
             return chain(islice(b.base.items(), start, min(stop, m)), rest)
         return rest
 
+    def added_since(self, earlier: Ledger[K, V]) -> tuple[tuple[K, V], ...] | None:
+        """The entries this ledger adds to ``earlier``, in insertion order, when both
+        share storage and ``earlier`` is a prefix of it; else ``None`` (then ask
+        :meth:`extends`). O(len(result)): a save's delta, once per step."""
+        b = self._b
+        start, stop = earlier._n, self._n
+        if earlier._b is not b or start > stop:
+            return None
+        # (Views sharing a backing see prefixes of its columns: no base walk, no lengths.)
+        return tuple(zip(b.keys[start:stop], b.values[start:stop], strict=True))
+
     def extends(self, other: Ledger[K, V]) -> bool:
         """Is ``other`` a prefix of this ledger? O(1) when they share storage."""
         if len(other) > len(self):

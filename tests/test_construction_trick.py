@@ -96,7 +96,7 @@ def test_the_frozen_module_lists_every_value_it_builds_and_its_constructor() -> 
         if isinstance(node, ast.FunctionDef)
         and any("assigns __class__" in site for site in trick_sites(ast.unparse(node)))
     }
-    assert twinned == {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch"}
+    assert twinned == {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta"}
     assert builders == set(frozen.__all__)
     for cls in twinned:
         assert f":class:`~ekit_core.{cls}`" in doc, cls

@@ -30,6 +30,25 @@ def test_branching_from_an_old_version_copies_and_isolates() -> None:
     assert right.extends(base) and left.extends(base) and not left.extends(right)
 
 
+@given(st.lists(st.integers(0, 50), unique=True, max_size=30), st.data())
+def test_a_ledger_grown_step_by_step_tells_what_it_added_since_any_earlier_one(
+    keys: list[int], data: st.DataObject
+) -> None:
+    # A run's checkpoints: each one entry longer than the one before, on one
+    # storage. What a save writes is what the newer adds to the older.
+    versions: list[Ledger[int, int]] = [Ledger()]
+    for key in keys:
+        versions.append(versions[-1].with_item(key, -key))
+    older = data.draw(st.integers(0, len(keys)))
+    newer = data.draw(st.integers(older, len(keys)))
+    assert versions[newer].added_since(versions[older]) == tuple((k, -k) for k in keys[older:newer])
+    if older < newer:  # an earlier state is no extension of a later one
+        assert versions[older].added_since(versions[newer]) is None
+    # A branch from an older version (another storage) is not read off by identity.
+    branch = versions[older].with_item(999, 0)
+    assert versions[newer].added_since(branch) is None
+
+
 def test_existing_keys_never_change() -> None:
     ledger = Ledger([("a", 1)])
     try:
@@ -104,6 +123,11 @@ def test_every_way_of_building_a_ledger_reads_like_a_dict(
         assert ledger.items_from(start) == list(model.items())[start:]
         prefix = list(other_model.items()) == list(model.items())[: len(other_model)]
         assert ledger.extends(other) == prefix
+        # The fast delta: never entries of a ledger that is not a prefix, and
+        # exactly the new ones of one that is (None: ask extends instead).
+        added = ledger.added_since(other)
+        if added is not None:
+            assert prefix and list(added) == list(model.items())[len(other_model):]
         assert repr(ledger).startswith("Ledger({")
 
 

@@ -92,3 +92,33 @@ def test_a_bad_name_is_refused_in_a_first_save_and_in_a_later_one(queue: RunQueu
     assert queue.save(lease, b, 60) is False
     assert queue.checkpoint("r") == b
     queue.finish(lease, "finished")
+
+
+def test_a_remembered_good_name_never_lets_a_bad_one_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The names a save found storable are remembered (so the usual save checks
+    # none), within a bound; only plain strings are, as a str subclass may lie
+    # about its equality and hash.
+    monkeypatch.setattr(queue_base, "_STORABLE_NAMES", set())
+    monkeypatch.setattr(queue_base, "_STORABLE_NAMES_MAX", 4)
+    checked: list[Any] = []
+    real = queue_base.check_step_name
+    monkeypatch.setattr(queue_base, "check_step_name", lambda name: checked.append(name) or real(name))
+    good = [f"step{i}" for i in range(10)]
+    queue_base._check_names(good)
+    assert checked == good and len(queue_base._STORABLE_NAMES) <= 4
+    checked.clear()
+    queue_base._check_names(good[-2:])  # remembered: not checked again
+    assert checked == []
+
+    class Liar(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("step9")
+
+    for bad in ("a\x00b", "é" * 1001, Liar("x\x00y")):
+        with pytest.raises(UnencodableError) as refused:
+            queue_base._check_names(["step9", bad])
+        assert refused.value.step == bad
+    assert all(type(n) is str and "\x00" not in n for n in queue_base._STORABLE_NAMES)

@@ -163,12 +163,26 @@ def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
     _check_names({*checkpoint.outputs, *checkpoint.step_usage, *checkpoint.failures, *graph})
 
 
+# Step names already found storable. The check depends on the name alone,
+# and a fleet's saves repeat their workflows' names, so the usual save checks
+# none. Bounded (a run's mapped items may each be a new name): emptied when full.
+_STORABLE_NAMES: set[str] = set()
+_STORABLE_NAMES_MAX = 8192
+
+
 def _check_names(names: Iterable[str]) -> None:
+    known = _STORABLE_NAMES
     for name in names:
+        if type(name) is str and name in known:  # (a str subclass could lie about equality)
+            continue
         try:
             check_step_name(name)
         except ValueError as exc:
             raise UnencodableError(f"{exc}; nothing was saved", step=name) from None
+        if len(known) >= _STORABLE_NAMES_MAX:
+            known.clear()
+        if type(name) is str:
+            known.add(name)
 
 
 def _step_list(steps: object, verb: str) -> list[str]:
@@ -420,8 +434,9 @@ class RunQueue(ABC):
             else:
                 # A delta: the names stored before were checked when they were
                 # written, so only the new ones are (O(the step), not O(the run)).
-                _check_names({name for _kind, name, _value in encoded.rows})
-                _check_names(checkpoint.failures)
+                _check_names(name for _kind, name, _value in encoded.rows)
+                if checkpoint.failures:
+                    _check_names(checkpoint.failures)
         return _storable_rows(encoded)
 
     def _prepare_save(

@@ -21,8 +21,7 @@ untrusted-input parser: nothing read is ever executed.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores.base import require_checkpoint
@@ -94,13 +93,15 @@ def _check_pg(rows: list[Row], header: str | None) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedCheckpoint:
+class EncodedCheckpoint(NamedTuple):
     """What one save writes.
 
     ``header`` is ``None`` for a delta (the stored header stands and ``rows``
     are only the new entries); otherwise the run is rewritten: ``header``
-    replaces the stored one and ``rows`` are every entry.
+    replaces the stored one and ``rows`` are every entry. (A named tuple, not
+    a frozen dataclass: every save of every store builds one, and a tuple is
+    built in one step where a frozen dataclass sets each field through
+    ``object.__setattr__``.)
     """
 
     header: str | None
@@ -149,9 +150,9 @@ class OutputTexts:
                 entry = (value, encode_text(value, dumps, ((name, value),)))
             texts[name] = entry
             rows.append(("output", name, entry[1]))
-        seconds = dict(durations)
+        seconds = dict(durations) if durations else None
         if not seconds:
-            rows.extend(("usage", k, default_dumps(u.to_dict())) for k, u in usage)
+            rows += [("usage", k, default_dumps(u.to_dict())) for k, u in usage]
         else:
             for k, u in usage:
                 spent: dict[str, Any] = u.to_dict()
@@ -185,18 +186,24 @@ def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
 
 def _counts(checkpoint: WorkflowCheckpoint, engine: str) -> tuple[int, int, int, int]:
     cost = checkpoint.cost
-    named = (
-        ("step_index", checkpoint.step_index),
-        ("cost.input_tokens", cost.input_tokens),
-        ("cost.output_tokens", cost.output_tokens),
-        ("cost.llm_calls", cost.llm_calls),
-    )
-    for name, value in named:
-        if value not in _INT64:
-            raise UnencodableError(
-                f"cannot store {name} = {value}: {engine} integers are 64-bit; nothing was saved"
-            )
-    return checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls
+    counts = (checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls)
+    # Every save runs this: one test for the four (the sum of ints is an int;
+    # of anything else, not), and the culprit looked for only when one fails.
+    try:
+        fits = type(sum(counts)) is int and min(counts) >= _INT64.start and max(counts) < _INT64.stop
+    except TypeError:  # (not numbers)
+        fits = False
+    if not fits:
+        names = ("step_index", "cost.input_tokens", "cost.output_tokens", "cost.llm_calls")
+        for name, value in zip(names, counts, strict=True):
+            if not isinstance(value, int):
+                problem = "not an integer"
+            elif not _INT64.start <= value < _INT64.stop:
+                problem = f"{engine} integers are 64-bit"
+            else:
+                continue
+            raise UnencodableError(f"cannot store {name} = {value!r:.100}: {problem}; nothing was saved")
+    return counts
 
 
 def _skip_rows(skipped: Iterable[tuple[str, str]]) -> list[Row]:
@@ -236,7 +243,8 @@ def encode_checkpoint(
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
             rows = texts.rows(delta.outputs, delta.step_usage, dumps, durations=delta.durations)
-            rows += _skip_rows(delta.skipped.items())
+            if delta.skipped:
+                rows += _skip_rows(delta.skipped.items())
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
