@@ -107,10 +107,12 @@ def test_an_sqlite_batch_is_one_statement_and_no_transaction(tmp_path: Path) -> 
     seen: list[str] = []
     queue.conn.set_trace_callback(lambda sql: None if seen and seen[-1] == sql else seen.append(sql))
     assert queue.save_many([(lease, cps[1]) for lease in leases[:7]], 60) == [False] * 7
-    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_writes"), seen
+    # (Each adds a step's output alone: the narrow view.)
+    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_steps"), seen
     seen.clear()
     # More saves than one statement binds: a statement per 60, each its own commit.
     assert queue.save_many([(lease, cps[2]) for lease in leases], 60)[-1] is False
+    # (Most of them add two steps' outputs to what was stored: the general view.)
     assert [s[:29] for s in seen] == ["INSERT INTO ekit_queue_writes"] * 3
     assert not any(s.upper().startswith(("BEGIN", "COMMIT")) for s in seen)
     assert _outputs(queue, "r129") == {f"s{i}": f"out{i}" for i in range(3)}

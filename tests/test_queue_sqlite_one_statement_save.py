@@ -1,9 +1,10 @@
 """A SQLite save is one statement, and it keeps every promise the statements kept.
 
 A save (what a worker writes after each step) is one insert into the view
-``ekit_queue_writes``, whose trigger runs the fenced update, the entries and the
-usage (and, for a save in full, the header), so the write lock is taken and
-let go inside one call into SQLite. These tests pin that it is one
+``ekit_queue_writes`` (or, for a step's output alone, ``ekit_queue_steps``),
+whose trigger runs the fenced update, the entries and the usage (and, for a
+save in full, the header), so the write lock is taken and let go inside one
+call into SQLite. These tests pin that it is one
 statement, and try to break what the statements it replaced guaranteed: the
 fence (a lost lease writes nothing), the cancel flag the save returns (the
 row RETURNING gives back), the usage row, a save in full replacing what was
@@ -103,7 +104,8 @@ def test_a_save_of_one_new_step_is_one_statement_and_no_transaction(tmp_path: Pa
     assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_writes") and "graph_steps" in seen[0]
     seen.clear()
     assert queue.save(lease, second, 60) is False
-    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_writes"), seen
+    # A step's output alone: the narrow view (see test_queue_sqlite_narrow_view_writes_alike.py).
+    assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_steps"), seen
     assert queue.save(lease, third, 60) is False
     assert len(seen) == 2 and not any(s.startswith(("BEGIN", "COMMIT")) for s in seen)
     loaded = queue.checkpoint("r")
@@ -213,7 +215,7 @@ def test_any_text_a_dumps_writes_is_stored_exactly(tmp_path: Path, values: list[
     assert loaded is not None and dict(loaded.outputs) == {f"s{i}": v for i, v in enumerate(values)}
     # One statement per save, whatever the text: quotes, backslashes, control and astral characters.
     assert len(seen) == len(checkpoints) - 1
-    assert all(sql.startswith("INSERT INTO ekit_queue_writes") for sql in seen)
+    assert all(sql.startswith("INSERT INTO ekit_queue_steps") for sql in seen)
     queue.close()
 
 
@@ -282,17 +284,22 @@ def test_a_file_made_before_the_view_gains_it_on_open(tmp_path: Path) -> None:
     for kind in ("delta", "full", "end"):
         raw.execute(f"DROP TRIGGER ekit_queue_writes_{kind}_v1")
     raw.execute("DROP VIEW ekit_queue_writes")
+    raw.execute("DROP TRIGGER ekit_queue_steps_v1")
+    raw.execute("DROP VIEW ekit_queue_steps")
     raw.close()
     queue = SqliteQueue(path)
     made = queue.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('view', 'trigger')")
     names = {r[0] for r in made}
     assert {"ekit_queue_writes", *(f"ekit_queue_writes_{k}_v1" for k in ("delta", "full", "end"))} <= names
+    assert {"ekit_queue_steps", "ekit_queue_steps_v1"} <= names
     lease = _claimed(queue)
     first, second = _checkpoints(["a", "b"])
-    queue.save(lease, first, 60)
     seen = _statements(queue)
+    queue.save(lease, first, 60)
     queue.save(lease, second, 60)
-    assert seen and seen[0].startswith("INSERT INTO ekit_queue_writes")
+    assert [s[:28] for s in seen] == ["INSERT INTO ekit_queue_write", "INSERT INTO ekit_queue_steps"]
+    loaded = queue.checkpoint("r")
+    assert loaded is not None and dict(loaded.outputs) == {"s0": "a", "s1": "b"}
     queue.close()
 
 

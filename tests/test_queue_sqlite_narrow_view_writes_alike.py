@@ -1,0 +1,190 @@
+"""A step's output saved through the narrow view is stored exactly as through the general one.
+
+SQLite saves a step's output alone (a delta of one entry and no usage row)
+through the view ``ekit_queue_steps``, and every other write through
+``ekit_queue_writes``. Each has its own trigger, so the two could drift
+apart: a different entry order, a lease renewed or not, a cancel flag or a
+refusal told otherwise. And a file may be written through either, by this
+version or by an older one that knows only the general view. This property
+drives two queues through the same random operations (the next step's save,
+a save made again after its answer was lost, two runs' saves in one batch,
+a run that reports usage, a cancel asked, a lease that runs out and is
+taken by another worker) on one frozen clock: one queue as it is, one with
+the narrow view turned off. Every outcome, and every row either file holds,
+must be the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ekit_runtime.queue.sqlite as sqlite_queue
+from ekit_core import TokenUsage
+from ekit_runtime import PatternResult, Step, Workflow, WorkflowCheckpoint
+from ekit_runtime.queue import Lease, SqliteQueue
+
+RUNS = 3
+
+
+def _chain(steps: int, *, usage: bool) -> list[WorkflowCheckpoint]:
+    def step(i: int) -> Any:
+        async def run(ctx: dict[str, Any]) -> Any:
+            return PatternResult(f"out{i}", cost=TokenUsage(3, 2, 1)) if usage else f"out{i}"
+
+        return run
+
+    found: list[WorkflowCheckpoint] = []
+    flow = Workflow([Step(f"s{i}", step(i), (f"s{i - 1}",) if i else ()) for i in range(steps)])
+    flow.run_sync(checkpoint_fn=found.append)
+    return found
+
+
+PLAIN = _chain(6, usage=False)
+USED = _chain(6, usage=True)  # (its saves add a usage row: the general view's)
+
+OPS = st.one_of(
+    st.tuples(st.just("save"), st.integers(0, RUNS - 1)),
+    st.tuples(st.just("again"), st.integers(0, RUNS - 1)),
+    st.tuples(st.just("batch"), st.integers(0, RUNS - 1), st.integers(0, RUNS - 1)),
+    st.tuples(st.just("cancel"), st.integers(0, RUNS - 1)),
+    st.tuples(st.just("expire"), st.integers(0, RUNS - 1)),
+    st.tuples(st.just("steal")),
+    st.tuples(st.just("tick")),
+)
+
+
+class _Side:
+    """One queue and what its worker holds: a lease and the step reached, per run."""
+
+    def __init__(self, path: Path, *, narrow: bool) -> None:
+        self.queue = SqliteQueue(path)
+        if not narrow:
+            self.queue._step_args = lambda rows, now, until: None  # type: ignore[method-assign]
+        self.leases: dict[str, Lease] = {}
+        self.reached: dict[str, int] = {}
+
+    def checkpoints(self, run_id: str) -> list[WorkflowCheckpoint]:
+        return USED if run_id == "r1" else PLAIN
+
+    def outcome(self, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # (compared by kind on both sides)
+            return type(exc).__name__
+
+    def apply(self, op: tuple[Any, ...], clock: list[float]) -> Any:
+        queue, kind = self.queue, op[0]
+        if kind == "tick":
+            clock[0] += 1.0
+            return None
+        if kind == "steal":
+            lease = queue.claim("thief", {"w": None}, 60)
+            if lease is None:
+                return None
+            self.leases[lease.run_id] = lease  # (the worker now saves under the thief's lease)
+            return lease.run_id, lease.epoch
+        run_id = f"r{op[1]}"
+        if kind == "cancel":
+            return self.outcome(lambda: queue.cancel(run_id))
+        if kind == "expire":
+            queue.conn.execute(
+                "UPDATE ekit_queue_runs SET lease_until = ? WHERE run_id = ? AND status = 'running'",
+                (clock[0] - 1.0, run_id),
+            )
+            return None
+        lease, k = self.leases[run_id], self.reached[run_id]
+        cps = self.checkpoints(run_id)
+        if kind == "again" and k >= 1:
+            # The last save's answer was lost: this object believes the one before is stored.
+            queue._saved[run_id] = (lease.epoch, cps[k - 1], cps[k - 1].cost)
+            return self.outcome(lambda: queue.save(lease, cps[k], 60))
+        if kind == "batch" and op[2] != op[1]:
+            other = f"r{op[2]}"
+            pairs = [(run_id, lease, k), (other, self.leases[other], self.reached[other])]
+            saves = [(held, self.checkpoints(rid)[min(at + 1, 5)]) for rid, held, at in pairs]
+            for rid, _held, at in pairs:
+                self.reached[rid] = min(at + 1, 5)
+            said = queue.save_many(saves, 60)
+            return [type(s).__name__ if isinstance(s, Exception) else s for s in said]
+        self.reached[run_id] = min(k + 1, 5)
+        return self.outcome(lambda: queue.save(lease, cps[self.reached[run_id]], 60))
+
+    def rows(self) -> dict[str, list[Any]]:
+        conn = self.queue.conn
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+            for table, order in (
+                ("ekit_queue_runs", "seq"),
+                ("ekit_queue_entries", "run_id, kind, name"),
+                ("ekit_queue_headers", "seq"),
+                ("ekit_queue_usage", "rowid"),
+            )
+        }
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(OPS, max_size=25))
+def test_either_view_leaves_the_same_rows_and_tells_the_same_outcomes(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[Any, ...]]
+) -> None:
+    folder = tmp_path_factory.mktemp("views")
+    clock = [1_000_000.0]
+    frozen = types.SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite_queue, "time", frozen)
+        sides = [_Side(folder / "narrow.db", narrow=True), _Side(folder / "general.db", narrow=False)]
+        for side in sides:
+            for i in range(RUNS):
+                side.queue.submit("w", run_id=f"r{i}")
+                lease = side.queue.claim("worker", {"w": None}, 60)
+                assert lease is not None
+                side.leases[lease.run_id], side.reached[lease.run_id] = lease, 0
+                side.queue.save(lease, side.checkpoints(lease.run_id)[0], 60)  # (in full: the general view)
+        seen = [0, 0]
+        for i, side in enumerate(sides):
+            side.queue.conn.set_trace_callback(functools.partial(_count, seen, i))
+        for op in ops:
+            narrow, general = (side.apply(op, clock) for side in sides)
+            assert narrow == general, op
+        narrow_rows, general_rows = (side.rows() for side in sides)
+        assert narrow_rows == general_rows
+        assert seen[1] == 0  # the general side never went through the narrow view
+        for i in range(RUNS):  # what either file holds loads as the same checkpoint
+            assert sides[0].queue.checkpoint(f"r{i}") == sides[1].queue.checkpoint(f"r{i}")
+        for side in sides:
+            side.queue.close()
+
+
+def _count(seen: list[int], side: int, sql: str) -> None:
+    if sql.startswith("INSERT INTO ekit_queue_steps"):
+        seen[side] += 1
+
+
+def test_the_narrow_view_is_what_the_usual_save_goes_through(tmp_path: Path) -> None:
+    # (Else the property above would compare the general view with itself.)
+    queue = SqliteQueue(tmp_path / "q.db")
+    queue.submit("w", run_id="r0")
+    lease = queue.claim("worker", {"w": None}, 60)
+    assert lease is not None
+    queue.save(lease, PLAIN[0], 60)
+    seen: list[str] = []
+    queue.conn.set_trace_callback(seen.append)
+    assert queue.save(lease, PLAIN[1], 60) is False
+    assert seen and all(s.startswith("INSERT INTO ekit_queue_steps") for s in seen)
+    seen.clear()
+    queue.submit("w", run_id="r1")
+    other = queue.claim("worker", {"w": None}, 60)
+    assert other is not None
+    queue.save(other, USED[0], 60)
+    seen.clear()
+    assert queue.save(other, USED[1], 60) is False  # a usage row: the general view
+    assert seen and all(s.startswith("INSERT INTO ekit_queue_writes") for s in seen)
+    queue.close()
