@@ -104,6 +104,9 @@ def test_retried_submit_is_idempotent(queue: RunQueue, queue_url: str) -> None:
         (lambda q: q.prune(-1), "older_than"),
         (lambda q: q.claim("w", {}, 1.0), "workflows"),
         (lambda q: q.claim("w", {"two": None}, 0), "lease_seconds"),
+        # Under the clock's resolution a lease would end when it began (see MIN_LEASE_SECONDS).
+        (lambda q: q.claim("w", {"two": None}, 1e-7), "lease_seconds must be at least 0.001"),
+        (lambda q: Worker(q, {"two": _two()}, lease_seconds=1e-4, heartbeat=1e-5), "lease_seconds"),
         (lambda q: q.set_limits({"max_in_flight": 1}), "limits"),
         (lambda q: Limits(max_in_flight=0), "max_in_flight"),
         (lambda q: Limits(window=-1), "window"),
@@ -114,6 +117,29 @@ def test_retried_submit_is_idempotent(queue: RunQueue, queue_url: str) -> None:
 def test_bad_input_is_a_value_error_naming_the_field(queue: RunQueue, call: Any, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         call(queue)
+
+
+def test_a_lease_too_short_to_move_the_clock_is_refused_before_a_save_writes(queue: RunQueue) -> None:
+    # A review found it: with 1e-7 s added to a clock of 1.7e9, a save's new
+    # lease_until equalled its now, and the fence refused what the save
+    # believed made: its output was silently not stored (SQLite's narrow
+    # view), or stored unfenced (the general one). Now refused up front.
+    wf = _two()
+    queue.submit("two", {"x": 1}, run_id="tiny")
+    lease = queue.claim("w", _fingerprints(wf), 60)
+    assert lease is not None
+    first = wf.run_sync({"x": 1}).checkpoint
+    assert first is not None
+    for write in (
+        lambda: queue.save(lease, first, 1e-7),
+        lambda: queue.save_many([(lease, first)], 1e-7),
+        lambda: queue.renew(lease, 1e-7),
+    ):
+        with pytest.raises(ValueError, match=r"lease_seconds must be at least 0\.001"):
+            write()
+    assert queue.checkpoint("tiny") is None
+    assert queue.save(lease, first, 0.001) is False  # the shortest lease granted still saves
+    assert queue.checkpoint("tiny") == first
 
 
 def test_a_lease_taken_over_refuses_every_write_of_its_old_holder(queue: RunQueue) -> None:

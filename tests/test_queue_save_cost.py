@@ -122,3 +122,6 @@ def test_a_remembered_good_name_never_lets_a_bad_one_through(monkeypatch: pytest
             queue_base._check_names(["step9", bad])
         assert refused.value.step == bad
     assert all(type(n) is str and "\x00" not in n for n in queue_base._STORABLE_NAMES)
+    # Long names (up to 1,800 bytes each) are checked every time rather than kept.
+    queue_base._check_names(["x" * 101])
+    assert "x" * 101 not in queue_base._STORABLE_NAMES

@@ -52,6 +52,7 @@ from ekit_runtime.queue.records import (
     RunStatus,
     UnknownRunError,
     check_count,
+    check_lease_seconds,
     check_priority,
     check_run_id,
     check_seconds,
@@ -165,9 +166,12 @@ def _check_step_names(checkpoint: WorkflowCheckpoint) -> None:
 
 # Step names already found storable. The check depends on the name alone,
 # and a fleet's saves repeat their workflows' names, so the usual save checks
-# none. Bounded (a run's mapped items may each be a new name): emptied when full.
+# none. Bounded (a run's mapped items may each be a new name): emptied when
+# full, and only names of up to _STORABLE_NAME_CHARS characters kept, so
+# that it holds at most about a megabyte.
 _STORABLE_NAMES: set[str] = set()
 _STORABLE_NAMES_MAX = 8192
+_STORABLE_NAME_CHARS = 100
 
 
 def _check_names(names: Iterable[str]) -> None:
@@ -179,9 +183,9 @@ def _check_names(names: Iterable[str]) -> None:
             check_step_name(name)
         except ValueError as exc:
             raise UnencodableError(f"{exc}; nothing was saved", step=name) from None
-        if len(known) >= _STORABLE_NAMES_MAX:
-            known.clear()
-        if type(name) is str:
+        if type(name) is str and len(name) <= _STORABLE_NAME_CHARS:
+            if len(known) >= _STORABLE_NAMES_MAX:
+                known.clear()
             known.add(name)
 
 
@@ -962,6 +966,7 @@ class RunQueue(ABC):
         over. This one never asks.
         """
         check_one_per_run(saves)
+        self._lease_seconds(lease_seconds)  # (a bad argument is raised, not one outcome per save)
         return [save_alone(self, lease, checkpoint, lease_seconds) for lease, checkpoint in saves]
 
     def write_many(
@@ -982,6 +987,7 @@ class RunQueue(ABC):
         this one saves as ``save_many`` does, then ends the runs one by one.
         """
         check_one_per_run(saves, endings)
+        self._lease_seconds(lease_seconds)
         saved = self.save_many(saves, lease_seconds, more)
         return saved, [finish_alone(self, end) for end in endings]
 
@@ -1081,7 +1087,7 @@ class RunQueue(ABC):
 
     @staticmethod
     def _lease_seconds(value: object) -> float:
-        return check_seconds(value, "lease_seconds")
+        return check_lease_seconds(value)
 
     def _context(self, text: str) -> MappingProxyType[str, Any]:
         data = self.loads(text)

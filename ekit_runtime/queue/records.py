@@ -36,6 +36,7 @@ __all__ = [
     "check_priority",
     "check_resources",
     "check_run_id",
+    "check_lease_seconds",
     "check_seconds",
     "check_status",
     "check_step_name",
@@ -366,6 +367,22 @@ def check_seconds(value: object, name: str) -> float:
     ):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+# The shortest lease a queue grants. A lease ends at the clock (time.time(),
+# about 1.7e9 seconds) plus its length, and a length under the clock's float
+# resolution (about 2e-7 s) would leave the clock where it was: a save's new
+# lease_until would equal its now, which the fence (lease_until > now)
+# refuses while the save's own test of what it wrote said made.
+MIN_LEASE_SECONDS = 0.001
+
+
+def check_lease_seconds(value: object, name: str = "lease_seconds") -> float:
+    """``value`` as a float if it is a finite number of seconds, at least :data:`MIN_LEASE_SECONDS`."""
+    seconds = check_seconds(value, name)
+    if seconds < MIN_LEASE_SECONDS:
+        raise ValueError(f"{name} must be at least {MIN_LEASE_SECONDS} seconds, got {value!r}")
+    return seconds
 
 
 def check_age(value: object) -> float:

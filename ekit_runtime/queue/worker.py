@@ -78,6 +78,7 @@ from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
     RunStatus,
+    check_lease_seconds,
     check_seconds,
     check_step_name,
     check_workflow_name,
@@ -222,7 +223,7 @@ class Worker:
         self.registry = dict(registry)
         self.name = name if name is not None else f"{socket.gethostname()}:{os.getpid()}"
         self.max_runs = max_runs
-        self.lease_seconds = check_seconds(lease_seconds, "lease_seconds")
+        self.lease_seconds = check_lease_seconds(lease_seconds)
         self.heartbeat = check_seconds(
             heartbeat if heartbeat is not None else self.lease_seconds / 3, "heartbeat"
         )

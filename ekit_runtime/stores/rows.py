@@ -187,12 +187,14 @@ def _header(checkpoint: WorkflowCheckpoint, dumps: Dumps) -> str:
 def _counts(checkpoint: WorkflowCheckpoint, engine: str) -> tuple[int, int, int, int]:
     cost = checkpoint.cost
     counts = (checkpoint.step_index, cost.input_tokens, cost.output_tokens, cost.llm_calls)
-    # Every save runs this: one test for the four (the sum of ints is an int;
-    # of anything else, not), and the culprit looked for only when one fails.
-    try:
-        fits = type(sum(counts)) is int and min(counts) >= _INT64.start and max(counts) < _INT64.stop
-    except TypeError:  # (not numbers)
-        fits = False
+    # Every save runs this: one test for the four, and the culprit looked for
+    # only when it fails. (Anything but an int is refused before it is
+    # compared: a value's comparisons are arbitrary code.)
+    a, b, c, d = counts
+    fits = (
+        isinstance(a, int) and isinstance(b, int) and isinstance(c, int) and isinstance(d, int)
+        and min(counts) >= _INT64.start and max(counts) < _INT64.stop
+    )
     if not fits:
         names = ("step_index", "cost.input_tokens", "cost.output_tokens", "cost.llm_calls")
         for name, value in zip(names, counts, strict=True):
