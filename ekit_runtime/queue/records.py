@@ -20,6 +20,7 @@ from ekit_runtime.step import unstorable_resource
 
 __all__ = [
     "FINAL_STATUSES",
+    "MIN_LEASE_SECONDS",
     "STATUSES",
     "InFlight",
     "Lease",
@@ -33,10 +34,10 @@ __all__ = [
     "UnknownRunError",
     "check_age",
     "check_count",
+    "check_lease_seconds",
     "check_priority",
     "check_resources",
     "check_run_id",
-    "check_lease_seconds",
     "check_seconds",
     "check_status",
     "check_step_name",
