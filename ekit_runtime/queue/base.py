@@ -613,7 +613,8 @@ class RunQueue(ABC):
     @staticmethod
     def _uses(added: TokenUsage) -> bool:
         """Whether a save adds calls or tokens to the fleet's usage window."""
-        return added.llm_calls > 0 or added.total_tokens > 0
+        # (Identity first: a save of a step that reported no usage adds NO_USAGE.)
+        return added is not NO_USAGE and (added.llm_calls > 0 or added.total_tokens > 0)
 
     # -- a person's verbs: reopen a run (retry, rewind), or copy it (fork) ---
 

@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue.base import (
     Doing,
     Ending,
@@ -373,36 +372,31 @@ CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v1 INSTEAD OF INSERT ON ekit_queue
 END;
 """
 _PROCEDURES += _STEP_PROCEDURES
-_WRITES_ROW = f"({', '.join('?' * len(_WRITE_COLUMNS))})"
-_WRITES_RETURNING = (
-    " RETURNING run_id, (SELECT r.cancel_requested FROM ekit_queue_runs AS r WHERE "
-    "r.run_id = ekit_queue_writes.run_id AND r.epoch = ekit_queue_writes.epoch "
-    "AND r.lease_until = ekit_queue_writes.lease_until)"
-)
 # At most this many rows per statement (each binds 21 values; SQLite allows
 # 32,766 since 3.32, and RETURNING, which this needs, came in 3.35).
 _WRITES_PER_STATEMENT = 60
 
 
+def _insert_statement(view: str, columns: tuple[str, ...], count: int) -> str:
+    """The one insert of ``count`` rows into ``view``, returning what each write did (see ``_PROCEDURES``)."""
+    row = f"({', '.join('?' * len(columns))})"
+    return (
+        f"INSERT INTO {view} ({', '.join(columns)}) VALUES " + ", ".join([row] * count)
+        + f" RETURNING run_id, (SELECT r.cancel_requested FROM ekit_queue_runs AS r WHERE "
+        f"r.run_id = {view}.run_id AND r.epoch = {view}.epoch AND r.lease_until = {view}.lease_until)"
+    )
+
+
 @functools.cache
 def _writes_statement(count: int) -> str:
     """The one statement of ``count`` writes (see ``_PROCEDURES``)."""
-    return (
-        f"INSERT INTO ekit_queue_writes ({', '.join(_WRITE_COLUMNS)}) VALUES "
-        + ", ".join([_WRITES_ROW] * count)
-        + _WRITES_RETURNING
-    )
+    return _insert_statement("ekit_queue_writes", _WRITE_COLUMNS, count)
 
 
 @functools.cache
 def _steps_statement(count: int) -> str:
     """The one statement of ``count`` saves of a step's output alone (see ``_STEP_COLUMNS``)."""
-    row = f"({', '.join('?' * len(_STEP_COLUMNS))})"
-    return (
-        f"INSERT INTO ekit_queue_steps ({', '.join(_STEP_COLUMNS)}) VALUES "
-        + ", ".join([row] * count)
-        + _WRITES_RETURNING.replace("ekit_queue_writes", "ekit_queue_steps")
-    )
+    return _insert_statement("ekit_queue_steps", _STEP_COLUMNS, count)
 
 
 # A save ready to be written: the lease, the checkpoint, its rows, the usage it adds.
@@ -1350,7 +1344,7 @@ class SqliteQueue(RunQueue):
                 continue
             lease, checkpoint, enc, added = row
             entries = enc.rows
-            used = added is not NO_USAGE and self._uses(added)
+            used = self._uses(added)
             header = enc.header
             args += (
                 lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
@@ -1372,7 +1366,7 @@ class SqliteQueue(RunQueue):
                 return None
             lease, checkpoint, enc, added = row
             entries = enc.rows
-            if enc.header is not None or len(entries) != 1 or (added is not NO_USAGE and self._uses(added)):
+            if enc.header is not None or len(entries) != 1 or self._uses(added):
                 return None
             args += (
                 lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
