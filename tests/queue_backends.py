@@ -185,6 +185,59 @@ def live_leases(url: str) -> int:
         conn.close()
 
 
+def audit_stale_writes(url: str) -> None:
+    """Record, from now on, every entry written under an epoch older than its run's (a zombie's write).
+
+    A trigger in the queue's own database, so that a write the fence lets
+    through is caught when it happens, even if a later write hides it.
+    """
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS test_stale_writes "
+                "(run_id text, name text, epoch bigint, newest bigint)"
+            )
+            conn.execute(
+                "CREATE OR REPLACE FUNCTION test_audit_entry() RETURNS trigger AS $$ DECLARE newest bigint; "
+                "BEGIN SELECT epoch INTO newest FROM ekit_queue_runs WHERE run_id = NEW.run_id; "
+                "IF NEW.epoch < newest THEN INSERT INTO test_stale_writes VALUES "
+                "(NEW.run_id, NEW.name, NEW.epoch, newest); END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            conn.execute(
+                "CREATE OR REPLACE TRIGGER test_audit_entry AFTER INSERT OR UPDATE ON ekit_queue_entries "
+                "FOR EACH ROW EXECUTE FUNCTION test_audit_entry()"
+            )
+        return
+    lite = sqlite3.connect(url, timeout=30, isolation_level=None)
+    try:
+        lite.execute("CREATE TABLE IF NOT EXISTS test_stale_writes (run_id, name, epoch, newest)")
+        for event in ("INSERT", "UPDATE"):
+            lite.execute(
+                f"CREATE TRIGGER IF NOT EXISTS test_audit_entry_{event.lower()} AFTER {event} "
+                "ON ekit_queue_entries WHEN NEW.epoch < (SELECT epoch FROM ekit_queue_runs "
+                "WHERE run_id = NEW.run_id) BEGIN INSERT INTO test_stale_writes VALUES (NEW.run_id, "
+                "NEW.name, NEW.epoch, (SELECT epoch FROM ekit_queue_runs WHERE run_id = NEW.run_id)); END"
+            )
+    finally:
+        lite.close()
+
+
+def stale_writes(url: str) -> list[tuple[Any, ...]]:
+    """What :func:`audit_stale_writes` recorded: ``(run_id, step, epoch written, the run's epoch)``."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            return [tuple(r) for r in conn.execute("SELECT * FROM test_stale_writes").fetchall()]
+    lite = sqlite3.connect(url, timeout=30)
+    try:
+        return [tuple(r) for r in lite.execute("SELECT * FROM test_stale_writes").fetchall()]
+    finally:
+        lite.close()
+
+
 def entry_epochs(url: str, run_id: str) -> dict[str, int]:
     """``step name -> epoch of the lease that wrote its output`` for one run."""
     if url.startswith("postgresql://"):

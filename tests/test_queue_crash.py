@@ -21,7 +21,15 @@ from pathlib import Path
 import pytest
 
 from ekit_runtime.queue import Limits, open_queue
-from tests.queue_backends import entry_epochs, live_leases, pause_outside_writes, queue_url, wait_for
+from tests.queue_backends import (
+    audit_stale_writes,
+    entry_epochs,
+    live_leases,
+    pause_outside_writes,
+    queue_url,
+    stale_writes,
+    wait_for,
+)
 
 __all__ = ["queue_url"]
 
@@ -151,6 +159,7 @@ def _empty():  # type: ignore[no-untyped-def]
 @pytest.mark.timeout(150)
 def test_a_paused_worker_is_fenced_out_after_a_takeover(queue_url: str, fleet: Fleet) -> None:
     q = open_queue(queue_url)
+    audit_stale_writes(queue_url)  # (a zombie's write that a later one overwrites is caught too)
     # b takes long enough for the test to pause the first worker inside it,
     # after a's save and before b's, even on a loaded machine.
     run = q.submit("slow", {"b_delay": 3.0}, run_id="zombie")
@@ -200,6 +209,7 @@ def test_a_paused_worker_is_fenced_out_after_a_takeover(queue_url: str, fleet: F
     assert {"a", "b"} <= zombie_starts <= {"a", "b", "c"}
     assert starts[("b", str(taker.pid))] == 1 and starts[("c", str(taker.pid))] == 1
     assert zombie.poll() is None  # it lives on, driving nothing
+    assert stale_writes(queue_url) == []  # no write under epoch 1 once epoch 2 was granted
     q.close()
 
 

@@ -158,10 +158,14 @@ def test_a_delta_save_adds_the_usage_row_the_rate_limits_count(tmp_path: Path, h
 
 @pytest.mark.parametrize("how", PATHS)
 @pytest.mark.parametrize("lost", ["expired", "taken over", "finished"])
-def test_a_delta_save_under_a_lost_lease_writes_nothing(tmp_path: Path, how: str, lost: str) -> None:
+# With usage the save goes through ekit_queue_writes; without, through the narrow ekit_queue_steps.
+@pytest.mark.parametrize("llm_calls", [1, 0])
+def test_a_delta_save_under_a_lost_lease_writes_nothing(
+    tmp_path: Path, how: str, lost: str, llm_calls: int
+) -> None:
     queue = _open(tmp_path / "q.db", how)
     lease = _claimed(queue)
-    checkpoints = _checkpoints(["a", "b"], llm_calls=1)
+    checkpoints = _checkpoints(["a", "b"], llm_calls=llm_calls)
     queue.save(lease, checkpoints[0], 60)
     if lost == "expired":
         queue.conn.execute("UPDATE ekit_queue_runs SET lease_until = 0 WHERE run_id = 'r'")
