@@ -361,3 +361,32 @@ def test_the_contract_is_one_class_that_every_backend_completes() -> None:
         public = {n for n in vars(backend) if not n.startswith("_") and callable(vars(backend)[n])}
         # A backend adds no public method of its own: what a caller may use is the contract.
         assert public <= set(dir(RunQueue)), public - set(dir(RunQueue))
+
+
+def test_a_made_save_leaves_at_least_its_share_of_the_lease_ahead(queue: RunQueue) -> None:
+    # PostgreSQL renews the whole lease with each save; SQLite's usual save only once less than
+    # half is left (it writes the step's entry alone). A worker counts on save_renews either way.
+    steps = [Step(f"s{i}", _const(f"out{i}"), (f"s{i - 1}",) if i else ()) for i in range(4)]
+    checkpoints: list[Any] = []
+    Workflow(steps).run_sync(checkpoint_fn=checkpoints.append)
+    run = queue.submit("chain")
+    lease = queue.claim("w", {"chain": None}, 600)
+    assert lease is not None
+    queue.save(lease, checkpoints[0], 600)
+    for k, left in ((1, 500.0), (2, 100.0), (3, 20.0)):
+        queue.renew(lease, left)
+        asked = time.time()
+        assert queue.save(lease, checkpoints[k], 600) is False
+        until = queue.status(run).lease_until
+        assert until is not None and until >= asked + 600 * queue.save_renews
+        if left < 300:  # less than half was left: renewed in full on every backend
+            assert until >= asked + 600
+    assert queue.checkpoint(run) == checkpoints[3]
+    assert 0 < queue.save_renews <= 1
+
+
+def _const(value: str) -> Any:
+    async def run(ctx: dict[str, Any]) -> str:
+        return value
+
+    return run

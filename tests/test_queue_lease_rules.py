@@ -59,9 +59,12 @@ def _expired(queue: RunQueue, run: str) -> bool:
 
 
 def _stored(url: str, run: str) -> tuple[Any, ...]:
-    """What a write could have changed: the run row's status, epoch, saves and counts, and the usage."""
+    """What a write could have changed: the run row's status, epoch, save count and counts, the usage
+    and the entries."""
     where = "FROM ekit_queue_runs WHERE run_id = "
-    row_sql = f"SELECT status, epoch, saves, step_index, llm_calls, lease_until {where}"
+    # (SQLite's row holds the number of the last save that wrote it, PostgreSQL's a save count.)
+    saves = "saves" if url.startswith("postgresql://") else "counted"
+    row_sql = f"SELECT status, epoch, {saves}, step_index, llm_calls, lease_until {where}"
     usage_sql = "SELECT coalesce(sum(llm_calls), 0) FROM ekit_queue_usage"
     if url.startswith("postgresql://"):
         import psycopg

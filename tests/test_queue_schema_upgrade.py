@@ -132,6 +132,74 @@ CREATE TABLE IF NOT EXISTS ekit_queue_workers (
 """
 
 
+# The layout of the release just before this one: every save rewrote the
+# run's row, which counted them (``saves``), and an entry held its output
+# alone. With it, a stand-in for that release's narrow view, whose trigger
+# reads ``saves`` (the upgrade must drop it before it drops the column).
+LAST_SQLITE = """
+CREATE TABLE IF NOT EXISTS ekit_queue_runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    workflow TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_until REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    fingerprint TEXT,
+    step_index INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    llm_calls INTEGER NOT NULL DEFAULT 0,
+    failures TEXT NOT NULL DEFAULT '{}',
+    saves INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}',
+    steps_done INTEGER NOT NULL DEFAULT 0,
+    steps_total INTEGER,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim ON ekit_queue_runs (status, priority DESC, seq);
+CREATE TABLE IF NOT EXISTS ekit_queue_headers (
+    seq INTEGER PRIMARY KEY,
+    context TEXT NOT NULL,
+    header TEXT
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_entries (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
+    PRIMARY KEY (run_id, kind, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ekit_queue_starts (at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_usage (
+    at REAL NOT NULL, llm_calls INTEGER NOT NULL, tokens INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ekit_queue_config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ekit_queue_slots (
+    resource TEXT NOT NULL, holder TEXT NOT NULL, run_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_queue_slots_resource ON ekit_queue_slots (resource);
+CREATE TABLE IF NOT EXISTS ekit_queue_workers (
+    name TEXT PRIMARY KEY, workflows TEXT NOT NULL, last_seen REAL NOT NULL, until REAL NOT NULL,
+    doing TEXT
+);
+"""
+LAST_VIEWS = """
+CREATE VIEW IF NOT EXISTS ekit_queue_steps AS SELECT NULL AS run_id WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v1 INSTEAD OF INSERT ON ekit_queue_steps BEGIN
+    UPDATE ekit_queue_runs SET saves = saves + 1 WHERE run_id = NEW.run_id;
+END;
+"""
+
+
 OLD_POSTGRES = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     seq bigserial PRIMARY KEY,
@@ -327,29 +395,66 @@ def _runs_in_every_state(path: Path) -> tuple[Lease, list[WorkflowCheckpoint]]:
     return lease, checkpoints
 
 
-def _as_previous_layout(current: Path, old: Path, sequence: int = 1000) -> None:
-    """Write the queue at ``current`` into ``old`` in the previous layout, as that release kept it.
+# The run's counts as its row held them in the layouts before: those of its
+# last save, which this layout keeps in the newest entry when that save wrote
+# nothing else (see SqliteQueue._read_run).
+_COUNTS = (
+    "step_index", "input_tokens", "output_tokens", "llm_calls", "failures", "steps_done", "steps_total",
+)
+_AS_SAVED = {
+    **{c: f"CASE WHEN n.saved > r.counted THEN n.{c} ELSE r.{c} END" for c in _COUNTS},
+    "saves": (
+        "max(r.counted, coalesce((SELECT max(max(e.ord >> 32, coalesce(e.saved, 0))) "
+        "FROM cur.ekit_queue_entries AS e WHERE e.run_id = r.run_id), 0))"
+    ),
+}
+_NEWEST = (
+    "LEFT JOIN cur.ekit_queue_entries AS n ON n.run_id = r.run_id "
+    "AND n.saved = (SELECT max(saved) FROM cur.ekit_queue_entries WHERE run_id = r.run_id)"
+)
+LAYOUTS = ("rowid entries", "saves counted")
 
-    Each run's context and header go back into its row; the entries into a
-    rowid table, each run's in the order they were written. The runs' seq
-    counter is set to ``sequence``, as if runs up to it had been pruned.
+
+def _as_previous_layout(
+    current: Path, old: Path, sequence: int = 1000, layout: str = "rowid entries"
+) -> None:
+    """Write the queue at ``current`` into ``old`` in an earlier layout, as that release kept it.
+
+    ``saves counted``, the layout just before: each run's counts in its row,
+    with its save count; the entries as they are, without counts.
+    ``rowid entries``, the one before that: besides, each run's context and
+    header go back into its row, and the entries into a rowid table, each
+    run's in the order they were written. The runs' seq counter is set to
+    ``sequence``, as if runs up to it had been pruned.
     """
     conn = sqlite3.connect(old, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(PREVIOUS_SQLITE)
+        conn.executescript(PREVIOUS_SQLITE if layout == "rowid entries" else LAST_SQLITE + LAST_VIEWS)
         conn.execute("ATTACH DATABASE ? AS cur", (str(current),))
         conn.execute("BEGIN")
-        columns = [r[1] for r in conn.execute("PRAGMA cur.table_info(ekit_queue_runs)")]
-        conn.execute(
-            f"INSERT INTO ekit_queue_runs ({', '.join(columns)}, context, header) "
-            f"SELECT {', '.join('r.' + c for c in columns)}, h.context, h.header "
-            "FROM cur.ekit_queue_runs AS r JOIN cur.ekit_queue_headers AS h ON h.seq = r.seq ORDER BY r.seq"
-        )
-        conn.execute(
-            "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
-            "SELECT run_id, kind, name, value, epoch FROM cur.ekit_queue_entries ORDER BY run_id, ord"
-        )
+        columns = [r[1] for r in conn.execute("PRAGMA cur.table_info(ekit_queue_runs)") if r[1] != "counted"]
+        values = [_AS_SAVED.get(c, f"r.{c}") for c in columns] + [_AS_SAVED["saves"]]
+        if layout == "rowid entries":
+            conn.execute(
+                f"INSERT INTO ekit_queue_runs ({', '.join(columns)}, saves, context, header) "
+                f"SELECT {', '.join(values)}, h.context, h.header FROM cur.ekit_queue_runs AS r "
+                f"JOIN cur.ekit_queue_headers AS h ON h.seq = r.seq {_NEWEST} ORDER BY r.seq"
+            )
+            conn.execute(
+                "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch) "
+                "SELECT run_id, kind, name, value, epoch FROM cur.ekit_queue_entries ORDER BY run_id, ord"
+            )
+        else:
+            conn.execute(
+                f"INSERT INTO ekit_queue_runs ({', '.join(columns)}, saves) "
+                f"SELECT {', '.join(values)} FROM cur.ekit_queue_runs AS r {_NEWEST} ORDER BY r.seq"
+            )
+            conn.execute("INSERT INTO ekit_queue_headers SELECT * FROM cur.ekit_queue_headers")
+            conn.execute(
+                "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord) "
+                "SELECT run_id, kind, name, value, epoch, ord FROM cur.ekit_queue_entries"
+            )
         for table in ("ekit_queue_starts", "ekit_queue_usage", "ekit_queue_config", "ekit_queue_slots"):
             conn.execute(f"INSERT INTO {table} SELECT * FROM cur.{table}")
         conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'ekit_queue_runs'", (sequence,))
@@ -373,12 +478,15 @@ def _table_sql(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(120)
-def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(
+    tmp_path: Path, layout: str
+) -> None:
     current, old = tmp_path / "current.db", tmp_path / "old.db"
     lease, checkpoints = _runs_in_every_state(current)
     infos, saved = _snapshot(current)
-    _as_previous_layout(current, old)
-    assert "header" in _table_sql(old)["ekit_queue_runs"]
+    _as_previous_layout(current, old, layout=layout)
+    assert ("header" if layout == "rowid entries" else "saves") in _table_sql(old)["ekit_queue_runs"]
 
     with SqliteQueue(old) as q:
         # Every run is as it was: its record, its checkpoint, the order of its outputs.
@@ -390,6 +498,10 @@ def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(tmp
         tables = _table_sql(old)
         assert "header" not in tables["ekit_queue_runs"] and "context" not in tables["ekit_queue_runs"]
         assert "WITHOUT ROWID" in tables["ekit_queue_entries"] and "ekit_queue_headers" in tables
+        assert "saves" not in tables["ekit_queue_runs"] and "counted" in tables["ekit_queue_runs"]
+        # The earlier views are gone (their triggers read saves), this layout's made.
+        triggers = {r[0] for r in q.conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        assert "ekit_queue_steps_v2" in triggers and "ekit_queue_steps_v1" not in triggers
         # The workers' table, kept, gains what a worker runs now (the dashboard's running steps).
         assert "doing" in tables["ekit_queue_workers"]
         q.announce("old-worker", {"chain": None}, 60, {"running": (lease.epoch, {"mu": (time.time(), 1)})})
@@ -432,20 +544,21 @@ def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(tmp
         assert q.conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_an_upgrade_that_fails_midway_leaves_the_file_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
     current, old = tmp_path / "current.db", tmp_path / "old.db"
     _runs_in_every_state(current)
     infos, saved = _snapshot(current)
-    _as_previous_layout(current, old)
+    _as_previous_layout(current, old, layout=layout)
     before = _table_sql(old)
     real = SqliteQueue._rebuild
 
     def failing(conn: sqlite3.Connection, table: str, *args: Any) -> None:
-        if table == "ekit_queue_entries":  # the runs were rebuilt already: all of it rolls back
-            raise sqlite3.OperationalError("disk I/O error")
         real(conn, table, *args)
+        if table == "ekit_queue_runs":  # the views dropped, the runs rebuilt: all of it rolls back
+            raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(SqliteQueue, "_rebuild", staticmethod(failing))
     with pytest.raises(QueueUnavailableError, match="disk I/O error"):
@@ -456,14 +569,17 @@ def test_an_upgrade_that_fails_midway_leaves_the_file_as_it_was(
 
 
 @pytest.mark.timeout(120)
-def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(
+    tmp_path: Path, layout: str
+) -> None:
     current, old = tmp_path / "current.db", tmp_path / "old.db"
     _runs_in_every_state(current)
     with SqliteQueue(current) as q:  # enough runs that an upgrade takes a while
         for i in range(300):
             q.submit("other", {"id": str(i), "text": "x" * 2000}, run_id=f"r{i}")
     infos, saved = _snapshot(current)
-    _as_previous_layout(current, old)
+    _as_previous_layout(current, old, layout=layout)
     # This process holds the write lock until every opener has read the old
     # layout and waits for the lock to upgrade it: they all see it old.
     holder = sqlite3.connect(old, isolation_level=None)
@@ -504,10 +620,14 @@ def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(t
         conn.close()
 
 
-def test_runs_of_the_layout_before_beside_no_other_table_of_it_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_runs_of_the_layout_before_beside_no_other_table_of_it_are_refused(
+    tmp_path: Path, layout: str
+) -> None:
     db = tmp_path / "mixed.db"
     conn = sqlite3.connect(db)
-    conn.executescript(PREVIOUS_SQLITE.split("CREATE INDEX")[0])  # its ekit_queue_runs alone
+    schema = PREVIOUS_SQLITE if layout == "rowid entries" else LAST_SQLITE
+    conn.executescript(schema.split("CREATE INDEX")[0])  # its ekit_queue_runs alone
     conn.close()
     with pytest.raises(CorruptStoreError, match="ekit_queue_runs is of an earlier layout"):
         SqliteQueue(db)

@@ -89,7 +89,7 @@ def _claimed(queue: SqliteQueue, run_id: str = "r") -> Lease:
 
 def _run_row(queue: SqliteQueue, run_id: str = "r") -> tuple[Any, ...]:
     row = queue.conn.execute(
-        "SELECT saves, step_index, steps_done, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+        "SELECT counted, step_index, steps_done, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
     ).fetchone()
     assert row is not None
     return tuple(row)
@@ -104,7 +104,7 @@ def test_a_save_of_one_new_step_is_one_statement_and_no_transaction(tmp_path: Pa
     assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_writes") and "graph_steps" in seen[0]
     seen.clear()
     assert queue.save(lease, second, 60) is False
-    # A step's output alone: the narrow view (see test_queue_sqlite_narrow_view_writes_alike.py).
+    # A step's output alone: the narrow view (see test_queue_sqlite_one_page_save_reads_back_alike.py).
     assert len(seen) == 1 and seen[0].startswith("INSERT INTO ekit_queue_steps"), seen
     assert queue.save(lease, third, 60) is False
     assert len(seen) == 2 and not any(s.startswith(("BEGIN", "COMMIT")) for s in seen)
@@ -286,16 +286,16 @@ def test_a_file_made_before_the_view_gains_it_on_open(tmp_path: Path) -> None:
     SqliteQueue(path).close()
     raw = sqlite3.connect(path, isolation_level=None)
     for kind in ("delta", "full", "end"):
-        raw.execute(f"DROP TRIGGER ekit_queue_writes_{kind}_v1")
+        raw.execute(f"DROP TRIGGER ekit_queue_writes_{kind}_v2")
     raw.execute("DROP VIEW ekit_queue_writes")
-    raw.execute("DROP TRIGGER ekit_queue_steps_v1")
+    raw.execute("DROP TRIGGER ekit_queue_steps_v2")
     raw.execute("DROP VIEW ekit_queue_steps")
     raw.close()
     queue = SqliteQueue(path)
     made = queue.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('view', 'trigger')")
     names = {r[0] for r in made}
-    assert {"ekit_queue_writes", *(f"ekit_queue_writes_{k}_v1" for k in ("delta", "full", "end"))} <= names
-    assert {"ekit_queue_steps", "ekit_queue_steps_v1"} <= names
+    assert {"ekit_queue_writes", *(f"ekit_queue_writes_{k}_v2" for k in ("delta", "full", "end"))} <= names
+    assert {"ekit_queue_steps", "ekit_queue_steps_v2"} <= names
     lease = _claimed(queue)
     first, second = _checkpoints(["a", "b"])
     seen = _statements(queue)
@@ -316,7 +316,9 @@ def test_a_save_in_full_replaces_what_was_stored(tmp_path: Path, how: str) -> No
         queue.save(lease, cp, 60)
     # An entry no checkpoint of this run holds (as a save that failed midway might have left):
     queue.conn.execute(
-        "INSERT INTO ekit_queue_entries VALUES ('r', 'output', 'stale', '1', ?, 0)", (lease.epoch,)
+        "INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord) "
+        "VALUES ('r', 'output', 'stale', '1', ?, 0)",
+        (lease.epoch,),
     )
     queue._forget("r")  # what is stored is unknown: the next save is in full
     assert queue.cancel("r") is True

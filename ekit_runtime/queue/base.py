@@ -867,6 +867,15 @@ class RunQueue(ABC):
     backend: str
     """The backend's name: ``"sqlite"`` or ``"postgres"``."""
 
+    save_renews: float = 1.0
+    """How much of the lease a made save leaves ahead, as a share of ``lease_seconds``.
+
+    PostgreSQL renews the whole lease with every save (1.0). SQLite's usual
+    save renews it only when less than half is left (0.5), so that it need
+    not write the run's row (decision 015); a worker renews every heartbeat
+    regardless. A caller driving a lease by hand renews it with :meth:`renew`.
+    """
+
     @abstractmethod
     def submit(
         self,
@@ -944,7 +953,8 @@ class RunQueue(ABC):
 
     @abstractmethod
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store a checkpoint under a lease and renew it; return whether a cancel was asked."""
+        """Store a checkpoint under a lease, leaving at least :attr:`save_renews` of ``lease_seconds``
+        ahead; return whether a cancel was asked."""
 
     def save_many(
         self,

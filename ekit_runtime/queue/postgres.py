@@ -1074,7 +1074,7 @@ class PostgresQueue(RunQueue):
         return bool(row[0])
 
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store ``checkpoint`` under ``lease`` and renew it; return whether a cancel was asked.
+        """Store ``checkpoint`` under ``lease`` and renew it in full; return whether a cancel was asked.
 
         Raises :class:`LeaseLostError`, writing nothing, if the lease is no
         longer held.

@@ -9,8 +9,11 @@ with and its checkpoint's header (graph, versions, questions).
 ``ekit_queue_entries`` holds one row per recorded output, per-step usage and
 skipped step (kind ``skip``), tagged with the epoch that wrote it, in a
 ``WITHOUT ROWID`` table keyed by (run, kind, name), with ``ord`` keeping the
-order they were written in: a save of one step writes two pages (the run's
-row, the entry), as one insert writes one. ``ekit_queue_starts`` and
+order they were written in. The usual save, a step's output alone, writes
+its entry and nothing else: the entry carries the run's counts as of that
+save (``saved``, its number), so that the save fences by reading the run's
+row and writes one page of the log, as one insert does (decision 015).
+``ekit_queue_starts`` and
 ``ekit_queue_usage`` are the trailing windows the rate limits count, and
 ``ekit_queue_config`` holds the fleet's :class:`Limits`.
 
@@ -134,7 +137,7 @@ CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     output_tokens INTEGER NOT NULL DEFAULT 0,
     llm_calls INTEGER NOT NULL DEFAULT 0,
     failures TEXT NOT NULL DEFAULT '{}',
-    saves INTEGER NOT NULL DEFAULT 0,
+    counted INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     options TEXT NOT NULL DEFAULT '{}',
@@ -155,6 +158,14 @@ CREATE TABLE IF NOT EXISTS ekit_queue_entries (
     value TEXT NOT NULL,
     epoch INTEGER NOT NULL,
     ord INTEGER NOT NULL,
+    saved INTEGER,
+    step_index INTEGER,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    llm_calls INTEGER,
+    failures TEXT,
+    steps_done INTEGER,
+    steps_total INTEGER,
     PRIMARY KEY (run_id, kind, name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ekit_queue_starts (at REAL NOT NULL);
@@ -181,17 +192,29 @@ def _statement(start: str) -> str:
     return next(s.strip() for s in _SCHEMA.split(";") if s.strip().startswith(start.strip()))
 
 
-# The layout before this one (the previous release's): the run's context and
-# header lived in its row of ekit_queue_runs, so every save rewrote them, and
-# ekit_queue_entries was a rowid table beside an index of its key (a save's
-# commit wrote three pages of the log where one insert writes one).
-_PREVIOUS = {
-    **{t: c for t, c in _COLUMNS.items() if t != "ekit_queue_headers"},
-    "ekit_queue_runs": _COLUMNS["ekit_queue_runs"] | {"context", "header"},
-    "ekit_queue_entries": _COLUMNS["ekit_queue_entries"] - {"ord"},
-    "ekit_queue_workers": _COLUMNS["ekit_queue_workers"] - {"doing"},
+# The layout before this one (the previous release's): every save rewrote
+# the run's row, which counted them (``saves``, the high bits of ``ord``),
+# and an entry held its output alone.
+_COUNTED_IN_ENTRIES = {
+    "saved": "INTEGER", "step_index": "INTEGER", "input_tokens": "INTEGER", "output_tokens": "INTEGER",
+    "llm_calls": "INTEGER", "failures": "TEXT", "steps_done": "INTEGER", "steps_total": "INTEGER",
 }
-# What the previous layout had added to the one before it (those columns have
+_PREVIOUS = {
+    **_COLUMNS,
+    "ekit_queue_runs": _COLUMNS["ekit_queue_runs"] - {"counted"} | {"saves"},
+    "ekit_queue_entries": _COLUMNS["ekit_queue_entries"] - set(_COUNTED_IN_ENTRIES),
+}
+# The one before it: the run's context and header lived in its row of
+# ekit_queue_runs, so every save rewrote them, and ekit_queue_entries was a
+# rowid table beside an index of its key (a save's commit wrote three pages
+# of the log where one insert writes one).
+_BEFORE_PREVIOUS = {
+    **{t: c for t, c in _PREVIOUS.items() if t != "ekit_queue_headers"},
+    "ekit_queue_runs": _PREVIOUS["ekit_queue_runs"] | {"context", "header"},
+    "ekit_queue_entries": _PREVIOUS["ekit_queue_entries"] - {"ord"},
+    "ekit_queue_workers": _PREVIOUS["ekit_queue_workers"] - {"doing"},
+}
+# What that layout had added to the one before it (those columns have
 # defaults here, so a table of either is copied into this layout alike).
 _ADDED = {
     "ekit_queue_runs": {
@@ -204,11 +227,14 @@ _ADDED = {
 # Columns this layout added to a table an upgrade keeps as it is (ALTER TABLE
 # ... ADD COLUMN): what a worker runs now, told with its announcements.
 _KEPT_GAIN = {"ekit_queue_workers": {"doing": "TEXT"}}
-# The oldest layout a database may hold and still be brought up to date on open.
-_OLDEST = layout_before(_PREVIOUS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
+# The views (with their triggers) of the layouts before this one.
+_EARLIER_VIEWS = ("ekit_queue_save", "ekit_queue_saves", "ekit_queue_writes", "ekit_queue_steps")
+# The oldest layout a database may hold and still be brought up to date on
+# open (or any between it and _PREVIOUS).
+_OLDEST = layout_before(_BEFORE_PREVIOUS, _ADDED, ("ekit_queue_workers", "ekit_queue_slots"))
 # One save's entries sort after every entry written before it: ord is the
-# run's save count (saves, after the save's increment) shifted past the
-# entries one save may write, plus the entry's place in that save.
+# save's number (see SqliteQueue._number) shifted past the entries one save
+# may write, plus the entry's place in that save.
 _ORD_SHIFT = 32
 
 # A row written again (a save retried after its commit was not known to
@@ -223,6 +249,31 @@ _INFO = (
     "error, created_at, updated_at, fingerprint, "
     "options, steps_done, steps_total, input_tokens, output_tokens, llm_calls, reason"
 )
+# RunInfo's columns read from the run's row or, newer, from its entry with
+# the highest ``saved`` (see _STEP_PROCEDURES): the one picked by
+# _NEWEST_ENTRY (by key, so that two entries of one number could not give a
+# run two rows).
+_COUNTED_INFO = {"steps_done", "steps_total", "input_tokens", "output_tokens", "llm_calls"}
+_INFO_NEWEST = ", ".join(
+    f"CASE WHEN e.saved IS NULL THEN r.{c} ELSE e.{c} END" if c in _COUNTED_INFO else f"r.{c}"
+    for c in _INFO.split(", ")
+)
+_NEWEST_ENTRY = (
+    "(SELECT x.{column} FROM ekit_queue_entries AS x WHERE x.run_id = ekit_queue_runs.run_id "
+    "AND x.saved IS NOT NULL ORDER BY x.saved DESC, x.kind, x.name LIMIT 1) AS newest_{column}"
+)
+
+
+def _info_select(tail: str, order: str = "ASC") -> str:
+    """The SELECT of ``_INFO`` of the runs ``... FROM ekit_queue_runs {tail}`` picks, in ``seq`` order."""
+    return (
+        f"SELECT {_INFO_NEWEST} FROM (SELECT *, {_NEWEST_ENTRY.format(column='kind')}, "
+        f"{_NEWEST_ENTRY.format(column='name')} FROM ekit_queue_runs {tail}) AS r "
+        "LEFT JOIN ekit_queue_entries AS e ON e.run_id = r.run_id AND e.kind = r.newest_kind "
+        f"AND e.name = r.newest_name AND e.saved > r.counted ORDER BY r.seq {order}"
+    )
+
+
 # The lifecycle's named placeholders in SQLite's terms: every one a parameter,
 # the clock too (the machine's, time.time(), shared by every process).
 _DIALECT = {"now": "?", "since": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?"}
@@ -238,11 +289,12 @@ _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
 
 # A save's fenced UPDATE (args: the counts, failures, progress, [fingerprint,]
-# lease_until, updated_at, then _HELD's): the fence, the renewal, the cancel
-# flag and the save count in one statement (RETURNING), so that a save of one
-# step is this UPDATE and one INSERT.
+# the save's number, lease_until, updated_at, then _HELD's): the fence, the
+# renewal and the cancel flag in one statement (RETURNING), so that a save of
+# one step is this UPDATE and one INSERT. (Where SQLite lacks what the views
+# below need: every save then writes the run's row.)
 _SAVE_SETS = f"{_COUNTS}, steps_done = ?, steps_total = ?, "
-_SAVE_TAIL = f"saves = saves + 1, lease_until = ?, updated_at = ? WHERE {_HELD}"
+_SAVE_TAIL = f"counted = ?, lease_until = ?, updated_at = ? WHERE {_HELD}"
 _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
@@ -282,11 +334,10 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # are the refused writes (``cancel`` NULL: the lease is not held, nothing was
 # written for them) and the saves made on runs asked to cancel (``cancel`` 1).
 #
-# A trigger's body is part of the layout: a change to it needs a new view
-# (what an older process writes through is left to it), as IF NOT EXISTS
-# keeps whatever body a file has. The views of the layouts before,
-# ``ekit_queue_save`` and ``ekit_queue_saves`` with their triggers, stay in
-# files that have them for processes of those versions.
+# A trigger's body is part of the layout, as IF NOT EXISTS keeps whatever
+# body a file has: a change to it is a new trigger (a new ``_vN``). The
+# upgrade to this layout drops the views of the layouts before (and their
+# triggers): no process of those versions opens a file of this layout.
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 # Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
 # later than NEW.now, which no refused row can hold under NEW.epoch.
@@ -296,24 +347,24 @@ _MADE = (
 )
 _WRITE_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
-    "failures", "steps_done", "steps_total", "kind", "name", "value", "entries", "calls", "tokens",
-    "fingerprint", "header", "status", "error",
+    "failures", "steps_done", "steps_total", "saved", "kind", "name", "value", "entries", "calls",
+    "tokens", "fingerprint", "header", "status", "error",
 )
 _SAVE_RUN = f"""UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
         output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
-        steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        steps_done = NEW.steps_done, steps_total = NEW.steps_total, counted = NEW.saved,
         {{fingerprint}}lease_until = NEW.lease_until, updated_at = NEW.now
         WHERE {_HELD_NEW};"""
-# The entries' order (``ord``): the run's save count, then the place in the save.
+# The entries' order (``ord``): the save's number, then the place in the save.
 _SAVE_ENTRIES = f"""INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
-        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << {_ORD_SHIFT}
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, NEW.saved << {_ORD_SHIFT}
         FROM ekit_queue_runs WHERE NEW.name IS NOT NULL AND run_id = NEW.run_id AND epoch = NEW.epoch
         AND status = 'running' AND lease_until = NEW.lease_until
         ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
         SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
             json_extract(e.value, '$[2]'), NEW.epoch,
-            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << {_ORD_SHIFT}) + e.key + 1
+            (NEW.saved << {_ORD_SHIFT}) + e.key + 1
         FROM json_each(NEW.entries) AS e WHERE NEW.entries IS NOT NULL AND {_MADE.format(more="")}
         ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
     INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
@@ -322,12 +373,12 @@ _SAVE_ENTRIES = f"""INSERT INTO ekit_queue_entries (run_id, kind, name, value, e
 _PROCEDURES = f"""
 CREATE VIEW IF NOT EXISTS ekit_queue_writes AS SELECT
     {", ".join(f"NULL AS {c}" for c in _WRITE_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_delta_v1 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_delta_v2 INSTEAD OF INSERT ON ekit_queue_writes
 WHEN NEW.status IS NULL AND NEW.header IS NULL BEGIN
     {_SAVE_RUN.format(fingerprint="")}
     {_SAVE_ENTRIES}
 END;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_full_v1 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_full_v2 INSTEAD OF INSERT ON ekit_queue_writes
 WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
     {_SAVE_RUN.format(fingerprint="fingerprint = NEW.fingerprint, ")}
     UPDATE ekit_queue_headers SET header = NEW.header
@@ -335,7 +386,7 @@ WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
     DELETE FROM ekit_queue_entries WHERE run_id = NEW.run_id AND {_MADE.format(more="")};
     {_SAVE_ENTRIES}
 END;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_end_v1 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_end_v2 INSTEAD OF INSERT ON ekit_queue_writes
 WHEN NEW.status IS NOT NULL BEGIN
     UPDATE ekit_queue_runs SET status = NEW.status, error = NEW.error, lease_until = NULL,
         updated_at = NEW.now WHERE {_HELD_NEW};
@@ -344,31 +395,47 @@ END;
 """
 
 # The usual save, a step's output and nothing more (one entry, no usage row,
-# the header as stored), has a narrower view of its own: ``ekit_queue_steps``,
-# whose one trigger is the delta trigger less what such a save never does.
+# the header as stored), has a view of its own: ``ekit_queue_steps``, whose
+# one trigger writes the entry and nothing else (decision 015). The entry
+# carries the run's counts and progress as of this save, and ``saved``, the
+# save's number: a reader takes the counts of the entry with the highest
+# number when it is above the run's ``counted`` (the number of the last save
+# that wrote them into the run's row), and the row's otherwise. The fence is
+# a read of the run's row, so the save writes one page of the log, as one
+# insert does. The lease is not renewed by every save, but only when less
+# than half of it is left (a worker renews it every heartbeat, so this is
+# rare): a made save leaves at least half the lease ahead.
+#
+# Why not write the row every time: the row's page is a second page in the
+# log, and its write was most of what a save cost beyond an insert of its
+# entry (statement alone, durable, beside an insert: 1.13-1.15x with the row
+# written, 1.05-1.07x without). Why the counts ride on the entry: they
+# change with every save, and a reader must see them without decoding.
 # A statement of such saves alone goes there; any other goes to
-# ekit_queue_writes. Why: each column of a view's row is bound and built for
-# every row, and each statement of a trigger costs even when its WHERE
-# skips it. Fourteen columns and three statements instead of twenty-one and
-# six, in one trigger instead of three WHENs: the statement alone went from
-# 1.18-1.23x a bare insert to 1.13-1.15x (durable, each beside an insert).
-# Its row is made exactly as the delta trigger's is, so a file may be
-# written through either view, by this version or an older one, alike
-# (tests/test_queue_sqlite_narrow_view_writes_alike.py).
+# ekit_queue_writes, which writes the run's row (counted = the save's number)
+# and entries without counts.
 _STEP_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
-    "failures", "steps_done", "steps_total", "kind", "name", "value",
+    "failures", "steps_done", "steps_total", "saved", "kind", "name", "value",
+)
+_STEP_SAVED = _STEP_COLUMNS.index("saved")
+_ENTRY_COUNTS = (
+    "step_index", "input_tokens", "output_tokens", "llm_calls", "failures", "steps_done", "steps_total",
 )
 _STEP_PROCEDURES = f"""
 CREATE VIEW IF NOT EXISTS ekit_queue_steps AS SELECT
     {", ".join(f"NULL AS {c}" for c in _STEP_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v1 INSTEAD OF INSERT ON ekit_queue_steps BEGIN
-    {_SAVE_RUN.format(fingerprint="")}
-    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
-        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << {_ORD_SHIFT}
-        FROM ekit_queue_runs WHERE changes() = 1 AND run_id = NEW.run_id
-        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch;
-    SELECT RAISE(IGNORE) WHERE {_MADE.format(more=" AND NOT cancel_requested")};
+CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v2 INSTEAD OF INSERT ON ekit_queue_steps BEGIN
+    UPDATE ekit_queue_runs SET lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE {_HELD_NEW} AND lease_until < (NEW.now + NEW.lease_until) / 2;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord, saved, {", ".join(_ENTRY_COUNTS)})
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, NEW.saved << {_ORD_SHIFT}, NEW.saved,
+            {", ".join(f"NEW.{c}" for c in _ENTRY_COUNTS)}
+        FROM ekit_queue_runs WHERE {_HELD_NEW}
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch = excluded.epoch,
+            saved = excluded.saved, {", ".join(f"{c} = excluded.{c}" for c in _ENTRY_COUNTS)};
+    SELECT RAISE(IGNORE) WHERE changes() = 1
+        AND NOT (SELECT cancel_requested FROM ekit_queue_runs WHERE run_id = NEW.run_id);
 END;
 """
 _PROCEDURES += _STEP_PROCEDURES
@@ -377,26 +444,33 @@ _PROCEDURES += _STEP_PROCEDURES
 _WRITES_PER_STATEMENT = 60
 
 
-def _insert_statement(view: str, columns: tuple[str, ...], count: int) -> str:
-    """The one insert of ``count`` rows into ``view``, returning what each write did (see ``_PROCEDURES``)."""
+def _insert_statement(view: str, columns: tuple[str, ...], count: int, made: str) -> str:
+    """The one insert of ``count`` rows into ``view``, returning what each write did (see ``_PROCEDURES``).
+
+    ``made``: the condition on the run's row ``r`` that holds after a made write of the row.
+    """
     row = f"({', '.join('?' * len(columns))})"
     return (
         f"INSERT INTO {view} ({', '.join(columns)}) VALUES " + ", ".join([row] * count)
         + f" RETURNING run_id, (SELECT r.cancel_requested FROM ekit_queue_runs AS r WHERE "
-        f"r.run_id = {view}.run_id AND r.epoch = {view}.epoch AND r.lease_until = {view}.lease_until)"
+        f"r.run_id = {view}.run_id AND r.epoch = {view}.epoch AND {made.format(view=view)})"
     )
 
 
 @functools.cache
 def _writes_statement(count: int) -> str:
     """The one statement of ``count`` writes (see ``_PROCEDURES``)."""
-    return _insert_statement("ekit_queue_writes", _WRITE_COLUMNS, count)
+    # (Its fenced UPDATE set lease_until to the row's, which no refused row can hold.)
+    return _insert_statement("ekit_queue_writes", _WRITE_COLUMNS, count, "r.lease_until = {view}.lease_until")
 
 
 @functools.cache
 def _steps_statement(count: int) -> str:
     """The one statement of ``count`` saves of a step's output alone (see ``_STEP_COLUMNS``)."""
-    return _insert_statement("ekit_queue_steps", _STEP_COLUMNS, count)
+    # (It renews rarely: the fence itself, as the trigger read it.)
+    return _insert_statement(
+        "ekit_queue_steps", _STEP_COLUMNS, count, "r.status = 'running' AND r.lease_until > {view}.now"
+    )
 
 
 # A save ready to be written: the lease, the checkpoint, its rows, the usage it adds.
@@ -429,6 +503,7 @@ class SqliteQueue(RunQueue):
     """
 
     backend = "sqlite"
+    save_renews = 0.5  # (see _STEP_PROCEDURES)
     # Whether saves are one statement (``_PROCEDURES``): this SQLite has JSON functions and RETURNING.
     _one_statement = False
 
@@ -444,6 +519,8 @@ class SqliteQueue(RunQueue):
         """Open (creating if needed) the queue at ``path``."""
         super().__init__(dumps=dumps, loads=loads)
         self.path = os.fspath(path)
+        # Each lease's run: (epoch, the number of its last save) (see _number).
+        self._numbers: dict[str, tuple[int, int]] = {}
         try:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT
@@ -479,7 +556,7 @@ class SqliteQueue(RunQueue):
             conn.executescript(_PROCEDURES)
         found = self._found(conn)
         problem = schema_problem(_COLUMNS, found)
-        if problem is None and "context" in found["ekit_queue_runs"]:
+        if found["ekit_queue_runs"] & {"context", "saves"}:
             # (An earlier layout's runs beside tables that are not that layout's.)
             problem = (
                 "table ekit_queue_runs is of an earlier layout than the other tables; use another database"
@@ -505,19 +582,24 @@ class SqliteQueue(RunQueue):
     def _earlier(found: dict[str, set[str]]) -> bool:
         """Whether ``found`` is a queue of an earlier layout (which :meth:`_upgrade` brings up to date)."""
         runs, entries = found["ekit_queue_runs"], found["ekit_queue_entries"]
-        return schema_problem(_OLDEST, found) is None and ("header" in runs or "ord" not in entries)
+        old = schema_problem(_OLDEST, found) is None or schema_problem(_PREVIOUS, found) is None
+        return old and ("header" in runs or "ord" not in entries or "counted" not in runs)
 
     def _upgrade(self, conn: sqlite3.Connection) -> bool:
         """Bring a queue of an earlier layout up to date, under the write lock; whether it had to.
 
         The layout is read again under the lock: another process may have
         upgraded the file meanwhile. Every run keeps its row (and ``seq``),
-        its entries (and their order) and its lease; the tables this layout
-        added are created.
+        its entries (and their order), its counts and its lease; the tables
+        this layout added are created. The views of earlier layouts are
+        dropped (with their triggers): no process of those versions opens a
+        file of this layout, as its runs lack ``saves``.
         """
         found = self._found(conn)
         if not self._earlier(found):
             return False
+        for view in _EARLIER_VIEWS:
+            conn.execute(f"DROP VIEW IF EXISTS {view}")
         rebuilt = ("ekit_queue_runs", "ekit_queue_entries")
         for statement in _SCHEMA.split(";"):
             if statement.strip() and not any(table in statement for table in rebuilt):
@@ -526,22 +608,30 @@ class SqliteQueue(RunQueue):
             for name, kind in columns.items():
                 if found[table] and name not in found[table]:  # (a table just created has it)
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-        # ekit_queue_runs without the context and header, which move to ekit_queue_headers.
+        # ekit_queue_runs without the context and header, which move to
+        # ekit_queue_headers, and with the number of the last save that
+        # wrote its counts (every save did, as the save count).
         (sequence,) = conn.execute(
             "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'ekit_queue_runs'"
         ).fetchone()
-        conn.execute(
-            "INSERT INTO ekit_queue_headers (seq, context, header) SELECT seq, context, header "
-            "FROM ekit_queue_runs"
-        )
-        self._rebuild(conn, "ekit_queue_runs", found, {})
+        if "header" in found["ekit_queue_runs"]:
+            conn.execute(
+                "INSERT INTO ekit_queue_headers (seq, context, header) SELECT seq, context, header "
+                "FROM ekit_queue_runs"
+            )
+        self._rebuild(conn, "ekit_queue_runs", found, {"counted": "saves"})
         conn.execute(
             "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'ekit_queue_runs'", (sequence,)
         )
         conn.execute(_statement("CREATE INDEX IF NOT EXISTS ekit_queue_runs_claim"))
-        # ekit_queue_entries keyed by (run, kind, name) alone, each entry's ord its place in the run.
-        ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"  # (SQLite 3.25)
-        self._rebuild(conn, "ekit_queue_entries", found, {"ord": ordinal})
+        if "ord" in found["ekit_queue_entries"]:
+            # The entries as they are, with room for counts (none: the runs' rows have them).
+            for name, kind in _COUNTED_IN_ENTRIES.items():
+                conn.execute(f"ALTER TABLE ekit_queue_entries ADD COLUMN {name} {kind}")
+        else:
+            # ekit_queue_entries keyed by (run, kind, name) alone, each entry's ord its place in the run.
+            ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"  # (SQLite 3.25)
+            self._rebuild(conn, "ekit_queue_entries", found, {"ord": ordinal})
         return True
 
     @staticmethod
@@ -690,7 +780,7 @@ class SqliteQueue(RunQueue):
         self, conn: sqlite3.Connection, where: str, args: tuple[Any, ...]
     ) -> tuple[list[Any], dict[str, set[str | None]]]:
         """The runs' rows and what the live workers serve, in one snapshot."""
-        rows = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
+        rows = conn.execute(_info_select(f"{where} ORDER BY seq"), args).fetchall()
         workers = conn.execute(
             "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
         ).fetchall()
@@ -702,18 +792,53 @@ class SqliteQueue(RunQueue):
         return self._tx(lambda c: self._load(c, run_id, missing_ok=False), write=False)
 
     def _load(self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
+        return self._read_run(conn, run_id, missing_ok=missing_ok)[0]
+
+    def _read_run(
+        self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool
+    ) -> tuple[WorkflowCheckpoint | None, int]:
+        """The run's latest checkpoint and the highest save number stored for it.
+
+        The counts are those of the entry with the highest ``saved`` when it
+        is above the row's ``counted``, else the row's (see ``_STEP_PROCEDURES``).
+        """
+        where = f"{self.path}, run {run_id!r}"
         row = conn.execute(
-            "SELECT h.header, r.step_index, r.input_tokens, r.output_tokens, r.llm_calls, r.failures "
-            "FROM ekit_queue_runs AS r LEFT JOIN ekit_queue_headers AS h ON h.seq = r.seq WHERE r.run_id = ?",
+            "SELECT h.header, r.step_index, r.input_tokens, r.output_tokens, r.llm_calls, r.failures, "
+            "r.counted FROM ekit_queue_runs AS r LEFT JOIN ekit_queue_headers AS h ON h.seq = r.seq "
+            "WHERE r.run_id = ?",
             (run_id,),
         ).fetchone()
+        if row is None or row[0] is None:
+            checkpoint = self._decode_run(row, run_id, list, where, missing_ok=missing_ok)
+            return checkpoint, self._a_number(row[6], "counted", where) if row is not None else 0
+        counted = number = self._a_number(row[6], "counted", where)
+        entries = conn.execute(
+            "SELECT kind, name, value, ord, saved, step_index, input_tokens, output_tokens, llm_calls, "
+            "failures FROM ekit_queue_entries WHERE run_id = ? ORDER BY ord",
+            (run_id,),
+        ).fetchall()
+        newest: tuple[Any, ...] | None = None
+        for entry in entries:
+            number = max(number, self._a_number(entry[3], "ord", where) >> _ORD_SHIFT)
+            saved = entry[4]
+            if saved is not None:
+                saved = self._a_number(saved, "saved", where)
+                number = max(number, saved)
+                if saved > counted and (newest is None or saved > newest[4]):
+                    newest = entry
+        counts = row[:6] if newest is None else (row[0], *newest[5:10])
+        checkpoint = self._decode_run(
+            counts, run_id, lambda: [entry[:3] for entry in entries], where, missing_ok=missing_ok
+        )
+        return checkpoint, number
 
-        def entries() -> list[tuple[str, str, str]]:
-            return conn.execute(
-                "SELECT kind, name, value FROM ekit_queue_entries WHERE run_id = ? ORDER BY ord", (run_id,)
-            ).fetchall()
-
-        return self._decode_run(row, run_id, entries, f"{self.path}, run {run_id!r}", missing_ok=missing_ok)
+    @staticmethod
+    def _a_number(value: object, column: str, where: str) -> int:
+        """A stored save number or order, checked (a file edited by hand is refused, naming the column)."""
+        if type(value) is not int or not 0 <= value < 2**63:
+            raise CorruptStoreError(where, f"column {column} holds {value!r}, not a save number")
+        return value
 
     def cancel(self, run_id: str) -> bool:
         """Ask for the run to stop; ``False`` if it had already ended.
@@ -968,14 +1093,14 @@ class SqliteQueue(RunQueue):
             return None
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
-            "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options, h.header IS NOT NULL FROM "
+            "SELECT c.run_id, c.epoch, c.workflow, h.context, c.options FROM "
             f"({self._candidate(names, abandoned=True)}) AS c "
             "LEFT JOIN ekit_queue_headers AS h ON h.seq = c.seq",
             args + args,
         ).fetchone()
         if row is None:
             return None
-        run_id, epoch, workflow, context, options, saved = row
+        run_id, epoch, workflow, context, options = row
         if context is None:
             raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         until = now + seconds
@@ -986,9 +1111,10 @@ class SqliteQueue(RunQueue):
         )
         if limits.runs_per_minute is not None:
             conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
-        # A run never saved has no header (and no entries): nothing to read.
-        checkpoint = self._load(conn, run_id, missing_ok=True) if saved else None
-        return self._granted(run_id, epoch + 1, workflow, context, checkpoint, until, options, limits)
+        checkpoint, number = self._read_run(conn, run_id, missing_ok=True)
+        return self._granted_numbered(
+            number, run_id, epoch + 1, workflow, context, checkpoint, until, options, limits
+        )
 
     @staticmethod
     def _candidate(names: list[tuple[str, str | None]], *, abandoned: bool, limit: int = 1) -> str:
@@ -1043,14 +1169,14 @@ class SqliteQueue(RunQueue):
             "updated_at = ?, reason = NULL "
             f"WHERE run_id IN (SELECT run_id FROM ({self._candidate(names, abandoned=False, limit=limit)})) "
             "AND (SELECT value FROM ekit_queue_config WHERE key = 'limits') IS ? "
-            "RETURNING run_id, epoch, workflow, options, seq, lease_until, priority",
+            "RETURNING run_id, epoch, workflow, options, seq, lease_until, counted, priority",
             (worker, now + seconds, now, *args, *args, limits_text),
         ).fetchall()
         # RETURNING's order is not the claim's: put them in claim order (priority, then age).
-        return [row[:6] for row in sorted(rows, key=lambda row: (-row[6], row[4]))]
+        return [row[:7] for row in sorted(rows, key=lambda row: (-row[7], row[4]))]
 
     def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
-        run_id, epoch, workflow, options, seq, until = row
+        run_id, epoch, workflow, options, seq, until, number = row
 
         found = self.conn.execute(
             "SELECT context, header IS NOT NULL FROM ekit_queue_headers WHERE seq = ?", (seq,)
@@ -1059,9 +1185,17 @@ class SqliteQueue(RunQueue):
             raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         context, saved = found
         checkpoint = None
-        if saved:  # (its header and entries read in one snapshot)
-            checkpoint = self._tx(lambda c: self._load(c, run_id, missing_ok=True), write=False)
-        return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
+        if saved:  # (its header and entries read in one snapshot; a run never saved has neither)
+            checkpoint, number = self._tx(lambda c: self._read_run(c, run_id, missing_ok=True), write=False)
+        return self._granted_numbered(
+            number, run_id, epoch, workflow, context, checkpoint, until, options, limits
+        )
+
+    def _granted_numbered(self, number: int, *granted: Any) -> Lease:
+        """:meth:`_granted`, the lease's saves numbered from past ``number`` (see :meth:`_number`)."""
+        lease = self._granted(*granted)
+        self._numbers[lease.run_id] = (lease.epoch, number)
+        return lease
 
     def _tidy(self, limits: Limits) -> None:
         """At most once a second: cancel the abandoned runs and trim the usage window (a statement each)."""
@@ -1138,20 +1272,41 @@ class SqliteQueue(RunQueue):
         self._fence(conn, lease, conn.execute(sql, args).rowcount)
         return self._cancel_asked(conn, lease.run_id)
 
-    def _fenced_save(
-        self, conn: sqlite3.Connection, lease: Lease, sql: str, args: tuple[Any, ...]
-    ) -> tuple[bool, int]:
-        """:meth:`_fenced_update` of a save: the cancel flag, and the run's save count after it."""
-        if _RETURNING:
-            rows = conn.execute(sql + " RETURNING cancel_requested, saves", args).fetchall()
+    # -- the number of each save of a lease: the order of its entries, the age of its counts
+
+    def _number(self, conn: sqlite3.Connection, lease: Lease) -> int:
+        """The next save's number under ``lease``: above every number stored for the run.
+
+        Kept here, not in the database, so that the usual save need not
+        write the run's row to count itself. The claim reads where the
+        stored numbers end (see :meth:`_read_run`); a lease this object did
+        not claim is read from the database once. Only the lease's holder
+        writes the run's entries meanwhile, so nothing stored can overtake
+        the number; a lease is driven through one queue object, as the
+        deltas its saves write already assume.
+        """
+        known = self._numbers.get(lease.run_id)
+        if known is not None and known[0] == lease.epoch:
+            number = known[1] + 1
         else:
-            self._fence(conn, lease, conn.execute(sql, args).rowcount)
-            rows = conn.execute(
-                "SELECT cancel_requested, saves FROM ekit_queue_runs WHERE run_id = ?", (lease.run_id,)
-            ).fetchall()
-        if len(rows) != 1:
-            self._lost(lease)
-        return bool(rows[0][0]), rows[0][1]
+            number = self._stored_number(conn, lease.run_id) + 1
+        self._numbers[lease.run_id] = (lease.epoch, number)
+        return number
+
+    @staticmethod
+    def _stored_number(conn: sqlite3.Connection, run_id: str) -> int:
+        """The highest save number stored for ``run_id`` (0 for none)."""
+        row = conn.execute(
+            f"SELECT max(r.counted, coalesce((SELECT max(max(e.ord >> {_ORD_SHIFT}, coalesce(e.saved, 0))) "
+            "FROM ekit_queue_entries AS e WHERE e.run_id = r.run_id), 0)) "
+            "FROM ekit_queue_runs AS r WHERE r.run_id = ?",
+            (run_id,),
+        ).fetchone()
+        return int(row[0]) if row is not None and isinstance(row[0], int) else 0
+
+    def _forget(self, run_id: str) -> None:
+        super()._forget(run_id)
+        self._numbers.pop(run_id, None)
 
     @staticmethod
     def _cancel_asked(conn: sqlite3.Connection, run_id: str) -> bool:
@@ -1161,7 +1316,11 @@ class SqliteQueue(RunQueue):
         return bool(row[0])
 
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store ``checkpoint`` under ``lease`` and renew it; return whether a cancel was asked.
+        """Store ``checkpoint`` under ``lease``; return whether a cancel was asked.
+
+        The lease is renewed when less than half of ``lease_seconds`` is left
+        (a save of a step's output alone writes nothing else), so a made save
+        leaves at least half of it ahead (:attr:`save_renews`).
 
         One transaction: the fencing check and the rows it guards commit
         together. Raises :class:`LeaseLostError`, writing nothing, if the
@@ -1333,7 +1492,7 @@ class SqliteQueue(RunQueue):
         (an ending's ``False``), or ``None`` if refused."""
         now = time.time()
         until = now + seconds
-        steps = self._step_args(rows, now, until)
+        steps = self._step_args(conn, rows, now, until)
         if steps is not None:
             return self._told_by(conn.execute(_steps_statement(len(rows)), steps).fetchall(), rows)
         args: list[Any] = []
@@ -1348,7 +1507,7 @@ class SqliteQueue(RunQueue):
             header = enc.header
             args += (
                 lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
-                *(entries[0] if entries else _NO_ENTRY),
+                self._number(conn, lease), *(entries[0] if entries else _NO_ENTRY),
                 _ENTRIES(entries[1:]) if len(entries) > 1 else None,
                 added.llm_calls if used else None, added.input_tokens + added.output_tokens,
                 # (A delta's trigger reads no fingerprint: a save in full's does.)
@@ -1357,7 +1516,9 @@ class SqliteQueue(RunQueue):
         # Read to the end: the statement commits when its last row is read.
         return self._told_by(conn.execute(_writes_statement(len(rows)), args).fetchall(), rows)
 
-    def _step_args(self, rows: list[_Row], now: float, until: float) -> list[Any] | None:
+    def _step_args(
+        self, conn: sqlite3.Connection, rows: list[_Row], now: float, until: float
+    ) -> list[Any] | None:
         """The arguments of ``rows`` in ``ekit_queue_steps``; ``None`` unless every one is a
         save of a step's output alone (see ``_STEP_COLUMNS``)."""
         args: list[Any] = []
@@ -1370,8 +1531,12 @@ class SqliteQueue(RunQueue):
                 return None
             args += (
                 lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
-                *entries[0],
+                None, *entries[0],
             )
+        # Numbered once the statement is known to be this one (a number skipped
+        # would do no harm, but there is no need to).
+        for i, row in enumerate(rows):
+            args[i * len(_STEP_COLUMNS) + _STEP_SAVED] = self._number(conn, row[0])
         return args
 
     @staticmethod
@@ -1404,12 +1569,13 @@ class SqliteQueue(RunQueue):
         args: list[Any] = [*enc.counts, enc.failures, *progress(checkpoint)]
         if enc.full:
             args.append(checkpoint.fingerprint)
-        args += (now + seconds, now, lease.run_id, lease.epoch, now)
-        cancel, saves = self._fenced_save(conn, lease, _SAVE_FULL if enc.full else _SAVE, tuple(args))
+        number = self._number(conn, lease)
+        args += (number, now + seconds, now, lease.run_id, lease.epoch, now)
+        cancel = self._fenced_update(conn, lease, _SAVE_FULL if enc.full else _SAVE, tuple(args))
         if enc.full:
             self._write_header(conn, lease.run_id, enc.header)
             conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
-        base = saves << _ORD_SHIFT
+        base = number << _ORD_SHIFT
         rows = [
             (lease.run_id, kind, name, value, lease.epoch, base + i)
             for i, (kind, name, value) in enumerate(enc.rows)
@@ -1649,7 +1815,7 @@ class SqliteQueue(RunQueue):
             if offset >= total or limit == 0:
                 return total, [], []
             rows = conn.execute(
-                f"SELECT {_INFO} FROM ekit_queue_runs {walk} ORDER BY seq {order} LIMIT ? OFFSET ?",
+                _info_select(f"{walk} ORDER BY seq {order} LIMIT ? OFFSET ?", order),
                 (*args, -1 if limit is None else limit, offset),
             ).fetchall()
             workers = conn.execute(

@@ -621,7 +621,9 @@ class Worker:
                     raise
                 await asyncio.sleep(min(self._retry_delay(failures), left))
                 continue
-            self._renewed(drive, asked, cancel)  # every save renews the lease
+            # A made save leaves at least this share of the lease ahead (SQLite's
+            # usual save renews only past half of it: decision 015).
+            self._renewed(drive, asked, cancel, self.queue.save_renews)
             return
 
     def _retry_delay(self, failures: int) -> float:
@@ -656,9 +658,10 @@ class Worker:
         # the error raised next ends the run (nothing more is written for it).
         drive.lost = True
 
-    def _renewed(self, drive: _Drive, asked: float, cancel: bool) -> None:
-        """A save or renewal asked at ``asked`` went through: the lease holds a while longer."""
-        drive.valid_until = max(drive.valid_until, asked + self.lease_seconds)
+    def _renewed(self, drive: _Drive, asked: float, cancel: bool, share: float = 1.0) -> None:
+        """A save or renewal asked at ``asked`` went through: the lease holds a while longer
+        (``share`` of its length at least)."""
+        drive.valid_until = max(drive.valid_until, asked + self.lease_seconds * share)
         self._on_cancel_flag(drive, cancel)
 
     async def _heartbeat(self, drive: _Drive) -> None:
