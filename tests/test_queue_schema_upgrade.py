@@ -29,9 +29,11 @@ from typing import Any
 
 import pytest
 
+import ekit_runtime.queue.sqlite as sqlite_queue
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow, ask
 from ekit_runtime.queue import Lease, QueueUnavailableError, RunInfo, SqliteQueue, Worker, open_queue
+from ekit_runtime.queue.base import schema_columns, schema_problem
 from ekit_runtime.stores.errors import CorruptStoreError
 from tests.queue_backends import postgres_url, queue_url
 from tests.queue_options_child import REGISTRY
@@ -134,8 +136,8 @@ CREATE TABLE IF NOT EXISTS ekit_queue_workers (
 
 # The layout of the release just before this one: every save rewrote the
 # run's row, which counted them (``saves``), and an entry held its output
-# alone. With it, a stand-in for that release's narrow view, whose trigger
-# reads ``saves`` (the upgrade must drop it before it drops the column).
+# alone. With it, that release's views and triggers, as its processes create
+# them on every open where missing (long lines wrapped; SQL reads them alike).
 LAST_SQLITE = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -192,10 +194,111 @@ CREATE TABLE IF NOT EXISTS ekit_queue_workers (
     doing TEXT
 );
 """
-LAST_VIEWS = """
-CREATE VIEW IF NOT EXISTS ekit_queue_steps AS SELECT NULL AS run_id WHERE 0;
+LAST_PROCEDURES = """
+CREATE VIEW IF NOT EXISTS ekit_queue_writes AS SELECT
+    NULL AS run_id, NULL AS epoch, NULL AS now, NULL AS lease_until, NULL AS step_index, NULL AS
+        input_tokens, NULL AS output_tokens, NULL AS llm_calls, NULL AS failures, NULL AS
+        steps_done, NULL AS steps_total, NULL AS kind, NULL AS name, NULL AS value, NULL AS entries,
+        NULL AS calls, NULL AS tokens, NULL AS fingerprint, NULL AS header, NULL AS status, NULL AS
+        error WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_delta_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NULL AND NEW.header IS NULL BEGIN
+    UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
+        output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
+        steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running' AND lease_until >
+            NEW.now;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << 32
+        FROM ekit_queue_runs WHERE NEW.name IS NOT NULL AND run_id = NEW.run_id AND epoch =
+            NEW.epoch
+        AND status = 'running' AND lease_until = NEW.lease_until
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch =
+            excluded.epoch;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
+            json_extract(e.value, '$[2]'), NEW.epoch,
+            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << 32) + e.key + 1
+        FROM json_each(NEW.entries) AS e WHERE NEW.entries IS NOT NULL AND EXISTS (SELECT 1 FROM
+            ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running'
+            AND lease_until = NEW.lease_until)
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch =
+            excluded.epoch;
+    INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
+        SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL AND EXISTS (SELECT 1
+            FROM ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status =
+            'running' AND lease_until = NEW.lease_until);
+    SELECT RAISE(IGNORE) WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id
+        AND epoch = NEW.epoch AND status = 'running' AND lease_until = NEW.lease_until AND NOT
+        cancel_requested);
+END;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_full_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
+    UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
+        output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
+        steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        fingerprint = NEW.fingerprint, lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running' AND lease_until >
+            NEW.now;
+    UPDATE ekit_queue_headers SET header = NEW.header
+        WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id AND epoch =
+            NEW.epoch AND status = 'running' AND lease_until = NEW.lease_until) AND seq = (SELECT
+            seq FROM ekit_queue_runs WHERE run_id = NEW.run_id);
+    DELETE FROM ekit_queue_entries WHERE run_id = NEW.run_id AND EXISTS (SELECT 1 FROM
+        ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running' AND
+        lease_until = NEW.lease_until);
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << 32
+        FROM ekit_queue_runs WHERE NEW.name IS NOT NULL AND run_id = NEW.run_id AND epoch =
+            NEW.epoch
+        AND status = 'running' AND lease_until = NEW.lease_until
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch =
+            excluded.epoch;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
+            json_extract(e.value, '$[2]'), NEW.epoch,
+            ((SELECT saves FROM ekit_queue_runs WHERE run_id = NEW.run_id) << 32) + e.key + 1
+        FROM json_each(NEW.entries) AS e WHERE NEW.entries IS NOT NULL AND EXISTS (SELECT 1 FROM
+            ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running'
+            AND lease_until = NEW.lease_until)
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch =
+            excluded.epoch;
+    INSERT INTO ekit_queue_usage (at, llm_calls, tokens)
+        SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL AND EXISTS (SELECT 1
+            FROM ekit_queue_runs WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status =
+            'running' AND lease_until = NEW.lease_until);
+    SELECT RAISE(IGNORE) WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id
+        AND epoch = NEW.epoch AND status = 'running' AND lease_until = NEW.lease_until AND NOT
+        cancel_requested);
+END;
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_end_v1 INSTEAD OF INSERT ON ekit_queue_writes
+WHEN NEW.status IS NOT NULL BEGIN
+    UPDATE ekit_queue_runs SET status = NEW.status, error = NEW.error, lease_until = NULL,
+        updated_at = NEW.now WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status =
+            'running' AND lease_until > NEW.now;
+    SELECT RAISE(IGNORE) WHERE changes() = 1;
+END;
+
+CREATE VIEW IF NOT EXISTS ekit_queue_steps AS SELECT
+    NULL AS run_id, NULL AS epoch, NULL AS now, NULL AS lease_until, NULL AS step_index, NULL AS
+        input_tokens, NULL AS output_tokens, NULL AS llm_calls, NULL AS failures, NULL AS
+        steps_done, NULL AS steps_total, NULL AS kind, NULL AS name, NULL AS value WHERE 0;
 CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v1 INSTEAD OF INSERT ON ekit_queue_steps BEGIN
-    UPDATE ekit_queue_runs SET saves = saves + 1 WHERE run_id = NEW.run_id;
+    UPDATE ekit_queue_runs SET step_index = NEW.step_index, input_tokens = NEW.input_tokens,
+        output_tokens = NEW.output_tokens, llm_calls = NEW.llm_calls, failures = NEW.failures,
+        steps_done = NEW.steps_done, steps_total = NEW.steps_total, saves = saves + 1,
+        lease_until = NEW.lease_until, updated_at = NEW.now
+        WHERE run_id = NEW.run_id AND epoch = NEW.epoch AND status = 'running' AND lease_until >
+            NEW.now;
+    INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord)
+        SELECT NEW.run_id, NEW.kind, NEW.name, NEW.value, NEW.epoch, saves << 32
+        FROM ekit_queue_runs WHERE changes() = 1 AND run_id = NEW.run_id
+        ON CONFLICT(run_id, kind, name) DO UPDATE SET value = excluded.value, epoch =
+            excluded.epoch;
+    SELECT RAISE(IGNORE) WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE run_id = NEW.run_id
+        AND epoch = NEW.epoch AND status = 'running' AND lease_until = NEW.lease_until AND NOT
+        cancel_requested);
 END;
 """
 
@@ -430,7 +533,7 @@ def _as_previous_layout(
     conn = sqlite3.connect(old, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(PREVIOUS_SQLITE if layout == "rowid entries" else LAST_SQLITE + LAST_VIEWS)
+        conn.executescript(PREVIOUS_SQLITE if layout == "rowid entries" else LAST_SQLITE + LAST_PROCEDURES)
         conn.execute("ATTACH DATABASE ? AS cur", (str(current),))
         conn.execute("BEGIN")
         columns = [r[1] for r in conn.execute("PRAGMA cur.table_info(ekit_queue_runs)") if r[1] != "counted"]
@@ -501,7 +604,7 @@ def test_a_queue_of_the_layout_before_upgrades_on_open_and_every_run_goes_on(
         assert "saves" not in tables["ekit_queue_runs"] and "counted" in tables["ekit_queue_runs"]
         # The earlier views are gone (their triggers read saves), this layout's made.
         triggers = {r[0] for r in q.conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-        assert "ekit_queue_steps_v2" in triggers and "ekit_queue_steps_v1" not in triggers
+        assert "ekit_queue_steps_v2_entry" in triggers and "ekit_queue_steps_v1" not in triggers
         # The workers' table, kept, gains what a worker runs now (the dashboard's running steps).
         assert "doing" in tables["ekit_queue_workers"]
         q.announce("old-worker", {"chain": None}, 60, {"running": (lease.epoch, {"mu": (time.time(), 1)})})
@@ -684,3 +787,35 @@ def test_a_role_that_cannot_build_the_pick_index_still_opens_the_queue(
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_worker_of_the_release_before_refuses_this_layout_and_breaks_nothing(tmp_path: Path) -> None:
+    # What that release's SqliteQueue does on open, in its order: create its
+    # tables and its views and triggers where missing, then check the columns.
+    path = tmp_path / "q.db"
+    with SqliteQueue(path) as q:
+        q.submit("chain", {"id": "held"}, run_id="held")
+        lease = q.claim("new-worker", {"chain": None}, 3600)
+        assert lease is not None
+        checkpoints: list[WorkflowCheckpoint] = []
+        FLOWS["chain"].run_sync({"id": "held"}, checkpoint_fn=checkpoints.append)
+        q.save(lease, checkpoints[0], 3600)
+        q.save(lease, checkpoints[1], 3600)
+        old = sqlite3.connect(path, isolation_level=None)
+        try:
+            old.executescript(LAST_SQLITE)
+            old.executescript(LAST_PROCEDURES)
+            found = {t: {r[1] for r in old.execute(f"PRAGMA table_info({t})")} for t in sqlite_queue._COLUMNS}
+        finally:
+            old.close()
+        problem = schema_problem(schema_columns(LAST_SQLITE), found)
+        assert problem is not None and "ekit_queue_runs lacks column(s) saves" in problem
+        # This version's saves go on through its own views, which the old triggers do not touch.
+        assert q.save(lease, checkpoints[2], 3600) is False
+        q.finish(lease, "finished")
+        q.submit("chain", {"id": "next"}, run_id="next")
+        assert _drain(q) == 1
+    with SqliteQueue(path) as q:  # and the file opens again as it was
+        assert q.result("held").outputs == checkpoints[2].outputs  # type: ignore[union-attr]
+        assert q.status("next").status == "finished" and q.status("next").steps_done == len(CHAIN)
+    ran.clear()

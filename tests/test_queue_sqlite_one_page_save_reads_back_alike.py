@@ -1,9 +1,9 @@
 """A step's output saved through the one-page view reads back exactly as through the general one.
 
 SQLite saves a step's output alone (a delta of one entry and no usage row)
-through the view ``ekit_queue_steps``, whose trigger writes the entry alone
+through the view ``ekit_queue_steps_v2``, whose trigger writes the entry alone
 (with the run's counts as of that save), and every other write through
-``ekit_queue_writes``, which writes the run's row too. A reader takes the
+``ekit_queue_writes_v2``, which writes the run's row too. A reader takes the
 counts from whichever is newer. So the two could drift apart: a different
 entry order, stale counts or progress, a cancel flag or a refusal told
 otherwise. This property drives two queues through the same random

@@ -1,7 +1,7 @@
 """A SQLite save is one statement, and it keeps every promise the statements kept.
 
 A save (what a worker writes after each step) is one insert into the view
-``ekit_queue_writes`` (or, for a step's output alone, ``ekit_queue_steps``),
+``ekit_queue_writes_v2`` (or, for a step's output alone, ``ekit_queue_steps_v2``),
 whose trigger runs the fenced update, the entries and the usage (and, for a
 save in full, the header), so the write lock is taken and let go inside one
 call into SQLite. These tests pin that it is one
@@ -286,16 +286,16 @@ def test_a_file_made_before_the_view_gains_it_on_open(tmp_path: Path) -> None:
     SqliteQueue(path).close()
     raw = sqlite3.connect(path, isolation_level=None)
     for kind in ("delta", "full", "end"):
-        raw.execute(f"DROP TRIGGER ekit_queue_writes_{kind}_v2")
-    raw.execute("DROP VIEW ekit_queue_writes")
-    raw.execute("DROP TRIGGER ekit_queue_steps_v2")
-    raw.execute("DROP VIEW ekit_queue_steps")
+        raw.execute(f"DROP TRIGGER ekit_queue_writes_v2_{kind}")
+    raw.execute("DROP VIEW ekit_queue_writes_v2")
+    raw.execute("DROP TRIGGER ekit_queue_steps_v2_entry")
+    raw.execute("DROP VIEW ekit_queue_steps_v2")
     raw.close()
     queue = SqliteQueue(path)
     made = queue.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('view', 'trigger')")
     names = {r[0] for r in made}
-    assert {"ekit_queue_writes", *(f"ekit_queue_writes_{k}_v2" for k in ("delta", "full", "end"))} <= names
-    assert {"ekit_queue_steps", "ekit_queue_steps_v2"} <= names
+    assert {"ekit_queue_writes_v2", *(f"ekit_queue_writes_v2_{k}" for k in ("delta", "full", "end"))} <= names
+    assert {"ekit_queue_steps_v2", "ekit_queue_steps_v2_entry"} <= names
     lease = _claimed(queue)
     first, second = _checkpoints(["a", "b"])
     seen = _statements(queue)

@@ -299,7 +299,7 @@ _SAVE = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}{_SAVE_TAIL}"
 _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TAIL}"
 
 # A worker's writes as ONE statement: an insert into the view
-# ekit_queue_writes of one row per save or per run ending (one run each),
+# ekit_queue_writes_v2 of one row per save or per run ending (one run each),
 # whose triggers do each row's fenced write. A save's row runs its fenced
 # UPDATE and, if it matched, writes the entries (the first in the row's
 # kind, name and value, the others as a JSON array of [kind, name, value])
@@ -335,9 +335,15 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # written for them) and the saves made on runs asked to cancel (``cancel`` 1).
 #
 # A trigger's body is part of the layout, as IF NOT EXISTS keeps whatever
-# body a file has: a change to it is a new trigger (a new ``_vN``). The
-# upgrade to this layout drops the views of the layouts before (and their
-# triggers): no process of those versions opens a file of this layout.
+# body a file has, and so is its view's name: a change to either is a new
+# view (a new ``_vN``). The upgrade to this layout drops the views of the
+# layouts before and their triggers. The names must change with the layout,
+# not only the triggers': a process of an earlier release that opens a file
+# of this layout refuses it, but only after creating its own views and
+# triggers where missing (IF NOT EXISTS); a trigger of its own on a view of
+# this name would fire on every insert into it and fail ("no such column:
+# saves"). Under new names its views are inert, and this version drops them
+# when it next upgrades (tests/test_queue_schema_upgrade.py).
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 # Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
 # later than NEW.now, which no refused row can hold under NEW.epoch.
@@ -371,14 +377,14 @@ _SAVE_ENTRIES = f"""INSERT INTO ekit_queue_entries (run_id, kind, name, value, e
         SELECT NEW.now, NEW.calls, NEW.tokens WHERE NEW.calls IS NOT NULL AND {_MADE.format(more="")};
     SELECT RAISE(IGNORE) WHERE {_MADE.format(more=" AND NOT cancel_requested")};"""
 _PROCEDURES = f"""
-CREATE VIEW IF NOT EXISTS ekit_queue_writes AS SELECT
+CREATE VIEW IF NOT EXISTS ekit_queue_writes_v2 AS SELECT
     {", ".join(f"NULL AS {c}" for c in _WRITE_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_delta_v2 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_v2_delta INSTEAD OF INSERT ON ekit_queue_writes_v2
 WHEN NEW.status IS NULL AND NEW.header IS NULL BEGIN
     {_SAVE_RUN.format(fingerprint="")}
     {_SAVE_ENTRIES}
 END;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_full_v2 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_v2_full INSTEAD OF INSERT ON ekit_queue_writes_v2
 WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
     {_SAVE_RUN.format(fingerprint="fingerprint = NEW.fingerprint, ")}
     UPDATE ekit_queue_headers SET header = NEW.header
@@ -386,7 +392,7 @@ WHEN NEW.status IS NULL AND NEW.header IS NOT NULL BEGIN
     DELETE FROM ekit_queue_entries WHERE run_id = NEW.run_id AND {_MADE.format(more="")};
     {_SAVE_ENTRIES}
 END;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_end_v2 INSTEAD OF INSERT ON ekit_queue_writes
+CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_v2_end INSTEAD OF INSERT ON ekit_queue_writes_v2
 WHEN NEW.status IS NOT NULL BEGIN
     UPDATE ekit_queue_runs SET status = NEW.status, error = NEW.error, lease_until = NULL,
         updated_at = NEW.now WHERE {_HELD_NEW};
@@ -395,7 +401,7 @@ END;
 """
 
 # The usual save, a step's output and nothing more (one entry, no usage row,
-# the header as stored), has a view of its own: ``ekit_queue_steps``, whose
+# the header as stored), has a view of its own: ``ekit_queue_steps_v2``, whose
 # one trigger writes the entry and nothing else (decision 015). The entry
 # carries the run's counts and progress as of this save, and ``saved``, the
 # save's number: a reader takes the counts of the entry with the highest
@@ -412,7 +418,7 @@ END;
 # written, 1.05-1.07x without). Why the counts ride on the entry: they
 # change with every save, and a reader must see them without decoding.
 # A statement of such saves alone goes there; any other goes to
-# ekit_queue_writes, which writes the run's row (counted = the save's number)
+# ekit_queue_writes_v2, which writes the run's row (counted = the save's number)
 # and entries without counts.
 _STEP_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
@@ -423,9 +429,9 @@ _ENTRY_COUNTS = (
     "step_index", "input_tokens", "output_tokens", "llm_calls", "failures", "steps_done", "steps_total",
 )
 _STEP_PROCEDURES = f"""
-CREATE VIEW IF NOT EXISTS ekit_queue_steps AS SELECT
+CREATE VIEW IF NOT EXISTS ekit_queue_steps_v2 AS SELECT
     {", ".join(f"NULL AS {c}" for c in _STEP_COLUMNS)} WHERE 0;
-CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v2 INSTEAD OF INSERT ON ekit_queue_steps BEGIN
+CREATE TRIGGER IF NOT EXISTS ekit_queue_steps_v2_entry INSTEAD OF INSERT ON ekit_queue_steps_v2 BEGIN
     UPDATE ekit_queue_runs SET lease_until = NEW.lease_until, updated_at = NEW.now
         WHERE {_HELD_NEW} AND lease_until < (NEW.now + NEW.lease_until) / 2;
     INSERT INTO ekit_queue_entries (run_id, kind, name, value, epoch, ord, saved, {", ".join(_ENTRY_COUNTS)})
@@ -461,7 +467,7 @@ def _insert_statement(view: str, columns: tuple[str, ...], count: int, made: str
 def _writes_statement(count: int) -> str:
     """The one statement of ``count`` writes (see ``_PROCEDURES``)."""
     # (Its fenced UPDATE set lease_until to the row's, which no refused row can hold.)
-    return _insert_statement("ekit_queue_writes", _WRITE_COLUMNS, count, "r.lease_until = {view}.lease_until")
+    return _insert_statement("ekit_queue_writes_v2", _WRITE_COLUMNS, count, "r.lease_until = {view}.lease_until")
 
 
 @functools.cache
@@ -469,7 +475,7 @@ def _steps_statement(count: int) -> str:
     """The one statement of ``count`` saves of a step's output alone (see ``_STEP_COLUMNS``)."""
     # (It renews rarely: the fence itself, as the trigger read it.)
     return _insert_statement(
-        "ekit_queue_steps", _STEP_COLUMNS, count, "r.status = 'running' AND r.lease_until > {view}.now"
+        "ekit_queue_steps_v2", _STEP_COLUMNS, count, "r.status = 'running' AND r.lease_until > {view}.now"
     )
 
 
@@ -1519,7 +1525,7 @@ class SqliteQueue(RunQueue):
     def _step_args(
         self, conn: sqlite3.Connection, rows: list[_Row], now: float, until: float
     ) -> list[Any] | None:
-        """The arguments of ``rows`` in ``ekit_queue_steps``; ``None`` unless every one is a
+        """The arguments of ``rows`` in ``ekit_queue_steps_v2``; ``None`` unless every one is a
         save of a step's output alone (see ``_STEP_COLUMNS``)."""
         args: list[Any] = []
         for row in rows:
