@@ -254,3 +254,43 @@ def test_an_idle_timeout_beyond_the_servers_range_is_refused_naming_it(postgres_
         PostgresQueue(postgres_url, idle_timeout=1e7)
     assert not isinstance(refused.value, QueueUnavailableError)
     PostgresQueue(postgres_url, idle_timeout=2147483).close()
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value"),
+    [
+        ("ekit_queue_entries", "saved", "'seven'"),
+        ("ekit_queue_entries", "saved", "-1"),
+        ("ekit_queue_entries", "ord", "'x'"),
+        ("ekit_queue_entries", "ord", "1.5"),
+        ("ekit_queue_runs", "counted", "'x'"),
+    ],
+)
+def test_a_save_number_edited_by_hand_is_refused_naming_its_column(
+    tmp_path: Path, table: str, column: str, value: str
+) -> None:
+    # The save numbers say whose counts are newest and where a lease's saves go on from.
+    path = tmp_path / "q.db"
+    wf = Workflow([Step("a", _echo), Step("b", _echo, ("a",))])
+    checkpoints: list[Any] = []
+    wf.run_sync(checkpoint_fn=checkpoints.append)
+    with SqliteQueue(path) as q:
+        q.submit("w", run_id="r")
+        lease = q.claim("me", {"w": None}, 60)
+        assert lease is not None
+        for cp in checkpoints:
+            q.save(lease, cp, 60)  # (the second through the narrow view: an entry with a save number)
+        q.release(lease)
+    raw = sqlite3.connect(path, isolation_level=None)
+    where = "kind = 'output' AND name = 'b'" if table == "ekit_queue_entries" else "run_id = 'r'"
+    raw.execute(f"UPDATE {table} SET {column} = {value} WHERE {where}")
+    raw.close()
+    with SqliteQueue(path) as q:
+        with pytest.raises(CorruptStoreError, match=f"run 'r'.*column {column} holds"):
+            q.checkpoint("r")
+        with pytest.raises(CorruptStoreError, match=f"column {column} holds"):
+            q.claim("me", {"w": checkpoints[-1].fingerprint}, 60)
+
+
+async def _echo(ctx: dict[str, Any]) -> str:
+    return "out"

@@ -1191,6 +1191,7 @@ class SqliteQueue(RunQueue):
             raise CorruptStoreError(self.path, f"run {run_id!r} has no row in ekit_queue_headers")
         context, saved = found
         checkpoint = None
+        number = self._a_number(number, "counted", f"{self.path}, run {run_id!r}")
         if saved:  # (its header and entries read in one snapshot; a run never saved has neither)
             checkpoint, number = self._tx(lambda c: self._read_run(c, run_id, missing_ok=True), write=False)
         return self._granted_numbered(
