@@ -467,7 +467,9 @@ def _insert_statement(view: str, columns: tuple[str, ...], count: int, made: str
 def _writes_statement(count: int) -> str:
     """The one statement of ``count`` writes (see ``_PROCEDURES``)."""
     # (Its fenced UPDATE set lease_until to the row's, which no refused row can hold.)
-    return _insert_statement("ekit_queue_writes_v2", _WRITE_COLUMNS, count, "r.lease_until = {view}.lease_until")
+    return _insert_statement(
+        "ekit_queue_writes_v2", _WRITE_COLUMNS, count, "r.lease_until = {view}.lease_until"
+    )
 
 
 @functools.cache
