@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Lease, SqliteQueue
 
@@ -77,9 +79,13 @@ def test_each_save_of_a_step_writes_one_page_as_a_bare_insert_does(tmp_path: Pat
 
 def test_a_save_renews_the_lease_once_less_than_half_of_it_is_left(tmp_path: Path) -> None:
     queue, lease, checkpoints = _claimed(tmp_path / "q.db", 600)
+    queue.conn.execute("UPDATE ekit_queue_runs SET updated_at = 0")  # (so that a move shows)
     queue.renew(lease, 100)  # less than half of the 600 s the saves ask for
-    short = queue.status("r").lease_until
+    renewal = queue.status("r")
+    short = renewal.lease_until
     assert short is not None
+    # A renewal moves the run's updated_at (a save of a step alone does not).
+    assert renewal.updated_at == pytest.approx(short - 100, abs=1e-3)
     queue.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     queue.save(lease, checkpoints[1], 600)
     assert _frames(queue) == 2  # the entry and, this time, the run's row

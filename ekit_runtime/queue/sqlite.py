@@ -1259,8 +1259,10 @@ class SqliteQueue(RunQueue):
             return self._fenced_update(
                 conn,
                 lease,
-                f"UPDATE ekit_queue_runs SET lease_until = ? WHERE {_HELD}",
-                (now + seconds, lease.run_id, lease.epoch, now),
+                # (updated_at too: the usual save leaves the row alone, so this
+                # keeps a running run's no older than a heartbeat.)
+                f"UPDATE ekit_queue_runs SET lease_until = ?, updated_at = ? WHERE {_HELD}",
+                (now + seconds, now, lease.run_id, lease.epoch, now),
             )
 
         return self._tx(body)
