@@ -217,3 +217,28 @@ def test_the_narrow_view_is_what_the_usual_save_goes_through(tmp_path: Path) -> 
     assert queue.save(other, USED[1], 60) is False  # a usage row: the general view
     assert seen and all(s.startswith("INSERT INTO ekit_queue_writes") for s in seen)
     queue.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(by=st.lists(st.integers(0, 2), min_size=5, max_size=5))
+def test_a_lease_saved_through_several_queue_objects_reads_back_as_its_last_save(
+    tmp_path_factory: pytest.TempPathFactory, by: list[int]
+) -> None:
+    # Each save's number orders the entries and says whose counts are newest. The numbers live
+    # in the process, shared by the queue objects open on the file: were they each object's, a
+    # save through one object after saves through another would sort before them and read back
+    # the other's counts.
+    path = tmp_path_factory.mktemp("objects") / "q.db"
+    queues = [SqliteQueue(path) for _ in range(3)]
+    queues[0].submit("w", run_id="r")
+    lease = queues[0].claim("worker", {"w": None}, 60)
+    assert lease is not None
+    queues[0].save(lease, PLAIN[0], 60)
+    for k, i in enumerate(by, start=1):
+        assert queues[i].save(lease, PLAIN[k], 60) is False
+        for queue in queues:
+            assert queue.checkpoint("r") == PLAIN[k]
+            assert list(queue.checkpoint("r").outputs) == list(PLAIN[k].outputs)  # type: ignore[union-attr]
+            assert queue.status("r").steps_done == progress(PLAIN[k])[0]
+    for queue in queues:
+        queue.close()

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -495,6 +496,12 @@ _NO_ENTRY = (None, None, None)
 _NO_ROW = (None,) * (len(_WRITE_COLUMNS) - 6)
 
 
+# Per database file (device, inode): each run's (epoch, number of its last
+# save) under the leases held in this process (see SqliteQueue._number).
+_NUMBERS: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
+_NUMBERS_LOCK = threading.Lock()
+
+
 class SqliteQueue(RunQueue):
     """A durable run queue in one SQLite database file (WAL), shared by worker processes.
 
@@ -527,8 +534,6 @@ class SqliteQueue(RunQueue):
         """Open (creating if needed) the queue at ``path``."""
         super().__init__(dumps=dumps, loads=loads)
         self.path = os.fspath(path)
-        # Each lease's run: (epoch, the number of its last save) (see _number).
-        self._numbers: dict[str, tuple[int, int]] = {}
         try:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT
@@ -542,6 +547,13 @@ class SqliteQueue(RunQueue):
             if isinstance(exc, sqlite3.Error):
                 raise self._open_error(exc) from exc
             raise
+        # The save numbers of the runs this process holds leases on in this
+        # file, shared by every queue object open on it (see _number).
+        try:
+            stat = os.stat(self.path)
+            self._numbers = _NUMBERS.setdefault((stat.st_dev, stat.st_ino), {})
+        except OSError:  # (not a file: this object's own)
+            self._numbers = {}
         if limits is not None:
             self.set_limits(limits)
 
@@ -1288,21 +1300,24 @@ class SqliteQueue(RunQueue):
     def _number(self, conn: sqlite3.Connection, lease: Lease) -> int:
         """The next save's number under ``lease``: above every number stored for the run.
 
-        Kept here, not in the database, so that the usual save need not
-        write the run's row to count itself. The claim reads where the
-        stored numbers end (see :meth:`_read_run`); a lease this object did
-        not claim is read from the database once. Only the lease's holder
-        writes the run's entries meanwhile, so nothing stored can overtake
-        the number; a lease is driven through one queue object, as the
-        deltas its saves write already assume.
+        Kept in this process, not in the database, so that the usual save
+        need not write the run's row to count itself. The claim reads where
+        the stored numbers end (see :meth:`_read_run`); a lease this process
+        did not claim is read from the database once. Only the lease's
+        holder writes the run's entries meanwhile, so nothing stored can
+        overtake the number. The numbers are shared by every queue object
+        open on the file in this process, so that a lease saved through two
+        of them still numbers its saves in order (a lease is not handed to
+        another process: its holder is the process that claimed it).
         """
-        known = self._numbers.get(lease.run_id)
-        if known is not None and known[0] == lease.epoch:
-            number = known[1] + 1
-        else:
-            number = self._stored_number(conn, lease.run_id) + 1
-        self._numbers[lease.run_id] = (lease.epoch, number)
-        return number
+        with _NUMBERS_LOCK:
+            known = self._numbers.get(lease.run_id)
+            if known is not None and known[0] == lease.epoch:
+                number = known[1] + 1
+            else:
+                number = self._stored_number(conn, lease.run_id) + 1
+            self._numbers[lease.run_id] = (lease.epoch, number)
+            return number
 
     @staticmethod
     def _stored_number(conn: sqlite3.Connection, run_id: str) -> int:
