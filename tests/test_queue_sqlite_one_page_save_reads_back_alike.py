@@ -9,8 +9,9 @@ entry order, stale counts or progress, a cancel flag or a refusal told
 otherwise. This property drives two queues through the same random
 operations (the next step's save, a save made again after its answer was
 lost, two runs' saves in one batch, a run that reports usage, a cancel
-asked, a lease that runs out and is taken by another worker) on one frozen
-clock: one queue as it is, one with the narrow view turned off. Every
+asked, a lease that runs out and is taken by another worker, a run finished,
+released or parked) on one frozen clock: one queue as it is, one with the
+narrow view turned off. Every
 outcome, every checkpoint and record a reader sees, and every entry and
 usage row must be the same, and each run must read back as the last
 checkpoint a save of it was told made. (The lease differs, by design: the
@@ -63,6 +64,7 @@ OPS = st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, RUNS - 1)),
     st.tuples(st.just("expire"), st.integers(0, RUNS - 1)),
     st.tuples(st.just("steal")),
+    st.tuples(st.just("end"), st.integers(0, RUNS - 1), st.sampled_from(["finish", "release", "park"])),
     st.tuples(st.just("tick")),
 )
 
@@ -114,6 +116,12 @@ class _Side:
             )
             return None
         lease, k = self.leases[run_id], self.reached[run_id]
+        if kind == "end":  # (the run leaves running: its row must then hold its counts alone)
+            if op[2] == "finish":
+                return self.outcome(lambda: queue.finish(lease, "finished"))
+            if op[2] == "release":
+                return self.outcome(lambda: queue.release(lease))
+            return self.outcome(lambda: queue.park(lease, "waiting for an answer to step s9"))
         cps = self.checkpoints(run_id)
         if kind == "again" and k >= 1:
             # The last save's answer was lost: this object believes the one before is stored.

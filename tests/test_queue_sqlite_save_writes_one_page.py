@@ -5,7 +5,8 @@ row and writes only the entry, which carries the run's counts as of that
 save. Each commit appends to the write-ahead log one frame per page it
 changed, so the log's growth counts the pages: one per save here, where
 writing the run's row too made it two. The lease is renewed (the row
-written) only when less than half of it is left.
+written) only when less than half of it is left, and a run that leaves
+``running`` gets its newest counts folded into its row.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
-from ekit_runtime.queue import Lease, SqliteQueue
+from ekit_runtime.queue import Ending, Lease, SqliteQueue
 
 STEPS = 20
 
@@ -94,4 +95,40 @@ def test_a_save_renews_the_lease_once_less_than_half_of_it_is_left(tmp_path: Pat
     queue.save(lease, checkpoints[2], 600)
     assert _frames(queue) == 3  # more than half left again: the entry alone
     assert queue.status("r").lease_until == renewed
+    queue.close()
+
+
+def _row_counts(queue: SqliteQueue) -> tuple[Any, ...]:
+    row = queue.conn.execute(
+        "SELECT steps_done, step_index, counted >= (SELECT max(saved) FROM ekit_queue_entries) "
+        "FROM ekit_queue_runs WHERE run_id = 'r'"
+    ).fetchone()
+    return tuple(row)
+
+
+@pytest.mark.parametrize(
+    "how", ["ending in a batch", "cancel of an expired lease", "sweep of an abandoned run"]
+)
+def test_a_run_that_leaves_running_holds_its_counts_in_its_row(tmp_path: Path, how: str) -> None:
+    # A listing reads a run's entries only while it runs; every write that ends that folds the
+    # newest entry's counts into the row.
+    queue, lease, checkpoints = _claimed(tmp_path / "q.db", 600)
+    for checkpoint in checkpoints[1:]:
+        queue.save(lease, checkpoint, 600)
+    assert _row_counts(queue) == (1, 1, 0)  # (the row as the save in full left it)
+    if how == "ending in a batch":
+        saved, ended = queue.write_many([], [Ending(lease, "finished")], 600)
+        assert saved == [] and ended == [None]
+    else:
+        if how == "sweep of an abandoned run":
+            assert queue.cancel("r") is True  # flagged: the lease is live
+        queue.conn.execute("UPDATE ekit_queue_runs SET lease_until = 0")
+        if how == "cancel of an expired lease":
+            assert queue.cancel("r") is True
+        else:
+            assert queue.claim("other", {"chain": None}, 60) is None  # cancels it, leases nothing
+    info = queue.status("r")
+    assert info.status == ("finished" if how == "ending in a batch" else "cancelled")
+    assert _row_counts(queue) == (STEPS, STEPS, 1)
+    assert info.steps_done == STEPS and queue.checkpoint("r") == checkpoints[-1]
     queue.close()

@@ -253,15 +253,20 @@ _INFO = (
 # RunInfo's columns read from the run's row or, newer, from its entry with
 # the highest ``saved`` (see _STEP_PROCEDURES): the one picked by
 # _NEWEST_ENTRY (by key, so that two entries of one number could not give a
-# run two rows).
+# run two rows). Only a running run is looked up: every write that takes a
+# run out of ``running`` folds its newest counts into its row (_FOLD), so a
+# listing of finished runs reads no entries. (A running run's lookup reads
+# its entries, without an index: one on (run, saved) would be a second page
+# in every save.)
 _COUNTED_INFO = {"steps_done", "steps_total", "input_tokens", "output_tokens", "llm_calls"}
 _INFO_NEWEST = ", ".join(
     f"CASE WHEN e.saved IS NULL THEN r.{c} ELSE e.{c} END" if c in _COUNTED_INFO else f"r.{c}"
     for c in _INFO.split(", ")
 )
 _NEWEST_ENTRY = (
-    "(SELECT x.{column} FROM ekit_queue_entries AS x WHERE x.run_id = ekit_queue_runs.run_id "
-    "AND x.saved IS NOT NULL ORDER BY x.saved DESC, x.kind, x.name LIMIT 1) AS newest_{column}"
+    "CASE WHEN status = 'running' THEN (SELECT x.{column} FROM ekit_queue_entries AS x "
+    "WHERE x.run_id = ekit_queue_runs.run_id AND x.saved IS NOT NULL "
+    "ORDER BY x.saved DESC, x.kind, x.name LIMIT 1) END AS newest_{column}"
 )
 
 
@@ -288,6 +293,20 @@ _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
 _SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
 _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
+# What a write that takes a run out of ``running`` sets besides (an ending, a
+# release, a park, a cancel, a sweep of abandoned runs): the counts of the
+# run's newest entry into its row, when newer than the row's, so that a
+# reader of a run that is not running finds them in the row alone (see
+# _info_select). One scan of the run's entries, once per run's ending.
+_FOLDED = ("step_index", "input_tokens", "output_tokens", "llm_calls", "failures", "steps_done")
+_FOLD = (
+    f"({', '.join(_FOLDED)}, steps_total, counted) = (SELECT "
+    + ", ".join(f"coalesce(e.{c}, ekit_queue_runs.{c})" for c in _FOLDED)
+    + ", e.steps_total, e.saved FROM ekit_queue_entries AS e WHERE e.run_id = ekit_queue_runs.run_id "
+    "AND e.saved > ekit_queue_runs.counted UNION ALL SELECT "
+    + ", ".join(f"ekit_queue_runs.{c}" for c in (*_FOLDED, "steps_total", "counted"))
+    + f" ORDER BY {len(_FOLDED) + 2} DESC LIMIT 1)"
+)
 
 # A save's fenced UPDATE (args: the counts, failures, progress, [fingerprint,]
 # the save's number, lease_until, updated_at, then _HELD's): the fence, the
@@ -396,7 +415,7 @@ END;
 CREATE TRIGGER IF NOT EXISTS ekit_queue_writes_v2_end INSTEAD OF INSERT ON ekit_queue_writes_v2
 WHEN NEW.status IS NOT NULL BEGIN
     UPDATE ekit_queue_runs SET status = NEW.status, error = NEW.error, lease_until = NULL,
-        updated_at = NEW.now WHERE {_HELD_NEW};
+        updated_at = NEW.now, {_FOLD} WHERE {_HELD_NEW};
     SELECT RAISE(IGNORE) WHERE changes() = 1;
 END;
 """
@@ -885,7 +904,7 @@ class SqliteQueue(RunQueue):
             else:
                 conn.execute(
                     "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
-                    "lease_until = NULL, cancel_requested = 1, updated_at = ? WHERE run_id = ?",
+                    f"lease_until = NULL, cancel_requested = 1, updated_at = ?, {_FOLD} WHERE run_id = ?",
                     (now, run_id),
                 )
             return True
@@ -1089,7 +1108,7 @@ class SqliteQueue(RunQueue):
         self._tx(
             lambda c: c.executemany(
                 f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, owner = NULL, "
-                "updated_at = ? WHERE run_id = ? AND epoch = ? AND status = 'running'",
+                f"updated_at = ?, {_FOLD} WHERE run_id = ? AND epoch = ? AND status = 'running'",
                 [(now, row[0], row[1]) for row in leased],
             )
         )
@@ -1102,7 +1121,7 @@ class SqliteQueue(RunQueue):
         # worker then died, is cancelled here rather than resumed.
         conn.execute(
             "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = ? WHERE {_ABANDONED}",
+            f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
             (now, now),
         )
         text, limits = self._read_limits_text(conn)
@@ -1226,7 +1245,7 @@ class SqliteQueue(RunQueue):
         self._tx(
             lambda c: c.execute(
                 "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-                f"updated_at = ? WHERE {_ABANDONED}",
+                f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
                 (now, now),
             ),
             begin=False,
@@ -1627,8 +1646,8 @@ class SqliteQueue(RunQueue):
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
             updated = conn.execute(
-                f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, updated_at = ? "
-                f"WHERE {_HELD}",
+                f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, updated_at = ?, "
+                f"{_FOLD} WHERE {_HELD}",
                 (status, error, now, lease.run_id, lease.epoch, now),
             ).rowcount
             self._fence(conn, lease, updated)
@@ -1647,7 +1666,7 @@ class SqliteQueue(RunQueue):
             return (
                 conn.execute(
                     f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
-                    f"owner = NULL, updated_at = ? WHERE {_HELD}",
+                    f"owner = NULL, updated_at = ?, {_FOLD} WHERE {_HELD}",
                     (now, lease.run_id, lease.epoch, now),
                 ).rowcount
                 == 1
@@ -1721,7 +1740,7 @@ class SqliteQueue(RunQueue):
             now = time.time()
             updated = conn.execute(
                 f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
-                f"reason = ?, updated_at = ? WHERE {_HELD}",
+                f"reason = ?, updated_at = ?, {_FOLD} WHERE {_HELD}",
                 (text, now, lease.run_id, lease.epoch, now),
             ).rowcount
             self._fence(conn, lease, updated)
