@@ -819,3 +819,28 @@ def test_a_worker_of_the_release_before_refuses_this_layout_and_breaks_nothing(t
         assert q.result("held").outputs == checkpoints[2].outputs  # type: ignore[union-attr]
         assert q.status("next").status == "finished" and q.status("next").steps_done == len(CHAIN)
     ran.clear()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_upgrade_waits_until_no_worker_of_the_earlier_release_is_live(
+    tmp_path: Path, layout: str
+) -> None:
+    # Such a worker would go on claiming on the upgraded file and fail each run at its first save.
+    current, old = tmp_path / "current.db", tmp_path / "old.db"
+    _runs_in_every_state(current)
+    infos, saved = _snapshot(current)
+    _as_previous_layout(current, old, layout=layout)
+    raw = sqlite3.connect(old, isolation_level=None)
+    raw.execute(
+        "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until) VALUES (?, '{}', ?, ?)",
+        ("old-host:4242", time.time(), time.time() + 3600),
+    )
+    raw.close()
+    before = _table_sql(old)
+    with pytest.raises(QueueUnavailableError, match=r"1 worker\(s\) of an earlier ekit release.*'old-host:4242'"):
+        SqliteQueue(old)
+    assert _table_sql(old) == before  # nothing upgraded
+    raw = sqlite3.connect(old, isolation_level=None)
+    raw.execute("UPDATE ekit_queue_workers SET until = ?", (time.time() - 1,))  # it stopped (or died)
+    raw.close()
+    assert _snapshot(old) == (infos, saved)  # upgraded now, every run as it was

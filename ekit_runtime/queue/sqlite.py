@@ -637,6 +637,20 @@ class SqliteQueue(RunQueue):
         found = self._found(conn)
         if not self._earlier(found):
             return False
+        if found["ekit_queue_workers"]:
+            # Workers of the earlier release still running would go on claiming
+            # on the upgraded file and fail every run at its first save.
+            live = [name for (name,) in conn.execute(
+                "SELECT name FROM ekit_queue_workers WHERE until > ? ORDER BY name", (time.time(),)
+            )]
+            if live:
+                raise QueueUnavailableError(
+                    self.path,
+                    f"{len(live)} worker(s) of an earlier ekit release still serve this queue "
+                    f"({', '.join(repr(n) for n in live[:5])}{', ...' if len(live) > 5 else ''}); this "
+                    "version must upgrade the file's layout, which they cannot use: stop them, then "
+                    "open it again (a worker that died is forgotten once its announcement runs out)",
+                )
         for view in _EARLIER_VIEWS:
             conn.execute(f"DROP VIEW IF EXISTS {view}")
         rebuilt = ("ekit_queue_runs", "ekit_queue_entries")
