@@ -837,7 +837,8 @@ def test_an_upgrade_waits_until_no_worker_of_the_earlier_release_is_live(
     )
     raw.close()
     before = _table_sql(old)
-    with pytest.raises(QueueUnavailableError, match=r"1 worker\(s\) of an earlier ekit release.*'old-host:4242'"):
+    refused = r"1 worker\(s\) of an earlier ekit release.*'old-host:4242'"
+    with pytest.raises(QueueUnavailableError, match=refused):
         SqliteQueue(old)
     assert _table_sql(old) == before  # nothing upgraded
     raw = sqlite3.connect(old, isolation_level=None)
