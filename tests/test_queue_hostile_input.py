@@ -264,6 +264,9 @@ def test_an_idle_timeout_beyond_the_servers_range_is_refused_naming_it(postgres_
         ("ekit_queue_entries", "ord", "'x'"),
         ("ekit_queue_entries", "ord", "1.5"),
         ("ekit_queue_runs", "counted", "'x'"),
+        # (A number shifted into ord must fit 64 bits: the next save would overflow it.)
+        ("ekit_queue_entries", "saved", str(2**31)),
+        ("ekit_queue_runs", "counted", str(2**40)),
     ],
 )
 def test_a_save_number_edited_by_hand_is_refused_naming_its_column(

@@ -362,8 +362,8 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # of this layout refuses it, but only after creating its own views and
 # triggers where missing (IF NOT EXISTS); a trigger of its own on a view of
 # this name would fire on every insert into it and fail ("no such column:
-# saves"). Under new names its views are inert, and this version drops them
-# when it next upgrades (tests/test_queue_schema_upgrade.py).
+# saves"). Under new names its views sit unused, never dropped (no process
+# of this version writes through them; tests/test_queue_schema_upgrade.py).
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 # Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
 # later than NEW.now, which no refused row can hold under NEW.epoch.
@@ -434,8 +434,8 @@ END;
 #
 # Why not write the row every time: the row's page is a second page in the
 # log, and its write was most of what a save cost beyond an insert of its
-# entry (statement alone, durable, beside an insert: 1.13-1.15x with the row
-# written, 1.05-1.07x without). Why the counts ride on the entry: they
+# entry (the statement alone, durable, beside an insert: 1.13-1.15x with the
+# row written, 1.07-1.09x with this trigger). Why the counts ride on the entry: they
 # change with every save, and a reader must see them without decoding.
 # A statement of such saves alone goes there; any other goes to
 # ekit_queue_writes_v2, which writes the run's row (counted = the save's number)
@@ -888,8 +888,11 @@ class SqliteQueue(RunQueue):
 
     @staticmethod
     def _a_number(value: object, column: str, where: str) -> int:
-        """A stored save number or order, checked (a file edited by hand is refused, naming the column)."""
-        if type(value) is not int or not 0 <= value < 2**63:
+        """A stored save number or order, checked (a file edited by hand is refused, naming the column).
+
+        A save number must leave room for ``ord``, itself shifted by ``_ORD_SHIFT`` within 63 bits.
+        """
+        if type(value) is not int or not 0 <= value < 2 ** (63 if column == "ord" else 63 - _ORD_SHIFT):
             raise CorruptStoreError(where, f"column {column} holds {value!r}, not a save number")
         return value
 

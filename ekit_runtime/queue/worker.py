@@ -9,8 +9,9 @@ for it, and logs it. A cancel asked through the queue is seen at the next
 renewal or save and stops the run the same way, after its final checkpoint.
 
 The worker keeps its own conservative view of each lease: the start of the
-last call that granted or renewed it, plus the lease length, on the
-monotonic clock. Before any attempt of a step starts (a first attempt, a
+last call that granted or renewed it, plus the lease length (after a save,
+the share of it the queue's saves leave ahead, ``RunQueue.save_renews``), on
+the monotonic clock. Before any attempt of a step starts (a first attempt, a
 retry after its delay, an approved one), it waits for a save of that run
 still pending, then checks that view: with less than a safety margin left
 it renews first, and once the lease may have run out (a stalled loop, a
@@ -138,8 +139,9 @@ class _Drive:
     lease: Lease
     valid_until: float
     """``time.monotonic()`` before which the lease is surely still held: the start of
-    the last call that granted or renewed it, plus the lease length (the database
-    set its expiry from a later moment, so this errs early, never late)."""
+    the last call that granted or renewed it, plus the lease length (a save: plus
+    the queue's ``save_renews`` share of it; the database set its expiry from a
+    later moment, so this errs early, never late)."""
     gated: bool = False
     """Whether the fleet had usage limits when the run was claimed: each attempt then waits on them."""
     task: asyncio.Task[Any] | None = None
