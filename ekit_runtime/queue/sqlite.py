@@ -638,19 +638,7 @@ class SqliteQueue(RunQueue):
         if not self._earlier(found):
             return False
         if found["ekit_queue_workers"]:
-            # Workers of the earlier release still running would go on claiming
-            # on the upgraded file and fail every run at its first save.
-            live = [name for (name,) in conn.execute(
-                "SELECT name FROM ekit_queue_workers WHERE until > ? ORDER BY name", (time.time(),)
-            )]
-            if live:
-                raise QueueUnavailableError(
-                    self.path,
-                    f"{len(live)} worker(s) of an earlier ekit release still serve this queue "
-                    f"({', '.join(repr(n) for n in live[:5])}{', ...' if len(live) > 5 else ''}); this "
-                    "version must upgrade the file's layout, which they cannot use: stop them, then "
-                    "open it again (a worker that died is forgotten once its announcement runs out)",
-                )
+            self._refuse_while_served(conn)
         for view in _EARLIER_VIEWS:
             conn.execute(f"DROP VIEW IF EXISTS {view}")
         rebuilt = ("ekit_queue_runs", "ekit_queue_entries")
@@ -686,6 +674,26 @@ class SqliteQueue(RunQueue):
             ordinal = "row_number() OVER (PARTITION BY run_id ORDER BY rowid) - 1"  # (SQLite 3.25)
             self._rebuild(conn, "ekit_queue_entries", found, {"ord": ordinal})
         return True
+
+    def _refuse_while_served(self, conn: sqlite3.Connection) -> None:
+        """Refuse to upgrade while workers (of the earlier release) are announced live.
+
+        They would go on claiming on the upgraded file and fail every run at
+        its first save (the hostile review saw 266 runs of 300 fail so).
+        """
+        live = [
+            name for (name,) in conn.execute(
+                "SELECT name FROM ekit_queue_workers WHERE until > ? ORDER BY name", (time.time(),)
+            )
+        ]
+        if live:
+            raise QueueUnavailableError(
+                self.path,
+                f"{len(live)} worker(s) of an earlier ekit release still serve this queue "
+                f"({', '.join(repr(n) for n in live[:5])}{', ...' if len(live) > 5 else ''}); this "
+                "version must upgrade the file's layout, which they cannot use: stop them, then "
+                "open it again (a worker that died is forgotten once its announcement runs out)",
+            )
 
     @staticmethod
     def _rebuild(
