@@ -435,11 +435,11 @@ END;
 # Why not write the row every time: the row's page is a second page in the
 # log, and its write was most of what a save cost beyond an insert of its
 # entry (the statement alone, durable, beside an insert: 1.13-1.15x with the
-# row written, 1.07-1.09x with this trigger). Why the counts ride on the entry: they
-# change with every save, and a reader must see them without decoding.
-# A statement of such saves alone goes there; any other goes to
-# ekit_queue_writes_v2, which writes the run's row (counted = the save's number)
-# and entries without counts.
+# row written, 1.07-1.09x with this trigger). Why the counts ride on the
+# entry: they change with every save, and a reader must see them without
+# decoding. A statement of such saves alone goes there; any other goes to
+# ekit_queue_writes_v2, which writes the run's row (counted = the save's
+# number) and entries without counts.
 _STEP_COLUMNS = (
     "run_id", "epoch", "now", "lease_until", "step_index", "input_tokens", "output_tokens", "llm_calls",
     "failures", "steps_done", "steps_total", "saved", "kind", "name", "value",
