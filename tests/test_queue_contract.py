@@ -25,7 +25,7 @@ from ekit_runtime.queue import (
     attempt_key,
     open_queue,
 )
-from tests.queue_backends import queue, queue_url, wait_for
+from tests.queue_backends import chain_checkpoints, queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
 
@@ -366,9 +366,7 @@ def test_the_contract_is_one_class_that_every_backend_completes() -> None:
 def test_a_made_save_leaves_at_least_its_share_of_the_lease_ahead(queue: RunQueue) -> None:
     # PostgreSQL renews the whole lease with each save; SQLite's usual save only once less than
     # half is left (it writes the step's entry alone). A worker counts on save_renews either way.
-    steps = [Step(f"s{i}", _const(f"out{i}"), (f"s{i - 1}",) if i else ()) for i in range(4)]
-    checkpoints: list[Any] = []
-    Workflow(steps).run_sync(checkpoint_fn=checkpoints.append)
+    checkpoints = chain_checkpoints(4)
     run = queue.submit("chain")
     lease = queue.claim("w", {"chain": None}, 600)
     assert lease is not None
@@ -383,10 +381,3 @@ def test_a_made_save_leaves_at_least_its_share_of_the_lease_ahead(queue: RunQueu
             assert until >= asked + 600
     assert queue.checkpoint(run) == checkpoints[3]
     assert 0 < queue.save_renews <= 1
-
-
-def _const(value: str) -> Any:
-    async def run(ctx: dict[str, Any]) -> str:
-        return value
-
-    return run

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import QueueUnavailableError, RunQueue, SqliteQueue, open_queue
 from ekit_runtime.stores import CorruptStoreError
-from tests.queue_backends import postgres_dsn, postgres_url, queue, queue_url
+from tests.queue_backends import chain_checkpoints, postgres_dsn, postgres_url, queue, queue_url
 
 __all__ = ["postgres_url", "queue", "queue_url"]
 
@@ -274,9 +274,7 @@ def test_a_save_number_edited_by_hand_is_refused_naming_its_column(
 ) -> None:
     # The save numbers say whose counts are newest and where a lease's saves go on from.
     path = tmp_path / "q.db"
-    wf = Workflow([Step("a", _echo), Step("b", _echo, ("a",))])
-    checkpoints: list[Any] = []
-    wf.run_sync(checkpoint_fn=checkpoints.append)
+    checkpoints = chain_checkpoints(2)
     with SqliteQueue(path) as q:
         q.submit("w", run_id="r")
         lease = q.claim("me", {"w": None}, 60)
@@ -285,7 +283,7 @@ def test_a_save_number_edited_by_hand_is_refused_naming_its_column(
             q.save(lease, cp, 60)  # (the second through the narrow view: an entry with a save number)
         q.release(lease)
     raw = sqlite3.connect(path, isolation_level=None)
-    where = "kind = 'output' AND name = 'b'" if table == "ekit_queue_entries" else "run_id = 'r'"
+    where = "kind = 'output' AND name = 's1'" if table == "ekit_queue_entries" else "run_id = 'r'"
     raw.execute(f"UPDATE {table} SET {column} = {value} WHERE {where}")
     raw.close()
     with SqliteQueue(path) as q:
@@ -293,7 +291,3 @@ def test_a_save_number_edited_by_hand_is_refused_naming_its_column(
             q.checkpoint("r")
         with pytest.raises(CorruptStoreError, match=f"column {column} holds"):
             q.claim("me", {"w": checkpoints[-1].fingerprint}, 60)
-
-
-async def _echo(ctx: dict[str, Any]) -> str:
-    return "out"

@@ -17,24 +17,11 @@ from typing import Any
 
 import pytest
 
-from ekit_runtime import Step, Workflow, WorkflowCheckpoint
+from ekit_runtime import WorkflowCheckpoint
 from ekit_runtime.queue import Ending, Lease, SqliteQueue
+from tests.queue_backends import chain_checkpoints
 
 STEPS = 20
-
-
-def _chain() -> list[WorkflowCheckpoint]:
-    def step(i: int) -> Any:
-        async def run(ctx: dict[str, Any]) -> str:
-            return f"out{i}"
-
-        return run
-
-    found: list[WorkflowCheckpoint] = []
-    Workflow([Step(f"s{i}", step(i), (f"s{i - 1}",) if i else ()) for i in range(STEPS)]).run_sync(
-        checkpoint_fn=found.append
-    )
-    return found
 
 
 def _frames(queue: SqliteQueue) -> int:
@@ -49,7 +36,7 @@ def _claimed(path: Path, lease_seconds: float) -> tuple[SqliteQueue, Lease, list
     queue.submit("chain", run_id="r")
     lease = queue.claim("w", {"chain": None}, lease_seconds)
     assert lease is not None
-    checkpoints = _chain()
+    checkpoints = chain_checkpoints(STEPS)
     queue.save(lease, checkpoints[0], lease_seconds)  # the first save writes the run in full
     queue.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert _frames(queue) == 0
