@@ -20,10 +20,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ekit_core import Event, StepFailed, StepRetried
 from ekit_runtime import ProgressPrinter, RetryPolicy, Step, Workflow, retry_after
@@ -141,6 +144,38 @@ def test_headers_that_cannot_be_read_ask_for_nothing_rather_than_raise() -> None
 
     assert retry_after(Odd()) is None
     assert retry_after(NoGet()) is None
+
+
+class _PlainHeaders(Exception):
+    """An error of a client that keeps its headers in a plain ``dict``, spelled as the server sent them."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        super().__init__("too many requests")
+        self.headers = headers
+
+
+_SPELLINGS = st.sampled_from(["retry-after", "retry-after-ms"]).flatmap(
+    lambda name: st.tuples(st.just(name), st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
+)
+
+
+@given(spelling=_SPELLINGS, seconds=st.integers(min_value=0, max_value=10**6), proxy=st.booleans())
+def test_a_retry_after_key_in_a_plain_dict_matches_in_any_case(
+    spelling: tuple[str, list[bool]], seconds: int, proxy: bool
+) -> None:
+    # A plain mapping's get() is case-sensitive, unlike httpx's or email's: the
+    # server's own spelling ("Retry-After", "RETRY-AFTER") must still be read.
+    name, upper = spelling
+    key = "".join(c.upper() if up else c for c, up in zip(name, upper, strict=True))
+    headers: Mapping[str, str] = {"Content-Type": "text/plain", key: str(seconds)}
+    if proxy:
+        headers = MappingProxyType(dict(headers))
+    expected = seconds / 1000 if name == "retry-after-ms" else float(seconds)
+    assert retry_after(_PlainHeaders(headers), now=lambda: NOW) == expected
+    response = type("Response", (), {"headers": headers})()
+    error = Exception("429")
+    error.response = response  # type: ignore[attr-defined]
+    assert retry_after(error, now=lambda: NOW) == expected
 
 
 # -- through the runner ---------------------------------------------------------------
