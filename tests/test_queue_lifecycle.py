@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sqlite3
 
 import pytest
@@ -19,7 +20,10 @@ from ekit_core import WorkflowCheckpoint
 from ekit_core.human import Question
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue import lifecycle as lc
+from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import FINAL_STATUSES, STATUSES, LeaseLostError, Limits
+from ekit_runtime.queue.sqlite import _DIALECT as SQLITE_DIALECT
+from ekit_runtime.stores.codec import default_dumps
 
 NOW = 1000.0
 LEASES = {"none": None, "live": NOW + 5.0, "expired": NOW - 5.0, "edge": NOW}
@@ -285,8 +289,17 @@ _ROW = st.tuples(
     st.integers(0, 3),
     st.sampled_from(["a", "b"]),
     st.sampled_from([None, "f1", "f2"]),
+    # Stored options as submit writes them, and a step name that only looks like the option.
+    st.sampled_from([
+        default_dumps(check_run_options(o))
+        for o in ({}, {"allow_graph_change": True}, {"allow_graph_change": False},
+                  {"only": ['"allow_graph_change":true'], "durations": True})
+    ]),
 )
-_NAMED = {name: f":{name}" for name in ("now", "since", "run_id", "epoch", "workflow", "fingerprint")}
+_NAMED = {
+    **{name: f":{name}" for name in ("now", "since", "run_id", "epoch", "workflow", "fingerprint")},
+    "graph_change": SQLITE_DIALECT["graph_change"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -294,18 +307,19 @@ def memory() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
     conn.execute(
         "CREATE TABLE ekit_queue_runs (seq INTEGER PRIMARY KEY, run_id TEXT, workflow TEXT, status TEXT, "
-        "epoch INTEGER, lease_until REAL, cancel_requested INTEGER, fingerprint TEXT, priority INTEGER)"
+        "epoch INTEGER, lease_until REAL, cancel_requested INTEGER, fingerprint TEXT, priority INTEGER, "
+        "options TEXT)"
     )
     return conn
 
 
 def _ask(conn: sqlite3.Connection, template: str, row: tuple[object, ...], **args: object) -> bool:
-    status, until, cancel, epoch, workflow, fp = row
+    status, until, cancel, epoch, workflow, fp, options = row
     conn.execute("DELETE FROM ekit_queue_runs")
     conn.execute(
         "INSERT INTO ekit_queue_runs (run_id, workflow, status, epoch, lease_until, cancel_requested, "
-        "fingerprint, priority) VALUES ('r', ?, ?, ?, ?, ?, ?, 0)",
-        (workflow, status, epoch, until, int(bool(cancel)), fp),
+        "fingerprint, priority, options) VALUES ('r', ?, ?, ?, ?, ?, ?, 0, ?)",
+        (workflow, status, epoch, until, int(bool(cancel)), fp, options),
     )
     sql = f"SELECT count(*) FROM ekit_queue_runs WHERE {lc.render(template, _NAMED)}"
     return bool(conn.execute(sql, {"now": NOW, **args}).fetchone()[0])
@@ -316,7 +330,8 @@ def _ask(conn: sqlite3.Connection, template: str, row: tuple[object, ...], **arg
 def test_the_sql_pieces_agree_with_the_functions(
     memory: sqlite3.Connection, row: tuple[object, ...], lease_epoch: int, fingerprint: str | None
 ) -> None:
-    status, until, cancel, epoch, workflow, fp = row
+    status, until, cancel, epoch, workflow, fp, options = row
+    assert isinstance(options, str)
     assert isinstance(status, str) and isinstance(epoch, int) and isinstance(workflow, str)
     assert until is None or isinstance(until, float)
     assert fp is None or isinstance(fp, str)
@@ -329,8 +344,9 @@ def test_the_sql_pieces_agree_with_the_functions(
     if not lc.abandoned(status, until, bool(cancel), NOW):
         assert _ask(memory, lc.CLAIMABLE, row) is lc.claimable(status, until, bool(cancel), NOW)
     assert _ask(memory, lc.MATCHES, row, workflow="a", fingerprint=fingerprint) is lc.matches(
-        workflow, fp, {"a": fingerprint}
+        workflow, fp, {"a": fingerprint}, graph_change=lc.graph_change_allowed(options)
     )
+    assert lc.graph_change_allowed(options) is (json.loads(options).get("allow_graph_change") is True)
     assert _ask(memory, lc.FINAL, row) is (status in FINAL_STATUSES)
     # A person's write (retry, rewind) lands only on the run as read: same epoch, no live lease.
     assert _ask(memory, lc.UNCHANGED, row, run_id="r", epoch=lease_epoch) is (

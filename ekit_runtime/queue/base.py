@@ -38,7 +38,7 @@ from ekit_core.human import questions as pending_questions
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue.lifecycle import reopen_refusal
+from ekit_runtime.queue.lifecycle import graph_change_allowed, reopen_refusal
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -279,13 +279,20 @@ def progress(checkpoint: WorkflowCheckpoint) -> tuple[int, int | None]:
 
 
 def queued_reason(
-    workflow: str, fingerprint: str | None, served: Mapping[str, set[str | None]]
+    workflow: str,
+    fingerprint: str | None,
+    served: Mapping[str, set[str | None]],
+    *,
+    graph_change: bool = False,
 ) -> str | None:
-    """Why a queued run waits, from what the live workers serve (workflow -> their fingerprints)."""
+    """Why a queued run waits, from what the live workers serve (workflow -> their fingerprints).
+
+    ``graph_change``: the run's options allow any version of its workflow to resume it.
+    """
     versions = served.get(workflow)
     if versions is None:
         return f"no worker has workflow {workflow}"
-    if fingerprint is not None and fingerprint not in versions:
+    if not graph_change and fingerprint is not None and fingerprint not in versions:
         return f"no worker has this version of workflow {workflow} (graph fingerprint {fingerprint[:19]})"
     return None
 
@@ -501,7 +508,7 @@ class RunQueue(ABC):
         (run_id, workflow, status, priority, epoch, owner, until, cancel, error, created, updated, fp,
          options, done, total, input_tokens, output_tokens, calls, reason) = row
         if status == "queued":
-            reason = queued_reason(workflow, fp, served)
+            reason = queued_reason(workflow, fp, served, graph_change=graph_change_allowed(options))
         elif status in FINAL_STATUSES:
             reason = None
         return RunInfo(

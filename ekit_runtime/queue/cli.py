@@ -389,7 +389,8 @@ def _why_left(info: RunInfo, worker: Worker, now: float) -> str:
         known = ", ".join(repr(k) for k in sorted(worker.registry))
         return f"{info.status}; its workflow {name!r} is not one this worker has (it has {known})"
     mine = worker.fingerprints[name]
-    if info.fingerprint is not None and info.fingerprint != mine:
+    changeable = info.options.get("allow_graph_change", False)
+    if info.fingerprint is not None and info.fingerprint != mine and not changeable:
         return (
             f"{info.status}; it was begun by another version of workflow {name!r} (graph "
             f"fingerprint {info.fingerprint[:12]}, this worker's is {mine[:12]}): only a worker "

@@ -70,9 +70,10 @@ source and leaves it as it was.
 CLAIMABLE: status ``queued``, or ``running`` with an expired lease and no
 cancel asked (a claim first cancels, rather than resumes, an expired run
 whose cancel was asked); of a workflow the claimer drives, whose stored
-fingerprint is unset or the claimer's; the highest priority first, then the
-oldest submission. (A release never leaves a cancel flag on a ``queued`` run:
-a worker that gives a run back before it saw the flag ends it ``cancelled``,
+fingerprint is unset or the claimer's (any fingerprint, when the run's options
+allow a graph change); the highest priority first, then the oldest
+submission. (A release never leaves a cancel flag on a ``queued`` run: a
+worker that gives a run back before it saw the flag ends it ``cancelled``,
 so that no worker starts paid work on a run someone cancelled.)
 
 FENCED (a holder's write is accepted): same run id, the run's epoch is the
@@ -133,6 +134,7 @@ __all__ = [
     "CancelEffect",
     "Ending",
     "FINAL",
+    "GRAPH_CHANGE_MARK",
     "HELD",
     "IN_WINDOW",
     "LEFT_WINDOW",
@@ -156,6 +158,7 @@ __all__ = [
     "drive_ending",
     "expired",
     "fenced",
+    "graph_change_allowed",
     "live",
     "matches",
     "next_status",
@@ -250,9 +253,28 @@ def abandoned(status: str, lease_until: float | None, cancel_requested: bool, no
     return status == "running" and cancel_requested and expired(lease_until, now)
 
 
-def matches(workflow: str, fingerprint: str | None, workflows: Mapping[str, str | None]) -> bool:
-    """Whether a claimer driving ``workflows`` (name -> its graph fingerprint) may take the run."""
-    return workflow in workflows and (fingerprint is None or fingerprint == workflows[workflow])
+def matches(
+    workflow: str, fingerprint: str | None, workflows: Mapping[str, str | None], *, graph_change: bool = False
+) -> bool:
+    """Whether a claimer driving ``workflows`` (name -> its graph fingerprint) may take the run.
+
+    ``graph_change``: the run's options allow a checkpoint of another graph
+    (``allow_graph_change``), so any version of its workflow may resume it.
+    """
+    if workflow not in workflows:
+        return False
+    return graph_change or fingerprint is None or fingerprint == workflows[workflow]
+
+
+GRAPH_CHANGE_MARK = '"allow_graph_change":true'
+"""The text that stored run options (compact JSON, as submit writes them) hold when they
+allow a graph change. Inside a JSON string every quote is escaped, so this text can only
+be the option itself: the claim's SQL looks for it without parsing the options."""
+
+
+def graph_change_allowed(options: str | None) -> bool:
+    """Whether stored run options (their JSON text) allow a checkpoint of another graph."""
+    return options is not None and GRAPH_CHANGE_MARK in options
 
 
 def fenced(
@@ -498,8 +520,9 @@ CLAIMABLE = _sql("(status = {queued} OR (status = {running} AND lease_until <= :
 ABANDONED = _sql("status = {running} AND cancel_requested AND lease_until <= :now")
 """SQL of :func:`abandoned`: the runs a claim cancels first."""
 
-MATCHES = "workflow = :workflow AND (fingerprint IS NULL OR fingerprint = :fingerprint)"
-"""SQL of :func:`matches`, for one (workflow, fingerprint) pair of the claimer."""
+MATCHES = "workflow = :workflow AND (fingerprint IS NULL OR fingerprint = :fingerprint OR :graph_change)"
+"""SQL of :func:`matches`, for one (workflow, fingerprint) pair of the claimer; ``:graph_change``
+is the backend's test of :func:`graph_change_allowed` on the ``options`` column."""
 
 UNCHANGED = _sql(
     "run_id = :run_id AND epoch = :epoch "

@@ -63,6 +63,7 @@ from ekit_runtime.queue.lifecycle import (
     CLAIM_ORDER,
     CLAIMABLE,
     FINAL,
+    GRAPH_CHANGE_MARK,
     HELD,
     IN_WINDOW,
     LEFT_WINDOW,
@@ -198,7 +199,11 @@ _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 # so that the scan keeps its order (a hash join with the names did not).
 _MATCH_ANY = render(
     MATCHES,
-    {"workflow": "ANY(%s::text[])", "fingerprint": "(%s::text[])[array_position(%s::text[], workflow)]"},
+    {
+        "workflow": "ANY(%s::text[])",
+        "fingerprint": "(%s::text[])[array_position(%s::text[], workflow)]",
+        "graph_change": f"strpos(options, '{GRAPH_CHANGE_MARK}') > 0",
+    },
 )
 
 

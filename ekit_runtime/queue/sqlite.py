@@ -62,6 +62,7 @@ from ekit_runtime.queue.lifecycle import (
     CLAIM_ORDER,
     CLAIMABLE,
     FINAL,
+    GRAPH_CHANGE_MARK,
     HELD,
     IN_WINDOW,
     LEFT_WINDOW,
@@ -282,7 +283,10 @@ def _info_select(tail: str, order: str = "ASC") -> str:
 
 # The lifecycle's named placeholders in SQLite's terms: every one a parameter,
 # the clock too (the machine's, time.time(), shared by every process).
-_DIALECT = {"now": "?", "since": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?"}
+_DIALECT = {
+    "now": "?", "since": "?", "run_id": "?", "epoch": "?", "workflow": "?", "fingerprint": "?",
+    "graph_change": f"instr(options, '{GRAPH_CHANGE_MARK}') > 0",
+}
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch, now
 _LIVE = render(LIVE, _DIALECT)  # args: now
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)  # args: now
