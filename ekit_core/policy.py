@@ -18,11 +18,9 @@ import hashlib
 import math
 from dataclasses import dataclass
 
+from ekit_core.numbers import check_number
+
 __all__ = ["RetryPolicy", "jitter_fraction"]
-
-
-def _number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def jitter_fraction(run_id: str | None, name: str, failure: int) -> float:
@@ -75,12 +73,8 @@ class RetryPolicy:
         if self.max_attempts < 1:
             raise ValueError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
         for name in ("backoff_base", "backoff_cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
-        factor = self.backoff_factor
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
-            raise ValueError(f"RetryPolicy.backoff_factor must be a number >= 1, got {factor!r}")
+            check_number(getattr(self, name), f"RetryPolicy.{name}")
+        check_number(self.backoff_factor, "RetryPolicy.backoff_factor", low=1, high=None, unit="")
         retry_on = self.retry_on
         if isinstance(retry_on, type):
             retry_on = (retry_on,)
@@ -91,18 +85,28 @@ class RetryPolicy:
             raise ValueError(
                 f"RetryPolicy.retry_on must be a tuple of exception types, got {retry_on!r}"
             )
-        if not _number(self.jitter) or not 0 <= self.jitter <= 1:
-            raise ValueError(f"RetryPolicy.jitter must be a number from 0 to 1, got {self.jitter!r}")
-        if not _number(self.max_retry_after) or self.max_retry_after < 0:
-            raise ValueError(
-                f"RetryPolicy.max_retry_after must be a finite number >= 0, got {self.max_retry_after!r}"
-            )
+        check_number(self.jitter, "RetryPolicy.jitter", high=1, unit="")
+        check_number(self.max_retry_after, "RetryPolicy.max_retry_after")
 
     def delay(self, failures: int) -> float:
         """The backoff (no jitter): seconds before the attempt that follows ``failures`` failures."""
-        if failures < 1:
+        if failures < 1 or not self.backoff_base or not self.backoff_cap:
             return 0.0
-        return float(min(self.backoff_cap, self.backoff_base * self.backoff_factor ** (failures - 1)))
+        cap, base, factor = float(self.backoff_cap), self.backoff_base, self.backoff_factor
+        # Whether the power passes the cap is decided in log space, where no
+        # count overflows: 2.0 ** 1024 (a doubling policy's 1,025th failure)
+        # has no float. The exponent is bounded first, so that an int count
+        # past the float range is never converted; at that bound any factor
+        # above 1 has long passed any cap (2**64 * log(1 + 2**-52) > 4000).
+        # Near the cap (the margin) the power itself decides, exactly as documented.
+        exponent = min(failures - 1, 2**64)
+        log_wait = math.log(base) + exponent * math.log(factor)
+        if log_wait >= math.log(cap) + 1e-9:
+            return cap
+        try:
+            return min(cap, float(base * factor**exponent))
+        except OverflowError:  # a base so small that the power alone leaves the floats
+            return min(cap, math.exp(log_wait))
 
     def jittered(self, failures: int, run_id: str | None, name: str, failure: int) -> float:
         """:meth:`delay` scaled by the jitter drawn for failure number ``failure`` of ``name``.
