@@ -347,7 +347,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         Costs O(what changed) when both came from one run of the core, O(outputs)
         otherwise. ``extends`` is false when ``previous`` is not a prefix of this
         checkpoint (another run, an output that changed, a skip that is gone or
-        whose reason changed, other shapes); the delta then holds everything.
+        whose reason changed, other shapes, other versions, other outputs set
+        aside); the delta then holds everything.
         Outputs (and context values) are compared with :func:`same_output`, so
         a NaN output, or one read back from a file as a fresh but equal
         object, is not a change.
@@ -365,7 +366,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ):
+        ) or (self.versions is not previous.versions and self.versions != previous.versions):
+            # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
         failures = {
@@ -648,6 +650,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.failures is not previous.failures or cp.skipped is not previous.skipped
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
+        or cp.versions is not previous.versions
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from ekit_core import WorkflowCheckpoint, checkpoint_of
+from ekit_core import TokenUsage, WorkflowCheckpoint, checkpoint_of
 from ekit_core.checkpoint import CheckpointError
 from ekit_core.ledger import Ledger
 from ekit_runtime.step import PatternResult, Step
@@ -553,13 +553,7 @@ class _Forms:
             if ledger is None and context is cp.context and superseded is cp.superseded:
                 out = cp
             else:
-                out = WorkflowCheckpoint.of_ledgers(
-                    raw if ledger is None else ledger, usage, step_index=cp.step_index,
-                    cost=cp.cost, context=context, failures=cp.failures, graph=cp.graph,
-                    versions=cp.versions, fingerprint=cp.fingerprint,
-                    format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
-                    superseded=superseded, durations=cp._times,
-                )
+                out = _with_stored(cp, raw if ledger is None else ledger, usage, context, superseded)
         self._last = (cp, out)
         return out
 
@@ -628,6 +622,26 @@ class _Forms:
         else:
             self._superseded = (table, encoded)
         return encoded
+
+
+def _with_stored(
+    cp: WorkflowCheckpoint, outputs: Ledger[str, Any], usage: Ledger[str, TokenUsage],
+    context: MappingProxyType[str, Any], superseded: MappingProxyType[str, Any],
+) -> WorkflowCheckpoint:
+    """``cp`` with its outputs, context and set-aside outputs in their stored forms, every other
+    field carried over as it is.
+
+    Built by ``of_ledgers`` (O(1), the ledgers shared) rather than
+    ``dataclasses.replace``, which would build the durations table at every
+    save; so each field is named here, and a field left out is lost from
+    every save of a run with a codec (tests/test_every_checkpoint_field_survives.py).
+    """
+    return WorkflowCheckpoint.of_ledgers(
+        outputs, usage, step_index=cp.step_index, cost=cp.cost, context=context,
+        failures=cp.failures, graph=cp.graph, versions=cp.versions, fingerprint=cp.fingerprint,
+        format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
+        superseded=superseded, asked=cp.asked, durations=cp._times,
+    )
 
 
 class _StoredSave:

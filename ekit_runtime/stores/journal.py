@@ -724,6 +724,7 @@ class _History:
             versions=fold.start.versions,
             skipped=self.skipped,
             shapes=fold.start.shapes,
+            superseded=fold.start.superseded,
             asked=fold.start.asked,
             durations=self.durations,
         )
