@@ -6,14 +6,18 @@ its JSON, ``/static/app.js`` and ``/static/app.css``. With actions allowed,
 POST ``/run/<id>/cancel``, ``retry``, ``answer``, ``approve`` and ``deny``
 act on the queue; each must carry the process's random token in the form's
 ``token`` field *and* in the ``ekit_ui_<port>`` cookie (``SameSite=Strict``, set by
-every page), and an ``Origin`` header, when sent, must name this server:
-anything else is refused with 403. Read-only, every POST is a 405.
+every page served, never by a refusal), and an ``Origin`` header, when sent, must
+be this server's own (scheme, host and port): anything else is refused with 403.
+Read-only, every POST is a 405. Bound to a loopback address, a request whose
+``Host`` is not a literal loopback address or ``localhost`` at its port is a 403.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
+import re
 import secrets
 import sys
 from collections.abc import Callable
@@ -31,7 +35,8 @@ from ekit_runtime.ui.static import APP_CSS, APP_JS
 
 __all__ = ["Dashboard", "make_server", "serve"]
 
-_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+_LOOPBACK_NAMES = frozenset({"localhost", "[::1]"})
+_DOTTED_QUAD = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'")
 _VERBS = ("cancel", "retry", "answer", "approve", "deny")
@@ -59,18 +64,29 @@ class Dashboard(ThreadingHTTPServer):
     def host_allowed(self, header: str | None) -> bool:
         """Whether a request's ``Host`` header names this server.
 
-        Bound to a loopback address, only ``127.0.0.1``, ``localhost`` and
-        ``[::1]`` (at its port) are: a page whose own name was re-pointed at
-        127.0.0.1 (DNS rebinding) is refused. Bound to another address, the
-        person who chose it decides who reaches it: any ``Host`` is let in.
+        Bound to a loopback address, only a literal loopback address (an IPv4
+        address in 127.0.0.0/8, ``[::1]``) or ``localhost``, at this server's
+        port, is: a site whose own name was re-pointed at 127.0.0.1 (DNS
+        rebinding) is refused, however much its name looks like an address
+        (``127.attacker.example``). Bound to another address, the person who
+        chose it decides who reaches it: any ``Host`` is let in.
         """
-        host = str(self.server_address[0])
-        if not (host.startswith("127.") or host == "localhost"):
+        if not _is_loopback(str(self.server_address[0])):
             return True
-        if header is None:
-            return False
-        name, _, port = header.strip().rpartition(":")
-        return (name in _LOOPBACK_NAMES or name.startswith("127.")) and port == str(self.server_address[1])
+        return header is not None and _loopback_netloc(header.strip(), self.server_address[1])
+
+    def origin_allowed(self, origin: str | None, host: str | None) -> bool:
+        """Whether an action's ``Origin`` header (``None``: not sent) is this server's own.
+
+        Its scheme must be ``http`` and its host and port those the request
+        was sent to (``Host``): a page of another port of the same address is
+        another site. A browser always sends ``Origin`` with a form's POST;
+        other clients need not (the token and the cookie still guard them).
+        """
+        if origin is None:
+            return True
+        parts = _netloc_of_origin(origin)
+        return parts is not None and host is not None and parts == _split_netloc(host.strip().lower())
 
     @property
     def url(self) -> str:
@@ -109,7 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Frame-Options", "DENY")
         self.send_header("Cache-Control", "no-store")
         token = self.server.token
-        if token is not None and ctype.startswith("text/html"):
+        # Only with a page served: a refusal (a foreign Host, a forged form) or an error hands out nothing.
+        if token is not None and code == 200 and ctype.startswith("text/html"):
             self.send_header("Set-Cookie", f"{self.server.cookie}={token}; Path=/; HttpOnly; SameSite=Strict")
         for k, v in (extra or {}).items():
             self.send_header(k, v)
@@ -271,10 +288,54 @@ class _Handler(BaseHTTPRequestHandler):
                 and hmac.compare_digest(held.encode(), token.encode())):
             raise _Refused(403, "refused: the form's token or the dashboard's cookie is missing or wrong "
                                 "(reload the page)")
-        origin = self.headers.get("Origin")
-        host = self.headers.get("Host", "")
-        if origin is not None and urlsplit(origin).netloc != host:
+        if not self.server.origin_allowed(self.headers.get("Origin"), self.headers.get("Host")):
             raise _Refused(403, "refused: the request comes from another site")
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether the server's bound address is a loopback one (only there are Hosts checked)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_netloc(text: str) -> tuple[str, int] | None:
+    """``name:port`` as ``(name, port)``, the port 80 when absent (as a browser omits it); ``None``
+    when the port is not a plain number."""
+    name, colon, port = text.rpartition(":")
+    if not colon or text.endswith("]"):  # no port at all ("[::1]" holds colons of its own)
+        return text, 80
+    if not (port.isascii() and port.isdigit()) or len(port) > 5:
+        return None
+    return name, int(port)
+
+
+def _loopback_netloc(header: str, port: int) -> bool:
+    """Whether a ``Host`` header is a literal loopback address or ``localhost``, at ``port``."""
+    parts = _split_netloc(header.lower())
+    if parts is None or parts[1] != port:
+        return False
+    name = parts[0]
+    if name in _LOOPBACK_NAMES:
+        return True
+    # Only a dotted quad in 127.0.0.0/8 is an address; any other name could be re-pointed by its owner.
+    if _DOTTED_QUAD.fullmatch(name) is None:
+        return False
+    try:
+        return ipaddress.IPv4Address(name).is_loopback
+    except ValueError:  # an octet over 255, a leading zero
+        return False
+
+
+def _netloc_of_origin(origin: str) -> tuple[str, int] | None:
+    """An ``Origin`` header's host and port, or ``None`` unless it is a plain ``http://HOST[:PORT]``."""
+    scheme, sep, netloc = origin.strip().lower().partition("://")
+    if scheme != "http" or not sep or not netloc or any(c in netloc for c in "/@?#\\"):
+        return None
+    return _split_netloc(netloc)
 
 
 def _one(query: dict[str, list[str]], key: str) -> str:
