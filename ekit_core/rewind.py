@@ -166,7 +166,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
             if child not in seen:
                 seen.add(child)
                 frontier.append(child)
-    _keep_forced_skips(graph, items, checkpoint.skipped, seen)
+    keep_forced_skips(graph, items, checkpoint.skipped, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys() and not (
             checkpoint.asked and seen & checkpoint.asked.keys()):
@@ -208,10 +208,14 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded
     return aside
 
 
-def _keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str],
-                       seen: set[str]) -> None:
+def keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str],
+                      seen: set[str]) -> None:
     """Take out of ``seen`` the skips that the skips kept force: what needs a step that
-    stays skipped is skipped again, so its skip stays (a resume refuses it otherwise)."""
+    stays skipped is skipped again, so its skip stays (a resume refuses it otherwise).
+
+    Shared by a rewind and by a resume after a version bump: both drop the
+    skips below what runs again, and neither may drop one that a skip they
+    keep still forces (``items``: what the recorded outputs grow into)."""
     def deps_of(name: str) -> tuple[str, ...]:
         return items.steps[name] if name in items.steps else graph.deps[name]
 

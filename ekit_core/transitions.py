@@ -132,7 +132,7 @@ from ekit_core.results import (
     Start,
     Succeeded,
 )
-from ekit_core.rewind import downstream, outdated_steps, without
+from ekit_core.rewind import downstream, grown, keep_forced_skips, outdated_steps, without
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of
 from ekit_core.state import (
@@ -616,14 +616,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
                or outdated.get(n, "").startswith("its ")}
     again = set(downstream(graph, outdated))
     below = again - set(outdated)
-    # mapped step -> (its first upstream, whether only that upstream runs again on the way)
-    roots: dict[str, tuple[str, bool]] = {}
-    for name in graph.names:
-        if name in mapped:
-            over = mapped[name]
-            root, clean = roots.get(over, (over, True))
-            others = [d for d in graph.deps[name] if d != over]
-            roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
+    roots = _roots(graph, mapped, changed, again)
     aside = dict(checkpoint.superseded)
     aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
                  if u in outdated and u in checkpoint.outputs)
@@ -638,6 +631,8 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         root, clean = roots[owner]
         if clean and root in outdated and name in checkpoint.outputs:
             aside[name] = checkpoint.outputs[name]
+    if drop & checkpoint.skipped.keys():  # ...unless a skip that stands forces it still
+        keep_forced_skips(graph, grown(graph, checkpoint.outputs), checkpoint.skipped, drop)
     if not drop and len(aside) == len(checkpoint.superseded):
         return checkpoint
     return _replace(
@@ -648,6 +643,20 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
         superseded=MappingProxyType(aside),
     )
+
+
+def _roots(graph: GraphSpec, mapped: Mapping[str, str], changed: set[str], again: set[str]
+           ) -> dict[str, tuple[str, bool]]:
+    """Mapped step -> (its first upstream, whether its items may be kept by an early cutoff:
+    neither it nor a step it is chained to changed, and no other input of theirs runs again)."""
+    roots: dict[str, tuple[str, bool]] = {}
+    for name in graph.names:
+        if name in mapped:
+            over = mapped[name]
+            root, clean = roots.get(over, (over, True))
+            others = [d for d in graph.deps[name] if d != over]
+            roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
+    return roots
 
 
 def _first_ready_shaped(
@@ -667,12 +676,12 @@ def _first_ready_shaped(
             _check_skips_agree(name, parents, outputs, skipped, joins_any)
             continue
         pending.append(name)
-        if shape is not None and shape.map_over is not None:
-            continue
         gone = [d for d in parents if d in skipped]
-        if gone and not joins_any:
+        if gone and not joins_any:  # (a mapped step too: its items could never start)
             raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
                                              "which needs it")
+        if shape is not None and shape.map_over is not None:
+            continue
         missing = sum(1 for d in parents if d not in outputs and d not in skipped)
         if not missing:
             if parents and not any(d in outputs for d in parents):
