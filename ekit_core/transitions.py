@@ -53,8 +53,9 @@ Around the table:
   (:func:`dependencies_recorded`; the fold keeps a count instead);
 - what starts (:func:`plan`, ``_choose``): ready steps in declaration order,
   at most ``max_concurrency`` in flight, nothing once the run is halted; a
-  retry waits out its delay and a first attempt asks approval when the run
-  has it (a gated attempt); a halt withdraws gated attempts
+  retry waits out its delay and a first attempt asks its step's condition
+  when it has one and approval when the run has it (a gated attempt: its
+  ``StepStarted`` waits for ``Began``); a halt withdraws gated attempts
   (``Batch.withdraw``);
 - an attempt starts one way, ``_begin_attempts``, whether the shell hands a
   ``Start`` back or :func:`advance` starts it;
@@ -87,6 +88,7 @@ from ekit_core.checkpoint import (
     describe_error,
     storable_text,
 )
+from ekit_core.claims import check_collections, check_skips
 from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
@@ -118,6 +120,7 @@ from ekit_core.graph import GraphSpec
 from ekit_core.human import NO_EXCHANGES, Exchange, denial_of
 from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
+from ekit_core.numbers import check_number
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
     Asked,
@@ -474,6 +477,7 @@ def initial_state(
     limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
+    check_skips(graph, checkpoint)
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
     # Its dependents are given by each path below: building the whole index
@@ -591,7 +595,7 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     not has none; neither expands it again).
     """
     checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
-    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes)
+    gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
         return checkpoint
     return _replace(checkpoint, skipped=MappingProxyType(
@@ -617,10 +621,10 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     again = set(downstream(graph, outdated))
     below = again - set(outdated)
     roots = _roots(graph, mapped, changed, again)
-    aside = dict(checkpoint.superseded)
+    prefixes = {f"{m}[": m for m in mapped}
+    aside = _still_aside(checkpoint.superseded, graph.index, prefixes, roots)
     aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
                  if u in outdated and u in checkpoint.outputs)
-    prefixes = {f"{m}[": m for m in mapped}
     # A skip below a step that runs again is decided again.
     drop = {n for n in below if n in checkpoint.skipped}
     for name in (*checkpoint.outputs, *checkpoint.skipped):
@@ -633,7 +637,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
             aside[name] = checkpoint.outputs[name]
     if drop & checkpoint.skipped.keys():  # ...unless a skip that stands forces it still
         keep_forced_skips(graph, grown(graph, checkpoint.outputs), checkpoint.skipped, drop)
-    if not drop and len(aside) == len(checkpoint.superseded):
+    if not drop and aside.keys() == checkpoint.superseded.keys():
         return checkpoint
     return _replace(
         checkpoint,
@@ -657,6 +661,21 @@ def _roots(graph: GraphSpec, mapped: Mapping[str, str], changed: set[str], again
             others = [d for d in graph.deps[name] if d != over]
             roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
     return roots
+
+
+def _still_aside(superseded: Mapping[str, Any], index: Mapping[str, int], prefixes: Mapping[str, str],
+                 roots: Mapping[str, tuple[str, bool]]) -> dict[str, Any]:
+    """What an earlier resume or rewind set aside that a cutoff may still keep: an item goes
+    once its mapped step's code or other inputs changed (its output is not what the
+    current code would make of it), or once its step is no mapped step at all."""
+    aside = {}
+    for name, value in superseded.items():
+        if name not in index:  # an item (else the output of what steps map over)
+            owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
+            if owner is None or not roots[owner][1]:
+                continue
+        aside[name] = value
+    return aside
 
 
 def _first_ready_shaped(
@@ -724,6 +743,7 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
                                              "it maps over does not have")
     outputs, skipped = checkpoint.outputs, checkpoint.skipped
+    check_collections(w.spec.declared_graph, outputs, skipped)
     for name in skipped:
         if name not in index:
             raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
@@ -829,8 +849,19 @@ class _Run:
         self.running = window.remove(self.running, window.bit(j))
         self.in_flight -= 1
         if name in self.setbacks.gated:
-            self.setbacks = _replace(self.setbacks, gated=_without(self.setbacks.gated, name))
+            del self.gated()[name]
         return j
+
+    def gated(self) -> dict[str, float]:
+        """The gated attempts, as the fold's own dict (copied on first write, frozen by ``_freeze``).
+
+        A batch of conditional items is gated whole: one copy per fold, not one per item.
+        """
+        gated: Mapping[str, float] = self.setbacks.gated
+        if not isinstance(gated, dict):
+            gated = dict(gated)
+            self.setbacks = _replace(self.setbacks, gated=cast(Any, gated))
+        return gated
 
     def halt(self, halt: Halt) -> None:
         """Stop starting steps, for the first reason given."""
@@ -955,11 +986,10 @@ def _began(w: _Run, began: Began) -> None:
     """A gated attempt ended its wait: only now has it started."""
     name = began.name
     j = w.bit(name)
-    gated = w.setbacks.gated
-    if not window.has(w.running, j) or name not in gated:
+    if not window.has(w.running, j) or name not in w.setbacks.gated:
         raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
-    w.setbacks = _replace(w.setbacks, gated=_without(gated, name))
-    w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, gated[name]))
+    delay = w.gated().pop(name)
+    w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, delay))
 
 
 def _failed(w: _Run, failed: Failed) -> None:
@@ -1002,12 +1032,12 @@ def _wait_asked(failed: Failed) -> float | None:
     asked = failed.retry_after
     if asked is None:
         return None
-    if isinstance(asked, bool) or not isinstance(asked, int | float) or not 0 <= asked < float("inf"):
+    try:  # any finite wait (10**400 is none): how long is too long is the policy's to say
+        return check_number(asked, "retry_after", high=None)
+    except ValueError as exc:
         raise TransitionError(
-            f"failed result for step {failed.name!r}: retry_after must be None or a finite "
-            f"number >= 0, got {asked!r}"
-        )
-    return float(asked)
+            f"failed result for step {failed.name!r}: {str(exc).replace('must be', 'must be None or', 1)}"
+        ) from None
 
 
 def _retry_wait(spec: RunSpec, policy: RetryPolicy, failed: Failed, tries: int, failure: int,
@@ -1387,32 +1417,52 @@ def _join_any(w: _Run, step: str) -> str:
 # -- starting attempts: plan, and the one way an attempt starts ----------------------
 
 
-def _choose(graph: GraphSpec, limits: RunLimits, offset: int, ready: int, in_flight: int,
+def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
             inc: Setbacks) -> tuple[Start, ...]:
     """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
         return ()
-    room = None
+    graph, limits, room = spec.graph, spec.limits, None
     if limits.max_concurrency is not None:
         room = limits.max_concurrency - in_flight
         if room <= 0:
             return ()
     names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
+    shaped = spec.shaped is not None
     # One ready step, the whole batch of a chain: window.only_one and
     # window.single, inlined (see ekit_core.window).
     if not ready & (ready - 1) and not gate:
         name = names[offset + ready.bit_length() - 1]
-        if name not in tries and name not in delays:
+        if name not in tries and name not in delays and not (shaped and _asks(spec, name)):
             return (first_start(name),)
-        return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0)),)
-    if not (tries or delays or gate):  # plain first attempts: a fan-out's batch
+        attempt = tries.get(name, 0) + 1
+        return (Start(name, attempt, delays.get(name, 0.0), False, attempt == 1 and _asks(spec, name)),)
+    if not (tries or delays or gate or shaped):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
     for i in window.indices(ready, room):
         name = names[offset + i]
         attempt = tries.get(name, 0) + 1
-        starts.append(Start(name, attempt, delays.get(name, 0.0), gate and attempt == 1))
+        asks = shaped and attempt == 1 and _asks(spec, name)
+        starts.append(Start(name, attempt, delays.get(name, 0.0), gate and attempt == 1, asks))
     return tuple(starts)
+
+
+def _asks(spec: RunSpec, name: str) -> bool:
+    """Whether step (or item) ``name`` has a condition for the shell to ask before it begins.
+
+    Asked before the first attempt only: a later one follows an attempt
+    whose condition was asked already.
+    """
+    shaped = spec.shaped
+    if shaped is None:
+        return False
+    shapes = spec.declared_graph.shapes
+    shape = shapes.get(name)
+    if shape is None:
+        ref = shaped.items.get(name)
+        shape = None if ref is None else shapes.get(ref.step)
+    return shape is not None and shape.when is not None
 
 
 def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
@@ -1427,24 +1477,27 @@ def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
     w.running |= chosen  # window.add
     w.in_flight += len(starts)
     inc, record = w.setbacks, w.record
-    if not (record or inc.delays or w.spec.limits.approval):
+    if not (record or inc.delays or w.spec.limits.approval or w.spec.shaped is not None):
         return
+    gated = []
     for start in starts:
         name = start.name
         if name in inc.delays:
             inc = _replace(inc, delays=_without(inc.delays, name))
         if start.gated:
-            inc = _replace(inc, gated=MappingProxyType({**inc.gated, name: start.delay}))
+            gated.append(start)
         elif record:
             w.events.append(StepStarted(name, start.attempt, start.delay))
     w.setbacks = inc
+    if gated:
+        w.gated().update((start.name, start.delay) for start in gated)
 
 
 def _launch(w: _Run) -> Batch:
     """What :func:`advance` adds to :func:`apply`: start what :func:`plan` would."""
     if w.done or w.fresh:
         w.settle()
-    starts = _choose(w.spec.graph, w.spec.limits, w.offset, w.ready, w.in_flight, w.setbacks)
+    starts = _choose(w.spec, w.offset, w.ready, w.in_flight, w.setbacks)
     if starts:
         # _choose takes the lowest ready bits: those up to the last start's
         # (window.only_one, inlined for a chain's step, then window.through).
@@ -1469,8 +1522,7 @@ def plan(state: State) -> Batch:
     Hand the starts (or any prefix of them) back to :func:`apply` once started.
     """
     inc = state.setbacks
-    starts = _choose(state.spec.graph, state.spec.limits, state._offset, state._ready,
-                     state._in_flight, inc)
+    starts = _choose(state.spec, state._offset, state._ready, state._in_flight, inc)
     withdraw = _withdrawn(inc)
     return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
@@ -1522,6 +1574,9 @@ def _freeze(w: _Run) -> State:
     """
     if w.done or w.fresh:
         w.settle()
+    gated: Mapping[str, float] = w.setbacks.gated
+    if isinstance(gated, dict):  # the fold's own (see _Run.gated): frozen read-only
+        w.setbacks = _replace(w.setbacks, gated=MappingProxyType(gated))
     outcome = None
     if not w.in_flight:  # else the run goes on: no need to ask
         total = len(w.spec.graph.names)
