@@ -154,7 +154,9 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                    ) -> WorkflowCheckpoint:
     """:func:`rewind` in a graph with run-time shapes: items, collections and skips too."""
     items = grown(graph, checkpoint.outputs)
-    unknown = [n for n in wanted if n not in graph.index and n not in items.items]
+    # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
+    unknown = [n for n in wanted
+               if n not in graph.index and n not in items.items and n not in checkpoint.superseded]
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s) or item(s): {', '.join(map(repr, unknown))}")
     consumers = _consumers(graph, items)
@@ -162,19 +164,21 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ()))}
     frontier = list(seen)
     while frontier:
-        for child in consumers[frontier.pop()]:
+        for child in consumers.get(frontier.pop(), ()):
             if child not in seen:
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
-    if len(outputs) == len(checkpoint.outputs) and not seen & checkpoint.skipped.keys() and not (
+    aside = _set_aside(graph, checkpoint, items, wanted, seen)
+    untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
+    if untouched and not seen & checkpoint.skipped.keys() and not (
             checkpoint.asked and seen & checkpoint.asked.keys()):
         return checkpoint
     return _dropping(
         checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
-        superseded=MappingProxyType(_set_aside(graph, checkpoint, items, wanted, seen)),
+        superseded=MappingProxyType(aside),
     )
 
 
@@ -184,7 +188,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded
     over, and the items dropped only because of it (their mapped step not rewound
     itself, nothing else they need dropped), so that a resume runs only the items
     whose input changes."""
-    aside = dict(checkpoint.superseded)
+    aside = _still_aside(graph, checkpoint.superseded, wanted, seen)
     sources = [u for u in wanted if u in checkpoint.outputs and u in expanders(graph)]
     if not sources:
         return aside
@@ -206,6 +210,36 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded
         if clean and over in sources:
             aside[name] = checkpoint.outputs[name]
     return aside
+
+
+def _still_aside(graph: GraphSpec, superseded: Mapping[str, Any], wanted: list[str],
+                 seen: set[str]) -> dict[str, Any]:
+    """What was set aside before that an early cutoff may still keep after this rewind: not
+    an item rewound by name, nor one whose mapped step (or one it is chained to) is
+    rewound or has another input that runs again (the current code, or new inputs,
+    would not make that output), nor an item of a step no longer mapped."""
+    prefixes = {f"{n}[": n for n, s in graph.shapes.items() if s.map_over is not None}
+    aside = {}
+    for name, value in superseded.items():
+        if name not in graph.index:  # an item (else the output of what steps map over)
+            owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
+            if owner is None or name in wanted or not _untouched(graph, owner, wanted, seen):
+                continue
+        aside[name] = value
+    return aside
+
+
+def _untouched(graph: GraphSpec, step: str, wanted: list[str], seen: set[str]) -> bool:
+    """Whether neither mapped step ``step`` nor a mapped step it is chained to is rewound,
+    and no input of theirs but the one they map over runs again."""
+    while True:
+        over = cast(str, graph.shapes[step].map_over)
+        if step in wanted or any(d in seen for d in graph.deps[step] if d != over):
+            return False
+        upstream = graph.shapes.get(over)
+        if upstream is None or upstream.map_over is None:
+            return True
+        step = over
 
 
 def keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, str],
@@ -274,7 +308,8 @@ def _without_asking(checkpoint: WorkflowCheckpoint, graph: GraphSpec, gone: set[
     """:func:`without` of a checkpoint that records questions: those of ``gone``, of the
     steps below it and of their items go with the outputs."""
     below = set(downstream(graph, [n for n in gone if n in graph.index]))
-    items = tuple(f"{n}[" for n in below)
+    # Only a mapped step has items: a step merely named ``a[x]`` is not one of ``a``'s.
+    items = tuple(f"{n}[" for n in below if n in graph.shapes and graph.shapes[n].map_over is not None)
     asking = {k for k in checkpoint.asked if k in gone or k in below or k.startswith(items)}
     if not asking and not gone & checkpoint.outputs.keys():
         return checkpoint

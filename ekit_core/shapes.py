@@ -36,7 +36,7 @@ names one of the step's dependencies; ``item_key`` needs ``map_over`` and
 is not given to a step mapped over a mapped step (the items keep the
 upstream's keys); ``join="any"`` needs dependencies and is not combined with
 ``map_over``; names are non-empty strings; no declared step is named like an
-item of a mapped step (``M[...]``).
+item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape).
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -127,15 +127,29 @@ def check_shapes(
             checked[name] = shape
     for name, shape in checked.items():
         _check_one(name, shape, deps, checked)
-    mapped = [n for n, s in checked.items() if s.map_over is not None]
-    if mapped:
-        prefixes = tuple(f"{m}[" for m in mapped)
-        clashing = [n for n in names if n.startswith(prefixes)]
-        if clashing:
-            raise GraphError(
-                f"step name(s) {clashing[:5]} look like items of a mapped step "
-                f"(items are named step[key]); rename them", clashing)
+    if checked:
+        _check_item_like(names, deps)
     return MappingProxyType({n: checked[n] for n in names if n in checked})
+
+
+def _check_item_like(names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]) -> None:
+    """Refuse a step named ``P[...]`` beside a step ``P``: the name of one of ``P``'s items.
+
+    Whatever ``P``'s shape: rules that tell items by their name (a resume,
+    a rewind, a selection) must never take a declared step for one, and a
+    graph change may map ``P`` later. O(total length of the names).
+    """
+    from ekit_core.graph import GraphError
+
+    for name in names:
+        at = name.find("[", 1)  # (a step "" is refused before: no owner at 0)
+        while at > 0:
+            owner = name[:at]
+            if owner in deps:
+                raise GraphError(
+                    f"step {name!r} is named like an item of step {owner!r} (items are named "
+                    f"step[key]): rename one of them", [name, owner])
+            at = name.find("[", at + 1)
 
 
 def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],

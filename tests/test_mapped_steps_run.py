@@ -183,7 +183,7 @@ def test_bad_shape_declarations_are_refused_before_anything_runs() -> None:
         Workflow([Step("x", lambda ctx: []), Step("s", lambda ctx: 1, map_over="x")])
     with pytest.raises(ValueError, match="item_key needs map_over"):
         Workflow([Step("x", lambda ctx: []), Step("s", lambda ctx: 1, ("x",), item_key="id")])
-    with pytest.raises(ValueError, match="look like items of a mapped step"):
+    with pytest.raises(ValueError, match=r"step .s\[0\]. is named like an item of step .s."):
         Workflow([Step("x", lambda ctx: []), Step("s", lambda ctx: 1, ("x",), map_over="x"),
                   Step("s[0]", lambda ctx: 1)])
     with pytest.raises(ValueError, match="when must be callable"):
