@@ -45,6 +45,7 @@ from ekit_core import (
     StepStarted,
     StepWaiting,
 )
+from ekit_core.numbers import check_number
 from ekit_runtime.runner import SAVE_FAILED_NOTE
 
 __all__ = ["ProgressPrinter"]
@@ -153,10 +154,9 @@ class ProgressPrinter:
             raise ValueError(f"clock must be callable, got {type(clock).__name__}")
         if tty is not None and not isinstance(tty, bool):
             raise ValueError(f"tty must be True, False or None, got {tty!r}")
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
-            raise ValueError(f"interval must be a number of seconds >= 0, got {interval!r}")
-        if tick is not None and (isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0):
-            raise ValueError(f"tick must be a positive number of seconds or None, got {tick!r}")
+        interval = check_number(interval, "interval")
+        if tick is not None:
+            tick = check_number(tick, "tick", above_low=True)
         if label is not None and not isinstance(label, str):
             raise ValueError(f"label must be a str or None, got {type(label).__name__}")
         self._label = "" if not label else f"{label}: "

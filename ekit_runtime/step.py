@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from ekit_core import RetryPolicy, TokenUsage
+from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.executors import Executor
@@ -289,11 +290,11 @@ class Step:
             raise bad("metadata must be a mapping")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise bad("retry must be a RetryPolicy or None")
-        timeout = self.timeout
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise bad("timeout must be a positive number of seconds or None")
+        if self.timeout is not None:
+            try:
+                check_number(self.timeout, "timeout", above_low=True)
+            except ValueError as exc:  # NaN or 10**400 would fail every attempt at once, each still paid
+                raise bad(str(exc).replace("must be", "must be None or", 1)) from None
         if self.context != "all" and self.context != "dependencies":
             raise bad("context must be 'all' or 'dependencies'")
         if self.executor is not None and not isinstance(self.executor, Executor):

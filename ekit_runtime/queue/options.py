@@ -11,12 +11,14 @@ worker's: :class:`~ekit_runtime.queue.worker.Worker`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
 from ekit_core import TokenUsage
+from ekit_runtime.step import unencodable
 
 __all__ = ["RUN_OPTIONS", "RunOption", "check_run_options", "run_arguments"]
 
@@ -104,6 +106,9 @@ def _step_names(value: object, name: str) -> list[str]:
                 f"run option {name!r}: [{i}] must be a step name (a non-empty string), "
                 f"got {_what(step)} {step!r:.80}"
             )
+        why = unencodable(step)
+        if why is not None:
+            raise ValueError(f"run option {name!r}: [{i}] {why}")
     return value
 
 
@@ -141,7 +146,26 @@ def check_run_options(options: object, what: str = "options") -> dict[str, Any]:
         raise ValueError(
             f"unknown run option(s) in {what}: {', '.join(unknown)} (options: {', '.join(RUN_OPTIONS)})"
         )
-    return {name: RUN_OPTIONS[name].check(value, name) for name, value in options.items()}
+    checked = {name: RUN_OPTIONS[name].check(value, name) for name, value in options.items()}
+    for name, value in checked.items():
+        _storable(value, name)
+    return checked
+
+
+def _storable(value: object, name: str) -> None:
+    """Refuse a checked value no store could write (text UTF-8 cannot hold), naming its option.
+
+    Each row checks its own values; this catches any text a row lets
+    through, so a future option cannot fail at the store with a bare
+    ``UnicodeEncodeError`` that names neither the option nor the run.
+    """
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"run option {name!r} holds {exc.object[exc.start:exc.end]!r}, which UTF-8 cannot encode, "
+            "so no store could save it"
+        ) from None
 
 
 def run_arguments(stored: Mapping[str, Any]) -> dict[str, Any]:

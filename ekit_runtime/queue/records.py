@@ -7,13 +7,13 @@ backend touches its database.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core.numbers import check_number
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import run_ids
 from ekit_runtime.step import unstorable_resource
@@ -359,15 +359,8 @@ def check_priority(priority: object) -> int:
 
 
 def check_seconds(value: object, name: str) -> float:
-    """``value`` as a float if it is a positive, finite number of seconds."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    """``value`` as a float if above 0 and at most :data:`~ekit_core.numbers.MAX_SECONDS` (finite) seconds."""
+    return check_number(value, name, above_low=True)
 
 
 # The shortest lease a queue grants. A lease ends at the clock (time.time(),
@@ -387,10 +380,8 @@ def check_lease_seconds(value: object, name: str = "lease_seconds") -> float:
 
 
 def check_age(value: object) -> float:
-    """``value`` as a float if it is a non-negative, finite number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"older_than must be a non-negative number of seconds, got {value!r}")
-    return float(value)
+    """``value`` as a float if a finite number of seconds from 0 to :data:`~ekit_core.numbers.MAX_SECONDS`."""
+    return check_number(value, "older_than")
 
 
 def check_status(status: object) -> RunStatus | None:
