@@ -68,7 +68,10 @@ def _seconds(value: object) -> float | None:
     """A number of seconds, if ``value`` is one (finite and >= 0)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the floats asks for no wait a float holds: as an infinity, ignored
+        return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 

@@ -128,7 +128,7 @@ def test_your_own_exception_says_how_long_with_a_retry_after_attribute() -> None
     # It comes first, before any headers the exception carries.
     assert retry_after(_Quota(3, {"Retry-After": "9"})) == 3.0
     # An attribute that is no number of seconds is ignored; headers still count.
-    for bad in (-1, True, float("nan"), float("inf"), "7", None):
+    for bad in (-1, True, float("nan"), float("inf"), 10**400, "7", None):
         assert retry_after(_Quota(bad, {"retry-after": "9"})) == 9.0
         assert retry_after(_Quota(bad)) is None
 
