@@ -159,12 +159,13 @@ def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None)
 
 
 def first_start(name: str) -> Start:
-    """``Start(name)``: a plain first attempt (no delay, no approval)."""
+    """``Start(name)``: a plain first attempt (no delay, no condition, no approval)."""
     value = _StartTwin()
     value.name = name
     value.attempt = 1
     value.delay = 0.0
     value.approval = False
+    value.condition = False
     value.__class__ = Start
     return cast(Start, value)
 

@@ -45,19 +45,22 @@ class Start:
     """Start attempt ``attempt`` of step ``name``.
 
     The attempt first waits ``delay`` seconds (a retry's backoff), then, if
-    ``approval`` is true, asks the run's approval callback; an attempt that
-    does either reports :class:`Began` when its work begins.
+    ``condition`` is true, asks its step's condition (:mod:`ekit_core.shapes`),
+    then, if ``approval`` is true, asks the run's approval callback; an
+    attempt that does any of these reports :class:`Began` when its work
+    begins, and one that its condition skips never begins.
     """
 
     name: str
     attempt: int = 1
     delay: float = 0.0
     approval: bool = False
+    condition: bool = False
 
     @property
     def gated(self) -> bool:
-        """Whether the attempt waits (delay or approval) before its work begins."""
-        return self.delay > 0 or self.approval
+        """Whether the attempt waits (delay, condition or approval) before its work begins."""
+        return self.delay > 0 or self.approval or self.condition
 
 
 @dataclass(frozen=True, slots=True)

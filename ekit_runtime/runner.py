@@ -499,8 +499,9 @@ class Runner:
         # here, it is in the context the attempt's task (and thread) copies.
         # (record_events first: an instance attribute, cheaper to read than the class's default.)
         partials = self._partials if self.record_events else None
-        sink = None if partials is None else streaming.SINK.set(
-            streaming.PartialSink(name, self._traces, self._loop, partials))
+        reports = None if partials is None else streaming.PartialSink(
+            name, self._traces, self._loop, partials)
+        sink = None if reports is None else streaming.SINK.set(reports)
         i = self._index.get(name)
         item = None
         if i is not None or name in self._added:
@@ -515,10 +516,8 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        shaping = step.shaping
-        if shaping is not None and shaping[2] is not None and start.attempt == 1 and (
-                decided := _decided(step, name, context)) is not None:
-            # Skipped, or its condition raised: an attempt that never ran.
+        decided = _decided(step, name, context) if start.condition else None
+        if decided is not None:  # skipped, or its condition raised: an attempt that never began
             task = self._loop.create_task(_at_once(decided))
         elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
             task = self._loop.create_task(self._gated(step, start, context, item))
@@ -533,10 +532,16 @@ class Runner:
                 self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context, item))
+        if start.condition and decided is None and not (start.delay > 0 or start.approval):
+            self._reports.append(Began(name))  # its condition held: its work begins now
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if sink is not None:
             streaming.SINK.reset(sink)
+        if reports is not None:
+            # Closed as the attempt's task ends, before the run reads its
+            # outcome: nothing it reports later can follow its events.
+            task.add_done_callback(reports.close)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)

@@ -17,7 +17,10 @@ not finished from its start (its partial output is gone with the process).
 
 Where nobody listens (a run without ``trace``), :func:`partial` returns at
 once and costs the run nothing per step. A step that runs on another
-machine (the Dask executor) reports nothing: there is no trace there.
+machine (the Dask executor) reports nothing: there is no trace there. What
+an attempt reports once it has ended (its thread running on past its
+timeout, a task it left behind) is dropped: it would come after the step's
+outcome, or after ``RunSettled``, which is always a run's last event.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class PartialSink:
     so callbacks always run where the run's other events do.
     """
 
-    __slots__ = ("_callbacks", "_count", "_loop", "_pending", "_thread", "name")
+    __slots__ = ("_callbacks", "_count", "_loop", "_open", "_pending", "_thread", "name")
 
     def __init__(
         self,
@@ -60,6 +63,16 @@ class PartialSink:
         self._thread = threading.get_ident()
         self._pending = pending
         self._count = 0
+        self._open = True
+
+    def close(self, _attempt: object = None) -> None:
+        """The attempt ended (its task is ``_attempt``): what it reports from now on is dropped.
+
+        Its thread may run on past a timeout, and a task it started may
+        outlive it; their reports would follow the step's outcome, or even
+        the run's ``RunSettled``, which is always the last event.
+        """
+        self._open = False
 
     def send(self, value: object) -> None:
         """Report ``value`` (from any thread: another one's report is handed to the loop)."""
@@ -70,6 +83,8 @@ class PartialSink:
                 self._loop.call_soon_threadsafe(self._deliver, value)
 
     def _deliver(self, value: object) -> None:
+        if not self._open:
+            return
         event = StepPartial(self.name, value, self._count)
         self._count += 1
         for callback in self._callbacks:
