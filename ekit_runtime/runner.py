@@ -14,6 +14,7 @@ no scheduling rule: what to start, retry, withdraw or stop is the core's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import warnings
@@ -30,7 +31,7 @@ from collections.abc import (
 from inspect import CO_COROUTINE
 from time import perf_counter
 from types import FunctionType, MappingProxyType
-from typing import Any, TypeAlias, cast
+from typing import Any, NoReturn, TypeAlias, cast
 
 from ekit_core import (
     Asked,
@@ -58,6 +59,7 @@ from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
 from ekit_core.results import succeeded
+from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
@@ -69,6 +71,7 @@ from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
+from ekit_runtime.stores.errors import UnencodableError
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn", "prepare_run_of"]
 
@@ -211,7 +214,7 @@ class Runner:
         # Inputs drained in a turn that ended by a step's BaseException:
         # folded in by the wind-down so that no sibling's output is lost.
         self._carried: list[Input] = []
-        self._save_raised = False
+        self._accepted: WorkflowCheckpoint | None = checkpoint_of(state)  # see _refused_new
         # Cancellations asked of the task driving the run when it began: one
         # more later is the run's own, even when a step swallowed it.
         self._cancelling = 0
@@ -729,21 +732,79 @@ class Runner:
         try:
             returned = fn(checkpoint)
         except Exception as exc:
+            if self._refused_new(exc, checkpoint) is not None:
+                return self._save_without(exc, checkpoint)
             self._save_failed(exc, checkpoint)
             raise
         if returned is not None and inspect.isawaitable(returned):
             return self._finish_save(returned, checkpoint)
+        self._accepted = checkpoint
         return None
 
     async def _finish_save(self, pending: Awaitable[Any], checkpoint: WorkflowCheckpoint) -> None:
         try:
             await pending
         except Exception as exc:
+            if self._refused_new(exc, checkpoint) is not None:
+                await self._save_without(exc, checkpoint)
             self._save_failed(exc, checkpoint)
             raise
+        self._accepted = checkpoint
+
+    def _refused_new(self, exc: Exception, checkpoint: WorkflowCheckpoint) -> str | None:
+        """The step whose output ``exc`` says cannot be stored, if that output is new since the
+        last save accepted (nothing downstream consumed it yet); else ``None``.
+
+        ``_accepted`` is the checkpoint the last save accepted (at first, what
+        the run starts from), and ``None`` once a save raised.
+        """
+        step = exc.step if isinstance(exc, UnencodableError) else None
+        accepted = self._accepted
+        if step is not None and accepted is not None and step in checkpoint.outputs and (
+                step not in accepted.outputs):
+            return step
+        return None
+
+    async def _save_without(self, exc: Exception, checkpoint: WorkflowCheckpoint) -> NoReturn:
+        """Save ``checkpoint`` without the new outputs the store refuses, then raise ``exc``.
+
+        The step whose output cannot be stored ends the run (``exc`` names
+        it), but the outputs that finished beside it in the same turn are
+        saved: a resume pays for that step only (docs/outputs.md). Its
+        questions and answers are kept, so that it is not asked again.
+        """
+        fn, accepted = self.checkpoint_fn, self._accepted
+        assert fn is not None and accepted is not None
+        refused: Exception = exc
+        cp = checkpoint
+        left_out: list[str] = []
+        while (step := self._refused_new(refused, cp)) is not None:
+            try:
+                kept = rewind(self.state.spec.declared_graph, cp, step)
+            except ValueError:
+                break  # (a step the declared graph does not know: nothing is saved)
+            cp = dataclasses.replace(kept, asked=cp.asked)
+            left_out.append(step)
+            if not _adds_to(cp, accepted):
+                break  # nothing else finished: the checkpoint last accepted stands as it is
+            try:
+                returned = fn(cp)
+                if returned is not None and inspect.isawaitable(returned):
+                    await returned
+            except Exception as again:
+                refused = again
+                continue
+            self._accepted = self.last_checkpoint = cp
+            exc.add_note(
+                f"ekit: saved the checkpoint without the output of {', '.join(map(repr, left_out))}, "
+                "which cannot be stored; every other output that finished is saved"
+            )
+            break
+        self._save_failed(exc, checkpoint)
+        raise exc
 
     def _save_failed(self, exc: Exception, checkpoint: WorkflowCheckpoint) -> None:
-        self._save_raised = True
+        self._accepted = None  # (no save is tried again: see _wind_down)
         exc.add_note(
             f"{SAVE_FAILED_NOTE} saving the checkpoint with {checkpoint.step_index} "
             "completed step(s); the checkpoint it last accepted stands"
@@ -804,7 +865,7 @@ class Runner:
         state = self.state = apply(self.state, inputs)
         # Calling a checkpoint_fn that just raised would most likely raise again
         # and hide the first error; the previous checkpoint stands.
-        saved = not self._save_raised and self.checkpoint_fn is not None
+        saved = self._accepted is not None and self.checkpoint_fn is not None
         if saved:
             pending = self._save(state)
             if pending is not None:
@@ -827,6 +888,15 @@ class Runner:
             exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
             if exc.__context__ is None:
                 exc.__context__ = error
+
+
+def _adds_to(checkpoint: WorkflowCheckpoint, accepted: WorkflowCheckpoint) -> bool:
+    """Whether ``checkpoint`` records progress beyond ``accepted``, an earlier one of its run:
+    an output, a skip, a question or answer, a failure."""
+    return (
+        len(checkpoint.outputs) != len(accepted.outputs) or len(checkpoint.skipped) != len(accepted.skipped)
+        or checkpoint.asked != accepted.asked or checkpoint.failures != accepted.failures
+    )
 
 
 def prepare_run_of(checkpoint_fn: Any) -> Callable[[WorkflowCheckpoint], Any] | None:
