@@ -25,19 +25,25 @@ from dataclasses import dataclass
 
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.graph import GraphSpec
+from ekit_core.shapes import Shape
 
-__all__ = ["GraphChanges", "GraphMismatchError", "graph_changes", "recorded_from"]
+__all__ = ["GraphChanges", "GraphMismatchError", "graph_changes", "recorded_from", "reshaped_steps"]
 
 
 @dataclass(frozen=True, slots=True)
 class GraphChanges:
-    """How the graph a checkpoint was recorded from differs from another graph."""
+    """How the graph a checkpoint was recorded from differs from another graph.
+
+    ``reshaped`` names the steps whose run-time shape (map, key, condition,
+    join) differs from the recorded one.
+    """
 
     added: tuple[str, ...]
     removed: tuple[str, ...]
     changed: tuple[str, ...]
     recorded_fingerprint: str
     current_fingerprint: str
+    reshaped: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line naming the steps added, removed and whose dependencies changed."""
@@ -46,6 +52,7 @@ class GraphChanges:
             ("added", self.added),
             ("removed", self.removed),
             ("dependencies changed", self.changed),
+            ("shape changed", self.reshaped),
         ):
             if names:
                 parts.append(f"{label}: {', '.join(map(repr, names))}")
@@ -100,4 +107,25 @@ def graph_changes(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> GraphChan
     changed = tuple(
         n for n in graph.names if n in old and set(old[n]) != set(graph.deps[n])
     )
-    return GraphChanges(added, removed, changed, recorded, graph.fingerprint)
+    return GraphChanges(added, removed, changed, recorded, graph.fingerprint,
+                        reshaped_steps(graph, checkpoint))
+
+
+_PLAIN = Shape()
+
+
+def reshaped_steps(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> tuple[str, ...]:
+    """The steps of ``graph`` that the checkpoint's recorded graph has with another shape.
+
+    A step mapped now and plain then (or the reverse), keyed, conditioned or
+    joined otherwise: its recorded output (and its items) are not what it
+    makes now. Empty for a checkpoint that records no graph (it claims no
+    shapes), and for the steps the recorded graph does not have (added ones).
+    """
+    recorded = checkpoint.shapes
+    if checkpoint.graph is None or recorded == graph.shapes:
+        return ()
+    old: Mapping[str, tuple[str, ...]] = checkpoint.graph
+    shapes = graph.shapes
+    return tuple(n for n in graph.names
+                 if n in old and shapes.get(n, _PLAIN) != recorded.get(n, _PLAIN))

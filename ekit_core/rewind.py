@@ -27,8 +27,10 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
+from ekit_core.compat import reshaped_steps
 from ekit_core.expansion import Expanded, expand, expanders
 from ekit_core.graph import GraphSpec
+from ekit_core.shapes import Shape
 
 __all__ = ["downstream", "grown", "outdated_steps", "rewind"]
 
@@ -82,11 +84,15 @@ def outdated_steps(
 
     A recorded step is outdated when its ``version`` tag differs from the
     recorded one (no tag on either side counts as equal), or when the
-    checkpoint records its dependencies and they differ from the graph's.
+    checkpoint records its dependencies and they differ from the graph's, or
+    its run-time shape and it differs (a plain step now mapped, or the
+    reverse, keyed, conditioned or joined otherwise: what it recorded is not
+    what it makes now).
     """
     versions = versions or {}
     recorded_versions = checkpoint.versions
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
+    reshaped = set(reshaped_steps(graph, checkpoint))
     changed: dict[str, str] = {}
     for name in graph.names:
         if name not in checkpoint.outputs:
@@ -99,6 +105,9 @@ def outdated_steps(
                 f"its dependencies changed from {sorted(recorded_graph[name])} "
                 f"to {sorted(graph.deps[name])}"
             )
+        elif name in reshaped:
+            changed[name] = (f"its shape changed from {_shape_text(checkpoint.shapes.get(name))} "
+                             f"to {_shape_text(graph.shapes.get(name))}")
     # Walk downstream once (O(steps + edges)), naming for each step the
     # dependency through which the change reached it.
     reasons = dict(changed)
@@ -114,6 +123,12 @@ def outdated_steps(
             if child in checkpoint.outputs:
                 reasons[child] = f"it depends on {parent!r}, which runs again"
     return {n: reasons[n] for n in graph.names if n in reasons}
+
+
+def _shape_text(shape: Shape | None) -> str:
+    """A shape as the reason names it: its set fields, or ``plain``."""
+    fields = shape.to_dict() if shape is not None else {}
+    return ", ".join(f"{k}={v!r}" for k, v in fields.items()) if fields else "plain"
 
 
 def rewind(
@@ -261,6 +276,9 @@ def keep_forced_skips(graph: GraphSpec, items: Expanded, skipped: Mapping[str, s
         for child in consumers.get(name, ()):
             if child not in seen or child not in skipped or name not in deps_of(child):
                 continue
+            ref = items.items.get(child)
+            if ref is not None and ref.source in seen:
+                continue  # an item of an output that goes with the rest: it is no more
             shape = graph.shapes.get(child)
             deps = deps_of(child)
             if shape is not None and shape.join == "any" and not all(
@@ -291,9 +309,13 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     they and what depends on them asked, with their answers (nothing else changes).
 
     A question below a step that runs again goes too: the input it was
-    asked about changes, so it is asked again.
+    asked about changes, so it is asked again. So do the recorded items of a
+    step in ``names`` that was mapped when recorded and is not now: nothing
+    would make or collect them again.
     """
     gone = set(names)
+    if gone and checkpoint.shapes:
+        gone |= _unmapped_items(checkpoint, graph, gone)
     if gone and checkpoint.asked:
         return _without_asking(checkpoint, graph, gone)
     if not gone & checkpoint.outputs.keys():
@@ -301,6 +323,18 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in gone}
     return _dropping(checkpoint, gone, outputs, sum(1 for n in graph.names if n in outputs),
                      skipped=checkpoint.skipped, superseded=checkpoint.superseded)
+
+
+def _unmapped_items(checkpoint: WorkflowCheckpoint, graph: GraphSpec, gone: set[str]) -> set[str]:
+    """The recorded items of the steps in ``gone`` mapped then (by the checkpoint's shapes)
+    but not now (by ``graph``'s)."""
+    now = graph.shapes
+    was = [n for n, shape in checkpoint.shapes.items() if shape.map_over is not None and n in gone
+           and (n not in now or now[n].map_over is None)]
+    if not was:
+        return set()
+    prefixes = tuple(f"{n}[" for n in was)
+    return {k for k in checkpoint.outputs if k.startswith(prefixes) and k not in graph.index}
 
 
 def _without_asking(checkpoint: WorkflowCheckpoint, graph: GraphSpec, gone: set[str]

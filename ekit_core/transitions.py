@@ -89,7 +89,7 @@ from ekit_core.checkpoint import (
     storable_text,
 )
 from ekit_core.claims import check_collections, check_skips
-from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from
+from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from, reshaped_steps
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
     Event,
@@ -614,14 +614,15 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     chained to) are dropped: their code is not the code that made them.
     """
     mapped = {n: s.map_over for n, s in graph.shapes.items() if s.map_over is not None}
-    if not (outdated or checkpoint.versions or versions or checkpoint.superseded):
+    reshaped = reshaped_steps(graph, checkpoint)  # (mapped then or now: their items go too)
+    if not (outdated or checkpoint.versions or versions or checkpoint.superseded or reshaped):
         return checkpoint
     changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
-               or outdated.get(n, "").startswith("its ")}
-    again = set(downstream(graph, outdated))
+               or outdated.get(n, "").startswith("its ")} | set(reshaped)
+    again = set(downstream(graph, [*outdated, *reshaped]))
     below = again - set(outdated)
     roots = _roots(graph, mapped, changed, again)
-    prefixes = {f"{m}[": m for m in mapped}
+    prefixes = {f"{m}[": m for m in (*mapped, *reshaped)}
     aside = _still_aside(checkpoint.superseded, graph.index, prefixes, roots)
     aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
                  if u in outdated and u in checkpoint.outputs)
@@ -632,7 +633,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         if owner is None or (owner not in again and owner not in changed):
             continue
         drop.add(name)
-        root, clean = roots[owner]
+        root, clean = roots.get(owner, (owner, False))
         if clean and root in outdated and name in checkpoint.outputs:
             aside[name] = checkpoint.outputs[name]
     if drop & checkpoint.skipped.keys():  # ...unless a skip that stands forces it still
@@ -672,7 +673,7 @@ def _still_aside(superseded: Mapping[str, Any], index: Mapping[str, int], prefix
     for name, value in superseded.items():
         if name not in index:  # an item (else the output of what steps map over)
             owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
-            if owner is None or not roots[owner][1]:
+            if owner is None or not roots.get(owner, (owner, False))[1]:
                 continue
         aside[name] = value
     return aside

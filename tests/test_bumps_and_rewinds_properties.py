@@ -125,3 +125,51 @@ def test_bumps_and_rewinds_in_any_order_end_as_a_fresh_run_of_the_current_code(
     assert {_step_of(n) for n in started} <= allowed
     again, started_again = _drive(graph, _saved(resumed), versions)
     assert started_again == [] and dict(again.outputs) == dict(fresh.outputs)
+
+
+@st.composite
+def _reshaped(draw: st.DrawFn, graph: GraphSpec) -> GraphSpec:
+    """``graph`` with the shapes of some steps drawn again (mapped, plain, conditional, joined)."""
+    from ekit_core.graph import GraphError
+    from ekit_core.shapes import Shape
+
+    shapes = dict(graph.shapes)
+    for name in draw(st.lists(st.sampled_from(graph.names), min_size=1, max_size=3, unique=True)):
+        parents = graph.deps[name]
+        kind = draw(st.sampled_from(["plain", "map", "when", "join"]))
+        shapes.pop(name, None)
+        if kind == "map" and parents:
+            shapes[name] = Shape(map_over=draw(st.sampled_from(parents)))
+        elif kind == "when":
+            shapes[name] = Shape(when="cond")
+        elif kind == "join" and len(parents) >= 2:
+            shapes[name] = Shape(join="any")
+    try:
+        return GraphSpec.of(dict(graph.deps), shapes)
+    except GraphError:
+        return graph
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=shaped_dags(), data=st.data())
+def test_a_resume_into_reshaped_steps_ends_as_a_fresh_run_of_the_new_graph(
+        graph: GraphSpec, data: st.DataObject) -> None:
+    from ekit_core.compat import reshaped_steps
+
+    state, _ = _drive(graph, None, {})
+    cp = _saved(state)
+    new = data.draw(_reshaped(graph), label="reshaped")
+    fresh, _ = _drive(new, None, {})
+    state, batch = advance(initial_state(new, cp, allow_graph_change=True))
+    started = list(batch.names)
+    while not state.settled:
+        assert batch.names, f"stuck: nothing in flight, outcome {state.outcome}"
+        state, batch = advance(state, [_result(state, n) for n in batch.names])
+        started += batch.names
+    assert dict(state.outputs) == dict(fresh.outputs)
+    assert _settled_skips(state.skipped) == _settled_skips(fresh.skipped)
+    reshaped = reshaped_steps(new, WorkflowCheckpoint.from_dict(cp))
+    assert {_step_of(n) for n in started} <= set(downstream(new, reshaped))
+    again, started_again = _drive(new, _saved(state), {})
+    assert started_again == [] and dict(again.outputs) == dict(fresh.outputs)
