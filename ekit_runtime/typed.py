@@ -20,6 +20,8 @@ import inspect
 import sys
 import types
 import typing
+import weakref
+from collections import abc
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -93,25 +95,68 @@ def _is_dataclass(cls: object) -> bool:
     return isinstance(cls, type) and dataclasses.is_dataclass(cls)
 
 
+class _Tuple(tuple[Any, ...]):
+    """A tuple held by a dataclass field whose annotation admits another array: stored tagged,
+    ``{"$ekit": "tuple", "value": [...]}``, since a list would come back as a list."""
+
+    __slots__ = ()
+
+
 def _dataclass_encoder(value: Any) -> dict[str, Any]:
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    listed = _tuple_fields(type(value))
+    fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    for name, item in fields.items():
+        if type(item) is tuple and name not in listed:
+            fields[name] = _Tuple(item)
+    return fields
+
+
+# Abstract types whose values may be lists as well as tuples (typing's aliases resolve to these).
+_SEQUENCES = (abc.Sequence, abc.MutableSequence, abc.Collection, abc.Iterable, abc.Reversible, abc.Container)
+
+
+def _holds_array(hint: Any) -> bool | None:
+    """Whether a value ``hint`` admits may be stored as a JSON array: ``True`` a tuple only,
+    ``False`` something else too (a list, a sequence, anything), ``None`` never."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _holds_array(typing.get_args(hint)[0])
+    if origin in (typing.Union, types.UnionType):
+        kinds = {_holds_array(option) for option in typing.get_args(hint)} - {None}
+        return None if not kinds else kinds == {True}
+    if origin is typing.Literal:
+        return None
+    cls = origin if origin is not None else hint
+    if cls is tuple:
+        return True
+    if not isinstance(cls, type) or cls is object:
+        return False  # Any, a TypeVar, what did not resolve: anything
+    if issubclass(cls, str | bytes | bytearray | dict) or cls in (int, float, bool, type(None)):
+        return None
+    return False if issubclass(cls, list) or cls in _SEQUENCES else None
+
+
+_TUPLE_FIELDS: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def _tuple_fields(cls: type) -> frozenset[str]:
-    """The fields of dataclass ``cls`` annotated as tuples (JSON gives them back as lists)."""
-    names = set()
-    for name, hint in _hints(cls).items():
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        options = typing.get_args(hint) if union else (hint,)
-        if any(o is tuple or typing.get_origin(o) is tuple for o in options):
-            names.add(name)
-    return frozenset(names)
+    """The fields of dataclass ``cls`` annotated so that only a tuple is stored as a list.
+
+    Those are stored as lists and come back as tuples; a tuple in any other
+    field (``tuple[int, ...] | list[int]``, ``Any``) is stored tagged, so
+    that it comes back a tuple, and a list there stays a list. Read from the
+    annotations at first use (they may name types defined later).
+    """
+    names = _TUPLE_FIELDS.get(cls)
+    if names is None:
+        names = frozenset(name for name, hint in _hints(cls).items() if _holds_array(hint) is True)
+        _TUPLE_FIELDS[cls] = names
+    return names
 
 
 def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
     fields = dataclasses.fields(cls)
     init = {f.name for f in fields if f.init}
-    tuples: list[frozenset[str]] = []  # read when first decoding: the hints may name later types
 
     def decode(data: Any) -> Any:
         if not isinstance(data, dict):
@@ -119,10 +164,9 @@ def _dataclass_decoder(cls: type) -> Callable[[Any], Any]:
         unknown = sorted(set(data) - {f.name for f in fields})
         if unknown:
             raise TypeError(f"{cls.__qualname__} has no field {unknown[0]!r}")
-        if not tuples:
-            tuples.append(_tuple_fields(cls))
-        if tuples[0]:
-            data = {k: tuple(v) if k in tuples[0] and type(v) is list else v for k, v in data.items()}
+        tuples = _tuple_fields(cls)  # (a tuple in another field was stored tagged)
+        if tuples:
+            data = {k: tuple(v) if k in tuples and type(v) is list else v for k, v in data.items()}
         obj = cls(**{k: v for k, v in data.items() if k in init})
         for key, value in data.items():
             if key not in init:  # set after __init__, as the instance had it
@@ -179,7 +223,9 @@ class Codec:
     know is a :class:`~ekit_core.CheckpointError` naming the step, raised
     before any step runs. Nothing a checkpoint names is imported or
     evaluated. A stored dict of the caller's that holds the key ``"$ekit"``
-    is escaped as ``{"$ekit": "dict", "value": {...}}``.
+    is escaped as ``{"$ekit": "dict", "value": {...}}``, and a tuple in a
+    dataclass field whose annotation also admits a list is stored as
+    ``{"$ekit": "tuple", "value": [...]}``, so that each comes back as it was.
     """
 
     __slots__ = ("_by_name", "_by_type")
@@ -311,6 +357,8 @@ class Codec:
         if kind is list or kind is tuple or (
                 isinstance(value, list | tuple) and kind not in self._by_type):
             items = [self._encode(item) for item in value]
+            if kind is _Tuple:
+                return {TAG: "tuple", "value": items}
             if kind is list and all(a is b for a, b in zip(items, value, strict=True)):
                 return value
             return items  # a tuple as JSON stores it, so that what is stored equals what loads
@@ -344,12 +392,14 @@ class Codec:
         mark = value[TAG]
         if mark == "dict" and set(value) == {TAG, "value"} and type(value["value"]) is dict:
             return {k: self._decode(v, where) for k, v in value["value"].items()}
+        if mark == "tuple" and set(value) == {TAG, "value"} and type(value["value"]) is list:
+            return tuple(self._decode(v, where) for v in value["value"])
         if mark != "type" or set(value) != {TAG, "type", "value"} or type(value["type"]) is not str:
             raise CheckpointError(
                 where,
                 f"holds a malformed {TAG!r} object (keys {sorted(map(str, value))}): a tagged "
-                f'object is {{"{TAG}": "type", "type": NAME, "value": DATA}} or '
-                f'{{"{TAG}": "dict", "value": {{...}}}}',
+                f'object is {{"{TAG}": "type", "type": NAME, "value": DATA}}, '
+                f'{{"{TAG}": "dict", "value": {{...}}}} or {{"{TAG}": "tuple", "value": [...]}}',
             )
         name = value["type"]
         entry = self._by_name.get(name)
