@@ -113,10 +113,18 @@ def severe_console_errors(driver: Any) -> list[dict[str, Any]]:
 
 
 def wait_until(driver: Any, condition: Callable[[Any], T], timeout: float = 20.0, message: str = "") -> T:
-    """Wait until ``condition(driver)`` is truthy and return it (selenium's WebDriverWait)."""
+    """Wait until ``condition(driver)`` is truthy and return it (selenium's WebDriverWait).
+
+    An element the condition found may be replaced before it reads it (a
+    live update puts a new part of the page in place): that try counts as
+    false, and the condition is asked again.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)  # type: ignore[no-any-return]
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(condition, message)
 
 
 class UiServer:

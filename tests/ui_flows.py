@@ -180,3 +180,54 @@ class LiveWorker:
         self._thread.join(30)
         if self.error is not None:
             raise AssertionError(f"the live worker failed: {self.error!r}") from self.error
+
+
+class WorkerThread:
+    """A worker for ``registry`` on a thread of its own, its loop running until the ``with`` block ends.
+
+    Leaving stops the worker (after ``release()``, which the caller passes to
+    open whatever its steps wait on) and reports what it raised.
+    """
+
+    def __init__(self, queue: Any, registry: dict[str, Any], release: Any = None, **options: Any) -> None:
+        self.queue = queue
+        self.registry = registry
+        self.release = release
+        self.options = {"poll": 0.05, "defaults": TIMED, **options}
+        self._loop: Any = None
+        self._worker: Any = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="ui-worker-thread", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        import asyncio
+
+        from ekit_runtime.queue import Worker
+
+        async def body() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._worker = Worker(self.queue, self.registry, **self.options)
+            self._ready.set()
+            await self._worker.run()
+
+        try:
+            asyncio.run(body())
+        except BaseException as exc:  # reported by __exit__
+            self.error = exc
+            self._ready.set()
+
+    def __enter__(self) -> WorkerThread:
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise AssertionError("the worker thread did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.release is not None:
+            self.release()
+        if self._loop is not None and self._worker is not None:
+            self._loop.call_soon_threadsafe(self._worker.stop)
+        self._thread.join(30)
+        if self.error is not None:
+            raise AssertionError(f"the worker failed: {self.error!r}") from self.error

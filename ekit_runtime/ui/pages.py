@@ -9,6 +9,7 @@ is embedded in a page (the script fetches it), and the only script is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -23,7 +24,10 @@ from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.sources import RunView
 
-__all__ = ["PAGE_SIZE", "error_page", "esc", "run_page", "runs_page", "runs_tbody", "steps_tbody"]
+__all__ = [
+    "PAGE_SIZE", "error_page", "esc", "run_json", "run_page", "run_parts", "runs_page", "runs_tbody",
+    "steps_tbody",
+]
 
 PAGE_SIZE = 50
 """Runs per page of the runs page."""
@@ -106,6 +110,17 @@ def runs_summary(total: int, page: int, pages: int) -> str:
     return f"{total:,} run(s), page {page:,} of {pages:,}"
 
 
+def runs_nav(page: int, pages: int, status: str, workflow: str) -> str:
+    """The links to the previous and next pages of the runs (as many pages as the same reading counts)."""
+    query = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
+    nav = []
+    if page > 1:
+        nav.append(f'<a rel="prev" href="/?{esc(urlencode({**query, "page": page - 1}))}">previous</a>')
+    if page < pages:
+        nav.append(f'<a rel="next" href="/?{esc(urlencode({**query, "page": page + 1}))}">next</a>')
+    return "".join(nav)
+
+
 def runs_page(
     source: str, shown: Sequence[RunInfo], total: int, page: int, status: str, workflow: str,
     statuses: Sequence[str], workflows: Sequence[str] = (),
@@ -123,11 +138,6 @@ def runs_page(
         for s in ("", *statuses)
     )
     names = "".join(f'<option value="{esc(name)}"></option>' for name in workflows)
-    nav = []
-    if page > 1:
-        nav.append(f'<a rel="prev" href="/?{esc(urlencode({**query, "page": page - 1}))}">previous</a>')
-    if page < pages:
-        nav.append(f'<a rel="next" href="/?{esc(urlencode({**query, "page": page + 1}))}">next</a>')
     body = (
         '<form class="filters" method="get" action="/">'
         f'<label>status <select name="status" id="filter-status">{options}</select></label>'
@@ -139,7 +149,7 @@ def runs_page(
         "<th>run</th><th>status</th><th>workflow</th><th>steps</th><th>usage in/out/calls</th>"
         "<th>owner</th><th>age</th><th>reason</th></tr></thead>"
         f"<tbody>{runs_tbody(shown)}</tbody></table>"
-        f'<nav class="pages">{"".join(nav)}</nav>'
+        f'<nav class="pages" id="runs-pages">{runs_nav(page, pages, status, workflow)}</nav>'
     )
     return _layout("runs", body, source)
 
@@ -314,31 +324,77 @@ def progress_text(view: RunView) -> str:
     return f"{done:,}/{len(view.graph.names):,} steps recorded or skipped"
 
 
-def run_page(source: str, view: RunView, token: str | None) -> str:
-    """A run's page: its record, graph, step table, questions, audit and (journal) timeline."""
+def _heading(view: RunView) -> str:
+    return (f'<h2>run {esc(view.run_id)}: <span id="run-status" class="status status-{esc(view.status)}">'
+            f'{esc(view.status)}</span> <small id="run-progress">{esc(progress_text(view))}</small></h2>')
+
+
+def _facts(view: RunView) -> str:
     info = view.info
-    facts = []
-    if info is not None:
-        facts = [("workflow", info.workflow), ("priority", info.priority), ("epoch", info.epoch),
-                 ("owner", info.owner or "-"), ("usage in/out/calls", _usage(info.cost)),
-                 ("reason", info.reason or ""), ("error", info.error or "")]
-    fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
-    graph = ""
-    if view.graph is not None:
-        graph = (f'<h2>Graph</h2>{_legend()}<div class="graph-box">'
-                 f"{svg(view.graph.names, view.graph.deps, view.states, view.items)}</div>")
-    problem = f'<p class="error" id="problem">{esc(view.problem)}</p>' if view.problem else ""
-    api = "/api" + run_href(view.run_id)
-    body = (
-        f'<section id="run" data-api="{esc(api)}" data-run-id="{esc(view.run_id)}">'
-        f'<h2>run {esc(view.run_id)}: <span id="run-status" class="status status-{esc(view.status)}">'
-        f'{esc(view.status)}</span> <small id="run-progress">{esc(progress_text(view))}</small></h2>'
-        f'{_actions(view, token)}<table class="facts">{fact_rows}</table>{problem}'
-        f"{_questions(view, token)}{graph}{_running_now(view)}"
+    if info is None:
+        return ""
+    facts = [("workflow", info.workflow), ("priority", info.priority), ("epoch", info.epoch),
+             ("owner", info.owner or "-"), ("usage in/out/calls", _usage(info.cost)),
+             ("reason", info.reason or ""), ("error", info.error or "")]
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
+    return f'<table class="facts">{rows}</table>'
+
+
+def _graph(view: RunView) -> str:
+    if view.graph is None:
+        return ""
+    return (f'<h2>Graph</h2>{_legend()}<div class="graph-box">'
+            f"{svg(view.graph.names, view.graph.deps, view.states, view.items)}</div>")
+
+
+def _steps(view: RunView) -> str:
+    return (
         '<h2>Steps</h2><table id="steps"><thead><tr><th>step</th><th>state</th><th>resume</th>'
         "<th>items</th><th>attempts</th><th>usage in/out/calls</th><th>duration</th>"
         f"<th>failure</th><th>why</th></tr></thead><tbody>{steps_tbody(view)}</tbody></table>"
-        f"{_explanation(view)}{_timeline(view)}</section>"
+    )
+
+
+def run_parts(view: RunView, token: str | None) -> dict[str, str]:
+    """Each part of a run's page, by its element's id, rendered from the one reading ``view``.
+
+    A page and each of its live updates show every part of the same
+    reading: a count in the graph can never lag the step table's.
+    ``token`` is the actions' token (``None``: no action is offered).
+    """
+    problem = f'<p class="error" id="problem">{esc(view.problem)}</p>' if view.problem else ""
+    return {
+        "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
+        "run-problem": problem, "run-questions": _questions(view, token), "run-graph": _graph(view),
+        "run-now": _running_now(view), "run-steps": _steps(view), "run-audit": _explanation(view),
+        "run-timeline": _timeline(view),
+    }
+
+
+def _version(html: str) -> str:
+    return hashlib.sha256(html.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+
+
+def _versions(view: RunView, parts: dict[str, str], token: str | None) -> dict[str, str]:
+    """Each part's version: a digest of its HTML with the token left out, as ``run_json`` renders it,
+    so that the script replaces exactly the parts whose reading changed."""
+    if token:
+        parts = {**parts, "run-actions": _actions(view, ""), "run-questions": _questions(view, "")}
+    return {key: _version(html) for key, html in parts.items()}
+
+
+def run_page(source: str, view: RunView, token: str | None) -> str:
+    """A run's page: its record, graph, step table, questions, audit and (journal) timeline."""
+    parts = run_parts(view, token)
+    versions = _versions(view, parts, token)
+    api = "/api" + run_href(view.run_id)
+    # The script puts the token back into the forms of the parts it replaces (the JSON never holds it).
+    held = "" if token is None else f' data-token="{esc(token)}"'
+    body = (
+        f'<section id="run" data-api="{esc(api)}" data-run-id="{esc(view.run_id)}"{held}>'
+        + "".join(f'<div id="{key}" class="part" data-version="{versions[key]}">{html}</div>'
+                  for key, html in parts.items())
+        + "</section>"
     )
     return _layout(f"run {view.run_id}", body, source)
 
@@ -349,8 +405,11 @@ def _running_now(view: RunView) -> str:
     return f'<section><h2>Running now</h2><div id="in-flight">{in_flight_html(view)}</div></section>'
 
 
-def run_json(view: RunView) -> dict[str, Any]:
-    """What ``/api/run/<id>`` answers: status, each step's state, the step table's rows."""
+def run_json(view: RunView, can_act: bool = False) -> dict[str, Any]:
+    """What ``/api/run/<id>`` answers, all from the one reading ``view``: status, each step's
+    state, the step table's rows, and ``parts`` (each part of the page, by id, with its
+    ``versions``), whose forms, when ``can_act``, carry an empty token the page fills in."""
+    parts = run_parts(view, "" if can_act else None)
     return {
         "run_id": view.run_id,
         "status": view.status,
@@ -361,6 +420,8 @@ def run_json(view: RunView) -> dict[str, Any]:
         "problem": view.problem,
         "steps_tbody": steps_tbody(view),
         "in_flight_html": in_flight_html(view),
+        "parts": parts,
+        "versions": {key: _version(html) for key, html in parts.items()},
     }
 
 

@@ -211,6 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "summary": pages.runs_summary(total, page, n_pages),
                 "runs": [_run_dict(r) for r in shown],
                 "tbody": pages.runs_tbody(shown),
+                "nav": pages.runs_nav(page, n_pages, status, workflow),
             })
         else:
             self._send(200, pages.runs_page(source.label, shown, total, page, status,
@@ -221,7 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
         if view is None:
             raise _Refused(404, f"no run {run_id!r}")
         if as_json:
-            self._json(pages.run_json(view))
+            self._json(pages.run_json(view, can_act=self.server.token is not None))
         else:
             self._send(200, pages.run_page(self.server.source.label, view, self.server.token))
 

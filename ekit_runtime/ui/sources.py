@@ -126,7 +126,9 @@ def _view(
     except ValueError as exc:
         return RunView(run_id, status, info, checkpoint, None, None, questions(checkpoint),
                        f"cannot audit the checkpoint: {exc}", timeline)
-    flying = in_flight or {}
+    # A worker's announcement can be a second older than the checkpoint read:
+    # what the checkpoint records is no longer in flight in this reading.
+    flying = {name: f for name, f in (in_flight or {}).items() if name not in checkpoint.outputs}
     states, items = step_states(report, graph, status, flying)
     return RunView(run_id, status, info, checkpoint, report, graph, questions(checkpoint), None,
                    timeline, states, items, flying)
@@ -200,12 +202,28 @@ class QueueSource(Source):
         """The run's record, latest checkpoint and its audit against the graph it records."""
         with self._lock:
             try:
-                info = self.queue.status(run_id)
+                info, checkpoint = self._reading(run_id)
             except (LookupError, ValueError):
                 return None
-            checkpoint = self.queue.checkpoint(run_id)
             in_flight = self.queue.in_flight(run_id) if info.status == "running" else {}
         return _view(run_id, info.status, info, checkpoint, None, in_flight=in_flight)
+
+    def _reading(self, run_id: str, tries: int = 20) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+        """The run's record and checkpoint as of one moment (a worker saves between any two reads).
+
+        The record is read between two reads of the checkpoint: when they
+        agree, no save came between, and the record's counts are that
+        checkpoint's. A run that saved between every one of ``tries`` such
+        reads is shown as its last record and checkpoint (at most one save apart).
+        """
+        before = self.queue.checkpoint(run_id)
+        for _ in range(tries):
+            info = self.queue.status(run_id)
+            after = self.queue.checkpoint(run_id)
+            if after == before:
+                return info, after
+            before = after
+        return self.queue.status(run_id), before
 
     def act(self, call: Callable[[RunQueue], Any]) -> Any:
         """Run ``call(queue)`` under the lock."""

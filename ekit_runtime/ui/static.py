@@ -34,25 +34,26 @@ APP_JS = r"""'use strict';
     poll(runs.dataset.api, 1500, function (data) {
       runs.tBodies[0].innerHTML = data.tbody;
       setText('runs-summary', data.summary);
+      var nav = document.getElementById('runs-pages');
+      if (nav && data.nav !== undefined) { nav.innerHTML = data.nav; }
       document.body.dataset.refreshed = String(Date.now());
     });
   }
   var run = document.getElementById('run');
   if (run && run.dataset.api) {
-    var nodes = {};
-    document.querySelectorAll('#graph g.node').forEach(function (g) { nodes[g.dataset.step] = g; });
+    var token = run.dataset.token || '';
+    // Every part of the page comes from one reading of the run: a poll puts in
+    // place, in one go, each part whose version changed, so no part lags another.
     poll(run.dataset.api, 2000, function (data) {
-      var states = data.states || {};
-      Object.keys(states).forEach(function (name) {
-        var g = nodes[name];
-        if (g) { g.setAttribute('class', 'node state-' + states[name]); }
+      var parts = data.parts || {};
+      var versions = data.versions || {};
+      Object.keys(parts).forEach(function (id) {
+        var el = document.getElementById(id);
+        if (!el || el.dataset.version === versions[id]) { return; }
+        el.innerHTML = parts[id];
+        el.dataset.version = versions[id];
+        el.querySelectorAll('input[name=token]').forEach(function (f) { f.value = token; });
       });
-      var steps = document.getElementById('steps');
-      if (steps && data.steps_tbody !== undefined) { steps.tBodies[0].innerHTML = data.steps_tbody; }
-      var flying = document.getElementById('in-flight');
-      if (flying && data.in_flight_html !== undefined) { flying.innerHTML = data.in_flight_html; }
-      setText('run-status', data.status);
-      setText('run-progress', data.progress);
       document.body.dataset.refreshed = String(Date.now());
     });
   }
