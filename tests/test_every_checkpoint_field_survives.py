@@ -230,7 +230,8 @@ def test_whatever_a_store_held_a_save_of_a_checkpoint_reads_back_whole(
     _stored_after(opener, [earlier(cp, differ, keep), cp])
 
 
-def test_the_queue_carries_every_field(queue_url: str) -> None:
+@pytest.mark.parametrize("many", [False, True], ids=["save", "save_many"])
+def test_the_queue_carries_every_field(queue_url: str, many: bool) -> None:
     cp = core_made(full())
     q = open_queue(queue_url)
     try:
@@ -238,7 +239,11 @@ def test_the_queue_carries_every_field(queue_url: str) -> None:
         lease = q.claim("me", {"w": None}, 60)
         assert lease is not None
         for saved in (earlier(cp, frozenset(CHANGING), 2), earlier(cp, frozenset({"versions"}), 4), cp):
-            q.save(lease, CODEC.encode_checkpoint(saved), 60)
+            if many:  # the worker's group commit
+                (outcome,) = q.save_many([(lease, CODEC.encode_checkpoint(saved))], 60)
+                assert not isinstance(outcome, Exception), outcome
+            else:
+                q.save(lease, CODEC.encode_checkpoint(saved), 60)
             stored = q.checkpoint(run_id)
             assert stored is not None
             assert_whole(CODEC.decode_checkpoint(stored), saved, "the queue")
