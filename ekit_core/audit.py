@@ -42,6 +42,7 @@ from ekit_core.report import (
     usage_text,
 )
 from ekit_core.rewind import grown, outdated_steps, without
+from ekit_core.times import when
 from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
 
@@ -179,7 +180,7 @@ def _answered(number: int, exchange: Exchange) -> str:
     given = exchange.answer
     assert given is not None
     by = f" by {given.by}" if given.by else ""
-    at = f" at {given.at}" if given.at is not None else ""
+    at = f" at {when(given.at)}" if given.at is not None else ""
     if given.approved is None:
         what = repr(given.value)
     else:

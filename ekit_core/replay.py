@@ -93,6 +93,7 @@ from ekit_core.report import (
     usage_text,
 )
 from ekit_core.rewind import grown, outdated_steps, without
+from ekit_core.times import when
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import TokenUsage
 
@@ -363,7 +364,7 @@ def _questions_new(cp: WorkflowCheckpoint, base: WorkflowCheckpoint | None
                 what = repr(given.value) if given.approved is None else (
                     "approved" if given.approved else "denied")
                 answered[name] = f"{what} by {given.by or 'someone'}" + (
-                    f" at {given.at}" if given.at is not None else "")
+                    f" at {when(given.at)}" if given.at is not None else "")
     return asked, answered
 
 

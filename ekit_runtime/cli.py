@@ -72,8 +72,11 @@ from ekit_runtime.sources import (
     RunListing,
     SourceError,
     parse_json,
+    pick_workflow,
     read_checkpoints,
     read_text,
+    workflow_entries,
+    workflow_spec,
 )
 from ekit_runtime.targets import TargetError, write_checkpoint
 from ekit_runtime.ui import cli as ui_cli
@@ -259,15 +262,45 @@ def _guarded(read: Callable[[], Any], where: str, what: str, expected: _Expected
         raise InputError(f"{where}: {what} {_raised(exc)}") from None
 
 
-def _import_graph(spec: str) -> tuple[GraphSpec, Versions]:
-    """The graph of ``--workflow spec`` and the version tags its steps declare."""
-    obj = _import_object(spec, "--workflow")
-    attr = spec.partition(":")[2]
+def _import_graph(spec: str, recorded: Sequence[WorkflowCheckpoint] = ()) -> tuple[GraphSpec, Versions]:
+    """The graph of ``--workflow spec`` and the version tags its steps declare.
+
+    ``spec`` is any workflow source ``ekit worker`` takes (see
+    :func:`~ekit_runtime.sources.workflow_spec`); of a dict of several, the
+    entry whose graph a checkpoint of ``recorded`` records.
+    """
     where = f"--workflow {spec}"
+    try:
+        module, attr, name = workflow_spec(spec)
+    except SourceError as exc:
+        raise InputError(f"--workflow {exc}") from None
+    found = _import_object(f"{module}:{attr}", "--workflow")
+    entries = _guarded(lambda: workflow_entries(found, attr), where, f"reading {attr}")
+    try:
+        obj = pick_workflow(entries, name, spec, _records_graph_of(recorded))
+    except SourceError as exc:
+        raise InputError(f"--workflow {exc}") from None
     invalid = (ValueError, lambda exc: f"{attr!r}: {_text_of(exc)}")
     graph = _guarded(lambda: graph_of(obj), where, f"reading {attr}.graph", invalid)
     versions = _guarded(lambda: versions_of(obj), where, f"reading {attr}.steps")
     return graph, versions
+
+
+def _records_graph_of(recorded: Sequence[WorkflowCheckpoint]) -> Callable[[object], bool] | None:
+    """Whether a workflow's graph is one ``recorded`` records (by fingerprint); ``None``: none recorded."""
+    prints = {cp.fingerprint for cp in recorded} - {None}
+    if not prints:
+        return None
+
+    def fits(obj: object) -> bool:
+        try:
+            return graph_of(obj).fingerprint in prints
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # (the module's code) an entry that is no workflow fits nothing
+            return False
+
+    return fits
 
 
 def _raised(exc: BaseException) -> str:
@@ -306,9 +339,11 @@ def _budget(text: str) -> TokenUsage:
     return TokenUsage(*(int(p) for p in parts))
 
 
-def _graph_option(args: argparse.Namespace) -> tuple[GraphSpec | None, Versions]:
+def _graph_option(
+    args: argparse.Namespace, recorded: Sequence[WorkflowCheckpoint] = ()
+) -> tuple[GraphSpec | None, Versions]:
     if args.workflow is not None:
-        return _import_graph(args.workflow)
+        return _import_graph(args.workflow, recorded)
     if args.graph is not None:
         return _load_graph(args.graph)
     return None, None
@@ -367,7 +402,7 @@ def _heading(how: _Explanation, recorded: Recorded) -> str:
 def _cmd_explain(args: argparse.Namespace, how: _Explanation) -> int:
     recorded = _read(args, args.source)
     checkpoints = how.chosen(recorded)
-    graph, versions = _graph_option(args)
+    graph, versions = _graph_option(args, tuple(reversed(recorded.checkpoints)))
     if graph is None and all(cp.graph is None for cp in checkpoints):
         what = "the checkpoint records no graph" if len(checkpoints) == 1 else "no checkpoint records a graph"
         raise InputError(f"{recorded.label}: {what}; pass --workflow or --graph")
@@ -401,7 +436,7 @@ _REPLAY = _Explanation(
 def _cmd_rewind(args: argparse.Namespace) -> int:
     recorded = _read(args, args.source)
     checkpoint = recorded.latest
-    given = None if args.graph_from_checkpoint else _graph_option(args)[0]
+    given = None if args.graph_from_checkpoint else _graph_option(args, (checkpoint,))[0]
     # argparse requires one of the three options: no graph given means the recorded one.
     graph = given if given is not None else _recorded_graph_of(checkpoint, recorded.label)
     try:

@@ -91,8 +91,9 @@ FIELDS: tuple[str, ...] = ("event", "run_id", "workflow", "worker", "epoch", "st
   ``step_expanded``, ``step_outdated``; ``claimed``, ``finished``,
   ``failed``, ``cancelled``, ``released``, ``lease_lost``, ``parked`` and
   the worker's troubles (``claim_failed``, ``save_failed``, ``end_failed``,
-  ``renew_failed``, ``drive_failed``, ``left``); ``index_missing`` (a PostgreSQL queue opened
-  by a role that could not build the claims' index).
+  ``renew_failed``, ``drive_failed``, ``left``); ``worker_started``
+  (``ekit worker``, before its first claim); ``index_missing`` (a
+  PostgreSQL queue opened by a role that could not build the claims' index).
 - ``run_id``: the run's id (``None`` for a run started without one).
 - ``workflow``, ``worker``, ``epoch``: under a queue worker, the workflow's
   name in its registry, the worker's name, and the lease's epoch.

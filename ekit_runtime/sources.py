@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,9 +48,12 @@ __all__ = [
     "SourceKind",
     "Tables",
     "parse_json",
+    "pick_workflow",
     "read_checkpoints",
     "read_text",
     "redacted",
+    "workflow_entries",
+    "workflow_spec",
 ]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -436,3 +439,55 @@ def _database_errors(label: str, driver_error: type[Exception], *, dsn: str = ""
 
 def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
+
+
+# -- the workflows a command imports: MODULE:ATTR[:NAME] ---------------------------
+
+
+def workflow_spec(spec: str) -> tuple[str, str, str | None]:
+    """``MODULE:ATTR[:NAME]`` split as every ``ekit`` command reads it: module, attribute, name.
+
+    ATTR names a workflow (or graph) or a dict of them, name -> workflow, as
+    ``ekit worker --workflows`` takes; NAME picks one entry of such a dict.
+    Raises :class:`SourceError` for a spec without a module or an attribute.
+    """
+    module, sep, rest = spec.partition(":")
+    attr, _, name = rest.partition(":")
+    if not sep or not module or not attr or (rest.endswith(":") and not name):
+        raise SourceError(f"{spec}: expected MODULE:ATTR (a workflow, or a dict of name -> workflow), "
+                          "or MODULE:ATTR:NAME (one entry of that dict)")
+    return module, attr, name or None
+
+
+def workflow_entries(obj: object, attr: str) -> dict[str, object]:
+    """What ``MODULE:ATTR`` names, as name -> workflow: a mapping's own entries, or else the
+    one object, named after ATTR's last part (as ``ekit worker`` names it). What an entry
+    must be (a ``Workflow``, a ``GraphSpec``) is the caller's to check."""
+    if isinstance(obj, Mapping):
+        return {str(k): v for k, v in obj.items()}
+    return {attr.rsplit(".", 1)[-1]: obj}
+
+
+def pick_workflow(
+    entries: Mapping[str, object], name: str | None, spec: str, fits: Callable[[object], bool] | None = None
+) -> object:
+    """The one entry of ``entries`` (what ``spec`` named) a command works with.
+
+    ``name`` given: that entry. Otherwise the only entry, or else the only
+    one for which ``fits`` holds (say, whose graph a checkpoint records).
+    Anything else is a :class:`SourceError` naming ``spec`` and the choices.
+    """
+    names = ", ".join(repr(k) for k in entries)
+    if name is not None and name not in entries:
+        raise SourceError(f"{spec}: no workflow named {name!r} (it has {names or 'none'})")
+    if name is not None:
+        return entries[name]
+    if not entries:
+        raise SourceError(f"{spec}: an empty dict, no workflow in it")
+    if len(entries) == 1:
+        return next(iter(entries.values()))
+    fitting = [w for w in entries.values() if fits is not None and fits(w)]
+    if len(fitting) == 1:
+        return fitting[0]
+    why = "none has the graph the checkpoint records." if fits is not None else "which one is meant?"
+    raise SourceError(f"{spec}: a dict of {len(entries)} workflows ({names}), {why} Name one, as {spec}:NAME")

@@ -397,6 +397,7 @@ def test_a_closed_stdout_is_quiet(run_dir: Path) -> None:
     assert proc.stderr == ""
 
 
+@pytest.mark.timeout(120)  # eight processes, each seconds long on a loaded machine
 def test_bad_graph_file_and_usage_are_exit_2(run_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "g.json").write_text('{"steps": [{"name": "a", "depends_on": ["a"]}]}')
     shutil.copy(run_dir / "final.json", tmp_path / "final.json")

@@ -539,9 +539,9 @@ def test_replay_of_a_parked_and_answered_run_is_legal_and_tells_who_answered() -
     asked = {n: p for e in report.timeline for n, p in e.asked.items()}
     answered = {n: a for e in report.timeline for n, a in e.answered.items()}
     assert asked == {"name_it": "What title?", "pay": "Spend $3 on the paid call?"}
-    assert answered == {"name_it": "'T' by ann", "pay": "approved by boss at 5"}
+    assert answered == {"name_it": "'T' by ann", "pay": "approved by boss at 1970-01-01T00:00:05Z"}
     text = report.format()
-    assert "answered: pay (approved by boss at 5)" in text
+    assert "answered: pay (approved by boss at 1970-01-01T00:00:05Z)" in text
     assert "waits for an answer: name_it ('What title?')" in text
     # The save a question makes is progress, not a repeat: no resume is invented inside a run.
     assert not any(e.repeat for e in report.timeline)

@@ -55,12 +55,15 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
+from ekit_core.times import iso_utc
 from ekit_runtime import logs
 from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import Executor, busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, STATUSES, Lease, RunInfo, RunQueue, Worker, open_queue
 from ekit_runtime.queue.options import RUN_OPTIONS
 from ekit_runtime.queue.worker import TraceFactory
+from ekit_runtime.redaction import redacted
+from ekit_runtime.sources import SourceError, pick_workflow, workflow_entries, workflow_spec
 from ekit_runtime.workflow import Workflow
 
 __all__ = ["EXIT_LEFT", "add_parsers"]
@@ -186,13 +189,22 @@ def _imported(flag: str, spec: str, what: str) -> Any:
 
 
 def _registry(spec: str) -> Mapping[str, Workflow]:
-    obj = _imported("--workflows", spec, "a dict of name -> Workflow")
-    attr = spec.partition(":")[2]
-    if isinstance(obj, Workflow):
-        return {attr.rsplit(".", 1)[-1]: obj}
-    if not isinstance(obj, Mapping) or not all(isinstance(w, Workflow) for w in obj.values()):
+    """The workflows ``--workflows spec`` names, read as every ``ekit`` command reads a workflow
+    source (:func:`~ekit_runtime.sources.workflow_spec`): ``:NAME`` serves that entry alone."""
+    try:
+        module, attr, name = workflow_spec(spec)
+    except SourceError as exc:
+        raise _input_error(f"--workflows {exc}") from None
+    obj = _imported("--workflows", f"{module}:{attr}", "a dict of name -> Workflow")
+    entries = workflow_entries(obj, attr)
+    if name is not None:
+        try:
+            entries = {name: pick_workflow(entries, name, spec)}
+        except SourceError as exc:
+            raise _input_error(f"--workflows {exc}") from None
+    if not entries or not all(isinstance(w, Workflow) for w in entries.values()):
         raise _input_error(f"--workflows {spec}: not a Workflow nor a dict of name -> Workflow")
-    return obj
+    return {k: w for k, w in entries.items() if isinstance(w, Workflow)}
 
 
 def _open(args: argparse.Namespace) -> RunQueue:
@@ -287,6 +299,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         _on_signals(worker, received)
+        _log_started(worker, args)
         if args.until_idle:
             await worker.run_until_idle()
         else:
@@ -312,6 +325,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     code = _exit_code(received, left)
     _exit_past_stuck_threads(worker, code)
     return code
+
+
+def _log_started(worker: Worker, args: argparse.Namespace) -> None:
+    """Say the worker is up before its first claim, which may be long in coming on a quiet queue."""
+    logs.log_event(
+        log, logging.INFO, "worker_started",
+        "worker %s: started on %s, serving %s (up to %d runs at once, %g s leases)%s",
+        worker.name, redacted(args.queue), ", ".join(sorted(worker.registry)), worker.max_runs,
+        worker.lease_seconds, ", until the queue is idle" if args.until_idle else "", worker=worker.name,
+    )
 
 
 def _exit_code(received: list[int], left: Mapping[str, str]) -> int:
@@ -415,10 +438,17 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+_TIMES = ("created_at", "updated_at", "lease_until")
+"""RunInfo's instants, printed for people as ISO 8601 UTC (``RunInfo`` keeps the numbers)."""
+
+
 def _info(info: RunInfo) -> dict[str, Any]:
     data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
     data["options"] = json.loads(json.dumps(dict(info.options)))
     data["cost"] = dataclasses.asdict(info.cost)
+    for name in _TIMES:
+        if data[name] is not None:
+            data[name] = iso_utc(data[name])
     return data
 
 

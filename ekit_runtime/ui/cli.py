@@ -52,10 +52,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         source = QueueSource(queue, redacted(args.queue))
     else:
         try:
-            read_checkpoints(args.source, run_id=args.run_id)
+            recorded = read_checkpoints(args.source, run_id=args.run_id)
         except SourceError as exc:
             raise InputError(str(exc)) from None
-        graph, versions = _import_graph(args.workflow) if args.workflow else (None, None)
+        graph, versions = (None, None)
+        if args.workflow:  # (a dict of workflows: the one whose graph the file records)
+            graph, versions = _import_graph(args.workflow, recorded.checkpoints)
         source = FileSource(args.source, graph, versions, run_id=args.run_id)
     try:
         server = make_server(source, args.host, args.port, allow_actions=args.allow_actions)
