@@ -106,9 +106,28 @@ def _dataclass_encoder(value: Any) -> dict[str, Any]:
     listed = _tuple_fields(type(value))
     fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     for name, item in fields.items():
-        if type(item) is tuple and name not in listed:
-            fields[name] = _Tuple(item)
+        marked = _marked(item)
+        if name in listed and type(marked) is _Tuple:
+            marked = tuple(marked)  # stored as a list: its annotation says it is a tuple
+        if marked is not item:
+            fields[name] = marked
     return fields
+
+
+def _marked(value: Any) -> Any:
+    """``value`` with every tuple in it (itself included) marked to be stored tagged: the same
+    object when it holds none. Only lists, dicts and tuples are walked: other values are the
+    codec's (a dataclass marks its own fields)."""
+    kind = type(value)
+    if kind is tuple:
+        return _Tuple(_marked(item) for item in value)
+    if kind is list:
+        items = [_marked(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if kind is dict:
+        out = {key: _marked(item) for key, item in value.items()}
+        return value if all(out[k] is v for k, v in value.items()) else out
+    return value
 
 
 # Abstract types whose values may be lists as well as tuples (typing's aliases resolve to these).
@@ -223,9 +242,10 @@ class Codec:
     know is a :class:`~ekit_core.CheckpointError` naming the step, raised
     before any step runs. Nothing a checkpoint names is imported or
     evaluated. A stored dict of the caller's that holds the key ``"$ekit"``
-    is escaped as ``{"$ekit": "dict", "value": {...}}``, and a tuple in a
-    dataclass field whose annotation also admits a list is stored as
-    ``{"$ekit": "tuple", "value": [...]}``, so that each comes back as it was.
+    is escaped as ``{"$ekit": "dict", "value": {...}}``, and a tuple within a
+    dataclass's field is stored as ``{"$ekit": "tuple", "value": [...]}``
+    (unless it is the value of a field annotated as a tuple only: a list),
+    so that each comes back as it was.
     """
 
     __slots__ = ("_by_name", "_by_type")

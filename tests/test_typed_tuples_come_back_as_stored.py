@@ -1,4 +1,4 @@
-"""A dataclass field holding a tuple or a list comes back from a checkpoint as the very type it held.
+"""A tuple or a list in a dataclass field, at any depth, comes back from a checkpoint as that type.
 
 What users rely on (docs/outputs.md): a dataclass output is restored as it
 was returned. JSON has one array for both, so a field annotated as a tuple
@@ -35,6 +35,9 @@ class Shapes:
     only_tuple: tuple[int, ...]
     tuple_or_none: tuple[int, int] | None
     tuple_or_text: tuple[str, ...] | str
+    pairs: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    table: dict[str, tuple[int, ...] | list[int]] = dataclasses.field(default_factory=dict)
+    grid: tuple[tuple[int, ...] | list[int], ...] = ()
 
 
 CODEC = Codec(Shapes)
@@ -52,13 +55,18 @@ def same_types(a: Any, b: Any) -> bool:
         return False
     if isinstance(a, list | tuple):
         return len(a) == len(b) and all(same_types(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_types(a[k], b[k]) for k in a)
     return bool(a == b)
 
 
 @given(either=array, either_or_none=st.one_of(st.none(), array), labelled=array, sequence=array,
        anything=st.one_of(array, st.integers()), only_tuple=ints.map(tuple),
        tuple_or_none=st.one_of(st.none(), st.tuples(st.integers(), st.integers())),
-       tuple_or_text=st.one_of(st.text(max_size=3), st.lists(st.text(max_size=2)).map(tuple)))
+       tuple_or_text=st.one_of(st.text(max_size=3), st.lists(st.text(max_size=2)).map(tuple)),
+       pairs=st.lists(st.tuples(st.integers(), st.integers()), max_size=3),
+       table=st.dictionaries(st.sampled_from(["a", "$ekit", "b"]), array, max_size=3),
+       grid=st.lists(array, max_size=3).map(tuple))
 def test_each_field_comes_back_as_the_type_it_held(**fields: Any) -> None:
     value = Shapes(**fields)
     back = round_trip(value)
