@@ -76,7 +76,8 @@ class Halt:
 @dataclass(frozen=True, slots=True)
 class RunLimits:
     """What a run may do: steps in flight at once, usage budget, per-step retry policies,
-    whether an approval callback gates each step's first attempt, and whether a
+    whether an approval callback gates each step's first attempt (and its retries
+    while it has not answered), and whether a
     failure stops the run or only the steps that depend on it. ``run_id`` is
     the run's id where the shell gives one: it seeds the jitter of retry
     delays (:attr:`RetryPolicy.jitter`), so that runs spread out. ``only``
@@ -173,6 +174,10 @@ class Setbacks:
     # The questions steps asked a person, with the answers given: durable.
     # A step whose last question is unanswered waits (see ekit_core.human).
     asked: MappingProxyType[str, tuple[Exchange, ...]] = field(default_factory=lambda: NO_EXCHANGES)
+    # Steps (and items) whose last attempt of this run failed before its
+    # condition or its approval answered (either raised): their next attempt
+    # asks again, as a resume would. Rare, so a frozenset copied per change.
+    unanswered: frozenset[str] = frozenset()
 
 
 Incidents = Setbacks

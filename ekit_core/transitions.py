@@ -1001,8 +1001,9 @@ def _failed(w: _Run, failed: Failed) -> None:
     asked for more than the policy's ``max_retry_after`` is not retried.
     """
     name = failed.name
+    unanswered = _unanswered(w.setbacks, name, name in w.setbacks.gated)
     j = w.end_attempt(name, "failed result")
-    inc = w.setbacks
+    inc = w.setbacks if unanswered is None else _replace(w.setbacks, unanswered=unanswered)
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
     previous = inc.failures.get(name)
@@ -1026,6 +1027,19 @@ def _failed(w: _Run, failed: Failed) -> None:
     w.setbacks = _replace(inc, errors=(*inc.errors, (name, failed.error)))
     if not w.spec.limits.isolate_failures:  # else only what depends on it waits, forever
         w.halt(Halt("failed", name, f"{error_type}: {message}"))
+
+
+def _unanswered(inc: Setbacks, name: str, before_work: bool) -> frozenset[str] | None:
+    """The steps whose gate is unanswered once ``name``'s attempt failed, if that changes them.
+
+    An attempt that failed before its work began (still gated), having asked
+    its condition or its approval (a first attempt, or one after such a
+    failure), got no answer from them: its next attempt asks again.
+    """
+    unanswered = inc.unanswered
+    if before_work and (name not in inc.tries or name in unanswered):
+        return None if name in unanswered else unanswered | {name}
+    return unanswered - {name} if name in unanswered else None
 
 
 def _wait_asked(failed: Failed) -> float | None:
@@ -1436,24 +1450,25 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         name = names[offset + ready.bit_length() - 1]
         if name not in tries and name not in delays and not (shaped and _asks(spec, name)):
             return (first_start(name),)
-        attempt = tries.get(name, 0) + 1
-        return (Start(name, attempt, delays.get(name, 0.0), False, attempt == 1 and _asks(spec, name)),)
+        asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
+        return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
     if not (tries or delays or gate or shaped):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
     for i in window.indices(ready, room):
         name = names[offset + i]
-        attempt = tries.get(name, 0) + 1
-        asks = shaped and attempt == 1 and _asks(spec, name)
-        starts.append(Start(name, attempt, delays.get(name, 0.0), gate and attempt == 1, asks))
+        # Its condition and approval are asked until they answer (see _unanswered).
+        unanswered = name not in tries or name in inc.unanswered
+        asks = shaped and unanswered and _asks(spec, name)
+        starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), gate and unanswered, asks))
     return tuple(starts)
 
 
 def _asks(spec: RunSpec, name: str) -> bool:
     """Whether step (or item) ``name`` has a condition for the shell to ask before it begins.
 
-    Asked before the first attempt only: a later one follows an attempt
-    whose condition was asked already.
+    The caller asks it only until it has answered: before a first attempt,
+    and again after an attempt whose condition raised (see :func:`_unanswered`).
     """
     shaped = spec.shaped
     if shaped is None:

@@ -519,7 +519,8 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        decided = _decided(step, name, context) if start.condition else None
+        # A retry asks its condition once its delay is waited out (in _gated), not before.
+        decided = _decided(step, name, context) if start.condition and not start.delay > 0 else None
         if decided is not None:  # skipped, or its condition raised: an attempt that never began
             task = self._loop.create_task(_at_once(decided))
         elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
@@ -619,11 +620,15 @@ class Runner:
         raise error
 
     async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
-        """An attempt that first waits out its delay and asks for approval, then begins."""
+        """An attempt that first waits out its delay, asks its condition and approval, then begins."""
         name = start.name
         try:
             if start.delay > 0:
                 await self.sleep(start.delay)
+                # (undelayed, the condition was asked at launch: see _launch)
+                decided = _decided(step, name, context) if start.condition else None
+                if decided is not None:
+                    return decided
             if start.approval:
                 if self.approval is None:
                     raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")

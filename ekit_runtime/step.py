@@ -337,7 +337,7 @@ class Step:
 
     @property
     def when(self) -> Callable[[Any], Any] | None:
-        """The step's condition, asked once before its first attempt (``None``: always runs)."""
+        """The step's condition, asked before its first attempt, then until it answers (``None``: runs)."""
         return None if self.shaping is None else self.shaping[2]
 
     @property
