@@ -540,14 +540,15 @@ def test_journal_bad_delta_values_are_corruption_naming_line_and_field(
 
 
 def test_journal_usage_that_goes_down_is_written_in_full(tmp_path: Path) -> None:
-    """A delta only ever adds usage; a checkpoint whose cost fell is recorded whole."""
+    """A delta only ever adds usage; a checkpoint whose cost fell is recorded whole, appended."""
     path = tmp_path / "cp.jsonl"
     store = JournalStore(path)
     first = WorkflowCheckpoint(1, MappingProxyType({"a": 1}), TokenUsage(10, 10, 2))
     second = WorkflowCheckpoint(2, MappingProxyType({"a": 1, "b": 2}), TokenUsage(5, 20, 2))
     store(first)
     store(second)
-    assert [r["kind"] for r in _lines(path)] == ["full"]
+    assert [r["kind"] for r in _lines(path)] == ["full", "full"]
+    assert list(JournalStore(path).history()) == [first, second]
     assert JournalStore(path).load() == second
 
 

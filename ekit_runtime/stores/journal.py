@@ -14,10 +14,13 @@ has none). Folding the lines in order
 gives the latest checkpoint.
 
 A save therefore writes O(that step's output) bytes, whatever the length of
-the run. A full record is only written (atomically, replacing the file) on
-the first save of a store object that has not loaded the file, when a
-checkpoint does not extend the previous one, on :meth:`JournalStore.compact`,
-or every ``compact_after`` deltas.
+the run. A checkpoint that does not extend the previous one (a question or
+an answer, a bumped version, another context or graph) is appended as a
+full record, which the fold starts again from: the lines before it stay, so
+:meth:`JournalStore.history` still holds every earlier checkpoint. The file
+is only rewritten (atomically, as one full record) on the first save of a
+store object that has not loaded it, on :meth:`JournalStore.compact`, or
+once ``compact_after`` deltas follow the last full record.
 
 A process killed mid-append leaves a last line that is a prefix of a record
 line (``{"c":"`` ...) without its newline, or one whose checksum does not
@@ -191,7 +194,9 @@ class JournalStore:
 
     Use it as ``checkpoint_fn=store``; ``store.load()`` folds the journal into
     the latest checkpoint (``None`` when nothing was saved yet). Saving after
-    every step costs O(that step's output). ``store.compact()`` rewrites the
+    every step costs O(that step's output); every save is an append (a
+    question, an answer or a bumped version appends a full record), so
+    :meth:`history` keeps every checkpoint. ``store.compact()`` rewrites the
     journal as one full record; ``compact_after=n`` does so on its own every
     ``n`` deltas.
 
@@ -265,26 +270,21 @@ class JournalStore:
         require_checkpoint(checkpoint)
         self._lock.hold()
         opened = self._open_known()
-        try:
-            step = self._next_record(checkpoint) if opened is not None else None
-            if step is None:
-                if opened is not None:
-                    os.close(opened[0])
-                    opened = None
-                self._write_full(checkpoint)
-                return
-            record, new_outputs = step
-            if not record:
-                return  # nothing changed: the journal already folds to this checkpoint
-            assert opened is not None
-            chosen = self._encodings.members(new_outputs)
-            line = _frame(self._encodings.document(record, chosen, None))
-            self._append(opened[0], opened[1], line)
-        finally:
+        if opened is None or self._last is None or self._compacting():
             if opened is not None:
                 os.close(opened[0])
+            self._write_full(checkpoint)
+            return
+        try:
+            line, full = self._next_line(checkpoint)
+            if not line:
+                return  # nothing changed: the journal already folds to this checkpoint
+            self._append(opened[0], opened[1], line)
+        finally:
+            os.close(opened[0])
+        # A full record starts the count of deltas again, as load() counts them.
+        self._deltas = 0 if full else self._deltas + 1
         self._last = checkpoint
-        self._deltas += 1
 
     __call__ = save
 
@@ -310,16 +310,28 @@ class JournalStore:
             if opened is not None:
                 os.close(opened[0])
 
-    def _next_record(self, checkpoint: WorkflowCheckpoint) -> _Record | None:
-        """The delta to append for ``checkpoint``; ``None`` when it must be written whole."""
+    def _compacting(self) -> bool:
+        """Whether the next save rewrites the journal as one record (``compact_after``)."""
+        return self.compact_after is not None and self._deltas >= self.compact_after
+
+    def _next_line(self, checkpoint: WorkflowCheckpoint) -> tuple[bytes, bool]:
+        """The line to append for ``checkpoint`` (empty: no change), and whether it is a full record.
+
+        A delta when it can be one.
+        A checkpoint that does not extend the last one (a question or an
+        answer, a bumped version, another context, format or graph) is
+        appended whole: rewriting the file would lose the run's history.
+        """
         previous = self._last
-        if (
-            previous is None
-            or (self.compact_after is not None and self._deltas >= self.compact_after)
-            or not same_run(checkpoint, previous)
-        ):
-            return None
-        return self._delta(previous, checkpoint)
+        assert previous is not None
+        step = self._delta(previous, checkpoint) if same_run(checkpoint, previous) else None
+        if step is None:
+            return _frame(self._encodings.document_of(checkpoint, {"kind": "full"})), True
+        record, new_outputs = step
+        if not record:
+            return b"", False
+        chosen = self._encodings.members(new_outputs)
+        return _frame(self._encodings.document(record, chosen, None)), False
 
     @staticmethod
     def _delta(previous: WorkflowCheckpoint, checkpoint: WorkflowCheckpoint) -> _Record | None:
