@@ -149,6 +149,26 @@ def test_an_unstorable_output_of_a_step_recorded_before_is_not_dropped_to_save()
     assert [dict(cp.outputs) for cp in saved] == [{"a": 1}]
 
 
+@pytest.mark.parametrize("opener", ["json", "sqlite"], indirect=True)
+def test_the_final_save_of_an_interrupted_run_keeps_the_sibling_too(opener: Callable[[], Any]) -> None:
+    # A step's KeyboardInterrupt in the same turn: the wind-down's save leaves out only 'bad'.
+    async def good(ctx: Any) -> str:
+        return "paid for"
+
+    async def bad(ctx: Any) -> Any:
+        return {"seen": {1, 2}}
+
+    async def interrupted(ctx: Any) -> None:
+        raise KeyboardInterrupt
+
+    with opener() as store, pytest.raises(KeyboardInterrupt):
+        Workflow([Step("good", good), Step("bad", bad), Step("interrupted", interrupted)]).run_sync(
+            checkpoint_fn=store)
+    with opener() as store:
+        stored = store.load()
+    assert stored is not None and dict(stored.outputs) == {"good": "paid for"}
+
+
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync save", "async save"])
 def test_an_unstorable_item_leaves_out_itself_and_its_collection_and_keeps_its_siblings(
     asynchronous: bool
