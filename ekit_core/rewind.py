@@ -32,7 +32,7 @@ from ekit_core.expansion import Expanded, expand, expanders
 from ekit_core.graph import GraphSpec
 from ekit_core.shapes import Shape
 
-__all__ = ["downstream", "grown", "outdated_steps", "rewind"]
+__all__ = ["downstream", "grown", "outdated_steps", "redone_after", "rewind"]
 
 
 def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
@@ -158,11 +158,27 @@ def rewind(
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
     wanted = list(dict.fromkeys(_step_names(steps)))
     if spec.shapes:
-        return _rewind_shaped(spec, checkpoint, wanted)
-    unknown = [n for n in wanted if n not in spec.index]
-    if unknown:
-        raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
-    return without(checkpoint, spec, downstream(spec, wanted))
+        rewound = _rewind_shaped(spec, checkpoint, wanted)
+    else:
+        unknown = [n for n in wanted if n not in spec.index]
+        if unknown:
+            raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
+        rewound = without(checkpoint, spec, downstream(spec, wanted))
+    redone = redone_after(checkpoint, rewound)
+    return rewound if redone is rewound.redone else replace(rewound, redone=redone)
+
+
+def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint) -> MappingProxyType[str, int]:
+    """``before.redone`` counting once more each output ``before`` records and ``after``
+    lets go of (``after`` holds a subset of them): the attempts that made those
+    outputs are spent, so the next attempt of each has a number, and a key, of its own."""
+    if after.outputs is before.outputs or len(after.outputs) == len(before.outputs):
+        return before.redone
+    redone = dict(before.redone)
+    for name in before.outputs:
+        if name not in after.outputs:
+            redone[name] = redone.get(name, 0) + 1
+    return MappingProxyType(redone)
 
 
 def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: list[str]
@@ -382,4 +398,5 @@ def _dropping(
         superseded=superseded,
         asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
         if checkpoint.asked else checkpoint.asked,
+        redone=checkpoint.redone,
     )

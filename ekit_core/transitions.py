@@ -135,7 +135,14 @@ from ekit_core.results import (
     Start,
     Succeeded,
 )
-from ekit_core.rewind import downstream, grown, keep_forced_skips, outdated_steps, without
+from ekit_core.rewind import (
+    downstream,
+    grown,
+    keep_forced_skips,
+    outdated_steps,
+    redone_after,
+    without,
+)
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of
 from ekit_core.state import (
@@ -328,15 +335,18 @@ def _held(graph: GraphSpec, checkpoint: WorkflowCheckpoint, first: list[int],
     recorded denial makes (``None`` if none): read only when questions are recorded.
 
     A waiting step (or item) with an output, or (a declared step) whose
-    dependencies are not all recorded, contradicts its record: refused.
+    dependencies are not all recorded (a join over alternatives: settled),
+    contradicts its record: refused.
     """
     waiting = waiting_on(checkpoint.asked)
-    index, outputs = graph.index, checkpoint.outputs
+    index, outputs, skipped = graph.index, checkpoint.outputs, checkpoint.skipped
     for name in waiting:
         if name in outputs:
             raise CheckpointError("asked", f"records a question {name!r} waits on, and its output too")
         if name in index:
-            missing = [d for d in graph.deps[name] if d not in outputs]
+            shape = graph.shapes.get(name)
+            joins_any = shape is not None and shape.join == "any"
+            missing = [d for d in graph.deps[name] if d not in outputs and not (joins_any and d in skipped)]
             if missing:
                 raise CheckpointError("asked", f"records a question {name!r} waits on, yet not the "
                                                f"output of {missing[0]!r}, which it needs")
@@ -486,7 +496,6 @@ def initial_state(
         _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events)
-    checkpoint = without(checkpoint, graph, outdated)
     return _initial_static(graph, checkpoint, base, outdated, record_events)
 
 
@@ -514,6 +523,8 @@ _NOT_YET: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record_events: bool) -> State:
     """:func:`initial_state` of a graph without run-time shapes (most runs)."""
+    resumed = without(checkpoint, graph, outdated)
+    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed)), resumed
     limits = base.limits
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
@@ -547,7 +558,8 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    checkpoint = kept_on_resume(graph, checkpoint, outdated, base.versions)
+    resumed = kept_on_resume(graph, checkpoint, outdated, base.versions)
+    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed)), resumed
     skipped = checkpoint.skipped
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
     held = 0
