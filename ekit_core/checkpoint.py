@@ -13,6 +13,7 @@ Format version 1 adds optional keys to the three that ExecutionKit wrote
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -915,7 +916,7 @@ def _decoded(steps: str, needs: str) -> dict[str, tuple[str, ...]]:
         raise CheckpointError(err.field, err.problem) from None
 
 
-_INFINITY = float("inf")
+_LARGEST = sys.float_info.max  # (an int past it, 10**400, is no float: compared, never converted)
 _SECONDS_TYPES = frozenset({float, int})
 
 
@@ -936,7 +937,7 @@ def _durations(value: object) -> MappingProxyType[str, float]:
     if not table or (
         set(map(type, values)) <= _SECONDS_TYPES
         and min(values) >= 0
-        and sum(values) < _INFINITY
+        and sum(values) <= _LARGEST
         and "" not in table
     ):
         return MappingProxyType(table)
@@ -946,7 +947,7 @@ def _durations(value: object) -> MappingProxyType[str, float]:
             raise CheckpointError("durations", "holds an empty step name")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise CheckpointError(where, f"must be a number of seconds, got {type(seconds).__name__}")
-        if not 0 <= seconds < _INFINITY:
+        if not 0 <= seconds <= _LARGEST:
             raise CheckpointError(where, f"must be a finite number of seconds >= 0, got {seconds!r}")
     # Each entry is fine, their sum is not finite: only near the largest float.
     raise CheckpointError("durations", "the seconds add up to more than a float holds")

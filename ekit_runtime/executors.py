@@ -31,6 +31,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from ekit_core.numbers import check_number
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.streaming import drain_stream
 
@@ -136,7 +137,7 @@ class LocalExecutor(Executor):
         if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
             raise ValueError(f"max_threads must be an int >= 1, got {max_threads!r}")
         self.max_threads = max_threads
-        self.warn_after = warn_after
+        self.warn_after = check_number(warn_after, "warn_after")
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ekit_core import Failed, GraphSpec, RetryPolicy, advance, initial_state
 from ekit_core.numbers import MAX_SECONDS
-from ekit_runtime import ProgressPrinter, Step, Workflow
+from ekit_runtime import LocalExecutor, ProgressPrinter, Step, Workflow
 from ekit_runtime.queue import Limits, RunQueue, Worker
 from tests.queue_backends import chain_checkpoints, queue, queue_url  # noqa: F401
 
@@ -57,6 +57,7 @@ SITES: list[tuple[str, Callable[[Any], Any]]] = [
     ("interval", lambda v: ProgressPrinter(interval=v)),
     ("tick", lambda v: ProgressPrinter(tick=v)),
     ("retry_after", _core_retry_after),
+    ("warn_after", lambda v: LocalExecutor(warn_after=v)),
 ]
 
 
@@ -161,3 +162,13 @@ def test_a_workflow_run_refuses_bad_numbers_before_any_step_is_paid() -> None:
 
     asyncio.run(main())
     assert calls == []
+
+
+@pytest.mark.parametrize("bad", [10**400, math.inf, math.nan, -1], ids=lambda v: f"{v!r:.12}")
+def test_a_checkpoint_recording_a_duration_no_float_holds_is_refused_naming_it(bad: Any) -> None:
+    from ekit_core import WorkflowCheckpoint
+
+    data = {"step_index": 1, "outputs": {"a": 1}, "durations": {"a": bad},
+            "cost": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}}
+    with pytest.raises(ValueError, match=r"durations\.a"):
+        WorkflowCheckpoint.from_dict(data)
