@@ -11,7 +11,9 @@ leaves the previous ledger, and the lock dies with its holder.
 
 With ``--hold`` every tagged attempt stays inside forever once it entered
 (so the parent knows this process holds slots); ``delay`` in a run's
-context is how long a tagged attempt stays inside otherwise.
+context is how long a tagged attempt stays inside otherwise, and ``meet``
+how many worker processes must drive runs before any run ends (the ledger's
+``drivers``).
 """
 
 from __future__ import annotations
@@ -98,11 +100,29 @@ def _free(ctx: dict[str, Any]) -> str:
     return "free"
 
 
+async def _meeting(ctx: dict[str, Any]) -> str:
+    """Untagged: record that this process drives a run, then wait until ``ctx["meet"]`` processes
+    do (none asked: at once). The run cannot end before, so its worker keeps its places busy
+    and the other workers must take the rest: the work is shared however slowly they start."""
+    meet = int(ctx.get("meet", 0))
+
+    def joined(state: dict[str, Any]) -> None:
+        state["drivers"] = sorted({*state.get("drivers", []), os.getpid()})
+
+    _ledger(joined)
+    seen: list[int] = []
+    while len(seen) < meet:
+        _ledger(lambda state: seen.__setitem__(slice(None), state.get("drivers", [])))
+        if len(seen) < meet:
+            await asyncio.sleep(0.02)  # (another process's write is what this waits for)
+    return "free"
+
+
 REGISTRY = {
     # Three tagged steps at once per run, and an untagged one beside them.
     "fan": Workflow(
         [Step(n, _tagged(n), resource="api") for n in ("a", "b", "c")]
-        + [Step("free", _free), Step("end", _free, ("a", "b", "c", "free"))]
+        + [Step("free", _meeting), Step("end", _free, ("a", "b", "c", "free"))]
     ),
 }
 

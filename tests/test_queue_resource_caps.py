@@ -411,10 +411,11 @@ def sampler(queue_url: str) -> Any:
     s.stop()
 
 
-def _submit(url: str, n: int, cap: int, delay: float) -> RunQueue:
+def _submit(url: str, n: int, cap: int, delay: float, meet: int = 0) -> RunQueue:
+    """``n`` runs of ``fan``; none ends before ``meet`` worker processes drive runs (see the child)."""
     q = open_queue(url, limits=Limits(resources={"api": cap}))
     for i in range(n):
-        q.submit("fan", {"delay": delay}, run_id=f"run-{i:02d}")
+        q.submit("fan", {"delay": delay, "meet": meet}, run_id=f"run-{i:02d}")
     return q
 
 
@@ -423,7 +424,9 @@ def test_three_workers_never_exceed_the_cap_and_reach_it(
     queue_url: str, fleet: Fleet, sampler: HeldSampler
 ) -> None:
     cap, runs = 3, 12
-    q = _submit(queue_url, runs, cap, delay=0.1)
+    # The first worker to start would drive every run alone on a loaded machine, before the
+    # others are up: no run ends until two processes drive runs, so the work is shared.
+    q = _submit(queue_url, runs, cap, delay=0.1, meet=2)
     for _ in range(3):
         fleet.start(max_runs=2)  # up to 3 x 2 x 3 = 18 tagged attempts wanting a slot at once
     wait_for(lambda: len(q.runs("finished")) == runs, timeout=150, what=f"all {runs} runs to finish")
