@@ -347,26 +347,28 @@ def _graph(view: RunView) -> str:
             f"{svg(view.graph.names, view.graph.deps, view.states, view.items)}</div>")
 
 
-def _steps(view: RunView) -> str:
+def _steps(tbody: str) -> str:
     return (
         '<h2>Steps</h2><table id="steps"><thead><tr><th>step</th><th>state</th><th>resume</th>'
         "<th>items</th><th>attempts</th><th>usage in/out/calls</th><th>duration</th>"
-        f"<th>failure</th><th>why</th></tr></thead><tbody>{steps_tbody(view)}</tbody></table>"
+        f"<th>failure</th><th>why</th></tr></thead><tbody>{tbody}</tbody></table>"
     )
 
 
-def run_parts(view: RunView, token: str | None) -> dict[str, str]:
+def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dict[str, str]:
     """Each part of a run's page, by its element's id, rendered from the one reading ``view``.
 
     A page and each of its live updates show every part of the same
     reading: a count in the graph can never lag the step table's.
-    ``token`` is the actions' token (``None``: no action is offered).
+    ``token`` is the actions' token (``None``: no action is offered);
+    ``tbody``, the step table's rows when already rendered from ``view``.
     """
     problem = f'<p class="error" id="problem">{esc(view.problem)}</p>' if view.problem else ""
+    rows = steps_tbody(view) if tbody is None else tbody
     return {
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
         "run-problem": problem, "run-questions": _questions(view, token), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(view), "run-audit": _explanation(view),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-audit": _explanation(view),
         "run-timeline": _timeline(view),
     }
 
@@ -409,7 +411,8 @@ def run_json(view: RunView, can_act: bool = False) -> dict[str, Any]:
     """What ``/api/run/<id>`` answers, all from the one reading ``view``: status, each step's
     state, the step table's rows, and ``parts`` (each part of the page, by id, with its
     ``versions``), whose forms, when ``can_act``, carry an empty token the page fills in."""
-    parts = run_parts(view, "" if can_act else None)
+    tbody = steps_tbody(view)
+    parts = run_parts(view, "" if can_act else None, tbody)
     return {
         "run_id": view.run_id,
         "status": view.status,
@@ -418,7 +421,7 @@ def run_json(view: RunView, can_act: bool = False) -> dict[str, Any]:
         "items": {k: list(v) for k, v in view.items.items()},
         "questions": {k: q.to_dict() for k, q in view.questions.items()},
         "problem": view.problem,
-        "steps_tbody": steps_tbody(view),
+        "steps_tbody": tbody,
         "in_flight_html": in_flight_html(view),
         "parts": parts,
         "versions": {key: _version(html) for key, html in parts.items()},
