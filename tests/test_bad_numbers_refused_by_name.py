@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -172,3 +172,16 @@ def test_a_checkpoint_recording_a_duration_no_float_holds_is_refused_naming_it(b
             "cost": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}}
     with pytest.raises(ValueError, match=r"durations\.a"):
         WorkflowCheckpoint.from_dict(data)
+
+
+@pytest.mark.parametrize("bad", [70000, -1, 10**400, True, "80", math.nan], ids=lambda v: f"{v!r:.12}")
+def test_the_dashboard_refuses_a_port_out_of_range_naming_it(bad: Any, tmp_path: Any, capsys: Any) -> None:
+    from ekit_runtime.cli import main
+    from ekit_runtime.ui.server import make_server
+    from ekit_runtime.ui.sources import QueueSource
+
+    with pytest.raises(ValueError, match="port must be a whole number from 0 to 65535"):
+        make_server(cast(QueueSource, None), port=bad)
+    if isinstance(bad, int) and not isinstance(bad, bool):  # (what argparse's int can hand over)
+        assert main(["ui", "--queue", str(tmp_path / "q.db"), "--port", str(bad)]) == 2
+        assert "port must be a whole number from 0 to 65535" in capsys.readouterr().err

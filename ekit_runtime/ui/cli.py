@@ -63,5 +63,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         server = make_server(source, args.host, args.port, allow_actions=args.allow_actions)
     except OSError as exc:
         raise InputError(f"ui: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a port out of range: the user's to fix, not an internal error
+        raise InputError(f"ui: {exc}") from None
     serve(server)  # until Ctrl-C, which ekit's main turns into exit 130
     return 0

@@ -97,7 +97,13 @@ class Dashboard(ThreadingHTTPServer):
 
 def make_server(source: Source, host: str = "127.0.0.1", port: int = 0, *,
                 allow_actions: bool = False) -> Dashboard:
-    """A :class:`Dashboard` bound to ``host:port`` (0: any free port); call ``serve_forever()``."""
+    """A :class:`Dashboard` bound to ``host:port`` (0: any free port); call ``serve_forever()``.
+
+    A ``port`` that is not a whole number from 0 to 65535 is a ``ValueError``
+    naming it (the socket would raise ``OverflowError``, or take ``True`` as port 1).
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a whole number from 0 to 65535, got {port!r:.80}")
     return Dashboard((host, port), source, allow_actions=allow_actions)
 
 
