@@ -1,4 +1,4 @@
-"""What a checkpoint claims about skips and collections, checked against the graph it resumes.
+"""What a checkpoint claims about skips, collections and questions, checked against the graph it resumes.
 
 A checkpoint is untrusted input (see :mod:`ekit_core.checkpoint`): its
 ``skipped`` and its mapped steps' outputs are claims that a resume acts on,
@@ -17,12 +17,13 @@ without):
 - a mapped step's recorded output stands on its items: the output it maps
   over is recorded and can be mapped over, and each item is recorded or
   skipped (a resume would otherwise run the items again after the steps
-  that need the collected output, and never collect them).
+  that need the collected output, and never collect them);
+- a step's questions come in an order a run records: only the last may be
+  unanswered, and none but the last denied.
 
 A checkpoint recorded from another graph (a resume with
-``allow_graph_change``) is held to the first two rules' plainest part only
-(no step both recorded and skipped): its skips were decided by the other
-graph's shapes. Pure: no I/O, deterministic.
+``allow_graph_change``) is held, of the rules on skips, to "no output"
+only: its skips were decided by the other graph's shapes. Pure: no I/O, deterministic.
 """
 
 from __future__ import annotations
@@ -33,9 +34,33 @@ from typing import Any
 from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
 from ekit_core.compat import recorded_from
 from ekit_core.graph import GraphSpec
+from ekit_core.human import Exchange
 from ekit_core.rewind import grown
 
-__all__ = ["check_collections", "check_skips"]
+__all__ = ["check_claims", "check_collections", "check_skips"]
+
+
+def check_claims(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
+    """What a resume checks of ``checkpoint`` before anything expands: its skips
+    (:func:`check_skips`) and the order of its questions (:func:`check_questions`)."""
+    check_skips(graph, checkpoint)
+    if checkpoint.asked:
+        check_questions(checkpoint.asked)
+
+
+def check_questions(asked: Mapping[str, tuple[Exchange, ...]]) -> None:
+    """Refuse a step's questions in an order no run records: only the last may be
+    unanswered, and none but the last denied (a denial ends the step's asking).
+
+    ``from_dict`` holds a checkpoint it reads to this rule; a checkpoint built
+    as a value (``dataclasses.replace``, say) meets it here, on resume.
+    """
+    for name, exchanges in asked.items():
+        for i, exchange in enumerate(exchanges[:-1]):
+            answer = exchange.answer
+            if answer is None or answer.approved is False:
+                problem = "unanswered" if answer is None else "a denial"
+                raise CheckpointError(f"asked.{name}[{i}]", f"is {problem}, yet a later question follows")
 
 
 def check_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:

@@ -88,7 +88,7 @@ from ekit_core.checkpoint import (
     describe_error,
     storable_text,
 )
-from ekit_core.claims import check_collections, check_skips
+from ekit_core.claims import check_claims, check_collections
 from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from, reshaped_steps
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
@@ -487,7 +487,7 @@ def initial_state(
     limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
-    check_skips(graph, checkpoint)
+    check_claims(graph, checkpoint)
     tags = _check_versions(graph, versions)
     outdated = _outdated(graph, checkpoint, tags)
     # Its dependents are given by each path below: building the whole index
@@ -589,11 +589,27 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
             _expand(w, name)
     _check_expansion(w, checkpoint)
+    if record:
+        w.events = _counted_at_start(w)
     ghosts = [n for n in waiting_on(asked) if n not in w.spec.graph.index] if asked else []
     if ghosts:
         raise CheckpointError("asked", f"records a question of {ghosts[0]!r}, which is no step "
                                        "or item of this run")
     return _freeze(w)
+
+
+def _counted_at_start(w: _Run) -> list[Event]:
+    """A resume's first events, ``RunStarted`` counting what its expansions made (every item of
+    a mapped step whose input is recorded, as ekit_core.progress counts the checkpoint) and
+    those expansions marked as counted, so that a reader adding them up counts each once."""
+    events: list[Event] = []
+    for e in w.events:
+        if type(e) is RunStarted:
+            e = RunStarted(len(w.spec.graph.names), w.completed, len(w.setbacks.skipped))
+        elif type(e) is StepExpanded:
+            e = _replace(e, at_start=True)
+        events.append(e)
+    return events
 
 
 def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
@@ -1612,7 +1628,8 @@ def _freeze(w: _Run) -> State:
         # (held: the steps a run with ``only`` never settles; 0 without it)
         outcome = outcome_of(settled, total - w.spec.held, 0, w.ready, w.setbacks)
         if outcome is not None and not w.before.settled:
-            w.events.append(RunSettled(outcome, w.completed, total, w.cost, w.spec.held))
+            w.events.append(RunSettled(outcome, w.completed, total, w.cost, w.spec.held,
+                                       len(w.setbacks.skipped)))
     w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
     if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
         w.waiting = MappingProxyType(w.waiting)

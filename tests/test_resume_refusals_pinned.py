@@ -3,7 +3,7 @@
 - a checkpoint whose ``join="any"`` step has every input skipped, yet is not
   itself recorded as skipped, is refused (naming ``skipped`` and the step);
 - a denial followed by a later question of the same step is refused
-  (naming the question's field);
+  (naming the question's field), read from a dict or built as a value;
 - answering a question already answered is refused, and the first answer
   stands, in the core and through ``Workflow.run(answers=...)``;
 - a workflow that drops every ``version`` tag, resumed from a checkpoint
@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from ekit_core import Answer, CheckpointError, WorkflowCheckpoint, answer
+from ekit_core import Answer, CheckpointError, Exchange, Question, WorkflowCheckpoint, answer
 from ekit_runtime import RunWaiting, Step, Workflow, ask
 
 ran: list[str] = []
@@ -79,6 +81,21 @@ def test_a_denial_followed_by_a_later_question_of_the_same_step_is_refused() -> 
     assert caught.value.field == "asked.decide[0]" and ran == []
     with pytest.raises(CheckpointError, match="denial"):
         WorkflowCheckpoint.from_dict(data)
+
+
+def test_the_same_order_is_required_of_a_checkpoint_built_as_a_value() -> None:
+    # Not read by from_dict: made with dataclasses.replace, and resumed as it is.
+    workflow = _asking()
+    waiting = _waiting(workflow)
+    question = waiting.asked["decide"][0]
+    denial = Exchange(Question("approval", "go?"), Answer.deny("no", by="ann"))
+    unanswered = Exchange(Question("value", "first?"))
+    for first, problem in ((denial, "a denial"), (unanswered, "unanswered")):
+        made = replace(waiting, asked=MappingProxyType({"decide": (first, question)}))
+        ran.clear()
+        with pytest.raises(CheckpointError, match=f"is {problem}, yet a later question follows") as caught:
+            workflow.run_sync(resume_from=made)
+        assert caught.value.field == "asked.decide[0]" and ran == []
 
 
 def test_answering_a_question_already_answered_is_refused_and_keeps_the_first_answer() -> None:
