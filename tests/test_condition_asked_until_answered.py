@@ -15,6 +15,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ekit_core import Began, Failed, GraphSpec, RetryPolicy, Shape, Skipped, advance, initial_state
 from ekit_runtime import Approval, Step, Workflow, WorkflowCheckpoint
@@ -187,3 +189,53 @@ def test_the_core_asks_a_condition_again_until_a_false_answer_is_recorded() -> N
     state, batch = advance(state, [Failed("a", ConnectionError())])
     state, batch = advance(state, [Skipped("a", "condition flag was false")])
     assert batch.starts == () and "a" in state.skipped
+
+
+@settings(max_examples=60, deadline=None)
+@given(raises=st.integers(0, 4), answer=st.booleans(), attempts=st.integers(1, 5), approval=st.booleans())
+def test_a_condition_raising_k_times_is_asked_until_it_answers_and_a_resume_agrees(
+    raises: int, answer: bool, attempts: int, approval: bool
+) -> None:
+    asked: list[str] = []
+    approvals: list[str] = []
+
+    def approve(name: str, metadata: Any) -> bool:
+        approvals.append(name)
+        return True
+
+    def build(log: list[str], left: int) -> Workflow:
+        policy = RetryPolicy(max_attempts=attempts, backoff_base=1.0)
+        return Workflow([
+            Step("triage", lambda ctx: "low"),
+            Step("escalate", lambda ctx: log.append("paid") or "escalated", ("triage",), retry=policy,
+                 when=_Flaky(raises=left, answer=answer, log=log)),
+        ])
+
+    options: dict[str, Any] = {"approval": approve} if approval else {}
+    whole = _run(build(asked, raises), asked, **options)
+    answered = raises < attempts  # the condition answered within the attempts
+    assert asked.count("asked") == min(raises + 1, attempts)
+    assert asked.count("paid") == (1 if answered and answer else 0)
+    assert ("escalate" in whole.skipped) == (answered and not answer)
+    if approval:  # asked once the condition held, never before, never twice
+        assert approvals.count("escalate") == (1 if answered and answer else 0)
+    # A run resumed after every failure, one attempt each, ends as the whole run did.
+    saved: list[WorkflowCheckpoint] = []
+    resumed_log: list[str] = []
+    left = raises
+    for _ in range(attempts):
+        flow = Workflow([
+            Step("triage", lambda ctx: "low"),
+            Step("escalate", lambda ctx: resumed_log.append("paid") or "escalated", ("triage",),
+                 when=_Flaky(raises=min(left, 1), answer=answer, log=resumed_log)),
+        ])
+        left = max(left - 1, 0)
+        state = _run(flow, resumed_log, checkpoint_fn=saved.append,
+                     resume_from=saved[-1] if saved else None, **options)
+        if state.outcome == "failed":  # the condition raised: the next run resumes
+            continue
+        assert dict(state.outputs) == dict(whole.outputs) and state.skipped.keys() == whole.skipped.keys()
+        break
+    else:
+        assert not answered
+    assert resumed_log.count("paid") == asked.count("paid")
