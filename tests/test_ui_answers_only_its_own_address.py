@@ -12,12 +12,16 @@ page served (200), never with a refusal or an error.
 
 from __future__ import annotations
 
+import ipaddress
 import urllib.parse
+from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ekit_runtime.queue import SqliteQueue
-from ekit_runtime.ui import Dashboard, QueueSource
+from ekit_runtime.ui import Dashboard, QueueSource, Source, make_server
 from tests.test_ui_server import _token_and_cookie, fetch, in_every_status, serving
 
 
@@ -131,3 +135,50 @@ def test_no_answer_but_a_served_page_sets_the_cookie(queue: SqliteQueue) -> None
         for answer in answers:
             assert "Set-Cookie" not in answer.headers, answer.status
             assert token not in answer.body, answer.status
+
+
+def _own_name(name: str) -> bool:
+    """The rule, said another way: ``localhost``, ``[::1]``, or an IPv4 address of 127.0.0.0/8
+    written as the address itself prints (a dotted quad, no leading zero)."""
+    if name in ("localhost", "[::1]"):
+        return True
+    try:
+        address = ipaddress.IPv4Address(name)
+    except ValueError:
+        return False
+    return str(address) == name and address.is_loopback
+
+
+NAMES = st.one_of(
+    st.text(max_size=30),
+    st.from_regex(r"127(\.[0-9a-z-]{0,5}){0,5}", fullmatch=True),
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(network="127.0.0.0/8").map(str),
+    st.sampled_from(["localhost", "[::1]", "::1", "127.0.0.1", "localhost.", "127.0.0.1.", "[::1]x"]),
+)
+
+
+@pytest.fixture(scope="module")
+def bound() -> Iterator[Dashboard]:
+    server = make_server(Source())
+    yield server
+    server.server_close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=NAMES, port=st.one_of(st.none(), st.integers(0, 70000)), case=st.booleans())
+def test_a_host_is_served_exactly_when_it_is_a_literal_loopback_name_at_the_port(
+    bound: Dashboard, name: str, port: int | None, case: bool
+) -> None:
+    own = _port(bound)
+    given_name = name.upper() if case else name
+    header = given_name if port is None else f"{given_name}:{port}"
+    # Names compare without case, in ASCII only (a Host header is ASCII).
+    expected = (given_name.isascii() and _own_name(given_name.lower())
+                and (port == own or (port is None and own == 80)))
+    assert bound.host_allowed(header) is expected, header
+    # An action's Origin passes only as this very scheme, host and port.
+    if expected:
+        assert bound.origin_allowed(f"http://{header}", header)
+        assert not bound.origin_allowed(f"https://{header}", header)
+        assert not bound.origin_allowed(f"http://{header}0", header)

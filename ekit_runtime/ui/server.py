@@ -322,7 +322,8 @@ def _split_netloc(text: str) -> tuple[str, int] | None:
 
 def _loopback_netloc(header: str, port: int) -> bool:
     """Whether a ``Host`` header is a literal loopback address or ``localhost``, at ``port``."""
-    parts = _split_netloc(header.lower())
+    # Names compare without case, in ASCII only: a non-ASCII letter may lower to an ASCII one.
+    parts = _split_netloc(header.lower()) if header.isascii() else None
     if parts is None or parts[1] != port:
         return False
     name = parts[0]
