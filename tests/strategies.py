@@ -76,6 +76,8 @@ class Features:
     retries: bool = True
     version_bumps: bool = True
     rewinds: bool = True
+    # Issue 42, item 11: after a version bump (or a rewind) the same attempt keys name other work.
+    attempt_keys_name_work: bool = False
 
 
 @dataclass(frozen=True)

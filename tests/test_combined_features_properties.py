@@ -90,8 +90,10 @@ class World:
     ``work`` is a digest of the step (or item) name, its code version and its inputs.
     """
 
-    def __init__(self, faults: bool) -> None:
+    def __init__(self, faults: bool, check_keys: bool = False) -> None:
         self.faults = faults
+        self.check_keys = check_keys
+        self.keys: dict[str, str] = {}  # attempt key -> the work it was first used for
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
         self.paid: list[tuple[str, str]] = []  # the successful calls of the current run
@@ -99,6 +101,12 @@ class World:
         self.protected: dict[str, str] = {}  # name -> work still valid in the resumed checkpoint
         self.calls = 0  # the step calls of the current run
         self.interrupt_at: int | None = None  # the call of this run that raises Crash
+
+    def attempted(self, key: str, work: str) -> None:
+        """An attempt key names one piece of work (``docs/concepts.md``): a deduplicating API
+        would hand back the other work's result."""
+        if self.check_keys and self.keys.setdefault(key, work) != work:
+            self.problems.append(f"attempt key {key} sent again for other work")
 
     def paid_for(self, name: str, work: str) -> None:
         if self.protected.get(name) == work:
@@ -130,9 +138,11 @@ def _body(step: PlannedStep, version: str, world: World) -> Callable[[Any], Any]
     declared = set(step.deps)
 
     async def run(ctx: Any) -> Any:
-        name = attempt_key().step
+        key = attempt_key()
+        name = key.step
         inputs = {k: v for k, v in ctx.items() if k in declared}
         work = _digest([name, version, inputs])
+        world.attempted(str(key), work)
         world.attempts[(name, work)] += 1
         world.calls += 1
         if world.calls == world.interrupt_at:
@@ -223,6 +233,7 @@ class Saver:
         self.store, self.world, self.recorded, self.crash_at = store, world, recorded, crash_at
         self.saves = 0
         self.dead = False
+        self.last: WorkflowCheckpoint | None = None
 
     def __call__(self, cp: WorkflowCheckpoint) -> None:
         if self.dead:
@@ -234,6 +245,10 @@ class Saver:
         data = json.loads(json.dumps(cp.to_dict()))
         again = WorkflowCheckpoint.from_dict(data)
         assert again == cp, "a checkpoint changed through its JSON form"
+        if self.last is not None:  # the checkpoints of one run only grow
+            lost = [n for n, v in self.last.outputs.items() if cp.outputs.get(n, Crash) != v]
+            assert lost == [], f"a later checkpoint of the run lost or changed {lost}"
+        self.last = cp
         self.store.save(again)
         _note_recorded(cp, self.world, self.recorded)
 
@@ -344,7 +359,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
     ``direct``: the store itself is the runs' ``checkpoint_fn`` (its own fast paths, deltas
     and checks), and a turn's ``crash_at`` interrupts the run at that step call instead
     (the run saves what finished, as it must whatever a step raises)."""
-    world = World(faults=True)
+    world = World(faults=True, check_keys=plan.features.attempt_keys_name_work)
     recorded: dict[str, str] = {}
     phase = 0
     with a_store(store_kind) as store:
@@ -370,6 +385,10 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
                 outputs = _run(workflow, cp, Saver(store, world, recorded, step.crash_at))
             assert world.problems == []
             if outputs is not None and calm:
+                # The finished run's own checkpoint resumes to the same outputs, paying nothing.
+                world.paid = []
+                assert _run(workflow, store.load(), lambda cp: None) == outputs
+                assert world.paid == []
                 return outputs
     raise AssertionError("the run never finished")
 
