@@ -240,10 +240,7 @@ def _check_limits(
     ):
         raise ValueError(f"max_concurrency must be None or an int >= 1, got {max_concurrency!r}")
     if budget is not None:
-        if not isinstance(budget, TokenUsage):
-            raise ValueError(f"budget must be a TokenUsage, got {type(budget).__name__}")
-        if min(budget.input_tokens, budget.output_tokens, budget.llm_calls) < 0:
-            raise ValueError(f"budget counts must not be negative, got {budget!r}")
+        _check_budget(budget)
     checked: dict[str, RetryPolicy] = {}
     for name, policy in (policies or {}).items():
         if name not in graph.index:
@@ -254,6 +251,16 @@ def _check_limits(
     return RunLimits(
         max_concurrency, budget, MappingProxyType(checked), bool(approval), bool(isolate_failures)
     )
+
+
+def _check_budget(budget: object) -> None:
+    """Each count of ``budget`` an int >= 0: a NaN one would never be reached, a budget never kept."""
+    if not isinstance(budget, TokenUsage):
+        raise ValueError(f"budget must be a TokenUsage, got {type(budget).__name__}")
+    for field_name in ("input_tokens", "output_tokens", "llm_calls"):
+        count = getattr(budget, field_name)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"budget counts must be ints >= 0, got {field_name}={count!r:.80}")
 
 
 def _check_context(graph: GraphSpec, context: object, field_name: str) -> dict[str, Any]:

@@ -185,3 +185,15 @@ def test_the_dashboard_refuses_a_port_out_of_range_naming_it(bad: Any, tmp_path:
     if isinstance(bad, int) and not isinstance(bad, bool):  # (what argparse's int can hand over)
         assert main(["ui", "--queue", str(tmp_path / "q.db"), "--port", str(bad)]) == 2
         assert "port must be a whole number from 0 to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens", "llm_calls"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1, 1.5, True, "1"], ids=repr)
+def test_a_budget_count_that_is_no_count_is_refused_naming_it_before_any_step(field: str, bad: Any) -> None:
+    from ekit_runtime import TokenUsage
+
+    calls: list[str] = []
+    workflow = Workflow([Step("ask", lambda ctx: calls.append("paid"))])
+    with pytest.raises(ValueError, match=rf"budget counts must be ints >= 0, got {field}="):
+        workflow.run_sync(budget=TokenUsage(**{field: bad}))
+    assert calls == []  # a NaN budget was never reached: every step ran, unbudgeted
