@@ -33,6 +33,7 @@ from typing import Any
 
 from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
 from ekit_core.compat import recorded_from
+from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
 from ekit_core.human import Exchange
 from ekit_core.rewind import grown
@@ -73,7 +74,9 @@ def check_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
         raise CheckpointError("skipped", f"records {both!r} as skipped and its output too")
     if checkpoint.fingerprint is not None and not recorded_from(graph, checkpoint):
         return  # another graph's skips: see the module
-    items = grown(graph, outputs)
+    # The items only when an item is skipped: a recorded item that needs a
+    # skipped step is refused by the resume's expansion anyway.
+    items = grown(graph, outputs) if any(n not in graph.index for n in skipped) else Expanded()
     item_children: dict[str, list[str]] = {}
     for item, deps in items.steps.items():
         for dep in deps:
@@ -126,17 +129,19 @@ def _some_recorded(deps: tuple[str, ...], outputs: Mapping[str, Any]) -> bool:
     return any(d in outputs for d in deps)
 
 
-def check_collections(graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str]) -> None:
+def check_collections(graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str],
+                      members: Mapping[str, tuple[str, ...]]) -> None:
     """Refuse a recorded mapped step whose items are not all recorded or skipped.
 
-    The items are those the recorded outputs expand each mapped step into; a
-    recorded mapped step with none was never expanded (what it maps over is
-    not recorded, or is no list or mapping).
+    ``members`` holds the items a resume expanded each mapped step into (the
+    recorded outputs are expanded again for one it lacks: a resume's
+    selection may hold no items of a step); a recorded mapped step with none
+    was never expanded (what it maps over is not recorded, or is no list or
+    mapping).
     """
     recorded = [n for n, s in graph.shapes.items() if s.map_over is not None and n in outputs]
-    if not recorded:
-        return
-    members = grown(graph, outputs).members
+    if any(n not in members for n in recorded):
+        members = grown(graph, outputs).members
     for name in recorded:
         items = members.get(name)
         if items is None:

@@ -779,7 +779,7 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
                                              "it maps over does not have")
     outputs, skipped = checkpoint.outputs, checkpoint.skipped
-    check_collections(w.spec.declared_graph, outputs, skipped)
+    check_collections(w.spec.declared_graph, outputs, skipped, cast(Expansion, w.spec.shaped).members)
     for name in skipped:
         if name not in index:
             raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
@@ -1208,6 +1208,7 @@ def _expand(w: _Run, over: str) -> None:
         more, outside = split(more, only)
         _grow_held(w, outside)
     _grow(w, more)
+    _skip_needing_skipped(w, more)
     outputs, waiting = w.outputs, w.counts()
     deps = w.spec.declared_graph.deps
     for mapped, members in more.members.items():
@@ -1226,6 +1227,18 @@ def _expand(w: _Run, over: str) -> None:
             waiting[mapped] = left
         else:
             _collect(w, mapped)
+
+
+def _skip_needing_skipped(w: _Run, more: Expanded) -> None:
+    """Skip the new items that need an item recorded as skipped: a resume into a step now
+    mapped over a mapped step whose skipped items it records (they could never start)."""
+    skipped = w.setbacks.skipped
+    if not skipped:
+        return
+    for name, deps in more.steps.items():
+        gone = next((d for d in deps if d in skipped), None)
+        if gone is not None and name not in w.outputs and not _joins_any(w, more.items[name].step):
+            _skip(w, name, f"it needs {gone!r}, which was skipped")
 
 
 def _wait_for_dependencies(w: _Run, mapped: str, deps: tuple[str, ...]) -> int:
