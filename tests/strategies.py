@@ -71,8 +71,8 @@ class Features:
     # Issue 42, item 1 (fixed): a codec and a question could not meet.
     codec_with_questions: bool = True
     conditions: bool = True
-    # Issue 42, item 10: a condition that raised is not asked again by the retry.
-    conditions_that_raise: bool = False
+    # Issue 42, item 10 (fixed): a retry after a condition that raised ran without asking it.
+    conditions_that_raise: bool = True
     retries: bool = True
     version_bumps: bool = True
     rewinds: bool = True
