@@ -965,7 +965,7 @@ async def _at_once(decided: Input) -> Input:
 
 
 def _decided(step: Step, name: str, context: Context) -> Input | None:
-    """The step's condition, asked once before its first attempt: ``None`` if it holds,
+    """The step's condition, asked when the core's ``Start`` says: ``None`` if it holds,
     else ``name`` skipped (or failed, if the condition raised)."""
     when = cast(Callable[[Any], Any], step.when)
     try:
