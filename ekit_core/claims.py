@@ -38,7 +38,7 @@ from ekit_core.graph import GraphSpec
 from ekit_core.human import Exchange
 from ekit_core.rewind import grown
 
-__all__ = ["check_claims", "check_collections", "check_skips"]
+__all__ = ["check_claims", "check_collections", "check_questions", "check_skips"]
 
 
 def check_claims(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
