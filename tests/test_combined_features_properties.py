@@ -5,10 +5,13 @@ Random workflows (``tests.strategies.combined_workflows``) mix mapped steps
 over lists, mappings and keyed records (zero items included), item-wise
 chains, conditions, joins over alternatives, steps and items that ask a
 person, typed outputs through a ``Codec``, and transient failures with
-retries. Hypothesis drives a sequence of runs of them: crashes at random
-saves (the store keeps what was saved before), version bumps between runs,
-rewinds, answers to the questions asked; every checkpoint goes through its
-JSON form and through a store (JSON file, journal, SQLite, or a list).
+retries. Hypothesis drives a sequence of runs of them, with or without a
+concurrency limit: crashes at random saves (the store keeps what was saved
+before) or interruptions at random step calls, version bumps between runs,
+rewinds of steps and items, answers to the questions asked; every
+checkpoint goes through its JSON form and through a store (JSON file,
+journal, SQLite, or a list), wrapped or handed to the run as its own
+``checkpoint_fn``.
 
 The oracle:
 
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ekit_core import RetryPolicy, WorkflowCheckpoint, questions, rewind
@@ -193,15 +196,14 @@ def _answers(cp: WorkflowCheckpoint | None) -> dict[str, Any]:
     return {name: f"ans({name})" for name in questions(cp)}
 
 
-def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, save: Callable[[Any], None]
-         ) -> Mapping[str, Any] | None:
+def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, save: Callable[[Any], None],
+         concurrency: int | None = None) -> Mapping[str, Any] | None:
     """One run: its outputs if it finished, ``None`` if it stopped short (any way it may)."""
     try:
         result = workflow.run_sync(resume_from=cp, answers=_answers(cp) or None,
-                                   checkpoint_fn=save, run_id="r")
+                                   checkpoint_fn=save, run_id="r", max_concurrency=concurrency)
     except (RunWaiting, Transient, Crash) as exc:
-        from hypothesis import event
-        event(f"stopped {type(exc).__name__}")
+        event(f"a run stopped short: {type(exc).__name__}")  # (--hypothesis-show-statistics)
         return None
     except ExceptionGroup as group:  # several steps failed at once
         _, rest = group.split(Transient)
@@ -351,8 +353,8 @@ def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
     return st.lists(st.builds(Turn, bumps, rewinds, crashes, items), min_size=1, max_size=6)
 
 
-def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bool = False
-          ) -> Mapping[str, Any]:
+def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bool = False,
+          concurrency: int | None = None) -> Mapping[str, Any]:
     """Run ``plan`` through the disturbed runs of ``script``, then calmly (the final code,
     nothing disturbed) to its end, checking the second promise on the way; its outputs.
 
@@ -379,10 +381,10 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
             world.protected = {} if cp is None else still_valid(plan, phase, cp, rewound, recorded)
             if direct:
                 world.interrupt_at = step.crash_at
-                outputs = _run(workflow, cp, store)
+                outputs = _run(workflow, cp, store, concurrency)
                 _note_recorded(store.load(), world, recorded)
             else:
-                outputs = _run(workflow, cp, Saver(store, world, recorded, step.crash_at))
+                outputs = _run(workflow, cp, Saver(store, world, recorded, step.crash_at), concurrency)
             assert world.problems == []
             if outputs is not None and calm:
                 # The finished run's own checkpoint resumes to the same outputs, paying nothing.
@@ -397,11 +399,12 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(plan=combined_workflows(), store_kind=st.sampled_from(["list", "json", "journal", "sqlite"]),
-       direct=st.booleans(), data=st.data())
+       direct=st.booleans(), concurrency=st.sampled_from([None, 1, 2]), data=st.data())
 def test_any_mix_of_features_resumes_to_the_uninterrupted_outputs(
-        plan: PlannedWorkflow, store_kind: str, direct: bool, data: st.DataObject) -> None:
+        plan: PlannedWorkflow, store_kind: str, direct: bool, concurrency: int | None,
+        data: st.DataObject) -> None:
     script = data.draw(turns(plan), label="script")
-    assert drive(plan, store_kind, script, direct) == reference(plan)
+    assert drive(plan, store_kind, script, direct, concurrency) == reference(plan)
 
 
 def test_a_bump_of_the_mapped_over_step_and_of_another_dependency_runs_the_items() -> None:
