@@ -143,7 +143,7 @@ def test_each_mapped_item_asks_its_condition_until_it_answers() -> None:
     raised: set[str] = set()
 
     def wanted(context: Any) -> bool:
-        item = context["tickets"]
+        item = str(context["tickets"])
         log.append(f"asked {item}")
         if item == "b" and item not in raised:
             raised.add(item)
@@ -151,8 +151,9 @@ def test_each_mapped_item_asks_its_condition_until_it_answers() -> None:
         return item != "b"
 
     def handle(context: Any) -> str:
-        log.append(f"paid {context['tickets']}")
-        return context["tickets"].upper()
+        item = str(context["tickets"])
+        log.append(f"paid {item}")
+        return item.upper()
 
     wf = Workflow([
         Step("tickets", lambda ctx: ["a", "b", "c"]),
@@ -191,6 +192,14 @@ def test_the_core_asks_a_condition_again_until_a_false_answer_is_recorded() -> N
     assert batch.starts == () and "a" in state.skipped
 
 
+def _paying(log: list[str]) -> Any:
+    def escalate(context: Any) -> str:
+        log.append("paid")
+        return "escalated"
+
+    return escalate
+
+
 @settings(max_examples=60, deadline=None)
 @given(raises=st.integers(0, 4), answer=st.booleans(), attempts=st.integers(1, 5), approval=st.booleans())
 def test_a_condition_raising_k_times_is_asked_until_it_answers_and_a_resume_agrees(
@@ -207,7 +216,7 @@ def test_a_condition_raising_k_times_is_asked_until_it_answers_and_a_resume_agre
         policy = RetryPolicy(max_attempts=attempts, backoff_base=1.0)
         return Workflow([
             Step("triage", lambda ctx: "low"),
-            Step("escalate", lambda ctx: log.append("paid") or "escalated", ("triage",), retry=policy,
+            Step("escalate", _paying(log), ("triage",), retry=policy,
                  when=_Flaky(raises=left, answer=answer, log=log)),
         ])
 
@@ -226,7 +235,7 @@ def test_a_condition_raising_k_times_is_asked_until_it_answers_and_a_resume_agre
     for _ in range(attempts):
         flow = Workflow([
             Step("triage", lambda ctx: "low"),
-            Step("escalate", lambda ctx: resumed_log.append("paid") or "escalated", ("triage",),
+            Step("escalate", _paying(resumed_log), ("triage",),
                  when=_Flaky(raises=min(left, 1), answer=answer, log=resumed_log)),
         ])
         left = max(left - 1, 0)
