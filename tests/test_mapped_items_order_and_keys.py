@@ -29,6 +29,9 @@ def _doubling(people: dict[str, int]) -> Workflow:
         Step("double", lambda ctx: ctx["people"] * 2, ("people",), map_over="people",
              context="dependencies"),
         Step("names", lambda ctx: list(ctx["double"]), ("double",), context="dependencies"),
+        # An item-wise chain keeps the keys, and so the order, of the mapping.
+        Step("plus", lambda ctx: ctx["double"] + 1, ("double",), map_over="double",
+             context="dependencies"),
     ])
 
 
@@ -39,6 +42,7 @@ def test_a_map_over_a_mapping_keeps_the_mappings_order(people: dict[str, int]) -
     assert list(result.outputs["double"]) == list(people)  # not sorted: the input's order
     assert result.outputs["names"] == list(people)
     assert result.outputs["double"] == {k: 2 * v for k, v in people.items()}
+    assert list(result.outputs["plus"]) == list(people) and isinstance(result.outputs["plus"], dict)
 
 
 def test_the_mappings_order_survives_a_resume_from_every_store(tmp_path: Path) -> None:
