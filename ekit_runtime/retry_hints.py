@@ -25,8 +25,9 @@ HTTP-date. The headers are looked for on ``error.response.headers`` (the
 OpenAI and Anthropic SDKs' ``APIStatusError``, ``httpx.HTTPStatusError``,
 ``requests.HTTPError``) and on ``error.headers`` (``urllib.error.HTTPError``).
 
-A value that is not a finite number >= 0 (negative, NaN, infinite, text
-that is neither a number nor a date) is ignored, as if absent; a date in
+A value that is not a finite number >= 0 (negative, NaN, infinite, an int
+too large for a float, text that is neither a number nor a date) is ignored,
+as if absent, and the next place is read; a date in
 the past asks for 0 s. Nothing here raises: a failure whose headers cannot
 be read simply asks for nothing.
 """
