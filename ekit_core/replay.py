@@ -20,9 +20,11 @@ One exception to the first two rules: a resume may drop the outputs that
 were **outdated** when it began, as the runtime does: those of steps whose
 version tag changed between the two checkpoints (``versions``) or whose
 dependencies differ in the new checkpoint's graph, and everything downstream
-of them (:func:`~ekit_core.rewind.outdated_steps`). Such a step runs again,
-so its new output is its first. The timeline says which outputs were
-dropped and why (``TimelineEntry.outdated``, ``graph_changed``); any other
+of them (:func:`~ekit_core.rewind.outdated_steps`), and with run-time
+shapes the items the resume drops with them or sets aside for an early
+cutoff (:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
+follows). Such a step runs again, so its new output is its first. The
+timeline says which outputs were dropped and why (``TimelineEntry.outdated``, ``graph_changed``); any other
 output dropped or changed is still a violation. Checkpoints recorded from an
 earlier graph of the run are checked against the graph they record.
 
@@ -94,7 +96,7 @@ from ekit_core.report import (
 )
 from ekit_core.rewind import grown, outdated_steps, without
 from ekit_core.times import when
-from ekit_core.transitions import context_outputs
+from ekit_core.transitions import context_outputs, kept_on_resume
 from ekit_core.usage import TokenUsage
 
 __all__ = ["ReplayReport", "TimelineEntry", "Violation", "replay"]
@@ -368,6 +370,21 @@ def _questions_new(cp: WorkflowCheckpoint, base: WorkflowCheckpoint | None
     return asked, answered
 
 
+def _with_items(graph: GraphSpec, earlier: WorkflowCheckpoint, kept: WorkflowCheckpoint,
+                outdated: Mapping[str, str]) -> dict[str, str]:
+    """``outdated`` and the items a resume dropped beside them, each with why, in recorded order."""
+    reasons = dict(outdated)
+    items = grown(graph, earlier.outputs).items
+    for name in earlier.outputs:
+        if name in kept.outputs or name in reasons:
+            continue
+        ref = items.get(name)
+        owner = repr(ref.step) if ref is not None else "a mapped step"
+        reasons[name] = (f"an item of {owner}, set aside until its input is recorded again"
+                         if name in kept.superseded else f"an item of {owner}, which runs again")
+    return reasons
+
+
 def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
     """Whether two checkpoints could come from one run: the same version tags and graph."""
     if a.versions is not b.versions and a.versions != b.versions:
@@ -433,11 +450,24 @@ class _Walk:
 
     def base(self, earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint, graph: GraphSpec
              ) -> tuple[WorkflowCheckpoint, dict[str, str]]:
-        """``earlier`` as the run that recorded ``cp`` resumed it: outdated outputs dropped."""
+        """``earlier`` as the run that recorded ``cp`` resumed it: outdated outputs dropped.
+
+        With run-time shapes, by the rule the resume itself follows
+        (:func:`~ekit_core.transitions.kept_on_resume`): the items of a
+        mapped step that runs again go too (or are set aside for an early
+        cutoff), and are named among the outdated with their reason.
+        """
         if _same_run(earlier, cp):
             return earlier, {}
         outdated = outdated_steps(graph, earlier, cp.versions)
-        return (without(earlier, graph, outdated) if outdated else earlier), outdated
+        plain = without(earlier, graph, outdated) if outdated else earlier
+        if not graph.shapes:
+            return plain, outdated
+        try:
+            kept = kept_on_resume(graph, earlier, outdated, cp.versions)
+        except ValueError:  # a record no run could make: judged by the plain rule
+            return plain, outdated
+        return kept, _with_items(graph, earlier, kept, outdated)
 
     def step(self, i: int, cp: WorkflowCheckpoint) -> None:
         """Check checkpoint ``i`` against its predecessor (outdated outputs dropped), then add its entry."""
@@ -587,9 +617,11 @@ class _Walk:
         repeat = delta.extends and _adds_nothing(cp, base)
         resumed, resumed_from = False, None
         if prev is not None:
-            if not delta.extends:
+            if not delta.extends and (_same_run(prev, cp) or self.lost(i)):
                 resumed, resumed_from = True, self.resumed_from(i, cp, graph)
-            elif not _same_run(prev, cp) or (self.prev_repeat and not repeat):
+            elif not delta.extends or not _same_run(prev, cp) or (self.prev_repeat and not repeat):
+                # (Another run that kept all but its outdated outputs resumed from i - 1,
+                # whether or not what it kept compares as a prefix of cp.)
                 resumed, resumed_from = True, i - 1
         self.segment += resumed
         changes = None if prev is None else graph_changes(graph, prev)
@@ -604,6 +636,11 @@ class _Walk:
             MappingProxyType(asked), MappingProxyType(answered),
         ))
         self.prev, self.prev_repeat = cp, repeat
+
+    def lost(self, i: int) -> bool:
+        """Whether checkpoint ``i`` dropped or changed an output it had no reason to."""
+        return any(v.index == i and v.kind in ("output_removed", "output_changed")
+                   for v in self.violations)
 
     def resumed_from(self, i: int, cp: WorkflowCheckpoint, graph: GraphSpec) -> int | None:
         """The latest checkpoint before ``i - 1`` that ``cp`` extends (outdated outputs aside)."""
