@@ -53,6 +53,7 @@ from ekit_core.checkpoint import (
     _NO_FAILURES,
     _NO_SHAPES,
     _NOTHING,
+    _NOTHING_REDONE,
     FORMAT_VERSION,
     CheckpointDelta,
     FailureRecord,
@@ -126,6 +127,7 @@ def checkpoint(
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
+    redone: MappingProxyType[str, int] = _NOTHING_REDONE,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers <ekit_core.WorkflowCheckpoint.of_ledgers>`, which see.
 
@@ -139,7 +141,7 @@ def checkpoint(
     cp.failures, cp.graph = failures, graph
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
-    cp.skipped, cp.shapes, cp.superseded = skipped, shapes, superseded
+    cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage

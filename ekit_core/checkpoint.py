@@ -114,6 +114,7 @@ def _empty() -> MappingProxyType[str, Any]:
 
 
 _NOTHING: MappingProxyType[str, str] = MappingProxyType({})
+_NOTHING_REDONE: MappingProxyType[str, int] = MappingProxyType({})
 _NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
 
 
@@ -173,6 +174,11 @@ class _CheckpointFields:
     # The run's timings when the core made this checkpoint (see Timings):
     # what ``durations`` is built from, and what deltas walk in O(delta).
     _times: Timings | None = field(default=None, repr=False, compare=False)
+    # Step (or item) -> how many of its recorded outputs were let go of on
+    # purpose (a rewind; a changed version, dependencies or shape): its
+    # attempts count on past the ones that made them, so that an attempt's
+    # key never names two pieces of work (see ekit_core.state.attempt_number).
+    redone: MappingProxyType[str, int] = field(default_factory=_empty)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -280,6 +286,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         superseded: MappingProxyType[str, Any] = _NOTHING,
         asked: MappingProxyType[str, tuple[Exchange, ...]] = NO_EXCHANGES,
         durations: Timings | None = None,
+        redone: MappingProxyType[str, int] = _NOTHING_REDONE,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's).
@@ -301,7 +308,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
-            superseded=superseded, asked=asked,
+            superseded=superseded, asked=asked, redone=redone,
         )
 
     def _records_graph(self, spec: GraphSpec) -> bool:
@@ -367,7 +374,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ) or (self.versions is not previous.versions and self.versions != previous.versions):
+        ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
+                self.redone is not previous.redone and self.redone != previous.redone):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -426,6 +434,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["superseded"] = dict(self.superseded)
         if self.asked:
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
+        if self.redone:
+            data["redone"] = dict(self.redone)
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
         return data
@@ -478,6 +488,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
             durations=durations,
+            redone=_redone(data.get("redone", {})),
         )
         return checkpoint
 
@@ -651,7 +662,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.failures is not previous.failures or cp.skipped is not previous.skipped
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
-        or cp.versions is not previous.versions
+        or cp.versions is not previous.versions or cp.redone is not previous.redone
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -824,6 +835,11 @@ def _format_version(data: dict[Any, Any]) -> int:
         if key not in data:
             raise CheckpointError(key, "missing")
     return version
+
+
+def _redone(value: object) -> MappingProxyType[str, int]:
+    """The ``redone`` field: step (or item) name -> a count (see WorkflowCheckpoint.redone)."""
+    return MappingProxyType({k: _count(n, f"redone.{k}") for k, n in _table(value, "redone").items()})
 
 
 def _count(value: object, name: str) -> int:

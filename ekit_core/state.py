@@ -46,6 +46,7 @@ __all__ = [
     "Outcome",
     "RunSpec",
     "State",
+    "attempt_number",
     "bit_indices",
     "checkpoint_of",
 ]
@@ -54,6 +55,8 @@ _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
 _NO_DELAYS: MappingProxyType[str, float] = MappingProxyType({})
 NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
 """The skips of every run without run-time shapes: one shared empty mapping."""
+NO_REDONE: MappingProxyType[str, int] = MappingProxyType({})
+"""The ``redone`` of every run that let go of no recorded output: one shared empty mapping."""
 
 
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
@@ -131,6 +134,9 @@ class RunSpec:
     # never settles (its end is counted without them). Changed by growing,
     # and by a skip that reaches such a step. Always 0 without ``only``.
     held: int = field(default=0, repr=False)
+    # What the run's checkpoints record as ``redone`` (see WorkflowCheckpoint):
+    # fixed when the run starts, read by attempt_number.
+    redone: MappingProxyType[str, int] = field(default_factory=lambda: NO_REDONE, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
 
@@ -315,6 +321,19 @@ class State:
         return self.setbacks.tries.get(name, 0) + 1
 
 
+def attempt_number(state: State, name: str) -> int:
+    """The number of the next (or current) attempt of step (or item) ``name``, counted
+    across runs: one more than its attempts so far, failed ones (as the checkpoint's
+    failures count them) and those whose output was let go of (``redone``).
+
+    What an attempt's key is built on: an attempt redone after a crash, its
+    output never saved, has the number it had (the same work); one after a
+    rewind or a changed version has a new one (other work).
+    """
+    spec, recorded = state.spec, state.setbacks.failures.get(name)
+    return (0 if recorded is None else recorded.attempts) + spec.redone.get(name, 0) + 1
+
+
 def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
@@ -331,20 +350,20 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         return ekit_core._frozen.checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
-            graph=spec.recorded_graph, versions=spec.versions,
+            graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         )
     if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
         return ekit_core._frozen.checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
-            graph=spec.recorded_graph, versions=spec.versions,
+            graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
     return ekit_core._frozen.checkpoint(
         state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=setbacks.failures,
-        graph=spec.recorded_graph, versions=spec.versions,
+        graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
         superseded=shaped.superseded, asked=setbacks.asked,
         format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,

@@ -4,9 +4,12 @@ The runner builds an :class:`Attempt` for every attempt that goes through an
 executor, and the executor runs it: ``attempt.step.run(attempt.context)``,
 wherever it likes. The attempt carries the step's durable identity, DBOS
 style: its ``number`` counts attempts across runs (it continues after the
-failed attempts the resumed checkpoint records), so an attempt that finished
-but whose checkpoint was never saved runs again under the same number, and
-``key`` (``run_id/step/number``) is what a side effect can be deduplicated on.
+failed attempts the resumed checkpoint records, and after the attempts whose
+output a rewind or a changed version, dependencies or shape let go of: see
+:func:`ekit_core.state.attempt_number`), so an attempt that finished but
+whose checkpoint was never saved runs again under the same number, other
+work never does, and ``key`` (``run_id/step/number``) is what a side effect
+can be deduplicated on.
 
 Inside the step the same identity is :func:`attempt_key`, a
 ``contextvars.ContextVar`` set around the attempt: every attempt runs in its
@@ -51,7 +54,8 @@ class Attempt:
     - ``step``: the :class:`~ekit_runtime.step.Step` to run;
     - ``context``: what ``step.run`` is called with;
     - ``number``: the attempt's number counted across runs, from 1: one more
-      than the failed attempts recorded for the step so far;
+      than the failed attempts recorded for the step so far and the attempts
+      whose output was let go of (the checkpoint's ``redone``);
     - ``run_id``: the run's id, or ``None`` for a run given none;
     - ``item``: for an item of a mapped step, the item's key (else ``None``).
     """

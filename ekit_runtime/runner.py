@@ -61,6 +61,7 @@ from ekit_core.human import Answer, answers_of
 from ekit_core.results import succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name
+from ekit_core.state import attempt_number
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import attempt as attempts
@@ -652,10 +653,7 @@ class Runner:
         ends, however it ends (see :data:`BeforeAttempt`).
         """
         name = step.name if item is None else item_name(step.name, item)
-        recorded = self.state.setbacks.failures.get(name)
-        attempt = Attempt(
-            step, context, 1 if recorded is None else recorded.attempts + 1, self.run_id, item
-        )
+        attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
         release = None
@@ -788,7 +786,8 @@ class Runner:
                 kept = rewind(self.state.spec.declared_graph, cp, step)
             except ValueError:
                 break  # (a step the declared graph does not know: nothing is saved)
-            cp = dataclasses.replace(kept, asked=cp.asked)
+            # (its attempt is not spent: the output was made, only not stored)
+            cp = dataclasses.replace(kept, asked=cp.asked, redone=cp.redone)
             left_out.append(step)
             if not _adds_to(cp, accepted):
                 break  # nothing else finished: the checkpoint last accepted stands as it is

@@ -84,6 +84,7 @@ FIELDS: dict[str, Any] = {
     "asked": {"b": (Exchange(Question("value", "Title?", {"words": 3}), Answer("Tides", "ann", 1.5)),
                     Exchange(Question("approval", "Send it?")))},
     "durations": {"a": 0.5, "m[0]": 1.25, "b": 2.0},
+    "redone": {"b": 1, "m[0]": 2},
 }
 
 
@@ -100,7 +101,8 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         Ledger(cp.outputs.items()), Ledger(cp.step_usage.items()), step_index=cp.step_index,
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
-        shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations)
+        shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
+        redone=cp.redone)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:

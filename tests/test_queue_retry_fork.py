@@ -183,6 +183,8 @@ def test_rewind_in_place_reruns_exactly_the_rewound_steps_and_their_dependents(
     assert queue.status("r").status == "finished"
     later = starts(str(tmp_path))[len(first):]
     assert sorted(s for _, s, _, _ in later) == ["b", "c"]
+    # Other work: no attempt key an earlier attempt had (a stale deduplicated result otherwise).
+    assert not {(s, a) for _, s, a, _ in later} & {(s, a) for _, s, a, _ in first}
     result = queue.result("r")
     assert result is not None
     assert {k: result.outputs[k] for k in ("a", "d")} == {k: before.outputs[k] for k in ("a", "d")}

@@ -21,6 +21,7 @@ database is touched; the rest turns the rows a statement read into records
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import threading
@@ -695,7 +696,10 @@ class RunQueue(ABC):
         def copied(status: str, checkpoint: WorkflowCheckpoint | None) -> WorkflowCheckpoint | None:
             if not names:
                 return checkpoint
-            return self._rewound(source, status, checkpoint, names, "fork")
+            rewound = self._rewound(source, status, checkpoint, names, "fork")
+            assert checkpoint is not None  # (_rewound refuses a run without one)
+            # A copy under a new id: its keys are its own already, so it counts as the source did.
+            return dataclasses.replace(rewound, redone=checkpoint.redone)
 
         self._fork(source, new, level, copied, stored)
         return new

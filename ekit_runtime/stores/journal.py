@@ -739,4 +739,5 @@ class _History:
             superseded=fold.start.superseded,
             asked=fold.start.asked,
             durations=self.durations,
+            redone=fold.start.redone,
         )
