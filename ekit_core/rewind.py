@@ -109,10 +109,11 @@ def outdated_steps(
             changed[name] = (f"its shape changed from {_shape_text(checkpoint.shapes.get(name))} "
                              f"to {_shape_text(graph.shapes.get(name))}")
     # Walk downstream once (O(steps + edges)), naming for each step the
-    # dependency through which the change reached it.
+    # dependency through which the change reached it. A reshaped step that was
+    # skipped is decided again: what joined its absence runs again too.
     reasons = dict(changed)
-    reached = set(changed)
-    frontier = list(changed)
+    reached = {*changed, *(n for n in reshaped if n in checkpoint.skipped)}
+    frontier = list(reached)
     while frontier:
         parent = frontier.pop()
         for child in graph.dependents[parent]:

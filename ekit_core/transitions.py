@@ -673,16 +673,41 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
             aside[name] = checkpoint.outputs[name]
     if drop & checkpoint.skipped.keys():  # ...unless a skip that stands forces it still
         keep_forced_skips(graph, grown(graph, checkpoint.outputs), checkpoint.skipped, drop)
-    if not drop and aside.keys() == checkpoint.superseded.keys():
+    forced = _forced_skips(graph, checkpoint, drop, again)
+    if not drop and not forced and aside.keys() == checkpoint.superseded.keys():
         return checkpoint
     return _replace(
         checkpoint,
         outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
         durations=MappingProxyType({k: v for k, v in checkpoint.durations.items() if k not in drop}),
-        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop}),
+        skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),
         superseded=MappingProxyType(aside),
     )
+
+
+def _forced_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint, drop: set[str], again: set[str]
+                  ) -> dict[str, str]:
+    """The steps that run again (``again``) which a skip that stands forces to be skipped:
+    one now needs a skipped step it joined as an alternative before, say (a changed shape).
+    A run would skip them as the skip reached them; a resume records it at once."""
+    kept = {k for k in checkpoint.skipped if k not in drop}
+    forced: dict[str, str] = {}
+    grew = bool(kept)
+    while grew:
+        grew = False
+        for name in graph.names:
+            if name not in again or name in forced or name in kept:  # (recorded ones are outdated)
+                continue
+            shape, deps = graph.shapes.get(name), graph.deps[name]
+            gone = [d for d in deps if d in kept or d in forced]
+            if shape is not None and shape.join == "any":
+                why = "every step it joins was skipped" if deps and len(gone) == len(deps) else ""
+            else:
+                why = f"it needs {gone[0]!r}, which was skipped" if gone else ""
+            if why:
+                forced[name], grew = why, True
+    return forced
 
 
 def _roots(graph: GraphSpec, mapped: Mapping[str, str], changed: set[str], again: set[str]
@@ -1209,7 +1234,7 @@ def _expand(w: _Run, over: str) -> None:
         _grow_held(w, outside)
     _grow(w, more)
     _skip_needing_skipped(w, more)
-    outputs, waiting = w.outputs, w.counts()
+    outputs, waiting, skipped = w.outputs, w.counts(), w.setbacks.skipped
     deps = w.spec.declared_graph.deps
     for mapped, members in more.members.items():
         if w.record:

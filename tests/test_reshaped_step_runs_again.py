@@ -89,3 +89,39 @@ def test_a_rewind_into_the_reshaped_graph_resumes_as_a_fresh_run() -> None:
     resumed = workflow.run_sync(resume_from=rewound.to_dict(), allow_graph_change=True)
     assert resumed.checkpoint is not None
     assert dict(resumed.checkpoint.outputs) == {"u": [1, 2], "m": [1, 2], "d": [1, 2]}
+
+
+def _fresh_and_resumed(before: list[Step], after: list[Step]) -> tuple[Any, Any]:
+    first = Workflow(before).run_sync()
+    assert first.checkpoint is not None
+    fresh = Workflow(after).run_sync()
+    resumed = Workflow(after).run_sync(resume_from=first.checkpoint.to_dict(), allow_graph_change=True)
+    assert resumed.checkpoint is not None and fresh.checkpoint is not None
+    return fresh, resumed
+
+
+def test_a_skipped_step_that_lost_its_condition_runs_and_what_joined_its_absence_runs_again() -> None:
+    joined = Step("j", lambda ctx: sorted(ctx), ("a", "b"), join="any", context="dependencies")
+    fresh, resumed = _fresh_and_resumed(
+        [Step("a", lambda ctx: 1), Step("b", lambda ctx: 2, when=_never), joined],
+        [Step("a", lambda ctx: 1), Step("b", lambda ctx: 2), joined])
+    assert resumed.outputs == fresh.outputs and resumed.outputs["j"] == ["a", "b"]
+
+
+def test_a_join_made_strict_beside_a_skipped_dependency_is_skipped_not_refused() -> None:
+    def steps(join: Any) -> list[Step]:
+        return [Step("a", lambda ctx: 1), Step("b", lambda ctx: 2, when=_never),
+                Step("j", lambda ctx: 3, ("a", "b"), join=join), Step("after", lambda ctx: 4, ("j",))]
+
+    fresh, resumed = _fresh_and_resumed(steps("any"), steps("all"))
+    assert resumed.outputs == fresh.outputs
+    assert set(resumed.checkpoint.skipped) == set(fresh.checkpoint.skipped) == {"b", "j", "after"}
+
+
+def test_a_step_made_mapped_over_a_map_whose_items_were_skipped_finishes() -> None:
+    def steps(chained: bool) -> list[Step]:
+        return [Step("u", lambda ctx: [1, 2]), Step("m", lambda ctx: 0, ("u",), map_over="u", when=_never),
+                Step("n", lambda ctx: 5, ("m",), map_over="m" if chained else None)]
+
+    fresh, resumed = _fresh_and_resumed(steps(False), steps(True))
+    assert resumed.outputs == fresh.outputs and resumed.outputs["n"] == []
