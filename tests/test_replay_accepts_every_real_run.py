@@ -18,7 +18,7 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ekit_core import GraphSpec, WorkflowCheckpoint, replay
@@ -90,15 +90,19 @@ def _run(wf: Workflow, resume_from: WorkflowCheckpoint | None, saved: list[Workf
 
 @st.composite
 def _segments(draw: st.DrawFn, graph: GraphSpec) -> list[_Segment]:
+    """Runs with bumps between them; each may crash early or fail a step (often one just
+    bumped, and often one that steps map over: what leaves items set aside)."""
+    over = sorted({s.map_over for s in graph.shapes.values() if s.map_over is not None})
+    names = st.sampled_from(graph.names) | (st.sampled_from(over) if over else st.nothing())
     versions: dict[str, str] = {}
     segments = []
     for k in range(draw(st.integers(1, 4), label="runs before the last")):
-        bumped = draw(st.lists(st.sampled_from(graph.names), max_size=2, unique=True), label="bumped")
+        bumped = draw(st.lists(names, max_size=2, unique=True), label="bumped")
         versions = {**versions, **{n: f"v{k}" for n in bumped}}
-        crash_at = draw(st.none() | st.integers(1, 8), label="crash at call")
-        fail = draw(st.none() | st.sampled_from(graph.names), label="fails")
+        crash_at = draw(st.none() | st.integers(1, 6), label="crash at call")
+        fail = draw(st.none() | (st.sampled_from(bumped) if bumped else names), label="fails")
         segments.append(_Segment(versions, crash_at, fail))
-    bumped = draw(st.lists(st.sampled_from(graph.names), max_size=2, unique=True), label="bumped last")
+    bumped = draw(st.lists(names, max_size=2, unique=True), label="bumped last")
     segments.append(_Segment({**versions, **{n: "last" for n in bumped}}, None, None))
     return segments
 
@@ -112,15 +116,35 @@ def _record(graph: GraphSpec, segments: list[_Segment]) -> tuple[Workflow, list[
     return wf, saved
 
 
+@st.composite
+def _mapping_dags(draw: st.DrawFn) -> GraphSpec:
+    """A random shaped graph with at least one mapped step (item-wise chained, at times)."""
+    from ekit_core.shapes import Shape
+
+    graph = draw(shaped_dags())
+    deps, shapes = dict(graph.deps), dict(graph.shapes)
+    over = draw(st.sampled_from(graph.names), label="mapped over")
+    others = draw(st.lists(st.sampled_from(graph.names), max_size=1), label="other input")
+    deps["m"] = tuple(dict.fromkeys((over, *others)))
+    shapes["m"] = Shape(map_over=over, when="cond" if draw(st.booleans()) else None)
+    if draw(st.booleans(), label="chained"):
+        deps["n"], shapes["n"] = ("m",), Shape(map_over="m")
+    return GraphSpec.of(deps, shapes)
+
+
 @pytest.mark.timeout(600)
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(graph=shaped_dags(), data=st.data())
+@given(graph=shaped_dags() | _mapping_dags(), data=st.data())
 def test_every_recorded_sequence_replays_as_legal_and_forgeries_are_caught(
         graph: GraphSpec, data: st.DataObject) -> None:
     wf, saved = _record(graph, data.draw(_segments(graph), label="runs"))
     report = replay(wf.graph, saved)
     assert report.ok, report.format()
+    outdated = {n for e in report.timeline for n in e.outdated}
+    event(f"outdated items: {any('[' in n for n in outdated)}")
+    event(f"items set aside: {any(cp.superseded for cp in saved)}")
+    event(f"segments: {report.timeline[-1].segment + 1 if report.timeline else 0}")
     # Every output a checkpoint lost against its predecessor is named among the outdated.
     for entry, (before, after) in zip(report.timeline[1:], pairwise(saved), strict=True):
         assert set(before.outputs) - set(after.outputs) <= set(entry.outdated), report.format()
