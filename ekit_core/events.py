@@ -44,10 +44,18 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class RunStarted:
-    """A run began: ``total`` steps, ``recorded`` of them already done by a checkpoint."""
+    """A run began: ``total`` steps, ``recorded`` of them recorded by a checkpoint and
+    ``skipped`` of them skipped by a condition it records.
+
+    Counted as :func:`ekit_core.progress.run_progress` counts the checkpoint:
+    a resume's items (of mapped steps whose input is recorded) are in all
+    three, so the expansions it announces (``StepExpanded`` with
+    ``at_start``) are counted here already.
+    """
 
     total: int
     recorded: int
+    skipped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +73,14 @@ class StepExpanded:
     """Mapped step ``name`` expanded into ``items`` items (``recorded`` of them recorded already).
 
     The run's total grows by ``items``: a progress display counts them from
-    here. A resume announces the expansions its recorded outputs make.
+    here. A resume announces the expansions its recorded outputs make, with
+    ``at_start``: those items are counted in ``RunStarted`` already.
     """
 
     name: str
     items: int
     recorded: int = 0
+    at_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +205,9 @@ class RunSettled:
     ``outcome`` says how it ended: ``"finished"`` (every output recorded),
     ``"failed"``, ``"budget_exceeded"``, ``"denied"``, ``"cancelled"``, or
     ``"waiting"`` (steps wait for an answer, and nothing else could run).
-    ``completed`` outputs are recorded, of ``total`` steps. A run with
+    ``completed`` outputs are recorded and ``skipped`` steps were skipped by
+    a condition, of ``total`` steps (counted as
+    :func:`ekit_core.progress.run_progress` counts the run's checkpoint). A run with
     ``only`` (:mod:`ekit_core.selection`) never settles ``left_out`` of them,
     outside its selection: finished, it settled the other ``total - left_out``.
     """
@@ -205,6 +217,7 @@ class RunSettled:
     total: int
     cost: TokenUsage
     left_out: int = 0
+    skipped: int = 0
 
 
 Event = (

@@ -57,6 +57,7 @@ from ekit_core import (
     StepSkipped,
     StepStarted,
 )
+from ekit_core.progress import Progress
 
 __all__ = [
     "DETAILS",
@@ -264,17 +265,18 @@ class _RunLog:
                       step=e.name, reason=e.reason)
 
     def _run_started(self, e: RunStarted) -> None:
-        if e.recorded:
-            self._log(RUN, logging.INFO, "run_resumed", f"resumed, {e.recorded} of {e.total} steps recorded",
-                      recorded=e.recorded, total=e.total)
+        if e.recorded or e.skipped:  # (counted as ekit_core.progress counts: the worker's line agrees)
+            counted = Progress(e.recorded, e.skipped, 0, e.total)
+            self._log(RUN, logging.INFO, "run_resumed", f"resumed, {counted.text()}",
+                      recorded=counted.done, total=e.total)
         else:
             self._log(RUN, logging.INFO, "run_started", f"started, {e.total} steps",
                       recorded=0, total=e.total)
 
     def _settled(self, e: RunSettled) -> None:
-        self._log(RUN, logging.INFO, "run_settled",
-                  f"{e.outcome.replace('_', ' ')}, {e.completed} of {e.total} steps recorded",
-                  outcome=e.outcome, completed=e.completed, total=e.total)
+        counted = Progress(e.completed, e.skipped, 0, e.total)
+        self._log(RUN, logging.INFO, "run_settled", f"{e.outcome.replace('_', ' ')}, {counted.text()}",
+                  outcome=e.outcome, completed=counted.done, total=e.total)
 
     def _interrupted(self, e: StepInterrupted) -> None:
         self._log(STEP, logging.INFO, "step_cancelled", f"step {e.name!r} cancelled", step=e.name)

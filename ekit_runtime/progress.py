@@ -380,16 +380,20 @@ class ProgressPrinter:
         self._reset()
         self._started_at = self._clock()
         self._total = event.total
-        self._done = self._done_at_start = event.recorded
+        # (Counted as ekit_core.progress counts: a resume's items and skips are in it.)
+        self._done = self._done_at_start = event.recorded + event.skipped
         self._start_ticking()
         if not self._is_tty():
-            resumed = f", {event.recorded} recorded" if event.recorded else ""
-            self._line(f"run started: {event.total} steps{resumed}")
+            resumed = f", {event.recorded:,} recorded" if event.recorded else ""
+            resumed += f", {event.skipped:,} skipped" if event.skipped else ""
+            self._line(f"run started: {event.total:,} steps{resumed}")
         self._draw(force=True)
 
     def _expansion(self, event: StepExpanded) -> None:
         """The exact count: the total grows by every item at once, a resume's recorded ones done."""
         self._expanded.add(event.name)
+        if event.at_start:  # a resume's: RunStarted counted its items already
+            return
         self._total += event.items
         self._done += event.recorded
         self._done_at_start += event.recorded

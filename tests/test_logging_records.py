@@ -137,7 +137,7 @@ def test_a_resume_says_how_many_steps_its_checkpoint_recorded(caplog: pytest.Log
         _workflow(fails=0).run_sync(resume_from=saved[-1])
     first = _ekit(caplog)[0]
     assert first.event == "run_resumed" and (first.recorded, first.total) == (1, 2)  # type: ignore[attr-defined]
-    assert "resumed, 1 of 2 steps recorded" in first.getMessage()
+    assert "resumed, 1 of 2 steps done" in first.getMessage()
 
 
 def test_a_run_nobody_listens_to_builds_no_event_and_a_level_change_counts_from_the_next_run() -> None:

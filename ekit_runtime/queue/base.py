@@ -36,6 +36,7 @@ from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.human import Answer, Question
 from ekit_core.human import answer as answer_checkpoint
 from ekit_core.human import questions as pending_questions
+from ekit_core.progress import run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
@@ -257,26 +258,10 @@ def layout_before(
 
 
 def progress(checkpoint: WorkflowCheckpoint) -> tuple[int, int | None]:
-    """``(steps done, steps in all)`` of a checkpoint, without touching its outputs but mapped-over ones.
-
-    Done: the steps recorded (the items of a mapped step each count) and the
-    steps skipped. In all: the steps of the recorded graph plus the items of
-    each mapped step whose mapped-over output is recorded (``None`` without
-    a recorded graph). O(mapped steps), so every save can afford it.
-    """
-    skipped: Mapping[str, str] = checkpoint.skipped or {}
-    done = checkpoint.step_index + len(skipped)
-    graph = checkpoint.graph
-    if graph is None:
-        return done, None
-    total = len(graph)
-    for name, shape in (checkpoint.shapes or {}).items():
-        over = shape.map_over
-        if over is not None and name not in skipped:  # a skipped mapped step has no items
-            output = checkpoint.outputs.get(over)
-            if isinstance(output, list | tuple | Mapping):
-                total += len(output)
-    return done, max(done, total)
+    """``(steps done, steps in all)`` of a checkpoint: :func:`ekit_core.progress.run_progress`'s
+    ``done`` and ``total`` (the one definition: the worker's log and the printer agree with it)."""
+    counted = run_progress(checkpoint)
+    return counted.done, counted.total
 
 
 def queued_reason(

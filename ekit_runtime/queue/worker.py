@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ekit_core import WorkflowCheckpoint
+from ekit_core.progress import run_progress
 from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.errors import RunWaiting
@@ -745,12 +746,14 @@ class Worker:
         return fields
 
     def _log_claimed(self, lease: Lease) -> None:
-        recorded = None if lease.checkpoint is None else lease.checkpoint.step_index
+        # (Counted as the queue and the run's own log lines count: ekit_core.progress.)
+        counted = None if lease.checkpoint is None else run_progress(lease.checkpoint)
         logs.log_event(
             log, logging.INFO, "claimed", "worker %s: claimed run %r (workflow %r, epoch %d, %s)",
             self.name, lease.run_id, lease.workflow, lease.epoch,
-            "new" if recorded is None else f"resuming with {recorded} step(s) recorded",
-            recorded=recorded, **self._fields(None, lease),
+            "new" if counted is None else f"resuming with {counted.text()}",
+            recorded=None if counted is None else counted.done,
+            total=None if counted is None else counted.total, **self._fields(None, lease),
         )
 
     def _log_ended(self, lease: Lease, status: RunStatus, message: str | None) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from ekit_core import GraphSpec, WorkflowCheckpoint, audit
 from ekit_core.audit import AuditReport, StepAudit
 from ekit_core.human import Question, questions
+from ekit_core.progress import Progress, items_progress
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue
@@ -56,10 +57,18 @@ class RunView:
 
 
 def step_states(
-    report: AuditReport, graph: GraphSpec, status: str, in_flight: Collection[str] = ()
+    report: AuditReport,
+    graph: GraphSpec,
+    status: str,
+    in_flight: Collection[str] = (),
+    counted: Mapping[str, Progress] | None = None,
 ) -> tuple[dict[str, str], dict[str, tuple[int, int | None]]]:
     """Each step's state (``recorded``, ``running``, ``ready``, ``failed``, ``waiting``,
     ``skipped``, ``not-started``) and, for a mapped step, its items (done, total or ``None``).
+
+    ``counted``: each mapped step's items as :func:`ekit_core.progress.items_progress`
+    counts the checkpoint; then an item's "done" is its output recorded (a skip is
+    not work done), and a mapped step whose items were all skipped is ``skipped``.
 
     ``running`` is a step of a running run with an attempt in ``in_flight``
     (what its worker says it runs now; for a mapped step, an item's);
@@ -85,6 +94,11 @@ def step_states(
         elif row is not None and row.reason == "mapped":
             items[name] = (row.items_recorded, row.items)
         states[name] = _state(row, its, running, name in flying)
+        mine = None if counted is None else counted.get(name)
+        if mine is not None:
+            items[name] = (mine.recorded, mine.total)
+            if mine.total and mine.skipped == mine.total and states[name] == "recorded":
+                states[name] = "skipped"  # (its collected output holds nothing: no work was done)
     return states, items
 
 
@@ -129,7 +143,7 @@ def _view(
     # A worker's announcement can be a second older than the checkpoint read:
     # what the checkpoint records is no longer in flight in this reading.
     flying = {name: f for name, f in (in_flight or {}).items() if name not in checkpoint.outputs}
-    states, items = step_states(report, graph, status, flying)
+    states, items = step_states(report, graph, status, flying, items_progress(graph, checkpoint))
     return RunView(run_id, status, info, checkpoint, report, graph, questions(checkpoint), None,
                    timeline, states, items, flying)
 
