@@ -12,9 +12,9 @@ its next save still succeeds), its format, the file's permission bits.
   ``JsonFileStore``;
 - a ``JournalStore`` journal: saved through ``JournalStore``. A rewound
   checkpoint does not extend the journal's last one (outputs went away), so
-  the journal is rewritten as one full record of it, as ``compact()``
-  does: it loads, and ends with the rewound checkpoint, and the history
-  before it is gone;
+  it is appended as a full record: the journal loads, and ends with the
+  rewound checkpoint, and its history before the rewind stays (``ekit
+  replay`` reads it; ``compact()`` drops it);
 - a ``SqliteStore`` database: saved as run ``run_id`` through
   ``SqliteStore``, under that run's lock.
 
@@ -177,8 +177,8 @@ def _journal(path: str, checkpoint: WorkflowCheckpoint) -> str:
             raise TargetError(f"{path}: a JournalStore journal holding no checkpoint; {_NOT_OURS}")
         store.save(checkpoint)
     return (
-        "through JournalStore: the journal now ends with it (rewritten as one full record, "
-        "as compact() does: its history before the rewind is gone)"
+        "through JournalStore: the journal now ends with it (appended as one full record; "
+        "its history before the rewind stays)"
     )
 
 

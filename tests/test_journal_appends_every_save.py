@@ -158,3 +158,22 @@ def test_compact_after_counts_the_records_since_the_last_full_one(tmp_path: Path
     kinds = [json.loads(line[len(b'{"c":"00000000","r":'):-1])["kind"] for line in lines]
     assert kinds[0] == "full" and len(kinds) > 2
     assert JournalStore(path).load().outputs["publish"] == "published Tides: text"  # type: ignore[union-attr]
+
+
+def test_ekit_rewind_into_a_journal_appends_and_keeps_its_history(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ekit_runtime.cli import main
+
+    path = tmp_path / "run.jsonl"
+    wf = Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",))])
+    with JournalStore(path, durable=False) as store:
+        wf.run_sync(checkpoint_fn=store)
+    before = path.read_bytes()
+    history = list(JournalStore(path).history())
+    code = main(["rewind", str(path), "--step", "b", "--graph-from-checkpoint", "-o", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "history before the rewind stays" in out
+    assert path.read_bytes().startswith(before)
+    after = list(JournalStore(path).history())
+    assert after[: len(history)] == history and sorted(after[-1].outputs) == ["a"]
