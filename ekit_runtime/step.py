@@ -2,7 +2,7 @@
 
 A step's return value becomes its output, with one exception that carries
 usage: a ``PatternResult`` (ours, or any object shaped like one: a ``value``
-attribute and a ``cost`` attribute holding integer ``input_tokens``,
+attribute and a ``cost`` attribute holding integer (>= 0) ``input_tokens``,
 ``output_tokens`` and ``llm_calls``, which ExecutionKit's own
 ``PatternResult`` is). Then ``value`` is the output and ``cost`` is added to
 the run's usage. Everything else is stored as returned, with zero usage.
@@ -43,20 +43,38 @@ class PatternResult(Generic[T]):
     cost: TokenUsage = NO_USAGE
     metadata: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
+    def __post_init__(self) -> None:
+        # Refused where it is made, so the attempt fails naming it: a NaN, negative,
+        # float or bool count would be added to the run's usage (a NaN budget is never
+        # reached) and written into a checkpoint that its own resume then refuses.
+        cost = self.cost
+        if not isinstance(cost, TokenUsage):
+            raise ValueError(f"PatternResult.cost must be a TokenUsage, got {type(cost).__name__}")
+        for name in _COUNTS:
+            count = getattr(cost, name)
+            if not _is_count(count):
+                raise ValueError(f"PatternResult.cost.{name} must be an int >= 0, got {count!r:.80}")
+
     def __str__(self) -> str:
         return str(self.value)
 
 
+_COUNTS = ("input_tokens", "output_tokens", "llm_calls")
+
+
+def _is_count(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
 def _usage_of(cost: object) -> TokenUsage | None:
+    """``cost`` as usage if it holds three counts (ints >= 0), else ``None``: it is no usage."""
     if isinstance(cost, TokenUsage):
-        return cost
-    counts = []
-    for name in ("input_tokens", "output_tokens", "llm_calls"):
-        value = getattr(cost, name, None)
-        if isinstance(value, bool) or not isinstance(value, int):
-            return None
-        counts.append(value)
-    return TokenUsage(*counts)
+        counts = [getattr(cost, n) for n in _COUNTS]
+    else:
+        counts = [getattr(cost, n, None) for n in _COUNTS]
+    if not all(_is_count(value) for value in counts):
+        return None
+    return cost if isinstance(cost, TokenUsage) else TokenUsage(*counts)
 
 
 PLAIN_OUTPUTS = frozenset({str, int, float, bool, bytes, dict, list, tuple, type(None)})
