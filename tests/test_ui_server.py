@@ -595,8 +595,9 @@ def test_mapped_items_and_skips_by_a_condition_are_shown(tmp_path: Any) -> None:
         assert fetch(server, "/api/run/mapped.json").json()["items"] == {"summarize": [2, 3]}
         runs = fetch(server, "/").body
         assert "failed" in runs
-        assert '<td class="num progress">2/4</td>' in runs  # split recorded, never skipped: steps, not items
-        assert "2/4 steps recorded or skipped" in body
+        # Counted as the queue counts: split and two items recorded, never skipped; 4 steps, 3 items.
+        assert '<td class="num progress">4/7</td>' in runs
+        assert "4/7 steps recorded or skipped" in body
 
 
 @pytest.mark.timeout(120)

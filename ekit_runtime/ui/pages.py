@@ -22,7 +22,7 @@ from ekit_core.report import seconds_text, usage_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
-from ekit_runtime.ui.sources import RunView
+from ekit_runtime.ui.sources import RunView, view_progress
 
 __all__ = [
     "PAGE_SIZE", "error_page", "esc", "run_json", "run_page", "run_parts", "runs_page", "runs_tbody",
@@ -320,8 +320,8 @@ def progress_text(view: RunView) -> str:
         return _progress(view.info) + " steps"
     if view.graph is None:
         return ""
-    done = sum(1 for state in view.states.values() if state in ("recorded", "skipped"))
-    return f"{done:,}/{len(view.graph.names):,} steps recorded or skipped"
+    done, total = view_progress(view)  # (the queue's count: a mapped step's items count)
+    return f"{done:,}/{'?' if total is None else f'{total:,}'} steps recorded or skipped"
 
 
 def _heading(view: RunView) -> str:

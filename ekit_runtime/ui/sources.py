@@ -20,13 +20,13 @@ from typing import Any
 from ekit_core import GraphSpec, WorkflowCheckpoint, audit
 from ekit_core.audit import AuditReport, StepAudit
 from ekit_core.human import Question, questions
-from ekit_core.progress import Progress, items_progress
+from ekit_core.progress import Progress, items_progress, run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue
 from ekit_runtime.sources import read_checkpoints
 
-__all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states"]
+__all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states", "view_progress"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,18 @@ class RunView:
     states: dict[str, str] = field(default_factory=dict)
     items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     in_flight: Mapping[str, InFlight] = field(default_factory=dict)
+
+
+def view_progress(view: RunView) -> tuple[int, int | None]:
+    """``(steps done, steps in all)`` of a run read from a file, counted as the queue counts a
+    run (:func:`ekit_core.progress.run_progress`: a mapped step's items count); a checkpoint
+    that records no graph, by the states of the steps of the graph given."""
+    cp = view.checkpoint
+    if cp is not None and cp.graph is not None:
+        counted = run_progress(cp)
+        return counted.done, counted.total
+    done = sum(1 for state in view.states.values() if state in ("recorded", "skipped"))
+    return done, None if view.graph is None else len(view.graph.names)
 
 
 def step_states(
@@ -286,8 +298,7 @@ class FileSource(Source):
         """The file's one run, as a record (status from its audit); a :class:`SourceError` if unreadable."""
         view = self.read()
         cp = view.checkpoint
-        total = None if view.graph is None else len(view.graph.names)
-        done = sum(1 for state in view.states.values() if state in ("recorded", "skipped"))
+        done, total = view_progress(view)
         error = None if cp is None or not cp.failures else "; ".join(
             f"{n}: {f.error_type}: {f.message}" for n, f in cp.failures.items())
         return [RunInfo(
