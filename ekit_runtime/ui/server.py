@@ -9,7 +9,8 @@ act on the queue; each must carry the process's random token in the form's
 every page served, never by a refusal), and an ``Origin`` header, when sent, must
 be this server's own (scheme, host and port): anything else is refused with 403.
 Read-only, every POST is a 405. Bound to a loopback address, a request whose
-``Host`` is not a literal loopback address or ``localhost`` at its port is a 403.
+``Host`` is not a literal loopback address or ``localhost`` at its port is a 403;
+bound to another, one whose ``Host`` is not a literal IP address or ``localhost``.
 """
 
 from __future__ import annotations
@@ -68,12 +69,12 @@ class Dashboard(ThreadingHTTPServer):
         address in 127.0.0.0/8, ``[::1]``) or ``localhost``, at this server's
         port, is: a site whose own name was re-pointed at 127.0.0.1 (DNS
         rebinding) is refused, however much its name looks like an address
-        (``127.attacker.example``). Bound to another address, the person who
-        chose it decides who reaches it: any ``Host`` is let in.
+        (``127.attacker.example``). Bound to another address (``0.0.0.0``
+        listens on 127.0.0.1 too), any literal IP address or ``localhost`` at
+        its port is: still no name, which its owner could re-point.
         """
-        if not _is_loopback(str(self.server_address[0])):
-            return True
-        return header is not None and _loopback_netloc(header.strip(), self.server_address[1])
+        loopback = _is_loopback(str(self.server_address[0]))
+        return header is not None and _own_netloc(header.strip(), self.server_address[1], loopback)
 
     def origin_allowed(self, origin: str | None, host: str | None) -> bool:
         """Whether an action's ``Origin`` header (``None``: not sent) is this server's own.
@@ -320,8 +321,9 @@ def _split_netloc(text: str) -> tuple[str, int] | None:
     return name, int(port)
 
 
-def _loopback_netloc(header: str, port: int) -> bool:
-    """Whether a ``Host`` header is a literal loopback address or ``localhost``, at ``port``."""
+def _own_netloc(header: str, port: int, loopback: bool) -> bool:
+    """Whether a ``Host`` header is ``localhost`` or a literal IP address (a loopback one if
+    ``loopback``), at ``port``: never a name, which its owner could re-point (DNS rebinding)."""
     # Names compare without case, in ASCII only: a non-ASCII letter may lower to an ASCII one.
     parts = _split_netloc(header.lower()) if header.isascii() else None
     if parts is None or parts[1] != port:
@@ -329,13 +331,20 @@ def _loopback_netloc(header: str, port: int) -> bool:
     name = parts[0]
     if name in _LOOPBACK_NAMES:
         return True
-    # Only a dotted quad in 127.0.0.0/8 is an address; any other name could be re-pointed by its owner.
-    if _DOTTED_QUAD.fullmatch(name) is None:
-        return False
+    address = _address(name)
+    # Bound to loopback, an IPv4 one only ([::1] is named above, as a browser writes it).
+    return address is not None and (not loopback or (address.version == 4 and address.is_loopback))
+
+
+def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address a Host's name spells (``[v6]``, or a dotted quad: not ``127.1``,
+    ``0x7f.0.0.1`` nor ``2130706433``), else ``None``."""
     try:
-        return ipaddress.IPv4Address(name).is_loopback
+        if name.startswith("[") and name.endswith("]"):
+            return ipaddress.IPv6Address(name[1:-1])
+        return ipaddress.IPv4Address(name) if _DOTTED_QUAD.fullmatch(name) else None
     except ValueError:  # an octet over 255, a leading zero
-        return False
+        return None
 
 
 def _netloc_of_origin(origin: str) -> tuple[str, int] | None:
