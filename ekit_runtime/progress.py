@@ -183,6 +183,7 @@ class ProgressPrinter:
         self._running: dict[str, float] = {}  # step in flight -> when it started
         self._partial: dict[str, str] = {}  # step in flight -> the tail of its latest partial output
         self._done_at_start = 0  # recorded before this run: not part of its pace
+        self._early_skips: set[str] = set()  # items told skipped before their step expanded
         self._started_at: float | None = None
         self._drawn_at: float | None = None
         self._line_open = False
@@ -350,6 +351,9 @@ class ProgressPrinter:
         if not event.reason:  # recorded: counted as done by RunStarted
             self._skipped += 1
             return
+        step = _item_of(event.name, self._mapped)
+        if step is not None and step not in self._expanded:
+            self._early_skips.add(event.name)  # (see _expansion)
         self._count_item(event.name)
         self._running.pop(event.name, None)
         self._done += 1
@@ -391,11 +395,19 @@ class ProgressPrinter:
 
     def _expansion(self, event: StepExpanded) -> None:
         """The exact count: the total grows by every item at once, a resume's recorded ones done."""
+        # Items told before their step's expansion were counted one by one: an item an early
+        # cutoff kept is told as skipped (its input unchanged) just before, and ``recorded``
+        # counts it again. Each is counted once, as kept output, not as a condition's skip.
+        seen = self._items.get(event.name, set())
+        early = len(self._early_skips & seen)
         self._expanded.add(event.name)
-        if event.at_start:  # a resume's: RunStarted counted its items already
+        self._by_condition -= early
+        if event.at_start:  # a resume's: RunStarted counted its items, those told before too
+            self._total -= len(seen)
+            self._done -= early
             return
-        self._total += event.items
-        self._done += event.recorded
+        self._total += event.items - len(seen)
+        self._done += event.recorded - early
         self._done_at_start += event.recorded
         self._draw()
 
