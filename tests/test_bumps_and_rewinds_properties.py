@@ -34,6 +34,7 @@ from ekit_core import (
     rewind,
 )
 from ekit_core.rewind import downstream, grown
+from ekit_core.state import attempt_number
 from tests.strategies import shaped_dags
 
 
@@ -65,13 +66,16 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
     return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
 
 
-def _drive(graph: GraphSpec, cp: dict[str, Any] | None, versions: dict[str, str]
-           ) -> tuple[State, list[str]]:
-    """Run to the end from ``cp``; every step finishes as soon as it starts."""
+def _drive(graph: GraphSpec, cp: dict[str, Any] | None, versions: dict[str, str],
+           numbers: dict[str, int] | None = None) -> tuple[State, list[str]]:
+    """Run to the end from ``cp``; every step finishes as soon as it starts. ``numbers``
+    gets each started step's (or item's) attempt number, counted across runs."""
     state, batch = advance(initial_state(graph, cp, versions=versions))
     started = list(batch.names)
     while not state.settled:
         assert batch.names, f"stuck: nothing in flight, outcome {state.outcome}"
+        if numbers is not None:
+            numbers.update((n, attempt_number(state, n)) for n in batch.names)
         state, batch = advance(state, [_result(state, n) for n in batch.names])
         started += batch.names
     return state, started
@@ -99,7 +103,9 @@ def test_bumps_and_rewinds_in_any_order_end_as_a_fresh_run_of_the_current_code(
         graph: GraphSpec, data: st.DataObject) -> None:
     tagged = data.draw(st.lists(st.sampled_from(graph.names), unique=True), label="tagged")
     versions = {n: "1" for n in tagged}
-    state, _ = _drive(graph, None, versions)
+    numbers: dict[str, int] = {}
+    state, _ = _drive(graph, None, versions, numbers)
+    made = {n: numbers[n] for n in state.outputs if n in numbers}  # what attempts made
     cp = _saved(state)
     reached: set[str] = set()
     if data.draw(st.booleans(), label="a resume that stops at once"):
@@ -117,8 +123,12 @@ def test_bumps_and_rewinds_in_any_order_end_as_a_fresh_run_of_the_current_code(
     reached |= bumped
 
     fresh, _ = _drive(graph, None, versions)
-    resumed, started = _drive(graph, cp, versions)
+    numbers.clear()
+    resumed, started = _drive(graph, cp, versions, numbers)
     assert dict(resumed.outputs) == dict(fresh.outputs)
+    # Other work, other keys: what runs again never has the number of the attempt that made
+    # the output let go of.
+    assert not [n for n in started if n in made and numbers[n] <= made[n]]
     assert _settled_skips(resumed.skipped) == _settled_skips(fresh.skipped)
     assert len(started) == len(set(started)), "a step or item started twice"
     allowed = set(downstream(graph, reached))
