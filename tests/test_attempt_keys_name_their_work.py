@@ -155,3 +155,20 @@ def test_a_checkpoint_without_redone_loads_and_a_bad_one_is_refused_by_name() ->
     for bad in ({"s": -1}, {"s": "2"}, {"s": True}, ["s"]):
         with pytest.raises(CheckpointError, match="redone"):
             WorkflowCheckpoint.from_dict({**plain, "redone": bad})
+
+
+def test_a_bump_in_a_graph_without_shapes_gives_new_keys_too() -> None:
+    keys: list[str] = []
+
+    def build(version: str) -> Workflow:
+        def record(ctx: Any) -> str:
+            keys.append(str(attempt_key()))
+            return version
+
+        return Workflow([Step("a", record, version=version), Step("b", record, ("a",))])
+
+    first = build("1").run_sync(run_id="r")
+    assert first.checkpoint is not None and sorted(keys) == ["r/a/1", "r/b/1"]
+    keys.clear()
+    build("2").run_sync(run_id="r", resume_from=first.checkpoint.to_dict())
+    assert sorted(keys) == ["r/a/2", "r/b/2"]
