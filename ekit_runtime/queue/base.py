@@ -287,10 +287,11 @@ More = Callable[[int], Sequence[tuple[Lease, WorkflowCheckpoint]]]
 """``save_many``'s ``more``: called with how many saves may still join, returns those that do."""
 
 
-def claim_limit(limit: object) -> int:
-    """``claim_many``'s ``limit``: a whole number from 1 (a worker's free places)."""
+def claim_limit(limit: object, name: str = "limit") -> int:
+    """``claim_many``'s ``limit``: a whole number from 1 to 10,000 (a worker's free places,
+    so a ``Worker``'s ``max_runs`` too, checked where it is given)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        raise ValueError(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+        raise ValueError(f"{name} must be a whole number from 1 to 10000, got {limit!r:.80}")
     return limit
 
 

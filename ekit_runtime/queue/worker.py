@@ -72,6 +72,7 @@ from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.executors import Executor
+from ekit_runtime.queue.base import claim_limit
 from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited, waiting_reason
@@ -220,8 +221,7 @@ class Worker:
             check_workflow_name(key, "registry key")
             for step in workflow.graph.names:
                 check_step_name(step)
-        if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-            raise ValueError(f"max_runs must be a positive int, got {max_runs!r}")
+        claim_limit(max_runs, "max_runs")  # what a claim of every free place takes
         self.queue = queue
         self.registry = dict(registry)
         self.name = name if name is not None else f"{socket.gethostname()}:{os.getpid()}"
