@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ekit_core import RunSettled, audit
+from ekit_core import RunSettled, RunStarted, audit
 from ekit_core.progress import Progress, items_progress, run_progress
 from ekit_runtime import ProgressPrinter, Step, Workflow
 from ekit_runtime.queue import Lease, SqliteQueue, Worker
@@ -140,3 +142,63 @@ def test_a_resume_whose_early_cutoff_keeps_items_counts_them_once() -> None:
     final = run_progress(second.checkpoint)
     assert final == Progress(recorded=12, skipped=0, failed=0, total=12)
     assert (printer.done, printer.total, printer.skipped_by_condition) == (final.done, final.total, 0)
+
+
+class _Flaky(RuntimeError):
+    pass
+
+
+def _random_flow(n: int, skip1: frozenset[int], skip2: frozenset[int], gate: bool,
+                 failing: set[str]) -> Workflow:
+    def item_step(name: str) -> Any:
+        def run(ctx: dict[str, Any]) -> int:
+            key = f"{name}[{ctx['split']}]"
+            if key in failing:  # fails once, then succeeds (on a resume)
+                failing.discard(key)
+                raise _Flaky(key)
+            return int(ctx["split"])
+
+        return run
+
+    return Workflow([
+        Step("split", lambda ctx: list(range(n))),
+        Step("m1", item_step("m1"), ("split",), map_over="split", when=lambda c: c["split"] not in skip1),
+        Step("m2", item_step("m2"), ("split",), map_over="split", when=lambda c: c["split"] not in skip2),
+        Step("c", lambda ctx: "C", ("split",), when=lambda c: gate),
+        Step("end", lambda ctx: "E", ("m1", "m2", "c"), join="any"),
+    ])
+
+
+@pytest.mark.timeout(300)  # (for all the examples: a deadlock detector)
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 5), skip1=st.frozensets(st.integers(0, 5)), skip2=st.frozensets(st.integers(0, 5)),
+       gate=st.booleans(), fails=st.sets(st.sampled_from([f"m{k}[{i}]" for k in (1, 2) for i in range(5)])))
+def test_every_run_s_counts_agree_with_its_checkpoint(
+    n: int, skip1: frozenset[int], skip2: frozenset[int], gate: bool, fails: set[str]
+) -> None:
+    # A run that fails on a flaky item, resumed until it finishes: at each start and each end,
+    # RunStarted, RunSettled and the printer count what run_progress counts of the checkpoint.
+    flow = _random_flow(n, skip1, skip2, gate, set(fails))
+    resume: Any = None
+    for _ in range(len(fails) + 2):
+        events: list[Any] = []
+        saved: list[Any] = []
+        printer = ProgressPrinter(io.StringIO(), tty=False, graph=flow, tick=None)
+        try:
+            flow.run_sync(resume_from=resume, checkpoint_fn=saved.append, trace=[events.append, printer])
+            finished = True
+        except (_Flaky, ExceptionGroup):  # (several items failing at once: a group of them)
+            finished = False
+        started = next(e for e in events if isinstance(e, RunStarted))
+        if resume is not None:
+            before = run_progress(resume)
+            assert (started.recorded + started.skipped, started.total) == (before.done, before.total)
+        after = run_progress(saved[-1] if saved else resume)
+        settled = [e for e in events if isinstance(e, RunSettled)][-1]
+        assert (settled.completed + settled.skipped, settled.total) == (after.done, after.total)
+        assert (printer.done, printer.total) == (after.done, after.total)
+        if finished:
+            assert after.done == after.total
+            return
+        resume = saved[-1] if saved else resume
+    raise AssertionError("the run never finished")
