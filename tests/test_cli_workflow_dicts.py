@@ -69,3 +69,16 @@ def test_a_dict_that_leaves_the_choice_open_is_one_error_line_naming_the_choices
     one_error_line(ekit(flows, "graph", "--workflow", "flows:NONE"), "flows:NONE", "no workflow")
     # The checkpoint's graph is none of the dict's: the choice stays open.
     one_error_line(ekit(flows, "audit", "run.jsonl", "--workflow", "flows:NONE"), "no workflow")
+
+
+def test_the_worker_takes_the_same_sources(flows: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ekit_runtime.cli import InputError
+    from ekit_runtime.queue.cli import _registry
+
+    monkeypatch.chdir(flows)
+    monkeypatch.syspath_prepend(str(flows))
+    assert sorted(_registry("flows:WORKFLOWS")) == ["hello", "other"]
+    assert list(_registry("flows:WORKFLOWS:other")) == ["other"]
+    assert list(_registry("flows:hello")) == ["hello"]
+    with pytest.raises(InputError, match="no workflow named 'nope'"):
+        _registry("flows:WORKFLOWS:nope")

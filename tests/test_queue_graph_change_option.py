@@ -12,6 +12,7 @@ version, saying why; a fork that turns the option on is claimed too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -92,3 +93,15 @@ def test_the_match_rule_and_the_waiting_reason_agree(allowed: bool, recorded: st
     reason = queued_reason("w", recorded, {"w": {"f1"}}, graph_change=allowed)
     assert (reason is None) is claimable
     assert queued_reason("w", recorded, {}, graph_change=allowed) == "no worker has workflow w"
+
+
+def test_until_idle_does_not_blame_the_version_of_a_run_that_allows_the_change(queue: RunQueue) -> None:
+    from ekit_runtime.queue.cli import _why_left
+
+    _one, two = _versions([])
+    queue.submit("w", run_id="allowed", options={"allow_graph_change": True})
+    info = dataclasses.replace(queue.status("allowed"), fingerprint="sha256:" + "0" * 64)
+    worker = Worker(queue, {"w": two}, name="v2")
+    assert "another version" not in _why_left(info, worker, 0.0)
+    strict = dataclasses.replace(info, options={})
+    assert "another version" in _why_left(strict, worker, 0.0)
