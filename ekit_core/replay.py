@@ -23,7 +23,9 @@ dependencies differ in the new checkpoint's graph, and everything downstream
 of them (:func:`~ekit_core.rewind.outdated_steps`), and with run-time
 shapes the items the resume drops with them or sets aside for an early
 cutoff (:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
-follows). Such a step runs again, so its new output is its first. The
+follows). So may a rewind (:func:`~ekit_core.rewind.rewind`): the outputs
+it lets go of are counted in ``redone``, which a loss does not raise. Such
+a step runs again, so its new output is its first. The
 timeline says which outputs were dropped and why (``TimelineEntry.outdated``, ``graph_changed``); any other
 output dropped or changed is still a violation. Checkpoints recorded from an
 earlier graph of the run are checked against the graph they record.
@@ -385,6 +387,16 @@ def _with_items(graph: GraphSpec, earlier: WorkflowCheckpoint, kept: WorkflowChe
     return reasons
 
 
+def _rewound(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> dict[str, str]:
+    """The outputs of ``earlier`` that ``cp`` let go of and counts as redone (a rewind:
+    :attr:`~ekit_core.WorkflowCheckpoint.redone`), each with why."""
+    if cp.redone is earlier.redone or not cp.redone or cp.redone == earlier.redone:
+        return {}  # (what nearly every pair of checkpoints says, at once)
+    before, now = earlier.redone, cp.redone
+    return {n: "rewound: its output was let go, to run again" for n in earlier.outputs
+            if n not in cp.outputs and now.get(n, 0) > before.get(n, 0)}
+
+
 def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
     """Whether two checkpoints could come from one run: the same version tags and graph."""
     if a.versions is not b.versions and a.versions != b.versions:
@@ -458,7 +470,8 @@ class _Walk:
         cutoff), and are named among the outdated with their reason.
         """
         if _same_run(earlier, cp):
-            return earlier, {}
+            rewound = _rewound(earlier, cp)
+            return (without(earlier, graph, rewound), rewound) if rewound else (earlier, {})
         outdated = outdated_steps(graph, earlier, cp.versions)
         plain = without(earlier, graph, outdated) if outdated else earlier
         if not graph.shapes:
@@ -617,7 +630,7 @@ class _Walk:
         repeat = delta.extends and _adds_nothing(cp, base)
         resumed, resumed_from = False, None
         if prev is not None:
-            if not delta.extends and (_same_run(prev, cp) or self.lost(i)):
+            if not delta.extends and ((_same_run(prev, cp) and not outdated) or self.lost(i)):
                 resumed, resumed_from = True, self.resumed_from(i, cp, graph)
             elif not delta.extends or not _same_run(prev, cp) or (self.prev_repeat and not repeat):
                 # (Another run that kept all but its outdated outputs resumed from i - 1,

@@ -204,3 +204,22 @@ def test_an_early_cutoff_after_a_failed_upstream_replays_as_legal() -> None:
     assert result.outputs["m"] == [10, 20, 30]
     report = replay(flow("2", False), saved)
     assert report.ok, report.format()
+
+
+def test_a_rewind_and_its_resume_replay_as_legal_and_a_plain_drop_does_not() -> None:
+    from ekit_core import rewind
+
+    wf = Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",)),
+                   Step("c", lambda ctx: "C")])
+    saved: list[WorkflowCheckpoint] = []
+    wf.run_sync(checkpoint_fn=saved.append)
+    rewound = rewind(wf.graph, saved[-1], ["a"])
+    wf.run_sync(checkpoint_fn=saved.append, resume_from=rewound)
+    sequence = [*saved[:2], rewound, *saved[2:]]
+    report = replay(wf, sequence)
+    assert report.ok, report.format()
+    assert set(report.timeline[2].outdated) == {"a", "b"}
+    # The same drop, not counted as redone, is a lost output.
+    forged = WorkflowCheckpoint.from_dict({**rewound.to_dict(), "redone": {}})
+    caught = replay(wf, [saved[0], saved[1], forged])
+    assert {("a", "output_removed"), ("b", "output_removed")} <= {(v.step, v.kind) for v in caught.violations}
