@@ -2,8 +2,8 @@
 
 The promise: whatever a run went through (mapped steps and item-wise
 chains, conditions per step and per item, joins over alternatives, crashes
-at any point, failed upstreams, version bumps between resumes, resumes that
-keep items by an early cutoff), the checkpoints its ``checkpoint_fn`` saw,
+at any point, failed upstreams, version bumps and rewinds between resumes,
+resumes that keep items by an early cutoff), the checkpoints its ``checkpoint_fn`` saw,
 each read back from JSON, replay as a legal execution of the graph; the
 timeline names every output a resume dropped (a bumped mapped step's items
 too) among the outdated; and a checkpoint forged to drop or change a
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ekit_core import GraphSpec, WorkflowCheckpoint, replay
+from ekit_core import GraphSpec, WorkflowCheckpoint, replay, rewind
 from ekit_runtime import RetryPolicy, Step, Workflow
 from tests.strategies import shaped_dags
 
@@ -37,8 +37,10 @@ def _digest(value: Any) -> str:
 class _Segment:
     """One run of the workflow: its version tags, and where it crashes or fails, if anywhere."""
 
-    def __init__(self, versions: dict[str, str], crash_at: int | None, fail: str | None) -> None:
+    def __init__(self, versions: dict[str, str], crash_at: int | None, fail: str | None,
+                 rewind: int | None = None) -> None:
         self.versions, self.crash_at, self.fail, self.calls = versions, crash_at, fail, 0
+        self.rewind = rewind  # which recorded output to rewind before it runs (by position)
 
     def body(self, name: str, mapped: bool) -> Any:
         async def run(ctx: dict[str, Any]) -> Any:
@@ -101,7 +103,8 @@ def _segments(draw: st.DrawFn, graph: GraphSpec) -> list[_Segment]:
         versions = {**versions, **{n: f"v{k}" for n in bumped}}
         crash_at = draw(st.none() | st.integers(1, 6), label="crash at call")
         fail = draw(st.none() | (st.sampled_from(bumped) if bumped else names), label="fails")
-        segments.append(_Segment(versions, crash_at, fail))
+        rewound = draw(st.none() | st.integers(0, 20), label="rewind before")
+        segments.append(_Segment(versions, crash_at, fail, rewound))
     bumped = draw(st.lists(names, max_size=2, unique=True), label="bumped last")
     segments.append(_Segment({**versions, **{n: "last" for n in bumped}}, None, None))
     return segments
@@ -112,6 +115,11 @@ def _record(graph: GraphSpec, segments: list[_Segment]) -> tuple[Workflow, list[
     wf = _workflow(graph, segments[0])
     for segment in segments:
         wf = _workflow(graph, segment)
+        if saved and saved[-1].outputs and segment.rewind is not None:
+            # What ekit rewind writes into the run's journal: a checkpoint of its own.
+            names = list(saved[-1].outputs)
+            cp = rewind(wf.graph, saved[-1], [names[segment.rewind % len(names)]])
+            saved.append(WorkflowCheckpoint.from_dict(json.loads(json.dumps(cp.to_dict()))))
         _run(wf, saved[-1] if saved else None, saved)
     return wf, saved
 
@@ -207,8 +215,6 @@ def test_an_early_cutoff_after_a_failed_upstream_replays_as_legal() -> None:
 
 
 def test_a_rewind_and_its_resume_replay_as_legal_and_a_plain_drop_does_not() -> None:
-    from ekit_core import rewind
-
     wf = Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",)),
                    Step("c", lambda ctx: "C")])
     saved: list[WorkflowCheckpoint] = []
