@@ -173,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._guard(lambda: self._get(path, parse_qs(url.query, keep_blank_values=True)), as_json)
 
     def _host_checked(self) -> None:
+        if len(self.headers.get_all("Host") or ()) > 1:  # RFC 9112 3.2: a proxy may route by the other
+            raise _Refused(400, "refused: the request has more than one Host header")
         if not self.server.host_allowed(self.headers.get("Host")):
             raise _Refused(403, "refused: the request names another host (open the address ekit ui printed)")
 
