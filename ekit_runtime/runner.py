@@ -637,7 +637,7 @@ class Runner:
                 if not verdict.approved:
                     return Denied(name, verdict.reason)
         except Exception as exc:
-            return Failed(name, exc)
+            return _failure(name, exc)
         self._reports.append(Began(name))
         self._wake()
         return await self._attempt(step, context, item)
@@ -971,5 +971,5 @@ def _decided(step: Step, name: str, context: Context) -> Input | None:
         holds = bool(when(context))
     except Exception as exc:
         exc.add_note(f"ekit: raised by the condition of step {name!r}")
-        return Failed(name, exc)
+        return _failure(name, exc)  # with the wait it asks for, as any attempt's failure
     return None if holds else Skipped(name, f"condition {condition_name(when)} was false")
