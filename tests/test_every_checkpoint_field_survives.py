@@ -197,6 +197,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "skipped": MappingProxyType({}),
         "superseded": MappingProxyType({}),
         "asked": MappingProxyType({"b": cp.asked["b"][:1]}),
+        "redone": MappingProxyType({"b": 1}),
     }
     before.update({k: v for k, v in older.items() if k in differ})
     return dataclasses.replace(cp, **before, _outputs_ledger=None, _usage_ledger=None, _times=None)
@@ -208,7 +209,7 @@ def test_each_store_carries_every_field_written_whole(opener: Callable[[], Any])
     _stored_after(opener, [core_made(full())])
 
 
-CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked")
+CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone")
 
 
 @pytest.mark.parametrize("opener", STORES, indirect=True)
