@@ -369,6 +369,8 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+    except RecursionError:  # valid JSON, maybe, but deeper than Python reads (or any store writes)
+        raise _Refused(400, "the answer is JSON nested too deeply to read") from None
 
 
 def _run_dict(r: Any) -> dict[str, Any]:
