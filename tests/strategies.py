@@ -76,7 +76,8 @@ class Features:
     retries: bool = True
     version_bumps: bool = True
     rewinds: bool = True
-    # Issue 42, item 11: after a version bump (or a rewind) the same attempt keys name other work.
+    # Issue 42, item 11, still open on two paths: an attempt that asked a question, or was
+    # interrupted, under the old code (or the old input) lends its key to the new work.
     attempt_keys_name_work: bool = False
 
 
