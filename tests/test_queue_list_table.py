@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ def test_list_filters_and_json(queue_url: str, tmp_path: Path, capsys: pytest.Ca
     assert records[0]["options"] == {"max_concurrency": 1}
     assert records[0]["cost"] == {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
     assert records[1]["reason"] == "no worker has workflow ghost"
-    assert isinstance(records[0]["created_at"], float)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", records[0]["created_at"])  # ISO 8601, UTC
     assert main([*base, "--last", "2"]) == 0  # the newest two, oldest first
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["RUN", "m2", "g1"]
     assert main([*base, "--last", "1", "--workflow", "mapped", "--json"]) == 0
