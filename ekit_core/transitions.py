@@ -154,7 +154,7 @@ from ekit_core.state import (
     Setbacks,
     State,
 )
-from ekit_core.usage import NO_USAGE, TokenUsage
+from ekit_core.usage import NO_USAGE, TokenUsage, check_usage
 
 __all__ = [
     "Batch",
@@ -240,7 +240,7 @@ def _check_limits(
     ):
         raise ValueError(f"max_concurrency must be None or an int >= 1, got {max_concurrency!r}")
     if budget is not None:
-        _check_budget(budget)
+        check_usage(budget, "budget")  # a NaN count would never be reached: a budget never kept
     checked: dict[str, RetryPolicy] = {}
     for name, policy in (policies or {}).items():
         if name not in graph.index:
@@ -251,16 +251,6 @@ def _check_limits(
     return RunLimits(
         max_concurrency, budget, MappingProxyType(checked), bool(approval), bool(isolate_failures)
     )
-
-
-def _check_budget(budget: object) -> None:
-    """Each count of ``budget`` an int >= 0: a NaN one would never be reached, a budget never kept."""
-    if not isinstance(budget, TokenUsage):
-        raise ValueError(f"budget must be a TokenUsage, got {type(budget).__name__}")
-    for field_name in ("input_tokens", "output_tokens", "llm_calls"):
-        count = getattr(budget, field_name)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"budget counts must be ints >= 0, got {field_name}={count!r:.80}")
 
 
 def _check_context(graph: GraphSpec, context: object, field_name: str) -> dict[str, Any]:
@@ -294,6 +284,7 @@ def resume_checkpoint(
         return WorkflowCheckpoint(0, MappingProxyType({}))
     if isinstance(resume_from, WorkflowCheckpoint):
         checkpoint = resume_from
+        _check_usages(checkpoint)  # (from_dict checks a dict's: a value skipped the parser)
     elif isinstance(resume_from, Mapping):
         checkpoint = WorkflowCheckpoint.from_dict(dict(resume_from))
     else:
@@ -307,6 +298,13 @@ def resume_checkpoint(
         if changes is not None:
             raise GraphMismatchError(changes)
     return checkpoint
+
+
+def _check_usages(checkpoint: WorkflowCheckpoint) -> None:
+    """A checkpoint value's ``cost`` and ``step_usage`` hold counts, as ``from_dict`` requires of its dict."""
+    check_usage(checkpoint.cost, "cost")
+    for name, usage in checkpoint.step_usage.items():
+        check_usage(usage, f"step_usage.{name}")
 
 
 def _first_events(

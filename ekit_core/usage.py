@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NO_USAGE", "TokenUsage"]
+__all__ = ["NO_USAGE", "TokenUsage", "check_usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +74,18 @@ class TokenUsage:
 
 NO_USAGE = TokenUsage()
 """Zero usage, shared: TokenUsage is immutable, so one instance serves every default."""
+
+_COUNTS = ("input_tokens", "output_tokens", "llm_calls")
+
+
+def check_usage(value: object, name: str) -> TokenUsage:
+    """``value`` if a :class:`TokenUsage` of counts (ints >= 0), else a ``ValueError`` naming
+    ``name`` (and the count): a NaN, negative, float or bool count is no usage a checkpoint holds,
+    and a NaN one is never reached by a budget."""
+    if not isinstance(value, TokenUsage):
+        raise ValueError(f"{name} must be a TokenUsage, got {type(value).__name__}")
+    for field_name in _COUNTS:
+        count = getattr(value, field_name)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{name}.{field_name} must be an int >= 0, got {count!r:.80}")
+    return value

@@ -18,7 +18,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
 from ekit_core import RetryPolicy, TokenUsage
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape
-from ekit_core.usage import NO_USAGE
+from ekit_core.usage import NO_USAGE, check_usage
 from ekit_runtime.executors import Executor
 
 __all__ = ["PatternResult", "Shaping", "Step", "StepFn", "condition_name", "split_result"]
@@ -47,13 +47,7 @@ class PatternResult(Generic[T]):
         # Refused where it is made, so the attempt fails naming it: a NaN, negative,
         # float or bool count would be added to the run's usage (a NaN budget is never
         # reached) and written into a checkpoint that its own resume then refuses.
-        cost = self.cost
-        if not isinstance(cost, TokenUsage):
-            raise ValueError(f"PatternResult.cost must be a TokenUsage, got {type(cost).__name__}")
-        for name in _COUNTS:
-            count = getattr(cost, name)
-            if not _is_count(count):
-                raise ValueError(f"PatternResult.cost.{name} must be an int >= 0, got {count!r:.80}")
+        check_usage(self.cost, "PatternResult.cost")
 
     def __str__(self) -> str:
         return str(self.value)

@@ -196,6 +196,6 @@ def test_a_budget_count_that_is_no_count_is_refused_naming_it_before_any_step(fi
 
     calls: list[str] = []
     workflow = Workflow([Step("ask", lambda ctx: calls.append("paid"))])
-    with pytest.raises(ValueError, match=rf"budget counts must be ints >= 0, got {field}="):
+    with pytest.raises(ValueError, match=rf"budget\.{field} must be an int >= 0"):
         workflow.run_sync(budget=TokenUsage(**{field: bad}))
     assert calls == []  # a NaN budget was never reached: every step ran, unbudgeted
