@@ -467,7 +467,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
         outputs = _table(data["outputs"], "outputs")
-        durations = _durations(data.get("durations"))
+        durations = check_durations(data.get("durations"))
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(outputs),
@@ -936,7 +936,7 @@ _LARGEST = sys.float_info.max  # (an int past it, 10**400, is no float: compared
 _SECONDS_TYPES = frozenset({float, int})
 
 
-def _durations(value: object) -> MappingProxyType[str, float]:
+def check_durations(value: object) -> MappingProxyType[str, float]:
     """The ``durations`` field: step (or item) -> seconds, each a finite number >= 0.
 
     A resume reads one per recorded step, so the common case (every value a

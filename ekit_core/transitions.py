@@ -85,6 +85,7 @@ from ekit_core.checkpoint import (
     FailureRecord,
     Timings,
     WorkflowCheckpoint,
+    check_durations,
     describe_error,
     storable_text,
 )
@@ -284,7 +285,7 @@ def resume_checkpoint(
         return WorkflowCheckpoint(0, MappingProxyType({}))
     if isinstance(resume_from, WorkflowCheckpoint):
         checkpoint = resume_from
-        _check_usages(checkpoint)  # (from_dict checks a dict's: a value skipped the parser)
+        _check_numbers(checkpoint)  # (from_dict checks a dict's: a value skipped the parser)
     elif isinstance(resume_from, Mapping):
         checkpoint = WorkflowCheckpoint.from_dict(dict(resume_from))
     else:
@@ -300,11 +301,17 @@ def resume_checkpoint(
     return checkpoint
 
 
-def _check_usages(checkpoint: WorkflowCheckpoint) -> None:
-    """A checkpoint value's ``cost`` and ``step_usage`` hold counts, as ``from_dict`` requires of its dict."""
+def _check_numbers(checkpoint: WorkflowCheckpoint) -> None:
+    """A checkpoint value's numbers are those ``from_dict`` requires of its dict: usage and
+    attempts are counts, durations seconds (else the run's own later checkpoints are refused)."""
     check_usage(checkpoint.cost, "cost")
     for name, usage in checkpoint.step_usage.items():
         check_usage(usage, f"step_usage.{name}")
+    for name, failure in checkpoint.failures.items():
+        attempts = failure.attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise ValueError(f"failures.{name}.attempts must be an int >= 0, got {attempts!r:.80}")
+    check_durations(checkpoint.durations)
 
 
 def _first_events(

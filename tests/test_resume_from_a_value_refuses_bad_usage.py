@@ -1,10 +1,12 @@
-"""A checkpoint resumed as a value (not parsed from a dict) is refused when its usage holds no counts.
+"""A checkpoint resumed as a value (not parsed from a dict) holds only numbers its dict may hold.
 
 ``resume_from=WorkflowCheckpoint(..., cost=TokenUsage(nan))`` (or a negative,
 float or bool count, in ``cost`` or in ``step_usage``) skipped the parser:
 the run went on paying with a NaN cost, which no budget is ever reached by,
-and saved checkpoints that ``from_dict`` then refuses. Such a value is refused
-before any step runs, with a ``ValueError`` naming the field, as its dict is.
+and saved checkpoints that ``from_dict`` then refuses. So did a failure's
+``attempts`` and a ``durations`` entry that no dict may hold. Such a value is
+refused before any step runs, with a ``ValueError`` naming the field, as its
+dict is.
 """
 
 from __future__ import annotations
@@ -64,3 +66,23 @@ def test_a_good_value_checkpoint_still_resumes() -> None:
     ran: list[str] = []
     result = asyncio.run(_workflow(ran).run({}, resume_from=checkpoint))
     assert ran == ["b"] and result.cost == TokenUsage(3, 4, 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1, 1.5, True], ids=repr)
+def test_a_value_checkpoint_whose_failure_has_no_count_of_attempts_is_refused(bad: Any) -> None:
+    from ekit_core.checkpoint import FailureRecord
+
+    failures = MappingProxyType({"b": FailureRecord("RuntimeError", "busy", bad)})
+    ran: list[str] = []
+    with pytest.raises(ValueError, match=r"failures\.b\.attempts"):
+        asyncio.run(_workflow(ran).run({}, resume_from=dataclasses.replace(_recorded(), failures=failures)))
+    assert ran == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 10**400, True, "1"], ids=repr)
+def test_a_value_checkpoint_whose_duration_is_no_number_of_seconds_is_refused(bad: Any) -> None:
+    ran: list[str] = []
+    checkpoint = dataclasses.replace(_recorded(), durations=MappingProxyType({"a": bad}))
+    with pytest.raises(ValueError, match=r"durations\.a"):
+        asyncio.run(_workflow(ran).run({}, resume_from=checkpoint))
+    assert ran == []
