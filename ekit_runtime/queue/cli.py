@@ -508,14 +508,25 @@ def runs_table(runs: list[RunInfo], now: float) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+_TOO_DEEP = "JSON nested too deeply to read"
+
+
+def _loads(text: str, flag: str) -> Any:
+    """``text`` read as JSON, else a ValueError naming ``flag`` (``json.loads`` raises
+    RecursionError, no ValueError, for JSON nested past Python's recursion limit)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{flag}: {_TOO_DEEP}") from None
+
+
 def _submit_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """``--options JSON`` with each ``--option KEY=VALUE`` over it (VALUE read as JSON, else as text)."""
     options: dict[str, Any] = {}
     if args.options is not None:
-        try:
-            options = json.loads(args.options)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--options is not JSON: {exc}") from None
+        options = _loads(args.options, "--options")
         if not isinstance(options, dict):
             raise ValueError(f"--options must be a JSON object, got {type(options).__name__}")
     for item in args.option or ():
@@ -526,16 +537,15 @@ def _submit_options(args: argparse.Namespace) -> dict[str, Any] | None:
             options[key.strip()] = json.loads(text)
         except json.JSONDecodeError:
             options[key.strip()] = text
+        except RecursionError:
+            raise ValueError(f"--option {key.strip()}: {_TOO_DEEP}") from None
     return options or None
 
 
 def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
     action = args.action
     if action == "submit":
-        try:
-            context = json.loads(args.context) if args.context is not None else None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--context is not JSON: {exc}") from None
+        context = _loads(args.context, "--context") if args.context is not None else None
         options = _submit_options(args)
         return {
             "run_id": queue.submit(
@@ -658,6 +668,8 @@ def _answer(queue: RunQueue, args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"VALUE_JSON is not JSON ({exc}): give a JSON value such as '\"blue\"', 3 or '{{\"n\": 1}}'"
         ) from None
+    except RecursionError:
+        raise ValueError(f"VALUE_JSON: {_TOO_DEEP}") from None
     return _answered(queue.answer(args.run_id, args.step, value, by=args.by), args)
 
 
