@@ -1521,23 +1521,23 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         if room <= 0:
             return ()
     names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
-    shaped = spec.shaped is not None
+    conditional = spec.conditional  # (no step has a condition: no start asks one)
     # One ready step, the whole batch of a chain: window.only_one and
     # window.single, inlined (see ekit_core.window).
     if not ready & (ready - 1) and not gate:
         name = names[offset + ready.bit_length() - 1]
-        if name not in tries and name not in delays and not (shaped and _asks(spec, name)):
+        if name not in tries and name not in delays and not (conditional and _asks(spec, name)):
             return (first_start(name),)
         asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
-    if not (tries or delays or gate or shaped):  # plain first attempts: a fan-out's batch
+    if not (tries or delays or gate or conditional):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
     for i in window.indices(ready, room):
         name = names[offset + i]
         # Its condition and approval are asked until they answer (see _unanswered).
         unanswered = name not in tries or name in inc.unanswered
-        asks = shaped and unanswered and _asks(spec, name)
+        asks = conditional and unanswered and _asks(spec, name)
         starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), gate and unanswered, asks))
     return tuple(starts)
 
@@ -1549,7 +1549,7 @@ def _asks(spec: RunSpec, name: str) -> bool:
     and again after an attempt whose condition raised (see :func:`_unanswered`).
     """
     shaped = spec.shaped
-    if shaped is None:
+    if shaped is None or not spec.conditional:
         return False
     shapes = spec.declared_graph.shapes
     shape = shapes.get(name)
@@ -1571,7 +1571,7 @@ def _begin_attempts(w: _Run, starts: tuple[Start, ...], chosen: int) -> None:
     w.running |= chosen  # window.add
     w.in_flight += len(starts)
     inc, record = w.setbacks, w.record
-    if not (record or inc.delays or w.spec.limits.approval or w.spec.shaped is not None):
+    if not (record or inc.delays or w.spec.limits.approval or w.spec.conditional):
         return
     gated = []
     for start in starts:
