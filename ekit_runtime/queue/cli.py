@@ -299,6 +299,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         _on_signals(worker, received)
+        # Announced once before saying so, so that "started" is true: a queue
+        # that refuses this worker (no privilege, not a queue) gives its one
+        # error line instead.
+        await asyncio.to_thread(queue.announce, worker.name, worker.fingerprints, worker.lease_seconds)
         _log_started(worker, args)
         if args.until_idle:
             await worker.run_until_idle()
