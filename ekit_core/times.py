@@ -21,17 +21,29 @@ def iso_utc(at: float) -> str:
     """``at`` (seconds since 1970-01-01 UTC) as ``2026-12-07T03:04:12Z``, to the whole second.
 
     An instant outside the years 1 to 9999, or not a number at all, is
-    printed as the number it is (``repr``): a report shows what was recorded.
+    printed as the number it is (:func:`_recorded`): a report shows what was
+    recorded. An int is compared as an int: one past any float (``10**400``,
+    which an answer's ``at`` and JSON may hold) is no ``OverflowError``.
     """
     if not isinstance(at, int | float) or isinstance(at, bool):
-        return repr(at)
-    if not (math.isfinite(at) and _FIRST <= at < _PAST_LAST):
-        return repr(at)
+        return _recorded(at)
+    if (isinstance(at, float) and not math.isfinite(at)) or not _FIRST <= at < _PAST_LAST:
+        return _recorded(at)
     days, seconds = divmod(math.floor(at), _DAY)
     year, month, day = _civil(days)
     hour, rest = divmod(seconds, 3600)
     minute, second = divmod(rest, 60)
     return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}Z"
+
+
+def _recorded(at: object) -> str:
+    """``repr(at)``; an int too long for Python to write as text (4,300 digits) by its size."""
+    try:
+        return repr(at)
+    except ValueError:
+        if not isinstance(at, int):
+            raise
+        return f"an int of {at.bit_length()} bits"
 
 
 def _civil(days: int) -> tuple[int, int, int]:
