@@ -797,6 +797,12 @@ class Runner:
                     await returned
             except Exception as again:
                 refused = again
+                if self._refused_new(again, cp) is None:  # not one more output left out: told
+                    exc.add_note(
+                        f"ekit: saving the checkpoint without the output of "
+                        f"{', '.join(map(repr, left_out))} failed too, so nothing was saved: "
+                        f"{type(again).__name__}: {again}"
+                    )
                 continue
             self._accepted = self.last_checkpoint = cp
             exc.add_note(
