@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.graph import GraphSpec
 from ekit_core.rewind import grown
+from ekit_core.shapes import Shape
 
 __all__ = ["Progress", "items_progress", "run_progress"]
 
@@ -57,15 +59,33 @@ def run_progress(checkpoint: WorkflowCheckpoint) -> Progress:
     graph = checkpoint.graph
     if graph is None:
         return Progress(checkpoint.step_index, len(skipped), failed, None)
+    shapes: Mapping[str, Shape] = checkpoint.shapes or {}
     total = len(graph)
-    for name, shape in (checkpoint.shapes or {}).items():
-        over = shape.map_over
-        if over is not None and name not in skipped:  # a skipped mapped step has no items
-            output = outputs.get(over)
-            if isinstance(output, list | tuple | Mapping):
-                total += len(output)
+    for name in shapes:
+        total += _item_count(name, shapes, outputs, skipped) or 0
     recorded, skips = checkpoint.step_index, len(skipped)
     return Progress(recorded, skips, failed, max(recorded + skips, total))
+
+
+def _item_count(
+    name: str, shapes: Mapping[str, Shape], outputs: Mapping[str, Any], skipped: Mapping[str, str]
+) -> int | None:
+    """How many items step ``name`` makes, ``None`` when not known yet (or it maps over nothing).
+
+    A step mapped over a mapped step's items (an item-wise chain) has one item
+    per item of that step, known as soon as its input is: its items run before
+    that step's collection is recorded. A skipped mapped step has no items.
+    """
+    over = shapes[name].map_over
+    if over is None:
+        return None
+    if name in skipped:
+        return 0
+    chained = shapes.get(over)
+    if chained is not None and chained.map_over is not None:
+        return _item_count(over, shapes, outputs, skipped)
+    output = outputs.get(over)
+    return len(output) if isinstance(output, list | tuple | Mapping) else None
 
 
 def items_progress(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> dict[str, Progress]:
