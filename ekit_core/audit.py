@@ -41,7 +41,7 @@ from ekit_core.report import (
     table,
     usage_text,
 )
-from ekit_core.rewind import grown, outdated_steps, without
+from ekit_core.rewind import grown, outdated_steps, without, without_questions
 from ekit_core.times import when
 from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
@@ -373,8 +373,7 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_timed(_with_questions(_rows(audited), without(cp, graph, audited.outdated).asked),
-                     cp.durations),
+        steps=_timed(_with_questions(_rows(audited), _kept_questions(audited)), cp.durations),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -533,6 +532,13 @@ def _timed(rows: tuple[StepAudit, ...], durations: Mapping[str, float]) -> tuple
         return rows
     return tuple(row if (d := durations.get(row.name)) is None else replace(row, duration=d)
                  for row in rows)
+
+
+def _kept_questions(a: _Audited) -> Mapping[str, tuple[Exchange, ...]]:
+    """The questions a resume keeps: not those below an outdated step, nor those of a step
+    whose work changed since it asked, or below one (the core's rule: the new code asks its own)."""
+    kept = without(a.cp, a.graph, a.outdated)
+    return without_questions(kept, _rules.changed_work(a.graph, a.cp, a.versions)).asked
 
 
 def _with_questions(rows: tuple[StepAudit, ...], asked: Mapping[str, tuple[Exchange, ...]]

@@ -22,6 +22,7 @@ decided again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, cast
@@ -32,7 +33,10 @@ from ekit_core.expansion import Expanded, expand, expanders
 from ekit_core.graph import GraphSpec
 from ekit_core.shapes import Shape
 
-__all__ = ["downstream", "grown", "outdated_steps", "redone_after", "rewind"]
+__all__ = [
+    "changed_steps", "downstream", "grown", "outdated_steps", "reached", "redone_after", "rewind",
+    "without_questions",
+]
 
 
 def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
@@ -159,32 +163,80 @@ def rewind(
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
     wanted = list(dict.fromkeys(_step_names(steps)))
     if spec.shapes:
-        rewound = _rewind_shaped(spec, checkpoint, wanted)
+        rewound, touched = _rewind_shaped(spec, checkpoint, wanted)
     else:
         unknown = [n for n in wanted if n not in spec.index]
         if unknown:
             raise ValueError(f"cannot rewind unknown step(s): {', '.join(map(repr, unknown))}")
-        rewound = without(checkpoint, spec, downstream(spec, wanted))
-    redone = redone_after(checkpoint, rewound)
-    return rewound if redone is rewound.redone else replace(rewound, redone=redone)
+        touched = set(downstream(spec, wanted))
+        rewound = without(checkpoint, spec, touched)
+    if rewound is checkpoint:  # nothing recorded to let go of: the same work runs
+        return checkpoint
+    # What runs again, recorded or not (an attempt interrupted on the old input), is other work.
+    return replace(rewound, redone=redone_after(checkpoint, rewound, touched))
 
 
-def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint) -> MappingProxyType[str, int]:
+def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
+                 touched: Iterable[str] = ()) -> MappingProxyType[str, int]:
     """``before.redone`` counting once more each output ``before`` records and ``after``
-    lets go of (``after`` holds a subset of them): the attempts that made those
-    outputs are spent, so the next attempt of each has a number, and a key, of its own."""
-    if after.outputs is before.outputs or len(after.outputs) == len(before.outputs):
+    lets go of (``after`` holds a subset of them), and each step or item in ``touched``
+    (whose work changed, recorded or not): the attempts that made those outputs are
+    spent, and one that asked, failed or was interrupted (which no checkpoint records)
+    did other work, so the next attempt of each has a number, and a key, of its own."""
+    counted = set(touched)
+    if not (after.outputs is before.outputs or len(after.outputs) == len(before.outputs)):
+        counted.update(n for n in before.outputs if n not in after.outputs)
+    if not counted:
         return before.redone
     redone = dict(before.redone)
-    for name in before.outputs:
-        if name not in after.outputs:
-            redone[name] = redone.get(name, 0) + 1
+    for name in counted:
+        redone[name] = redone.get(name, 0) + 1
     return MappingProxyType(redone)
 
 
+def changed_steps(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                  versions: Mapping[str, str] | None = None) -> list[str]:
+    """The steps whose work changed since ``checkpoint``, recorded or not: their ``version``
+    tag differs from the recorded one, or the dependencies or shape the checkpoint
+    records for them differ from ``graph``'s (see :func:`outdated_steps`, which keeps
+    the recorded ones and adds what is downstream)."""
+    versions = versions or {}
+    recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
+    reshaped = set(reshaped_steps(graph, checkpoint))
+    return [n for n in graph.names
+            if checkpoint.versions.get(n) != versions.get(n) or n in reshaped
+            or (n in recorded_graph and set(recorded_graph[n]) != set(graph.deps[n]))]
+
+
+def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[str]) -> set[str]:
+    """``roots``, every step downstream of them and the items of those that are mapped (now or
+    when recorded) that ``checkpoint`` names or its outputs grow into: what may have run,
+    or been interrupted, on work that changes, whatever the checkpoint records of it."""
+    steps = downstream(graph, [n for n in roots if n in graph.index])
+    found = {*roots, *steps}
+    mapped = tuple(f"{n}[" for n in steps if (n in graph.shapes and graph.shapes[n].map_over)
+                   or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
+    if not mapped:
+        return found
+    names = (*grown(graph, checkpoint.outputs).items, *checkpoint.outputs, *checkpoint.failures,
+             *checkpoint.asked, *checkpoint.superseded, *checkpoint.skipped)
+    found.update(n for n in names if n.startswith(mapped) and n not in graph.index)
+    return found
+
+
+def without_questions(checkpoint: WorkflowCheckpoint, names: AbstractSet[str]) -> WorkflowCheckpoint:
+    """``checkpoint`` without the questions ``names`` asked, answered or not: code whose work
+    changed asks its own (as an uninterrupted run of it would), never hearing the old answer."""
+    if not checkpoint.asked or not names & checkpoint.asked.keys():
+        return checkpoint
+    return replace(checkpoint, asked=MappingProxyType(
+        {k: v for k, v in checkpoint.asked.items() if k not in names}))
+
+
 def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: list[str]
-                   ) -> WorkflowCheckpoint:
-    """:func:`rewind` in a graph with run-time shapes: items, collections and skips too."""
+                   ) -> tuple[WorkflowCheckpoint, set[str]]:
+    """:func:`rewind` in a graph with run-time shapes: items, collections and skips too
+    (and the steps and items that run again)."""
     items = grown(graph, checkpoint.outputs)
     # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
     unknown = [n for n in wanted
@@ -206,12 +258,12 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
     if untouched and not seen & checkpoint.skipped.keys() and not (
             checkpoint.asked and seen & checkpoint.asked.keys()):
-        return checkpoint
+        return checkpoint, seen
     return _dropping(
         checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
-    )
+    ), seen
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,

@@ -137,12 +137,15 @@ from ekit_core.results import (
     Succeeded,
 )
 from ekit_core.rewind import (
+    changed_steps,
     downstream,
     grown,
     keep_forced_skips,
     outdated_steps,
+    reached,
     redone_after,
     without,
+    without_questions,
 )
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of
@@ -384,13 +387,31 @@ def _check_versions(graph: GraphSpec, versions: Mapping[str, str] | None) -> Map
 
 
 def _outdated(
-    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str]
-) -> dict[str, str]:
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool
+) -> tuple[dict[str, str], frozenset[str]]:
+    """The outdated steps, and what runs on changed work (:func:`changed_work`) if ``resumed``."""
     # The common resume (no tags, same graph) pays nothing for the rule.
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
     if same_graph and not versions and not checkpoint.versions:
-        return {}
-    return outdated_steps(graph, checkpoint, versions)
+        return {}, _NO_NAMES
+    touched = changed_work(graph, checkpoint, versions) if resumed else _NO_NAMES
+    return outdated_steps(graph, checkpoint, versions), touched
+
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+
+def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str]
+                 ) -> frozenset[str]:
+    """What a resume runs on work that changed since ``checkpoint`` (a changed tag,
+    dependencies or shape, and what is downstream: :func:`~ekit_core.rewind.reached`),
+    recorded or not: those attempts get new numbers, and their questions are dropped
+    (audit reads the same rule)."""
+    same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
+    if same_graph and not versions and not checkpoint.versions:
+        return _NO_NAMES  # the common resume pays nothing for the rule
+    roots = changed_steps(graph, checkpoint, versions)
+    return frozenset(reached(graph, checkpoint, roots)) if roots else _NO_NAMES
 
 
 def _first_ready(
@@ -501,14 +522,14 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
     tags = _check_versions(graph, versions)
-    outdated = _outdated(graph, checkpoint, tags)
+    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None)
     # Its dependents are given by each path below: building the whole index
     # here would cost a resume an entry per recorded step.
     base = RunSpec(graph, limits, MappingProxyType(
         _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
-        return _initial_shaped(graph, checkpoint, base, outdated, record_events)
-    return _initial_static(graph, checkpoint, base, outdated, record_events)
+        return _initial_shaped(graph, checkpoint, base, outdated, record_events, touched)
+    return _initial_static(graph, checkpoint, base, outdated, record_events, touched)
 
 
 def _of_this_run(graph: GraphSpec, limits: RunLimits, run_id: object, only: object,
@@ -533,10 +554,11 @@ _NOT_YET: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
-                    outdated: Mapping[str, str], record_events: bool) -> State:
+                    outdated: Mapping[str, str], record_events: bool, touched: frozenset[str]
+                    ) -> State:
     """:func:`initial_state` of a graph without run-time shapes (most runs)."""
-    resumed = without(checkpoint, graph, outdated)
-    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed)), resumed
+    resumed = without_questions(without(checkpoint, graph, outdated), touched)
+    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     limits = base.limits
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     first, waiting, done, dependents = _first_ready(graph, checkpoint.outputs)
@@ -568,10 +590,10 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 
 
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
-                    outdated: Mapping[str, str], record: bool) -> State:
+                    outdated: Mapping[str, str], record: bool, touched: frozenset[str]) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    resumed = kept_on_resume(graph, checkpoint, outdated, base.versions)
-    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed)), resumed
+    resumed = without_questions(kept_on_resume(graph, checkpoint, outdated, base.versions), touched)
+    base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
     held = 0

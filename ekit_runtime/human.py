@@ -36,7 +36,7 @@ from typing import Any
 from ekit_core import WorkflowCheckpoint
 from ekit_core.human import Answer, Question, answer, check_answer, pending
 
-__all__ = ["InputRequired", "approve", "ask", "with_answers"]
+__all__ = ["InputRequired", "approve", "ask", "refuse_dropped_answers", "with_answers"]
 
 
 class InputRequired(Exception):
@@ -161,3 +161,17 @@ def with_answers(checkpoint: WorkflowCheckpoint, answers: Mapping[str, Any]) -> 
             given = Answer(given)
         checkpoint = answer(checkpoint, step, given)
     return checkpoint
+
+
+def refuse_dropped_answers(answers: Mapping[str, Any], kept: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the first step of ``answers`` whose question the resume dropped
+    (not in ``kept``, the questions its first state keeps): its work changed since it asked,
+    so its current code asks its own question, which this answer never saw."""
+    for step in answers:
+        if step not in kept:
+            raise ValueError(
+                f"step {step!r} no longer waits on the question answered: its work changed "
+                "since it asked (its version, dependencies or shape, or those of a step it "
+                "needs), so the current code asks its own question; resume without answering "
+                f"{step!r}, then answer what it asks"
+            )

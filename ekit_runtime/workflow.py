@@ -33,7 +33,7 @@ from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.human import with_answers
+from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
@@ -258,11 +258,7 @@ class Workflow:
         executor = options.get("executor")
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
-        resume_from, answers = options.get("resume_from"), options.get("answers")
-        if answers:  # recorded before anything runs: a step that is not waiting is refused
-            resume_from = with_answers(resume_checkpoint(
-                self.graph, resume_from, allow_graph_change=options.get("allow_graph_change", False)
-            ), answers)
+        resume_from, answers = self._answered(options), options.get("answers")
         state = self.start_state(
             initial_context,
             resume_from=resume_from,
@@ -276,6 +272,8 @@ class Workflow:
             only=options.get("only"),
             durations=options.get("durations", False),
         )
+        if answers:  # an answer to a question the resume dropped (its work changed) is refused
+            refuse_dropped_answers(answers, state.setbacks.asked)
         self._check_executors(executor)
         runner = Runner(
             self.steps,
@@ -292,6 +290,16 @@ class Workflow:
         if answers:
             runner.save_first = True
         return runner
+
+    def _answered(self, options: RunOptions) -> WorkflowCheckpoint | Mapping[str, Any] | None:
+        """``resume_from`` with the run's ``answers`` recorded, before anything runs: a step
+        that is not waiting is refused."""
+        resume_from, answers = options.get("resume_from"), options.get("answers")
+        if not answers:
+            return resume_from
+        return with_answers(resume_checkpoint(
+            self.graph, resume_from, allow_graph_change=options.get("allow_graph_change", False)
+        ), answers)
 
     def _check_executors(self, default: Executor | None) -> None:
         if not any(s.executor is not None for s in self._with_options):

@@ -76,9 +76,9 @@ class Features:
     retries: bool = True
     version_bumps: bool = True
     rewinds: bool = True
-    # Issue 42, item 11, still open on two paths: an attempt that asked a question, or was
-    # interrupted, under the old code (or the old input) lends its key to the new work.
-    attempt_keys_name_work: bool = False
+    # Issue 42, item 11 (fixed): an attempt that asked a question, or was interrupted, under
+    # the old code (or the old input) lent its key to the new work.
+    attempt_keys_name_work: bool = True
 
 
 @dataclass(frozen=True)

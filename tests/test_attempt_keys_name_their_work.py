@@ -16,8 +16,17 @@ from typing import Any
 
 import pytest
 
-from ekit_core import CheckpointError, WorkflowCheckpoint, rewind
-from ekit_runtime import JournalStore, JsonFileStore, SqliteStore, Step, Workflow
+from ekit_core import (
+    Answer,
+    CheckpointError,
+    WorkflowCheckpoint,
+    answer,
+    audit,
+    questions,
+    replay,
+    rewind,
+)
+from ekit_runtime import JournalStore, JsonFileStore, RunWaiting, SqliteStore, Step, Workflow, ask
 from ekit_runtime.attempt import attempt_key
 
 
@@ -172,3 +181,107 @@ def test_a_bump_in_a_graph_without_shapes_gives_new_keys_too() -> None:
     keys.clear()
     build("2").run_sync(run_id="r", resume_from=first.checkpoint.to_dict())
     assert sorted(keys) == ["r/a/2", "r/b/2"]
+
+
+def _asking(keys: list[str], heard: list[Any], version: str) -> Workflow:
+    def run(ctx: Any) -> str:
+        keys.append(str(attempt_key()))
+        heard.append(ask(f"go ahead ({version})?"))
+        return f"{version}:{heard[-1]}"
+
+    return Workflow([Step("s", run, version=version)])
+
+
+def _waiting_of(workflow: Workflow, **options: Any) -> WorkflowCheckpoint:
+    with pytest.raises(RunWaiting) as caught:
+        workflow.run_sync(run_id="r", **options)
+    assert caught.value.checkpoint is not None
+    return caught.value.checkpoint
+
+
+def test_a_bump_of_a_step_waiting_on_a_question_asks_anew_under_a_new_key() -> None:
+    keys: list[str] = []
+    heard: list[Any] = []
+    waiting = _waiting_of(_asking(keys, heard, "1"))
+    assert keys == ["r/s/1"]
+    keys.clear()
+    # The old code's question is not the new code's: an answer to it is refused by name...
+    with pytest.raises(ValueError, match=r"'s'.*version"):
+        _asking(keys, heard, "2").run_sync(run_id="r", resume_from=waiting.to_dict(),
+                                           answers={"s": "yes"})
+    assert keys == [] and heard == []
+    # ...and an answer recorded before the bump is not handed to the new code: it asks its own.
+    answered = answer(waiting, "s", Answer("yes"))
+    [row] = audit(_asking(keys, heard, "2"), answered).steps  # audit reads the same rule
+    assert (row.action, row.asked) == ("run", ())
+    [row] = audit(_asking(keys, heard, "1"), answered).steps
+    assert len(row.asked) == 1
+    again = _waiting_of(_asking(keys, heard, "2"), resume_from=answered.to_dict())
+    assert keys == ["r/s/2"] and heard == []
+    assert [q.prompt for q in questions(again).values()] == ["go ahead (2)?"]
+    keys.clear()
+    done = _asking(keys, heard, "2").run_sync(run_id="r", resume_from=again.to_dict(),
+                                              answers={"s": "sure"})
+    assert keys == ["r/s/2"] and dict(done.outputs) == {"s": "2:sure"}
+    assert replay(_asking(keys, heard, "2"), [waiting, answered, again, done.checkpoint]).violations == ()
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def test_a_bump_gives_a_dependent_interrupted_under_the_old_code_a_new_key() -> None:
+    keys: list[str] = []
+
+    def build(version: str, interrupt: bool) -> Workflow:
+        def a(ctx: Any) -> str:
+            keys.append(str(attempt_key()))
+            return version
+
+        def b(ctx: Any) -> str:
+            keys.append(str(attempt_key()))
+            if interrupt:
+                raise _Interrupted  # not recorded: the checkpoint cannot know b started
+            return f"b of {ctx['a']}"
+
+        return Workflow([Step("a", a, version=version), Step("b", b, ("a",), context="dependencies")])
+
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(_Interrupted):
+        build("1", True).run_sync(run_id="r", checkpoint_fn=saved.append)
+    assert keys == ["r/a/1", "r/b/1"] and "a" in saved[-1].outputs
+    keys.clear()
+    done = build("2", False).run_sync(run_id="r", resume_from=saved[-1].to_dict())
+    assert keys[0] == "r/a/2" and keys[1] != "r/b/1"  # b's input changed: other work
+    assert dict(done.outputs) == {"a": "2", "b": "b of 2"}
+    # A later resume of the same code does not count again.
+    assert done.checkpoint is not None
+    keys.clear()
+    again = rewind(build("2", False), done.checkpoint, "b")
+    build("2", False).run_sync(run_id="r", resume_from=again.to_dict())
+    assert keys == ["r/b/3"]
+
+
+def test_a_rewind_gives_a_dependent_interrupted_under_the_old_input_a_new_key() -> None:
+    keys: list[str] = []
+
+    def build(interrupt: bool) -> Workflow:
+        def a(ctx: Any) -> int:
+            keys.append(str(attempt_key()))
+            return len(keys)
+
+        def b(ctx: Any) -> str:
+            keys.append(str(attempt_key()))
+            if interrupt:
+                raise _Interrupted
+            return f"b of {ctx['a']}"
+
+        return Workflow([Step("a", a), Step("b", b, ("a",), context="dependencies")])
+
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(_Interrupted):
+        build(True).run_sync(run_id="r", checkpoint_fn=saved.append)
+    assert keys == ["r/a/1", "r/b/1"]
+    keys.clear()
+    build(False).run_sync(run_id="r", resume_from=rewind(build(False), saved[-1], "a").to_dict())
+    assert keys[0] == "r/a/2" and keys[1] != "r/b/1"

@@ -189,18 +189,21 @@ def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     return Workflow(steps, codec=Codec(Note) if plan.typed else None)
 
 
-def _answers(cp: WorkflowCheckpoint | None) -> dict[str, Any]:
-    """A person answers every pending question, the same way every time."""
-    if cp is None:
+def _answers(workflow: Workflow, cp: WorkflowCheckpoint | None) -> dict[str, Any]:
+    """A person answers every pending question, the same way every time: those the resume
+    still asks (a step whose work changed since it asked asks its own, and an answer to the
+    old question is refused: ``docs/concepts.md``)."""
+    if cp is None or not questions(cp):
         return {}
-    return {name: f"ans({name})" for name in questions(cp)}
+    kept = workflow.start_state(resume_from=cp, record_events=False).setbacks.asked
+    return {name: f"ans({name})" for name in questions(cp) if name in kept}
 
 
 def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, save: Callable[[Any], None],
          concurrency: int | None = None) -> Mapping[str, Any] | None:
     """One run: its outputs if it finished, ``None`` if it stopped short (any way it may)."""
     try:
-        result = workflow.run_sync(resume_from=cp, answers=_answers(cp) or None,
+        result = workflow.run_sync(resume_from=cp, answers=_answers(workflow, cp) or None,
                                    checkpoint_fn=save, run_id="r", max_concurrency=concurrency)
     except (RunWaiting, Transient, Crash) as exc:
         event(f"a run stopped short: {type(exc).__name__}")  # (--hypothesis-show-statistics)
@@ -370,7 +373,8 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
             step = Turn() if calm else script[turn]
             phase = plan.phases - 1 if calm else min(phase + step.bump, plan.phases - 1)
             workflow = build(plan, phase, world)
-            cp = store.load()
+            cp = loaded = store.load()
+            keys_before = dict(world.keys)
             rewound: set[str] = set()
             if cp is not None and step.rewind is not None:
                 items = sorted(n for n in cp.outputs if n.startswith(f"{step.rewind}["))
@@ -382,10 +386,17 @@ def drive(plan: PlannedWorkflow, store_kind: str, script: list[Turn], direct: bo
             if direct:
                 world.interrupt_at = step.crash_at
                 outputs = _run(workflow, cp, store, concurrency)
-                _note_recorded(store.load(), world, recorded)
+                after = store.load()
+                _note_recorded(after, world, recorded)
+                saved = (None if after is None else after.to_dict()) != (
+                    None if loaded is None else loaded.to_dict())
             else:
-                outputs = _run(workflow, cp, Saver(store, world, recorded, step.crash_at), concurrency)
+                saver = Saver(store, world, recorded, step.crash_at)
+                outputs = _run(workflow, cp, saver, concurrency)
+                saved = saver.saves > saver.dead
             assert world.problems == []
+            if not saved:  # attempt numbers count what checkpoints record: a resume of other code
+                world.keys = keys_before  # from the same one may reuse these (docs/concepts.md)
             if outputs is not None and calm:
                 # The finished run's own checkpoint resumes to the same outputs, paying nothing.
                 world.paid = []
