@@ -267,7 +267,8 @@ def test_a_budget_the_recorded_usage_reaches_is_an_anomaly() -> None:
     # A finished run reaching its budget has nothing left to refuse.
     done = {**cp, "outputs": {n: n for n in DIAMOND.names}, "failures": {}}
     assert audit(DIAMOND, done, budget=TokenUsage(1, 1, 1)).clean
-    for bad, fragment in [(5, "TokenUsage"), (TokenUsage(-1, 0, 0), r"input_tokens must be an int >= 0, got -1")]:
+    negative = (TokenUsage(-1, 0, 0), r"input_tokens must be an int >= 0, got -1")
+    for bad, fragment in [(5, "TokenUsage"), negative]:
         with pytest.raises(ValueError, match=fragment):
             audit(DIAMOND, cp, budget=bad)  # type: ignore[arg-type]
 
