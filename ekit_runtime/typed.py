@@ -653,21 +653,26 @@ class _Forms:
         restored = self._restored.get(name)
         if restored is not None and restored[0] is value:
             return restored[1]
+        return self._encoded(value, f"step {name!r} returned", f"the output of step {name!r}", name)
+
+    def _encoded(self, value: Any, holder: str, what: str, step: str | None) -> Any:
+        """``value`` encoded by the codec, or an :class:`UnencodableError` naming ``what`` holds it
+        (``holder``: the same, as the subject of "returned"/"holds"), whatever encoding raised."""
         try:
             return self._codec._encode(value)
         except _Unregistered as exc:
             raise UnencodableError(
-                f"step {name!r} returned {_unregistered(exc.cls)}; nothing was saved", step=name
+                f"{holder} {_unregistered(exc.cls)}; nothing was saved", step=step
             ) from None
         except RecursionError:
             raise UnencodableError(
-                f"cannot encode the output of step {name!r}: it nests too deeply (or holds itself); "
-                "nothing was saved", step=name,
+                f"cannot encode {what}: it nests too deeply (or holds itself); nothing was saved",
+                step=step,
             ) from None
         except Exception as exc:
             raise UnencodableError(
-                f"cannot encode the output of step {name!r}: the codec's encoder raised "
-                f"{type(exc).__name__}: {exc}; nothing was saved", step=name,
+                f"cannot encode {what}: the codec's encoder raised {type(exc).__name__}: {exc}; "
+                "nothing was saved", step=step,
             ) from exc
 
     def _encoded_table(self, table: MappingProxyType[str, Any], field: str) -> MappingProxyType[str, Any]:
@@ -678,13 +683,10 @@ class _Forms:
         if table:
             values = {}
             for key, value in table.items():
-                try:
-                    values[key] = self._codec._encode(value)
-                except _Unregistered as exc:
-                    raise UnencodableError(
-                        f"{field} key {key!r} holds {_unregistered(exc.cls)}; nothing was saved",
-                        step=key if field == "superseded" else None,
-                    ) from None
+                values[key] = self._encoded(
+                    value, f"{field} key {key!r} holds", f"{field} key {key!r}",
+                    key if field == "superseded" else None,
+                )
             if not all(values[k] is v for k, v in table.items()):
                 encoded = MappingProxyType(values)
         if field == "context":
