@@ -464,7 +464,13 @@ class JournalStore:
             if self.durable:
                 os.fsync(fd)
         except BaseException:
-            self._forget()
+            # Cut off what this append wrote, so that the journal is what this
+            # store knows it holds and the next save appends after it: forgotten,
+            # the next save (a run's wind-down) would rewrite it, history lost.
+            try:
+                os.ftruncate(fd, self._size)
+            except OSError:
+                self._forget()
             raise
         self._size += len(line)
 
