@@ -12,6 +12,7 @@ appends after what stood.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_an_interrupted_append_is_cut_off_and_the_history_stays(
     monkeypatch.undo()
     history = [sorted(cp.outputs) for cp in JournalStore(path).history()]
     assert history[:2] == [["a"], ["a", "b"]], history
-    assert all(len(later) > len(earlier) for earlier, later in zip(history, history[1:], strict=False))
+    assert all(len(later) > len(earlier) for earlier, later in pairwise(history))
     assert len(history) >= 3 and JournalStore(path).torn_tail == 0
     with JournalStore(path, durable=False) as store:
         assert _chain().run_sync(checkpoint_fn=store, resume_from=store.load()).outputs["d"] == 4
