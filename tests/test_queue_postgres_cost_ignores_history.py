@@ -165,8 +165,11 @@ def test_a_claim_does_not_read_the_whole_backlog(pg_url: str) -> None:
     # Read off its index in order, a claim stops after the runs it takes (a
     # larger backlog costs a level more in each index the leases write to:
     # four runs, four indexes). Reading every queued run cost about one
-    # buffer per twenty, 164 more here.
-    assert long <= short + 24, (short, long)
+    # buffer per twenty, 164 more here. The margin sits between the two: with
+    # other suites using the same server, a claim sometimes still visits the
+    # dead entries of the runs just finished before a scan marks them (63
+    # became 109), which is not the backlog.
+    assert long <= short + 80, (short, long)
 
 
 def test_the_queues_statements_are_planned_once_per_session(pg_url: str) -> None:
