@@ -688,11 +688,14 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     aside = _still_aside(checkpoint.superseded, graph.index, prefixes, roots)
     aside.update((u, checkpoint.outputs[u]) for u in expanders(graph)
                  if u in outdated and u in checkpoint.outputs)
-    # A skip below a step that runs again is decided again.
+    # A skip below a step that runs again is decided again, and so are the
+    # items below a changed mapped step that never collected (so is in no
+    # ``outdated``): their conditions were decided on its old items.
     drop = {n for n in below if n in checkpoint.skipped}
+    stale = again.union(downstream(graph, changed))
     for name in (*checkpoint.outputs, *checkpoint.skipped):
         owner = next((m for p, m in prefixes.items() if name.startswith(p)), None)
-        if owner is None or (owner not in again and owner not in changed):
+        if owner is None or owner not in stale:
             continue
         drop.add(name)
         root, clean = roots.get(owner, (owner, False))
