@@ -221,13 +221,13 @@ def test_a_bump_of_a_mapped_step_not_yet_collected_decides_its_chained_condition
         {"s0": (), "s1": ("s0",), "s2": ("s0", "s1")},
         {"s1": Shape(map_over="s0"), "s2": Shape(map_over="s1", when="cond")},
     )
-    state, batch = advance(initial_state(graph))
-    state, batch = advance(state, [Succeeded("s0", [1, 2])])
-    state, batch = advance(state, [Succeeded("s1[0]", "old"), Asked("s1[1]", Question("value", "?"))])
-    state, batch = advance(state, [Skipped("s2[0]", "condition cond was false")])
+    state, _ = advance(initial_state(graph))
+    state, _ = advance(state, [Succeeded("s0", [1, 2])])
+    state, _ = advance(state, [Succeeded("s1[0]", "old"), Asked("s1[1]", Question("value", "?"))])
+    state, _ = advance(state, [Skipped("s2[0]", "condition cond was false")])
     saved = checkpoint_of(state)
     assert "s2[0]" in saved.skipped and "s1" not in saved.outputs
     resumed = initial_state(graph, saved, versions={"s1": "2"})
     assert "s1[0]" not in resumed.outputs and "s2[0]" not in resumed.setbacks.skipped
-    state, batch = advance(resumed)
+    state, _ = advance(resumed)
     initial_state(graph, checkpoint_of(state), versions={"s1": "2"})  # its own checkpoint resumes
