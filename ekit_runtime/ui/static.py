@@ -101,8 +101,10 @@ svg.graph rect { stroke: #555; stroke-width: 1; }
 pre { white-space: pre-wrap; }
 #waiting { border: 2px solid #ffda6a; background: #fffbeb; padding: 0.25em 1em 0.75em; margin-bottom: 1em; }
 #waiting h2 { margin: 0.4em 0; }
-.waiting-run { border-top: 1px solid #f0d98a; padding-top: 0.25em; }
-.waiting-run .question { background: #fff; }
+.waiting-run { border-top: 1px solid #f0d98a; padding: 0.2em 0; }
+.waiting-run > p { margin: 0.3em 0; }
+.waiting-run .question { background: #fff; margin: 0.2em 0 0.2em 1.5em; padding: 0.2em 0.75em; }
+.waiting-run .question p { margin: 0.2em 0; display: inline-block; margin-right: 1em; }
 .hint { color: #555; }
 .hint code, code { background: #f4f4f4; padding: 0 3px; }
 form.action input { margin: 0 0.25em; }
