@@ -18,7 +18,8 @@ from ekit_core.report import usage_text
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import STATUSES
 from ekit_runtime.ui.fleet_svg import fleet_svg
-from ekit_runtime.ui.pages import age_text, run_href, token_field
+from ekit_runtime.ui.outputs import when_text
+from ekit_runtime.ui.pages import run_href, token_field
 from ekit_runtime.ui.sources import CHART_RUNS, RunsView, Waiting
 
 __all__ = ["chart_html", "runs_parts", "waiting_html"]
@@ -65,8 +66,7 @@ def _run(w: Waiting, token: str | None, now: float) -> str:
         asks.append('<p class="none">its question was just answered or withdrawn: see its page</p>')
     return (f'<div class="waiting-run" data-run-id="{_esc(info.run_id)}"><p>'
             f'<a href="{_esc(_href(info.run_id))}">{_esc(info.run_id)}</a> '
-            f"<small>({_esc(info.workflow)}, submitted {_esc(age_text(now - info.created_at))} ago)"
-            "</small></p>"
+            f"<small>({_esc(info.workflow)}, submitted {_esc(when_text(info.created_at))})</small></p>"
             f'{"".join(asks)}</div>')
 
 

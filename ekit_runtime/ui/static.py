@@ -25,17 +25,32 @@ APP_JS = r"""'use strict';
     }
     window.setInterval(tick, every);
   }
+  // What a person typed into a part's forms, by form and field: kept when the part is replaced.
+  function typed(el) {
+    var kept = {};
+    el.querySelectorAll('form input:not([type=hidden])').forEach(function (f) {
+      var step = f.form.querySelector('input[name=step]');
+      kept[f.form.getAttribute('action') + '|' + (step ? step.value : '') + '|' + f.name] = f.value;
+    });
+    return kept;
+  }
   // Put in place, in one go, each part whose version changed, and give its forms the page's token
-  // back (the JSON never holds it): a form being typed in stays until its own part changes.
+  // back (the JSON never holds it) and what was typed into them.
   function replaceParts(data, token) {
     var parts = data.parts || {};
     var versions = data.versions || {};
     Object.keys(parts).forEach(function (id) {
       var el = document.getElementById(id);
       if (!el || el.dataset.version === versions[id]) { return; }
+      var kept = typed(el);
       el.innerHTML = parts[id];
       el.dataset.version = versions[id];
       el.querySelectorAll('input[name=token]').forEach(function (f) { f.value = token; });
+      el.querySelectorAll('form input:not([type=hidden])').forEach(function (f) {
+        var step = f.form.querySelector('input[name=step]');
+        var key = f.form.getAttribute('action') + '|' + (step ? step.value : '') + '|' + f.name;
+        if (Object.prototype.hasOwnProperty.call(kept, key)) { f.value = kept[key]; }
+      });
     });
   }
   function setText(id, text) {
