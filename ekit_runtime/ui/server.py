@@ -144,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _json(self, data: Any, code: int = 200) -> None:
-        self._send(code, json.dumps(data), "application/json")
+        self._send(code, json.dumps(_encodable(data)), "application/json")
 
     def _error(self, code: int, message: str, as_json: bool = False) -> None:
         if as_json:
@@ -397,6 +397,22 @@ def _value(text: str) -> Any:
         return text
     except RecursionError:  # valid JSON, maybe, but deeper than Python reads (or any store writes)
         raise _Refused(400, "the answer is JSON nested too deeply to read") from None
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with each lone surrogate of its text spelt ``\\udcxx``, as the pages are sent:
+    a live update shows what the page showed (JSON would hand the script the surrogate itself)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def _run_dict(r: Any) -> dict[str, Any]:

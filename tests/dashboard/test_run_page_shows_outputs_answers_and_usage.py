@@ -150,4 +150,7 @@ def test_a_lone_surrogate_in_a_store_file_is_shown_as_its_escape(tmp_path: Any) 
         whole = re.search(r'<pre class="output-full">(.*?)</pre>', rows["sq"], re.S)
         assert whole is not None and unescape(whole.group(1)).count("\\ud800") == 100
         assert unsafe_markup(page.body)[0] == []
-        assert fetch(server, "/api/run/run.json").json()["parts"]["run-outputs"].count("\ud800") == 124
+        # The live update shows what the page shows: the escape, never the surrogate itself.
+        live = fetch(server, "/api/run/run.json").json()["parts"]["run-outputs"]
+        assert live.count("\\ud800") == 124 and "\ud800" not in live
+        assert _rows(live, "outputs") == rows
