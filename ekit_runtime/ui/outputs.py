@@ -72,7 +72,8 @@ def output_html(value: Any, run_id: str, name: str) -> str:
     line = output_json(value, None)
     if len(line) <= PREVIEW and "\n" not in line:
         return f'{label}<code class="output-line">{_esc(line)}</code>'
-    full = output_json(value)
+    # (A text is its line: the indented form, which the slower pure-Python encoder writes, adds nothing.)
+    full = line if isinstance(value, str) else output_json(value)
     shown = full if len(full) <= INLINE else full[:INLINE]
     more = "" if len(full) <= INLINE else (
         f'<p class="more"><a href="{_esc(output_href(run_id, name))}">all of it '
