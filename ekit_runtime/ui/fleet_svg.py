@@ -4,7 +4,7 @@ Time runs left to right in equal intervals (a minute up to a month each, the
 smallest that fits the runs in at most :data:`MAX_BUCKETS`); each interval
 is a bar of the runs submitted in it, stacked by status (class
 ``bar status-<status>``, coloured by the style sheet), and a line joins the
-tokens (input + output) those runs reported. Each interval's ``<title>``
+tokens (input + output) those runs reported, over the intervals that have runs. Each interval's ``<title>``
 gives its figures as text. Nothing of a run but its status, submission time
 and usage reaches the SVG, and every text is escaped.
 """
@@ -24,7 +24,7 @@ MAX_BUCKETS = 30
 """The most intervals the chart's time axis is cut into."""
 
 _STEPS = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)
-_W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 960, 200, 48, 72, 12, 28
+_W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 960, 200, 48, 110, 12, 28
 
 
 class Bucket:
@@ -126,7 +126,7 @@ def fleet_svg(runs: Sequence[RunInfo], now: float | None = None) -> str:
                          f'y="{y:.1f}" width="{max(1.0, width - 2):.1f}" height="{h:.1f}"/>')
         group.append("</g>")
         out.append("".join(group))
-        if most_tokens:
+        if most_tokens and b.runs:  # (an interval with no run has no point: the line skips it)
             points.append((x + width / 2, _TOP + plot_h - plot_h * b.tokens / most_tokens))
         if i % label_every == 0:
             out.append(f'<text class="axis-label" x="{x + 1:.1f}" y="{_H - 8}">'
