@@ -32,6 +32,7 @@ pytestmark = pytest.mark.timeout(180)
 
 ASKS = {"asks": ui_flows.WORKFLOWS["asks"]}
 TYPED = "A <i>title</i> \"quoted\""
+RUN = "asks-1"
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +55,20 @@ def _refreshed(driver: Any) -> str:
     return str(driver.execute_script("return document.body.dataset.refreshed || ''"))
 
 
+def _typed(driver: Any) -> tuple[str, str]:
+    """The answer and the name typed into the first run's form."""
+    from selenium.webdriver.common.by import By
+
+    form = driver.find_element(By.CSS_SELECTOR, f"#waiting .waiting-run[data-run-id='{RUN}'] form.action")
+    return (str(form.find_element(By.NAME, "value").get_attribute("value")),
+            str(form.find_element(By.NAME, "by").get_attribute("value")))
+
+
 def test_an_answer_typed_on_the_runs_page_resumes_the_run(browser: Any, queue_url: str) -> None:
     from selenium.webdriver.common.by import By
 
     with open_queue(queue_url) as queue:
-        run_id = queue.submit("asks", {"doc": "c.txt"}, run_id="asks <b>1</b>")
+        run_id = queue.submit("asks", {"doc": "c.txt"}, run_id=RUN)
         queue.submit("simple", {"doc": "a.txt"}, run_id="not-waiting")
         asyncio.run(Worker(queue, ASKS, poll=0.05).run_until_idle())
         assert queue.status(run_id).status == "waiting"
@@ -70,7 +80,7 @@ def test_an_answer_typed_on_the_runs_page_resumes_the_run(browser: Any, queue_ur
             heading = browser.find_element(By.CSS_SELECTOR, "#waiting h2").text
             assert heading == "Waiting for you (1)"
             form = browser.find_element(
-                By.CSS_SELECTOR, "#waiting .question[data-step='title'] form.action")
+                By.CSS_SELECTOR, f"#waiting .waiting-run[data-run-id='{RUN}'] form.action")
             form.find_element(By.NAME, "value").send_keys(TYPED)
             who = form.find_element(By.NAME, "by")
             who.clear()
@@ -78,13 +88,19 @@ def test_an_answer_typed_on_the_runs_page_resumes_the_run(browser: Any, queue_ur
             # A live update while the person types leaves the form (its part did not change) as it is.
             seen = _refreshed(browser)
             wait_until(browser, lambda d: _refreshed(d) != seen, 20, "the runs page never refreshed")
+            assert _typed(browser) == (TYPED, "ann")
+            # Another run starts waiting: the part is replaced, and what was typed is put back.
+            queue.submit("asks", {"doc": "d.txt"}, run_id="asks-2")
+            asyncio.run(Worker(queue, ASKS, poll=0.05).run_until_idle())
+            wait_until(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#waiting h2").text
+                       == "Waiting for you (2)", 20, "the second waiting run never showed")
+            assert _typed(browser) == (TYPED, "ann")
             form = browser.find_element(
-                By.CSS_SELECTOR, "#waiting .question[data-step='title'] form.action")
-            assert form.find_element(By.NAME, "value").get_attribute("value") == TYPED
+                By.CSS_SELECTOR, f"#waiting .waiting-run[data-run-id='{RUN}'] form.action")
             form.find_element(By.CSS_SELECTOR, "button.action-answer").click()
             # The answer leads back to the runs page, where the run no longer waits.
-            wait_until(browser, lambda d: "no run waits for a person" in
-                       d.find_element(By.ID, "waiting").text, 20, "the answered run still waits")
+            wait_until(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#waiting h2").text
+                       == "Waiting for you (1)", 20, "the answered run still waits")
             assert urllib.parse.urlsplit(browser.current_url).path == "/"
             assert queue.status(run_id).status == "queued"
             checkpoint = queue.checkpoint(run_id)
