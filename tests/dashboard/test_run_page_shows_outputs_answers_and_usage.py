@@ -20,7 +20,7 @@ from html import unescape
 from typing import Any
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.queue import SqliteQueue
+from ekit_runtime.queue import RunInfo, SqliteQueue
 from ekit_runtime.ui import FileSource, QueueSource
 from ekit_runtime.ui.outputs import INLINE, PREVIEW
 from tests.test_ui_server import fetch, serving
@@ -154,3 +154,40 @@ def test_a_lone_surrogate_in_a_store_file_is_shown_as_its_escape(tmp_path: Any) 
         live = fetch(server, "/api/run/run.json").json()["parts"]["run-outputs"]
         assert live.count("\\ud800") == 124 and "\ud800" not in live
         assert _rows(live, "outputs") == rows
+
+
+class SavesBetweenReads(SqliteQueue):
+    """A queue on which a worker's save lands just after the dashboard reads a run's record."""
+
+    between: Any = None
+
+    def status(self, run_id: str) -> RunInfo:
+        info = super().status(run_id)
+        between, self.between = self.between, None
+        if between is not None:
+            between()
+        return info
+
+
+def test_the_outputs_answers_and_usage_are_of_the_pages_one_reading(tmp_path: Any) -> None:
+    q = SavesBetweenReads(str(tmp_path / "q.db"))
+    q.submit("wf", {}, run_id="r")
+    lease = q.claim("w", {"wf": None}, 60)
+    assert lease is not None
+    first = _checkpoint()
+    q.save(lease, first, 60)
+    more = first.to_dict()
+    more["outputs"]["boom"] = "made it"
+    more["failures"] = {}
+    more["step_index"] += 1
+    more["step_usage"]["boom"] = {"input_tokens": 5000, "output_tokens": 1, "llm_calls": 1}
+    more["cost"] = {"input_tokens": 6200, "output_tokens": 346, "llm_calls": 7}
+    with serving(QueueSource(q, "q.db")) as server:
+        q.between = lambda: q.save(lease, WorkflowCheckpoint.from_dict(more), 60)
+        page = fetch(server, "/run/r").body
+        assert q.between is None  # the save did land between two reads
+        # The graph, the outputs, the usage and the record all show the save.
+        assert '<g class="node state-recorded" data-step="boom">' in page
+        assert "boom" in _rows(page, "outputs")
+        assert "<b>6,200</b> input tokens" in page and "<td>6,200/346/7</td>" in page
+        assert re.findall(r'<g class="usage-bar" data-step="([^"]*)">', page)[0] == "boom"
