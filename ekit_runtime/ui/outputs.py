@@ -42,16 +42,48 @@ def _esc(value: object) -> str:
     return escape(str(value), quote=True)
 
 
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), default=repr)
+_OPEN = 3  # the levels of an output laid out one entry a line; deeper ones stay on the line
+
+
 def output_json(value: Any, indent: int | None = 2) -> str:
-    """``value`` as JSON text (``indent=None``: on one line); what JSON cannot hold as its ``repr``."""
+    """``value`` as JSON text (``indent=None``: on one line); what JSON cannot hold as its ``repr``.
+
+    Indented, the first levels are laid out one entry a line and deeper ones
+    kept on their line: each line is written by the C encoder (``json.dumps``
+    with ``indent`` is the pure-Python one, three times slower, which a page of
+    2,000 outputs feels).
+    """
     try:
         if indent is None:
-            return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=repr)
-        return json.dumps(value, ensure_ascii=False, indent=indent, default=repr)
+            return _LINE.encode(value)
+        return _laid_out(value, _OPEN, "\n")
     except RecursionError:
         return "(nested too deeply to show)"
     except (TypeError, ValueError):  # a key JSON cannot hold, a circular value
         return repr(value)
+
+
+def _key(key: Any) -> str:
+    """A dict's key as JSON writes it (``1``, ``true``, ``null``); a ``TypeError`` for one it refuses."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
+
+def _laid_out(value: Any, levels: int, newline: str) -> str:
+    if levels and isinstance(value, dict) and value:
+        inner = newline + "  "
+        return ("{" + inner + ("," + inner).join(
+            _LINE.encode(_key(k)) + ": " + _laid_out(v, levels - 1, inner)
+            for k, v in value.items()) + newline + "}")
+    if levels and isinstance(value, list | tuple) and value:
+        inner = newline + "  "
+        entries = ("," + inner).join(_laid_out(v, levels - 1, inner) for v in value)
+        return "[" + inner + entries + newline + "]"
+    return _LINE.encode(value)
 
 
 def output_href(run_id: str, name: str) -> str:

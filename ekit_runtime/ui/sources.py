@@ -254,6 +254,9 @@ class QueueSource(Source):
         self.queue = queue
         self.label = label
         self._lock = threading.Lock()
+        # The questions of the runs the runs page shows waiting, by run, with the record they were read
+        # under: a waiting run's checkpoint does not change until its record does (an answer, a rewind).
+        self._asked_of: dict[str, tuple[RunInfo, Mapping[str, Question]]] = {}
 
     def runs(self) -> list[RunInfo]:
         """Every run, newest first."""
@@ -291,20 +294,24 @@ class QueueSource(Source):
         with self._lock:
             records = self._records(wanted, workflow, limit, offset)
             for _ in range(max(1, tries)):
-                asked = {r.run_id: self._asked(r.run_id) for r in records[2]}
+                asked = {r.run_id: self._asked(r) for r in records[2]}
                 again = self._records(wanted, workflow, limit, offset)
                 if again == records:
                     break
                 records = again
             else:  # (the questions of the last reading, read after it)
-                asked = {r.run_id: self._asked(r.run_id) for r in records[2]}
+                asked = {r.run_id: self._asked(r) for r in records[2]}
+            self._asked_of = {r.run_id: (r, asked[r.run_id]) for r in records[2]}
         page, total, waiting, waiting_total, recent, fleet = records
         shown = tuple(Waiting(r, asked[r.run_id]) for r in waiting)
         return RunsView(page, total, shown, waiting_total, recent, fleet)
 
-    def _asked(self, run_id: str) -> Mapping[str, Question]:
+    def _asked(self, info: RunInfo) -> Mapping[str, Question]:
+        known = self._asked_of.get(info.run_id)
+        if known is not None and known[0] == info:
+            return known[1]  # (its checkpoint is not read again on every poll)
         try:
-            return self.queue.questions(run_id)
+            return self.queue.questions(info.run_id)
         except (LookupError, ValueError):  # pruned since, or a checkpoint that does not decode
             return {}
 

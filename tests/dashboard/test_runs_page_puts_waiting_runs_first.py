@@ -184,3 +184,29 @@ def test_an_answer_between_the_dashboards_reads_never_mixes_two_readings(tmp_pat
         rows = {r["run_id"]: r["status"] for r in data["runs"]}
         assert rows["again"] == "queued" and waiting == set() and data["waiting_total"] == 0
 
+
+
+class CountsQuestions(SqliteQueue):
+    asked: list[str]
+
+    def questions(self, run_id: str) -> Any:
+        self.asked.append(run_id)
+        return super().questions(run_id)
+
+
+def test_a_poll_reads_a_waiting_runs_checkpoint_only_when_its_record_changed(tmp_path: Any) -> None:
+    """The runs page polls every 1.5 s: a waiting run's checkpoint (maybe large) is read once, not
+    on every poll."""
+    q = CountsQuestions(str(tmp_path / "q.db"))
+    q.asked = []
+    _waiting(q, "one")
+    _waiting(q, "two")
+    with serving(QueueSource(q, "q")) as server:
+        for _ in range(3):
+            assert fetch(server, "/api/runs").json()["waiting_total"] == 2
+        assert sorted(q.asked) == ["one", "two"]
+        q.answer("one", "b", 1)
+        _waiting(q, "three")
+        data = fetch(server, "/api/runs").json()
+        assert re.findall(r'data-run-id="([^"]*)"', data["parts"]["runs-waiting"]) == ["two", "three"]
+        assert sorted(q.asked) == ["one", "three", "two"]
