@@ -15,21 +15,37 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from html import unescape
 from typing import Any
 
+import pytest
+
 from ekit_core.report import usage_text
 from ekit_core.usage import TokenUsage
-from ekit_runtime.queue import RunQueue, RunsPage, SqliteQueue
+from ekit_runtime.queue import RunQueue, RunsPage, SqliteQueue, open_queue
 from ekit_runtime.ui import FileSource, QueueSource
-from tests.test_ui_server import any_queue, checkpoint, fetch, in_every_status, queue, queue_url, serving
+from tests.queue_backends import queue_url
+from tests.test_ui_server import checkpoint, fetch, in_every_status, serving
 from tests.ui_hostile import unsafe_markup
 
-__all__ = ["any_queue", "queue", "queue_url"]  # fixtures, used by name
+__all__ = ["queue_url"]  # a fixture, used by name
 
 GRAPH = {"a": [], "b": ["a"], "c": ["b"]}
 EVIL = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
+
+
+@pytest.fixture
+def any_queue(queue_url: str) -> Iterator[RunQueue]:
+    """An empty queue on each backend (SQLite, and the test PostgreSQL server)."""
+    with open_queue(queue_url) as q:
+        yield q
+
+
+@pytest.fixture
+def queue(tmp_path: Any) -> Iterator[SqliteQueue]:
+    with SqliteQueue(str(tmp_path / "q.db")) as q:
+        yield q
 
 
 def _waiting(q: RunQueue, run_id: str, prompt: str = "which?", kind: str = "value") -> None:
