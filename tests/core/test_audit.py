@@ -30,8 +30,8 @@ from ekit_core import (
 )
 from ekit_core.rewind import downstream
 from ekit_runtime import Step, StepTimeoutError, Workflow
-from tests.helpers import recorded_graph, with_recorded_graph
-from tests.strategies import dags
+from tests.support.helpers import recorded_graph, with_recorded_graph
+from tests.support.strategies import dags
 
 DIAMOND = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
 ZERO = TokenUsage().to_dict()

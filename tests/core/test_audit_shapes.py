@@ -25,8 +25,7 @@ from ekit_core import (
 )
 from ekit_core.transitions import context_outputs
 from ekit_runtime import Step, Workflow
-from tests.test_rewind_shapes import _run_to_end, pipeline
-from tests.test_shapes_properties import _result, all_skipped_chain, shaped_graphs
+from tests.support.shaped_runs import all_skipped_chain, pipeline, run_to_end, shaped_graphs, shaped_result
 
 
 def checkpoints() -> tuple[Workflow, list[WorkflowCheckpoint]]:
@@ -164,7 +163,7 @@ def test_an_item_failure_is_no_unknown_failure() -> None:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=shaped_graphs())
 def test_any_finished_shaped_run_audits_clean_and_resumes_nothing(graph: GraphSpec) -> None:
-    _outputs, _ran, full = _run_to_end(graph)
+    _outputs, _ran, full = run_to_end(graph)
     report = audit(graph, WorkflowCheckpoint.from_dict(full.to_dict()))
     assert report.clean, report.format()
     assert [s.name for s in report.steps if s.action == "run"] == []
@@ -179,12 +178,12 @@ def test_every_checkpoint_of_a_shaped_run_audits_clean_and_a_resume_runs_no_skip
     pending = list(batch.names)
     while pending:
         name = pending.pop(0)
-        state, batch = advance(state, [_result(state, name)])
+        state, batch = advance(state, [shaped_result(state, name)])
         pending += batch.names
         cp = WorkflowCheckpoint.from_dict(checkpoint_of(state).to_dict())
         report = audit(graph, cp)
         assert report.clean, report.format()
-        _outputs, ran, _ = _run_to_end(graph, cp)
+        _outputs, ran, _ = run_to_end(graph, cp)
         assert not ran & set(report.skipped)
         # What is ready now is what a resume starts first.
         ready = {s.name for s in report.steps if s.reason == "ready"}

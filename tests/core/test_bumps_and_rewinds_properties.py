@@ -6,7 +6,7 @@ cutoff, the final resume gives what an uninterrupted run of the current
 code gives (same outputs, same skips), starts only steps (or items of
 steps) that a bump or rewind reached, starts none twice, and a further
 resume of its checkpoint starts nothing. Every checkpoint is read back
-from JSON. Random graphs from ``tests.strategies.shaped_dags``; each step's
+from JSON. Random graphs from ``tests.support.strategies.shaped_dags``; each step's
 output derives from its inputs and its version tag, so that work done by
 other code shows up as a different output (a plain step's new code may
 give the old output, so that early cutoffs happen).
@@ -35,7 +35,7 @@ from ekit_core import (
 )
 from ekit_core.rewind import downstream, grown
 from ekit_core.state import attempt_number
-from tests.strategies import shaped_dags
+from tests.support.strategies import shaped_dags
 
 
 def _digest(value: Any) -> str:

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 import ekit_core.checkpoint as checkpoint_module
 from ekit_core import GraphSpec, RetryPolicy, State, WorkflowCheckpoint, advance, checkpoint_of, initial_state
-from tests.strategies import dags, shaped_dags
-from tests.test_core_properties import Trace, simulate
-from tests.test_shapes_properties import _result
+from tests.support.core_simulator import Trace, simulate
+from tests.support.shaped_runs import shaped_result
+from tests.support.strategies import dags, shaped_dags
 
 
 def _general(newer: WorkflowCheckpoint, older: WorkflowCheckpoint) -> Any:
@@ -83,7 +83,7 @@ def test_the_delta_of_a_run_with_maps_skips_and_joins_is_the_general_one(
         running = sorted(state.running_steps())
         assert running, "stalled"
         chosen = data.draw(st.lists(st.sampled_from(running), min_size=1, unique=True), label="complete")
-        state, _batch = advance(state, [_result(state, name) for name in chosen])
+        state, _batch = advance(state, [shaped_result(state, name) for name in chosen])
         checkpoints.append(checkpoint_of(state))
     _same_deltas(checkpoints)
 

@@ -22,7 +22,7 @@ from ekit_core import _frozen as frozen
 from ekit_core.checkpoint import FailureRecord
 from ekit_core.ledger import Ledger
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "ekit_core"
 THE_MODULE = CORE / "_frozen.py"
 

@@ -37,7 +37,7 @@ from ekit_core import (
     rewind,
 )
 from ekit_core.rewind import downstream
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 NO_USAGE = TokenUsage(0, 0, 0)
 

@@ -27,7 +27,7 @@ from ekit_core import (
 )
 from ekit_core.growth import add_steps
 from ekit_core.transitions import dependencies_recorded
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def _readiness_holds(state: State) -> None:

@@ -41,7 +41,7 @@ from ekit_core import (
     plan,
 )
 from ekit_core.ledger import Ledger
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 class Boom(Exception):

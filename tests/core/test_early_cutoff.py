@@ -17,35 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ekit_runtime import Step, Workflow
-
-
-def _pipeline(calls: list[str], *, split_version: str, summary_version: str | None = None,
-              item_key: str | None = None) -> Workflow:
-    def summarize(ctx: Any) -> str:
-        piece = ctx["split"]
-        text = piece["text"] if isinstance(piece, dict) else piece
-        calls.append(f"summarize {text}")
-        return text.upper()
-
-    def critique(ctx: Any) -> str:
-        calls.append(f"critique {ctx['summarize']}")
-        return ctx["summarize"] + "!"
-
-    return Workflow([
-        Step("split", lambda ctx: ctx["pieces"], version=split_version),
-        Step("summarize", summarize, ("split",), map_over="split", item_key=item_key,
-             version=summary_version, context="dependencies"),
-        Step("critique", critique, ("summarize",), map_over="summarize", context="dependencies"),
-        Step("merge", lambda ctx: " ".join(ctx["critique"]), ("critique",), context="dependencies"),
-    ])
+from tests.support.shaped_runs import cutoff_pipeline
 
 
 def test_only_the_changed_items_and_their_chains_run_again() -> None:
     calls: list[str] = []
-    first = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b", "c"]})
+    first = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b", "c"]})
     assert first.checkpoint is not None
     calls.clear()
-    second = _pipeline(calls, split_version="2").run_sync(
+    second = cutoff_pipeline(calls, split_version="2").run_sync(
         {"pieces": ["a", "B2", "c", "d"]}, resume_from=first.checkpoint.to_dict())
     assert calls == ["summarize B2", "summarize d", "critique B2", "critique D"]
     assert second.outputs["merge"] == "A! B2! C! D!"
@@ -55,29 +35,29 @@ def test_only_the_changed_items_and_their_chains_run_again() -> None:
 def test_keys_make_a_reordered_input_cost_nothing() -> None:
     calls: list[str] = []
     pieces = [{"id": "p1", "text": "a"}, {"id": "p2", "text": "b"}]
-    first = _pipeline(calls, split_version="1", item_key="id").run_sync({"pieces": pieces})
+    first = cutoff_pipeline(calls, split_version="1", item_key="id").run_sync({"pieces": pieces})
     assert first.checkpoint is not None
     calls.clear()
-    second = _pipeline(calls, split_version="2", item_key="id").run_sync(
+    second = cutoff_pipeline(calls, split_version="2", item_key="id").run_sync(
         {"pieces": pieces[::-1]}, resume_from=first.checkpoint.to_dict())
     assert calls == []  # same items under the same keys, in another order
     assert second.outputs["merge"] == "B! A!"
 
     calls.clear()
-    by_position = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
+    by_position = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
     assert by_position.checkpoint is not None
     calls.clear()
-    _pipeline(calls, split_version="2").run_sync(
+    cutoff_pipeline(calls, split_version="2").run_sync(
         {"pieces": ["b", "a"]}, resume_from=by_position.checkpoint.to_dict())
     assert sorted(calls) == ["critique A", "critique B", "summarize a", "summarize b"]
 
 
 def test_a_mapped_step_whose_own_code_changed_runs_every_item() -> None:
     calls: list[str] = []
-    first = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
+    first = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
     assert first.checkpoint is not None
     calls.clear()
-    _pipeline(calls, split_version="2", summary_version="2").run_sync(
+    cutoff_pipeline(calls, split_version="2", summary_version="2").run_sync(
         {"pieces": ["a", "b"]}, resume_from=first.checkpoint.to_dict())
     assert sorted(calls) == ["critique A", "critique B", "summarize a", "summarize b"]
 
@@ -86,10 +66,10 @@ def test_a_mapped_step_whose_own_code_changed_runs_every_item() -> None:
 @given(old=st.lists(st.sampled_from("abcd"), max_size=6), new=st.lists(st.sampled_from("abcd"), max_size=6))
 def test_the_cutoff_keeps_exactly_the_equal_items(old: list[str], new: list[str]) -> None:
     calls: list[str] = []
-    first = _pipeline(calls, split_version="1").run_sync({"pieces": old})
+    first = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": old})
     assert first.checkpoint is not None
     calls.clear()
-    second = _pipeline(calls, split_version="2").run_sync(
+    second = cutoff_pipeline(calls, split_version="2").run_sync(
         {"pieces": new}, resume_from=first.checkpoint.to_dict())
     changed = [p for i, p in enumerate(new) if i >= len(old) or old[i] != p]
     assert sorted(c for c in calls if c.startswith("summarize")) == sorted(f"summarize {p}" for p in changed)
@@ -101,10 +81,10 @@ def test_what_is_set_aside_survives_every_store(tmp_path: Any) -> None:
     from ekit_runtime import JournalStore, JsonFileStore, SqliteStore
 
     calls: list[str] = []
-    first = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
+    first = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b"]})
     assert first.checkpoint is not None
     # The state a resume with a new version starts from: nothing re-run yet.
-    state = _pipeline(calls, split_version="2").start_state(resume_from=first.checkpoint)
+    state = cutoff_pipeline(calls, split_version="2").start_state(resume_from=first.checkpoint)
     aside = checkpoint_of(state)
     assert set(aside.superseded) == {"split", "summarize[0]", "summarize[1]", "critique[0]", "critique[1]"}
     for store in (JsonFileStore(tmp_path / "cp.json"), JournalStore(tmp_path / "cp.jsonl"),
@@ -113,7 +93,7 @@ def test_what_is_set_aside_survives_every_store(tmp_path: Any) -> None:
         loaded = store.load()
         assert loaded is not None and dict(loaded.superseded) == dict(aside.superseded), store
         calls.clear()
-        again = _pipeline(calls, split_version="2").run_sync({"pieces": ["a", "c"]}, resume_from=loaded)
+        again = cutoff_pipeline(calls, split_version="2").run_sync({"pieces": ["a", "c"]}, resume_from=loaded)
         assert calls == ["summarize c", "critique C"] and again.outputs["merge"] == "A! C!"
 
 

@@ -22,7 +22,7 @@ from ekit_core import (
     WorkflowCheckpoint,
 )
 from ekit_runtime import Step, Workflow
-from tests.helpers import recorded_graph
+from tests.support.helpers import recorded_graph
 
 DIAMOND_STEPS = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}
 # Pinned: a change to the hashing rule would orphan every stored checkpoint's

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ekit_core import CycleError, GraphError, GraphSpec, Succeeded, apply, initial_state, plan
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def test_valid_graph_keeps_declaration_order_and_edges() -> None:

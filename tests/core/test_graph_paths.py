@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ekit_core import GraphError, GraphSpec
 from ekit_core.graph import _in_order
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 NAMES = ["a", "b", "c", "d", "e", "f"]
 

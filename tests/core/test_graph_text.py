@@ -22,7 +22,7 @@ from ekit_core import CheckpointError, GraphMismatchError, GraphSpec, WorkflowCh
 from ekit_core.graph_text import GraphTextError, read, spell
 from ekit_runtime import Step, Workflow
 from ekit_runtime.stores import CorruptStoreError, JournalStore
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 ZERO = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
 # Names built mostly of the separators and the escape, to reach every branch.

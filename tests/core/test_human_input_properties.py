@@ -38,7 +38,7 @@ from ekit_core import (
     questions,
 )
 from ekit_core.transitions import dependencies_recorded
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def output_of(graph: GraphSpec, name: str, outputs: Any) -> str:

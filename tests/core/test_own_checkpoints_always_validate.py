@@ -40,7 +40,7 @@ from ekit_core import (
     rewind,
 )
 from ekit_core.shapes import Shape
-from tests.strategies import shaped_dags
+from tests.support.strategies import shaped_dags
 
 
 @st.composite

@@ -27,7 +27,7 @@ from ekit_core.progress import Progress, items_progress, run_progress
 from ekit_runtime import ProgressPrinter, Step, Workflow
 from ekit_runtime.queue import Lease, SqliteQueue, Worker
 from ekit_runtime.ui.sources import step_states
-from tests.test_early_cutoff import _pipeline
+from tests.support.shaped_runs import cutoff_pipeline
 
 
 class _Records(logging.Handler):
@@ -133,9 +133,9 @@ def test_a_resume_whose_early_cutoff_keeps_items_counts_them_once() -> None:
     # The kept items are told (skipped: their input is unchanged) before their step expands,
     # and the expansion counts them as recorded: the printer counted them twice (16 of 12).
     calls: list[str] = []
-    first = _pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b", "c"]})
+    first = cutoff_pipeline(calls, split_version="1").run_sync({"pieces": ["a", "b", "c"]})
     assert first.checkpoint is not None
-    flow = _pipeline(calls, split_version="2")
+    flow = cutoff_pipeline(calls, split_version="2")
     printer = ProgressPrinter(io.StringIO(), tty=False, graph=flow, tick=None)
     second = flow.run_sync({"pieces": ["a", "B2", "c", "d"]}, resume_from=first.checkpoint, trace=printer)
     assert second.checkpoint is not None

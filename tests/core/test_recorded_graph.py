@@ -33,7 +33,7 @@ from ekit_core import (
 from ekit_core.compat import recorded_from
 from ekit_core.graph_text import read, spell
 from ekit_runtime import Step, Workflow
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def _read_back(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:

@@ -31,7 +31,7 @@ from ekit_core import (
 )
 from ekit_core.rewind import downstream
 from ekit_runtime import Step, Workflow
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 DIAMOND = GraphSpec.of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
 

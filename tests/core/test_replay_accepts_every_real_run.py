@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ekit_core import GraphSpec, WorkflowCheckpoint, replay, rewind
 from ekit_runtime import RetryPolicy, Step, Workflow
-from tests.strategies import shaped_dags
+from tests.support.strategies import shaped_dags
 
 
 class Crash(BaseException):

@@ -24,8 +24,7 @@ from ekit_core import (
     replay,
 )
 from ekit_runtime import Step, Workflow
-from tests.test_rewind_shapes import pipeline
-from tests.test_shapes_properties import _result, all_skipped_chain, shaped_graphs
+from tests.support.shaped_runs import all_skipped_chain, pipeline, shaped_graphs, shaped_result
 
 
 def recorded() -> tuple[Workflow, list[dict[str, Any]]]:
@@ -115,7 +114,7 @@ def _record(graph: GraphSpec, data: st.DataObject) -> list[dict[str, Any]]:
     pending, saved = list(batch.names), []
     while pending:
         name = pending.pop(data.draw(st.integers(0, len(pending) - 1), label="which"))
-        state, batch = advance(state, [_result(state, name)])
+        state, batch = advance(state, [shaped_result(state, name)])
         pending += batch.names
         saved.append(json.loads(json.dumps(checkpoint_of(state).to_dict())))
         if pending and data.draw(st.booleans(), label="crash"):

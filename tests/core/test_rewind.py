@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ekit_core import Event, GraphSpec, StepOutdated, WorkflowCheckpoint, rewind
 from ekit_core.rewind import downstream, outdated_steps
 from ekit_runtime import Step, Workflow
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def recording(name: str, ran: list[str]) -> Callable[[object], str]:

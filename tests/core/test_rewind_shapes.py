@@ -19,38 +19,12 @@ from ekit_core import (
     WorkflowCheckpoint,
     advance,
     audit,
-    checkpoint_of,
     initial_state,
     rewind,
 )
 from ekit_core.rewind import grown
 from ekit_runtime import Step, Workflow
-from tests.test_shapes_properties import _result, shaped_graphs
-
-
-def pipeline(ran: list[str]) -> Workflow:
-    def split(ctx: dict[str, Any]) -> list[str]:
-        ran.append("split")
-        return str(ctx["doc"]).split("|")
-
-    def summarize(ctx: dict[str, Any]) -> str:
-        ran.append(f"summarize {ctx['split']}")
-        return str(ctx["split"]).upper()
-
-    def critique(ctx: dict[str, Any]) -> str:
-        ran.append(f"critique {ctx['summarize']}")
-        return f"{ctx['summarize']}!"
-
-    def merge(ctx: dict[str, Any]) -> str:
-        ran.append("merge")
-        return " ".join(ctx["critique"])
-
-    return Workflow([
-        Step("split", split),
-        Step("summarize", summarize, ("split",), map_over="split", context="dependencies"),
-        Step("critique", critique, ("summarize",), map_over="summarize", context="dependencies"),
-        Step("merge", merge, ("critique",), context="dependencies"),
-    ])
+from tests.support.shaped_runs import pipeline, run_to_end, shaped_graphs
 
 
 def full_run() -> tuple[Workflow, list[str], WorkflowCheckpoint]:
@@ -136,26 +110,12 @@ def test_grown_lists_the_items_the_recorded_outputs_expand_into() -> None:
     assert grown(wf.graph, {}).steps == {}
 
 
-def _run_to_end(graph: GraphSpec, resume_from: WorkflowCheckpoint | None = None
-                ) -> tuple[dict[str, Any], set[str], WorkflowCheckpoint]:
-    """Run ``graph`` with the core to its end, one name at a time; what ran, and the last checkpoint."""
-    state, batch = advance(initial_state(graph, resume_from))
-    pending, ran = list(batch.names), set()
-    while pending:
-        name = pending.pop(0)
-        ran.add(name)
-        state, batch = advance(state, [_result(state, name)])
-        pending += batch.names
-    assert state.settled
-    return dict(state.outputs), ran, checkpoint_of(state)
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=shaped_graphs(), data=st.data())
 def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_dropped(
     graph: GraphSpec, data: st.DataObject
 ) -> None:
-    outputs, _ran, full = _run_to_end(graph)
+    outputs, _ran, full = run_to_end(graph)
     names = sorted({*graph.names, *full.outputs, *full.skipped})
     chosen = data.draw(st.sampled_from(names), label="rewound")
     trimmed = rewind(graph, full, chosen)
@@ -164,7 +124,7 @@ def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_
     assert report.clean, report.format()
     assert {s.name for s in report.steps if s.reason == "ready"} == set(
         advance(initial_state(graph, trimmed))[1].names)
-    again, ran, _ = _run_to_end(graph, WorkflowCheckpoint.from_dict(trimmed.to_dict()))
+    again, ran, _ = run_to_end(graph, WorkflowCheckpoint.from_dict(trimmed.to_dict()))
     assert again == outputs
     # Only what was dropped starts again (a condition decided again may skip
     # it), and everything dropped that is recorded again, not collected, ran,

@@ -11,7 +11,6 @@ start an item before its input exists, and only ever grow its checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -29,40 +28,7 @@ from ekit_core import (
     initial_state,
 )
 from ekit_core.shapes import Shape
-from tests.strategies import shaped_dags
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:8]
-
-
-# The random shaped graphs of every shapes property test (tests/strategies.py).
-shaped_graphs = shaped_dags
-
-
-def _template(state: State, name: str) -> tuple[str, Any]:
-    """The declared step ``name`` runs as, and the input it maps over (None if not an item)."""
-    shaped = state.spec.shaped
-    if shaped is not None and name in shaped.items:
-        ref = shaped.items[name]
-        source = state.outputs[ref.source]
-        return ref.step, source if ref.pick is None else source[ref.pick]
-    return name, None
-
-
-def _result(state: State, name: str) -> Succeeded | Skipped:
-    """What step (or item) ``name`` does, decided by its inputs alone."""
-    graph = state.spec.declared_graph
-    step, item = _template(state, name)
-    inputs = {d: state.outputs[d] for d in state.spec.graph.deps[name] if d in state.outputs}
-    seed = _digest([name, inputs, item])
-    shape = graph.shapes.get(step)
-    if shape is not None and shape.when is not None and int(seed, 16) % 3 == 0:
-        return Skipped(name, "condition cond was false")
-    if shape is not None and shape.map_over is not None:
-        return Succeeded(name, f"{name}:{seed}")
-    return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
-
+from tests.support.shaped_runs import all_skipped_chain, shaped_graphs, shaped_result
 
 Drive = tuple[dict[str, Any], dict[str, str], list[str]]
 
@@ -80,7 +46,7 @@ def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Driv
         pick = 0 if order is None else order.draw(st.integers(0, len(in_flight) - 1), label="which")
         how_many = 1 if order is None else order.draw(st.integers(1, len(in_flight) - pick), label="group")
         done, in_flight = in_flight[pick:pick + how_many], in_flight[:pick] + in_flight[pick + how_many:]
-        inputs = [_result(state, n) for n in done]
+        inputs = [shaped_result(state, n) for n in done]
         ran.update(done)
         state, batch = advance(state, inputs)
         _check_started(state, batch.names, problems)
@@ -159,19 +125,6 @@ def test_a_chained_map_whose_items_are_all_skipped_waits_for_its_other_dependenc
     assert "s4" not in state.outputs and batch.names == ("s2",)
     state, batch = advance(state, [Succeeded("s2", "two")])
     assert state.outputs["s4"] == [] and state.outcome == "finished"
-
-
-def all_skipped_chain() -> tuple[GraphSpec, State]:
-    """``d`` maps over ``b``, which maps over ``a`` and whose only item was skipped (so
-    ``d``'s was too); ``d`` also needs ``c``, not run yet. The graph, and that state."""
-    graph = GraphSpec.of(
-        {"a": (), "b": ("a",), "c": (), "d": ("b", "c")},
-        {"b": Shape(map_over="a", when="cond"), "c": Shape(when="cond"), "d": Shape(map_over="b")},
-    )
-    state, _ = advance(initial_state(graph))
-    state, _ = advance(state, [Succeeded("a", ["x"])])
-    state, _ = advance(state, [Skipped("b[0]", "condition cond was false")])
-    return graph, state
 
 
 def test_a_chained_map_whose_items_were_skipped_before_a_resume_waits_for_its_other_dependencies() -> None:

@@ -37,7 +37,7 @@ from ekit_core import (
 from ekit_core.growth import add_steps
 from ekit_core.selection import closure, left_out
 from ekit_core.shapes import Shape
-from tests.strategies import dags, shaped_dags
+from tests.support.strategies import dags, shaped_dags
 
 
 def _digest(value: Any) -> str:

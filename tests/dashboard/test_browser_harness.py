@@ -1,4 +1,4 @@
-"""The browser harness (tests/browser.py) sees what it must, so the dashboard tests can trust it.
+"""The browser harness (tests/support/browser.py) sees what it must, so the dashboard tests can trust it.
 
 - a script error in a page is caught as a SEVERE console entry;
 - without a browser, the browser tests skip on a developer's machine but fail
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import browser
+from tests.support import browser
 
 
 @pytest.mark.timeout(60)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import Dashboard, QueueSource, Source, make_server
-from tests.test_ui_server import _token_and_cookie, fetch, in_every_status, serving
+from tests.support.dashboard_http import fetch, in_every_status, serving, token_and_cookie
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def _hostile_hosts(port: int) -> list[str]:
 
 def test_a_host_that_only_begins_like_a_loopback_address_reads_nothing(queue: SqliteQueue) -> None:
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, _ = _token_and_cookie(server, "/run/r-queued")
+        token, _ = token_and_cookie(server, "/run/r-queued")
         for host in _hostile_hosts(_port(server)):
             for path in ("/", "/run/r-queued", "/api/runs", "/api/run/r-queued", "/static/app.js"):
                 got = fetch(server, path, headers={"Host": host})
@@ -79,7 +79,7 @@ def test_a_host_that_only_begins_like_a_loopback_address_reads_nothing(queue: Sq
 def test_a_rebound_site_cannot_post_an_action(queue: SqliteQueue) -> None:
     """The attack as reported: read a page through a rebound name, then post its token and cookie."""
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         for host in _hostile_hosts(_port(server)):
             got = fetch(server, "/run/r-queued/cancel", {"token": token},
                         {"Host": host, "Cookie": cookie, "Origin": f"http://{host}"})
@@ -103,7 +103,7 @@ def test_an_origin_other_than_the_servers_own_is_refused(queue: SqliteQueue) -> 
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
         port = _port(server)
         host = f"127.0.0.1:{port}"
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         for origin in (f"http://127.0.0.1:{port + 1}", f"http://127.0.0.1:{port - 1}", "http://127.0.0.1",
                        f"https://127.0.0.1:{port}", f"ftp://127.0.0.1:{port}", f"http://localhost:{port}",
                        f"http://127.0.0.2:{port}", f"http://127.attacker.example:{port}",
@@ -121,7 +121,7 @@ def test_an_origin_other_than_the_servers_own_is_refused(queue: SqliteQueue) -> 
 
 def test_no_answer_but_a_served_page_sets_the_cookie(queue: SqliteQueue) -> None:
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         answers = [
             fetch(server, "/run/r-queued/cancel", {"token": "wrong"}, {"Cookie": cookie}),  # 403
             fetch(server, "/run/r-queued/cancel", {"token": token}),  # 403: no cookie

@@ -1,6 +1,6 @@
 """The dashboard (``ekit ui``) in a real browser: headless Chromium driven by selenium.
 
-One queue holds a run in every status (tests/ui_flows.py builds it): queued,
+One queue holds a run in every status (tests/support/ui_flows.py builds it): queued,
 running (a worker in this process holds its lease, its first step blocked on
 an event), waiting (a step asked a person), finished, failed, cancelled, and
 a run whose id, step name and context are markup. ``ekit ui`` serves it from
@@ -26,12 +26,11 @@ a real subprocess, and the browser checks what a user sees:
   reason typed, its step never run; a retried failed run is queued again;
 - a store file (JournalStore) opens as a source too, read-only (a POST is 405).
 
-Skipped when no Chromium is installed, except under CI (see tests/browser.py).
+Skipped when no Chromium is installed, except under CI (see tests/support/browser.py).
 """
 
 from __future__ import annotations
 
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,14 +40,19 @@ from typing import Any
 
 import pytest
 
-from tests import ui_flows
-from tests.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
+from tests.support import ui_flows
+from tests.support.browser import (
+    UiServer,
+    chrome,
+    require_browser,
+    run_url,
+    severe_console_errors,
+    wait_for,
+    wait_for_status,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def run_url(server: UiServer, run_id: str) -> str:
-    return f"{server.url}/run/{urllib.parse.quote(run_id, safe='')}"
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +75,6 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         wait_for(live.started, "the live run's first checkpoint")
         with UiServer(["--queue", str(db), "--allow-actions", "--port", "0"]) as server:
             yield {"queue": queue, "ids": ids, "server": server, "live": live, "db": db}
-
-
-def wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
-    """Wait until ``condition()`` holds (polling the queue, never a blind sleep)."""
-    tick = threading.Event()
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        tick.wait(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def wait_for_status(queue: Any, run_id: str, status: str) -> None:
-    wait_for(lambda: queue.status(run_id).status == status, f"run {run_id!r} to be {status!r}")
 
 
 def node_class(driver: Any, step: str) -> str:
@@ -282,7 +272,7 @@ def test_a_journal_store_file_opens_as_a_read_only_source(browser: Any, tmp_path
     path = tmp_path / "run.journal"
     store = JournalStore(str(path))
     asyncio.run(ui_flows.SIMPLE.run({"doc": "z.txt"}, checkpoint_fn=store.save))
-    with UiServer([str(path), "--workflow", "tests.ui_flows:SIMPLE", "--port", "0"]) as server:
+    with UiServer([str(path), "--workflow", "tests.support.ui_flows:SIMPLE", "--port", "0"]) as server:
         load(browser, server.url + "/")
         assert row_statuses(browser) == {"run.journal": "finished"}
         load(browser, run_url(server, "run.journal"))

@@ -2,12 +2,12 @@
 
 The promise (docs/dashboard.md, "Actions and their safety"), checked where it
 matters, in headless Chromium: runs whose every field carries a payload that
-breaks out of elements and quoted attributes (tests/ui_hostile.py) are shown,
+breaks out of elements and quoted attributes (tests/support/ui_hostile.py) are shown,
 and neither the page as served nor the page after its live updates replaced
 every part of it holds an element or a handler the payload made; no dialog
 opens; the payload is there as text; the replaced forms carry the page's
 token again (the JSON never holds it). The same fields over HTTP, parsed:
-tests/test_ui_escapes_every_field.py.
+tests/dashboard/test_ui_escapes_every_field.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from ekit_runtime.queue import SqliteQueue
-from tests.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
-from tests.ui_hostile import PAYLOAD, populate
+from tests.support.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
+from tests.support.ui_hostile import PAYLOAD, populate
 
 pytestmark = pytest.mark.timeout(120)
 

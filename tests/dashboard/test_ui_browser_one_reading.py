@@ -30,9 +30,17 @@ from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import QueueSource
 from ekit_runtime.ui.pages import run_parts
-from tests.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
-from tests.test_ui_browser import run_url, wait_for, wait_for_status
-from tests.ui_flows import WorkerThread
+from tests.support.browser import (
+    UiServer,
+    chrome,
+    require_browser,
+    run_url,
+    severe_console_errors,
+    wait_for,
+    wait_for_status,
+    wait_until,
+)
+from tests.support.ui_flows import WorkerThread
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,10 +6,10 @@ keys, worker names, questions and their details, answers and who gave them,
 reasons, errors, the context) is HTML-escaped, quotes too, in the pages, in
 the SVG, in the error pages and in every piece of HTML the live updates put
 in place (``/api/runs``, ``/api/run/<id>``). A payload that breaks out of an
-element and out of either kind of quoted attribute (tests/ui_hostile.py) is
+element and out of either kind of quoted attribute (tests/support/ui_hostile.py) is
 put in every such field; the HTML is parsed, and must hold no element or
 handler the payload made, while the payload is shown, as text, where each
-field belongs. The same pages in a real browser: tests/test_ui_browser_escapes_every_field.py.
+field belongs. The same pages in a real browser: tests/dashboard/test_ui_browser_escapes_every_field.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import Dashboard, QueueSource
-from tests.test_ui_server import _token_and_cookie, fetch, serving
-from tests.ui_hostile import ITEM, PAYLOAD, populate, unsafe_markup
+from tests.support.dashboard_http import fetch, serving, token_and_cookie
+from tests.support.ui_hostile import ITEM, PAYLOAD, populate, unsafe_markup
 
 Q = urllib.parse.quote
 
@@ -96,7 +96,7 @@ def test_the_runs_pages_and_their_live_updates_show_every_field_as_text(
 
 def test_error_pages_show_what_was_asked_as_text(hostile: tuple[Dashboard, dict[str, str]]) -> None:
     server, ids = hostile
-    token, cookie = _token_and_cookie(server, run_path(ids["running"]))
+    token, cookie = token_and_cookie(server, run_path(ids["running"]))
     answers = [
         fetch(server, run_path(PAYLOAD + " nope")),  # 404, names the run
         fetch(server, "/api" + run_path(PAYLOAD + " nope")),

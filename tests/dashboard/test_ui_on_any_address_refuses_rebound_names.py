@@ -21,7 +21,7 @@ import pytest
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import Dashboard, QueueSource, Source, make_server
-from tests.test_ui_server import _token_and_cookie, fetch, in_every_status
+from tests.support.dashboard_http import fetch, in_every_status, token_and_cookie
 
 
 @contextmanager
@@ -54,7 +54,7 @@ def _port(server: Dashboard) -> int:
 def test_a_rebound_name_reads_nothing_and_posts_nothing_on_every_address(queue: SqliteQueue) -> None:
     with _serving_on(QueueSource(queue, "q.db"), "0.0.0.0") as server:
         port = _port(server)
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         for host in (f"evil.example:{port}", f"127.attacker.example:{port}", f"localhost.:{port}",
                      f"0x7f.0.0.1:{port}", f"2130706433:{port}", f"user@10.0.0.1:{port}", ""):
             got = fetch(server, "/run/r-queued", headers={"Host": host})

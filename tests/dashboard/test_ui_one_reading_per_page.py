@@ -7,7 +7,7 @@ timeline) comes from the same reading of the run, even when a worker saves
 between the dashboard's reads; ``/api/run/<id>`` gives every part of the
 page from one reading too (``parts``, each with a ``version``), and never
 the actions' token. The browser side (the page replacing every part) is
-pinned in tests/test_ui_browser_one_reading.py.
+pinned in tests/dashboard/test_ui_browser_one_reading.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ekit_core.report import usage_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo, SqliteQueue
 from ekit_runtime.ui import QueueSource
-from tests.test_ui_server import checkpoint, fetch, serving
+from tests.support.dashboard_http import checkpoint, fetch, serving
 
 GRAPH = {"a": [], "b": ["a"], "c": ["b"]}
 

@@ -14,7 +14,7 @@ import pytest
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import QueueSource
-from tests.test_ui_server import fetch, serving
+from tests.support.dashboard_http import fetch, serving
 
 
 @pytest.mark.parametrize("page", ["9" * 5000, "0" * 5000, "1" * 10, "0", "-1", "1.5", "%D9%A1"])

@@ -12,7 +12,7 @@ from typing import Any
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import QueueSource
-from tests.test_ui_server import _token_and_cookie, fetch, in_every_status, serving
+from tests.support.dashboard_http import fetch, in_every_status, serving, token_and_cookie
 
 
 def test_an_answer_nested_too_deeply_is_a_400_and_nothing_is_written(tmp_path: Any, capsys: Any) -> None:
@@ -21,7 +21,7 @@ def test_an_answer_nested_too_deeply_is_a_400_and_nothing_is_written(tmp_path: A
     try:
         before = queue.checkpoint("r-waiting")
         with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-            token, cookie = _token_and_cookie(server, "/run/r-waiting")
+            token, cookie = token_and_cookie(server, "/run/r-waiting")
             for value in ("[" * 5_000 + "]" * 5_000, "[" * 5_000, '{"a":' * 2_000 + "1" + "}" * 2_000):
                 got = fetch(server, "/run/r-waiting/answer", {"token": token, "step": "b", "value": value},
                             {"Cookie": cookie})

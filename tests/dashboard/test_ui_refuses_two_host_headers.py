@@ -13,7 +13,7 @@ from typing import Any
 
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import QueueSource
-from tests.test_ui_server import in_every_status, serving
+from tests.support.dashboard_http import in_every_status, serving
 
 
 def _raw(port: int, request: bytes) -> bytes:

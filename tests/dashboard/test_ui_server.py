@@ -11,74 +11,25 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from ekit_core import WorkflowCheckpoint
 from ekit_runtime import JournalStore, JsonFileStore, Step, Workflow
 from ekit_runtime.queue import RunQueue, SqliteQueue, open_queue
 from ekit_runtime.redaction import redacted
-from ekit_runtime.ui import Dashboard, FileSource, QueueSource, Source, make_server
-from tests.queue_backends import fresh_postgres, queue_url
+from ekit_runtime.ui import FileSource, QueueSource
+from tests.support.dashboard_http import checkpoint, fetch, in_every_status, serving, token_and_cookie
+from tests.support.queue_backends import fresh_postgres, queue_url
 
 __all__ = ["queue_url"]  # a fixture, used by name
 
 EVIL = "<img src=x onerror=alert(1)>"
-USAGE = {"input_tokens": 10, "output_tokens": 5, "llm_calls": 1}
-
-
-def checkpoint(graph: dict[str, list[str]], outputs: dict[str, Any], **more: Any) -> WorkflowCheckpoint:
-    data = {"format_version": 3, "step_index": len(outputs), "outputs": outputs, "cost": USAGE,
-            "context": {}, "step_usage": {}, "graph": graph, **more}
-    return WorkflowCheckpoint.from_dict(data)
-
-
-class Page:
-    def __init__(self, status: int, headers: Any, body: str) -> None:
-        self.status, self.headers, self.body = status, headers, body
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def fetch(server: Dashboard, path: str, data: dict[str, str] | None = None,
-          headers: dict[str, str] | None = None) -> Page:
-    body = None if data is None else urllib.parse.urlencode(data).encode()
-    req = urllib.request.Request(server.url.rstrip("/") + path, data=body, headers=headers or {})
-    try:
-        with _OPENER.open(req, timeout=30) as r:
-            return Page(r.status, r.headers, r.read().decode())
-    except urllib.error.HTTPError as e:
-        return Page(e.code, e.headers, e.read().decode())
-
-
-@contextmanager
-def serving(source: Source, allow_actions: bool = False) -> Iterator[Dashboard]:
-    server = make_server(source, allow_actions=allow_actions)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=30)
 
 
 @pytest.fixture
@@ -86,34 +37,6 @@ def queue(tmp_path: Any) -> Iterator[SqliteQueue]:
     q = SqliteQueue(str(tmp_path / "q.db"))
     yield q
     q.close()
-
-
-def in_every_status(q: RunQueue) -> None:
-    """One run per status, each of its own workflow (so that a claim picks it)."""
-    graph = {"a": [], "b": ["a"], "c": ["b"]}
-    q.submit("wf-queued", {}, run_id="r-queued")
-    q.submit("wf-running", {}, run_id="r-running")
-    lease = q.claim("w1", {"wf-running": None}, 60)
-    assert lease is not None
-    q.save(lease, checkpoint(graph, {"a": 1}), 60)
-    q.submit("wf-waiting", {}, run_id="r-waiting")
-    lease = q.claim("w1", {"wf-waiting": None}, 60)
-    assert lease is not None
-    q.save(lease, checkpoint(graph, {"a": 1}, asked={"b": [{"kind": "value", "prompt": "which?"}]}), 60)
-    q.park(lease, "step 'b' waits for an answer")
-    q.submit("wf-finished", {}, run_id="r-finished")
-    lease = q.claim("w1", {"wf-finished": None}, 60)
-    assert lease is not None
-    q.save(lease, checkpoint(graph, {"a": 1, "b": 2, "c": 3}), 60)
-    q.finish(lease, "finished")
-    q.submit("wf-failed", {}, run_id="r-failed")
-    lease = q.claim("w1", {"wf-failed": None}, 60)
-    assert lease is not None
-    failure = {"b": {"error_type": "RuntimeError", "message": "the model said no", "attempts": 3}}
-    q.save(lease, checkpoint(graph, {"a": 1}, failures=failure), 60)
-    q.finish(lease, "failed", "RuntimeError: the model said no")
-    q.submit("wf-cancelled", {}, run_id="r-cancelled")
-    q.cancel("r-cancelled")
 
 
 def rows(html: str) -> list[str]:
@@ -331,19 +254,10 @@ def test_read_only_mode_renders_no_action_and_refuses_every_post(queue: SqliteQu
         assert "Set-Cookie" not in fetch(server, "/").headers
 
 
-def _token_and_cookie(server: Dashboard, path: str) -> tuple[str, str]:
-    page = fetch(server, path)
-    match = re.search(r'name="token" value="([^"]+)"', page.body)
-    assert match is not None
-    cookie = page.headers["Set-Cookie"]
-    assert "SameSite=Strict" in cookie and "HttpOnly" in cookie
-    return match.group(1), cookie.split(";")[0]
-
-
 def test_an_action_is_refused_without_the_token_the_cookie_or_from_another_origin(queue: SqliteQueue) -> None:
     in_every_status(queue)
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         host = urllib.parse.urlsplit(server.url).netloc
         refused = [
             ({}, {}),  # nothing
@@ -387,7 +301,7 @@ def test_every_action_is_refused_without_the_token_and_works_with_it(
     in_every_status(queue)
     _approval_waiting(queue, "r-approval")
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, cookie = _token_and_cookie(server, "/run/" + run_id)
+        token, cookie = token_and_cookie(server, "/run/" + run_id)
         assert f'action="/run/{run_id}/{verb}"' in fetch(server, "/run/" + run_id).body
         before = (queue.status(run_id), queue.checkpoint(run_id))
         for sent, headers in [
@@ -416,7 +330,7 @@ def test_a_request_naming_another_host_is_refused(queue: SqliteQueue) -> None:
     in_every_status(queue)
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
         port = urllib.parse.urlsplit(server.url).port
-        token, cookie = _token_and_cookie(server, "/run/r-queued")
+        token, cookie = token_and_cookie(server, "/run/r-queued")
         assert cookie.startswith(f"ekit_ui_{port}=")
         for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1:{port}0"):
             assert fetch(server, "/", headers={"Host": host}).status == 403, host
@@ -438,7 +352,7 @@ def test_answer_approve_and_retry_through_the_dashboard(any_queue: RunQueue) -> 
                                  asked={"b": [{"kind": "approval", "prompt": "ship it?"}]}), 60)
     queue.park(lease, "approval")
     with serving(QueueSource(queue, "q.db"), allow_actions=True) as server:
-        token, cookie = _token_and_cookie(server, "/run/r-waiting")
+        token, cookie = token_and_cookie(server, "/run/r-waiting")
         page = fetch(server, "/run/r-waiting").body
         assert 'action="/run/r-waiting/answer"' in page
         got = fetch(server, "/run/r-waiting/answer", {"token": token, "step": "b", "value": '{"pick": 2}',

@@ -19,7 +19,7 @@ import pytest
 import ekit_core
 import ekit_runtime
 
-API = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 PACKAGES = (ekit_core, ekit_runtime)
 
 

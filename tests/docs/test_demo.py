@@ -20,7 +20,7 @@ from ekit_runtime import demo
 from ekit_runtime.cli import main as cli_main
 from ekit_runtime.stores import JsonFileStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _field(text: str, label: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
 TARGETS = PYPROJECT["tool"]["hatch"]["build"]["targets"]
@@ -72,7 +72,7 @@ def test_every_install_of_the_project_names_it_and_extras_it_has() -> None:
     assert extras <= set(PROJECT["optional-dependencies"])
 
 
-@pytest.mark.parametrize("path", [".ci/run", "ekit_runtime/cli.py", "tests/test_cli_commands.py"])
+@pytest.mark.parametrize("path", [".ci/run", "ekit_runtime/cli.py", "tests/runtime/test_cli_commands.py"])
 def test_metadata_is_read_under_the_distribution_name(path: str) -> None:
     text = (ROOT / path).read_text(encoding="utf-8")
     asked = re.findall(r"""\b(?:version|requires|distribution|metadata)\(\s*['"]([^'"]+)['"]""", text)

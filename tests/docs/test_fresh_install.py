@@ -26,7 +26,7 @@ import pytest
 
 from ekit_runtime import demo
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 
 # Building the wheel, creating the venv (ensurepip included) and two demo runs

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 LIMIT = 60
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def long_functions() -> list[str]:

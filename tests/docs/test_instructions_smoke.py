@@ -24,7 +24,7 @@ from benchmarks import icount_child as child
 from benchmarks import instructions
 from benchmarks import workloads as wl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 N = 6
 RUNNERS = [r for r in ("floor", "executionkit", "ekit", "ekit[dependencies]")
            if r != "executionkit" or importlib.util.find_spec("executionkit") is not None]

@@ -17,7 +17,7 @@ import pytest
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import PatternResult, RetryPolicy, Step, Workflow
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "checkpoint.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "checkpoint.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
@@ -74,7 +74,7 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     # All of them but "graph", which files written before graph_steps and
     # graph_needs hold (read, no longer written), and the two that only a run
     # with run-time shapes writes (see the shaped test below), and the one that
-    # only a run whose steps asked a person writes (tests/test_human_input.py).
+    # only a run whose steps asked a person writes (tests/runtime/test_human_input.py).
     assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph", "skipped", "shapes", "asked"}
 
 

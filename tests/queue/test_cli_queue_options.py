@@ -23,7 +23,7 @@ from ekit_runtime.cli import EXIT_INTERRUPTED, EXIT_USAGE, main
 from ekit_runtime.durations import UNITS, parse_duration
 from ekit_runtime.queue import STATUSES, open_queue
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.queue_backends import queue_url
+from tests.support.queue_backends import queue_url
 
 __all__ = ["queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWS = """
 from ekit_runtime import Step, Workflow
 WORKFLOWS = {"hello": Workflow([Step("greet", lambda ctx: "hello " + ctx["who"]),

@@ -25,7 +25,7 @@ from ekit_runtime.queue import (
     attempt_key,
     open_queue,
 )
-from tests.queue_backends import chain_checkpoints, queue, queue_url, wait_for
+from tests.support.queue_backends import chain_checkpoints, queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
 

@@ -21,7 +21,7 @@ from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import RunQueue, Worker
 from ekit_runtime.queue.base import queued_reason
 from ekit_runtime.queue.lifecycle import matches
-from tests.queue_backends import queue, queue_url
+from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]
 

@@ -29,7 +29,7 @@ from ekit_runtime.queue import Lease, LeaseLostError, RunQueue, SqliteQueue, Wor
 from ekit_runtime.queue.base import Ending, More
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.stores.errors import UnencodableError
-from tests.queue_backends import (
+from tests.support.queue_backends import (
     chain_checkpoints,
     claim_runs,
     expire_lease,

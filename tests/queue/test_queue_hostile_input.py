@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import QueueUnavailableError, RunQueue, SqliteQueue, open_queue
 from ekit_runtime.stores import CorruptStoreError
-from tests.queue_backends import chain_checkpoints, postgres_dsn, postgres_url, queue, queue_url
+from tests.support.queue_backends import chain_checkpoints, postgres_dsn, postgres_url, queue, queue_url
 
 __all__ = ["postgres_url", "queue", "queue_url"]
 

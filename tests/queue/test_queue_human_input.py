@@ -1,7 +1,7 @@
 """Human input in the fleet: a run that waits for a person is parked, answered, and resumed elsewhere.
 
 On SQLite and PostgreSQL, with ``ekit worker --until-idle`` processes over
-the ``ask`` workflow of :mod:`tests.queue_reopen_flows` (``pick`` asks for a
+the ``ask`` workflow of :mod:`tests.support.queue_reopen_flows` (``pick`` asks for a
 value, then ``pay`` for an approval). What users rely on: a parked run holds
 no lease and no worker (no claim takes it); a person answers it from another
 process (``ekit queue answer``); another worker process resumes it and the
@@ -27,15 +27,15 @@ from ekit_core import Answer, WorkflowCheckpoint
 from ekit_runtime.queue import RunQueue, RunStateError, Worker, open_queue
 from ekit_runtime.queue import base as queue_base
 from ekit_runtime.stores.errors import UnencodableError
-from tests.queue_backends import live_leases, open_writes, queue, queue_url
-from tests.queue_reopen_flows import WORKFLOWS, lines, starts
+from tests.support.queue_backends import live_leases, open_writes, queue, queue_url
+from tests.support.queue_reopen_flows import WORKFLOWS, lines, starts
 
 __all__ = ["queue", "queue_url"]
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
-FLOWS = "tests.queue_reopen_flows:WORKFLOWS"
+ROOT = Path(__file__).resolve().parents[2]
+FLOWS = "tests.support.queue_reopen_flows:WORKFLOWS"
 FINGERPRINTS = {name: w.graph.fingerprint for name, w in WORKFLOWS.items()}
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import InFlight, Limits, Worker, open_queue
-from tests.queue_backends import queue_url, wait_for
+from tests.support.queue_backends import queue_url, wait_for
 
 __all__ = ["queue_url"]
 

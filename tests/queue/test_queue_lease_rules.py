@@ -22,7 +22,7 @@ import pytest
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
 from ekit_runtime.queue import Ending, LeaseLostError, Limits, RunQueue, Worker, open_queue
-from tests.queue_backends import entry_epochs, queue, queue_url, wait_for
+from tests.support.queue_backends import entry_epochs, queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
 

@@ -23,7 +23,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import FINAL_STATUSES, Lease, LeaseLostError, RunQueue, RunStateError, SqliteQueue
 from ekit_runtime.queue import lifecycle as lc
-from tests.queue_backends import queue, queue_url
+from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]
 

@@ -18,8 +18,8 @@ from ekit_core import TokenUsage
 from ekit_runtime.cli import main
 from ekit_runtime.queue import RunInfo, Worker, open_queue
 from ekit_runtime.queue.cli import age_text, runs_table
-from tests.queue_backends import queue_url
-from tests.queue_options_child import REGISTRY
+from tests.support.queue_backends import queue_url
+from tests.support.queue_options_child import REGISTRY
 
 __all__ = ["queue_url"]
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from ekit_runtime.queue import Lease, RunQueue, open_queue
-from tests.queue_backends import expire_lease, postgres_url
+from tests.support.queue_backends import expire_lease, postgres_url
 
 __all__ = ["postgres_url"]
 

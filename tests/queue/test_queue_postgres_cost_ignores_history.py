@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime.queue import Ending, Lease, RunQueue, open_queue
-from tests.queue_backends import chain_checkpoints, fresh_postgres
+from tests.support.queue_backends import chain_checkpoints, fresh_postgres
 
 pytest.importorskip("psycopg")
 

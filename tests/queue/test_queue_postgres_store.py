@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import Step, Workflow
-from tests.queue_backends import postgres_url
+from tests.support.queue_backends import postgres_url
 
 __all__ = ["postgres_url"]
 
@@ -74,4 +74,4 @@ def test_a_save_writes_only_the_new_step(postgres_url: str) -> None:
 
 def test_importing_ekit_does_not_import_psycopg() -> None:
     code = "import sys, ekit_runtime, ekit_runtime.queue; assert 'psycopg' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

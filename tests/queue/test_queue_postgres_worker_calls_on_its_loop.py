@@ -28,7 +28,13 @@ from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, LeaseLostError, PostgresQueue, Worker
 from ekit_runtime.queue.base import Ending
 from ekit_runtime.queue.postgres_loop import LoopSession
-from tests.queue_backends import chain_checkpoints, expire_lease, fresh_postgres, postgres_url, wait_for
+from tests.support.queue_backends import (
+    chain_checkpoints,
+    expire_lease,
+    fresh_postgres,
+    postgres_url,
+    wait_for,
+)
 
 __all__ = ["postgres_url"]  # (fixtures)
 

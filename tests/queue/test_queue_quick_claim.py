@@ -16,7 +16,7 @@ import time
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Limits, RunQueue, open_queue
-from tests.queue_backends import expire_lease, queue, queue_url, statements, wait_for
+from tests.support.queue_backends import expire_lease, queue, queue_url, statements, wait_for
 
 __all__ = ["queue", "queue_url", "statements"]  # (fixtures)
 

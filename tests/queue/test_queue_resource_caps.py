@@ -6,7 +6,7 @@ every worker process, on SQLite and on the real PostgreSQL server. A slot
 counts only while its run's lease at the slot's epoch is live, so the slots
 of a SIGKILLed worker come back once its lease expires, with no cleanup.
 
-The worker processes (tests/resource_worker_child.py) keep a ledger of the
+The worker processes (tests/support/resource_worker_child.py) keep a ledger of the
 attempts inside a tagged step, under a file lock, which drops the entries of
 processes that are gone; the database's own count of held slots is sampled
 meanwhile. Waits are on conditions, never sleeps.
@@ -31,11 +31,11 @@ from hypothesis import strategies as st
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import LeaseLostError, Limits, RunQueue, Worker, open_queue
 from ekit_runtime.queue.lifecycle import fenced, slot_free, slot_held
-from tests.queue_backends import queue, queue_url, wait_for
+from tests.support.queue_backends import queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- the rule, as values --------------------------------------------------------
 
@@ -337,14 +337,14 @@ def test_an_attempt_that_took_a_slot_but_never_starts_gives_it_back(queue: RunQu
 
 
 class Fleet:
-    """Worker processes of one test (tests/resource_worker_child.py), SIGKILLed at teardown."""
+    """Worker processes of one test (tests/support/resource_worker_child.py), SIGKILLed at teardown."""
 
     def __init__(self, url: str, folder: Path) -> None:
         self.url, self.folder = url, folder
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self, *, max_runs: int = 2, hold: bool = False, lease: float = 1.0) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "tests.resource_worker_child", self.url, str(self.folder)]
+        argv = [sys.executable, "-m", "tests.support.resource_worker_child", self.url, str(self.folder)]
         argv += ["--max-runs", str(max_runs), "--lease", str(lease), "--heartbeat", str(lease / 5)]
         if hold:
             argv.append("--hold")

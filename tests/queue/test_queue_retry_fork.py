@@ -1,7 +1,7 @@
 """Retry, rewind and fork a queued run, on SQLite and PostgreSQL, with real worker processes.
 
 Each run is driven by ``ekit worker --until-idle`` processes over the
-workflows of :mod:`tests.queue_reopen_flows`, whose steps log every attempt
+workflows of :mod:`tests.support.queue_reopen_flows`, whose steps log every attempt
 they start (run, step, attempt number as ``attempt_key()`` gives it, pid).
 What users rely on: a failed run is retried once its cause is fixed, from
 its checkpoint, its attempt numbers carrying on; a cancelled run restarts
@@ -27,15 +27,15 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, RunStateError, open_queue
 from ekit_runtime.queue import base as queue_base
-from tests.queue_backends import entry_epochs, expire_lease, open_writes, queue, queue_url, wait_for
-from tests.queue_reopen_flows import WORKFLOWS, starts
+from tests.support.queue_backends import entry_epochs, expire_lease, open_writes, queue, queue_url, wait_for
+from tests.support.queue_reopen_flows import WORKFLOWS, starts
 
 __all__ = ["queue", "queue_url"]
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
-FLOWS = "tests.queue_reopen_flows:WORKFLOWS"
+ROOT = Path(__file__).resolve().parents[2]
+FLOWS = "tests.support.queue_reopen_flows:WORKFLOWS"
 FINGERPRINTS = {name: w.graph.fingerprint for name, w in WORKFLOWS.items()}
 
 

@@ -22,19 +22,19 @@ from ekit_core import TokenUsage
 from ekit_runtime import PatternResult, Step, Workflow
 from ekit_runtime.queue import Limits, RunQueue, Worker, open_queue
 from ekit_runtime.queue.base import progress, queued_reason
-from tests.queue_backends import queue, queue_url, wait_for
-from tests.queue_options_child import REGISTRY
+from tests.support.queue_backends import queue, queue_url, wait_for
+from tests.support.queue_options_child import REGISTRY
 
 __all__ = ["queue", "queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RATE = "rate limit llm_calls_per_minute"
 
 
 def _worker(url: str, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows",
-         "tests.queue_options_child:REGISTRY", "--lease", "10", "--max-runs", "1", *flags],
+         "tests.support.queue_options_child:REGISTRY", "--lease", "10", "--max-runs", "1", *flags],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )

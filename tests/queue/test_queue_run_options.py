@@ -21,13 +21,13 @@ import pytest
 from ekit_core import TokenUsage
 from ekit_runtime.cli import main
 from ekit_runtime.queue import RunQueue, Worker, open_queue
-from tests.queue_backends import queue, queue_url
-from tests.queue_options_child import REGISTRY
+from tests.support.queue_backends import queue, queue_url
+from tests.support.queue_options_child import REGISTRY
 
 __all__ = ["queue", "queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
-FLOWS = "tests.queue_options_child:REGISTRY"
+ROOT = Path(__file__).resolve().parents[2]
+FLOWS = "tests.support.queue_options_child:REGISTRY"
 
 
 def _worker(url: str, *flags: str) -> dict[str, Any]:
@@ -109,7 +109,8 @@ def test_the_trace_factory_is_called_once_per_drive_and_sees_its_events(
     with open_queue(queue_url) as q:
         for run_id in ("t1", "t2"):
             q.submit("mapped", {"logdir": str(tmp_path)}, run_id=run_id)
-    assert _worker(queue_url, "--trace", "tests.queue_options_child:trace_factory")["runs"] == {"finished": 2}
+    trace = "tests.support.queue_options_child:trace_factory"
+    assert _worker(queue_url, "--trace", trace)["runs"] == {"finished": 2}
     for run_id in ("t1", "t2"):
         lines = (tmp_path / f"trace-{run_id}.log").read_text().splitlines()
         assert lines[0] == "call mapped" and lines.count("call mapped") == 1

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime.queue import STATUSES, RunInfo, RunQueue, RunsPage
-from tests.queue_backends import queue, queue_url
+from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]  # fixtures, used by name
 
@@ -171,7 +171,7 @@ def test_workflow_names_keep_code_point_order_where_the_database_collates_by_lan
     from psycopg.conninfo import conninfo_to_dict
 
     from ekit_runtime.queue import open_queue
-    from tests.queue_backends import postgres_dsn
+    from tests.support.queue_backends import postgres_dsn
 
     dsn = postgres_dsn()
     name = f"ekit_test_icu_{uuid.uuid4().hex[:12]}"

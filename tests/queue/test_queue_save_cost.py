@@ -21,7 +21,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import RunQueue
 from ekit_runtime.stores import UnencodableError
-from tests.queue_backends import postgres_url, queue, queue_url
+from tests.support.queue_backends import postgres_url, queue, queue_url
 
 __all__ = ["postgres_url", "queue", "queue_url"]
 

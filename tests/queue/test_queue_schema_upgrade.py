@@ -35,8 +35,8 @@ from ekit_runtime import Step, Workflow, ask
 from ekit_runtime.queue import Lease, QueueUnavailableError, RunInfo, SqliteQueue, Worker, open_queue
 from ekit_runtime.queue.base import schema_columns, schema_problem
 from ekit_runtime.stores.errors import CorruptStoreError
-from tests.queue_backends import postgres_url, queue_url
-from tests.queue_options_child import REGISTRY
+from tests.support.queue_backends import postgres_url, queue_url
+from tests.support.queue_options_child import REGISTRY
 
 __all__ = ["postgres_url", "queue_url"]
 
@@ -687,10 +687,10 @@ def test_processes_opening_a_file_of_the_layout_before_at_once_upgrade_it_once(
     # layout and waits for the lock to upgrade it: they all see it old.
     holder = sqlite3.connect(old, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     openers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.queue_upgrade_child", str(old)],
+            [sys.executable, "-m", "tests.support.queue_upgrade_child", str(old)],
             cwd=root,
             env={**os.environ, "PYTHONPATH": str(root)},
             stdout=subprocess.PIPE,

@@ -24,7 +24,7 @@ import ekit_runtime.queue.sqlite as sqlite_queue
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import LeaseLostError, SqliteQueue, UnknownRunError
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import naps, wait_for
+from tests.support.queue_backends import naps, wait_for
 
 __all__ = ["naps"]  # (a fixture)
 

@@ -11,7 +11,7 @@ row RETURNING gives back), the usage row, a save in full replacing what was
 stored, text of any kind stored exactly (a NUL, which the JSON the trigger
 reads cannot carry, is refused before any write), a lock held by another
 process, and a file made before the view existed. (Several runs' saves in one
-statement: tests/test_queue_group_commit.py.)
+statement: tests/queue/test_queue_group_commit.py.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ekit_core import TokenUsage
 from ekit_runtime import PatternResult, Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import Lease, LeaseLostError, SqliteQueue
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import naps, wait_for
+from tests.support.queue_backends import naps, wait_for
 
 __all__ = ["naps"]  # (a fixture)
 
@@ -197,7 +197,7 @@ def _prefixed_loads(text: str) -> Any:
     return text[1:] if text[:1] == "s" else json.loads(text[1:])
 
 
-# Any text but a NUL, which the queue refuses before it writes (tests/test_queue_hostile_input.py).
+# Any text but a NUL, which the queue refuses before it writes (tests/queue/test_queue_hostile_input.py).
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from ekit_runtime import WorkflowCheckpoint
 from ekit_runtime.queue import Ending, Lease, SqliteQueue
-from tests.queue_backends import chain_checkpoints
+from tests.support.queue_backends import chain_checkpoints
 
 STEPS = 20
 

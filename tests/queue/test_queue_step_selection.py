@@ -23,13 +23,13 @@ import pytest
 
 from ekit_runtime.cli import main
 from ekit_runtime.queue import RunQueue, open_queue
-from tests.queue_backends import queue, queue_url
-from tests.queue_only_child import starts
+from tests.support.queue_backends import queue, queue_url
+from tests.support.queue_only_child import starts
 
 __all__ = ["queue", "queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
-FLOWS = "tests.queue_only_child:REGISTRY"
+ROOT = Path(__file__).resolve().parents[2]
+FLOWS = "tests.support.queue_only_child:REGISTRY"
 REST = ["translate", "polish", "chunks", "chunks", "report"]  # (chunks: once per item)
 
 

@@ -24,7 +24,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
 from ekit_runtime.queue import LeaseLostError, SqliteQueue
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import postgres_url, wait_for
+from tests.support.queue_backends import postgres_url, wait_for
 
 __all__ = ["postgres_url"]
 

@@ -21,7 +21,7 @@ from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, LeaseLostError, RunQueue, Worker, open_queue
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.stores import CorruptStoreError
-from tests.queue_backends import postgres_url, queue, queue_url, wait_for
+from tests.support.queue_backends import postgres_url, queue, queue_url, wait_for
 
 __all__ = ["postgres_url", "queue", "queue_url"]
 

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from ekit_runtime.queue import Ending, Lease, LeaseLostError, Limits, RunQueue, open_queue
-from tests.queue_backends import chain_checkpoints, claim_runs, postgres_url, queue, queue_url, statements
+from tests.support.queue_backends import (
+    chain_checkpoints,
+    claim_runs,
+    postgres_url,
+    queue,
+    queue_url,
+    statements,
+)
 
 __all__ = ["postgres_url", "queue", "queue_url", "statements"]  # (fixtures)
 

@@ -18,7 +18,7 @@ import pytest
 
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, Worker
-from tests.queue_backends import queue, queue_url
+from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]
 

@@ -1,7 +1,7 @@
 """A worker that may have lost its lease starts no attempt, on SQLite and PostgreSQL.
 
 Fencing keeps a stale worker's writes out of the queue; this keeps its paid
-work from starting twice. Real worker processes (tests/queue_worker_child.py)
+work from starting twice. Real worker processes (tests/support/queue_worker_child.py)
 stall past their lease, by a sync call blocking the event loop inside a step
 or by SIGSTOP, while a second worker takes the run over; every step start is
 a line in a file, and the stalled worker, once awake, must start nothing
@@ -26,8 +26,8 @@ import pytest
 from ekit_core import RetryPolicy
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, Worker, open_queue
-from tests.queue_backends import live_leases, pause_outside_writes, queue, queue_url, wait_for
-from tests.test_queue_crash import Fleet
+from tests.support.queue_backends import live_leases, pause_outside_writes, queue, queue_url, wait_for
+from tests.support.worker_fleet import Fleet
 
 __all__ = ["queue", "queue_url"]
 

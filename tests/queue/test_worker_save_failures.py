@@ -26,7 +26,7 @@ import pytest
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, SqliteQueue, Worker, open_queue
 from ekit_runtime.queue.transient import is_transient
-from tests.queue_backends import postgres_url, queue, queue_url, wait_for
+from tests.support.queue_backends import postgres_url, queue, queue_url, wait_for
 
 __all__ = ["postgres_url", "queue", "queue_url"]
 

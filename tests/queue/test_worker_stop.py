@@ -23,11 +23,11 @@ import pytest
 
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import Lease, RunQueue, Worker, open_queue
-from tests.queue_backends import queue, queue_url, wait_for
+from tests.support.queue_backends import queue, queue_url, wait_for
 
 __all__ = ["queue", "queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWS = """
 import os, threading, time
 from ekit_runtime import Step, Workflow

@@ -19,7 +19,7 @@ from ekit_runtime import Step, Workflow
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.queue import RunQueue, Worker, attempt_key
-from tests.queue_backends import queue, queue_url
+from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]
 

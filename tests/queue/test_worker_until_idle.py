@@ -18,11 +18,11 @@ import pytest
 from ekit_runtime import Step, Workflow
 from ekit_runtime.queue import open_queue
 from ekit_runtime.queue.cli import EXIT_LEFT
-from tests.queue_backends import queue_url
+from tests.support.queue_backends import queue_url
 
 __all__ = ["queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOWS = """
 from ekit_runtime import Step, Workflow
 WORKFLOWS = {"hello": Workflow([Step("greet", lambda ctx: "hello " + ctx["who"]),

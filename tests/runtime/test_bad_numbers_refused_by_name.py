@@ -25,7 +25,7 @@ from ekit_core import Failed, GraphSpec, RetryPolicy, advance, initial_state
 from ekit_core.numbers import MAX_SECONDS
 from ekit_runtime import LocalExecutor, ProgressPrinter, Step, Workflow
 from ekit_runtime.queue import Limits, RunQueue, Worker
-from tests.queue_backends import chain_checkpoints, queue, queue_url  # noqa: F401
+from tests.support.queue_backends import chain_checkpoints, queue, queue_url  # noqa: F401
 
 BAD: list[Any] = [math.nan, math.inf, -math.inf, -1, 10**400, True, "1"]
 

@@ -16,6 +16,7 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.cli import main
+from tests.support.cli_runs import ekit, one_error_line
 
 FLOWS = '''
 from ekit_runtime import PatternResult, Step, TokenUsage, Workflow
@@ -64,18 +65,6 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def ekit(
-    cwd: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ekit_runtime", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=60,
-        env=None if env is None else {**os.environ, **env},
-        # Read back what the command wrote, escapes included, whatever it was.
-        encoding="utf-8", errors="backslashreplace",
-    )
-
-
 def ekit_patched(cwd: Path, patch: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``main(args)`` in a fresh interpreter after ``patch`` (code given ``cli``)."""
     code = (
@@ -88,15 +77,6 @@ def ekit_patched(cwd: Path, patch: str, *args: str) -> subprocess.CompletedProce
 
 
 ZERO = {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0}
-
-
-def one_error_line(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert proc.returncode == 2, proc
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("ekit:")]
-    assert len(lines) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_graph_prints_the_workflow_graph_as_json(run_dir: Path) -> None:

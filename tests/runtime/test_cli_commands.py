@@ -14,7 +14,7 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import ProgressPrinter, StepTimeoutError
-from tests.test_cli import ekit, one_error_line
+from tests.support.cli_runs import ekit, one_error_line
 
 FLOWS = '''
 import asyncio

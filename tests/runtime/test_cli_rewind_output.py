@@ -27,7 +27,7 @@ from ekit_runtime import JournalStore, JsonFileStore, SqliteStore, Step, Workflo
 from ekit_runtime.cli import main
 from ekit_runtime.queue import SqliteQueue
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FLOW = Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",)),
                  Step("c", lambda ctx: "C")])
 
@@ -202,7 +202,7 @@ def test_a_store_a_live_run_holds_is_refused_and_the_run_saves_its_next_output(
 ) -> None:
     path = tmp_path / {"json": "live.json", "journal": "live.journal", "sqlite": "live.db"}[kind]
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.rewind_live_child", kind, str(path), str(tmp_path)],
+        [sys.executable, "-m", "tests.support.rewind_live_child", kind, str(path), str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

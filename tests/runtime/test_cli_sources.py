@@ -21,8 +21,8 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime import JournalStore, JsonFileStore, SqliteStore
 from ekit_runtime.queue import Worker, open_queue
 from ekit_runtime.sources import redacted
-from tests.queue_backends import postgres_url
-from tests.test_cli import ekit, one_error_line
+from tests.support.cli_runs import ekit, one_error_line
+from tests.support.queue_backends import postgres_url
 
 __all__ = ["postgres_url"]
 

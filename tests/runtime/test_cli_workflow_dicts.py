@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ekit_core import WorkflowCheckpoint
-from tests.test_cli import ekit, one_error_line
+from tests.support.cli_runs import ekit, one_error_line
 
 FLOWS = '''
 from ekit_runtime import Step, Workflow

@@ -1,7 +1,7 @@
 """Every feature at once, through the real runtime: a resume ends as one uninterrupted run
 of the final code, and recorded work that is still valid is never paid for again.
 
-Random workflows (``tests.strategies.combined_workflows``) mix mapped steps
+Random workflows (``tests.support.strategies.combined_workflows``) mix mapped steps
 over lists, mappings and keyed records (zero items included), item-wise
 chains, conditions, joins over alternatives, steps and items that ask a
 person, typed outputs through a ``Codec``, and transient failures with
@@ -54,7 +54,7 @@ from ekit_runtime import (
     ask,
     attempt_key,
 )
-from tests.strategies import Features, PlannedStep, PlannedWorkflow, combined_workflows
+from tests.support.strategies import Features, PlannedStep, PlannedWorkflow, combined_workflows
 
 # Modest, so that the file takes seconds on a loaded machine; raise it to hunt for bugs.
 EXAMPLES = int(os.environ.get("EKIT_COMBINED_EXAMPLES", "50"))

@@ -460,7 +460,7 @@ def test_a_base_exception_that_cannot_travel_back_is_raised_as_its_builtin_base(
     assert type(error) is KeyboardInterrupt and str(error) == "gave up"
     (note,) = error.__notes__
     assert "step 'raiser' raised this on a Dask worker (pid" in note
-    assert "it was a tests.test_dask.Unpicklable, raised here as a KeyboardInterrupt" in note
+    assert "it was a tests.runtime.test_dask.Unpicklable, raised here as a KeyboardInterrupt" in note
     assert set(final.outputs) == {"a", "sib"} and not final.failures
     assert client.run(os.getpid) == workers
 

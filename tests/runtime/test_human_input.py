@@ -569,7 +569,7 @@ def test_a_changed_step_upstream_of_a_waiting_one_asks_it_again() -> None:
 
 def test_opentelemetry_ends_a_waiting_step_s_span_and_a_parked_run_is_no_error() -> None:
     from ekit_runtime import OtelTracer
-    from tests.test_otel import FakeTracer
+    from tests.support.fake_tracer import FakeTracer
 
     tracer = FakeTracer()
     with pytest.raises(RunWaiting):

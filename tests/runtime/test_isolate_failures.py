@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ekit_core import Failed, GraphSpec, Succeeded, advance, initial_state
 from ekit_runtime import RetryPolicy, Step, Workflow, WorkflowCheckpoint
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 class Bad(Exception):

@@ -33,11 +33,11 @@ from ekit_runtime.cli import main
 from ekit_runtime.queue import Worker, open_queue
 from ekit_runtime.queue.cli import _masking
 from ekit_runtime.queue.worker import _Drive
-from tests.queue_backends import queue_url
+from tests.support.queue_backends import queue_url
 
 __all__ = ["queue_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAST = RetryPolicy(max_attempts=3, backoff_base=0.001)
 
 

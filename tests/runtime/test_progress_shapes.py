@@ -19,7 +19,7 @@ from ekit_core import (
 )
 from ekit_core.shapes import Shape
 from ekit_runtime import ProgressPrinter, Step, Workflow
-from tests.test_rewind_shapes import pipeline
+from tests.support.shaped_runs import pipeline
 
 NO_USAGE = TokenUsage()
 

@@ -24,7 +24,7 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
-from tests.helpers import Gates, until
+from tests.support.helpers import Gates, until
 
 
 def test_a_step_starts_when_its_own_dependencies_finish() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from ekit_runtime import WorkflowCheckpoint
 
-CHILD = Path(__file__).with_name("sigint_child.py")
-SWALLOW_CHILD = Path(__file__).with_name("sigint_swallow_child.py")
-ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).parents[1] / "support" / "sigint_child.py"
+SWALLOW_CHILD = Path(__file__).parents[1] / "support" / "sigint_swallow_child.py"
+ROOT = Path(__file__).resolve().parents[2]
 # The children import this checkout's packages, not whichever one is installed.
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 

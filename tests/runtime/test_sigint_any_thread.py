@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.loop_asleep import wait_until_main_thread_sleeps_in_select
+from tests.support.loop_asleep import wait_until_main_thread_sleeps_in_select
 
-CHILD = Path(__file__).with_name("sigint_thread_child.py")
-ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).parents[1] / "support" / "sigint_thread_child.py"
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 # A child that ends does so in well under a second; one whose signal was lost
 # works on for its 20 s of patience.

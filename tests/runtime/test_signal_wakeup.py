@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import Step, Workflow
-from tests.loop_asleep import wait_until_main_thread_sleeps_in_select
+from tests.support.loop_asleep import wait_until_main_thread_sleeps_in_select
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

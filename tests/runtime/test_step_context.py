@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ekit_core.ledger import Ledger
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.context import StepContext
-from tests.helpers import Gates, until
+from tests.support.helpers import Gates, until
 
 keys = st.sampled_from(["a", "b", "c", "d", "e", "topic"])
 ops = st.lists(

@@ -25,8 +25,8 @@ from ekit_core import CheckpointError, WorkflowCheckpoint, audit, checkpoint_of,
 from ekit_runtime import JournalStore, SqliteStore, Step, Workflow
 from ekit_runtime.stores.rows import decode_checkpoint, encode_checkpoint
 from ekit_runtime.ui import FileSource
-from tests.store_helpers import store_factories
-from tests.test_ui_server import fetch, serving
+from tests.support.dashboard_http import fetch, serving
+from tests.support.store_helpers import store_factories
 
 FACTORIES = store_factories("run-1")
 
@@ -276,7 +276,7 @@ def test_a_journal_delta_recording_a_duration_twice_is_refused(tmp_path: Path) -
     store.close()
     text = path.read_text().replace('"durations":{"c":2.0}', '"durations":{"a":2.0}')
     records = text.splitlines()
-    from tests.store_helpers import framed_line
+    from tests.support.store_helpers import framed_line
 
     body = json.dumps(json.loads(records[-1])["r"], separators=(",", ":")).encode()
     path.write_bytes(("\n".join(records[:-1]) + "\n").encode() + framed_line(body))
@@ -439,13 +439,13 @@ def test_ekit_worker_durations_records_them_for_every_run(tmp_path: Path) -> Non
 
     from ekit_runtime.queue import open_queue
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     url = str(tmp_path / "q.db")
     with open_queue(url) as q:
         q.submit("mapped", {}, run_id="m")
     done = subprocess.run(
         [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows",
-         "tests.queue_options_child:REGISTRY", "--until-idle", "--durations"],
+         "tests.support.queue_options_child:REGISTRY", "--until-idle", "--durations"],
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr

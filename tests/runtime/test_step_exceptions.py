@@ -28,7 +28,7 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
-from tests.helpers import Gates, until
+from tests.support.helpers import Gates, until
 
 WRAPPED = [None, 30.0]  # timeout=None runs the coroutine as the task; a timeout wraps it
 

@@ -25,7 +25,7 @@ from ekit_core.human import Answer, Exchange, Question
 from ekit_core.replay import _questions_new
 from ekit_core.times import iso_utc
 from ekit_runtime.queue import open_queue
-from tests.test_cli import ekit
+from tests.support.cli_runs import ekit
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 

@@ -30,7 +30,7 @@ from ekit_runtime import (
     Workflow,
 )
 from ekit_runtime.queue import Worker, open_queue
-from tests.queue_backends import fresh_postgres, queue_url
+from tests.support.queue_backends import fresh_postgres, queue_url
 
 __all__ = ["queue_url"]
 

@@ -25,8 +25,8 @@ from ekit_runtime import (
     WorkflowCheckpoint,
     WorkflowResult,
 )
-from tests.helpers import Gates, until
-from tests.strategies import dags
+from tests.support.helpers import Gates, until
+from tests.support.strategies import dags
 
 
 def test_executionkit_names_are_importable() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ekit_runtime.cli import main
 from ekit_runtime.redaction import redacted, scrub
-from tests.queue_backends import fresh_postgres
+from tests.support.queue_backends import fresh_postgres
 
 CORE = "Zq7SECRETx"
 

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from ekit_runtime import Step, Workflow
 from ekit_runtime.cli import main
 from ekit_runtime.redaction import WITHHELD, redacted, scrub
-from tests.queue_backends import fresh_postgres
+from tests.support.queue_backends import fresh_postgres
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORE = "Zq7SECRETx"  # not hex, so no "%" before or after it can decode into it
 WORKFLOWS = {"flow": Workflow([Step("a", lambda ctx: "A")])}
 
@@ -66,7 +66,7 @@ def _commands(dsn: str) -> list[list[str]]:
         ["graph", "--checkpoint", dsn],
         ["queue", "--queue", dsn, "list"],
         ["queue", "--queue", dsn, "submit", "flow", "--run-id", "r1"],
-        ["worker", "--queue", dsn, "--workflows", "tests.test_dsn_passwords:WORKFLOWS", "--until-idle",
+        ["worker", "--queue", dsn, "--workflows", "tests.stores.test_dsn_passwords:WORKFLOWS", "--until-idle",
          "--lease", "5"],
     ]
 
@@ -165,7 +165,7 @@ def test_the_real_server_is_reached_through_a_url_with_a_password(
     [
         ["audit", "postgresql://u:pa%zzSECRET@127.0.0.1:1/db"],
         ["worker", "--queue", "postgresql://u:SECRET@[::1/db",
-         "--workflows", "tests.test_dsn_passwords:WORKFLOWS", "--until-idle"],
+         "--workflows", "tests.stores.test_dsn_passwords:WORKFLOWS", "--until-idle"],
         ["queue", "--queue", "postgresql://u:p@ssSECRET@127.0.0.1:1/db", "list"],
     ],
 )
@@ -224,8 +224,8 @@ def test_a_driver_error_is_one_clean_line_naming_the_database(
     # The server refuses the query itself (psycopg's InsufficientPrivilege),
     # after the connection succeeded: no layer below the command names it.
     for cli in (["queue", "--queue", no_access_url, "list"],
-                ["worker", "--queue", no_access_url, "--workflows", "tests.test_dsn_passwords:WORKFLOWS",
-                 "--until-idle"],
+                ["worker", "--queue", no_access_url,
+                 "--workflows", "tests.stores.test_dsn_passwords:WORKFLOWS", "--until-idle"],
                 ["audit", no_access_url]):
         assert main(cli) == 2
         out, err = capsys.readouterr()

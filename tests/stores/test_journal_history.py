@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 
 from ekit_core import FailureRecord, GraphSpec, TokenUsage, WorkflowCheckpoint, replay
 from ekit_runtime import CorruptStoreError, JournalStore, PatternResult, Step, Workflow
-from tests.store_helpers import (
+from tests.support.store_helpers import (
     framed_line,
     journal_lines,
     journal_of,
     make_checkpoint,
     three_checkpoints,
 )
-from tests.strategies import dags
+from tests.support.strategies import dags
 
 
 def _workflow(graph: GraphSpec, fail: set[str] | None = None) -> Workflow:

@@ -13,7 +13,7 @@ import pytest
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import CorruptStoreError, JournalStore, StoreLockedError
-from tests.store_helpers import (
+from tests.support.store_helpers import (
     framed_line,
     full_disk_on_call,
     journal_lines,

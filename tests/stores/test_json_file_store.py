@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ekit_runtime import CorruptStoreError, JsonFileStore, StoreLockedError
-from tests.store_helpers import full_disk_on_call, json_store, make_checkpoint
+from tests.support.store_helpers import full_disk_on_call, json_store, make_checkpoint
 
 
 def test_a_json_file_changed_by_another_writer_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ print(runs, flush=True)
 """
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spawn(script: str, folder: Path, *args: object) -> subprocess.Popen[bytes]:

@@ -19,7 +19,7 @@ import pytest
 
 from ekit_runtime import PostgresStore, Step, UnencodableError, Workflow, WorkflowCheckpoint
 from ekit_runtime.stores.rows import PG_KEY_BYTES
-from tests.queue_backends import postgres_url
+from tests.support.queue_backends import postgres_url
 
 __all__ = ["postgres_url"]
 

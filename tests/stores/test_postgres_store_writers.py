@@ -22,11 +22,11 @@ import psycopg
 import pytest
 
 from ekit_runtime import CorruptStoreError, PostgresStore, StoreLockedError, WorkflowCheckpoint
-from tests.queue_backends import postgres_url
+from tests.support.queue_backends import postgres_url
 
 __all__ = ["postgres_url"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN = "shared-run"
 
 # A writer: "save N" saves the checkpoint of N outputs, each tagged with the

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import Step, StoreLockedError, Workflow
-from tests.store_helpers import store_factories
+from tests.support.store_helpers import store_factories
 
 FACTORIES = store_factories("run")
 

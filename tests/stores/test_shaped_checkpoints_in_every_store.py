@@ -36,9 +36,9 @@ from ekit_runtime import JournalStore, JsonFileStore, PostgresStore, SqliteStore
 from ekit_runtime.queue import Worker, open_queue
 from ekit_runtime.stores import CorruptStoreError
 from ekit_runtime.stores.rows import EncodedCheckpoint
-from tests.helpers import timed_alike
-from tests.queue_backends import fresh_postgres, queue_url
-from tests.store_helpers import framed_line
+from tests.support.helpers import timed_alike
+from tests.support.queue_backends import fresh_postgres, queue_url
+from tests.support.store_helpers import framed_line
 
 __all__ = ["queue_url"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import CorruptStoreError, SqliteStore, StoreLockedError
-from tests.store_helpers import make_checkpoint
+from tests.support.store_helpers import make_checkpoint
 
 
 def test_sqlite_is_durable_by_default(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import JsonFileStore
-from tests.store_helpers import journal_store, json_store, make_checkpoint, three_checkpoints
+from tests.support.store_helpers import journal_store, json_store, make_checkpoint, three_checkpoints
 
 
 def test_the_temporary_file_of_a_save_is_created_beside_its_target(

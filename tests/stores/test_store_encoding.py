@@ -14,7 +14,7 @@ import pytest
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import CorruptStoreError, JournalStore, JsonFileStore, SqliteStore
 from ekit_runtime.stores import UnencodableError
-from tests.store_helpers import journal_store, json_store, make_checkpoint
+from tests.support.store_helpers import journal_store, json_store, make_checkpoint
 
 
 def test_a_nan_at_the_top_level_is_located_as_such(tmp_path: Path) -> None:

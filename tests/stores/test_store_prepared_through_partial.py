@@ -18,7 +18,7 @@ import pytest
 
 from ekit_runtime import StoreLockedError, Workflow
 from ekit_runtime.step import Step
-from tests.store_helpers import Holder, store_factories
+from tests.support.store_helpers import Holder, store_factories
 
 FACTORIES = store_factories("crash-run")  # the run crash_child.py holds
 NAMES = {"json": "cp.json", "journal": "cp.jsonl", "sqlite": "cp.db"}

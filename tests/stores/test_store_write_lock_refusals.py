@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ekit_runtime import JsonFileStore, SqliteStore, StoreLockedError
-from tests.store_helpers import journal_store, json_store, make_checkpoint, three_checkpoints
+from tests.support.store_helpers import journal_store, json_store, make_checkpoint, three_checkpoints
 
 
 @pytest.fixture

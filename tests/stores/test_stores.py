@@ -38,7 +38,7 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
-from tests.store_helpers import Factory, store_factories
+from tests.support.store_helpers import Factory, store_factories
 
 FACTORIES = store_factories("run-1")
 

@@ -36,7 +36,7 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
-from tests.store_helpers import Holder
+from tests.support.store_helpers import Holder
 
 KINDS = ("json", "journal", "sqlite")
 NAMES = {"json": "cp.json", "journal": "cp.jsonl", "sqlite": "cp.db"}

@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-CHILD = HERE / "crash_child.py"
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+CHILD = SUPPORT / "crash_child.py"
 _spec = importlib.util.spec_from_file_location("ekit_crash_child", CHILD)
 assert _spec is not None and _spec.loader is not None
 child = importlib.util.module_from_spec(_spec)

@@ -1,6 +1,6 @@
 """One writer per file (per run id for SQLite), enforced: real processes, then one process.
 
-The process tests drive children of tests/crash_child.py through pipes (a
+The process tests drive children of tests/support/crash_child.py through pipes (a
 line each way), never sleeps: a holder takes a store's write lock and keeps
 saving while a second writer is refused and a reader loads all along; a
 SIGKILLed holder leaves the store to the next writer. The in-process tests
@@ -35,7 +35,7 @@ from ekit_runtime import (
 )
 from ekit_runtime import stores as stores_package
 
-CHILD = Path(__file__).resolve().parent / "crash_child.py"
+CHILD = Path(__file__).resolve().parents[1] / "support" / "crash_child.py"
 KINDS = ("json", "journal", "sqlite")
 SUFFIX = {"json": "cp.json", "journal": "cp.jsonl", "sqlite": "cp.db"}
 RUN_ID = "crash-run"  # crash_child.RUN_ID

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -199,3 +200,21 @@ class UiServer:
         if self._err_thread is not None:
             self._err_thread.join(5)
         self.stderr = "".join(self._err)
+
+
+def run_url(server: UiServer, run_id: str) -> str:
+    return f"{server.url}/run/{urllib.parse.quote(run_id, safe='')}"
+
+
+def wait_for(condition: Any, what: str, timeout: float = 20.0) -> None:
+    """Wait until ``condition()`` holds (polling the queue, never a blind sleep)."""
+    tick = threading.Event()
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        tick.wait(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_for_status(queue: Any, run_id: str, status: str) -> None:
+    wait_for(lambda: queue.status(run_id).status == status, f"run {run_id!r} to be {status!r}")

@@ -1,4 +1,4 @@
-"""Child process of the store crash tests (tests/test_stores_crash.py) and writer tests.
+"""Child process of the store crash tests (tests/stores/test_stores_crash.py) and writer tests.
 
 ``python crash_child.py KIND PATH START_LOG SEED [tear]`` loads the latest
 checkpoint from a store of KIND at PATH, prints ``ready``, then resumes a
@@ -13,7 +13,7 @@ the middle of one of its appends, after the store's own code has written part
 of the line: a torn tail every time, where random kills only sometimes land
 inside a write.
 
-The writer tests (tests/test_stores_writers.py) run it with a command
+The writer tests (tests/stores/test_stores_writers.py) run it with a command
 first, and drive it through its stdin and stdout, one line each way, so
 that no test needs a sleep to order processes:
 

@@ -56,7 +56,7 @@ def postgres_dsn() -> str:
 
 
 def _start_throwaway_server() -> str:
-    script = Path(__file__).resolve().parent.parent / ".ci" / "postgres"
+    script = Path(__file__).resolve().parents[2] / ".ci" / "postgres"
     done = subprocess.run(
         ["bash", str(script)], capture_output=True, text=True, timeout=600, check=False
     )

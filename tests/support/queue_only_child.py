@@ -1,6 +1,6 @@
 """A workflow for the queue's step-selection tests, driven by real ``ekit worker`` processes.
 
-``ekit worker --workflows tests.queue_only_child:REGISTRY`` drives it.
+``ekit worker --workflows tests.support.queue_only_child:REGISTRY`` drives it.
 Every step (and item) appends ``run-id step`` to ``<ctx["logdir"]>/starts.log``
 with one ``os.write`` on an ``O_APPEND`` file when it starts, so a test reads
 exactly which steps each run paid for.

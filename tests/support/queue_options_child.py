@@ -1,6 +1,6 @@
 """Workflows for the queue's run-option tests, driven by real ``ekit worker`` processes.
 
-``ekit worker --workflows tests.queue_options_child:REGISTRY`` drives them.
+``ekit worker --workflows tests.support.queue_options_child:REGISTRY`` drives them.
 Every step appends one line to ``<ctx["logdir"]>/<run id>.log`` (single
 ``os.write`` calls on an ``O_APPEND`` file, one worker process, one event
 loop, so the order of the lines is the order things happened):

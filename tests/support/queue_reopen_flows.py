@@ -1,6 +1,6 @@
 """Workflows for the retry, rewind, fork and human-input queue tests, driven by real worker processes.
 
-``ekit worker --workflows tests.queue_reopen_flows:WORKFLOWS`` loads them.
+``ekit worker --workflows tests.support.queue_reopen_flows:WORKFLOWS`` loads them.
 Every step attempt appends ``start RUN STEP ATTEMPT PID`` to
 ``$EKIT_TEST_LOGDIR/steps.log`` (one ``os.write`` on an ``O_APPEND`` file:
 never half a line), the attempt number being ``attempt_key().attempt`` as

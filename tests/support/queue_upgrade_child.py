@@ -1,4 +1,4 @@
-"""A process opening a queue file of an earlier layout: ``python -m tests.queue_upgrade_child PATH``.
+"""A process opening a queue file of an earlier layout: ``python -m tests.support.queue_upgrade_child PATH``.
 
 It says ``waiting`` when it has read the earlier layout and asks for the
 write lock to upgrade the file, then ``upgraded`` or ``found it upgraded``

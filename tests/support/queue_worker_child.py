@@ -1,4 +1,4 @@
-"""A worker process for the queue tests: ``python -m tests.queue_worker_child URL LOGDIR [options]``.
+"""A worker process for the queue tests: ``python -m tests.support.queue_worker_child URL LOGDIR [options]``.
 
 Drives the workflows of :data:`REGISTRY` from the queue at URL until it is
 killed or gets SIGTERM (then it stops gracefully). Every step attempt

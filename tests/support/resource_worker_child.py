@@ -1,4 +1,6 @@
-"""A worker process for the resource-cap tests: ``python -m tests.resource_worker_child URL DIR [options]``.
+"""A worker process for the resource-cap tests.
+
+``python -m tests.support.resource_worker_child URL DIR [options]``.
 
 Drives the workflows of :data:`REGISTRY` until killed or sent SIGTERM. Their
 steps tagged ``resource="api"`` keep a ledger of the attempts inside them

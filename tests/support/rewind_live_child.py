@@ -1,6 +1,6 @@
-"""A run in progress for tests/test_cli_rewind_output.py: it holds its store while step ``b`` waits.
+"""A run in progress for tests/runtime/test_cli_rewind_output.py: it holds its store while step ``b`` waits.
 
-``python -m tests.rewind_live_child KIND PATH FOLDER``: runs ``a`` then ``b``
+``python -m tests.support.rewind_live_child KIND PATH FOLDER``: runs ``a`` then ``b``
 (``b`` depends on ``a``) with a store of ``KIND`` (json, journal, sqlite;
 SQLite under run id ``live``) at ``PATH``. Once ``a`` is saved (so the store
 holds its write lock) ``b`` writes ``FOLDER/ready`` and waits for

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
-from tests.loop_asleep import wait_until_main_thread_sleeps_in_select
+from tests.support.loop_asleep import wait_until_main_thread_sleeps_in_select
 
 # A child of a shell's background job inherits SIGINT ignored, which asyncio.run
 # leaves ignored: give it the handler a script run from a terminal has.

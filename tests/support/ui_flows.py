@@ -1,9 +1,9 @@
-"""Workflows for the dashboard's browser tests (tests/test_ui_browser.py).
+"""Workflows for the dashboard's browser tests (tests/dashboard/test_ui_browser.py).
 
 The test process drives the runs with a worker (``ekit ui`` over a queue
 draws each graph from the run's checkpoint; over a store file it can take
-``--workflow tests.ui_flows:SIMPLE``). ``GATE`` and ``AFTER`` hold the ``live`` workflow's steps (after a
-first step, ``start``, whose checkpoint gives the run its graph) until the
+``--workflow tests.support.ui_flows:SIMPLE``). ``GATE`` and ``AFTER`` hold the ``live``
+workflow's steps (after a first step, ``start``, whose checkpoint gives the run its graph) until the
 test sets them: the test's worker runs in the test process, so the events
 are shared with it (the ``ekit ui`` process only reads the queue).
 """
