@@ -1,6 +1,6 @@
 """Screenshots of the dashboard for the docs: ``python -m tools.dashboard_screenshots``.
 
-Builds the browser tests' queue (a run in every status, tests/ui_flows.py),
+Builds the browser tests' queue (a run in every status, tests/support/ui_flows.py),
 adds a small fleet of ``report`` runs (each reports its usage; a typed
 outline, a step mapped over its sections, a title a person gives), spreads
 the fleet's submission times over the last six hours (a demo's SQLite file:
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from ekit_runtime.queue import SqliteQueue, Worker
-    from tests import ui_flows
-    from tests.browser import UiServer, chrome, wait_until
+    from tests.support import ui_flows
+    from tests.support.browser import UiServer, chrome, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "runs.db"

@@ -7,7 +7,7 @@ question; what a person types there goes through the run's guarded
 the run with the answer. A live update of the page leaves a form being
 typed in as it is. On SQLite, and on PostgreSQL when the test server is
 available (``EKIT_TEST_POSTGRES_DSN``). Skipped with no Chromium except
-under CI (tests/browser.py).
+under CI (tests/support/browser.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from ekit_runtime.queue import Worker, open_queue
-from tests import ui_flows
-from tests.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
-from tests.queue_backends import queue_url
+from tests.support import ui_flows
+from tests.support.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
+from tests.support.queue_backends import queue_url
 
 __all__ = ["queue_url"]  # a fixture, used by name
 

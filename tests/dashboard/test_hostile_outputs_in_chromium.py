@@ -9,7 +9,7 @@ element or a handler the payload made, no dialog opens, the payload is there
 as text, and the forms a live update put in place carry the page's token
 again. A store file whose outputs hold lone surrogates (JSON can spell them,
 no page can encode them) shows them as ``\\udcxx``. Skipped with no Chromium
-except under CI (tests/browser.py).
+except under CI (tests/support/browser.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.queue import RunQueue, SqliteQueue
-from tests.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
-from tests.ui_hostile import PAYLOAD
+from tests.support.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
+from tests.support.ui_hostile import PAYLOAD
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from typing import Any
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.queue import SqliteQueue
 from ekit_runtime.ui import QueueSource
-from tests.test_ui_server import fetch, serving
+from tests.support.dashboard_http import fetch, serving
 
 ITEMS = 2_000
 

@@ -23,8 +23,8 @@ from ekit_core import WorkflowCheckpoint
 from ekit_runtime.queue import RunInfo, SqliteQueue
 from ekit_runtime.ui import FileSource, QueueSource
 from ekit_runtime.ui.outputs import INLINE, PREVIEW
-from tests.test_ui_server import fetch, serving
-from tests.ui_hostile import unsafe_markup
+from tests.support.dashboard_http import fetch, serving
+from tests.support.ui_hostile import unsafe_markup
 
 HOSTILE = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>'"
 HUGE = "tide " * 10_000  # 50,000 characters: past what the page holds

@@ -25,9 +25,9 @@ from ekit_core.report import usage_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunQueue, RunsPage, SqliteQueue, open_queue
 from ekit_runtime.ui import FileSource, QueueSource
-from tests.queue_backends import queue_url
-from tests.test_ui_server import checkpoint, fetch, in_every_status, serving
-from tests.ui_hostile import unsafe_markup
+from tests.support.dashboard_http import checkpoint, fetch, in_every_status, serving
+from tests.support.queue_backends import queue_url
+from tests.support.ui_hostile import unsafe_markup
 
 __all__ = ["queue_url"]  # a fixture, used by name
 
