@@ -12,6 +12,7 @@ not edges, or every submodule would close a loop with its package).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from itertools import pairwise
 from pathlib import Path
@@ -156,6 +157,27 @@ def test_ekit_core_imports_nothing_of_ekit_runtime() -> None:
     upward = {m: sorted(t for t in ts if t.startswith("ekit_runtime")) for m, ts in graph.items()
               if m.startswith("ekit_core")}
     assert {m: ts for m, ts in upward.items() if ts} == {}
+
+
+FLOOR_ROW = re.compile(r"^\| (\d+) \| (.*?) \|", re.M)
+
+
+def documented_floors(page: Path = ROOT / "docs" / "architecture.md") -> dict[str, int]:
+    """The floor docs/architecture.md gives each ``ekit_core`` module (``ekit_core`` itself: its face)."""
+    floors: dict[str, int] = {}
+    for floor, cell in FLOOR_ROW.findall(page.read_text(encoding="utf-8")):
+        for name in re.findall(r"`([\w.]+)`", cell):
+            floors[name if name == "ekit_core" else f"ekit_core.{name}"] = int(floor)
+    return floors
+
+
+def test_the_documented_floors_are_the_code_s() -> None:
+    graph = import_graph()
+    floors = documented_floors()
+    assert sorted(floors) == sorted(m for m in graph if m.startswith("ekit_core"))
+    upward = [f"{m} (floor {floors[m]}) imports {t} (floor {floors[t]})"
+              for m in floors for t in graph[m] if t in floors and floors[t] > floors[m]]
+    assert upward == []
 
 
 def _tree(root: Path, files: Mapping[str, str]) -> Path:
