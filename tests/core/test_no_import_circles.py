@@ -151,14 +151,6 @@ def test_ekit_core_and_ekit_runtime_have_no_import_circle() -> None:
     assert [tuple(part) for part in circles(graph)] == list(LEFT_AS_IS)  # (gone: drop it from the list)
 
 
-def test_ekit_core_imports_nothing_of_ekit_runtime() -> None:
-    # (tests/test_purity.py forbids the name at any import; this holds for relative ones too)
-    graph = import_graph()
-    upward = {m: sorted(t for t in ts if t.startswith("ekit_runtime")) for m, ts in graph.items()
-              if m.startswith("ekit_core")}
-    assert {m: ts for m, ts in upward.items() if ts} == {}
-
-
 FLOOR_ROW = re.compile(r"^\| (\d+) \| (.*?) \|", re.M)
 
 
