@@ -56,7 +56,6 @@ class InputError(Exception):
     """An input the command cannot use; its message is the one line printed to stderr."""
 
 
-
 def import_object(spec: str, option: str) -> object:
     """The attribute ``ATTR`` (dotted) of module ``MODULE`` that ``spec`` names; failures are InputErrors.
 
