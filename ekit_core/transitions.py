@@ -122,6 +122,7 @@ from ekit_core.human import NO_EXCHANGES, Exchange, denial_of
 from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
+from ekit_core.phases import Phase, Row, Trigger, _reading
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
     Asked,
@@ -920,8 +921,10 @@ class _Run:
             running = window.take(self.running, done, offset)
             if running < 0:
                 names, running = self.spec.graph.names, self.running
-                raise _not_in_flight(next(
-                    names[i] for i in done if not window.has(running, i - offset)))
+                name = next(names[i] for i in done if not window.has(running, i - offset))
+                before = self.before  # (this fold recorded it: its phase is the one before)
+                raise _no_row(Succeeded, name, _reading(
+                    self.spec, before.outputs, self.setbacks, offset, self.ready, running, name))
             self.running = running
             done.clear()
         if fresh:
@@ -932,11 +935,10 @@ class _Run:
             self.ready = window.put(self.ready, fresh, self.offset)
             fresh.clear()
 
-    def end_attempt(self, name: str, what: str) -> int:
-        """Take ``name`` off the running set; its bit index, to put it back among the ready."""
+    def end_attempt(self, name: str) -> int:
+        """Take ``name`` (running or gated: the table's row says so) off the running set;
+        its bit index, to put it back among the ready."""
         j = self.bit(name)
-        if not window.has(self.running, j):
-            raise TransitionError(f"{what} for step {name!r}, which is not in flight")
         self.running = window.remove(self.running, window.bit(j))
         self.in_flight -= 1
         if name in self.setbacks.gated:
@@ -990,21 +992,16 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     name = item.name  # the hot path of every run: plain int and dict operations
     spec = w.spec
     index = spec.graph.index
-    i = index.get(name)
-    if i is None:
-        raise TransitionError(f"unknown step {name!r}")
+    i = index[name]  # (_in_flight read it: a known step, running)
     running = w.running
     if running < window.NARROW:  # narrow: change it in place (inlined, see ekit_core.window)
-        j = i - w.offset
-        if j < 0 or not (running >> j) & 1:  # window.has
-            raise _not_in_flight(name)
-        w.running = running ^ (1 << j)  # window.remove(running, window.bit(j))
-    else:
+        w.running = running ^ (1 << (i - w.offset))  # window.remove(running, window.bit(j))
+    else:  # wide: _in_flight did not test its bit, settle() does
         w.done.append(i)
     try:
         outputs = w.outputs = w.outputs.with_item(name, item.output)
     except ValueError:  # recorded already: reported twice in one fold
-        raise _not_in_flight(name) from None
+        raise _no_row(Succeeded, name, Phase.RECORDED) from None
     w.in_flight -= 1
     w.completed += 1
     usage = item.usage
@@ -1065,8 +1062,6 @@ def _start(w: _Run, start: Start) -> None:
     j = w.bit(name)
     if w.setbacks.halt is not None:
         raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.setbacks.halt.kind})")
-    if not window.has(w.ready, j):
-        raise TransitionError(f"cannot start step {name!r}: it is not ready")
     limit = w.spec.limits.max_concurrency
     if limit is not None and w.in_flight >= limit:
         raise TransitionError(f"cannot start step {name!r}: max_concurrency={limit} in flight")
@@ -1076,11 +1071,14 @@ def _start(w: _Run, start: Start) -> None:
 def _began(w: _Run, began: Began) -> None:
     """A gated attempt ended its wait: only now has it started."""
     name = began.name
-    j = w.bit(name)
-    if not window.has(w.running, j) or name not in w.setbacks.gated:
-        raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
     delay = w.gated().pop(name)
     w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, delay))
+
+
+def _began_and_succeeded(w: _Run, item: Succeeded) -> None:
+    """A gated attempt's success, its ``Began`` not reported: it began, then succeeded."""
+    _began(w, Began(item.name))
+    _succeeded(w, item)
 
 
 def _failed(w: _Run, failed: Failed) -> None:
@@ -1092,7 +1090,7 @@ def _failed(w: _Run, failed: Failed) -> None:
     """
     name = failed.name
     unanswered = _unanswered(w.setbacks, name, name in w.setbacks.gated)
-    j = w.end_attempt(name, "failed result")
+    j = w.end_attempt(name)
     inc = w.setbacks if unanswered is None else _replace(w.setbacks, unanswered=unanswered)
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
@@ -1165,7 +1163,7 @@ def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
 
 def _denied(w: _Run, denied: Denied) -> None:
     """A refused approval halts the run; the step is not done: a resume asks again."""
-    j = w.end_attempt(denied.name, "denied result")
+    j = w.end_attempt(denied.name)
     reason = storable_text(str(denied.reason))
     w.events.append(StepDenied(denied.name, reason))
     w.halt(Halt("denied", denied.name, reason))
@@ -1174,7 +1172,7 @@ def _denied(w: _Run, denied: Denied) -> None:
 
 def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     """A cancelled attempt: the step is ready again."""
-    j = w.end_attempt(interrupted.name, "interrupted result")
+    j = w.end_attempt(interrupted.name)
     w.events.append(StepInterrupted(interrupted.name))
     w.ready = window.add(w.ready, window.bit(j))
 
@@ -1187,7 +1185,7 @@ def _asked(w: _Run, asked: Asked) -> None:
     not run it again until :func:`ekit_core.human.answer` records an answer.
     """
     name, question = asked.name, asked.question
-    w.end_attempt(name, "question")
+    w.end_attempt(name)
     inc = w.setbacks
     before = inc.asked.get(name, ())
     if before and before[-1].answer is None:
@@ -1199,35 +1197,13 @@ def _asked(w: _Run, asked: Asked) -> None:
 
 def _skipped(w: _Run, skipped: Skipped) -> None:
     """The step's condition was false: it is skipped, and what needs it with it."""
-    w.end_attempt(skipped.name, "skipped result")
+    w.end_attempt(skipped.name)
     _skip(w, skipped.name, storable_text(str(skipped.reason)))
 
 
 def _cancelled(w: _Run, cancelled: Cancelled) -> None:
     """The run is cancelled: start nothing more."""
     w.halt(Halt("cancelled", reason=cancelled.reason))
-
-
-RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
-    Succeeded: _succeeded,
-    Start: _start,
-    Began: _began,
-    Failed: _failed,
-    Denied: _denied,
-    Interrupted: _interrupted,
-    Asked: _asked,
-    Skipped: _skipped,
-    Cancelled: _cancelled,
-})
-"""The table of the fold: each kind of input, and the rule that folds it in (see the top)."""
-
-
-def _rule_of(item: object) -> Callable[[_Run, Any], None]:
-    """The rule of an input of a subclass of an input type (the table is keyed by exact type)."""
-    for kind, rule in RULES.items():
-        if isinstance(item, kind):
-            return rule
-    raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
 
 
 # -- run-time shapes: items, their collection, skips --------------------------------
@@ -1646,6 +1622,144 @@ def plan(state: State) -> Batch:
     return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
 
+# -- the table: (phase, input) -> next phase, effect ----------------------------------
+
+_EITHER_END = (Phase.READY, Phase.DELAYED, Phase.FAILED)
+
+TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyType({
+    (Phase.READY, Start): Row(
+        (Phase.RUNNING, Phase.GATED), _start,
+        "its attempt starts (not in a halted run, within `max_concurrency`); gated while "
+        "it first asks its condition or approval (`Start.gates`)"),
+    (Phase.DELAYED, Start): Row(
+        (Phase.GATED,), _start, "its retry starts by waiting out its delay (`Start.gates`)"),
+    (Phase.GATED, Began): Row((Phase.RUNNING,), _began, "its work begins: `StepStarted` now"),
+    (Phase.RUNNING, Succeeded): Row(
+        (Phase.RECORDED,), _succeeded,
+        "its output and usage are recorded (dependency recorded, input recorded); a budget "
+        "the usage reaches halts the run"),
+    (Phase.GATED, Succeeded): Row(
+        (Phase.RECORDED,), _began_and_succeeded,
+        "as from running: its work began (a shell that does not report `Began`)"),
+    (Phase.RUNNING, Failed): Row(
+        _EITHER_END, _failed,
+        "retried by its policy unless the run is halting (delayed by its backoff, or ready); "
+        "else failed: the run halts, or only its branch waits (`isolate_failures`)"),
+    (Phase.GATED, Failed): Row(
+        _EITHER_END, _failed,
+        "as from running; its condition or approval raised, so its next attempt asks again "
+        "(`Setbacks.unanswered`)"),
+    (Phase.GATED, Denied): Row(
+        (Phase.READY,), _denied, "its approval was refused: the run halts (`denied`)"),
+    (Phase.RUNNING, Interrupted): Row((Phase.READY,), _interrupted, "cancelled in flight"),
+    (Phase.GATED, Interrupted): Row(
+        (Phase.READY,), _interrupted, "withdrawn or cancelled before its work began"),
+    (Phase.RUNNING, Asked): Row(
+        (Phase.ASKED,), _asked, "its question is recorded; nothing that needs it starts"),
+    (Phase.GATED, Skipped): Row(
+        (Phase.SKIPPED,), _skipped, "its condition was false (dependency skipped)"),
+    (None, Cancelled): Row((), _cancelled, "the run halts (`cancelled`); attempts in flight end"),
+    (Phase.WAITING, Trigger.DEPENDENCY_RECORDED): Row(
+        (Phase.WAITING, Phase.READY), _count_down, "counted down: ready at zero"),
+    (Phase.COLLECTING, Trigger.DEPENDENCY_RECORDED): Row(
+        (Phase.COLLECTING, Phase.RECORDED), _item_settled,
+        "a mapped step whose items are settled records their outputs once its dependencies are"),
+    (Phase.WAITING, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED, Phase.WAITING, Phase.READY), _skip,
+        "skipped, unless it joins alternatives (`join=\"any\"`): then ready once every "
+        "dependency is settled and one ran, skipped if none did"),
+    (Phase.COLLECTING, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED,), _skip, "a mapped step is skipped, whatever its items did"),
+    (Phase.HELD, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED,), _skip, "a step the run does not select is settled by the skip"),
+    (Phase.WAITING, Trigger.INPUT_RECORDED): Row(
+        (Phase.COLLECTING, Phase.RECORDED, Phase.FAILED), _expand,
+        "a mapped step expands into its items (collected at once if all are settled; an "
+        "input that has no items fails it with `MapError`)"),
+    (Phase.COLLECTING, Trigger.ITEMS_SETTLED): Row(
+        (Phase.COLLECTING, Phase.RECORDED), _item_settled,
+        "its items' outputs, in order, are recorded as its own once its dependencies are"),
+    (Phase.GATED, Trigger.RUN_HALTED): Row(
+        (Phase.GATED,), _withdrawn,
+        "withdrawn: `plan` names it in `Batch.withdraw`, the shell interrupts it"),
+})
+"""The table of the fold: a step's phase and an input -> the phases it may move to and the
+effect that moves it (see :mod:`ekit_core.phases`). The shell's inputs name their step
+and are looked up here by :func:`_fold`; a pair with no row is refused. The triggers are
+the effects' own consequences for *other* steps, which the property tests check against
+their rows."""
+
+RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
+    kind: row.effect for (_, kind), row in TRANSITIONS.items() if isinstance(kind, type)
+})
+"""Each kind of input and the effect that folds it in: the former table, kept for old readers."""
+
+
+def _in_flight(w: _Run, item: Succeeded) -> Phase:
+    """The phase of a success's step: the bit test every success pays anyway, on a
+    narrow window (on a wide one the success is taken as running, and ``settle`` tests
+    its bit with those of the whole fold, refusing it there)."""
+    name = item.name
+    i = w.spec.graph.index.get(name)
+    if i is None:
+        raise TransitionError(f"unknown step {name!r}")
+    running = w.running
+    if running >= window.NARROW:
+        return Phase.RUNNING
+    j = i - w.offset
+    if j >= 0 and (running >> j) & 1:  # window.has, inlined
+        gated = w.setbacks.gated
+        return Phase.GATED if gated and name in gated else Phase.RUNNING
+    return _phase_now(w, name)
+
+
+def _phase_now(w: _Run, name: str) -> Phase:
+    """The phase of step ``name`` in the working copy, pending bits applied."""
+    w.bit(name)  # (unknown: refused; else settles)
+    return _reading(w.spec, w.outputs, w.setbacks, w.offset, w.ready, w.running, name)
+
+
+def _named(w: _Run, item: Any) -> Phase:
+    return _phase_now(w, item.name)
+
+
+def _of_run(w: _Run, item: Any) -> None:
+    return None
+
+
+def _compiled(table: Mapping[tuple[Phase | None, type | Trigger], Row]
+              ) -> dict[type, tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]]:
+    """The table as the fold reads it: per input type, how to read its step's phase and
+    the effect of each phase that has a row (one dict lookup per input)."""
+    compiled: dict[type, tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]] = {}
+    for (phase, kind), row in table.items():
+        if not isinstance(kind, type):
+            continue
+        read: Callable[[_Run, Any], Phase | None] = (
+            _in_flight if kind is Succeeded else _of_run if phase is None else _named)
+        compiled.setdefault(kind, (read, {}))[1][phase] = row.effect
+    return compiled
+
+
+_BY_INPUT = _compiled(TRANSITIONS)
+
+
+def _entry_of(item: object) -> tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]:
+    """The rows of an input of a subclass of an input type (compiled by exact type)."""
+    for kind, entry in _BY_INPUT.items():
+        if isinstance(item, kind):
+            return entry
+    raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
+
+
+def _no_row(kind: type, name: str, phase: Phase | None) -> TransitionError:
+    """The one refusal of an input its step's phase has no row for: step, phase, input."""
+    takes = " or ".join(p.value for p, k in TRANSITIONS if k is kind and p is not None)
+    return TransitionError(
+        f"{kind.__name__} for step {name!r}, which is {phase}: no row of the phase table "
+        f"takes {kind.__name__} there (only when {takes})")
+
+
 # -- the transition: thaw, fold, freeze ------------------------------------------------
 
 
@@ -1676,12 +1790,17 @@ def advance(
 
 
 def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
-    """The working copy of ``state`` with every input folded in by its rule in :data:`RULES`."""
+    """The working copy of ``state`` with every input folded in by its row of :data:`TRANSITIONS`:
+    its step's phase read, the row of (phase, input) looked up, its effect run."""
     w = _thaw(state, record)
-    rules = RULES
+    table = _BY_INPUT
     for item in inputs:
-        rule = rules.get(type(item))
-        (rule or _rule_of(item))(w, item)
+        read, rows = table.get(type(item)) or _entry_of(item)
+        phase = read(w, item)
+        effect = rows.get(phase)
+        if effect is None:
+            raise _no_row(type(item), item.name, phase)
+        effect(w, item)
     return w
 
 
@@ -1712,10 +1831,6 @@ def _freeze(w: _Run) -> State:
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-def _not_in_flight(name: str) -> TransitionError:
-    return TransitionError(f"success reported for step {name!r}, which is not in flight")
 
 
 def _without(table: Mapping[str, Any], name: str) -> MappingProxyType[str, Any]:
