@@ -992,11 +992,21 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     name = item.name  # the hot path of every run: plain int and dict operations
     spec = w.spec
     index = spec.graph.index
-    i = index[name]  # (_in_flight read it: a known step, running)
+    i = index.get(name)
+    if i is None:
+        raise TransitionError(f"unknown step {name!r}")
+    gated = w.setbacks.gated
     running = w.running
-    if running < window.NARROW:  # narrow: change it in place (inlined, see ekit_core.window)
-        w.running = running ^ (1 << (i - w.offset))  # window.remove(running, window.bit(j))
-    else:  # wide: _in_flight did not test its bit, settle() does
+    # Its phase, read by the test of its bit (inlined, see ekit_core.window): running, the
+    # row of the hot path; else the table's row of its phase (see _compiled).
+    if gated and name in gated:
+        return _succeeded_elsewhere(w, item)
+    if running < window.NARROW:  # narrow: change it in place
+        j = i - w.offset
+        if j < 0 or not (running >> j) & 1:  # window.has
+            return _succeeded_elsewhere(w, item)
+        w.running = running ^ (1 << j)  # window.remove(running, window.bit(j))
+    else:  # wide: its bit is tested by settle(), with those of the whole fold
         w.done.append(i)
     try:
         outputs = w.outputs = w.outputs.with_item(name, item.output)
@@ -1689,66 +1699,62 @@ and are looked up here by :func:`_fold`; a pair with no row is refused. The trig
 the effects' own consequences for *other* steps, which the property tests check against
 their rows."""
 
-RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
-    kind: row.effect for (_, kind), row in TRANSITIONS.items() if isinstance(kind, type)
-})
-"""Each kind of input and the effect that folds it in: the former table, kept for old readers."""
-
-
-def _in_flight(w: _Run, item: Succeeded) -> Phase:
-    """The phase of a success's step: the bit test every success pays anyway, on a
-    narrow window (on a wide one the success is taken as running, and ``settle`` tests
-    its bit with those of the whole fold, refusing it there)."""
-    name = item.name
-    i = w.spec.graph.index.get(name)
-    if i is None:
-        raise TransitionError(f"unknown step {name!r}")
-    running = w.running
-    if running >= window.NARROW:
-        return Phase.RUNNING
-    j = i - w.offset
-    if j >= 0 and (running >> j) & 1:  # window.has, inlined
-        gated = w.setbacks.gated
-        return Phase.GATED if gated and name in gated else Phase.RUNNING
-    return _phase_now(w, name)
-
-
 def _phase_now(w: _Run, name: str) -> Phase:
     """The phase of step ``name`` in the working copy, pending bits applied."""
     w.bit(name)  # (unknown: refused; else settles)
     return _reading(w.spec, w.outputs, w.setbacks, w.offset, w.ready, w.running, name)
 
 
-def _named(w: _Run, item: Any) -> Phase:
-    return _phase_now(w, item.name)
+def _by_phase(kind: type, rows: Mapping[Phase | None, Callable[[_Run, Any], None]]
+              ) -> Callable[[_Run, Any], None]:
+    """The fold's entry for inputs of ``kind``: read the phase of the input's step, run the
+    effect of its row, refuse a phase with none."""
+    if None in rows:  # an input about the run: one row, whatever any step's phase
+        return rows[None]
 
+    def fold_in(w: _Run, item: Any) -> None:
+        phase = _phase_now(w, item.name)
+        effect = rows.get(phase)
+        if effect is None:
+            raise _no_row(kind, item.name, phase)
+        effect(w, item)
 
-def _of_run(w: _Run, item: Any) -> None:
-    return None
+    fold_in.__name__ = fold_in.__qualname__ = f"fold_{kind.__name__}"
+    return fold_in
 
 
 def _compiled(table: Mapping[tuple[Phase | None, type | Trigger], Row]
-              ) -> dict[type, tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]]:
-    """The table as the fold reads it: per input type, how to read its step's phase and
-    the effect of each phase that has a row (one dict lookup per input)."""
-    compiled: dict[type, tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]] = {}
+              ) -> dict[type, Callable[[_Run, Any], None]]:
+    """The table as the fold reads it: one entry per input type (one dict lookup per input).
+
+    The entry of ``Succeeded`` is its running row's effect itself, whose first
+    test (the bit of a step in flight, which it clears anyway) reads the phase
+    of the hot path of every run; any other phase goes the general way,
+    ``_succeeded_elsewhere``. The property tests check both against the table.
+    """
+    rows: dict[type, dict[Phase | None, Callable[[_Run, Any], None]]] = {}
     for (phase, kind), row in table.items():
-        if not isinstance(kind, type):
-            continue
-        read: Callable[[_Run, Any], Phase | None] = (
-            _in_flight if kind is Succeeded else _of_run if phase is None else _named)
-        compiled.setdefault(kind, (read, {}))[1][phase] = row.effect
+        if isinstance(kind, type):
+            rows.setdefault(kind, {})[phase] = row.effect
+    compiled = {kind: _by_phase(kind, by_phase) for kind, by_phase in rows.items()}
+    global _succeeded_elsewhere
+    _succeeded_elsewhere = compiled[Succeeded]
+    compiled[Succeeded] = _succeeded
     return compiled
 
 
-_BY_INPUT = _compiled(TRANSITIONS)
+_succeeded_elsewhere: Callable[[_Run, Any], None]
+"""A success of a step that is not plainly running: its row by its phase (see ``_compiled``)."""
+
+RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType(_compiled(TRANSITIONS))
+"""The table as the fold reads it: each kind of input and the entry that folds it in."""
 
 
-def _entry_of(item: object) -> tuple[Callable[[_Run, Any], Phase | None], dict[Phase | None, Any]]:
-    """The rows of an input of a subclass of an input type (compiled by exact type)."""
-    for kind, entry in _BY_INPUT.items():
+def _rule_of(item: object) -> Callable[[_Run, Any], None]:
+    """The entry of an input of a subclass of an input type (the table is keyed by exact type)."""
+    for kind, rule in RULES.items():
         if isinstance(item, kind):
-            return entry
+            return rule
     raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
 
 
@@ -1793,14 +1799,10 @@ def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
     """The working copy of ``state`` with every input folded in by its row of :data:`TRANSITIONS`:
     its step's phase read, the row of (phase, input) looked up, its effect run."""
     w = _thaw(state, record)
-    table = _BY_INPUT
+    rules = RULES
     for item in inputs:
-        read, rows = table.get(type(item)) or _entry_of(item)
-        phase = read(w, item)
-        effect = rows.get(phase)
-        if effect is None:
-            raise _no_row(type(item), item.name, phase)
-        effect(w, item)
+        rule = rules.get(type(item))
+        (rule or _rule_of(item))(w, item)
     return w
 
 
