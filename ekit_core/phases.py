@@ -130,13 +130,15 @@ def phase_of(state: State, name: str) -> Phase:
     ``ValueError`` if ``name`` is no step of the run, nor an item it has made.
     """
     spec = state.spec
-    return _reading(spec, state.outputs, state.setbacks, state._offset, state._ready,
-                    state._running, name)
+    return _reading(spec, state.outputs, state.setbacks,
+                    (state._offset, state._ready, state._running), name)
 
 
-def _reading(spec: RunSpec, outputs: Mapping[str, Any], setbacks: Setbacks, offset: int,
-             ready: int, running: int, name: str) -> Phase:
-    """:func:`phase_of` over the fields of a state or of the fold's working copy."""
+def _reading(spec: RunSpec, outputs: Mapping[str, Any], setbacks: Setbacks,
+             bits: tuple[int, int, int], name: str) -> Phase:
+    """:func:`phase_of` over the fields of a state or of the fold's working copy
+    (``bits``: its window, offset, ready and running)."""
+    offset, ready, running = bits
     i = spec.graph.index.get(name)
     if i is None:
         raise ValueError(f"unknown step {name!r}")

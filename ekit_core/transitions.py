@@ -924,7 +924,7 @@ class _Run:
                 name = next(names[i] for i in done if not window.has(running, i - offset))
                 before = self.before  # (this fold recorded it: its phase is the one before)
                 raise _no_row(Succeeded, name, _reading(
-                    self.spec, before.outputs, self.setbacks, offset, self.ready, running, name))
+                    self.spec, before.outputs, self.setbacks, (offset, self.ready, running), name))
             self.running = running
             done.clear()
         if fresh:
@@ -1702,7 +1702,7 @@ their rows."""
 def _phase_now(w: _Run, name: str) -> Phase:
     """The phase of step ``name`` in the working copy, pending bits applied."""
     w.bit(name)  # (unknown: refused; else settles)
-    return _reading(w.spec, w.outputs, w.setbacks, w.offset, w.ready, w.running, name)
+    return _reading(w.spec, w.outputs, w.setbacks, (w.offset, w.ready, w.running), name)
 
 
 def _by_phase(kind: type, rows: Mapping[Phase | None, Callable[[_Run, Any], None]]

@@ -23,7 +23,6 @@ from collections.abc import (
     AsyncGenerator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterable,
     Mapping,
     Sequence,
@@ -58,7 +57,7 @@ from ekit_core import (
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
-from ekit_core.results import succeeded
+from ekit_core.results import APPROVAL, CONDITION, DELAY, Gate, succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name
 from ekit_core.state import attempt_number
@@ -520,12 +519,18 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        # A retry asks its condition once its delay is waited out (in _gated), not before.
-        decided = _decided(step, name, context) if start.condition and not start.delay > 0 else None
+        # What it does before its work begins is the core's (Start.gates), followed in
+        # order; its three fields are read first only to see that there is nothing (speed).
+        gates = start.gates if start.delay or start.condition or start.approval else ()
+        decided = None
+        if gates and gates[0] == CONDITION:  # asked at once: a condition is a plain call
+            decided, gates = _decided(step, name, context), gates[1:]
+            if decided is None and not gates:  # it held, and nothing else gates: it begins now
+                self._reports.append(Began(name))
         if decided is not None:  # skipped, or its condition raised: an attempt that never began
             task = self._loop.create_task(_at_once(decided))
-        elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
-            task = self._loop.create_task(self._gated(step, start, context, item))
+        elif gates:  # it reports Began when its work begins
+            task = self._loop.create_task(self._gated(step, start, gates, context, item))
         elif own:  # the step's coroutine is the task itself; _drain reads its outcome
             began = self.clock()
             try:
@@ -533,12 +538,11 @@ class Runner:
             except Exception as exc:  # the call itself raised (bad arguments): its failure
                 task = self._loop.create_task(_at_once(Failed(name, exc)))
             else:
-                task = self._loop.create_task(body)  # type: ignore[arg-type]  # (a cast subscripts a generic per step: 3k instructions)
+                # (No cast: it subscripts a generic on every start, 2k instructions.)
+                task = self._loop.create_task(body)  # type: ignore[arg-type]
                 self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context, item))
-        if start.condition and decided is None and not (start.delay > 0 or start.approval):
-            self._reports.append(Began(name))  # its condition held: its work begins now
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if sink is not None:
@@ -620,22 +624,25 @@ class Runner:
             return _failure(name, error, duration)
         raise error
 
-    async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
-        """An attempt that first waits out its delay, asks its condition and approval, then begins."""
+    async def _gated(self, step: Step, start: Start, gates: tuple[Gate, ...], context: Context,
+                     item: str | None) -> Input:
+        """An attempt that first goes through ``gates`` (those of ``start`` not yet passed),
+        in order, then begins its work."""
         name = start.name
         try:
-            if start.delay > 0:
-                await self.sleep(start.delay)
-                # (undelayed, the condition was asked at launch: see _launch)
-                decided = _decided(step, name, context) if start.condition else None
-                if decided is not None:
-                    return decided
-            if start.approval:
-                if self.approval is None:
-                    raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
-                verdict = await ask(self.approval, name, step.metadata)
-                if not verdict.approved:
-                    return Denied(name, verdict.reason)
+            for gate in gates:
+                if gate == DELAY:
+                    await self.sleep(start.delay)
+                elif gate == CONDITION:
+                    decided = _decided(step, name, context)
+                    if decided is not None:
+                        return decided
+                elif gate == APPROVAL:
+                    if self.approval is None:
+                        raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
+                    verdict = await ask(self.approval, name, step.metadata)
+                    if not verdict.approved:
+                        return Denied(name, verdict.reason)
         except Exception as exc:
             return _failure(name, exc)
         self._reports.append(Began(name))
