@@ -376,10 +376,19 @@ class Runner:
         inputs = self._drain()
         state, batch = advance(self.state, inputs, record_events=self.record_events)
         self.state = state
-        self._carry_out(batch)
+        # _carry_out and _report, inline for an untraced run: once per step.
+        if batch.withdraw:
+            self._withdraw(batch.withdraw)
+        for start in batch.starts:
+            self._launch(start)
         # An attempt that only began its work (a Began report, drained first)
         # changed nothing a checkpoint holds.
-        await self._report(state, save=len(inputs) > reported)
+        if self.trace is not None:
+            await self._report(state, save=len(inputs) > reported)
+        elif len(inputs) > reported:
+            saving = self._save(state)
+            if saving is not None:
+                await saving
         return state
 
     async def _start_added(self) -> None:
@@ -539,7 +548,7 @@ class Runner:
                 task = self._loop.create_task(_at_once(Failed(name, exc)))
             else:
                 # (No cast: it subscripts a generic on every start, 2k instructions.)
-                task = self._loop.create_task(body)  # type: ignore[arg-type]
+                task = self._loop.create_task(body)
                 self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context, item))
