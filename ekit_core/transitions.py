@@ -420,10 +420,12 @@ def _first_ready(
 ) -> tuple[list[int], dict[str, int], int, Mapping[str, tuple[str, ...]]]:
     """The steps ready at once (declaration indices), the countdowns of joins
     partly recorded, how many steps are recorded, and the dependents the fold reads."""
+    deps = graph.deps
+    if not outputs:  # a fresh run: its roots are ready, and no join is partly recorded
+        return [i for i, name in enumerate(graph.names) if not deps[name]], {}, 0, graph.dependents
     ready: list[int] = []
     waiting: dict[str, int] = {}
     pending: list[str] = []
-    deps = graph.deps
     for i, name in enumerate(graph.names):
         if name in outputs:
             continue
@@ -1826,7 +1828,9 @@ def _freeze(w: _Run) -> State:
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost, w.spec.held,
                                        len(w.setbacks.skipped)))
-    w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
+    both = w.ready | w.running
+    if both and not both & 1:  # (the test of window.anchor, inlined: a chain's never moves)
+        w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
     if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
         w.waiting = MappingProxyType(w.waiting)
     return state_of_run(w, tuple(w.events) if w.record else (), outcome)

@@ -510,10 +510,10 @@ class Runner:
         # A traced run hands each attempt a sink for its partial output: set
         # here, it is in the context the attempt's task (and thread) copies.
         # (record_events first: an instance attribute, cheaper to read than the class's default.)
-        partials = self._partials if self.record_events else None
-        reports = None if partials is None else streaming.PartialSink(
-            name, self._traces, self._loop, partials)
-        sink = None if reports is None else streaming.SINK.set(reports)
+        reports = sink = None
+        if self.record_events and self._partials is not None:
+            reports = streaming.PartialSink(name, self._traces, self._loop, self._partials)
+            sink = streaming.SINK.set(reports)
         i = self._index.get(name)
         item = None
         if i is not None or name in self._added:
@@ -548,7 +548,7 @@ class Runner:
                 task = self._loop.create_task(_at_once(Failed(name, exc)))
             else:
                 # (No cast: it subscripts a generic on every start, 2k instructions.)
-                task = self._loop.create_task(body)
+                task = self._loop.create_task(body)  # type: ignore[arg-type]
                 self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context, item))
