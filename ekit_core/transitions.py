@@ -1017,7 +1017,7 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     w.in_flight -= 1
     w.completed += 1
     usage = item.usage
-    if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
+    if usage is not NO_USAGE and (usage.input_tokens or usage.output_tokens or usage.llm_calls):
         w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
     duration = item.duration
     # Else (not asked for, not timed, a bad clock) none.
