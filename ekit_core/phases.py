@@ -102,25 +102,27 @@ ANY_PHASE = None
 """The key of a row that applies whatever phase a step is in: an input about the run."""
 
 
-RESUMES: Mapping[Phase, tuple[Phase, str]] = MappingProxyType({
-    Phase.WAITING: (Phase.WAITING, "its dependencies are as recorded"),
-    Phase.READY: (Phase.READY, ""),
-    Phase.DELAYED: (Phase.READY, "a retry's delay is not recorded: the retry runs at once"),
-    Phase.GATED: (Phase.READY, "an attempt in flight is lost: it runs again, same number"),
-    Phase.RUNNING: (Phase.READY, "an attempt in flight is lost: it runs again, same number"),
-    Phase.RECORDED: (Phase.RECORDED, "never runs again"),
-    Phase.FAILED: (Phase.READY, "a recorded failure is no output: it runs again"),
-    Phase.ASKED: (Phase.ASKED, "until an answer is recorded (`human.answer`): then ready"),
-    Phase.SKIPPED: (Phase.SKIPPED, "the skip is recorded"),
-    Phase.HELD: (Phase.HELD, "with the same `only`"),
-    Phase.COLLECTING: (Phase.COLLECTING, "expanded again from its recorded input"),
+RESUMES: Mapping[Phase, tuple[tuple[Phase, ...], str]] = MappingProxyType({
+    Phase.WAITING: ((Phase.WAITING,), "its dependencies are as recorded"),
+    Phase.READY: ((Phase.READY,), "its dependencies are recorded"),
+    Phase.DELAYED: ((Phase.READY,), "a retry's delay is not recorded: the retry runs at once"),
+    Phase.GATED: ((Phase.READY,), "an attempt in flight is lost: it runs again, same number"),
+    Phase.RUNNING: ((Phase.READY,), "an attempt in flight is lost: it runs again, same number"),
+    Phase.RECORDED: ((Phase.RECORDED,), "never runs again"),
+    Phase.FAILED: ((Phase.READY, Phase.FAILED),
+                   "a recorded failure is no output: it runs again (a mapped step whose "
+                   "input has no items fails again)"),
+    Phase.ASKED: ((Phase.ASKED,), "until an answer is recorded (`human.answer`): then ready"),
+    Phase.SKIPPED: ((Phase.SKIPPED,), "the skip is recorded"),
+    Phase.HELD: ((Phase.HELD,), "with the same `only`"),
+    Phase.COLLECTING: ((Phase.COLLECTING,), "expanded again from its recorded input"),
 })
 """What a resume from a checkpoint of a state restores each phase to (same options).
 
 A step in flight is not in a checkpoint, nor a retry's delay: it is ready
 again. :func:`~ekit_core.initial_state` restores these from the storage a
-checkpoint holds (outputs, skips, questions, failures); the property tests
-check every phase of random states against this table.
+checkpoint holds (outputs, skips, questions, failures); a property test
+checks every phase of random states against this table.
 """
 
 
@@ -172,7 +174,7 @@ def _label(kind: object) -> str:
 
 
 def table_markdown(table: Mapping[tuple[Phase | None, Any], Row],
-                   resumes: Mapping[Phase, tuple[Phase, str]] = RESUMES) -> str:
+                   resumes: Mapping[Phase, tuple[tuple[Phase, ...], str]] = RESUMES) -> str:
     """The table as the markdown docs/concepts.md shows: one line a row, then the resumes."""
     lines = [
         "| phase | input | next phase | effect | what it does |",
@@ -184,5 +186,5 @@ def table_markdown(table: Mapping[tuple[Phase | None, Any], Row],
                      f"| {row.does} |")
     lines += ["", "| phase recorded | after a resume | why |", "|---|---|---|"]
     for phase, (after, why) in resumes.items():
-        lines.append(f"| {phase.value} | {after.value} | {why} |")
+        lines.append(f"| {phase.value} | {' or '.join(p.value for p in after)} | {why} |")
     return "\n".join(lines) + "\n"

@@ -1209,6 +1209,8 @@ def _asked(w: _Run, asked: Asked) -> None:
 
 def _skipped(w: _Run, skipped: Skipped) -> None:
     """The step's condition was false: it is skipped, and what needs it with it."""
+    if not _asks(w.spec, skipped.name):  # (a checkpoint recording the skip would be refused)
+        raise TransitionError(f"Skipped for step {skipped.name!r}, which has no condition")
     w.end_attempt(skipped.name)
     _skip(w, skipped.name, storable_text(str(skipped.reason)))
 
