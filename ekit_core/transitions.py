@@ -6,44 +6,41 @@ Theory of operation
 -------------------
 A :class:`~ekit_core.State` is a frozen value. A transition (:func:`apply`,
 :func:`advance`) copies it once into a working copy (``_Run``), folds each
-input into that copy with the rule the table below names for the input's
-kind, then, for :func:`advance` only, starts what :func:`plan` would
+input into that copy by its row of the table below (its step's phase and
+its kind), then, for :func:`advance` only, starts what :func:`plan` would
 (``_launch``), and freezes the copy once into the new state, deciding how the
 run ended (``_freeze``, :func:`outcome_of`). Nothing else changes a state,
 and the state before is never touched: the same inputs always give the same
 state and the same ``state.events``.
 
-The table (``RULES``), input -> rule -> what it changes:
+The table (:data:`TRANSITIONS`) is keyed by a step's phase and an input:
+every step and item is in one :class:`~ekit_core.phases.Phase`, read from
+the storage below by :func:`~ekit_core.phases.phase_of`, and each row says
+the phases the input may move it to and the effect (a function here) that
+moves it. ``_fold`` reads the phase of each input's step, looks its row up
+and runs the effect; a (phase, input) pair with no row is a
+:class:`~ekit_core.TransitionError` naming the step, its phase and the
+input. Besides the shell's inputs (``Start``, ``Began``, ``Succeeded``,
+``Failed``, ``Denied``, ``Interrupted``, ``Asked``, ``Skipped``,
+``Cancelled``), the table has the fold's own triggers
+(:class:`~ekit_core.phases.Trigger`): what moves *other* steps when one
+changes. A dependency recorded counts its dependents down, ready at zero
+(``_count_down``); an output that steps map over, recorded, expands them
+into items (``_expand``: the graph grows); items settled collect their
+mapped step (``_item_settled``, ``_collect``); a skip passes to every step
+that needs the skipped one, except a join over alternatives
+(``join="any"``), which runs once every dependency is settled if any ran
+(``_skip``, ``_join_any``); a halt withdraws gated attempts
+(``_withdrawn``). :data:`~ekit_core.phases.RESUMES` says what a resume
+restores each phase to. docs/concepts.md shows both tables, rendered from
+these (``python -m tools.phase_table``). A new rule is a row, an effect
+function, and a line of what a resume restores.
 
-=============== ================ ===================================================
-``Succeeded``   ``_succeeded``   running -> recorded; dependents counted down, ready
-                                 at zero (``_count_down``); a reached budget halts
-``Start``       ``_start``       ready -> running, if ready, not halted, with room
-``Began``       ``_began``       a gated attempt began: its ``StepStarted`` now
-``Failed``      ``_failed``      retried by its policy (running -> ready) unless the
-                                 run is halting; else it halts the run, or only its
-                                 branch when the run isolates failures
-``Denied``      ``_denied``      running -> ready; halts the run ("denied")
-``Interrupted`` ``_interrupted`` running -> ready
-``Asked``       ``_asked``       running -> waiting: its question is recorded, it is
-                                 neither failed nor done (no retry), nothing that
-                                 needs it starts; a run with nothing else to do
-                                 settles ``"waiting"`` (see :mod:`ekit_core.human`)
-``Skipped``     ``_skipped``     running -> skipped (its condition was false), and
-                                 with it what needs it (``_skip``)
-``Cancelled``   ``_cancelled``   halts the run ("cancelled")
-=============== ================ ===================================================
-
-Run-time shapes (:mod:`ekit_core.shapes`) add three rules around the table,
-in the section of their own below: when an output that steps map over is
-recorded, those steps expand into items (``_expand``: the graph grows, and
-the mapped step counts its items down); when an item is recorded or
-skipped, its mapped step counts down, and collects its items' outputs as
-its own at zero (``_collect``); a skip passes to every step that needs the
-skipped one, except a join over alternatives (``join="any"``), which runs
-once every dependency is settled if any ran. A mapped step is never started
-itself and never made ready by its dependencies. A graph without shapes
-pays one check per success for all of this.
+For speed, the table is compiled into one entry per input type (``RULES``):
+a success's entry is the effect of its running row itself, whose first test
+(the step's bit, which it clears anyway) reads the phase of the hot path;
+any other phase takes the general lookup. A graph without shapes pays one
+check per success for the shape rules.
 
 Around the table:
 
@@ -928,14 +925,26 @@ class _Run:
                 raise _no_row(Succeeded, name, _reading(
                     self.spec, before.outputs, self.setbacks, (offset, self.ready, running), name))
             self.running = running
-            done.clear()
+            self.done = _NONE
         if fresh:
             low = min(fresh)
             if low < offset or not (self.ready or self.running):
                 self.offset, self.ready, self.running = window.fit(
                     offset, self.ready, self.running, low)
             self.ready = window.put(self.ready, fresh, self.offset)
-            fresh.clear()
+            self.fresh = _NONE
+
+    def pending_done(self, i: int) -> None:
+        """Take step ``i`` off the running set at the next :meth:`settle`."""
+        if self.done is _NONE:
+            self.done = []
+        self.done.append(i)
+
+    def ready_later(self, i: int) -> None:
+        """Add step ``i`` to the ready set at the next :meth:`settle`."""
+        if self.fresh is _NONE:
+            self.fresh = []
+        self.fresh.append(i)
 
     def end_attempt(self, name: str) -> int:
         """Take ``name`` (running or gated: the table's row says so) off the running set;
@@ -979,11 +988,14 @@ def _thaw(state: State, record: bool) -> _Run:
     w.completed, w.cost, w.setbacks = state.completed, state.cost, state.setbacks
     w.offset, w.ready, w.running = state._offset, state._ready, state._running
     w.in_flight, w.waiting = state._in_flight, state._waiting
-    w.events, w.done, w.fresh = [], [], []
+    # (done and fresh are made lists when first added to: most folds add to neither)
+    w.events, w.done, w.fresh = [], _NONE, _NONE
     return w
 
 
 _new = object.__new__
+_NONE: Any = ()
+"""The ``done`` and ``fresh`` of a working copy that has added nothing to them."""
 
 
 # -- the rules, one per input ------------------------------------------------------
@@ -1009,7 +1021,7 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
             return _succeeded_elsewhere(w, item)
         w.running = running ^ (1 << j)  # window.remove(running, window.bit(j))
     else:  # wide: its bit is tested by settle(), with those of the whole fold
-        w.done.append(i)
+        w.pending_done(i)
     try:
         outputs = w.outputs = w.outputs.with_item(name, item.output)
     except ValueError:  # recorded already: reported twice in one fold
@@ -1065,7 +1077,7 @@ def _count_down(
         elif ready < window.NARROW and offset <= k < offset + window.WIDTH:
             w.ready = ready | 1 << (k - offset)  # window.add(ready, window.bit(...)), inlined
         else:
-            w.fresh.append(k)
+            w.ready_later(k)
 
 
 def _start(w: _Run, start: Start) -> None:
@@ -1378,7 +1390,7 @@ def _grow(w: _Run, more: Expanded) -> None:
         for d in missing:
             extra.setdefault(d, []).append(name)
         if not missing:
-            w.fresh.append(index[name])
+            w.ready_later(index[name])
         elif len(deps) > 1:
             waiting[name] = len(missing)
     for d, names in extra.items():
@@ -1517,7 +1529,7 @@ def _join_any(w: _Run, step: str) -> str:
     if any(d in w.outputs for d in deps):
         only = w.spec.limits.only
         if only is None or step in only:  # (a join the run does not select never starts)
-            w.fresh.append(w.spec.graph.index[step])
+            w.ready_later(w.spec.graph.index[step])
         return ""
     return "every step it joins was skipped"
 
