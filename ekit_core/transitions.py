@@ -1542,21 +1542,23 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
     """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
         return ()
-    graph, limits, room = spec.graph, spec.limits, None
-    if limits.max_concurrency is not None:
-        room = limits.max_concurrency - in_flight
+    limits = spec.limits
+    room = limits.max_concurrency
+    if room is not None:
+        room -= in_flight
         if room <= 0:
             return ()
-    names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
-    conditional = spec.conditional  # (no step has a condition: no start asks one)
+    tries, delays, gate = inc.tries, inc.delays, limits.approval
     # One ready step, the whole batch of a chain: window.only_one and
     # window.single, inlined (see ekit_core.window).
     if not ready & (ready - 1) and not gate:
-        name = names[offset + ready.bit_length() - 1]
-        if name not in tries and name not in delays and not (conditional and _asks(spec, name)):
+        name = spec.graph.names[offset + ready.bit_length() - 1]
+        if name not in tries and name not in delays and not (spec.conditional and _asks(spec, name)):
             return (first_start(name),)
         asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
+    names = spec.graph.names
+    conditional = spec.conditional  # (no step has a condition: no start asks one)
     if not (tries or delays or gate or conditional):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
@@ -1831,7 +1833,7 @@ def _freeze(w: _Run) -> State:
     if w.done or w.fresh:
         w.settle()
     gated: Mapping[str, float] = w.setbacks.gated
-    if isinstance(gated, dict):  # the fold's own (see _Run.gated): frozen read-only
+    if type(gated) is dict:  # the fold's own (see _Run.gated): frozen read-only
         w.setbacks = _replace(w.setbacks, gated=MappingProxyType(gated))
     outcome = None
     if not w.in_flight:  # else the run goes on: no need to ask

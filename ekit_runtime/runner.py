@@ -590,8 +590,11 @@ class Runner:
             began = began_at.pop(task, None)
             # The common case inline (a step's own task that returned a plain
             # value): one per step of every run.
-            if began is not None and not task.cancelled() and task.exception() is None:
-                output = task.result()
+            if began is not None:
+                try:  # (one call: result() raises for a task cancelled or failed, read below)
+                    output = task.result()
+                except BaseException:
+                    output = _RAISED
                 if type(output) in PLAIN_OUTPUTS:  # split_result's first rule
                     inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began))
                     continue
@@ -978,6 +981,10 @@ async def _give_back(release: Callable[[], Any], name: str) -> None:
         )
     if cancelled:
         raise asyncio.CancelledError
+
+
+_RAISED: Any = object()
+"""What ``_drain`` reads as the output of a task that raised or was cancelled: no plain value."""
 
 
 async def _at_once(decided: Input) -> Input:
