@@ -142,9 +142,9 @@ class Runner:
 
     # What the run holds to make signals wake its loop, while it runs: see _begin.
     _signals: signal_wakeup.SignalWakeup | None = None
-    # Python is closing the run's coroutines, in which nothing may await: see _join_only_task.
+    # Python is closing the run's coroutines, in which nothing may await: see _turn.
     _closing = False
-    # Whether a lone task in flight is awaited directly: see _join_only_task and states.
+    # Whether a lone task in flight is awaited directly: see _turn and states.
     _join_directly = True
     # A traced run's attempts report partial output to its callbacks; the async
     # callbacks' tasks are awaited before the next event (_emit). Set on the
@@ -367,7 +367,34 @@ class Runner:
             and self._join_directly
             and not self.state.setbacks.gated  # a gated attempt reports when it begins
         ):
-            await self._join_only_task()
+            # Join the one task in flight by awaiting it directly (inline: a coroutine
+            # fewer per step). With a single task (every step of a chain) this saves a
+            # loop turn over the wake-up future: the task's own callbacks, _on_done
+            # first, run in the turn after it finishes. Its outcome is read later by
+            # _outcome_of, so an error it raised is not ours to raise here. But asyncio
+            # hands a cancellation of the awaiting task to what it awaits: a
+            # cancellation of the run (Ctrl-C, even one that arrived before this
+            # await) reaches the step's task instead. A step that swallows it
+            # (returns, or raises something else) must not swallow the run's, so the
+            # run's is told by its count of cancel requests.
+            (task,) = self._tasks
+            current = asyncio.current_task()
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.done() or self._cancel_requested(current):
+                    raise  # we are being cancelled, not just the task
+            except Exception:
+                pass
+            except GeneratorExit:
+                # The step raised GeneratorExit: asyncio throws it into the task
+                # driving the run, and Python then closes this chain of coroutines,
+                # in which nothing may await any more (it would end as "coroutine
+                # ignored GeneratorExit" instead). See _end.
+                self._closing = True
+                raise
+            if self._cancel_requested(current):
+                raise asyncio.CancelledError  # the run's, whatever the step made of it
         while not self._finished and not self._reports:
             self._wakeup = self._loop.create_future()
             await self._wakeup
@@ -422,39 +449,6 @@ class Runner:
         if (save or saved) and self.checkpoint_fn is not None:
             await self._emit((CheckpointSaved(state.completed),))
         await self._emit(finish)
-
-    async def _join_only_task(self) -> None:
-        """Wait for the one task in flight by awaiting it directly.
-
-        With a single task (every step of a chain) this saves a loop turn over
-        the wake-up future: the task's own callbacks, ``_on_done`` first, run
-        in the turn after it finishes. Its outcome is read later by
-        ``_outcome_of``, so an error it raised is not ours to raise here.
-
-        But asyncio hands a cancellation of the awaiting task to what it
-        awaits: a cancellation of the run (Ctrl-C, even one that arrived
-        before this await) reaches the step's task instead. A step that
-        swallows it (returns, or raises something else) must not swallow
-        the run's, so the run's is told by its count of cancel requests.
-        """
-        (task,) = self._tasks
-        current = asyncio.current_task()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.done() or self._cancel_requested(current):
-                raise  # we are being cancelled, not just the task
-        except Exception:
-            pass
-        except GeneratorExit:
-            # The step raised GeneratorExit: asyncio throws it into the task
-            # driving the run, and Python then closes this chain of coroutines,
-            # in which nothing may await any more (it would end as "coroutine
-            # ignored GeneratorExit" instead). See _end.
-            self._closing = True
-            raise
-        if self._cancel_requested(current):
-            raise asyncio.CancelledError  # the run's, whatever the step made of it
 
     def _cancel_requested(self, current: asyncio.Task[Any] | None) -> bool:
         """Whether the run was asked to cancel since it began (``current`` drives it)."""
@@ -851,7 +845,7 @@ class Runner:
     def _fold_in_closing(self, cause: BaseException) -> None:
         """The wind-down of a run that Python is closing: the same, with no await.
 
-        Reached only from :meth:`_join_only_task`, with one task: every
+        Reached only from :meth:`_turn`'s direct join, with one task: every
         output that finished is folded in and saved already, and that task
         adds none (it raised, or the run is closed by the garbage collector
         while it still runs, and is cancelled here), so there is no new
