@@ -51,9 +51,9 @@ Around the table:
 - what starts (:func:`plan`, ``_choose``): ready steps in declaration order,
   at most ``max_concurrency`` in flight, nothing once the run is halted; a
   retry waits out its delay and a first attempt asks its step's condition
-  when it has one and approval when the run has it (a gated attempt: its
-  ``StepStarted`` waits for ``Began``); a halt withdraws gated attempts
-  (``Batch.withdraw``);
+  when it has one and approval when the run has it, in the order
+  ``Start.gates`` gives the shell (a gated attempt: its ``StepStarted``
+  waits for ``Began``); a halt withdraws gated attempts (``Batch.withdraw``);
 - an attempt starts one way, ``_begin_attempts``, whether the shell hands a
   ``Start`` back or :func:`advance` starts it;
 - halting (a final failure, a denial, a budget, a cancellation) starts
