@@ -215,9 +215,9 @@ class Runner:
         # folded in by the wind-down so that no sibling's output is lost.
         self._carried: list[Input] = []
         self._accepted: WorkflowCheckpoint | None = checkpoint_of(state)  # see _refused_new
-        # Cancellations asked of the task driving the run when it began: one
-        # more later is the run's own, even when a step swallowed it.
-        self._cancelling = 0
+        # The task driving the run, and its cancel requests as the run began (see
+        # _cancel_requested). One attribute: a 30th makes every read slower (perf doc).
+        self._driver: tuple[asyncio.Task[Any] | None, int] = (None, 0)
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
 
@@ -348,7 +348,7 @@ class Runner:
         # that cancels the run gets to run: see signal_wakeup.
         self._signals = signal_wakeup.hold(self._loop)
         current = asyncio.current_task()
-        self._cancelling = current.cancelling() if current is not None else 0
+        self._driver = (current, current.cancelling() if current is not None else 0)
         state, batch = advance(self.state)
         self.state = state
         if self.trace is not None:
@@ -367,18 +367,11 @@ class Runner:
             and self._join_directly
             and not self.state.setbacks.gated  # a gated attempt reports when it begins
         ):
-            # Join the one task in flight by awaiting it directly (inline: a coroutine
-            # fewer per step). With a single task (every step of a chain) this saves a
-            # loop turn over the wake-up future: the task's own callbacks, _on_done
-            # first, run in the turn after it finishes. Its outcome is read later by
-            # _outcome_of, so an error it raised is not ours to raise here. But asyncio
-            # hands a cancellation of the awaiting task to what it awaits: a
-            # cancellation of the run (Ctrl-C, even one that arrived before this
-            # await) reaches the step's task instead. A step that swallows it
-            # (returns, or raises something else) must not swallow the run's, so the
-            # run's is told by its count of cancel requests.
+            # Join the one task in flight by awaiting it (inline: a coroutine fewer per
+            # step): a loop turn fewer than the wake-up future. Its outcome is read by
+            # _outcome_of, not raised here; the run's own cancellation: see below.
             (task,) = self._tasks
-            current = asyncio.current_task()
+            current = self._driver[0]  # (a coroutine never changes tasks: no current_task())
             try:
                 await task
             except asyncio.CancelledError:
@@ -451,8 +444,18 @@ class Runner:
         await self._emit(finish)
 
     def _cancel_requested(self, current: asyncio.Task[Any] | None) -> bool:
-        """Whether the run was asked to cancel since it began (``current`` drives it)."""
-        return current is not None and current.cancelling() > self._cancelling
+        """Whether the run was asked to cancel since it began (``current`` drives it).
+
+        ``_turn`` awaits a lone step's task directly: with a single task (every
+        step of a chain) that saves a loop turn over the wake-up future (the
+        task's own callbacks, ``_on_done`` first, run in the turn after it
+        finishes). But asyncio hands a cancellation of the awaiting task to what
+        it awaits: a cancellation of the run (Ctrl-C, even one that arrived
+        before the await) reaches the step's task instead. A step that swallows
+        it (returns, or raises something else) must not swallow the run's, so
+        the run's is told by this count of cancel requests.
+        """
+        return current is not None and current.cancelling() > self._driver[1]
 
     # -- starting and withdrawing attempts ------------------------------------
 
