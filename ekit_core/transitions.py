@@ -1105,6 +1105,12 @@ def _began_and_succeeded(w: _Run, item: Succeeded) -> None:
     _succeeded(w, item)
 
 
+def _began_and_asked(w: _Run, asked: Asked) -> None:
+    """A gated attempt's question, its ``Began`` not reported: it began, then asked."""
+    _began(w, Began(asked.name))
+    _asked(w, asked)
+
+
 def _failed(w: _Run, failed: Failed) -> None:
     """Retried by the step's policy unless the run is halting; else it halts the run (or its branch).
 
@@ -1684,6 +1690,9 @@ TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyTyp
         (Phase.READY,), _interrupted, "withdrawn or cancelled before its work began"),
     (Phase.RUNNING, Asked): Row(
         (Phase.ASKED,), _asked, "its question is recorded; nothing that needs it starts"),
+    (Phase.GATED, Asked): Row(
+        (Phase.ASKED,), _began_and_asked,
+        "as from running: its work began (a shell that does not report `Began`)"),
     (Phase.GATED, Skipped): Row(
         (Phase.SKIPPED,), _skipped, "its condition was false (dependency skipped)"),
     (None, Cancelled): Row((), _cancelled, "the run halts (`cancelled`); attempts in flight end"),

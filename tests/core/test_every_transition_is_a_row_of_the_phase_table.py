@@ -44,7 +44,7 @@ from ekit_core import (
 )
 from ekit_core.phases import RESUMES, Trigger
 from ekit_core.transitions import TRANSITIONS, _asks
-from tests.strategies import dags, shaped_dags
+from tests.support.strategies import dags, shaped_dags
 
 _ENDS: tuple[type, ...] = (Began, Succeeded, Failed, Denied, Interrupted, Asked, Skipped)
 
