@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ekit_core import window
-from ekit_core.human import pending as waiting_on
+from ekit_core.exchanges import pending as waiting_on
 from ekit_core.selection import selected
 
 if TYPE_CHECKING:

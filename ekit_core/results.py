@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
-from ekit_core.human import Question
+from ekit_core._frozen import twin
+from ekit_core.exchanges import Question
 from ekit_core.usage import NO_USAGE, TokenUsage
-
-if TYPE_CHECKING:
-    from ekit_core._frozen import first_start, succeeded
 
 __all__ = [
     "APPROVAL",
@@ -39,6 +37,7 @@ __all__ = [
     "Skipped",
     "Start",
     "Succeeded",
+    "batch",
     "first_start",
     "succeeded",
 ]
@@ -208,19 +207,40 @@ Input: TypeAlias = (
 """Anything :func:`~ekit_core.apply` folds into a state."""
 
 
-_BUILT_FAST = ("first_start", "succeeded")
+# -- built fast (see ekit_core._frozen): once per step each ---------------------------
+
+_SucceededTwin = twin(Succeeded)
+_StartTwin = twin(Start)
+_BatchTwin = twin(Batch)
 
 
-def __getattr__(name: str) -> Any:
-    """``succeeded`` and ``first_start``, the fast constructors of two inputs, on first access.
+def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None) -> Succeeded:
+    """``Succeeded(name, output, usage, duration)``: what the shell reports when a step returns."""
+    value = _SucceededTwin()
+    value.name = name
+    value.output = output
+    value.usage = usage
+    value.duration = duration
+    value.__class__ = Succeeded
+    return cast(Succeeded, value)
 
-    They live in :mod:`ekit_core._frozen` (the one module that builds values
-    through twin classes, and which imports this one), so they are looked up
-    there when first imported from here: ``from ekit_core.results import
-    succeeded`` binds the function itself, and calls cost nothing more.
-    """
-    if name in _BUILT_FAST:
-        from ekit_core import _frozen
 
-        return getattr(_frozen, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def first_start(name: str) -> Start:
+    """``Start(name)``: a plain first attempt (no delay, no condition, no approval)."""
+    value = _StartTwin()
+    value.name = name
+    value.attempt = 1
+    value.delay = 0.0
+    value.approval = False
+    value.condition = False
+    value.__class__ = Start
+    return cast(Start, value)
+
+
+def batch(starts: tuple[Start, ...]) -> Batch:
+    """``Batch(starts)``: starts, and no gated attempt to withdraw."""
+    value = _BatchTwin()
+    value.starts = starts
+    value.withdraw = ()
+    value.__class__ = Batch
+    return cast(Batch, value)

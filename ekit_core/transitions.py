@@ -76,7 +76,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core import window
-from ekit_core._frozen import batch, first_start, state_of_run
+from ekit_core._frozen import twin
 from ekit_core.checkpoint import (
     CheckpointError,
     FailureRecord,
@@ -104,6 +104,8 @@ from ekit_core.events import (
     StepStarted,
     StepWaiting,
 )
+from ekit_core.exchanges import NO_EXCHANGES, Exchange, denial_of
+from ekit_core.exchanges import pending as waiting_on
 from ekit_core.expansion import (
     Expanded,
     Expansion,
@@ -115,8 +117,6 @@ from ekit_core.expansion import (
     same_encoding,
 )
 from ekit_core.graph import GraphSpec
-from ekit_core.human import NO_EXCHANGES, Exchange, denial_of
-from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
 from ekit_core.phases import Phase, Row, Trigger, _reading
@@ -133,6 +133,8 @@ from ekit_core.results import (
     Skipped,
     Start,
     Succeeded,
+    batch,
+    first_start,
 )
 from ekit_core.rewind import (
     changed_steps,
@@ -853,7 +855,7 @@ class _Run:
     """The working copy of one transition: a state's fields, edited in place by the rules.
 
     Made once per fold from the state before (:func:`_thaw`), frozen once at
-    its end (:func:`_freeze`) by :func:`ekit_core._frozen.state_of_run`, which
+    its end (:func:`_freeze`) by :func:`state_of_run`, which
     reads each field by its name here (the state's, less a leading
     underscore). ``offset``, ``ready`` and ``running`` are the state's bit
     window (:mod:`ekit_core.window`); on a window too wide to edit bit by
@@ -1837,7 +1839,7 @@ def _freeze(w: _Run) -> State:
     """The state a fold ends in: pending bits applied, its outcome decided, frozen.
 
     The copy is anchored (its window, its countdowns read-only) and handed
-    over whole: :func:`~ekit_core._frozen.state_of_run` reads its fields by name.
+    over whole: :func:`state_of_run` reads its fields by name.
     """
     if w.done or w.fresh:
         w.settle()
@@ -1859,6 +1861,36 @@ def _freeze(w: _Run) -> State:
     if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
         w.waiting = MappingProxyType(w.waiting)
     return state_of_run(w, tuple(w.events) if w.record else (), outcome)
+
+
+_StateTwin = twin(State)  # (see ekit_core._frozen)
+
+
+def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) -> State:
+    """The :class:`~ekit_core.State` a transition's working copy ``w`` freezes into.
+
+    Each field is ``w``'s field of the same name (its bit window anchored,
+    its countdowns read-only, by the caller); ``events`` and ``outcome`` are
+    what the caller decided. Equal to ``State(...)`` of those fields, built
+    through a twin (see :mod:`ekit_core._frozen`): once per transition.
+    """
+    state = _StateTwin()
+    state.spec = w.spec
+    state.outputs = w.outputs
+    state.step_usage = w.step_usage
+    state._times = w.times
+    state.completed = w.completed
+    state.cost = w.cost
+    state.setbacks = w.setbacks
+    state.events = events
+    state.outcome = outcome
+    state._offset = w.offset
+    state._ready = w.ready
+    state._running = w.running
+    state._in_flight = w.in_flight
+    state._waiting = w.waiting
+    state.__class__ = State
+    return cast(State, state)
 
 
 # -- helpers -------------------------------------------------------------------------
