@@ -25,8 +25,10 @@ class GraphError(ValueError):
 class TransitionError(ValueError):
     """An input that does not fit the state it was folded into.
 
-    A start of a step that is not ready, the end of an attempt of a step that
-    is not in flight, an unknown step, something that is not an input at all. Like
+    An input whose step is in a phase the phase table has no row for (a start
+    of a step that is not ready, the end of an attempt of a step that is not
+    in flight: the message names the step, its phase and the input), an
+    unknown step, something that is not an input at all. Like
     h11's ``LocalProtocolError``: the caller drove the state machine wrongly,
     and the state it passed is unchanged.
     """

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast
 
 from ekit_core._frozen import twin
 from ekit_core.exchanges import Question
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
+    "APPROVAL",
+    "CONDITION",
+    "DELAY",
     "Asked",
     "AttemptEnd",
     "AttemptOutcome",
@@ -28,6 +31,7 @@ __all__ = [
     "Cancelled",
     "Denied",
     "Failed",
+    "Gate",
     "Input",
     "Interrupted",
     "Skipped",
@@ -39,15 +43,34 @@ __all__ = [
 ]
 
 
+Gate: TypeAlias = Literal["delay", "condition", "approval"]
+"""What an attempt may do before its work begins (see :attr:`Start.gates`)."""
+
+DELAY: Gate = "delay"
+"""Wait out ``Start.delay`` seconds (a retry's backoff)."""
+CONDITION: Gate = "condition"
+"""Ask the step's condition: false, the attempt ends :class:`Skipped`; raising, :class:`Failed`."""
+APPROVAL: Gate = "approval"
+"""Ask the run's approval callback: refused, the attempt ends :class:`Denied`."""
+
+_ORDER: tuple[Gate, ...] = (DELAY, CONDITION, APPROVAL)
+# Every combination's gates, in the one order: built once, read by index.
+_GATES: dict[tuple[bool, bool, bool], tuple[Gate, ...]] = {
+    (d, c, a): tuple(g for g, on in zip(_ORDER, (d, c, a), strict=True) if on)
+    for d in (False, True) for c in (False, True) for a in (False, True)
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Start:
     """Start attempt ``attempt`` of step ``name``.
 
-    The attempt first waits ``delay`` seconds (a retry's backoff), then, if
-    ``condition`` is true, asks its step's condition (:mod:`ekit_core.shapes`),
-    then, if ``approval`` is true, asks the run's approval callback; an
-    attempt that does any of these reports :class:`Began` when its work
-    begins, and one that its condition skips never begins.
+    What the attempt does before its work begins is :attr:`gates`, in order,
+    which the shell follows literally: it waits ``delay`` seconds (a retry's
+    backoff), then, if ``condition`` is true, asks its step's condition
+    (:mod:`ekit_core.shapes`), then, if ``approval`` is true, asks the run's
+    approval callback; an attempt with a gate reports :class:`Began` when its
+    work begins, and one that its condition skips never begins.
     """
 
     name: str
@@ -60,6 +83,17 @@ class Start:
     def gated(self) -> bool:
         """Whether the attempt waits (delay, condition or approval) before its work begins."""
         return self.delay > 0 or self.approval or self.condition
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        """What the attempt does before its work begins, in the order to do it: some of
+        :data:`DELAY`, :data:`CONDITION`, :data:`APPROVAL`. Empty: its work begins at once.
+
+        The core decides (:func:`~ekit_core.plan`) which an attempt has: a retry's
+        delay; its step's condition and the run's approval on a first attempt, and
+        again after one that raised before they answered (``Setbacks.unanswered``).
+        """
+        return _GATES[self.delay > 0, self.condition, self.approval]
 
 
 @dataclass(frozen=True, slots=True)
