@@ -1,0 +1,546 @@
+"""A reference model of what a run must do: slow on purpose, plain loops over dicts.
+
+Written from the user docs (docs/concepts.md, docs/failures.md, docs/outputs.md,
+docs/checkpoint-format.md), not from ``ekit_core``'s rules: it imports no rule
+of the library. The differential test (``test_runtime_agrees_with_the_model``)
+runs random workflows through the real runtime and compares it with this file.
+
+What it says, for one run of a workflow, given a checkpoint to resume from (or
+none) and a deterministic *script* of what each attempt and each condition does:
+the checkpoint after every save, the events, the outcome, and which attempts of
+which step and item were called and paid. The model runs one attempt at a time
+(the runtime's ``max_concurrency=1``), so the whole event order is determined;
+for a concurrent run the test compares only what concurrency leaves determined.
+
+Covered:
+
+- steps with dependencies, started in declaration order once their
+  dependencies are recorded; items after the declared steps, in the order
+  they were grown;
+- ``map_over`` a list (items ``m[0]``...), a mapping (``m[key]``) or keyed
+  records (``item_key``), zero items included (collected at once as ``[]`` or
+  ``{}``); item-wise chains (``m2[k]`` needs ``m1[k]``); a mapped step's output
+  is its items' outputs in order, skipped ones left out, once every item is
+  settled and its own dependencies are recorded;
+- conditions (per item for a mapped step), asked before each attempt until
+  they answer: one that raises is a failed attempt; a false one skips the step
+  and what needs it; ``join="any"`` runs once its inputs are settled if any ran;
+- questions (``ask``): the step waits, the run ends ``"waiting"`` when nothing
+  else can run; an answer recorded before a resume is handed to the step;
+- retry policies (``max_attempts``, no delay), failure records counting the
+  failed attempts over all runs, a final failure halting the run or, with
+  ``isolate_failures``, only what needs the step;
+- an interruption (a ``BaseException``) from a step: nothing new starts, the
+  step is not recorded as failed;
+- budgets on ``llm_calls``; ``only=`` (the selection's closure);
+- resumes: recorded outputs and skips are kept, a step whose ``version``
+  differs from the recorded one is dropped with everything downstream of it
+  (its failure and questions too) and counted in ``redone``; attempt numbers
+  count past recorded failures and ``redone``;
+- the early cutoff: the items of a mapped step whose mapped-over step was
+  bumped are set aside and kept when their input comes back unchanged.
+
+Not modelled yet: approvals (``approval=``, ``approve``) and denials, timeouts
+(a timeout is one more failure kind), retry delays, ``Retry-After`` and jitter,
+``allow_graph_change`` (reshaped steps), partial outputs, durations, resource
+limits and queues, and the rules letting go of set-aside outputs after a second
+bump of the same mapped step. Rewinds are not modelled as a function: the test
+rewinds with the library and the model resumes the rewound checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# -- what the caller describes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """One declared step, as plain data (``when``: it has a condition, decided by the script)."""
+
+    name: str
+    deps: tuple[str, ...] = ()
+    map_over: str | None = None
+    item_key: str | None = None
+    when: bool = False
+    join_any: bool = False
+    max_attempts: int = 1
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """The attempt returns ``value`` having spent ``usage`` (input, output tokens, calls)."""
+
+    value: Any
+    usage: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The attempt (or a condition) raises an ``Exception`` of type ``error_type``."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
+class AskFirst:
+    """The attempt asks a person; ``then`` is what it does with the answer."""
+
+    prompt: str
+    then: Callable[[Any], Succeed | Fail]
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """The attempt raises a ``BaseException`` that is no ``Exception``: the run ends."""
+
+
+Outcome = Succeed | Fail | AskFirst | Interrupt
+
+
+class Script(Protocol):
+    """What each attempt and each condition does (it may count calls: the model calls it
+    in the order a run with ``max_concurrency=1`` does)."""
+
+    def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome: ...
+
+    def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail: ...
+
+
+@dataclass
+class Record:
+    """What a checkpoint records, as the model reads and writes it (plain dicts).
+
+    ``asked``: unit -> list of [prompt, answer] with ``NO_ANSWER`` until answered;
+    ``failures``: unit -> (error type, message, failed attempts over all runs).
+    """
+
+    outputs: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    cost: tuple[int, int, int] = (0, 0, 0)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    asked: dict[str, list[list[Any]]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    redone: dict[str, int] = field(default_factory=dict)
+    superseded: dict[str, Any] = field(default_factory=dict)
+
+
+class _NoAnswer:
+    """The answer of a question not answered yet (one object, whatever copies it)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NoAnswer:
+        return self
+
+    def __repr__(self) -> str:
+        return "NO_ANSWER"
+
+
+NO_ANSWER = _NoAnswer()
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's arguments the model knows: ``answers`` are given with the resume."""
+
+    only: tuple[str, ...] | None = None
+    isolate_failures: bool = False
+    budget_calls: int | None = None
+    answers: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    """What one run does: a checkpoint per save, events as tuples, the outcome, the calls
+    (unit, attempt number) of attempts that began their work and those that were paid."""
+
+    saves: list[Record] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    outcome: str = "finished"
+    begun: list[tuple[str, int]] = field(default_factory=list)
+    paid: list[tuple[str, int]] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> Record | None:
+        """The last checkpoint saved (what the run leaves behind), if it saved any."""
+        return self.saves[-1] if self.saves else None
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def _add(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+class Run:
+    """One run, one attempt at a time. Units are declared steps and items, by name."""
+
+    def __init__(self, steps: list[ModelStep], record: Record | None, script: Script,
+                 options: Options) -> None:
+        self.steps = {s.name: s for s in steps}
+        self.script = script
+        self.options = options
+        self.rec = copy.deepcopy(record) if record is not None else Record()
+        self.resumed = record is not None
+        self.order: list[str] = [s.name for s in steps]  # units, in start order
+        self.unit_step: dict[str, ModelStep] = {s.name: s for s in steps}
+        self.unit_deps: dict[str, list[str]] = {s.name: list(s.deps) for s in steps}
+        self.item_input: dict[str, tuple[str, Any]] = {}  # item -> (what it maps over, its piece)
+        self.items: dict[str, list[tuple[Any, str]]] = {}  # mapped step -> [(key, item)]
+        self.mapping: dict[str, bool] = {}  # mapped step -> its input was a mapping
+        self.failed_now: dict[str, int] = {}  # unit -> attempts failed in this run
+        self.final_failed: set[str] = set()
+        self.answered_condition: set[str] = set()
+        self.halted = ""
+        self.out = Prediction()
+        self.selected = self._closure(options.only) if options.only else None
+
+    # -- what the docs call "need" --------------------------------------------------------
+
+    def _closure(self, only: tuple[str, ...]) -> set[str]:
+        chosen: set[str] = set()
+        todo = list(only)
+        while todo:
+            name = todo.pop()
+            if name not in chosen:
+                chosen.add(name)
+                todo.extend(self.steps[name].deps)
+        return chosen
+
+    def _downstream(self, roots: set[str]) -> set[str]:
+        """Declared steps that need any of ``roots``, transitively, with the roots."""
+        gone = set(roots)
+        grew = True
+        while grew:
+            grew = False
+            for s in self.steps.values():
+                if s.name not in gone and any(d in gone for d in s.deps):
+                    gone.add(s.name)
+                    grew = True
+        return gone
+
+    def _owner(self, unit: str) -> str:
+        return unit.split("[", 1)[0] if unit not in self.steps else unit
+
+    # -- resume --------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        rec = self.rec
+        if not self.resumed:
+            rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+            return
+        roots = {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
+        rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+        gone = self._downstream(roots)
+        self.outdated = [n for n in self.order if n in gone and n in rec.outputs]
+        cutoff = self._set_aside(roots, gone)
+        for unit in list(rec.outputs) + list(rec.skipped) + list(rec.failures) + list(rec.asked):
+            if self._owner(unit) in gone:
+                if unit in rec.outputs or unit in rec.failures or unit in rec.asked:
+                    rec.redone[unit] = rec.redone.get(unit, 0) + (unit in rec.outputs)
+                for table in (rec.outputs, rec.usage, rec.skipped, rec.failures, rec.asked):
+                    table.pop(unit, None)  # type: ignore[attr-defined]
+        for unit, answer in self.options.answers.items():
+            rec.asked[unit][-1][1] = answer
+
+    def _set_aside(self, roots: set[str], gone: set[str]) -> set[str]:
+        """The early cutoff: a mapped step whose mapped-over step is bumped (and nothing
+        else of its own) sets its items aside, with the old input, to keep unchanged ones."""
+        rec, kept = self.rec, set()
+        for m in self.steps.values():
+            over = m.map_over
+            if over is None or over not in roots or m.name in roots or self.steps[over].map_over:
+                continue
+            if any(d in gone for d in m.deps if d != over) or over not in rec.outputs:
+                continue
+            rec.superseded[over] = rec.outputs[over]
+            for unit in list(rec.outputs):
+                if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
+                    rec.superseded[unit] = rec.outputs[unit]
+            kept.add(m.name)
+        return kept
+
+    def _chained_to(self, unit: str, mapped: str) -> bool:
+        owner = self._owner(unit)
+        while owner in self.steps and self.steps[owner].map_over is not None:
+            if self.steps[owner].map_over == mapped:
+                return unit != owner
+            owner = self.steps[owner].map_over or ""
+        return False
+
+    # -- growth -----------------------------------------------------------------------------
+
+    def grow(self) -> bool:
+        """Expand every mapped step whose input is known; collect, skip, keep cutoffs."""
+        changed = False
+        for m in self.steps.values():
+            if m.map_over is None or m.name in self.items or m.name in self.rec.skipped:
+                continue
+            over = self.steps[m.map_over]
+            if over.map_over is None and m.map_over in self.rec.outputs:
+                self._expand(m, self._pieces(m, self.rec.outputs[m.map_over]))
+                changed = True
+            elif over.map_over is not None and m.map_over in self.items:
+                pieces = [(k, ("chain", f"{m.map_over}[{k}]")) for k, _ in self.items[m.map_over]]
+                self.mapping[m.name] = self.mapping[m.map_over]
+                self._expand(m, pieces)
+                changed = True
+        return changed
+
+    def _pieces(self, m: ModelStep, value: Any) -> list[tuple[Any, Any]]:
+        if isinstance(value, Mapping):
+            self.mapping[m.name] = True
+            return list(value.items())
+        self.mapping[m.name] = False
+        if m.item_key is not None:
+            return [(piece[m.item_key], piece) for piece in value]
+        return list(enumerate(value))
+
+    def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]]) -> None:
+        self.items[m.name] = []
+        self.out.events.append(("StepExpanded", m.name))
+        for key, piece in pieces:
+            unit = f"{m.name}[{key}]"
+            self.items[m.name].append((key, unit))
+            self.order.append(unit)
+            self.unit_step[unit] = m
+            deps = [d for d in m.deps if d != m.map_over]
+            if isinstance(piece, tuple) and piece[:1] == ("chain",):
+                deps = [piece[1], *deps]
+                self.item_input[unit] = (m.map_over or "", piece)
+            else:
+                self.item_input[unit] = (m.map_over or "", piece)
+                deps = [m.map_over or "", *deps]
+            self.unit_deps[unit] = deps
+            self._keep_cut_off(m, key, unit, piece)
+
+    def _keep_cut_off(self, m: ModelStep, key: Any, unit: str, piece: Any) -> None:
+        """An item whose input is as it was keeps its set-aside output, and so does the
+        chain below it, item by item."""
+        sup = self.rec.superseded
+        if unit not in sup:
+            return
+        over = m.map_over or ""
+        if isinstance(piece, tuple) and piece[:1] == ("chain",):
+            same = piece[1] in self.rec.outputs and piece[1] not in self.ran_now
+        else:
+            old = sup.get(over)
+            old_pieces = dict(self._pieces(m, old)) if old is not None else {}
+            same = key in old_pieces and old_pieces[key] == piece
+        if same and unit not in self.rec.outputs:
+            self.rec.outputs[unit] = sup[unit]
+            self.out.events.append(("StepSkipped", unit))
+        if same or unit not in self.rec.outputs:
+            del sup[unit]
+
+    ran_now: set[str] = set()
+
+    # -- settling: skips and collections ----------------------------------------------------
+
+    def settle(self) -> None:
+        """Skip what needs a skipped unit, collect what is complete, grow: to a fixed point."""
+        changed = True
+        while changed:
+            changed = self.grow()
+            for unit in list(self.order):
+                if self._done(unit) or unit in self.failed_now and unit in self.final_failed:
+                    continue
+                step = self.unit_step[unit]
+                deps = self.unit_deps[unit]
+                skipped = [d for d in deps if d in self.rec.skipped]
+                if step.join_any and unit == step.name:
+                    if all(d in self.rec.skipped for d in deps):
+                        self._skip(unit, f"it needs {deps[0]!r}, which was skipped")
+                        changed = True
+                elif skipped:
+                    self._skip(unit, f"it needs {skipped[0]!r}, which was skipped")
+                    changed = True
+                elif unit in self.items and self._collectable(unit):
+                    self._collect(unit)
+                    changed = True
+                elif step.map_over is not None and unit == step.name and step.map_over in self.rec.skipped:
+                    self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
+                    changed = True
+
+    def _done(self, unit: str) -> bool:
+        return unit in self.rec.outputs or unit in self.rec.skipped
+
+    def _collectable(self, m: str) -> bool:
+        return (all(self._done(u) for _, u in self.items[m])
+                and all(d in self.rec.outputs for d in self.steps[m].deps))
+
+    def _collect(self, m: str) -> None:
+        pairs = [(k, self.rec.outputs[u]) for k, u in self.items[m] if u in self.rec.outputs]
+        self.rec.outputs[m] = dict(pairs) if self.mapping[m] else [v for _, v in pairs]
+        self.out.events.append(("StepFinished", m, 1))
+
+    def _skip(self, unit: str, reason: str) -> None:
+        self.rec.skipped[unit] = reason
+        self.out.events.append(("StepSkipped", unit))
+
+    # -- choosing and running ---------------------------------------------------------------
+
+    def ready(self) -> list[str]:
+        """Units that may start now, in start order."""
+        if self.halted:
+            return []
+        found = []
+        for unit in self.order:
+            step = self.unit_step[unit]
+            if self._done(unit) or unit in self.final_failed or unit in self.items:
+                continue
+            if step.map_over is not None and unit == step.name:
+                continue  # a mapped step never starts: it is collected
+            if self.selected is not None and step.name not in self.selected:
+                continue
+            if self._waiting(unit):
+                continue
+            deps = self.unit_deps[unit]
+            if any(self._blocked(d) for d in deps):
+                continue
+            if step.join_any and unit == step.name:
+                if all(self._done(d) for d in deps) and any(d in self.rec.outputs for d in deps):
+                    found.append(unit)
+            elif all(d in self.rec.outputs for d in deps):
+                found.append(unit)
+        return found
+
+    def _blocked(self, dep: str) -> bool:
+        return dep in self.final_failed
+
+    def _waiting(self, unit: str) -> bool:
+        asked = self.rec.asked.get(unit)
+        return bool(asked) and asked[-1][1] is NO_ANSWER
+
+    def inputs(self, unit: str) -> dict[str, Any]:
+        step = self.unit_step[unit]
+        found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
+        if unit in self.item_input:
+            over, piece = self.item_input[unit]
+            found[over] = self.rec.outputs[piece[1]] if isinstance(piece, tuple) and piece[:1] == (
+                "chain",) else piece
+        return found
+
+    def number(self, unit: str) -> int:
+        """The attempt's number: past the recorded failures and the outputs let go of."""
+        recorded = self.rec.failures.get(unit, ("", "", 0))[2] - self.failed_now.get(unit, 0)
+        return self.rec.redone.get(unit, 0) + recorded + self.failed_now.get(unit, 0) + 1
+
+    def attempt(self, unit: str) -> None:
+        step = self.unit_step[unit]
+        number = self.number(unit)
+        inputs = self.inputs(unit)
+        if step.when and unit not in self.answered_condition:
+            said = self.script.condition(unit, step, inputs)
+            if isinstance(said, Fail):
+                self._failed(unit, self.failed_now.get(unit, 0) + 1, said)
+                return
+            if not said:
+                self._skip(unit, "condition cond was false")
+                self.settle()
+                self.save()
+                return
+            self.answered_condition.add(unit)
+        tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
+        self.out.events.append(("StepStarted", unit, tried))
+        self.out.begun.append((unit, number))
+        outcome = self.script.attempt(unit, step, inputs)
+        if isinstance(outcome, AskFirst):
+            answers = [a for _, a in self.rec.asked.get(unit, []) if a is not NO_ANSWER]
+            if not answers:
+                self.rec.asked[unit] = [[outcome.prompt, NO_ANSWER]]
+                self.out.events.append(("StepWaiting", unit))
+                self.settle()
+                self.save()
+                return
+            outcome = outcome.then(answers[0])
+        if isinstance(outcome, Interrupt):
+            self.out.events.append(("StepInterrupted", unit))
+            self.halted = "cancelled"
+            self.save()
+            return
+        if isinstance(outcome, Fail):
+            self._failed(unit, tried, outcome)
+            return
+        assert isinstance(outcome, Succeed)
+        self.out.paid.append((unit, number))
+        number = tried
+        self.ran_now.add(unit)
+        self.rec.outputs[unit] = outcome.value
+        if outcome.usage != (0, 0, 0):
+            self.rec.usage[unit] = outcome.usage
+        self.rec.cost = _add(self.rec.cost, outcome.usage)
+        self.out.events.append(("StepFinished", unit, number))
+        budget = self.options.budget_calls
+        if budget is not None and self.rec.cost[2] >= budget:
+            self.halted = "budget_exceeded"
+        self.settle()
+        self.save()
+
+    def _failed(self, unit: str, number: int, error: Fail) -> None:
+        self.failed_now[unit] = self.failed_now.get(unit, 0) + 1
+        before = self.rec.failures.get(unit, ("", "", 0))[2]
+        self.rec.failures[unit] = (error.error_type, error.message, before + 1)
+        if self.failed_now[unit] < self.unit_step[unit].max_attempts:
+            self.out.events.append(("StepRetried", unit, number))
+            self.save()
+            return
+        self.out.events.append(("StepFailed", unit, number))
+        self.final_failed.add(unit)
+        self.out.failed.append(unit)
+        if not self.options.isolate_failures:
+            self.halted = "failed"
+        self.save()
+
+    def save(self) -> None:
+        self.out.saves.append(copy.deepcopy(self.rec))
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Prediction:
+        self.ran_now = set()
+        self.outdated: list[str] = []
+        self.resume()
+        self.out.events.append(("RunStarted",))
+        self.out.events.extend(("StepOutdated", n) for n in self.outdated)
+        for unit in self.order:  # (a step a condition skipped is told by RunStarted alone)
+            if unit in self.rec.outputs:
+                self.out.events.append(("StepSkipped", unit))
+        told = len(self.out.events)
+        self.settle()
+        self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
+        if self.options.answers:
+            self.save()  # the answers are recorded before anything runs
+        while True:
+            ready = self.ready()
+            if not ready:
+                break
+            self.attempt(ready[0])
+        self.out.outcome = self._outcome()
+        self.out.waiting = [u for u in self.order if self._waiting(u)]
+        self.out.events.append(("RunSettled", self.out.outcome))
+        return self.out
+
+    def _outcome(self) -> str:
+        if self.halted:
+            return self.halted
+        if self.final_failed:
+            return "failed"
+        if any(self._waiting(u) for u in self.order):
+            return "waiting"
+        return "finished"
+
+
+def run(steps: list[ModelStep], record: Record | None, script: Script,
+        options: Options = Options()) -> Prediction:
+    """What one run of ``steps`` does, resumed from ``record`` (``None``: a fresh run)."""
+    return Run(steps, record, script, options).run()
