@@ -130,7 +130,9 @@ def _why(reason: str) -> str:
 def _dedupe(saves: list[model.Record]) -> list[model.Record]:
     kept: list[model.Record] = []
     for r in saves:
-        r = dataclasses.replace(r, skipped={u: _why(w) for u, w in r.skipped.items()})
+        # (what is set aside for an early cutoff is compared through the items it keeps)
+        r = dataclasses.replace(r, skipped={u: _why(w) for u, w in r.skipped.items()},
+                                superseded={})
         if not kept or kept[-1] != r:
             kept.append(r)
     return kept

@@ -35,7 +35,7 @@ Covered:
 - budgets on ``llm_calls``; ``only=`` (the selection's closure);
 - resumes: recorded outputs and skips are kept, a step whose ``version``
   differs from the recorded one is dropped with everything downstream of it
-  (its failure and questions too) and counted in ``redone``; attempt numbers
+  (its questions too; its failure record stays, a diagnosis) and counted in ``redone``; attempt numbers
   count past recorded failures and ``redone``;
 - the early cutoff: the items of a mapped step whose mapped-over step was
   bumped are set aside and kept when their input comes back unchanged.
@@ -243,11 +243,21 @@ class Run:
         gone = self._downstream(roots)
         self.outdated = [n for n in self.order if n in gone and n in rec.outputs]
         cutoff = self._set_aside(roots, gone)
+        # Work that changed runs under new attempt numbers, recorded or not (concepts.md).
+        touched = [n for n in self.steps if n in gone]
+        known = Run(list(self.steps.values()), rec, self.script, Options())
+        while known.grow():  # the items the recorded outputs make
+            pass
+        for m, pairs in known.items.items():
+            touched.extend(u for _, u in pairs if m in gone)
         for unit in list(rec.outputs) + list(rec.skipped) + list(rec.failures) + list(rec.asked):
+            if self._owner(unit) in gone and unit not in touched:
+                touched.append(unit)
+        for unit in touched:
+            rec.redone[unit] = rec.redone.get(unit, 0) + 1
+        for unit in touched:
             if self._owner(unit) in gone:
-                if unit in rec.outputs or unit in rec.failures or unit in rec.asked:
-                    rec.redone[unit] = rec.redone.get(unit, 0) + (unit in rec.outputs)
-                for table in (rec.outputs, rec.usage, rec.skipped, rec.failures, rec.asked):
+                for table in (rec.outputs, rec.usage, rec.skipped, rec.asked):  # failures stay
                     table.pop(unit, None)  # type: ignore[attr-defined]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
@@ -280,21 +290,24 @@ class Run:
     # -- growth -----------------------------------------------------------------------------
 
     def grow(self) -> bool:
-        """Expand every mapped step whose input is known; collect, skip, keep cutoffs."""
+        """Expand every mapped step whose input is recorded, and right after it the steps
+        chained to it, item-wise (depth first, each level in declaration order)."""
         changed = False
         for m in self.steps.values():
             if m.map_over is None or m.name in self.items or m.name in self.rec.skipped:
                 continue
-            over = self.steps[m.map_over]
-            if over.map_over is None and m.map_over in self.rec.outputs:
+            if self.steps[m.map_over].map_over is None and m.map_over in self.rec.outputs:
                 self._expand(m, self._pieces(m, self.rec.outputs[m.map_over]))
-                changed = True
-            elif over.map_over is not None and m.map_over in self.items:
-                pieces = [(k, ("chain", f"{m.map_over}[{k}]")) for k, _ in self.items[m.map_over]]
-                self.mapping[m.name] = self.mapping[m.map_over]
-                self._expand(m, pieces)
+                self._grow_chains(m.name)
                 changed = True
         return changed
+
+    def _grow_chains(self, mapped: str) -> None:
+        for m in self.steps.values():
+            if m.map_over == mapped and m.name not in self.items and m.name not in self.rec.skipped:
+                self.mapping[m.name] = self.mapping[mapped]
+                self._expand(m, [(k, ("chain", f"{mapped}[{k}]")) for k, _ in self.items[mapped]])
+                self._grow_chains(m.name)
 
     def _pieces(self, m: ModelStep, value: Any) -> list[tuple[Any, Any]]:
         if isinstance(value, Mapping):
@@ -307,7 +320,9 @@ class Run:
 
     def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]]) -> None:
         self.items[m.name] = []
-        self.out.events.append(("StepExpanded", m.name))
+        if m.name not in self.rec.outputs and (self.selected is None or m.name in self.selected):
+            # (a collected step is not told again; one outside ``only`` grows silently)
+            self.out.events.append(("StepExpanded", m.name))
         for key, piece in pieces:
             unit = f"{m.name}[{key}]"
             self.items[m.name].append((key, unit))
@@ -322,6 +337,8 @@ class Run:
                 deps = [m.map_over or "", *deps]
             self.unit_deps[unit] = deps
             self._keep_cut_off(m, key, unit, piece)
+        if not pieces and self._collectable(m.name):
+            self._collect(m.name)  # no items: collected as soon as it is expanded
 
     def _keep_cut_off(self, m: ModelStep, key: Any, unit: str, piece: Any) -> None:
         """An item whose input is as it was keeps its set-aside output, and so does the
@@ -364,7 +381,7 @@ class Run:
                 elif skipped:
                     self._skip(unit, f"it needs {skipped[0]!r}, which was skipped")
                     changed = True
-                elif unit in self.items and self._collectable(unit):
+                elif unit in self.items and unit not in self.rec.outputs and self._collectable(unit):
                     self._collect(unit)
                     changed = True
                 elif step.map_over is not None and unit == step.name and step.map_over in self.rec.skipped:
@@ -515,6 +532,9 @@ class Run:
         for unit in self.order:  # (a step a condition skipped is told by RunStarted alone)
             if unit in self.rec.outputs:
                 self.out.events.append(("StepSkipped", unit))
+        budget = self.options.budget_calls
+        if budget is not None and self.rec.cost[2] >= budget:
+            self.halted = "budget_exceeded"
         told = len(self.out.events)
         self.settle()
         self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
