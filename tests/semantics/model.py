@@ -256,6 +256,8 @@ class Run:
         for unit in touched:
             rec.redone[unit] = rec.redone.get(unit, 0) + 1
         for unit in touched:
+            if unit in roots and unit in rec.skipped:
+                continue  # skipped, it does not run again: its skip stands
             if self._owner(unit) in gone:
                 for table in (rec.outputs, rec.usage, rec.skipped, rec.asked):  # failures stay
                     table.pop(unit, None)  # type: ignore[attr-defined]
@@ -320,8 +322,7 @@ class Run:
 
     def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]]) -> None:
         self.items[m.name] = []
-        if m.name not in self.rec.outputs and (self.selected is None or m.name in self.selected):
-            # (a collected step is not told again; one outside ``only`` grows silently)
+        if self.selected is None or m.name in self.selected:  # (outside ``only``: silently)
             self.out.events.append(("StepExpanded", m.name))
         for key, piece in pieces:
             unit = f"{m.name}[{key}]"
@@ -337,7 +338,7 @@ class Run:
                 deps = [m.map_over or "", *deps]
             self.unit_deps[unit] = deps
             self._keep_cut_off(m, key, unit, piece)
-        if not pieces and self._collectable(m.name):
+        if not pieces and m.name not in self.rec.outputs and self._collectable(m.name):
             self._collect(m.name)  # no items: collected as soon as it is expanded
 
     def _keep_cut_off(self, m: ModelStep, key: Any, unit: str, piece: Any) -> None:
@@ -551,6 +552,9 @@ class Run:
         return self.out
 
     def _outcome(self) -> str:
+        wanted = [n for n in self.steps if self.selected is None or n in self.selected]
+        if self.halted == "budget_exceeded" and all(self._done(n) for n in wanted):
+            return "finished"  # a budget the last step reaches leaves nothing undone
         if self.halted:
             return self.halted
         if self.final_failed:

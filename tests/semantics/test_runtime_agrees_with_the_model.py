@@ -27,7 +27,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, RunArgs, Turn, drive
-from tests.strategies import PlannedWorkflow, combined_workflows
+try:  # (the helpers move to tests/support/)
+    from tests.support.strategies import PlannedWorkflow, combined_workflows
+except ImportError:  # pragma: no cover
+    from tests.strategies import PlannedWorkflow, combined_workflows  # type: ignore[no-redef]
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "200"))
 # EKIT_MODEL_SHRINK=0 reports the first disagreement as found (quicker while hunting).
