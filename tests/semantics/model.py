@@ -203,6 +203,8 @@ class Run:
         self.halted = ""
         self.out = Prediction()
         self.selected = self._closure(options.only) if options.only else None
+        self.ran_now: set[str] = set()  # units that succeeded in this run
+        self.outdated: list[str] = []
 
     # -- what the docs call "need" --------------------------------------------------------
 
@@ -240,34 +242,37 @@ class Run:
             return
         roots = {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
         rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
-        gone = self._downstream(roots)
-        self.outdated = [n for n in self.order if n in gone and n in rec.outputs]
-        cutoff = self._set_aside(roots, gone)
-        # Work that changed runs under new attempt numbers, recorded or not (concepts.md).
-        touched = [n for n in self.steps if n in gone]
+        changed = self._downstream(roots)  # work that changed: new attempt numbers
+        # A skipped step does not run again for its bump: its skip stands, and so does what
+        # it forces. What runs again is downstream of the others.
+        rerun = self._downstream({r for r in roots if r not in rec.skipped})
+        self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
+        self._set_aside(roots - set(rec.skipped), rerun)
+        touched = [n for n in self.steps if n in changed]
         known = Run(list(self.steps.values()), rec, self.script, Options())
         while known.grow():  # the items the recorded outputs make
             pass
         for m, pairs in known.items.items():
-            touched.extend(u for _, u in pairs if m in gone)
-        for unit in list(rec.outputs) + list(rec.skipped) + list(rec.failures) + list(rec.asked):
-            if self._owner(unit) in gone and unit not in touched:
+            touched.extend(u for _, u in pairs if m in changed)
+        # (an item known only by its ``redone`` count is not counted again: its last
+        # number is unused, so new; the docs ask no more)
+        for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
+            if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
         for unit in touched:
             rec.redone[unit] = rec.redone.get(unit, 0) + 1
-        for unit in touched:
-            if unit in roots and unit in rec.skipped:
-                continue  # skipped, it does not run again: its skip stands
-            if self._owner(unit) in gone:
-                for table in (rec.outputs, rec.usage, rec.skipped, rec.asked):  # failures stay
+            if self._owner(unit) in changed:
+                rec.asked.pop(unit, None)  # the old code's question is not the new one's
+            if self._owner(unit) in rerun:
+                for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
                     table.pop(unit, None)  # type: ignore[attr-defined]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
 
-    def _set_aside(self, roots: set[str], gone: set[str]) -> set[str]:
+    def _set_aside(self, roots: set[str], gone: set[str]) -> None:
         """The early cutoff: a mapped step whose mapped-over step is bumped (and nothing
         else of its own) sets its items aside, with the old input, to keep unchanged ones."""
-        rec, kept = self.rec, set()
+        rec = self.rec
         for m in self.steps.values():
             over = m.map_over
             if over is None or over not in roots or m.name in roots or self.steps[over].map_over:
@@ -278,8 +283,7 @@ class Run:
             for unit in list(rec.outputs):
                 if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
                     rec.superseded[unit] = rec.outputs[unit]
-            kept.add(m.name)
-        return kept
+
 
     def _chained_to(self, unit: str, mapped: str) -> bool:
         owner = self._owner(unit)
@@ -295,11 +299,13 @@ class Run:
         """Expand every mapped step whose input is recorded, and right after it the steps
         chained to it, item-wise (depth first, each level in declaration order)."""
         changed = False
-        for m in self.steps.values():
-            if m.map_over is None or m.name in self.items or m.name in self.rec.skipped:
+        for over in self.steps.values():  # (by what they map over: a resume grows so)
+            if over.map_over is not None or over.name not in self.rec.outputs:
                 continue
-            if self.steps[m.map_over].map_over is None and m.map_over in self.rec.outputs:
-                self._expand(m, self._pieces(m, self.rec.outputs[m.map_over]))
+            for m in self.steps.values():
+                if m.map_over != over.name or m.name in self.items or m.name in self.rec.skipped:
+                    continue
+                self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
                 self._grow_chains(m.name)
                 changed = True
         return changed
@@ -360,8 +366,6 @@ class Run:
         if same or unit not in self.rec.outputs:
             del sup[unit]
 
-    ran_now: set[str] = set()
-
     # -- settling: skips and collections ----------------------------------------------------
 
     def settle(self) -> None:
@@ -370,7 +374,7 @@ class Run:
         while changed:
             changed = self.grow()
             for unit in list(self.order):
-                if self._done(unit) or unit in self.failed_now and unit in self.final_failed:
+                if self._done(unit) or (unit in self.failed_now and unit in self.final_failed):
                     continue
                 step = self.unit_step[unit]
                 deps = self.unit_deps[unit]
@@ -393,6 +397,8 @@ class Run:
         return unit in self.rec.outputs or unit in self.rec.skipped
 
     def _collectable(self, m: str) -> bool:
+        if self.selected is not None and m not in self.selected:
+            return False  # outside ``only`` nothing of it runs, not even its collection
         return (all(self._done(u) for _, u in self.items[m])
                 and all(d in self.rec.outputs for d in self.steps[m].deps))
 
@@ -525,8 +531,6 @@ class Run:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> Prediction:
-        self.ran_now = set()
-        self.outdated: list[str] = []
         self.resume()
         self.out.events.append(("RunStarted",))
         self.out.events.extend(("StepOutdated", n) for n in self.outdated)

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, RunArgs, Turn, drive
+
 try:  # (the helpers move to tests/support/)
     from tests.support.strategies import PlannedWorkflow, combined_workflows
 except ImportError:  # pragma: no cover

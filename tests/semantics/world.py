@@ -19,6 +19,7 @@ from typing import Any
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
 from ekit_runtime import Codec, PatternResult, Step, Workflow, ask, attempt_key
 from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
+
 try:  # (the helpers move to tests/support/)
     from tests.support.strategies import PlannedStep, PlannedWorkflow
 except ImportError:  # pragma: no cover
@@ -68,6 +69,8 @@ class World:
         self.conditions: Counter[tuple[str, str]] = Counter()
         self.calls = 0  # step calls of the current run
         self.begun: list[tuple[str, int]] = []  # (unit, attempt key's number), as called
+        self.keys: dict[str, str] = {}  # attempt key -> the work it was first sent for
+        self.problems: list[str] = []
         self.interrupt_at: int | None = None  # the call of this run that raises Crash
 
     def state(self) -> tuple[Any, ...]:
@@ -122,6 +125,9 @@ def _body(mstep: ModelStep, world: World) -> Any:
         key = attempt_key()
         unit = key.step
         world.begun.append((unit, key.attempt))
+        work = digest([unit, mstep.version, {k: v for k, v in ctx.items() if k in declared}])
+        if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
+            world.problems.append(f"attempt key {key} sent again for other work")
         inputs = {k: v for k, v in ctx.items() if k in declared}
         outcome = world.attempt(unit, mstep, inputs)
         if isinstance(outcome, AskFirst):
