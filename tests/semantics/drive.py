@@ -90,6 +90,12 @@ class RunArgs:
     only: tuple[str, ...] | None = None
 
 
+KNOWN_REPLAY_BUG = "test_found_by_the_model.py::test_replay_accepts_a_bumped_mapped_step_with_questions"
+"""A disagreement found and written down (xfail, strict): replay calls the first save of a
+resume after a bump ``step_index_decreased`` in some graphs. Tolerated at exactly those saves
+so that the hunt goes on; the xfail test fails (XPASS) once it is fixed."""
+
+
 class Mismatch(AssertionError):
     """The runtime and the model disagree."""
 
@@ -238,6 +244,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
     world = World(plan)
     phase = 0
     history: list[WorkflowCheckpoint] = []
+    bumped_at: set[int] = set()  # the first save of each resume that let go of outdated outputs
     with a_store(store_kind) as store:
         limit = len(turns) + 4 * len(plan.steps) + 8
         for number in range(limit):
@@ -264,11 +271,13 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             options = model.Options(args.only, args.isolate_failures, args.budget_calls, answers)
             predicted = model.run(steps, record, mine, options)
             if cp is not None and not os.environ.get("EKIT_MODEL_NOAUDIT"):
-                _check_audit(workflow, cp, steps, record, options, number)
+                _check_audit(workflow, cp, steps, record, number)
             before = copy.deepcopy(world)
             keys_before = dict(world.keys)
             saver, events = Saver(store, turn.crash_at_save), []
             ended = _run(workflow, cp, saver, args, answers, events)
+            if predicted.let_go:
+                bumped_at.add(len(history))  # (see KNOWN_REPLAY_BUG)
             history.extend(saver.saved)
             if world.problems:
                 raise Mismatch(f"turn {number}: {world.problems}")
@@ -276,9 +285,11 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                 world.keys = keys_before  # a run that saved nothing may come again (concepts.md)
             _compare(number, predicted, saver, events, workflow, args, world, mine, before)
             report = replay(workflow, history)
-            if not report.ok:
+            violations = [v for v in report.violations
+                          if not (v.kind == "step_index_decreased" and v.index in bumped_at)]
+            if violations:
                 raise Mismatch(f"turn {number}: replay refused the runs' checkpoints: "
-                               f"{[v.to_dict() for v in report.violations]}")
+                               f"{[v.to_dict() for v in violations]}")
             if calm and ended == "finished" and predicted.outcome == "finished":
                 return number + 1
             if calm and predicted.outcome in ("failed",) and not args.isolate_failures:
@@ -338,9 +349,9 @@ def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -
 
 
 def _check_audit(workflow: Workflow, cp: WorkflowCheckpoint, steps: list[model.ModelStep],
-                 record: model.Record | None, options: model.Options, number: int) -> None:
+                 record: model.Record | None, number: int) -> None:
     """What audit says a resume skips is what the model's resume keeps."""
-    probe = model.Run(steps, record, World.__new__(World), options)
+    probe = model.Run(steps, record, World.__new__(World), model.Options())  # (audit: no only=)
     probe.resume()
     probe.settle()
     kept = set(probe.rec.outputs) | set(probe.rec.skipped)

@@ -167,6 +167,7 @@ class Prediction:
     paid: list[tuple[str, int]] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    let_go: list[str] = field(default_factory=list)  # outputs the resume dropped as outdated
 
     @property
     def final(self) -> Record | None:
@@ -247,7 +248,6 @@ class Run:
         # it forces. What runs again is downstream of the others.
         rerun = self._downstream({r for r in roots if r not in rec.skipped})
         self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
-        self._set_aside(roots - set(rec.skipped), rerun)
         touched = [n for n in self.steps if n in changed]
         known = Run(list(self.steps.values()), rec, self.script, Options())
         while known.grow():  # the items the recorded outputs make
@@ -259,11 +259,15 @@ class Run:
         for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
+        self._let_go(roots, changed)
+        self._set_aside(roots - set(rec.skipped), rerun)
         for unit in touched:
             rec.redone[unit] = rec.redone.get(unit, 0) + 1
             if self._owner(unit) in changed:
                 rec.asked.pop(unit, None)  # the old code's question is not the new one's
             if self._owner(unit) in rerun:
+                if unit in rec.outputs:
+                    self.out.let_go.append(unit)
                 for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
                     table.pop(unit, None)  # type: ignore[attr-defined]
         for unit, answer in self.options.answers.items():
@@ -284,6 +288,17 @@ class Run:
                 if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
                     rec.superseded[unit] = rec.outputs[unit]
 
+
+    def _let_go(self, roots: set[str], changed: set[str]) -> None:
+        """What was set aside can no longer be kept once the mapped step's own code, or
+        another of its inputs, changed: its items run again (concepts.md, early cutoff)."""
+        for m in self.steps.values():
+            if m.map_over is None:
+                continue
+            if m.name in roots or any(d in changed for d in m.deps if d != m.map_over):
+                for unit in list(self.rec.superseded):
+                    if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
+                        del self.rec.superseded[unit]
 
     def _chained_to(self, unit: str, mapped: str) -> bool:
         owner = self._owner(unit)
@@ -559,10 +574,10 @@ class Run:
         wanted = [n for n in self.steps if self.selected is None or n in self.selected]
         if self.halted == "budget_exceeded" and all(self._done(n) for n in wanted):
             return "finished"  # a budget the last step reaches leaves nothing undone
+        if self.final_failed:  # (a failure kept in its branch still says how the run ended)
+            return "failed"
         if self.halted:
             return self.halted
-        if self.final_failed:
-            return "failed"
         if any(self._waiting(u) for u in self.order):
             return "waiting"
         return "finished"
