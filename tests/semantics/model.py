@@ -249,7 +249,7 @@ class Run:
         rerun = self._downstream({r for r in roots if r not in rec.skipped})
         self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
         touched = [n for n in self.steps if n in changed]
-        known = Run(list(self.steps.values()), rec, self.script, Options())
+        known = Run(list(self.steps.values()), Record(outputs=rec.outputs), self.script, Options())
         while known.grow():  # the items the recorded outputs make
             pass
         for m, pairs in known.items.items():
@@ -270,6 +270,9 @@ class Run:
                     self.out.let_go.append(unit)
                 for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
                     table.pop(unit, None)  # type: ignore[attr-defined]
+        for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
+            if unit not in self.steps and self._owner(unit) in rec.skipped:
+                del rec.skipped[unit]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
 
