@@ -1,10 +1,14 @@
-"""Plant back, one at a time, the fixes of issue 42 (their ekit_core/ekit_runtime hunks
-reversed), run the differential test against each, and print whether it caught it.
+"""Plant back, one at a time, the defects issue 42 fixed, run the differential test
+against each, and print whether it caught it.
 
-    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES]
+    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES] [SEED]
 
-It edits the working tree's ekit_core/ekit_runtime and restores them (``git checkout``)
-after each plant: run it in a clean worktree, and nothing else beside it.
+A plant is either the fix's commit reversed on ekit_core/ekit_runtime (when it still
+reverses onto today's code) or, where later work moved the code, the same defect
+written by hand against today's code: a few (file, text, replacement) edits.
+It edits the working tree's ekit_core/ekit_runtime and restores them (``git
+checkout``) after each plant: run it in a clean clone, with nothing else beside it.
+The results of the last run are in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -12,48 +16,101 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-# (commit, issue 42 item, what the fix made right)
+
+@dataclass(frozen=True)
+class Plant:
+    """One defect: the fix's commit, the issue's item, what the fix made right, and the
+    hand-made edits that undo it (none: reverse the commit)."""
+
+    commit: str
+    item: str
+    what: str
+    edits: tuple[tuple[str, str, str], ...] = ()
+
+
 PLANTS = [
-    ("6192204", "1", "a codec carries the questions into the checkpoint"),
-    ("a40bf82", "2", "an output the store refuses spares its siblings"),
-    ("dd1a430", "3, 14", "a bump keeps the skips a standing skip forces"),
-    ("833aaa0", "4", "a reshaped step is outdated"),
-    ("496b10b", "5, 16", "skips and mapped outputs checked on resume"),
-    ("a4cd9af", "9", "a bump or rewind lets go of what was set aside"),
-    ("69baf6f", "10", "a condition is asked again until it answers"),
-    ("f3b6d59", "11", "changed work gets a new attempt number"),
-    ("07aff01", "11", "... recorded or not, downstream too"),
-    ("441448e", "15", "replay accepts a bumped mapped step's resume"),
-    ("6fbc039", "15", "replay accepts a rewind"),
-    ("ec14840", "18", "no StepStarted for an attempt its condition skips"),
-    ("a27434b", "3 (class)", "skips forced by a changed shape decided again"),
-    ("15bb4bc", "3 (class)", "conditions of items chained to a bumped map decided again"),
+    Plant("6192204", "1", "a codec carries a step's questions into the saved checkpoint", (
+        ("ekit_runtime/typed.py", "superseded=superseded, asked=cp.asked, durations",
+         "superseded=superseded, durations"),)),
+    Plant("dd1a430", "3, 14", "a bump keeps the skips a standing skip forces", (
+        ("ekit_core/rewind.py", "    kept = [n for n in skipped if n not in seen]\n",
+         "    return\n    kept = [n for n in skipped if n not in seen]\n"),)),
+    Plant("a4cd9af", "9", "a bump or a rewind of a mapped step lets go of its set-aside items", (
+        ("ekit_core/transitions.py",
+         "            if owner is None or not roots.get(owner, (owner, False))[1]:",
+         "            if owner is None:"),
+        ("ekit_core/rewind.py",
+         "if owner is None or name in wanted or not _untouched(graph, owner, wanted, seen):",
+         "if owner is None:"))),
+    Plant("69baf6f", "10", "a condition that raised is asked again before the retry", (
+        ("ekit_core/transitions.py",
+         "asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)",
+         "asks = name not in tries and _asks(spec, name)"),
+        ("ekit_core/transitions.py",
+         "        unanswered = name not in tries or name in inc.unanswered\n",
+         "        unanswered = name not in tries\n"))),
+    Plant("f3b6d59", "11", "work that changed gets a new attempt number (redone)", (
+        ("ekit_core/rewind.py", "    counted = set(touched)\n",
+         "    return before.redone\n    counted = set(touched)\n"),)),
+    Plant("07aff01", "11", "... recorded or not, downstream too"),
+    Plant("441448e", "15", "replay judges a shaped resume by the rule the resume follows", (
+        ("ekit_core/replay.py", "        if not graph.shapes:\n            return plain, outdated",
+         "        if True:\n            return plain, outdated"),)),
+    Plant("6fbc039", "15", "replay accepts a rewind"),
+    Plant("ec14840", "18", "no StepStarted for an attempt its condition skips", (
+        ("ekit_core/results.py", "return self.delay > 0 or self.approval or self.condition",
+         "return self.delay > 0 or self.approval"),)),
+    Plant("15bb4bc", "3 (class)", "conditions of items chained to a bumped mapped step decided again"),
 ]
+"""Items of issue 42 left out, with why: 2 (an output the store refuses: the generator
+makes only storable outputs), 4 (a reshaped step: ``allow_graph_change`` is not modelled),
+5 and 16 (forged checkpoints: the generator resumes only checkpoints runs made), 6, 7, 12,
+13, 17 (argument and codec checks: no run semantics) and 8, 19-23 (queue, progress text,
+journal history, CLI, dashboard)."""
 
 
 def _git(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", *args], input=stdin, capture_output=True, check=False)
 
 
+def _plant(plant: Plant) -> str | None:
+    """Plant ``plant`` in the working tree; why not, if it could not be."""
+    if not plant.edits:
+        diff = _git("show", plant.commit, "--", "ekit_core", "ekit_runtime").stdout
+        applied = _git("apply", "-R", stdin=diff)
+        return None if applied.returncode == 0 else "does not reverse onto today's code"
+    for name, old, new in plant.edits:
+        path = Path(name)
+        text = path.read_text()
+        if text.count(old) != 1:
+            return f"{name} no longer holds the fixed text"
+        path.write_text(text.replace(old, new))
+    return None
+
+
 def main() -> None:
     examples = sys.argv[1] if len(sys.argv) > 1 else "150"
+    seed = sys.argv[2] if len(sys.argv) > 2 else "1"
     env = dict(os.environ, EKIT_MODEL_EXAMPLES=examples, EKIT_MODEL_SHRINK="0")
-    for commit, item, what in PLANTS:
-        diff = _git("show", commit, "--", "ekit_core", "ekit_runtime").stdout
-        applied = _git("apply", "-R", stdin=diff)
-        if applied.returncode != 0:
-            print(f"{commit} item {item}: does not reverse onto today's code ({what})", flush=True)
-            continue
+    for plant in PLANTS:
         try:
+            why_not = _plant(plant)
+            if why_not is not None:
+                print(f"{plant.commit} item {plant.item}: {why_not} ({plant.what})", flush=True)
+                continue
             test = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                 "--hypothesis-seed=1", "tests/semantics/test_runtime_agrees_with_the_model.py"],
+                 f"--hypothesis-seed={seed}",
+                 "tests/semantics/test_runtime_agrees_with_the_model.py"],
                 env=env, capture_output=True, text=True, check=False)
-            found = [line.strip() for line in test.stdout.splitlines()
+            found = [line.strip()[:300] for line in test.stdout.splitlines()
                      if "Mismatch:" in line or "Error:" in line]
             verdict = "CAUGHT" if test.returncode else "not caught"
-            print(f"{commit} item {item}: {verdict} ({what}) {found[:1]}", flush=True)
+            print(f"{plant.commit} item {plant.item}: {verdict} ({plant.what}) {found[:1]}",
+                  flush=True)
         finally:
             _git("checkout", "--", "ekit_core", "ekit_runtime")
 
