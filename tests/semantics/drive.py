@@ -39,6 +39,7 @@ from typing import Any
 
 from ekit_core import (
     RunSettled,
+    StepDenied,
     StepExpanded,
     StepFailed,
     StepFinished,
@@ -58,7 +59,7 @@ from ekit_core import (
 from ekit_core.events import RunStarted
 from ekit_runtime import JournalStore, JsonFileStore, RunHalted, SqliteStore, Workflow
 from tests.semantics import model
-from tests.semantics.world import Crash, Transient, World, build, model_steps, record_of
+from tests.semantics.world import Crash, Transient, World, approval, build, model_steps, record_of
 
 try:  # (the helpers move to tests/support/)
     from tests.support.strategies import PlannedWorkflow
@@ -88,12 +89,27 @@ class RunArgs:
     isolate_failures: bool = False
     budget_calls: int | None = None
     only: tuple[str, ...] | None = None
+    approval: bool = False
 
 
 KNOWN_REPLAY_BUG = "test_found_by_the_model.py::test_replay_accepts_a_bumped_mapped_step_with_questions"
 """A disagreement found and written down (xfail, strict): replay calls the first save of a
 resume after a bump ``step_index_decreased`` in some graphs. Tolerated at exactly those saves
 so that the hunt goes on; the xfail test fails (XPASS) once it is fixed."""
+
+
+KNOWN_TIMEOUT_NAME = "test_found_by_the_model.py::test_an_item_that_times_out_is_named"
+"""Found and written down (xfail, strict): an item's timeout names its mapped step."""
+
+
+KNOWN_BUDGET_CUTOFF = "test_found_by_the_model.py::test_a_budget_reached_beside_an_early_cutoff_stops_the_run"
+"""Found and written down (xfail, strict): a run whose budget is reached in the transition
+where an early cutoff keeps items starts more steps. An example that meets it is rejected
+(``hypothesis.reject``: counted, not failed) so that the hunt goes on."""
+
+
+class KnownBug(Exception):
+    """The runtime met a disagreement already written down in test_found_by_the_model.py."""
 
 
 class Mismatch(AssertionError):
@@ -105,7 +121,8 @@ def _event(e: Any) -> tuple[Any, ...] | None:
         return ("RunStarted",)
     if isinstance(e, (StepStarted, StepFinished, StepRetried, StepFailed)):
         return (type(e).__name__, e.name, e.attempt)
-    if isinstance(e, (StepSkipped, StepExpanded, StepOutdated, StepWaiting, StepInterrupted)):
+    if isinstance(e, (StepSkipped, StepExpanded, StepOutdated, StepWaiting, StepInterrupted,
+                      StepDenied)):
         return (type(e).__name__, e.name)
     if isinstance(e, RunSettled):
         return ("RunSettled", e.outcome)
@@ -141,8 +158,11 @@ def _dedupe(saves: list[model.Record]) -> list[model.Record]:
     kept: list[model.Record] = []
     for r in saves:
         # (what is set aside for an early cutoff is compared through the items it keeps)
+        # (a timeout's message names the declared step, not the item: KNOWN_TIMEOUT_NAME)
+        failures = {u: (t, "timed out" if t == "StepTimeoutError" else m, n)
+                    for u, (t, m, n) in r.failures.items()}
         r = dataclasses.replace(r, skipped={u: _why(w) for u, w in r.skipped.items()},
-                                superseded={})
+                                superseded={}, failures=failures)
         if not kept or kept[-1] != r:
             kept.append(r)
     return kept
@@ -219,19 +239,19 @@ def _answers(steps: list[model.ModelStep], record: model.Record | None) -> dict[
 
 
 def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, saver: Saver, args: RunArgs,
-         answers: dict[str, Any], events: list[Any]) -> str:
+         answers: dict[str, Any], events: list[Any], world: World) -> str:
     """One runtime run; how it ended."""
     budget = None if args.budget_calls is None else TokenUsage(llm_calls=args.budget_calls)
     try:
         workflow.run_sync(resume_from=cp, answers=answers or None, checkpoint_fn=saver,
                           run_id="r", max_concurrency=args.concurrency, budget=budget,
                           isolate_failures=args.isolate_failures,
-                          only=list(args.only) if args.only else None, trace=events.append)
-    except (Crash, Transient, RunHalted, asyncio.CancelledError) as exc:
-        print("RUN ENDED", repr(exc))
+                          only=list(args.only) if args.only else None, trace=events.append,
+                          approval=approval(world) if args.approval else None)
+    except (Crash, Transient, TimeoutError, RunHalted, asyncio.CancelledError) as exc:
         return type(exc).__name__
     except ExceptionGroup as group:
-        _, rest = group.split(Transient)
+        _, rest = group.split((Transient, TimeoutError))
         if rest is not None:
             raise
         return "Transient"
@@ -251,7 +271,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             calm = number >= len(turns)
             turn = Turn() if calm else turns[number]
             if calm:  # the calm turns lift the budget and the selection: the run can end
-                args = RunArgs(args.concurrency, args.isolate_failures)
+                args = RunArgs(args.concurrency, args.isolate_failures, approval=args.approval)
             phase = plan.phases - 1 if calm else min(phase + turn.bump, plan.phases - 1)
             workflow = build(plan, phase, world)
             steps = model_steps(plan, phase)
@@ -268,14 +288,15 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             world.calls = 0
             world.interrupt_at = turn.crash_at_call
             mine = copy.deepcopy(world)
-            options = model.Options(args.only, args.isolate_failures, args.budget_calls, answers)
+            options = model.Options(args.only, args.isolate_failures, args.budget_calls, answers,
+                                    args.approval)
             predicted = model.run(steps, record, mine, options)
             if cp is not None and not os.environ.get("EKIT_MODEL_NOAUDIT"):
                 _check_audit(workflow, cp, steps, record, number)
             before = copy.deepcopy(world)
             keys_before = dict(world.keys)
             saver, events = Saver(store, turn.crash_at_save), []
-            ended = _run(workflow, cp, saver, args, answers, events)
+            ended = _run(workflow, cp, saver, args, answers, events, world)
             if predicted.let_go:
                 bumped_at.add(len(history))  # (see KNOWN_REPLAY_BUG)
             history.extend(saver.saved)
@@ -299,6 +320,9 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
 
 def _compare(number: int, predicted: model.Prediction, saver: Saver, events: list[Any],
              workflow: Workflow, args: RunArgs, world: World, mine: World, before: World) -> None:
+    if predicted.outcome == "budget_exceeded" and predicted.kept and not _same_outcome(
+            predicted, events):
+        raise KnownBug(KNOWN_BUDGET_CUTOFF)
     got = _dedupe([record_of(cp, workflow) for cp in saver.saved])
     want = _dedupe(predicted.saves)
     crashed = saver.crash_at is not None and saver.dead
@@ -324,7 +348,8 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
                                f" model   {mine.state()}")
         return
     order_free = (not crashed and world.interrupt_at is None and args.budget_calls is None
-                  and (args.isolate_failures or not predicted.failed))
+                  and (args.isolate_failures or not predicted.failed)
+                  and predicted.outcome != "denied")
     if order_free:
         if got[-1:] != want[-1:]:
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
@@ -336,6 +361,10 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
 def model_steps_of(workflow: Workflow) -> list[Any]:
     """The workflow's mapped steps."""
     return [s for s in workflow.steps if s.map_over is not None]
+
+
+def _same_outcome(predicted: model.Prediction, events: list[Any]) -> bool:
+    return any(isinstance(e, RunSettled) and e.outcome == predicted.outcome for e in events)
 
 
 def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -> str:

@@ -40,8 +40,13 @@ Covered:
 - the early cutoff: the items of a mapped step whose mapped-over step was
   bumped are set aside and kept when their input comes back unchanged.
 
-Not modelled yet: approvals (``approval=``, ``approve``) and denials, timeouts
-(a timeout is one more failure kind), retry delays, ``Retry-After`` and jitter,
+- the run's approval callback, asked before a step's (or an item's) first attempt,
+  after its condition, and again before a retry until it answers; a denial halts
+  the run ``"denied"`` and the step is not done;
+- timeouts: the script says an attempt hangs, which fails it as a
+  ``StepTimeoutError`` (``Fail`` with that type, made by the world).
+
+Not modelled yet: ``approve()`` questions asked by a step, retry delays, ``Retry-After`` and jitter,
 ``allow_graph_change`` (reshaped steps), partial outputs, durations, resource
 limits and queues, and the rules letting go of set-aside outputs after a second
 bump of the same mapped step. Rewinds are not modelled as a function: the test
@@ -112,6 +117,8 @@ class Script(Protocol):
 
     def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail: ...
 
+    def approve(self, unit: str) -> bool | Fail: ...
+
 
 @dataclass
 class Record:
@@ -153,6 +160,7 @@ class Options:
     isolate_failures: bool = False
     budget_calls: int | None = None
     answers: Mapping[str, Any] = field(default_factory=dict)
+    approval: bool = False  # the run asks an approval callback (the script's ``approve``)
 
 
 @dataclass
@@ -168,6 +176,7 @@ class Prediction:
     waiting: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     let_go: list[str] = field(default_factory=list)  # outputs the resume dropped as outdated
+    kept: list[str] = field(default_factory=list)  # items an early cutoff kept
 
     @property
     def final(self) -> Record | None:
@@ -201,6 +210,7 @@ class Run:
         self.failed_now: dict[str, int] = {}  # unit -> attempts failed in this run
         self.final_failed: set[str] = set()
         self.answered_condition: set[str] = set()
+        self.approved: set[str] = set()
         self.halted = ""
         self.out = Prediction()
         self.selected = self._closure(options.only) if options.only else None
@@ -380,6 +390,7 @@ class Run:
             same = key in old_pieces and old_pieces[key] == piece
         if same and unit not in self.rec.outputs:
             self.rec.outputs[unit] = sup[unit]
+            self.out.kept.append(unit)
             self.out.events.append(("StepSkipped", unit))
         if same or unit not in self.rec.outputs:
             del sup[unit]
@@ -492,6 +503,17 @@ class Run:
                 self.save()
                 return
             self.answered_condition.add(unit)
+        if self.options.approval and unit not in self.approved:
+            said = self.script.approve(unit)
+            if isinstance(said, Fail):  # it did not answer: the retry asks again
+                self._failed(unit, self.failed_now.get(unit, 0) + 1, said)
+                return
+            if not said:
+                self.out.events.append(("StepDenied", unit))
+                self.halted = "denied"
+                self.save()
+                return
+            self.approved.add(unit)
         tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
         self.out.events.append(("StepStarted", unit, tried))
         self.out.begun.append((unit, number))

@@ -10,6 +10,7 @@ stands before a run and must make the same calls the runtime makes.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -67,6 +68,7 @@ class World:
         self.planned = {s.name: s for s in plan.steps}
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
+        self.approvals: Counter[str] = Counter()
         self.calls = 0  # step calls of the current run
         self.begun: list[tuple[str, int]] = []  # (unit, attempt key's number), as called
         self.keys: dict[str, str] = {}  # attempt key -> the work it was first sent for
@@ -75,7 +77,7 @@ class World:
 
     def state(self) -> tuple[Any, ...]:
         """What the world remembers (to compare the model's copy with the runtime's)."""
-        return (dict(self.attempts), dict(self.conditions), self.calls)
+        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls)
 
     def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome:
         planned = self.planned[step.name]
@@ -85,12 +87,24 @@ class World:
         if self.calls == self.interrupt_at:
             return Interrupt()
         if self.attempts[(unit, work)] <= planned.fails:
+            if hangs(unit, self.attempts[(unit, work)]):  # the step's timeout fails it
+                return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
             return Fail("Transient", f"{unit} is overloaded")
         usage = (len(unit), 1, 1)
         if planned.asks:
             return AskFirst(f"{unit}?", lambda answer: Succeed(
                 _output(planned, unit, inputs, work, answer), usage))
         return Succeed(_output(planned, unit, inputs, work, None), usage)
+
+    def approve(self, unit: str) -> bool | Fail:
+        """The run's approval callback: some units are refused, or it raises, the first time."""
+        self.approvals[unit] += 1
+        kind = int(digest(["approve", unit]), 16) % 6
+        if self.approvals[unit] == 1 and kind == 0:
+            return False
+        if self.approvals[unit] == 1 and kind == 1:
+            return Fail("Transient", f"the approval of {unit} could not decide")
+        return True
 
     def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail:
         planned = self.planned[step.name]
@@ -99,6 +113,16 @@ class World:
         if planned.when == "raises" and self.conditions[(step.name, seed)] == 1:
             return Fail("Transient", f"the condition of {step.name} could not decide")
         return int(seed, 16) % 3 != 0
+
+
+TIMEOUT = 0.1
+"""Seconds a step that may fail is given: an attempt that hangs fails by it (an attempt
+that does not hang never yields, so it cannot time out however loaded the machine)."""
+
+
+def hangs(unit: str, attempt: int) -> bool:
+    """Whether a failing attempt hangs (and times out) rather than raising."""
+    return int(digest(["hang", unit, attempt]), 16) % 3 == 0
 
 
 def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any) -> Any:
@@ -134,6 +158,8 @@ def _body(mstep: ModelStep, world: World) -> Any:
             outcome = outcome.then(ask(outcome.prompt))
         if isinstance(outcome, Interrupt):
             raise Crash
+        if isinstance(outcome, Fail) and outcome.error_type == "StepTimeoutError":
+            await asyncio.Event().wait()  # hangs until the step's timeout cancels it
         if isinstance(outcome, Fail):
             raise Transient(outcome.message)
         assert isinstance(outcome, Succeed)
@@ -155,15 +181,28 @@ def _condition(mstep: ModelStep, world: World) -> Any:
     return holds
 
 
+def approval(world: World) -> Any:
+    """The run's approval callback, following ``world``."""
+    def approve(name: str, metadata: Any) -> bool:
+        said = world.approve(name)
+        if isinstance(said, Fail):
+            raise Transient(said.message)
+        return said
+
+    return approve
+
+
 def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     """The runtime workflow of ``plan``'s code in ``phase``, following ``world``."""
     steps = []
+    plan_fails = {s.name: s.fails for s in plan.steps}
     for m in model_steps(plan, phase):
         steps.append(Step(
             m.name, _body(m, world), m.deps, context="dependencies", version=m.version,
             map_over=m.map_over, item_key=m.item_key,
             when=_condition(m, world) if m.when else None, join="any" if m.join_any else "all",
             retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
+            timeout=TIMEOUT if plan_fails[m.name] else None,
         ))
     return Workflow(steps, codec=Codec(Note) if plan.typed else None)
 
