@@ -108,6 +108,13 @@ where an early cutoff keeps items starts more steps. An example that meets it is
 (``hypothesis.reject``: counted, not failed) so that the hunt goes on."""
 
 
+KNOWN_CONDITION_ASKED_AGAIN = (
+    "test_found_by_the_model.py::test_a_condition_that_answered_is_not_asked_again")
+"""Found and written down (xfail, strict): after the approval callback raised, the retry asks
+the step's condition again though it had answered. Runs with an approval callback are
+compared without the count of condition calls."""
+
+
 class KnownBug(Exception):
     """The runtime met a disagreement already written down in test_found_by_the_model.py."""
 
@@ -136,16 +143,22 @@ def _settled(events: list[tuple[Any, ...]], mapped: set[str]) -> list[tuple[Any,
     def settling(e: tuple[Any, ...]) -> bool:
         return e[0] in ("StepSkipped", "StepExpanded") or (e[0] == "StepFinished" and e[1] in mapped)
 
+    def told(block: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        # (an item of a mapped step skipped in the same breath: told or not, see _dedupe)
+        gone = {e[1] for e in block if e[0] == "StepSkipped"}
+        return sorted(e for e in block if not (
+            e[0] == "StepSkipped" and "[" in e[1] and e[1].split("[", 1)[0] in gone))
+
     out: list[tuple[Any, ...]] = []
     block: list[tuple[Any, ...]] = []
     for e in events:
         if settling(e):
             block.append(e)
             continue
-        out.extend(sorted(block))
+        out.extend(told(block))
         block = []
         out.append(e)
-    return out + sorted(block)
+    return out + told(block)
 
 
 def _why(reason: str) -> str:
@@ -161,7 +174,11 @@ def _dedupe(saves: list[model.Record]) -> list[model.Record]:
         # (a timeout's message names the declared step, not the item: KNOWN_TIMEOUT_NAME)
         failures = {u: (t, "timed out" if t == "StepTimeoutError" else m, n)
                     for u, (t, m, n) in r.failures.items()}
-        r = dataclasses.replace(r, skipped={u: _why(w) for u, w in r.skipped.items()},
+        # (the items of a skipped mapped step: recorded skipped or not at all, the docs do
+        # not say; a resume lets go of them either way)
+        skipped = {u: _why(w) for u, w in r.skipped.items()
+                   if u.split("[", 1)[0] == u or u.split("[", 1)[0] not in r.skipped}
+        r = dataclasses.replace(r, skipped=skipped,
                                 superseded={}, failures=failures)
         if not kept or kept[-1] != r:
             kept.append(r)
@@ -343,13 +360,16 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
             begun = world.begun[len(before.begun):]
             if begun != predicted.begun:
                 raise Mismatch(f"{where}: attempts begun\n runtime {begun}\n model   {predicted.begun}")
-            if world.state() != mine.state():
+            theirs, ours = world.state(), mine.state()
+            if args.approval:  # (KNOWN_CONDITION_ASKED_AGAIN: condition counts left out)
+                theirs, ours = theirs[:1] + theirs[2:], ours[:1] + ours[2:]
+            if theirs != ours:
                 raise Mismatch(f"{where}: the calls differ\n runtime {world.state()}\n"
                                f" model   {mine.state()}")
         return
     order_free = (not crashed and world.interrupt_at is None and args.budget_calls is None
                   and (args.isolate_failures or not predicted.failed)
-                  and predicted.outcome != "denied")
+                  and not any(e[0] == "StepDenied" for e in predicted.events))
     if order_free:
         if got[-1:] != want[-1:]:
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))

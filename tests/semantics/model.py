@@ -298,9 +298,21 @@ class Run:
                 continue
             rec.superseded[over] = rec.outputs[over]
             for unit in list(rec.outputs):
-                if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
+                owner = self._owner(unit)
+                if unit != owner and (owner == m.name or self._chained_to(unit, m.name)) and (
+                        self._unchanged_chain(owner, m.name, roots, gone)):
                     rec.superseded[unit] = rec.outputs[unit]
 
+    def _unchanged_chain(self, step: str, mapped: str, roots: set[str], gone: set[str]) -> bool:
+        """Whether no step from ``mapped`` down the chain to ``step`` changed its own code or
+        has another input that runs again: only then is an item of ``step`` still its work."""
+        while True:
+            s = self.steps[step]
+            if s.name in roots or any(d in gone for d in s.deps if d != s.map_over):
+                return False
+            if step == mapped:
+                return True
+            step = s.map_over or ""
 
     def _let_go(self, roots: set[str], changed: set[str]) -> None:
         """What was set aside can no longer be kept once the mapped step's own code, or
