@@ -357,9 +357,10 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
             mapped = {m.name for m in model_steps_of(workflow)}
             if _settled(got_events, mapped) != _settled(predicted.events, mapped):
                 raise Mismatch(f"{where}: events differ\n runtime {got_events}\n model   {predicted.events}")
-            begun = world.begun[len(before.begun):]
-            if begun != predicted.begun:
-                raise Mismatch(f"{where}: attempts begun\n runtime {begun}\n model   {predicted.begun}")
+            begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
+            if (begun, paid) != (predicted.begun, predicted.paid):
+                raise Mismatch(f"{where}: attempts begun, paid\n runtime {begun} {paid}\n"
+                               f" model   {predicted.begun} {predicted.paid}")
             theirs, ours = world.state(), mine.state()
             if args.approval:  # (KNOWN_CONDITION_ASKED_AGAIN: condition counts left out)
                 theirs, ours = theirs[:1] + theirs[2:], ours[:1] + ours[2:]
@@ -373,6 +374,10 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
     if order_free:
         if got[-1:] != want[-1:]:
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
+        begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
+        if (sorted(begun), sorted(paid)) != (sorted(predicted.begun), sorted(predicted.paid)):
+            raise Mismatch(f"{where}: attempts begun, paid\n runtime {sorted(begun)} {sorted(paid)}"
+                           f"\n model   {sorted(predicted.begun)} {sorted(predicted.paid)}")
         if _per_unit(got_events) != _per_unit(predicted.events):
             raise Mismatch(f"{where}: per-unit events differ\n runtime {_per_unit(got_events)}\n"
                            f" model   {_per_unit(predicted.events)}")

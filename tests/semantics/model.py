@@ -12,45 +12,46 @@ which step and item were called and paid. The model runs one attempt at a time
 (the runtime's ``max_concurrency=1``), so the whole event order is determined;
 for a concurrent run the test compares only what concurrency leaves determined.
 
-Covered:
+Covered, each as the docs state it:
 
-- steps with dependencies, started in declaration order once their
-  dependencies are recorded; items after the declared steps, in the order
-  they were grown;
-- ``map_over`` a list (items ``m[0]``...), a mapping (``m[key]``) or keyed
-  records (``item_key``), zero items included (collected at once as ``[]`` or
-  ``{}``); item-wise chains (``m2[k]`` needs ``m1[k]``); a mapped step's output
-  is its items' outputs in order, skipped ones left out, once every item is
-  settled and its own dependencies are recorded;
-- conditions (per item for a mapped step), asked before each attempt until
-  they answer: one that raises is a failed attempt; a false one skips the step
-  and what needs it; ``join="any"`` runs once its inputs are settled if any ran;
-- questions (``ask``): the step waits, the run ends ``"waiting"`` when nothing
-  else can run; an answer recorded before a resume is handed to the step;
-- retry policies (``max_attempts``, no delay), failure records counting the
-  failed attempts over all runs, a final failure halting the run or, with
+- steps with dependencies, started in declaration order once their dependencies
+  are recorded; items after the declared steps, in the order they were grown;
+- ``map_over`` a list (``m[0]``...), a mapping (``m[key]``) or keyed records
+  (``item_key``), zero items too (collected at once as ``[]`` or ``{}``);
+  item-wise chains (``m2[k]`` needs ``m1[k]``); a mapped step's output is its
+  items' outputs in order, skipped ones left out, once every item is settled
+  and its own dependencies are recorded;
+- conditions (per item for a mapped step), asked before each attempt until they
+  answer: one that raises is a failed attempt, a false one skips the step and
+  what needs it; ``join="any"`` runs once its inputs are settled if any ran;
+- the run's approval callback, after the condition, before each attempt until it
+  answers; a denial halts the run ``"denied"`` and the step is not done;
+- questions (``ask``): the step waits, the run ends ``"waiting"`` once nothing
+  else can run; an answer given with the resume is handed to the step;
+- retry policies (``max_attempts``, no delay), timeouts (an attempt the script
+  says hangs fails as ``StepTimeoutError``), failure records counting failed
+  attempts over all runs; a final failure halts the run or, with
   ``isolate_failures``, only what needs the step;
-- an interruption (a ``BaseException``) from a step: nothing new starts, the
+- an interruption (a ``BaseException``) from a step: nothing new starts, and the
   step is not recorded as failed;
-- budgets on ``llm_calls``; ``only=`` (the selection's closure);
-- resumes: recorded outputs and skips are kept, a step whose ``version``
-  differs from the recorded one is dropped with everything downstream of it
-  (its questions too; its failure record stays, a diagnosis) and counted in ``redone``; attempt numbers
-  count past recorded failures and ``redone``;
-- the early cutoff: the items of a mapped step whose mapped-over step was
-  bumped are set aside and kept when their input comes back unchanged.
+- budgets (``llm_calls``) and ``only=`` (the selection's closure);
+- resumes: recorded outputs and skips are kept; a step whose ``version`` changed
+  runs again with everything downstream of it (its questions are dropped, its
+  failure record stays: a diagnosis) unless it stays skipped; every step and item
+  whose work changed counts one more in ``redone``; attempt numbers count past
+  recorded failures and ``redone``;
+- the early cutoff: a bump of what a mapped step maps over sets its items aside,
+  and an item whose input comes back unchanged keeps its output (and so does the
+  chain below it), unless the mapped step's own code or other inputs changed.
 
-- the run's approval callback, asked before a step's (or an item's) first attempt,
-  after its condition, and again before a retry until it answers; a denial halts
-  the run ``"denied"`` and the step is not done;
-- timeouts: the script says an attempt hangs, which fails it as a
-  ``StepTimeoutError`` (``Fail`` with that type, made by the world).
-
-Not modelled yet: ``approve()`` questions asked by a step, retry delays, ``Retry-After`` and jitter,
-``allow_graph_change`` (reshaped steps), partial outputs, durations, resource
-limits and queues, and the rules letting go of set-aside outputs after a second
-bump of the same mapped step. Rewinds are not modelled as a function: the test
-rewinds with the library and the model resumes the rewound checkpoint.
+Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
+``allow_graph_change`` (reshaped steps), partial outputs, durations, codecs
+beyond their round trip, stores refusing an output, queues and resource limits.
+Rewinds are not a function here: the test rewinds with ``ekit_core.rewind`` and
+the model resumes the rewound checkpoint (so it checks what a rewind leaves, not
+how a rewind is computed). Where the docs leave an order or a form open (the
+order of the skips one transition makes, whether the items of a skipped mapped
+step are recorded skipped), the test compares both sides without it.
 """
 
 from __future__ import annotations
@@ -204,7 +205,8 @@ class Run:
         self.order: list[str] = [s.name for s in steps]  # units, in start order
         self.unit_step: dict[str, ModelStep] = {s.name: s for s in steps}
         self.unit_deps: dict[str, list[str]] = {s.name: list(s.deps) for s in steps}
-        self.item_input: dict[str, tuple[str, Any]] = {}  # item -> (what it maps over, its piece)
+        self.piece: dict[str, Any] = {}  # item -> its piece of what its step maps over
+        self.upstream: dict[str, str] = {}  # item of a chain -> the item it chains to
         self.items: dict[str, list[tuple[Any, str]]] = {}  # mapped step -> [(key, item)]
         self.mapping: dict[str, bool] = {}  # mapped step -> its input was a mapping
         self.failed_now: dict[str, int] = {}  # unit -> attempts failed in this run
@@ -354,7 +356,7 @@ class Run:
         for m in self.steps.values():
             if m.map_over == mapped and m.name not in self.items and m.name not in self.rec.skipped:
                 self.mapping[m.name] = self.mapping[mapped]
-                self._expand(m, [(k, ("chain", f"{mapped}[{k}]")) for k, _ in self.items[mapped]])
+                self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
                 self._grow_chains(m.name)
 
     def _pieces(self, m: ModelStep, value: Any) -> list[tuple[Any, Any]]:
@@ -366,7 +368,7 @@ class Run:
             return [(piece[m.item_key], piece) for piece in value]
         return list(enumerate(value))
 
-    def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]]) -> None:
+    def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]], chained: bool = False) -> None:
         self.items[m.name] = []
         if self.selected is None or m.name in self.selected:  # (outside ``only``: silently)
             self.out.events.append(("StepExpanded", m.name))
@@ -375,14 +377,13 @@ class Run:
             self.items[m.name].append((key, unit))
             self.order.append(unit)
             self.unit_step[unit] = m
-            deps = [d for d in m.deps if d != m.map_over]
-            if isinstance(piece, tuple) and piece[:1] == ("chain",):
-                deps = [piece[1], *deps]
-                self.item_input[unit] = (m.map_over or "", piece)
+            over = m.map_over or ""
+            if chained:  # m2[k] needs m1[k], and sees its output
+                self.upstream[unit] = f"{over}[{key}]"
             else:
-                self.item_input[unit] = (m.map_over or "", piece)
-                deps = [m.map_over or "", *deps]
-            self.unit_deps[unit] = deps
+                self.piece[unit] = piece
+            first = self.upstream.get(unit, over)
+            self.unit_deps[unit] = [first, *(d for d in m.deps if d != over)]
             self._keep_cut_off(m, key, unit, piece)
         if not pieces and m.name not in self.rec.outputs and self._collectable(m.name):
             self._collect(m.name)  # no items: collected as soon as it is expanded
@@ -394,8 +395,8 @@ class Run:
         if unit not in sup:
             return
         over = m.map_over or ""
-        if isinstance(piece, tuple) and piece[:1] == ("chain",):
-            same = piece[1] in self.rec.outputs and piece[1] not in self.ran_now
+        if unit in self.upstream:  # kept when the item it chains to was
+            same = self.upstream[unit] in self.rec.outputs and self.upstream[unit] not in self.ran_now
         else:
             old = sup.get(over)
             old_pieces = dict(self._pieces(m, old)) if old is not None else {}
@@ -489,10 +490,10 @@ class Run:
     def inputs(self, unit: str) -> dict[str, Any]:
         step = self.unit_step[unit]
         found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
-        if unit in self.item_input:
-            over, piece = self.item_input[unit]
-            found[over] = self.rec.outputs[piece[1]] if isinstance(piece, tuple) and piece[:1] == (
-                "chain",) else piece
+        if unit in self.upstream:
+            found[step.map_over or ""] = self.rec.outputs[self.upstream[unit]]
+        elif unit in self.piece:
+            found[step.map_over or ""] = self.piece[unit]
         return found
 
     def number(self, unit: str) -> int:
