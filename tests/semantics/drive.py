@@ -275,10 +275,11 @@ def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, saver: Saver, args: 
     return "finished"
 
 
-def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunArgs) -> int:
+def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunArgs,
+          salt: int = 0) -> int:
     """Run ``plan`` through ``turns`` and then calmly to its end, comparing each turn with
     the model; raises ``Mismatch`` at the first disagreement. Returns the turns run."""
-    world = World(plan)
+    world = World(plan, salt)
     phase = 0
     history: list[WorkflowCheckpoint] = []
     bumped_at: set[int] = set()  # the first save of each resume that let go of outdated outputs

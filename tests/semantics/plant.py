@@ -1,7 +1,7 @@
 """Plant back, one at a time, the defects issue 42 fixed, run the differential test
 against each, and print whether it caught it.
 
-    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES] [SEED]
+    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES] [SEED,SEED...]
 
 A plant is either the fix's commit reversed on ekit_core/ekit_runtime (when it still
 reverses onto today's code) or, where later work moved the code, the same defect
@@ -92,8 +92,8 @@ def _plant(plant: Plant) -> str | None:
 
 
 def main() -> None:
-    examples = sys.argv[1] if len(sys.argv) > 1 else "150"
-    seed = sys.argv[2] if len(sys.argv) > 2 else "1"
+    examples = sys.argv[1] if len(sys.argv) > 1 else "300"
+    seeds = sys.argv[2].split(",") if len(sys.argv) > 2 else ["1", "2", "3"]
     env = dict(os.environ, EKIT_MODEL_EXAMPLES=examples, EKIT_MODEL_SHRINK="0")
     for plant in PLANTS:
         try:
@@ -101,14 +101,18 @@ def main() -> None:
             if why_not is not None:
                 print(f"{plant.commit} item {plant.item}: {why_not} ({plant.what})", flush=True)
                 continue
-            test = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                 f"--hypothesis-seed={seed}",
-                 "tests/semantics/test_runtime_agrees_with_the_model.py"],
-                env=env, capture_output=True, text=True, check=False)
-            found = [line.strip()[:300] for line in test.stdout.splitlines()
-                     if "Mismatch:" in line or "Error:" in line]
-            verdict = "CAUGHT" if test.returncode else "not caught"
+            verdict, found = "not caught", []
+            for seed in seeds:  # (the first seed that finds it)
+                test = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                     f"--hypothesis-seed={seed}",
+                     "tests/semantics/test_runtime_agrees_with_the_model.py"],
+                    env=env, capture_output=True, text=True, check=False)
+                if test.returncode:
+                    verdict = f"CAUGHT at seed {seed}"
+                    found = [line.strip()[:300] for line in test.stdout.splitlines()
+                             if "Mismatch:" in line or "Error:" in line]
+                    break
             print(f"{plant.commit} item {plant.item}: {verdict} ({plant.what}) {found[:1]}",
                   flush=True)
         finally:

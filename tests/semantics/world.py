@@ -66,8 +66,9 @@ def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
 class World:
     """What each attempt and condition does, counting every call (``Script``)."""
 
-    def __init__(self, plan: PlannedWorkflow) -> None:
+    def __init__(self, plan: PlannedWorkflow, salt: int = 0) -> None:
         self.planned = {s.name: s for s in plan.steps}
+        self.salt = salt  # varies the outputs, decisions and faults of one plan
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
         self.approvals: Counter[str] = Counter()
@@ -89,21 +90,21 @@ class World:
         self.calls += 1
         if self.calls == self.interrupt_at:
             return Interrupt()
-        troubled = unit == step.name or int(work, 16) % 2 == 0
+        troubled = unit == step.name or int(digest([self.salt, work]), 16) % 2 == 0
         if troubled and self.attempts[(unit, work)] <= planned.fails:
-            if hangs(unit, self.attempts[(unit, work)]):  # the step's timeout fails it
+            if hangs(unit, self.attempts[(unit, work)], self.salt):  # the step's timeout fails it
                 return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
             return Fail("Transient", f"{unit} is overloaded")
         usage = (len(unit), 1, 1)
         if planned.asks and troubled:
             return AskFirst(f"{unit}?", lambda answer: Succeed(
-                _output(planned, unit, inputs, work, answer), usage))
-        return Succeed(_output(planned, unit, inputs, work, None), usage)
+                _output(planned, unit, inputs, work, answer, self.salt), usage))
+        return Succeed(_output(planned, unit, inputs, work, None, self.salt), usage)
 
     def approve(self, unit: str) -> bool | Fail:
         """The run's approval callback: some units are refused, or it raises, the first time."""
         self.approvals[unit] += 1
-        kind = int(digest(["approve", unit]), 16) % 6
+        kind = int(digest(["approve", unit, self.salt]), 16) % 6
         if self.approvals[unit] == 1 and kind == 0:
             return False
         if self.approvals[unit] == 1 and kind == 1:
@@ -112,7 +113,7 @@ class World:
 
     def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail:
         planned = self.planned[step.name]
-        seed = digest([step.name, inputs])
+        seed = digest([step.name, inputs, self.salt])
         self.conditions[(step.name, seed)] += 1
         if planned.when == "raises" and self.conditions[(step.name, seed)] == 1:
             return Fail("Transient", f"the condition of {step.name} could not decide")
@@ -124,15 +125,16 @@ TIMEOUT = 0.1
 that does not hang never yields, so it cannot time out however loaded the machine)."""
 
 
-def hangs(unit: str, attempt: int) -> bool:
+def hangs(unit: str, attempt: int, salt: int) -> bool:
     """Whether a failing attempt hangs (and times out) rather than raising."""
-    return int(digest(["hang", unit, attempt]), 16) % 3 == 0
+    return int(digest(["hang", unit, attempt, salt]), 16) % 3 == 0
 
 
-def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any) -> Any:
+def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any,
+            salt: int) -> Any:
     """Made from the inputs, so that a lost or stale input shows; outputs others map over
     leave the version out, so that a bumped upstream may give the same items (cutoff)."""
-    seed = digest([name, inputs, answer])
+    seed = digest([name, inputs, answer, salt])
     count = int(seed[:2], 16) % 4  # zero items too
     if step.kind == "list":
         return [f"{name}.{seed[j]}" for j in range(count)]
