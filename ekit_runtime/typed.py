@@ -706,7 +706,7 @@ def _with_stored(
     Built by ``of_ledgers`` (O(1), the ledgers shared) rather than
     ``dataclasses.replace``, which would build the durations table at every
     save; so each field is named here, and a field left out is lost from
-    every save of a run with a codec (tests/test_every_checkpoint_field_survives.py).
+    every save of a run with a codec (tests/stores/test_every_checkpoint_field_survives.py).
     """
     return WorkflowCheckpoint.of_ledgers(
         outputs, usage, step_index=cp.step_index, cost=cp.cost, context=context,

@@ -1,6 +1,6 @@
 """Screenshots of the dashboard for the docs: ``python -m tools.dashboard_screenshots``.
 
-Builds the browser tests' queue (a run in every status, tests/ui_flows.py),
+Builds the browser tests' queue (a run in every status, tests/support/ui_flows.py),
 serves it with ``ekit ui``, and saves, at 1280x800 in headless Chromium:
 
 - ``docs/dashboard-runs.png``: the runs page;
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from ekit_runtime.queue import SqliteQueue
-    from tests import ui_flows
-    from tests.browser import UiServer, chrome, wait_until
+    from tests.support import ui_flows
+    from tests.support.browser import UiServer, chrome, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "runs.db"

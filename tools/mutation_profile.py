@@ -15,7 +15,7 @@ Loaded by ``[tool.mutmut] pytest_add_cli_args``; never by the ordinary suite.
   recorded either way.
 - mutmut runs each mutant's tests by node id, but some ids are not stable
   across processes: ``ids=repr`` of an object prints its address
-  (``[json-<tests.test_stores.Opaque object at 0x7f...>]``), and pytest then
+  (``[json-<tests.stores.test_stores.Opaque object at 0x7f...>]``), and pytest then
   refuses the whole run ("not found"), which mutmut counts as a timeout, i.e.
   killed. Parametrized ids are passed here as their test function, and the
   parameters that were not asked for (addresses ignored) are deselected.

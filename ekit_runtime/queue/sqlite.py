@@ -367,7 +367,7 @@ _SAVE_FULL = f"UPDATE ekit_queue_runs SET {_SAVE_SETS}fingerprint = ?, {_SAVE_TA
 # triggers where missing (IF NOT EXISTS); a trigger of its own on a view of
 # this name would fire on every insert into it and fail ("no such column:
 # saves"). Under new names its views sit unused, never dropped (no process
-# of this version writes through them; tests/test_queue_schema_upgrade.py).
+# of this version writes through them; tests/queue/test_queue_schema_upgrade.py).
 _HELD_NEW = render(HELD, {"run_id": "NEW.run_id", "epoch": "NEW.epoch", "now": "NEW.now"})
 # Whether the row's fenced UPDATE matched: it set lease_until to NEW.lease_until,
 # later than NEW.now, which no refused row can hold under NEW.epoch.
