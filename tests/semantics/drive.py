@@ -60,11 +60,7 @@ from ekit_core.events import RunStarted
 from ekit_runtime import JournalStore, JsonFileStore, RunHalted, SqliteStore, Workflow
 from tests.semantics import model
 from tests.semantics.world import Crash, Transient, World, approval, build, model_steps, record_of
-
-try:  # (the helpers move to tests/support/)
-    from tests.support.strategies import PlannedWorkflow
-except ImportError:  # pragma: no cover
-    from tests.strategies import PlannedWorkflow  # type: ignore[no-redef]
+from tests.support.strategies import PlannedWorkflow
 
 DSN = os.environ.get("EKIT_TEST_POSTGRES_DSN")
 

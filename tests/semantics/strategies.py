@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-try:  # (the helpers move to tests/support/)
-    from tests.support.strategies import Features, PlannedStep, PlannedWorkflow
-except ImportError:  # pragma: no cover
-    from tests.strategies import Features, PlannedStep, PlannedWorkflow  # type: ignore[no-redef]
+from tests.support.strategies import Features, PlannedStep, PlannedWorkflow
 
 
 def _tags(draw: st.DrawFn, phases: int) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """The runtime agrees with the reference model (``tests/semantics/model.py``) on random
 workflows that combine the features, crashed and resumed at random points.
 
-Hypothesis draws a workflow (``tests.strategies.combined_workflows``: maps over lists,
+Hypothesis draws a workflow (``tests.support.strategies.combined_workflows``: maps over lists,
 mappings and keyed records, zero items, item-wise chains, conditions some raising,
 joins, questions, typed outputs through a codec, retries, timeouts, version bumps; or
 ``tests.semantics.strategies.chained_workflows``, short chains where those meet), the run's
@@ -29,11 +29,7 @@ from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
 from tests.semantics.strategies import chained_workflows
-
-try:  # (the helpers move to tests/support/)
-    from tests.support.strategies import PlannedWorkflow, combined_workflows
-except ImportError:  # pragma: no cover
-    from tests.strategies import PlannedWorkflow, combined_workflows  # type: ignore[no-redef]
+from tests.support.strategies import PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
 # EKIT_MODEL_SHRINK=0 reports the first disagreement as found (quicker while hunting).

@@ -22,11 +22,7 @@ from typing import Any
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
 from ekit_runtime import Codec, PatternResult, Step, Workflow, ask, attempt_key
 from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
-
-try:  # (the helpers move to tests/support/)
-    from tests.support.strategies import PlannedStep, PlannedWorkflow
-except ImportError:  # pragma: no cover
-    from tests.strategies import PlannedStep, PlannedWorkflow  # type: ignore[no-redef]
+from tests.support.strategies import PlannedStep, PlannedWorkflow
 
 
 @dataclasses.dataclass(frozen=True)
