@@ -59,6 +59,7 @@ from ekit_core import (
 from ekit_core.events import RunStarted
 from ekit_runtime import JournalStore, JsonFileStore, RunHalted, SqliteStore, Workflow
 from tests.semantics import model
+from tests.semantics.strategies import ReshapedWorkflow
 from tests.semantics.world import Crash, Transient, World, approval, build, model_steps, record_of
 from tests.support.strategies import PlannedWorkflow
 
@@ -251,8 +252,9 @@ def _answers(steps: list[model.ModelStep], record: model.Record | None) -> dict[
     return {u: f"ans({u})" for u, asked in probe.rec.asked.items() if asked[-1][1] is model.NO_ANSWER}
 
 
-def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, saver: Saver, args: RunArgs,
-         answers: dict[str, Any], events: list[Any], world: World) -> str:
+def _run(plan: PlannedWorkflow, workflow: Workflow, cp: WorkflowCheckpoint | None,
+         saver: Saver, args: RunArgs, answers: dict[str, Any], events: list[Any],
+         world: World) -> str:
     """One runtime run; how it ended."""
     budget = None if args.budget_calls is None else TokenUsage(llm_calls=args.budget_calls)
     try:
@@ -260,7 +262,8 @@ def _run(workflow: Workflow, cp: WorkflowCheckpoint | None, saver: Saver, args: 
                           run_id="r", max_concurrency=args.concurrency, budget=budget,
                           isolate_failures=args.isolate_failures,
                           only=list(args.only) if args.only else None, trace=events.append,
-                          approval=approval(world) if args.approval else None)
+                          approval=approval(world) if args.approval else None,
+                          allow_graph_change=isinstance(plan, ReshapedWorkflow))
     except (Crash, Transient, TimeoutError, RunHalted, asyncio.CancelledError) as exc:
         return type(exc).__name__
     except ExceptionGroup as group:
@@ -310,7 +313,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             before = copy.deepcopy(world)
             keys_before = dict(world.keys)
             saver, events = Saver(store, turn.crash_at_save), []
-            ended = _run(workflow, cp, saver, args, answers, events, world)
+            ended = _run(plan, workflow, cp, saver, args, answers, events, world)
             if predicted.let_go:
                 bumped_at.add(len(history))  # (see KNOWN_REPLAY_BUG)
             history.extend(saver.saved)
@@ -319,7 +322,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             if not saver.saved:  # a resume numbers attempts from what was saved: the keys of
                 world.keys = keys_before  # a run that saved nothing may come again (concepts.md)
             _compare(number, predicted, saver, events, workflow, args, world, mine, before)
-            report = replay(workflow, history)
+            report = _replay(plan, workflow, history)
             violations = [v for v in report.violations
                           if not (v.kind == "step_index_decreased" and v.index in bumped_at)]
             if violations:
@@ -383,6 +386,17 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
 def model_steps_of(workflow: Workflow) -> list[Any]:
     """The workflow's mapped steps."""
     return [s for s in workflow.steps if s.map_over is not None]
+
+
+def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowCheckpoint]) -> Any:
+    """``replay`` of what the runs recorded. A reshaped workflow's checkpoints are of several
+    graphs, and a sequence is legal for one graph: those since its last change of shape."""
+    if not isinstance(plan, ReshapedWorkflow) or not history:
+        return replay(workflow, history)
+    start = len(history)
+    while start and history[start - 1].fingerprint == history[-1].fingerprint:
+        start -= 1
+    return replay(None, history[start:])  # (the graph those checkpoints record)
 
 
 def _same_outcome(predicted: model.Prediction, events: list[Any]) -> bool:

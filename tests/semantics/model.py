@@ -35,17 +35,18 @@ Covered, each as the docs state it:
 - an interruption (a ``BaseException``) from a step: nothing new starts, and the
   step is not recorded as failed;
 - budgets (``llm_calls``) and ``only=`` (the selection's closure);
-- resumes: recorded outputs and skips are kept; a step whose ``version`` changed
-  runs again with everything downstream of it (its questions are dropped, its
-  failure record stays: a diagnosis) unless it stays skipped; every step and item
-  whose work changed counts one more in ``redone``; attempt numbers count past
-  recorded failures and ``redone``;
-- the early cutoff: a bump of what a mapped step maps over sets its items aside,
+- resumes: recorded outputs and skips are kept; a step whose ``version`` (or,
+  with ``allow_graph_change``, whose shape) changed runs again with everything
+  downstream of it (its questions are dropped, its failure record stays: a
+  diagnosis), unless it was skipped: a bumped step stays skipped, a reshaped
+  one is decided again; every step and item whose work changed counts one more
+  in ``redone``; attempt numbers count past recorded failures and ``redone``;
+- the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
   chain below it), unless the mapped step's own code or other inputs changed.
 
 Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
-``allow_graph_change`` (reshaped steps), partial outputs, durations, codecs
+partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits.
 Rewinds are not a function here: the test rewinds with ``ekit_core.rewind`` and
 the model resumes the rewound checkpoint (so it checks what a rewind leaves, not
@@ -76,6 +77,11 @@ class ModelStep:
     join_any: bool = False
     max_attempts: int = 1
     version: str | None = None
+
+    def shape(self) -> tuple[Any, ...]:
+        """What the checkpoint records of its run-time shape (``()``: none)."""
+        shaped = (self.map_over, self.item_key, self.when, self.join_any)
+        return () if shaped == (None, None, False, False) else shaped
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,7 @@ class Record:
     versions: dict[str, str] = field(default_factory=dict)
     redone: dict[str, int] = field(default_factory=dict)
     superseded: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # step -> shape()
 
 
 class _NoAnswer:
@@ -250,15 +257,20 @@ class Run:
 
     def resume(self) -> None:
         rec = self.rec
+        shapes = {n: s.shape() for n, s in self.steps.items() if s.shape()}
         if not self.resumed:
             rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+            rec.shapes = shapes
             return
-        roots = {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
+        # A changed shape (allow_graph_change) is changed work, as a changed version is.
+        reshaped = {n for n, s in self.steps.items() if rec.shapes.get(n, ()) != s.shape()}
+        roots = reshaped | {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
         rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+        rec.shapes = shapes
         changed = self._downstream(roots)  # work that changed: new attempt numbers
         # A skipped step does not run again for its bump: its skip stands, and so does what
-        # it forces. What runs again is downstream of the others.
-        rerun = self._downstream({r for r in roots if r not in rec.skipped})
+        # it forces; a reshaped one is decided again. What runs again is downstream of those.
+        rerun = self._downstream({r for r in roots if r not in rec.skipped or r in reshaped})
         self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
         touched = [n for n in self.steps if n in changed]
         known = Run(list(self.steps.values()), Record(outputs=rec.outputs), self.script, Options())
@@ -272,7 +284,7 @@ class Run:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
         self._let_go(roots, changed)
-        self._set_aside(roots - set(rec.skipped), rerun)
+        self._set_aside(roots - (set(rec.skipped) - reshaped), rerun)
         for unit in touched:
             rec.redone[unit] = rec.redone.get(unit, 0) + 1
             if self._owner(unit) in changed:
@@ -289,12 +301,14 @@ class Run:
             rec.asked[unit][-1][1] = answer
 
     def _set_aside(self, roots: set[str], gone: set[str]) -> None:
-        """The early cutoff: a mapped step whose mapped-over step is bumped (and nothing
-        else of its own) sets its items aside, with the old input, to keep unchanged ones."""
+        """The early cutoff: a mapped step whose mapped-over step runs again (and nothing
+        else of its own) sets its items aside, with the old input, to keep unchanged ones.
+        (concepts.md says "runs again on purpose": the runtime also keeps the items when
+        what they map over runs again because a step above it changed; so does the model.)"""
         rec = self.rec
         for m in self.steps.values():
             over = m.map_over
-            if over is None or over not in roots or m.name in roots or self.steps[over].map_over:
+            if over is None or over not in gone or m.name in roots or self.steps[over].map_over:
                 continue
             if any(d in gone for d in m.deps if d != over) or over not in rec.outputs:
                 continue

@@ -4,7 +4,8 @@ workflows that combine the features, crashed and resumed at random points.
 Hypothesis draws a workflow (``tests.support.strategies.combined_workflows``: maps over lists,
 mappings and keyed records, zero items, item-wise chains, conditions some raising,
 joins, questions, typed outputs through a codec, retries, timeouts, version bumps; or
-``tests.semantics.strategies.chained_workflows``, short chains where those meet), the run's
+``tests.semantics.strategies``: short chains where those meet, and workflows whose
+steps change shape between code phases, resumed with ``allow_graph_change``), the run's
 arguments (a concurrency limit, ``isolate_failures``, a budget, ``only=``), a store
 (JSON file, journal, SQLite; PostgreSQL when ``EKIT_TEST_POSTGRES_DSN`` is set) and
 a script of turns (bumps, rewinds of a step, an item or an upstream, crashes at a
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
-from tests.semantics.strategies import chained_workflows
+from tests.semantics.strategies import chained_workflows, reshaped_workflows
 from tests.support.strategies import PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
@@ -65,13 +66,15 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES)
-@given(plan=st.one_of(combined_workflows(), chained_workflows()), store=st.sampled_from(STORES),
+@given(plan=st.one_of(combined_workflows(), chained_workflows(), reshaped_workflows()),
+       store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
                                               data: st.DataObject) -> None:
     args = data.draw(run_args(plan), label="args")
     script = data.draw(turns(plan), label="turns")
     salt = data.draw(st.integers(0, 2**16), label="salt")  # the outputs, decisions, faults
+    event(f"drawn: {type(plan).__name__}")
     try:
         drive(plan, store, script, args, salt)
     except KnownBug as bug:  # written down already: do not count the example

@@ -22,6 +22,7 @@ from typing import Any
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
 from ekit_runtime import Codec, PatternResult, Step, Workflow, ask, attempt_key
 from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
+from tests.semantics.strategies import steps_at
 from tests.support.strategies import PlannedStep, PlannedWorkflow
 
 
@@ -56,7 +57,7 @@ def digest(value: object) -> str:
 def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
     """The planned workflow's code in ``phase``, as the model reads it."""
     return [ModelStep(s.name, s.deps, s.map_over, s.item_key, s.when is not None, s.join_any,
-                      s.attempts, s.versions[phase]) for s in plan.steps]
+                      s.attempts, s.versions[phase]) for s in steps_at(plan, phase)]
 
 
 class World:
@@ -224,6 +225,8 @@ def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
         asked={n: [[e.question.prompt, NO_ANSWER if e.answer is None else e.answer.value]
                    for e in ex] for n, ex in cp.asked.items()},
         versions=dict(cp.versions),
+        shapes={n: (s.map_over, s.item_key, s.when is not None, s.join == "any")
+                for n, s in cp.shapes.items()},
         redone=dict(cp.redone),
         superseded=dict(cp.superseded),
     )
