@@ -209,12 +209,12 @@ def a_store(kind: str) -> Iterator[Any]:
 
             assert DSN is not None
             run_id = f"model-{uuid.uuid4().hex}"
-            store = PostgresStore(DSN, run_id=run_id)
+            pg = PostgresStore(DSN, run_id=run_id)
             try:
-                yield store
+                yield pg
             finally:
-                store.delete(run_id)
-                store.close()
+                pg.delete(run_id)
+                pg.close()
         else:
             raise ValueError(kind)
 
@@ -312,7 +312,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                 _check_audit(workflow, cp, steps, record, number)
             before = copy.deepcopy(world)
             keys_before = dict(world.keys)
-            saver, events = Saver(store, turn.crash_at_save), []
+            saver, events = Saver(store, turn.crash_at_save), list[Any]()
             ended = _run(plan, workflow, cp, saver, args, answers, events, world)
             if predicted.let_go:
                 bumped_at.add(len(history))  # (see KNOWN_REPLAY_BUG)

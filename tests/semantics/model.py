@@ -293,7 +293,7 @@ class Run:
                 if unit in rec.outputs:
                     self.out.let_go.append(unit)
                 for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
-                    table.pop(unit, None)  # type: ignore[attr-defined]
+                    table.pop(unit, None)
         for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
             if unit not in self.steps and self._owner(unit) in rec.skipped:
                 del rec.skipped[unit]
@@ -498,7 +498,7 @@ class Run:
         return dep in self.final_failed
 
     def _waiting(self, unit: str) -> bool:
-        asked = self.rec.asked.get(unit)
+        asked = self.rec.asked.get(unit, [])
         return bool(asked) and asked[-1][1] is NO_ANSWER
 
     def inputs(self, unit: str) -> dict[str, Any]:

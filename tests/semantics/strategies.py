@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tests.support.strategies import (
     MAPPABLE,
     Features,
+    OutputKind,
     PlannedStep,
     PlannedWorkflow,
     combined_workflows,
@@ -36,7 +37,7 @@ def chained_workflows(draw: st.DrawFn) -> PlannedWorkflow:
     ``s1`` item-wise (on ``s0`` too, at times) under a condition, two or three code
     phases in which ``s1`` changes, and at times ``s3`` after them all."""
     phases = draw(st.integers(2, 3))
-    kind = draw(st.sampled_from(["list", "dict", "keyed"]))
+    kind: OutputKind = draw(st.sampled_from(["list", "dict", "keyed"]))
     s1_asks = draw(st.booleans())
     s1_fails = draw(st.integers(0 if s1_asks else 1, 2))
     bumped = tuple(["v0"] * draw(st.integers(1, phases - 1)))

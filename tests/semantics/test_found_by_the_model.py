@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import pytest
 
-from ekit_core import TokenUsage, replay
+from ekit_core import TokenUsage, WorkflowCheckpoint, replay
 from ekit_runtime import (
     BudgetExceeded,
     PatternResult,
@@ -40,7 +41,7 @@ def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
     checkpoint it resumed, as every resume that lets go of outdated outputs does, and replay
     accepts that elsewhere (a collected mapped step, a failed item); here it reports
     ``step_index_decreased`` at that save (found by the model with questions on items)."""
-    saved = []
+    saved: list[WorkflowCheckpoint] = []
     for version, answers in (("v0", None), ("v0", {"m[0]": "yes"}), ("v1", None)):
         with contextlib.suppress(RunWaiting):
             _mapped(version).run_sync(resume_from=saved[-1] if saved else None,
@@ -65,7 +66,7 @@ def test_an_item_that_times_out_is_named() -> None:
 
     workflow = Workflow([Step("a", lambda ctx: [1, 2]),
                          Step("m", item, ("a",), map_over="a", timeout=0.05)])
-    saved = []
+    saved: list[WorkflowCheckpoint] = []
     with pytest.raises(StepTimeoutError) as raised:
         workflow.run_sync(checkpoint_fn=saved.append)
     assert saved[-1].failures["m[1]"].message == "step 'm[1]' timed out after 0.05s"
@@ -81,7 +82,7 @@ def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
     Without the mapped step the same resume stops at the budget (BudgetExceeded)."""
     paid: list[str] = []
 
-    def step(name: str, value: object) -> object:
+    def step(name: str, value: object) -> Callable[[dict[str, object]], PatternResult[object]]:
         def run(ctx: dict[str, object]) -> PatternResult[object]:
             paid.append(name)
             return PatternResult(value, cost=TokenUsage(1, 1, 1))
@@ -95,7 +96,7 @@ def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
         ])
 
     first = workflow("v0").run_sync(max_concurrency=1)
-    assert first.checkpoint.cost.llm_calls == 4
+    assert first.checkpoint is not None and first.checkpoint.cost.llm_calls == 4
     paid.clear()
     with pytest.raises(BudgetExceeded):
         workflow("v1").run_sync(resume_from=first.checkpoint, max_concurrency=1,
