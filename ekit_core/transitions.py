@@ -122,6 +122,7 @@ from ekit_core.numbers import check_number
 from ekit_core.phases import Phase, Row, Trigger, _reading
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
+    APPROVAL,
     Asked,
     Batch,
     Began,
@@ -1121,9 +1122,13 @@ def _failed(w: _Run, failed: Failed) -> None:
     asked for more than the policy's ``max_retry_after`` is not retried.
     """
     name = failed.name
-    unanswered = _unanswered(w.setbacks, name, name in w.setbacks.gated)
+    before_work = name in w.setbacks.gated
+    unanswered = _unanswered(w.setbacks, name, before_work)
     j = w.end_attempt(name)
     inc = w.setbacks if unanswered is None else _replace(w.setbacks, unanswered=unanswered)
+    held = _condition_held(inc, name, before_work and failed.gate == APPROVAL)
+    if held is not None:
+        inc = _replace(inc, held=held)
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
     previous = inc.failures.get(name)
@@ -1160,6 +1165,16 @@ def _unanswered(inc: Setbacks, name: str, before_work: bool) -> frozenset[str] |
     if before_work and (name not in inc.tries or name in unanswered):
         return None if name in unanswered else unanswered | {name}
     return unanswered - {name} if name in unanswered else None
+
+
+def _condition_held(inc: Setbacks, name: str, approval_raised: bool) -> frozenset[str] | None:
+    """The steps whose condition held though their gate is unanswered, once ``name``'s
+    attempt failed, if that changes them: its approval raised after its condition held
+    (or it had no condition), so the condition has answered and is not asked again."""
+    held = inc.held
+    if approval_raised and name in inc.unanswered:
+        return None if name in held else held | {name}
+    return held - {name} if name in held else None
 
 
 def _wait_asked(failed: Failed) -> float | None:
@@ -1563,7 +1578,7 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         name = spec.graph.names[offset + ready.bit_length() - 1]
         if name not in tries and name not in delays and not (spec.conditional and _asks(spec, name)):
             return (first_start(name),)
-        asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
+        asks = (name not in tries or name in inc.unanswered) and _asks(spec, name) and name not in inc.held
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
     names = spec.graph.names
     conditional = spec.conditional  # (no step has a condition: no start asks one)
@@ -1574,7 +1589,7 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         name = names[offset + i]
         # Its condition and approval are asked until they answer (see _unanswered).
         unanswered = name not in tries or name in inc.unanswered
-        asks = conditional and unanswered and _asks(spec, name)
+        asks = conditional and unanswered and name not in inc.held and _asks(spec, name)
         starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), gate and unanswered, asks))
     return tuple(starts)
 

@@ -649,7 +649,10 @@ class Runner:
                 elif gate == APPROVAL:
                     if self.approval is None:
                         raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
-                    verdict = await ask(self.approval, name, step.metadata)
+                    try:
+                        verdict = await ask(self.approval, name, step.metadata)
+                    except Exception as exc:  # the condition, if any, had answered: said so
+                        return _failure(name, exc, gate=APPROVAL)
                     if not verdict.approved:
                         return Denied(name, verdict.reason)
         except Exception as exc:
@@ -689,7 +692,7 @@ class Runner:
         try:
             try:
                 if step.timeout is not None:
-                    returned = await _within(step, executor.run(attempt))
+                    returned = await _within(name, step.timeout, executor.run(attempt))
                 else:
                     returned = await executor.run(attempt)
             except human.InputRequired as exc:
@@ -936,21 +939,20 @@ def prepare_run_of(checkpoint_fn: Any) -> Callable[[WorkflowCheckpoint], Any] | 
     return cast(Callable[[WorkflowCheckpoint], Any] | None, prepare)
 
 
-async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
-    """Await ``attempt`` within the step's timeout; past it, a :class:`StepTimeoutError`."""
-    if step.timeout is None:
-        return await attempt
-    scope = asyncio.timeout(step.timeout)
+async def _within(name: str, limit: float, attempt: Awaitable[Any]) -> Any:
+    """Await ``attempt`` within ``limit`` seconds; past it, a :class:`StepTimeoutError` naming
+    ``name``, the attempt's step or item (``m[1]``): an item's record must say which item timed out."""
+    scope = asyncio.timeout(limit)
     try:
         async with scope:
             return await attempt
     except TimeoutError as exc:
         if not scope.expired():
             raise  # the step's own TimeoutError, not our deadline
-        raise StepTimeoutError(step.name, step.timeout) from exc
+        raise StepTimeoutError(name, limit) from exc
 
 
-def _failure(name: str, error: Exception, duration: float | None = None) -> Failed:
+def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None) -> Failed:
     """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
 
     Read on the failure path only, and imported there: a run that never
@@ -958,7 +960,7 @@ def _failure(name: str, error: Exception, duration: float | None = None) -> Fail
     """
     from ekit_runtime.retry_hints import retry_after
 
-    return Failed(name, error, duration, retry_after(error))
+    return Failed(name, error, duration, retry_after(error), gate)
 
 
 async def _give_back(release: Callable[[], Any], name: str) -> None:

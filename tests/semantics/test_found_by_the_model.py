@@ -52,7 +52,6 @@ def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
     assert report.ok, [v.to_dict() for v in report.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="the failure record of an item's timeout names its mapped step")
 def test_an_item_that_times_out_is_named() -> None:
     """Each item is "a step of its own ... named summarize[0]: its own attempts, retries,
     timeout" (docs/concepts.md), and a timeout "names the step and its limit (step 'ask'
@@ -104,7 +103,6 @@ def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
     assert paid == ["u"]
 
 
-@pytest.mark.xfail(strict=True, reason="a retry after the approval raised asks the condition again")
 def test_a_condition_that_answered_is_not_asked_again() -> None:
     """The shell asks a condition "before a step's first attempt, and before each retry
     until the condition has answered" (docs/concepts.md). Here it answered (true) and the
