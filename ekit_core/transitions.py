@@ -1046,7 +1046,9 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if spec.shaped is not None:
         _after_recorded(w, name, spec.shaped)
     budget = spec.limits.budget
-    if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
+    # w.spec, not spec: a recorded output that steps map over grew the graph above (and an
+    # early cutoff may have recorded items with it), so ``spec`` no longer counts its steps.
+    if budget is not None and w.setbacks.halt is None and w.completed < len(w.spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
 

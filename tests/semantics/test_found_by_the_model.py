@@ -72,7 +72,6 @@ def test_an_item_that_times_out_is_named() -> None:
     assert "m[1]" in str(raised.value)
 
 
-@pytest.mark.xfail(strict=True, reason="an early cutoff in the budget's transition lets steps start")
 def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
     """"Once the accumulated usage reaches any of them, no new step starts" (docs/failures.md).
     A resume after a bump of ``u``, which ``m`` maps over: ``u`` runs again and its usage
