@@ -709,9 +709,13 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     forced = _forced_skips(graph, checkpoint, drop, again)
     if not drop and not forced and aside.keys() == checkpoint.superseded.keys():
         return checkpoint
+    outputs = checkpoint.outputs
     return _replace(
         checkpoint,
-        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
+        # One step fewer finished per output dropped: else the resume's first save, which
+        # counts what it keeps, reads to replay as step_index going down.
+        step_index=max(0, checkpoint.step_index - sum(1 for n in drop if n in outputs)),
+        outputs=MappingProxyType({k: v for k, v in outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
         durations=MappingProxyType({k: v for k, v in checkpoint.durations.items() if k not in drop}),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),

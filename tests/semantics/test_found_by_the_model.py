@@ -1,8 +1,8 @@
 """Disagreements the differential test (``test_runtime_agrees_with_the_model.py``) found
 between the runtime and the reference model, each cut down to a minimal reproducer.
 
-Each is a bug of the runtime by the docs; none is fixed here. ``xfail(strict=True)``:
-the test fails the day the bug is fixed, so that its mark is taken off.
+Each was a bug of the runtime by the docs, now fixed (issue 43); the reproducers stay as
+pins. A new one goes in as ``xfail(strict=True)`` until its fix takes the mark off.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def _mapped(version: str) -> Workflow:
     ])
 
 
-@pytest.mark.xfail(strict=True, reason="replay calls the legal resume step_index_decreased")
 def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
     """A bump of a mapped step whose items asked (one answered and recorded, one waiting)
     is a legal resume: the recorded item is outdated and runs again (docs/checkpoint-format.md,
