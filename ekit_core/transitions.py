@@ -709,6 +709,12 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     forced = _forced_skips(graph, checkpoint, drop, again)
     if not drop and not forced and aside.keys() == checkpoint.superseded.keys():
         return checkpoint
+    return _dropped(checkpoint, drop, forced, aside)
+
+
+def _dropped(checkpoint: WorkflowCheckpoint, drop: set[str], forced: dict[str, str],
+             aside: dict[str, Any]) -> WorkflowCheckpoint:
+    """``checkpoint`` without what ``drop`` names, ``forced`` skipped, ``aside`` set aside."""
     outputs = checkpoint.outputs
     return _replace(
         checkpoint,
