@@ -1,0 +1,433 @@
+"""Drive a planned workflow through the real runtime, turn after turn, and compare every turn
+with the reference model: the differential test's engine (the test file holds the strategies).
+
+A *turn* is one run: before it the code may move on a phase (a version bump) and a
+step, an item or an upstream may be rewound; during it the process may die at the
+k-th save (``checkpoint_fn`` raises a ``BaseException``; the store keeps what was
+saved before) or at the c-th step call (the step raises one; the run saves what
+finished). Every checkpoint goes through its JSON form and into a store, and the
+next turn resumes what the store loads. After the scripted turns, calm turns run
+the final code to its end.
+
+What is compared, each turn (``Mismatch`` says which):
+
+- ``saves``: with ``max_concurrency=1``, the checkpoints saved, in order (a crash at
+  a save: those before it), each as the model reads it (outputs, usage, cost,
+  skips, failures, questions, versions, redone, superseded);
+- ``events``: with ``max_concurrency=1``, the whole event sequence; otherwise each
+  unit's own sequence, when the run's end does not depend on the order;
+- ``paid``: which attempts (unit, attempt number) began and which were paid;
+- ``final``: the last checkpoint, and the outcome, when the order cannot change them;
+- ``audit``: what ``ekit_core.audit`` says a resume of the loaded checkpoint skips;
+- ``replay``: ``ekit_core.replay`` accepts every checkpoint sequence the runs saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ekit_core import (
+    RunSettled,
+    StepDenied,
+    StepExpanded,
+    StepFailed,
+    StepFinished,
+    StepInterrupted,
+    StepOutdated,
+    StepRetried,
+    StepSkipped,
+    StepStarted,
+    StepWaiting,
+    TokenUsage,
+    WorkflowCheckpoint,
+    audit,
+    questions,
+    replay,
+    rewind,
+)
+from ekit_core.events import RunStarted
+from ekit_runtime import JournalStore, JsonFileStore, RunHalted, SqliteStore, Workflow
+from tests.semantics import model
+from tests.semantics.strategies import ReshapedWorkflow
+from tests.semantics.world import Crash, Transient, World, approval, build, model_steps, record_of
+from tests.support.strategies import PlannedWorkflow
+
+DSN = os.environ.get("EKIT_TEST_POSTGRES_DSN")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One disturbed run: a bump before it, a rewind (``rewind_item``: the item of that step
+    at that position among those recorded), a crash at a save or at a step call."""
+
+    bump: bool = False
+    rewind: str | None = None
+    rewind_item: int | None = None
+    crash_at_save: int | None = None
+    crash_at_call: int | None = None
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """The arguments every run of an example is given."""
+
+    concurrency: int | None = 1
+    isolate_failures: bool = False
+    budget_calls: int | None = None
+    only: tuple[str, ...] | None = None
+    approval: bool = False
+
+
+KNOWN_REPLAY_BUG = "test_found_by_the_model.py::test_replay_accepts_a_bumped_mapped_step_with_questions"
+"""A disagreement found and written down (xfail, strict): replay calls the first save of a
+resume after a bump ``step_index_decreased`` in some graphs. Tolerated at exactly those saves
+so that the hunt goes on; the xfail test fails (XPASS) once it is fixed."""
+
+
+KNOWN_TIMEOUT_NAME = "test_found_by_the_model.py::test_an_item_that_times_out_is_named"
+"""Found and written down (xfail, strict): an item's timeout names its mapped step."""
+
+
+KNOWN_BUDGET_CUTOFF = "test_found_by_the_model.py::test_a_budget_reached_beside_an_early_cutoff_stops_the_run"
+"""Found and written down (xfail, strict): a run whose budget is reached in the transition
+where an early cutoff keeps items starts more steps. An example that meets it is rejected
+(``hypothesis.reject``: counted, not failed) so that the hunt goes on."""
+
+
+KNOWN_CONDITION_ASKED_AGAIN = (
+    "test_found_by_the_model.py::test_a_condition_that_answered_is_not_asked_again")
+"""Found and written down (xfail, strict): after the approval callback raised, the retry asks
+the step's condition again though it had answered. Runs with an approval callback are
+compared without the count of condition calls."""
+
+
+class KnownBug(Exception):
+    """The runtime met a disagreement already written down in test_found_by_the_model.py."""
+
+
+class Mismatch(AssertionError):
+    """The runtime and the model disagree."""
+
+
+def _event(e: Any) -> tuple[Any, ...] | None:
+    if isinstance(e, RunStarted):
+        return ("RunStarted",)
+    if isinstance(e, (StepStarted, StepFinished, StepRetried, StepFailed)):
+        return (type(e).__name__, e.name, e.attempt)
+    if isinstance(e, (StepSkipped, StepExpanded, StepOutdated, StepWaiting, StepInterrupted,
+                      StepDenied)):
+        return (type(e).__name__, e.name)
+    if isinstance(e, RunSettled):
+        return ("RunSettled", e.outcome)
+    return None  # CheckpointSaved and the rest: the shell's own
+
+
+def _settled(events: list[tuple[Any, ...]], mapped: set[str]) -> list[tuple[Any, ...]]:
+    """``events`` with each run of what settling tells (skips, expansions, collections of
+    mapped steps) in one order: the docs say what one transition settles, not in which
+    order it tells it."""
+    def settling(e: tuple[Any, ...]) -> bool:
+        return e[0] in ("StepSkipped", "StepExpanded") or (e[0] == "StepFinished" and e[1] in mapped)
+
+    def told(block: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        # (an item of a mapped step skipped in the same breath: told or not, see _dedupe)
+        gone = {e[1] for e in block if e[0] == "StepSkipped"}
+        return sorted(e for e in block if not (
+            e[0] == "StepSkipped" and "[" in e[1] and e[1].split("[", 1)[0] in gone))
+
+    out: list[tuple[Any, ...]] = []
+    block: list[tuple[Any, ...]] = []
+    for e in events:
+        if settling(e):
+            block.append(e)
+            continue
+        out.extend(told(block))
+        block = []
+        out.append(e)
+    return out + told(block)
+
+
+def _why(reason: str) -> str:
+    """A skip's cause: its condition, or a skipped step it needs (which one, when it needs
+    several, the docs do not say)."""
+    return "condition" if reason.startswith("condition") else "needs"
+
+
+def _dedupe(saves: list[model.Record]) -> list[model.Record]:
+    kept: list[model.Record] = []
+    for r in saves:
+        # (what is set aside for an early cutoff is compared through the items it keeps)
+        # (a timeout's message names the declared step, not the item: KNOWN_TIMEOUT_NAME)
+        failures = {u: (t, "timed out" if t == "StepTimeoutError" else m, n)
+                    for u, (t, m, n) in r.failures.items()}
+        # (the items of a skipped mapped step: recorded skipped or not at all, the docs do
+        # not say; a resume lets go of them either way)
+        skipped = {u: _why(w) for u, w in r.skipped.items()
+                   if u.split("[", 1)[0] == u or u.split("[", 1)[0] not in r.skipped}
+        r = dataclasses.replace(r, skipped=skipped,
+                                superseded={}, failures=failures)
+        if not kept or kept[-1] != r:
+            kept.append(r)
+    return kept
+
+
+def _per_unit(events: list[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
+    units: dict[str, list[tuple[Any, ...]]] = {}
+    for e in events:
+        if len(e) > 1 and e[0] != "RunSettled":
+            units.setdefault(e[1], []).append(e)
+    return units
+
+
+@contextmanager
+def a_store(kind: str) -> Iterator[Any]:
+    """A store of ``kind`` for one example, removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind == "json":
+            yield JsonFileStore(Path(tmp) / "cp.json")
+        elif kind == "journal":
+            yield JournalStore(Path(tmp) / "cp.jsonl")
+        elif kind == "sqlite":
+            store = SqliteStore(Path(tmp) / "cp.db", run_id="r")
+            try:
+                yield store
+            finally:
+                store.close()
+        elif kind == "postgres":
+            from ekit_runtime.stores.postgres import PostgresStore
+
+            assert DSN is not None
+            run_id = f"model-{uuid.uuid4().hex}"
+            pg = PostgresStore(DSN, run_id=run_id)
+            try:
+                yield pg
+            finally:
+                pg.delete(run_id)
+                pg.close()
+        else:
+            raise ValueError(kind)
+
+
+class Saver:
+    """A run's ``checkpoint_fn``: each checkpoint through JSON into the store; it raises
+    ``Crash`` at its ``crash_at``-th save and saves nothing afterwards."""
+
+    def __init__(self, store: Any, crash_at: int | None) -> None:
+        self.store, self.crash_at = store, crash_at
+        self.saved: list[WorkflowCheckpoint] = []
+        self.calls = 0
+        self.dead = False
+
+    def __call__(self, cp: WorkflowCheckpoint) -> None:
+        if self.dead:
+            return
+        self.calls += 1
+        if self.calls == self.crash_at:
+            self.dead = True
+            raise Crash
+        again = WorkflowCheckpoint.from_dict(json.loads(json.dumps(cp.to_dict())))
+        if again != cp:
+            raise Mismatch("a checkpoint changed through its JSON form")
+        self.store.save(again)
+        self.saved.append(again)
+
+
+def _answers(steps: list[model.ModelStep], record: model.Record | None) -> dict[str, Any]:
+    """A person answers every question the model says a resume still asks."""
+    if record is None:
+        return {}
+    probe = model.Run(steps, record, World.__new__(World), model.Options())
+    probe.resume()
+    return {u: f"ans({u})" for u, asked in probe.rec.asked.items() if asked[-1][1] is model.NO_ANSWER}
+
+
+def _run(plan: PlannedWorkflow, workflow: Workflow, cp: WorkflowCheckpoint | None,
+         saver: Saver, args: RunArgs, answers: dict[str, Any], events: list[Any],
+         world: World) -> str:
+    """One runtime run; how it ended."""
+    budget = None if args.budget_calls is None else TokenUsage(llm_calls=args.budget_calls)
+    try:
+        workflow.run_sync(resume_from=cp, answers=answers or None, checkpoint_fn=saver,
+                          run_id="r", max_concurrency=args.concurrency, budget=budget,
+                          isolate_failures=args.isolate_failures,
+                          only=list(args.only) if args.only else None, trace=events.append,
+                          approval=approval(world) if args.approval else None,
+                          allow_graph_change=isinstance(plan, ReshapedWorkflow))
+    except (Crash, Transient, TimeoutError, RunHalted, asyncio.CancelledError) as exc:
+        return type(exc).__name__
+    except ExceptionGroup as group:
+        _, rest = group.split((Transient, TimeoutError))
+        if rest is not None:
+            raise
+        return "Transient"
+    return "finished"
+
+
+def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunArgs,
+          salt: int = 0) -> int:
+    """Run ``plan`` through ``turns`` and then calmly to its end, comparing each turn with
+    the model; raises ``Mismatch`` at the first disagreement. Returns the turns run."""
+    world = World(plan, salt)
+    phase = 0
+    history: list[WorkflowCheckpoint] = []
+    bumped_at: set[int] = set()  # the first save of each resume that let go of outdated outputs
+    with a_store(store_kind) as store:
+        limit = len(turns) + 4 * len(plan.steps) + 8
+        for number in range(limit):
+            calm = number >= len(turns)
+            turn = Turn() if calm else turns[number]
+            if calm:  # the calm turns lift the budget and the selection: the run can end
+                args = RunArgs(args.concurrency, args.isolate_failures, approval=args.approval)
+            phase = plan.phases - 1 if calm else min(phase + turn.bump, plan.phases - 1)
+            workflow = build(plan, phase, world)
+            steps = model_steps(plan, phase)
+            cp = store.load()
+            if cp is not None and turn.rewind is not None:
+                items = sorted(n for n in cp.outputs if n.startswith(f"{turn.rewind}["))
+                target = turn.rewind
+                if items and turn.rewind_item is not None:
+                    target = items[turn.rewind_item % len(items)]
+                cp = rewind(workflow, cp, target)
+                history.append(cp)
+            record = None if cp is None else record_of(cp, workflow)
+            answers = _answers(steps, record)
+            world.calls = 0
+            world.interrupt_at = turn.crash_at_call
+            mine = copy.deepcopy(world)
+            options = model.Options(args.only, args.isolate_failures, args.budget_calls, answers,
+                                    args.approval)
+            predicted = model.run(steps, record, mine, options)
+            if cp is not None and not os.environ.get("EKIT_MODEL_NOAUDIT"):
+                _check_audit(workflow, cp, steps, record, number)
+            before = copy.deepcopy(world)
+            keys_before = dict(world.keys)
+            saver, events = Saver(store, turn.crash_at_save), list[Any]()
+            ended = _run(plan, workflow, cp, saver, args, answers, events, world)
+            if predicted.let_go:
+                bumped_at.add(len(history))  # (see KNOWN_REPLAY_BUG)
+            history.extend(saver.saved)
+            if world.problems:
+                raise Mismatch(f"turn {number}: {world.problems}")
+            if not saver.saved:  # a resume numbers attempts from what was saved: the keys of
+                world.keys = keys_before  # a run that saved nothing may come again (concepts.md)
+            _compare(number, predicted, saver, events, workflow, args, world, mine, before)
+            report = _replay(plan, workflow, history)
+            violations = [v for v in report.violations
+                          if not (v.kind == "step_index_decreased" and v.index in bumped_at)]
+            if violations:
+                raise Mismatch(f"turn {number}: replay refused the runs' checkpoints: "
+                               f"{[v.to_dict() for v in violations]}")
+            if calm and ended == "finished" and predicted.outcome == "finished":
+                return number + 1
+            if calm and predicted.outcome in ("failed",) and not args.isolate_failures:
+                continue
+    raise Mismatch("the run never finished")
+
+
+def _compare(number: int, predicted: model.Prediction, saver: Saver, events: list[Any],
+             workflow: Workflow, args: RunArgs, world: World, mine: World, before: World) -> None:
+    if predicted.outcome == "budget_exceeded" and predicted.kept and not _same_outcome(
+            predicted, events):
+        raise KnownBug(KNOWN_BUDGET_CUTOFF)
+    got = _dedupe([record_of(cp, workflow) for cp in saver.saved])
+    want = _dedupe(predicted.saves)
+    crashed = saver.crash_at is not None and saver.dead
+    got_events = [t for t in map(_event, events) if t is not None]
+    where = f"turn {number}"
+    if os.environ.get("EKIT_MODEL_DEBUG"):
+        print(where, "runtime", got_events, "\n model  ", predicted.events)
+        print(" saves", got, "\n model", want)
+    if args.concurrency == 1:
+        if crashed:
+            want = want[: len(got)]
+        if got != want:
+            raise Mismatch(_diff_saves(where, got, want))
+        if not crashed:
+            mapped = {m.name for m in model_steps_of(workflow)}
+            if _settled(got_events, mapped) != _settled(predicted.events, mapped):
+                raise Mismatch(f"{where}: events differ\n runtime {got_events}\n model   {predicted.events}")
+            begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
+            if (begun, paid) != (predicted.begun, predicted.paid):
+                raise Mismatch(f"{where}: attempts begun, paid\n runtime {begun} {paid}\n"
+                               f" model   {predicted.begun} {predicted.paid}")
+            theirs, ours = world.state(), mine.state()
+            if args.approval:  # (KNOWN_CONDITION_ASKED_AGAIN: condition counts left out)
+                theirs, ours = theirs[:1] + theirs[2:], ours[:1] + ours[2:]
+            if theirs != ours:
+                raise Mismatch(f"{where}: the calls differ\n runtime {world.state()}\n"
+                               f" model   {mine.state()}")
+        return
+    order_free = (not crashed and world.interrupt_at is None and args.budget_calls is None
+                  and (args.isolate_failures or not predicted.failed)
+                  and not any(e[0] == "StepDenied" for e in predicted.events))
+    if order_free:
+        if got[-1:] != want[-1:]:
+            raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
+        begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
+        if (sorted(begun), sorted(paid)) != (sorted(predicted.begun), sorted(predicted.paid)):
+            raise Mismatch(f"{where}: attempts begun, paid\n runtime {sorted(begun)} {sorted(paid)}"
+                           f"\n model   {sorted(predicted.begun)} {sorted(predicted.paid)}")
+        if _per_unit(got_events) != _per_unit(predicted.events):
+            raise Mismatch(f"{where}: per-unit events differ\n runtime {_per_unit(got_events)}\n"
+                           f" model   {_per_unit(predicted.events)}")
+
+
+def model_steps_of(workflow: Workflow) -> list[Any]:
+    """The workflow's mapped steps."""
+    return [s for s in workflow.steps if s.map_over is not None]
+
+
+def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowCheckpoint]) -> Any:
+    """``replay`` of what the runs recorded. A reshaped workflow's checkpoints are of several
+    graphs, and a sequence is legal for one graph: those since its last change of shape."""
+    if not isinstance(plan, ReshapedWorkflow) or not history:
+        return replay(workflow, history)
+    start = len(history)
+    while start and history[start - 1].fingerprint == history[-1].fingerprint:
+        start -= 1
+    return replay(None, history[start:])  # (the graph those checkpoints record)
+
+
+def _same_outcome(predicted: model.Prediction, events: list[Any]) -> bool:
+    return any(isinstance(e, RunSettled) and e.outcome == predicted.outcome for e in events)
+
+
+def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -> str:
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            fields = [f for f in vars(a) if getattr(a, f) != getattr(b, f)]
+            return (f"{where}: save {i} differs in {fields}\n"
+                    + "\n".join(f" {f}: runtime {getattr(a, f)!r}\n {' ' * len(f)}  model   {getattr(b, f)!r}"
+                                for f in fields))
+    return f"{where}: {len(got)} saves by the runtime, {len(want)} by the model"
+
+
+def _check_audit(workflow: Workflow, cp: WorkflowCheckpoint, steps: list[model.ModelStep],
+                 record: model.Record | None, number: int) -> None:
+    """What audit says a resume skips is what the model's resume keeps."""
+    probe = model.Run(steps, record, World.__new__(World), model.Options())  # (audit: no only=)
+    probe.resume()
+    probe.settle()
+    kept = set(probe.rec.outputs) | set(probe.rec.skipped)
+    report = audit(workflow, cp)
+    listed = {row.name for row in report.steps}
+    skips = {row.name for row in report.steps if row.action == "skip"}
+    # (audit lists no rows for the items of a skipped mapped step: the step's row says it)
+    kept = {u for u in kept if u in listed or u.split("[", 1)[0] not in skips}
+    if skips != kept:
+        raise Mismatch(f"turn {number}: audit skips {sorted(skips - kept)} the model runs, "
+                       f"runs {sorted(kept - skips)} the model keeps")
+
+
+__all__ = ["DSN", "Mismatch", "RunArgs", "Turn", "drive", "questions"]

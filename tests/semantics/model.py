@@ -1,0 +1,641 @@
+"""A reference model of what a run must do: slow on purpose, plain loops over dicts.
+
+Written from the user docs (docs/concepts.md, docs/failures.md, docs/outputs.md,
+docs/checkpoint-format.md), not from ``ekit_core``'s rules: it imports no rule
+of the library. The differential test (``test_runtime_agrees_with_the_model``)
+runs random workflows through the real runtime and compares it with this file.
+
+What it says, for one run of a workflow, given a checkpoint to resume from (or
+none) and a deterministic *script* of what each attempt and each condition does:
+the checkpoint after every save, the events, the outcome, and which attempts of
+which step and item were called and paid. The model runs one attempt at a time
+(the runtime's ``max_concurrency=1``), so the whole event order is determined;
+for a concurrent run the test compares only what concurrency leaves determined.
+
+Covered, each as the docs state it:
+
+- steps with dependencies, started in declaration order once their dependencies
+  are recorded; items after the declared steps, in the order they were grown;
+- ``map_over`` a list (``m[0]``...), a mapping (``m[key]``) or keyed records
+  (``item_key``), zero items too (collected at once as ``[]`` or ``{}``);
+  item-wise chains (``m2[k]`` needs ``m1[k]``); a mapped step's output is its
+  items' outputs in order, skipped ones left out, once every item is settled
+  and its own dependencies are recorded;
+- conditions (per item for a mapped step), asked before each attempt until they
+  answer: one that raises is a failed attempt, a false one skips the step and
+  what needs it; ``join="any"`` runs once its inputs are settled if any ran;
+- the run's approval callback, after the condition, before each attempt until it
+  answers; a denial halts the run ``"denied"`` and the step is not done;
+- questions (``ask``): the step waits, the run ends ``"waiting"`` once nothing
+  else can run; an answer given with the resume is handed to the step;
+- retry policies (``max_attempts``, no delay), timeouts (an attempt the script
+  says hangs fails as ``StepTimeoutError``), failure records counting failed
+  attempts over all runs; a final failure halts the run or, with
+  ``isolate_failures``, only what needs the step;
+- an interruption (a ``BaseException``) from a step: nothing new starts, and the
+  step is not recorded as failed;
+- budgets (``llm_calls``) and ``only=`` (the selection's closure);
+- resumes: recorded outputs and skips are kept; a step whose ``version`` (or,
+  with ``allow_graph_change``, whose shape) changed runs again with everything
+  downstream of it (its questions are dropped, its failure record stays: a
+  diagnosis), unless it was skipped: a bumped step stays skipped, a reshaped
+  one is decided again; every step and item whose work changed counts one more
+  in ``redone``; attempt numbers count past recorded failures and ``redone``;
+- the early cutoff: a rerun of what a mapped step maps over sets its items aside,
+  and an item whose input comes back unchanged keeps its output (and so does the
+  chain below it), unless the mapped step's own code or other inputs changed.
+
+Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
+partial outputs, durations, codecs
+beyond their round trip, stores refusing an output, queues and resource limits.
+Rewinds are not a function here: the test rewinds with ``ekit_core.rewind`` and
+the model resumes the rewound checkpoint (so it checks what a rewind leaves, not
+how a rewind is computed). Where the docs leave an order or a form open (the
+order of the skips one transition makes, whether the items of a skipped mapped
+step are recorded skipped), the test compares both sides without it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# -- what the caller describes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """One declared step, as plain data (``when``: it has a condition, decided by the script)."""
+
+    name: str
+    deps: tuple[str, ...] = ()
+    map_over: str | None = None
+    item_key: str | None = None
+    when: bool = False
+    join_any: bool = False
+    max_attempts: int = 1
+    version: str | None = None
+
+    def shape(self) -> tuple[Any, ...]:
+        """What the checkpoint records of its run-time shape (``()``: none)."""
+        shaped = (self.map_over, self.item_key, self.when, self.join_any)
+        return () if shaped == (None, None, False, False) else shaped
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """The attempt returns ``value`` having spent ``usage`` (input, output tokens, calls)."""
+
+    value: Any
+    usage: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The attempt (or a condition) raises an ``Exception`` of type ``error_type``."""
+
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
+class AskFirst:
+    """The attempt asks a person; ``then`` is what it does with the answer."""
+
+    prompt: str
+    then: Callable[[Any], Succeed | Fail]
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """The attempt raises a ``BaseException`` that is no ``Exception``: the run ends."""
+
+
+Outcome = Succeed | Fail | AskFirst | Interrupt
+
+
+class Script(Protocol):
+    """What each attempt and each condition does (it may count calls: the model calls it
+    in the order a run with ``max_concurrency=1`` does)."""
+
+    def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome: ...
+
+    def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail: ...
+
+    def approve(self, unit: str) -> bool | Fail: ...
+
+
+@dataclass
+class Record:
+    """What a checkpoint records, as the model reads and writes it (plain dicts).
+
+    ``asked``: unit -> list of [prompt, answer] with ``NO_ANSWER`` until answered;
+    ``failures``: unit -> (error type, message, failed attempts over all runs).
+    """
+
+    outputs: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    cost: tuple[int, int, int] = (0, 0, 0)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    asked: dict[str, list[list[Any]]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    redone: dict[str, int] = field(default_factory=dict)
+    superseded: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # step -> shape()
+
+
+class _NoAnswer:
+    """The answer of a question not answered yet (one object, whatever copies it)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NoAnswer:
+        return self
+
+    def __repr__(self) -> str:
+        return "NO_ANSWER"
+
+
+NO_ANSWER = _NoAnswer()
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's arguments the model knows: ``answers`` are given with the resume."""
+
+    only: tuple[str, ...] | None = None
+    isolate_failures: bool = False
+    budget_calls: int | None = None
+    answers: Mapping[str, Any] = field(default_factory=dict)
+    approval: bool = False  # the run asks an approval callback (the script's ``approve``)
+
+
+@dataclass
+class Prediction:
+    """What one run does: a checkpoint per save, events as tuples, the outcome, the calls
+    (unit, attempt number) of attempts that began their work and those that were paid."""
+
+    saves: list[Record] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    outcome: str = "finished"
+    begun: list[tuple[str, int]] = field(default_factory=list)
+    paid: list[tuple[str, int]] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    let_go: list[str] = field(default_factory=list)  # outputs the resume dropped as outdated
+    kept: list[str] = field(default_factory=list)  # items an early cutoff kept
+
+    @property
+    def final(self) -> Record | None:
+        """The last checkpoint saved (what the run leaves behind), if it saved any."""
+        return self.saves[-1] if self.saves else None
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def _add(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+class Run:
+    """One run, one attempt at a time. Units are declared steps and items, by name."""
+
+    def __init__(self, steps: list[ModelStep], record: Record | None, script: Script,
+                 options: Options) -> None:
+        self.steps = {s.name: s for s in steps}
+        self.script = script
+        self.options = options
+        self.rec = copy.deepcopy(record) if record is not None else Record()
+        self.resumed = record is not None
+        self.order: list[str] = [s.name for s in steps]  # units, in start order
+        self.unit_step: dict[str, ModelStep] = {s.name: s for s in steps}
+        self.unit_deps: dict[str, list[str]] = {s.name: list(s.deps) for s in steps}
+        self.piece: dict[str, Any] = {}  # item -> its piece of what its step maps over
+        self.upstream: dict[str, str] = {}  # item of a chain -> the item it chains to
+        self.items: dict[str, list[tuple[Any, str]]] = {}  # mapped step -> [(key, item)]
+        self.mapping: dict[str, bool] = {}  # mapped step -> its input was a mapping
+        self.failed_now: dict[str, int] = {}  # unit -> attempts failed in this run
+        self.final_failed: set[str] = set()
+        self.answered_condition: set[str] = set()
+        self.approved: set[str] = set()
+        self.halted = ""
+        self.out = Prediction()
+        self.selected = self._closure(options.only) if options.only else None
+        self.ran_now: set[str] = set()  # units that succeeded in this run
+        self.outdated: list[str] = []
+
+    # -- what the docs call "need" --------------------------------------------------------
+
+    def _closure(self, only: tuple[str, ...]) -> set[str]:
+        chosen: set[str] = set()
+        todo = list(only)
+        while todo:
+            name = todo.pop()
+            if name not in chosen:
+                chosen.add(name)
+                todo.extend(self.steps[name].deps)
+        return chosen
+
+    def _downstream(self, roots: set[str]) -> set[str]:
+        """Declared steps that need any of ``roots``, transitively, with the roots."""
+        gone = set(roots)
+        grew = True
+        while grew:
+            grew = False
+            for s in self.steps.values():
+                if s.name not in gone and any(d in gone for d in s.deps):
+                    gone.add(s.name)
+                    grew = True
+        return gone
+
+    def _owner(self, unit: str) -> str:
+        return unit.split("[", 1)[0] if unit not in self.steps else unit
+
+    # -- resume --------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        rec = self.rec
+        shapes = {n: s.shape() for n, s in self.steps.items() if s.shape()}
+        if not self.resumed:
+            rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+            rec.shapes = shapes
+            return
+        # A changed shape (allow_graph_change) is changed work, as a changed version is.
+        reshaped = {n for n, s in self.steps.items() if rec.shapes.get(n, ()) != s.shape()}
+        roots = reshaped | {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
+        rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
+        rec.shapes = shapes
+        changed = self._downstream(roots)  # work that changed: new attempt numbers
+        # A skipped step does not run again for its bump: its skip stands, and so does what
+        # it forces; a reshaped one is decided again. What runs again is downstream of those.
+        rerun = self._downstream({r for r in roots if r not in rec.skipped or r in reshaped})
+        self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
+        touched = [n for n in self.steps if n in changed]
+        known = Run(list(self.steps.values()), Record(outputs=rec.outputs), self.script, Options())
+        while known.grow():  # the items the recorded outputs make
+            pass
+        for m, pairs in known.items.items():
+            touched.extend(u for _, u in pairs if m in changed)
+        # (an item known only by its ``redone`` count is not counted again: its last
+        # number is unused, so new; the docs ask no more)
+        for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
+            if self._owner(unit) in changed and unit not in touched:
+                touched.append(unit)
+        self._let_go(roots, changed)
+        self._set_aside(roots - (set(rec.skipped) - reshaped), rerun)
+        for unit in touched:
+            rec.redone[unit] = rec.redone.get(unit, 0) + 1
+            if self._owner(unit) in changed:
+                rec.asked.pop(unit, None)  # the old code's question is not the new one's
+            if self._owner(unit) in rerun:
+                if unit in rec.outputs:
+                    self.out.let_go.append(unit)
+                for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
+                    table.pop(unit, None)
+        for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
+            if unit not in self.steps and self._owner(unit) in rec.skipped:
+                del rec.skipped[unit]
+        for unit, answer in self.options.answers.items():
+            rec.asked[unit][-1][1] = answer
+
+    def _set_aside(self, roots: set[str], gone: set[str]) -> None:
+        """The early cutoff: a mapped step whose mapped-over step runs again (and nothing
+        else of its own) sets its items aside, with the old input, to keep unchanged ones.
+        (concepts.md says "runs again on purpose": the runtime also keeps the items when
+        what they map over runs again because a step above it changed; so does the model.)"""
+        rec = self.rec
+        for m in self.steps.values():
+            over = m.map_over
+            if over is None or over not in gone or m.name in roots or self.steps[over].map_over:
+                continue
+            if any(d in gone for d in m.deps if d != over) or over not in rec.outputs:
+                continue
+            rec.superseded[over] = rec.outputs[over]
+            for unit in list(rec.outputs):
+                owner = self._owner(unit)
+                if unit != owner and (owner == m.name or self._chained_to(unit, m.name)) and (
+                        self._unchanged_chain(owner, m.name, roots, gone)):
+                    rec.superseded[unit] = rec.outputs[unit]
+
+    def _unchanged_chain(self, step: str, mapped: str, roots: set[str], gone: set[str]) -> bool:
+        """Whether no step from ``mapped`` down the chain to ``step`` changed its own code or
+        has another input that runs again: only then is an item of ``step`` still its work."""
+        while True:
+            s = self.steps[step]
+            if s.name in roots or any(d in gone for d in s.deps if d != s.map_over):
+                return False
+            if step == mapped:
+                return True
+            step = s.map_over or ""
+
+    def _let_go(self, roots: set[str], changed: set[str]) -> None:
+        """What was set aside can no longer be kept once the mapped step's own code, or
+        another of its inputs, changed: its items run again (concepts.md, early cutoff)."""
+        for m in self.steps.values():
+            if m.map_over is None:
+                continue
+            if m.name in roots or any(d in changed for d in m.deps if d != m.map_over):
+                for unit in list(self.rec.superseded):
+                    if unit.startswith(m.name + "[") or self._chained_to(unit, m.name):
+                        del self.rec.superseded[unit]
+
+    def _chained_to(self, unit: str, mapped: str) -> bool:
+        owner = self._owner(unit)
+        while owner in self.steps and self.steps[owner].map_over is not None:
+            if self.steps[owner].map_over == mapped:
+                return unit != owner
+            owner = self.steps[owner].map_over or ""
+        return False
+
+    # -- growth -----------------------------------------------------------------------------
+
+    def grow(self) -> bool:
+        """Expand every mapped step whose input is recorded, and right after it the steps
+        chained to it, item-wise (depth first, each level in declaration order)."""
+        changed = False
+        for over in self.steps.values():  # (by what they map over: a resume grows so)
+            if over.map_over is not None or over.name not in self.rec.outputs:
+                continue
+            for m in self.steps.values():
+                if m.map_over != over.name or m.name in self.items or m.name in self.rec.skipped:
+                    continue
+                self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
+                self._grow_chains(m.name)
+                changed = True
+        return changed
+
+    def _grow_chains(self, mapped: str) -> None:
+        for m in self.steps.values():
+            if m.map_over == mapped and m.name not in self.items and m.name not in self.rec.skipped:
+                self.mapping[m.name] = self.mapping[mapped]
+                self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
+                self._grow_chains(m.name)
+
+    def _pieces(self, m: ModelStep, value: Any) -> list[tuple[Any, Any]]:
+        if isinstance(value, Mapping):
+            self.mapping[m.name] = True
+            return list(value.items())
+        self.mapping[m.name] = False
+        if m.item_key is not None:
+            return [(piece[m.item_key], piece) for piece in value]
+        return list(enumerate(value))
+
+    def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]], chained: bool = False) -> None:
+        self.items[m.name] = []
+        if self.selected is None or m.name in self.selected:  # (outside ``only``: silently)
+            self.out.events.append(("StepExpanded", m.name))
+        for key, piece in pieces:
+            unit = f"{m.name}[{key}]"
+            self.items[m.name].append((key, unit))
+            self.order.append(unit)
+            self.unit_step[unit] = m
+            over = m.map_over or ""
+            if chained:  # m2[k] needs m1[k], and sees its output
+                self.upstream[unit] = f"{over}[{key}]"
+            else:
+                self.piece[unit] = piece
+            first = self.upstream.get(unit, over)
+            self.unit_deps[unit] = [first, *(d for d in m.deps if d != over)]
+            self._keep_cut_off(m, key, unit, piece)
+        if not pieces and m.name not in self.rec.outputs and self._collectable(m.name):
+            self._collect(m.name)  # no items: collected as soon as it is expanded
+
+    def _keep_cut_off(self, m: ModelStep, key: Any, unit: str, piece: Any) -> None:
+        """An item whose input is as it was keeps its set-aside output, and so does the
+        chain below it, item by item."""
+        sup = self.rec.superseded
+        if unit not in sup:
+            return
+        over = m.map_over or ""
+        if unit in self.upstream:  # kept when the item it chains to was
+            same = self.upstream[unit] in self.rec.outputs and self.upstream[unit] not in self.ran_now
+        else:
+            old = sup.get(over)
+            old_pieces = dict(self._pieces(m, old)) if old is not None else {}
+            same = key in old_pieces and old_pieces[key] == piece
+        if same and unit not in self.rec.outputs:
+            self.rec.outputs[unit] = sup[unit]
+            self.out.kept.append(unit)
+            self.out.events.append(("StepSkipped", unit))
+        if same or unit not in self.rec.outputs:
+            del sup[unit]
+
+    # -- settling: skips and collections ----------------------------------------------------
+
+    def settle(self) -> None:
+        """Skip what needs a skipped unit, collect what is complete, grow: to a fixed point."""
+        changed = True
+        while changed:
+            changed = self.grow()
+            for unit in list(self.order):
+                if self._done(unit) or (unit in self.failed_now and unit in self.final_failed):
+                    continue
+                step = self.unit_step[unit]
+                deps = self.unit_deps[unit]
+                skipped = [d for d in deps if d in self.rec.skipped]
+                if step.join_any and unit == step.name:
+                    if all(d in self.rec.skipped for d in deps):
+                        self._skip(unit, f"it needs {deps[0]!r}, which was skipped")
+                        changed = True
+                elif skipped:
+                    self._skip(unit, f"it needs {skipped[0]!r}, which was skipped")
+                    changed = True
+                elif unit in self.items and unit not in self.rec.outputs and self._collectable(unit):
+                    self._collect(unit)
+                    changed = True
+                elif step.map_over is not None and unit == step.name and step.map_over in self.rec.skipped:
+                    self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
+                    changed = True
+
+    def _done(self, unit: str) -> bool:
+        return unit in self.rec.outputs or unit in self.rec.skipped
+
+    def _collectable(self, m: str) -> bool:
+        if self.selected is not None and m not in self.selected:
+            return False  # outside ``only`` nothing of it runs, not even its collection
+        return (all(self._done(u) for _, u in self.items[m])
+                and all(d in self.rec.outputs for d in self.steps[m].deps))
+
+    def _collect(self, m: str) -> None:
+        pairs = [(k, self.rec.outputs[u]) for k, u in self.items[m] if u in self.rec.outputs]
+        self.rec.outputs[m] = dict(pairs) if self.mapping[m] else [v for _, v in pairs]
+        self.out.events.append(("StepFinished", m, 1))
+
+    def _skip(self, unit: str, reason: str) -> None:
+        self.rec.skipped[unit] = reason
+        self.out.events.append(("StepSkipped", unit))
+
+    # -- choosing and running ---------------------------------------------------------------
+
+    def ready(self) -> list[str]:
+        """Units that may start now, in start order."""
+        if self.halted:
+            return []
+        found = []
+        for unit in self.order:
+            step = self.unit_step[unit]
+            if self._done(unit) or unit in self.final_failed or unit in self.items:
+                continue
+            if step.map_over is not None and unit == step.name:
+                continue  # a mapped step never starts: it is collected
+            if self.selected is not None and step.name not in self.selected:
+                continue
+            if self._waiting(unit):
+                continue
+            deps = self.unit_deps[unit]
+            if any(self._blocked(d) for d in deps):
+                continue
+            if step.join_any and unit == step.name:
+                if all(self._done(d) for d in deps) and any(d in self.rec.outputs for d in deps):
+                    found.append(unit)
+            elif all(d in self.rec.outputs for d in deps):
+                found.append(unit)
+        return found
+
+    def _blocked(self, dep: str) -> bool:
+        return dep in self.final_failed
+
+    def _waiting(self, unit: str) -> bool:
+        asked = self.rec.asked.get(unit, [])
+        return bool(asked) and asked[-1][1] is NO_ANSWER
+
+    def inputs(self, unit: str) -> dict[str, Any]:
+        step = self.unit_step[unit]
+        found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
+        if unit in self.upstream:
+            found[step.map_over or ""] = self.rec.outputs[self.upstream[unit]]
+        elif unit in self.piece:
+            found[step.map_over or ""] = self.piece[unit]
+        return found
+
+    def number(self, unit: str) -> int:
+        """The attempt's number: past the recorded failures and the outputs let go of."""
+        recorded = self.rec.failures.get(unit, ("", "", 0))[2] - self.failed_now.get(unit, 0)
+        return self.rec.redone.get(unit, 0) + recorded + self.failed_now.get(unit, 0) + 1
+
+    def attempt(self, unit: str) -> None:
+        step = self.unit_step[unit]
+        number = self.number(unit)
+        inputs = self.inputs(unit)
+        if step.when and unit not in self.answered_condition:
+            said = self.script.condition(unit, step, inputs)
+            if isinstance(said, Fail):
+                self._failed(unit, self.failed_now.get(unit, 0) + 1, said)
+                return
+            if not said:
+                self._skip(unit, "condition cond was false")
+                self.settle()
+                self.save()
+                return
+            self.answered_condition.add(unit)
+        if self.options.approval and unit not in self.approved:
+            said = self.script.approve(unit)
+            if isinstance(said, Fail):  # it did not answer: the retry asks again
+                self._failed(unit, self.failed_now.get(unit, 0) + 1, said)
+                return
+            if not said:
+                self.out.events.append(("StepDenied", unit))
+                self.halted = "denied"
+                self.save()
+                return
+            self.approved.add(unit)
+        tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
+        self.out.events.append(("StepStarted", unit, tried))
+        self.out.begun.append((unit, number))
+        outcome = self.script.attempt(unit, step, inputs)
+        if isinstance(outcome, AskFirst):
+            answers = [a for _, a in self.rec.asked.get(unit, []) if a is not NO_ANSWER]
+            if not answers:
+                self.rec.asked[unit] = [[outcome.prompt, NO_ANSWER]]
+                self.out.events.append(("StepWaiting", unit))
+                self.settle()
+                self.save()
+                return
+            outcome = outcome.then(answers[0])
+        if isinstance(outcome, Interrupt):
+            self.out.events.append(("StepInterrupted", unit))
+            self.halted = "cancelled"
+            self.save()
+            return
+        if isinstance(outcome, Fail):
+            self._failed(unit, tried, outcome)
+            return
+        assert isinstance(outcome, Succeed)
+        self.out.paid.append((unit, number))
+        number = tried
+        self.ran_now.add(unit)
+        self.rec.outputs[unit] = outcome.value
+        if outcome.usage != (0, 0, 0):
+            self.rec.usage[unit] = outcome.usage
+        self.rec.cost = _add(self.rec.cost, outcome.usage)
+        self.out.events.append(("StepFinished", unit, number))
+        budget = self.options.budget_calls
+        if budget is not None and self.rec.cost[2] >= budget:
+            self.halted = "budget_exceeded"
+        self.settle()
+        self.save()
+
+    def _failed(self, unit: str, number: int, error: Fail) -> None:
+        self.failed_now[unit] = self.failed_now.get(unit, 0) + 1
+        before = self.rec.failures.get(unit, ("", "", 0))[2]
+        self.rec.failures[unit] = (error.error_type, error.message, before + 1)
+        if self.failed_now[unit] < self.unit_step[unit].max_attempts:
+            self.out.events.append(("StepRetried", unit, number))
+            self.save()
+            return
+        self.out.events.append(("StepFailed", unit, number))
+        self.final_failed.add(unit)
+        self.out.failed.append(unit)
+        if not self.options.isolate_failures:
+            self.halted = "failed"
+        self.save()
+
+    def save(self) -> None:
+        self.out.saves.append(copy.deepcopy(self.rec))
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Prediction:
+        self.resume()
+        self.out.events.append(("RunStarted",))
+        self.out.events.extend(("StepOutdated", n) for n in self.outdated)
+        for unit in self.order:  # (a step a condition skipped is told by RunStarted alone)
+            if unit in self.rec.outputs:
+                self.out.events.append(("StepSkipped", unit))
+        budget = self.options.budget_calls
+        if budget is not None and self.rec.cost[2] >= budget:
+            self.halted = "budget_exceeded"
+        told = len(self.out.events)
+        self.settle()
+        self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
+        if self.options.answers:
+            self.save()  # the answers are recorded before anything runs
+        while True:
+            ready = self.ready()
+            if not ready:
+                break
+            self.attempt(ready[0])
+        self.out.outcome = self._outcome()
+        self.out.waiting = [u for u in self.order if self._waiting(u)]
+        self.out.events.append(("RunSettled", self.out.outcome))
+        return self.out
+
+    def _outcome(self) -> str:
+        wanted = [n for n in self.steps if self.selected is None or n in self.selected]
+        if self.halted == "budget_exceeded" and all(self._done(n) for n in wanted):
+            return "finished"  # a budget the last step reaches leaves nothing undone
+        if self.final_failed:  # (a failure kept in its branch still says how the run ended)
+            return "failed"
+        if self.halted:
+            return self.halted
+        if any(self._waiting(u) for u in self.order):
+            return "waiting"
+        return "finished"
+
+
+def run(steps: list[ModelStep], record: Record | None, script: Script,
+        options: Options = Options()) -> Prediction:
+    """What one run of ``steps`` does, resumed from ``record`` (``None``: a fresh run)."""
+    return Run(steps, record, script, options).run()

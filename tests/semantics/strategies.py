@@ -1,0 +1,112 @@
+"""Workflows the differential test draws besides ``combined_workflows``: short item-wise
+chains where a bump, a failure or a question meets conditions decided item by item, and
+workflows whose steps change shape between code phases (``allow_graph_change``).
+
+``combined_workflows`` reaches these shapes too, but seldom: a chain with a condition
+below a mapped step that has not collected when its code changes took a full run of the
+suite to meet (issue 42, commit 15bb4bc).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hypothesis import strategies as st
+
+from tests.support.strategies import (
+    MAPPABLE,
+    Features,
+    OutputKind,
+    PlannedStep,
+    PlannedWorkflow,
+    combined_workflows,
+)
+
+
+def _tags(draw: st.DrawFn, phases: int) -> tuple[str, ...]:
+    tags = ["v0"]
+    for _ in range(1, phases):
+        tags.append(tags[-1] + "+" if draw(st.booleans()) else tags[-1])
+    return tuple(tags)
+
+
+@st.composite
+def chained_workflows(draw: st.DrawFn) -> PlannedWorkflow:
+    """``s0`` (a list, a mapping or keyed records), ``s1`` mapped over it, whose items
+    fail or ask (about half of them: see ``tests.semantics.world``), ``s2`` chained to
+    ``s1`` item-wise (on ``s0`` too, at times) under a condition, two or three code
+    phases in which ``s1`` changes, and at times ``s3`` after them all."""
+    phases = draw(st.integers(2, 3))
+    kind: OutputKind = draw(st.sampled_from(["list", "dict", "keyed"]))
+    s1_asks = draw(st.booleans())
+    s1_fails = draw(st.integers(0 if s1_asks else 1, 2))
+    bumped = tuple(["v0"] * draw(st.integers(1, phases - 1)))
+    steps = [
+        PlannedStep("s0", (), kind, versions=("v0",) * phases),
+        PlannedStep("s1", ("s0",), draw(st.sampled_from(["text", "typed"])), map_over="s0",
+                    item_key="id" if kind == "keyed" else None, asks=s1_asks, fails=s1_fails,
+                    attempts=1,
+                    versions=bumped + ("v1",) * (phases - len(bumped))),
+        PlannedStep("s2", draw(st.sampled_from([("s1",), ("s0", "s1")])), "text", map_over="s1",
+                    when=draw(st.sampled_from(["some", "raises"])),
+                    fails=draw(st.integers(0, 1)), versions=_tags(draw, phases)),
+    ]
+    if draw(st.booleans()):
+        steps.append(PlannedStep("s3", ("s1", "s2"), "text", join_any=draw(st.booleans()),
+                                 versions=_tags(draw, phases)))
+    order = draw(st.permutations(steps))
+    return PlannedWorkflow(tuple(order), phases, Features())
+
+
+@dataclass(frozen=True)
+class ReshapedWorkflow(PlannedWorkflow):
+    """A planned workflow whose steps change shape between code phases (run with
+    ``allow_graph_change=True``): ``shaped[phase]`` is its steps in that phase."""
+
+    shaped: tuple[tuple[PlannedStep, ...], ...] = ()
+
+
+def steps_at(plan: PlannedWorkflow, phase: int) -> tuple[PlannedStep, ...]:
+    """``plan``'s steps in code phase ``phase`` (their shapes then)."""
+    return plan.shaped[phase] if isinstance(plan, ReshapedWorkflow) else plan.steps
+
+
+def _reshaped(step: PlannedStep, by_name: dict[str, PlannedStep], how: str) -> PlannedStep:
+    if how == "when":  # a condition added or taken away
+        return replace(step, when=None if step.when else "some")
+    if how == "join":  # a join over alternatives made strict, or the reverse
+        return replace(step, join_any=not step.join_any)
+    if step.map_over is not None:  # a mapped step made plain
+        return replace(step, map_over=None, item_key=None)
+    over = next(d for d in step.deps if by_name[d].kind in MAPPABLE and by_name[d].map_over is None)
+    return replace(step, map_over=over, item_key="id" if by_name[over].kind == "keyed" else None)
+
+
+@st.composite
+def reshaped_workflows(draw: st.DrawFn) -> ReshapedWorkflow:
+    """A combined workflow (two or three code phases) in which one or two steps change
+    shape from one phase on: a condition added or taken away, a join made strict or the
+    reverse, a plain step mapped over a dependency or a mapped step made plain."""
+    plan = draw(combined_workflows())
+    phases = max(plan.phases, 2)
+    by_name = {s.name: s for s in plan.steps}
+    shaped = [list(plan.steps) for _ in range(phases)]
+    for _ in range(draw(st.integers(1, 2))):
+        i = draw(st.integers(0, len(plan.steps) - 1))
+        step = shaped[-1][i]
+        ways = ["when"] + (["join"] if len(step.deps) >= 2 and step.map_over is None else [])
+        if step.map_over is not None and by_name[step.map_over].map_over is None and not any(
+                s.map_over == step.name for s in plan.steps):
+            ways.append("map")  # (no step chained to it: it would be chained to nothing)
+        if step.map_over is None and not step.join_any and any(
+                by_name[d].kind in MAPPABLE and by_name[d].map_over is None for d in step.deps):
+            ways.append("map")
+        new = _reshaped(step, by_name, draw(st.sampled_from(ways)))
+        since = draw(st.integers(1, phases - 1))
+        for phase in range(since, phases):
+            shaped[phase][i] = new
+    versions = [replace(s, versions=(s.versions * phases)[:phases]) for s in plan.steps]
+    shaped = [[replace(s, versions=v.versions) for s, v in zip(row, versions, strict=True)]
+              for row in shaped]
+    return ReshapedWorkflow(tuple(versions), phases, plan.features,
+                            tuple(tuple(row) for row in shaped))

@@ -1,0 +1,130 @@
+"""Disagreements the differential test (``test_runtime_agrees_with_the_model.py``) found
+between the runtime and the reference model, each cut down to a minimal reproducer.
+
+Each is a bug of the runtime by the docs; none is fixed here. ``xfail(strict=True)``:
+the test fails the day the bug is fixed, so that its mark is taken off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import pytest
+
+from ekit_core import TokenUsage, WorkflowCheckpoint, replay
+from ekit_runtime import (
+    BudgetExceeded,
+    PatternResult,
+    RetryPolicy,
+    RunWaiting,
+    Step,
+    StepTimeoutError,
+    Workflow,
+    ask,
+)
+
+
+def _mapped(version: str) -> Workflow:
+    return Workflow([
+        Step("a", lambda ctx: [1, 2]),
+        Step("m", lambda ctx: ask("ok?"), ("a",), version=version, map_over="a"),
+    ])
+
+
+@pytest.mark.xfail(strict=True, reason="replay calls the legal resume step_index_decreased")
+def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
+    """A bump of a mapped step whose items asked (one answered and recorded, one waiting)
+    is a legal resume: the recorded item is outdated and runs again (docs/checkpoint-format.md,
+    "A changed step is not done"). The resume's first save records fewer outputs than the
+    checkpoint it resumed, as every resume that lets go of outdated outputs does, and replay
+    accepts that elsewhere (a collected mapped step, a failed item); here it reports
+    ``step_index_decreased`` at that save (found by the model with questions on items)."""
+    saved: list[WorkflowCheckpoint] = []
+    for version, answers in (("v0", None), ("v0", {"m[0]": "yes"}), ("v1", None)):
+        with contextlib.suppress(RunWaiting):
+            _mapped(version).run_sync(resume_from=saved[-1] if saved else None,
+                                      checkpoint_fn=saved.append, answers=answers)
+    assert [cp.step_index for cp in saved] == [1, 1, 1, 2, 1]
+    assert dict(saved[-1].redone) == {"m": 1, "m[0]": 1, "m[1]": 1}
+    report = replay(_mapped("v1"), saved)
+    assert report.ok, [v.to_dict() for v in report.violations]
+
+
+@pytest.mark.xfail(strict=True, reason="the failure record of an item's timeout names its mapped step")
+def test_an_item_that_times_out_is_named() -> None:
+    """Each item is "a step of its own ... named summarize[0]: its own attempts, retries,
+    timeout" (docs/concepts.md), and a timeout "names the step and its limit (step 'ask'
+    timed out after 5s), so the failure record ... and ekit audit say what timed out"
+    (docs/failures.md). An item's record, under ``m[1]``, says ``step 'm' timed out``:
+    which of the items timed out is not in the message, nor in the raised error."""
+    async def item(ctx: dict[str, int]) -> int:
+        if ctx["a"] == 2:
+            await asyncio.Event().wait()
+        return ctx["a"]
+
+    workflow = Workflow([Step("a", lambda ctx: [1, 2]),
+                         Step("m", item, ("a",), map_over="a", timeout=0.05)])
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(StepTimeoutError) as raised:
+        workflow.run_sync(checkpoint_fn=saved.append)
+    assert saved[-1].failures["m[1]"].message == "step 'm[1]' timed out after 0.05s"
+    assert "m[1]" in str(raised.value)
+
+
+@pytest.mark.xfail(strict=True, reason="an early cutoff in the budget's transition lets steps start")
+def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
+    """"Once the accumulated usage reaches any of them, no new step starts" (docs/failures.md).
+    A resume after a bump of ``u``, which ``m`` maps over: ``u`` runs again and its usage
+    reaches the budget, in the transition where the early cutoff keeps ``m``'s items (same
+    input). ``c`` then starts and is paid, past the budget, and the run ends "finished".
+    Without the mapped step the same resume stops at the budget (BudgetExceeded)."""
+    paid: list[str] = []
+
+    def step(name: str, value: object) -> Callable[[dict[str, object]], PatternResult[object]]:
+        def run(ctx: dict[str, object]) -> PatternResult[object]:
+            paid.append(name)
+            return PatternResult(value, cost=TokenUsage(1, 1, 1))
+        return run
+
+    def workflow(version: str) -> Workflow:
+        return Workflow([
+            Step("u", step("u", [1, 2]), version=version),
+            Step("m", step("m", "item"), ("u",), map_over="u"),
+            Step("c", step("c", "C"), ("u",)),
+        ])
+
+    first = workflow("v0").run_sync(max_concurrency=1)
+    assert first.checkpoint is not None and first.checkpoint.cost.llm_calls == 4
+    paid.clear()
+    with pytest.raises(BudgetExceeded):
+        workflow("v1").run_sync(resume_from=first.checkpoint, max_concurrency=1,
+                                budget=TokenUsage(llm_calls=5))
+    assert paid == ["u"]
+
+
+@pytest.mark.xfail(strict=True, reason="a retry after the approval raised asks the condition again")
+def test_a_condition_that_answered_is_not_asked_again() -> None:
+    """The shell asks a condition "before a step's first attempt, and before each retry
+    until the condition has answered" (docs/concepts.md). Here it answered (true) and the
+    approval callback then raised: the retry asks the approval again, as it must, and the
+    condition again too, though it had answered."""
+    conditions: list[int] = []
+    approvals: list[str] = []
+
+    def condition(ctx: object) -> bool:
+        conditions.append(1)
+        return True
+
+    def approve(name: str, metadata: object) -> bool:
+        approvals.append(name)
+        if len(approvals) == 1:
+            raise ConnectionError("the flag service is busy")
+        return True
+
+    workflow = Workflow([Step("s", lambda ctx: "ok", when=condition,
+                              retry=RetryPolicy(max_attempts=2, backoff_base=0))])
+    assert workflow.run_sync(approval=approve).outputs["s"] == "ok"
+    assert approvals == ["s", "s"]
+    assert len(conditions) == 1

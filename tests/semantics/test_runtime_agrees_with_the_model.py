@@ -1,0 +1,82 @@
+"""The runtime agrees with the reference model (``tests/semantics/model.py``) on random
+workflows that combine the features, crashed and resumed at random points.
+
+Hypothesis draws a workflow (``tests.support.strategies.combined_workflows``: maps over lists,
+mappings and keyed records, zero items, item-wise chains, conditions some raising,
+joins, questions, typed outputs through a codec, retries, timeouts, version bumps; or
+``tests.semantics.strategies``: short chains where those meet, and workflows whose
+steps change shape between code phases, resumed with ``allow_graph_change``), the run's
+arguments (a concurrency limit, ``isolate_failures``, a budget, ``only=``), a store
+(JSON file, journal, SQLite; PostgreSQL when ``EKIT_TEST_POSTGRES_DSN`` is set) and
+a script of turns (bumps, rewinds of a step, an item or an upstream, crashes at a
+save or at a step call). ``tests.semantics.drive`` runs it and compares every turn
+with the model; see there for what is compared.
+
+Concurrency makes the global order of events nondeterministic: with
+``max_concurrency=1`` the whole order, every checkpoint and every call are compared;
+with more, each step's and item's own event sequence and the final checkpoint,
+when nothing order-dependent (a halt, a budget, a crash) decides the run's end.
+
+``EKIT_MODEL_EXAMPLES`` raises the number of examples for a long hunt.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, given, reject, settings
+from hypothesis import strategies as st
+
+from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
+from tests.semantics.strategies import chained_workflows, reshaped_workflows
+from tests.support.strategies import PlannedWorkflow, combined_workflows
+
+EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
+# EKIT_MODEL_SHRINK=0 reports the first disagreement as found (quicker while hunting).
+PHASES = [p for p in Phase if os.environ.get("EKIT_MODEL_SHRINK") != "0" or p != Phase.shrink]
+STORES = ["json", "journal", "sqlite"] + (["postgres"] if DSN else [])
+
+
+def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
+    """Disturbed runs: bumps, rewinds of steps and items, crashes at saves and calls."""
+    names = [s.name for s in plan.steps]
+    bumps = st.booleans() if plan.phases > 1 else st.just(False)
+    crash = st.none() | st.integers(1, 8)
+    return st.lists(st.builds(Turn, bumps, st.none() | st.sampled_from(names),
+                              st.none() | st.integers(0, 3), crash, crash),
+                    min_size=1, max_size=5)
+
+
+@st.composite
+def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
+    """A run's arguments: mostly one attempt at a time (everything is then compared)."""
+    only = None
+    if draw(st.integers(0, 4)) == 0:
+        only = (draw(st.sampled_from([s.name for s in plan.steps])),)
+    return RunArgs(
+        concurrency=draw(st.sampled_from([1, 1, 1, 2, None])),
+        isolate_failures=draw(st.booleans()),
+        budget_calls=draw(st.integers(1, 12)) if draw(st.integers(0, 3)) == 0 else None,
+        only=only,
+        approval=draw(st.integers(0, 3)) == 0,
+    )
+
+
+@pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=PHASES)
+@given(plan=st.one_of(combined_workflows(), chained_workflows(), reshaped_workflows()),
+       store=st.sampled_from(STORES),
+       data=st.data())
+def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
+                                              data: st.DataObject) -> None:
+    args = data.draw(run_args(plan), label="args")
+    script = data.draw(turns(plan), label="turns")
+    salt = data.draw(st.integers(0, 2**16), label="salt")  # the outputs, decisions, faults
+    event(f"drawn: {type(plan).__name__}")
+    try:
+        drive(plan, store, script, args, salt)
+    except KnownBug as bug:  # written down already: do not count the example
+        event(f"met a known disagreement: {bug}")
+        reject()

@@ -1,0 +1,232 @@
+"""The outside world of the differential test: the script both the runtime's steps and the
+reference model follow, and the runtime workflow built from a planned one.
+
+``World`` is the deterministic script (``tests.semantics.model.Script``): what the
+k-th attempt of a unit at a given piece of work does (fail while ``fails`` is not
+used up, ask a person, succeed with a value made from its inputs) and what a
+condition says. Of a mapped step's items, about half fail and ask as planned and
+the others do not, so that a mapped step is often left part done.
+It counts calls, so the model is handed a copy of the world as it
+stands before a run and must make the same calls the runtime makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+from collections import Counter
+from typing import Any
+
+from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
+from ekit_runtime import Codec, PatternResult, Step, Workflow, ask, attempt_key
+from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
+from tests.semantics.strategies import steps_at
+from tests.support.strategies import PlannedStep, PlannedWorkflow
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    """A typed output, stored through the codec."""
+
+    step: str
+    text: str
+
+
+class Transient(ConnectionError):
+    """An injected failure that a retry (or a later run) gets past."""
+
+
+class Crash(BaseException):
+    """The process dies: at a step call, or at a save."""
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Note):
+        return {"Note": [value.step, value.text]}
+    raise TypeError(type(value).__name__)
+
+
+def digest(value: object) -> str:
+    """A short stable digest of plain data (and Notes)."""
+    text = json.dumps(value, sort_keys=True, default=_plain)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
+    """The planned workflow's code in ``phase``, as the model reads it."""
+    return [ModelStep(s.name, s.deps, s.map_over, s.item_key, s.when is not None, s.join_any,
+                      s.attempts, s.versions[phase]) for s in steps_at(plan, phase)]
+
+
+class World:
+    """What each attempt and condition does, counting every call (``Script``)."""
+
+    def __init__(self, plan: PlannedWorkflow, salt: int = 0) -> None:
+        self.planned = {s.name: s for s in plan.steps}
+        self.salt = salt  # varies the outputs, decisions and faults of one plan
+        self.attempts: Counter[tuple[str, str]] = Counter()
+        self.conditions: Counter[tuple[str, str]] = Counter()
+        self.approvals: Counter[str] = Counter()
+        self.calls = 0  # step calls of the current run
+        self.begun: list[tuple[str, int]] = []  # (unit, attempt key's number), as called
+        self.paid: list[tuple[str, int]] = []  # the attempts that succeeded, so were paid
+        self.keys: dict[str, str] = {}  # attempt key -> the work it was first sent for
+        self.problems: list[str] = []
+        self.interrupt_at: int | None = None  # the call of this run that raises Crash
+
+    def state(self) -> tuple[Any, ...]:
+        """What the world remembers (to compare the model's copy with the runtime's)."""
+        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls)
+
+    def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome:
+        planned = self.planned[step.name]
+        work = digest([unit, step.version, inputs])
+        self.attempts[(unit, work)] += 1
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            return Interrupt()
+        troubled = unit == step.name or int(digest([self.salt, work]), 16) % 2 == 0
+        if troubled and self.attempts[(unit, work)] <= planned.fails:
+            if hangs(unit, self.attempts[(unit, work)], self.salt):  # the step's timeout fails it
+                return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
+            return Fail("Transient", f"{unit} is overloaded")
+        usage = (len(unit), 1, 1)
+        if planned.asks and troubled:
+            return AskFirst(f"{unit}?", lambda answer: Succeed(
+                _output(planned, unit, inputs, work, answer, self.salt), usage))
+        return Succeed(_output(planned, unit, inputs, work, None, self.salt), usage)
+
+    def approve(self, unit: str) -> bool | Fail:
+        """The run's approval callback: some units are refused, or it raises, the first time."""
+        self.approvals[unit] += 1
+        kind = int(digest(["approve", unit, self.salt]), 16) % 6
+        if self.approvals[unit] == 1 and kind == 0:
+            return False
+        if self.approvals[unit] == 1 and kind == 1:
+            return Fail("Transient", f"the approval of {unit} could not decide")
+        return True
+
+    def condition(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool | Fail:
+        planned = self.planned[step.name]
+        seed = digest([step.name, inputs, self.salt])
+        self.conditions[(step.name, seed)] += 1
+        if planned.when == "raises" and self.conditions[(step.name, seed)] == 1:
+            return Fail("Transient", f"the condition of {step.name} could not decide")
+        return int(seed, 16) % 3 != 0
+
+
+TIMEOUT = 0.1
+"""Seconds a step that may fail is given: an attempt that hangs fails by it (an attempt
+that does not hang never yields, so it cannot time out however loaded the machine)."""
+
+
+def hangs(unit: str, attempt: int, salt: int) -> bool:
+    """Whether a failing attempt hangs (and times out) rather than raising."""
+    return int(digest(["hang", unit, attempt, salt]), 16) % 3 == 0
+
+
+def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any,
+            salt: int) -> Any:
+    """Made from the inputs, so that a lost or stale input shows; outputs others map over
+    leave the version out, so that a bumped upstream may give the same items (cutoff)."""
+    seed = digest([name, inputs, answer, salt])
+    count = int(seed[:2], 16) % 4  # zero items too
+    if step.kind == "list":
+        return [f"{name}.{seed[j]}" for j in range(count)]
+    if step.kind == "dict":
+        keys = dict.fromkeys(f"k{seed[j]}" for j in range(count))  # not in sorted order
+        return {k: f"{name}.{k}" for k in keys}
+    if step.kind == "keyed":
+        ids = dict.fromkeys(f"i{seed[j]}" for j in range(count))
+        return [{"id": i, "v": f"{name}.{i}"} for i in ids]
+    text = f"{name}:{work}:{answer}"
+    return Note(name, text) if step.kind == "typed" else text
+
+
+def _body(mstep: ModelStep, world: World) -> Any:
+    declared = set(mstep.deps)
+
+    async def run(ctx: Any) -> Any:
+        key = attempt_key()
+        unit = key.step
+        world.begun.append((unit, key.attempt))
+        work = digest([unit, mstep.version, {k: v for k, v in ctx.items() if k in declared}])
+        if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
+            world.problems.append(f"attempt key {key} sent again for other work")
+        inputs = {k: v for k, v in ctx.items() if k in declared}
+        outcome = world.attempt(unit, mstep, inputs)
+        if isinstance(outcome, AskFirst):
+            outcome = outcome.then(ask(outcome.prompt))
+        if isinstance(outcome, Interrupt):
+            raise Crash
+        if isinstance(outcome, Fail) and outcome.error_type == "StepTimeoutError":
+            await asyncio.Event().wait()  # hangs until the step's timeout cancels it
+        if isinstance(outcome, Fail):
+            raise Transient(outcome.message)
+        assert isinstance(outcome, Succeed)
+        world.paid.append((unit, key.attempt))
+        return PatternResult(outcome.value, cost=TokenUsage(*outcome.usage))
+
+    return run
+
+
+def _condition(mstep: ModelStep, world: World) -> Any:
+    declared = set(mstep.deps)
+
+    def holds(ctx: Any) -> bool:
+        said = world.condition("", mstep, {k: v for k, v in ctx.items() if k in declared})
+        if isinstance(said, Fail):
+            raise Transient(said.message)
+        return said
+
+    holds.__qualname__ = "cond"  # the fingerprint and the skip reasons name a condition so
+    return holds
+
+
+def approval(world: World) -> Any:
+    """The run's approval callback, following ``world``."""
+    def approve(name: str, metadata: Any) -> bool:
+        said = world.approve(name)
+        if isinstance(said, Fail):
+            raise Transient(said.message)
+        return said
+
+    return approve
+
+
+def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
+    """The runtime workflow of ``plan``'s code in ``phase``, following ``world``."""
+    steps = []
+    plan_fails = {s.name: s.fails for s in plan.steps}
+    for m in model_steps(plan, phase):
+        steps.append(Step(
+            m.name, _body(m, world), m.deps, context="dependencies", version=m.version,
+            map_over=m.map_over, item_key=m.item_key,
+            when=_condition(m, world) if m.when else None, join="any" if m.join_any else "all",
+            retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
+            timeout=TIMEOUT if plan_fails[m.name] else None,
+        ))
+    return Workflow(steps, codec=Codec(Note) if plan.typed else None)
+
+
+def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
+    """What a runtime checkpoint records, as the model reads it (typed outputs decoded)."""
+    codec = workflow.codec
+    if codec is not None:
+        cp = codec.decode_checkpoint(cp)
+    return Record(
+        outputs=dict(cp.outputs),
+        usage={n: (u.input_tokens, u.output_tokens, u.llm_calls) for n, u in cp.step_usage.items()},
+        cost=(cp.cost.input_tokens, cp.cost.output_tokens, cp.cost.llm_calls),
+        skipped=dict(cp.skipped),
+        failures={n: (f.error_type, f.message, f.attempts) for n, f in cp.failures.items()},
+        asked={n: [[e.question.prompt, NO_ANSWER if e.answer is None else e.answer.value]
+                   for e in ex] for n, ex in cp.asked.items()},
+        versions=dict(cp.versions),
+        shapes={n: (s.map_over, s.item_key, s.when is not None, s.join == "any")
+                for n, s in cp.shapes.items()},
+        redone=dict(cp.redone),
+        superseded=dict(cp.superseded),
+    )
