@@ -42,6 +42,7 @@ from ekit_core.events import (
 from ekit_core.expansion import MapError
 from ekit_core.graph import CycleError, GraphError, GraphSpec
 from ekit_core.human import HUMAN_FORMAT_VERSION, Answer, Exchange, Question, answer, questions
+from ekit_core.phases import Phase, phase_of
 from ekit_core.policy import RetryPolicy
 from ekit_core.replay import ReplayReport, TimelineEntry, Violation, replay
 from ekit_core.results import (
@@ -52,6 +53,7 @@ from ekit_core.results import (
     Cancelled,
     Denied,
     Failed,
+    Gate,
     Input,
     Interrupted,
     Skipped,
@@ -84,6 +86,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Failed",
     "FailureRecord",
+    "Gate",
     "GraphChanges",
     "GraphError",
     "GraphMismatchError",
@@ -96,6 +99,7 @@ __all__ = [
     "Interrupted",
     "MapError",
     "Outcome",
+    "Phase",
     "Question",
     "ReplayReport",
     "RetryPolicy",
@@ -131,6 +135,7 @@ __all__ = [
     "audit",
     "checkpoint_of",
     "initial_state",
+    "phase_of",
     "plan",
     "questions",
     "replay",

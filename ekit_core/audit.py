@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
+from ekit_core.exchanges import Exchange
 from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
-from ekit_core.human import Exchange
 from ekit_core.report import (
     GraphSource,
     count,

@@ -18,18 +18,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
-import ekit_core
+from ekit_core._frozen import twin
+from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
-from ekit_core.human import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
 from ekit_core.ledger import Ledger
 from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
-
-if TYPE_CHECKING:  # at run time reached through the package, when called: it imports this module
-    import ekit_core._frozen
 
 __all__ = [
     "FORMAT_VERSION",
@@ -219,7 +216,7 @@ class WorkflowCheckpoint(_CheckpointFields):
     under their names, ``step[key]``, beside the step's own (collected)
     output. Such a checkpoint has format ``SHAPED_FORMAT_VERSION``. A run
     whose steps asked a person records in ``asked`` each such step's
-    questions and the answers given so far (:class:`~ekit_core.human.Exchange`
+    questions and the answers given so far (:class:`~ekit_core.exchanges.Exchange`
     values, in the order asked); such a checkpoint has format
     ``HUMAN_FORMAT_VERSION``. ``durations`` maps a recorded step (or item)
     to the seconds the attempt that made its output took, for the outputs
@@ -241,7 +238,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             fingerprint: str | _Unset | None = _STORED_FINGERPRINT.__get__(self, WorkflowCheckpoint)
         except AttributeError:  # (built by __init__ without one)
             fingerprint = _GRAPHS
-        # The core's checkpoints hold _GRAPHS (see ekit_core._frozen.checkpoint):
+        # The core's checkpoints hold _GRAPHS (see fast_checkpoint):
         # read once per save, so no exception is raised and caught for them.
         if isinstance(fingerprint, _Unset):
             graph = self.graph
@@ -297,13 +294,12 @@ class WorkflowCheckpoint(_CheckpointFields):
         Without a ``fingerprint``, ``graph`` is a :class:`RecordedGraph` of a
         graph spec, whose fingerprint is the checkpoint's, hashed when first read.
         Built without ``__init__``, which costs more than twice as much, by
-        :mod:`ekit_core._frozen`; that module imports this one, so it is
-        reached through the package when called.
+        :func:`fast_checkpoint` (see :mod:`ekit_core._frozen`).
         """
         if format_version is None:  # a new format only where a checkpoint needs one
             format_version = (HUMAN_FORMAT_VERSION if asked else
                               SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION)
-        return ekit_core._frozen.checkpoint(
+        return fast_checkpoint(
             outputs, step_usage, durations,
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
@@ -589,6 +585,67 @@ class CheckpointDelta:
     durations: tuple[tuple[str, float], ...] = ()
 
 
+# -- built fast (see ekit_core._frozen): once per checkpoint, once per save ------------
+
+_CheckpointTwin = twin(WorkflowCheckpoint)
+_DeltaTwin = twin(CheckpointDelta)
+
+
+def fast_checkpoint(
+    outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], times: Timings,
+    # Before the "*": a positional default is filled from a tuple, a
+    # keyword-only one looked up in a dict (on every call, once per step).
+    asked: MappingProxyType[str, Any] = _NOTHING, *,
+    step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
+    failures: MappingProxyType[str, FailureRecord],
+    graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
+    fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
+    kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
+    skipped: MappingProxyType[str, str] = _NOTHING,
+    shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
+    superseded: MappingProxyType[str, Any] = _NOTHING,
+    redone: MappingProxyType[str, int] = _NOTHING_REDONE,
+) -> WorkflowCheckpoint:
+    """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
+
+    Without a ``fingerprint`` the field holds ``_GRAPHS``, for the checkpoint's
+    ``fingerprint`` property to read off ``graph`` when first asked; ``kind``
+    is the class ``of_ledgers`` was called on.
+    """
+    cp = _CheckpointTwin()
+    cp.step_index, cp.outputs, cp.cost = step_index, MappingProxyType(outputs), cost
+    cp.context, cp.step_usage = context, MappingProxyType(step_usage)
+    cp.failures, cp.graph = failures, graph
+    cp.fingerprint = fingerprint
+    cp.format_version, cp.versions = format_version, versions
+    cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
+    # (durations left unset: built from the timings when first read)
+    cp.asked, cp._times = asked, times
+    cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
+    cp.__class__ = kind
+    return cast(WorkflowCheckpoint, cp)
+
+
+def fast_delta(
+    outputs: tuple[tuple[str, Any], ...], step_usage: tuple[tuple[str, TokenUsage], ...],
+    cost: TokenUsage, durations: tuple[tuple[str, float], ...],
+) -> CheckpointDelta:
+    """The delta of the usual save: ``CheckpointDelta(True, outputs, step_usage, no failures,
+    cost, False, no skips, False, durations)`` (a prefix extended, nothing else changed)."""
+    value = _DeltaTwin()
+    value.extends = True
+    value.outputs = outputs
+    value.step_usage = step_usage
+    value.failures = _NO_FAILURES
+    value.cost = cost
+    value.context_changed = False
+    value.skipped = _NOTHING
+    value.asked_changed = False
+    value.durations = durations
+    value.__class__ = CheckpointDelta
+    return cast(CheckpointDelta, value)
+
+
 def same_output(a: object, b: object) -> bool:
     """Whether two recorded values are the same output: identical, equal, or stored alike.
 
@@ -676,7 +733,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
     cost = cp.cost
     # (A step that reported no usage leaves the run's cost object as it was.)
     added = NO_USAGE if cost is previous.cost else cost - previous.cost
-    return ekit_core._frozen.delta(outputs, usage, added, durations)
+    return fast_delta(outputs, usage, added, durations)
 
 
 _NO_FAILURES: MappingProxyType[str, FailureRecord] = MappingProxyType({})

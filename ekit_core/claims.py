@@ -33,9 +33,9 @@ from typing import Any
 
 from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
 from ekit_core.compat import recorded_from
+from ekit_core.exchanges import Exchange
 from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
-from ekit_core.human import Exchange
 from ekit_core.rewind import grown
 
 __all__ = ["check_claims", "check_collections", "check_questions", "check_skips"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from ekit_core.human import Question
+from ekit_core.exchanges import Question
 from ekit_core.usage import TokenUsage
 
 Outcome: TypeAlias = Literal["finished", "failed", "budget_exceeded", "denied", "cancelled",

@@ -18,18 +18,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from ekit_core.errors import GraphError
 from ekit_core.graph_text import spell
 from ekit_core.shapes import NO_SHAPES, Shape, check_shapes, shapes_text
 
 __all__ = ["CycleError", "GraphError", "GraphSpec"]
-
-
-class GraphError(ValueError):
-    """An invalid workflow graph. The message names the offending steps."""
-
-    def __init__(self, message: str, steps: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.steps: tuple[str, ...] = tuple(steps)
 
 
 _SHOWN = 5

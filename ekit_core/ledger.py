@@ -18,6 +18,8 @@ from typing import Generic, TypeVar
 
 __all__ = ["Ledger"]
 
+_new = object.__new__
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -201,7 +203,7 @@ class Ledger(Mapping[K, V]):
         backing.index[key] = n
         backing.keys.append(key)
         backing.values.append(value)
-        view = Ledger.__new__(Ledger)
+        view = _new(Ledger)  # (object.__new__: Ledger's own, one lookup less per step)
         view._b = backing
         view._n = n + 1
         return view

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
-from ekit_core.human import Question
+from ekit_core._frozen import twin
+from ekit_core.exchanges import Question
 from ekit_core.usage import NO_USAGE, TokenUsage
 
-if TYPE_CHECKING:
-    from ekit_core._frozen import first_start, succeeded
-
 __all__ = [
+    "APPROVAL",
+    "CONDITION",
+    "DELAY",
     "Asked",
     "AttemptEnd",
     "AttemptOutcome",
@@ -30,25 +31,46 @@ __all__ = [
     "Cancelled",
     "Denied",
     "Failed",
+    "Gate",
     "Input",
     "Interrupted",
     "Skipped",
     "Start",
     "Succeeded",
+    "batch",
     "first_start",
     "succeeded",
 ]
+
+
+Gate: TypeAlias = Literal["delay", "condition", "approval"]
+"""What an attempt may do before its work begins (see :attr:`Start.gates`)."""
+
+DELAY: Gate = "delay"
+"""Wait out ``Start.delay`` seconds (a retry's backoff)."""
+CONDITION: Gate = "condition"
+"""Ask the step's condition: false, the attempt ends :class:`Skipped`; raising, :class:`Failed`."""
+APPROVAL: Gate = "approval"
+"""Ask the run's approval callback: refused, the attempt ends :class:`Denied`."""
+
+_ORDER: tuple[Gate, ...] = (DELAY, CONDITION, APPROVAL)
+# Every combination's gates, in the one order: built once, read by index.
+_GATES: dict[tuple[bool, bool, bool], tuple[Gate, ...]] = {
+    (d, c, a): tuple(g for g, on in zip(_ORDER, (d, c, a), strict=True) if on)
+    for d in (False, True) for c in (False, True) for a in (False, True)
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Start:
     """Start attempt ``attempt`` of step ``name``.
 
-    The attempt first waits ``delay`` seconds (a retry's backoff), then, if
-    ``condition`` is true, asks its step's condition (:mod:`ekit_core.shapes`),
-    then, if ``approval`` is true, asks the run's approval callback; an
-    attempt that does any of these reports :class:`Began` when its work
-    begins, and one that its condition skips never begins.
+    What the attempt does before its work begins is :attr:`gates`, in order,
+    which the shell follows literally: it waits ``delay`` seconds (a retry's
+    backoff), then, if ``condition`` is true, asks its step's condition
+    (:mod:`ekit_core.shapes`), then, if ``approval`` is true, asks the run's
+    approval callback; an attempt with a gate reports :class:`Began` when its
+    work begins, and one that its condition skips never begins.
     """
 
     name: str
@@ -61,6 +83,17 @@ class Start:
     def gated(self) -> bool:
         """Whether the attempt waits (delay, condition or approval) before its work begins."""
         return self.delay > 0 or self.approval or self.condition
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        """What the attempt does before its work begins, in the order to do it: some of
+        :data:`DELAY`, :data:`CONDITION`, :data:`APPROVAL`. Empty: its work begins at once.
+
+        The core decides (:func:`~ekit_core.plan`) which an attempt has: a retry's
+        delay; its step's condition and the run's approval on a first attempt, and
+        again after one that raised before they answered (``Setbacks.unanswered``).
+        """
+        return _GATES[self.delay > 0, self.condition, self.approval]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,19 +207,40 @@ Input: TypeAlias = (
 """Anything :func:`~ekit_core.apply` folds into a state."""
 
 
-_BUILT_FAST = ("first_start", "succeeded")
+# -- built fast (see ekit_core._frozen): once per step each ---------------------------
+
+_SucceededTwin = twin(Succeeded)
+_StartTwin = twin(Start)
+_BatchTwin = twin(Batch)
 
 
-def __getattr__(name: str) -> Any:
-    """``succeeded`` and ``first_start``, the fast constructors of two inputs, on first access.
+def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None) -> Succeeded:
+    """``Succeeded(name, output, usage, duration)``: what the shell reports when a step returns."""
+    value = _SucceededTwin()
+    value.name = name
+    value.output = output
+    value.usage = usage
+    value.duration = duration
+    value.__class__ = Succeeded
+    return cast(Succeeded, value)
 
-    They live in :mod:`ekit_core._frozen` (the one module that builds values
-    through twin classes, and which imports this one), so they are looked up
-    there when first imported from here: ``from ekit_core.results import
-    succeeded`` binds the function itself, and calls cost nothing more.
-    """
-    if name in _BUILT_FAST:
-        from ekit_core import _frozen
 
-        return getattr(_frozen, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def first_start(name: str) -> Start:
+    """``Start(name)``: a plain first attempt (no delay, no condition, no approval)."""
+    value = _StartTwin()
+    value.name = name
+    value.attempt = 1
+    value.delay = 0.0
+    value.approval = False
+    value.condition = False
+    value.__class__ = Start
+    return cast(Start, value)
+
+
+def batch(starts: tuple[Start, ...]) -> Batch:
+    """``Batch(starts)``: starts, and no gated attempt to withdraw."""
+    value = _BatchTwin()
+    value.starts = starts
+    value.withdraw = ()
+    value.__class__ = Batch
+    return cast(Batch, value)

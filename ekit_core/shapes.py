@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from ekit_core.errors import GraphError
+
 __all__ = ["NO_SHAPES", "Shape", "check_shapes", "item_name", "shapes_text"]
 
 Join = Literal["all", "any"]
@@ -109,8 +111,6 @@ def check_shapes(
     names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]], shapes: Mapping[str, Shape]
 ) -> MappingProxyType[str, Shape]:
     """``shapes`` (step -> :class:`Shape`) if valid for this graph, else a ``GraphError``."""
-    from ekit_core.graph import GraphError  # graph imports this module
-
     checked: dict[str, Shape] = {}
     for name, shape in shapes.items():
         if name not in deps:
@@ -139,8 +139,6 @@ def _check_item_like(names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]
     a rewind, a selection) must never take a declared step for one, and a
     graph change may map ``P`` later. O(total length of the names).
     """
-    from ekit_core.graph import GraphError
-
     for name in names:
         at = name.find("[", 1)  # (a step "" is refused before: no owner at 0)
         while at > 0:
@@ -154,8 +152,6 @@ def _check_item_like(names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]
 
 def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
                shapes: Mapping[str, Shape]) -> None:
-    from ekit_core.graph import GraphError
-
     over = shape.map_over
     if over is not None and over not in deps[name]:
         raise GraphError(f"step {name!r} maps over {over!r}, which is not one of its dependencies",

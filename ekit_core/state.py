@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
-import ekit_core
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
     SHAPED_FORMAT_VERSION,
@@ -22,19 +21,17 @@ from ekit_core.checkpoint import (
     RecordedGraph,
     Timings,
     WorkflowCheckpoint,
+    fast_checkpoint,
 )
 from ekit_core.events import Event, Outcome
+from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Exchange
 from ekit_core.expansion import Expansion
 from ekit_core.graph import GraphSpec
-from ekit_core.human import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Exchange
 from ekit_core.ledger import Ledger
 from ekit_core.policy import RetryPolicy
 from ekit_core.usage import TokenUsage
 from ekit_core.window import indices as bit_indices  # its former home: kept for old imports
 from ekit_core.window import names_of, size
-
-if TYPE_CHECKING:  # at run time reached through the package, when called: it imports this module
-    import ekit_core._frozen
 
 __all__ = [
     "OUTCOMES",
@@ -347,8 +344,8 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     """The durable projection of ``state``: what a resume needs, and nothing in flight.
 
     Costs O(1): the checkpoint shares the state's ledgers and its run's
-    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`, whose builder
-    this calls through the package: :mod:`ekit_core._frozen` imports this module).
+    recorded graph (see :meth:`WorkflowCheckpoint.of_ledgers`, whose builder,
+    :func:`~ekit_core.checkpoint.fast_checkpoint`, this calls).
     """
     spec = state.spec
     shaped = spec.shaped
@@ -356,20 +353,20 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     if shaped is None and setbacks.asked is NO_EXCHANGES:
         # A static graph that asked no one: no skips, no shapes, nothing set
         # aside, no questions (once per step).
-        return ekit_core._frozen.checkpoint(
+        return fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         )
     if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
-        return ekit_core._frozen.checkpoint(
+        return fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
-    return ekit_core._frozen.checkpoint(
+    return fast_checkpoint(
         state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,

@@ -6,44 +6,41 @@ Theory of operation
 -------------------
 A :class:`~ekit_core.State` is a frozen value. A transition (:func:`apply`,
 :func:`advance`) copies it once into a working copy (``_Run``), folds each
-input into that copy with the rule the table below names for the input's
-kind, then, for :func:`advance` only, starts what :func:`plan` would
+input into that copy by its row of the table below (its step's phase and
+its kind), then, for :func:`advance` only, starts what :func:`plan` would
 (``_launch``), and freezes the copy once into the new state, deciding how the
 run ended (``_freeze``, :func:`outcome_of`). Nothing else changes a state,
 and the state before is never touched: the same inputs always give the same
 state and the same ``state.events``.
 
-The table (``RULES``), input -> rule -> what it changes:
+The table (:data:`TRANSITIONS`) is keyed by a step's phase and an input:
+every step and item is in one :class:`~ekit_core.phases.Phase`, read from
+the storage below by :func:`~ekit_core.phases.phase_of`, and each row says
+the phases the input may move it to and the effect (a function here) that
+moves it. ``_fold`` reads the phase of each input's step, looks its row up
+and runs the effect; a (phase, input) pair with no row is a
+:class:`~ekit_core.TransitionError` naming the step, its phase and the
+input. Besides the shell's inputs (``Start``, ``Began``, ``Succeeded``,
+``Failed``, ``Denied``, ``Interrupted``, ``Asked``, ``Skipped``,
+``Cancelled``), the table has the fold's own triggers
+(:class:`~ekit_core.phases.Trigger`): what moves *other* steps when one
+changes. A dependency recorded counts its dependents down, ready at zero
+(``_count_down``); an output that steps map over, recorded, expands them
+into items (``_expand``: the graph grows); items settled collect their
+mapped step (``_item_settled``, ``_collect``); a skip passes to every step
+that needs the skipped one, except a join over alternatives
+(``join="any"``), which runs once every dependency is settled if any ran
+(``_skip``, ``_join_any``); a halt withdraws gated attempts
+(``_withdrawn``). :data:`~ekit_core.phases.RESUMES` says what a resume
+restores each phase to. docs/concepts.md shows both tables, rendered from
+these (``python -m tools.phase_table``). A new rule is a row, an effect
+function, and a line of what a resume restores.
 
-=============== ================ ===================================================
-``Succeeded``   ``_succeeded``   running -> recorded; dependents counted down, ready
-                                 at zero (``_count_down``); a reached budget halts
-``Start``       ``_start``       ready -> running, if ready, not halted, with room
-``Began``       ``_began``       a gated attempt began: its ``StepStarted`` now
-``Failed``      ``_failed``      retried by its policy (running -> ready) unless the
-                                 run is halting; else it halts the run, or only its
-                                 branch when the run isolates failures
-``Denied``      ``_denied``      running -> ready; halts the run ("denied")
-``Interrupted`` ``_interrupted`` running -> ready
-``Asked``       ``_asked``       running -> waiting: its question is recorded, it is
-                                 neither failed nor done (no retry), nothing that
-                                 needs it starts; a run with nothing else to do
-                                 settles ``"waiting"`` (see :mod:`ekit_core.human`)
-``Skipped``     ``_skipped``     running -> skipped (its condition was false), and
-                                 with it what needs it (``_skip``)
-``Cancelled``   ``_cancelled``   halts the run ("cancelled")
-=============== ================ ===================================================
-
-Run-time shapes (:mod:`ekit_core.shapes`) add three rules around the table,
-in the section of their own below: when an output that steps map over is
-recorded, those steps expand into items (``_expand``: the graph grows, and
-the mapped step counts its items down); when an item is recorded or
-skipped, its mapped step counts down, and collects its items' outputs as
-its own at zero (``_collect``); a skip passes to every step that needs the
-skipped one, except a join over alternatives (``join="any"``), which runs
-once every dependency is settled if any ran. A mapped step is never started
-itself and never made ready by its dependencies. A graph without shapes
-pays one check per success for all of this.
+For speed, the table is compiled into one entry per input type (``RULES``):
+a success's entry is the effect of its running row itself, whose first test
+(the step's bit, which it clears anyway) reads the phase of the hot path;
+any other phase takes the general lookup. A graph without shapes pays one
+check per success for the shape rules.
 
 Around the table:
 
@@ -54,9 +51,9 @@ Around the table:
 - what starts (:func:`plan`, ``_choose``): ready steps in declaration order,
   at most ``max_concurrency`` in flight, nothing once the run is halted; a
   retry waits out its delay and a first attempt asks its step's condition
-  when it has one and approval when the run has it (a gated attempt: its
-  ``StepStarted`` waits for ``Began``); a halt withdraws gated attempts
-  (``Batch.withdraw``);
+  when it has one and approval when the run has it, in the order
+  ``Start.gates`` gives the shell (a gated attempt: its ``StepStarted``
+  waits for ``Began``); a halt withdraws gated attempts (``Batch.withdraw``);
 - an attempt starts one way, ``_begin_attempts``, whether the shell hands a
   ``Start`` back or :func:`advance` starts it;
 - halting (a final failure, a denial, a budget, a cancellation) starts
@@ -79,7 +76,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core import window
-from ekit_core._frozen import batch, first_start, state_of_run
+from ekit_core._frozen import twin
 from ekit_core.checkpoint import (
     CheckpointError,
     FailureRecord,
@@ -107,6 +104,8 @@ from ekit_core.events import (
     StepStarted,
     StepWaiting,
 )
+from ekit_core.exchanges import NO_EXCHANGES, Exchange, denial_of
+from ekit_core.exchanges import pending as waiting_on
 from ekit_core.expansion import (
     Expanded,
     Expansion,
@@ -118,10 +117,9 @@ from ekit_core.expansion import (
     same_encoding,
 )
 from ekit_core.graph import GraphSpec
-from ekit_core.human import NO_EXCHANGES, Exchange, denial_of
-from ekit_core.human import pending as waiting_on
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
+from ekit_core.phases import Phase, Row, Trigger, _reading
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
     Asked,
@@ -135,6 +133,8 @@ from ekit_core.results import (
     Skipped,
     Start,
     Succeeded,
+    batch,
+    first_start,
 )
 from ekit_core.rewind import (
     changed_steps,
@@ -419,10 +419,12 @@ def _first_ready(
 ) -> tuple[list[int], dict[str, int], int, Mapping[str, tuple[str, ...]]]:
     """The steps ready at once (declaration indices), the countdowns of joins
     partly recorded, how many steps are recorded, and the dependents the fold reads."""
+    deps = graph.deps
+    if not outputs:  # a fresh run: its roots are ready, and no join is partly recorded
+        return [i for i, name in enumerate(graph.names) if not deps[name]], {}, 0, graph.dependents
     ready: list[int] = []
     waiting: dict[str, int] = {}
     pending: list[str] = []
-    deps = graph.deps
     for i, name in enumerate(graph.names):
         if name in outputs:
             continue
@@ -853,7 +855,7 @@ class _Run:
     """The working copy of one transition: a state's fields, edited in place by the rules.
 
     Made once per fold from the state before (:func:`_thaw`), frozen once at
-    its end (:func:`_freeze`) by :func:`ekit_core._frozen.state_of_run`, which
+    its end (:func:`_freeze`) by :func:`state_of_run`, which
     reads each field by its name here (the state's, less a leading
     underscore). ``offset``, ``ready`` and ``running`` are the state's bit
     window (:mod:`ekit_core.window`); on a window too wide to edit bit by
@@ -920,23 +922,36 @@ class _Run:
             running = window.take(self.running, done, offset)
             if running < 0:
                 names, running = self.spec.graph.names, self.running
-                raise _not_in_flight(next(
-                    names[i] for i in done if not window.has(running, i - offset)))
+                name = next(names[i] for i in done if not window.has(running, i - offset))
+                before = self.before  # (this fold recorded it: its phase is the one before)
+                raise _no_row(Succeeded, name, _reading(
+                    self.spec, before.outputs, self.setbacks, (offset, self.ready, running), name))
             self.running = running
-            done.clear()
+            self.done = _NONE
         if fresh:
             low = min(fresh)
             if low < offset or not (self.ready or self.running):
                 self.offset, self.ready, self.running = window.fit(
                     offset, self.ready, self.running, low)
             self.ready = window.put(self.ready, fresh, self.offset)
-            fresh.clear()
+            self.fresh = _NONE
 
-    def end_attempt(self, name: str, what: str) -> int:
-        """Take ``name`` off the running set; its bit index, to put it back among the ready."""
+    def pending_done(self, i: int) -> None:
+        """Take step ``i`` off the running set at the next :meth:`settle`."""
+        if self.done is _NONE:
+            self.done = []
+        self.done.append(i)
+
+    def ready_later(self, i: int) -> None:
+        """Add step ``i`` to the ready set at the next :meth:`settle`."""
+        if self.fresh is _NONE:
+            self.fresh = []
+        self.fresh.append(i)
+
+    def end_attempt(self, name: str) -> int:
+        """Take ``name`` (running or gated: the table's row says so) off the running set;
+        its bit index, to put it back among the ready."""
         j = self.bit(name)
-        if not window.has(self.running, j):
-            raise TransitionError(f"{what} for step {name!r}, which is not in flight")
         self.running = window.remove(self.running, window.bit(j))
         self.in_flight -= 1
         if name in self.setbacks.gated:
@@ -975,11 +990,14 @@ def _thaw(state: State, record: bool) -> _Run:
     w.completed, w.cost, w.setbacks = state.completed, state.cost, state.setbacks
     w.offset, w.ready, w.running = state._offset, state._ready, state._running
     w.in_flight, w.waiting = state._in_flight, state._waiting
-    w.events, w.done, w.fresh = [], [], []
+    # (done and fresh are made lists when first added to: most folds add to neither)
+    w.events, w.done, w.fresh = [], _NONE, _NONE
     return w
 
 
 _new = object.__new__
+_NONE: Any = ()
+"""The ``done`` and ``fresh`` of a working copy that has added nothing to them."""
 
 
 # -- the rules, one per input ------------------------------------------------------
@@ -993,22 +1011,27 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     i = index.get(name)
     if i is None:
         raise TransitionError(f"unknown step {name!r}")
+    gated = w.setbacks.gated
     running = w.running
-    if running < window.NARROW:  # narrow: change it in place (inlined, see ekit_core.window)
+    # Its phase, read by the test of its bit (inlined, see ekit_core.window): running, the
+    # row of the hot path; else the table's row of its phase (see _compiled).
+    if gated and name in gated:
+        return _succeeded_elsewhere(w, item)
+    if running < window.NARROW:  # narrow: change it in place
         j = i - w.offset
         if j < 0 or not (running >> j) & 1:  # window.has
-            raise _not_in_flight(name)
+            return _succeeded_elsewhere(w, item)
         w.running = running ^ (1 << j)  # window.remove(running, window.bit(j))
-    else:
-        w.done.append(i)
+    else:  # wide: its bit is tested by settle(), with those of the whole fold
+        w.pending_done(i)
     try:
         outputs = w.outputs = w.outputs.with_item(name, item.output)
     except ValueError:  # recorded already: reported twice in one fold
-        raise _not_in_flight(name) from None
+        raise _no_row(Succeeded, name, Phase.RECORDED) from None
     w.in_flight -= 1
     w.completed += 1
     usage = item.usage
-    if usage.input_tokens or usage.output_tokens or usage.llm_calls:  # else no entry
+    if usage is not NO_USAGE and (usage.input_tokens or usage.output_tokens or usage.llm_calls):
         w.step_usage, w.cost = w.step_usage.with_item(name, usage), w.cost + usage
     duration = item.duration
     # Else (not asked for, not timed, a bad clock) none.
@@ -1056,7 +1079,7 @@ def _count_down(
         elif ready < window.NARROW and offset <= k < offset + window.WIDTH:
             w.ready = ready | 1 << (k - offset)  # window.add(ready, window.bit(...)), inlined
         else:
-            w.fresh.append(k)
+            w.ready_later(k)
 
 
 def _start(w: _Run, start: Start) -> None:
@@ -1065,8 +1088,6 @@ def _start(w: _Run, start: Start) -> None:
     j = w.bit(name)
     if w.setbacks.halt is not None:
         raise TransitionError(f"cannot start step {name!r}: the run is halted ({w.setbacks.halt.kind})")
-    if not window.has(w.ready, j):
-        raise TransitionError(f"cannot start step {name!r}: it is not ready")
     limit = w.spec.limits.max_concurrency
     if limit is not None and w.in_flight >= limit:
         raise TransitionError(f"cannot start step {name!r}: max_concurrency={limit} in flight")
@@ -1076,11 +1097,20 @@ def _start(w: _Run, start: Start) -> None:
 def _began(w: _Run, began: Began) -> None:
     """A gated attempt ended its wait: only now has it started."""
     name = began.name
-    j = w.bit(name)
-    if not window.has(w.running, j) or name not in w.setbacks.gated:
-        raise TransitionError(f"attempt of step {name!r} began, but it is not a gated attempt in flight")
     delay = w.gated().pop(name)
     w.events.append(StepStarted(name, w.setbacks.tries.get(name, 0) + 1, delay))
+
+
+def _began_and_succeeded(w: _Run, item: Succeeded) -> None:
+    """A gated attempt's success, its ``Began`` not reported: it began, then succeeded."""
+    _began(w, Began(item.name))
+    _succeeded(w, item)
+
+
+def _began_and_asked(w: _Run, asked: Asked) -> None:
+    """A gated attempt's question, its ``Began`` not reported: it began, then asked."""
+    _began(w, Began(asked.name))
+    _asked(w, asked)
 
 
 def _failed(w: _Run, failed: Failed) -> None:
@@ -1092,7 +1122,7 @@ def _failed(w: _Run, failed: Failed) -> None:
     """
     name = failed.name
     unanswered = _unanswered(w.setbacks, name, name in w.setbacks.gated)
-    j = w.end_attempt(name, "failed result")
+    j = w.end_attempt(name)
     inc = w.setbacks if unanswered is None else _replace(w.setbacks, unanswered=unanswered)
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
@@ -1165,7 +1195,7 @@ def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
 
 def _denied(w: _Run, denied: Denied) -> None:
     """A refused approval halts the run; the step is not done: a resume asks again."""
-    j = w.end_attempt(denied.name, "denied result")
+    j = w.end_attempt(denied.name)
     reason = storable_text(str(denied.reason))
     w.events.append(StepDenied(denied.name, reason))
     w.halt(Halt("denied", denied.name, reason))
@@ -1174,7 +1204,7 @@ def _denied(w: _Run, denied: Denied) -> None:
 
 def _interrupted(w: _Run, interrupted: Interrupted) -> None:
     """A cancelled attempt: the step is ready again."""
-    j = w.end_attempt(interrupted.name, "interrupted result")
+    j = w.end_attempt(interrupted.name)
     w.events.append(StepInterrupted(interrupted.name))
     w.ready = window.add(w.ready, window.bit(j))
 
@@ -1187,7 +1217,7 @@ def _asked(w: _Run, asked: Asked) -> None:
     not run it again until :func:`ekit_core.human.answer` records an answer.
     """
     name, question = asked.name, asked.question
-    w.end_attempt(name, "question")
+    w.end_attempt(name)
     inc = w.setbacks
     before = inc.asked.get(name, ())
     if before and before[-1].answer is None:
@@ -1199,35 +1229,15 @@ def _asked(w: _Run, asked: Asked) -> None:
 
 def _skipped(w: _Run, skipped: Skipped) -> None:
     """The step's condition was false: it is skipped, and what needs it with it."""
-    w.end_attempt(skipped.name, "skipped result")
+    if not _asks(w.spec, skipped.name):  # (a checkpoint recording the skip would be refused)
+        raise TransitionError(f"Skipped for step {skipped.name!r}, which has no condition")
+    w.end_attempt(skipped.name)
     _skip(w, skipped.name, storable_text(str(skipped.reason)))
 
 
 def _cancelled(w: _Run, cancelled: Cancelled) -> None:
     """The run is cancelled: start nothing more."""
     w.halt(Halt("cancelled", reason=cancelled.reason))
-
-
-RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType({
-    Succeeded: _succeeded,
-    Start: _start,
-    Began: _began,
-    Failed: _failed,
-    Denied: _denied,
-    Interrupted: _interrupted,
-    Asked: _asked,
-    Skipped: _skipped,
-    Cancelled: _cancelled,
-})
-"""The table of the fold: each kind of input, and the rule that folds it in (see the top)."""
-
-
-def _rule_of(item: object) -> Callable[[_Run, Any], None]:
-    """The rule of an input of a subclass of an input type (the table is keyed by exact type)."""
-    for kind, rule in RULES.items():
-        if isinstance(item, kind):
-            return rule
-    raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
 
 
 # -- run-time shapes: items, their collection, skips --------------------------------
@@ -1388,7 +1398,7 @@ def _grow(w: _Run, more: Expanded) -> None:
         for d in missing:
             extra.setdefault(d, []).append(name)
         if not missing:
-            w.fresh.append(index[name])
+            w.ready_later(index[name])
         elif len(deps) > 1:
             waiting[name] = len(missing)
     for d, names in extra.items():
@@ -1527,7 +1537,7 @@ def _join_any(w: _Run, step: str) -> str:
     if any(d in w.outputs for d in deps):
         only = w.spec.limits.only
         if only is None or step in only:  # (a join the run does not select never starts)
-            w.fresh.append(w.spec.graph.index[step])
+            w.ready_later(w.spec.graph.index[step])
         return ""
     return "every step it joins was skipped"
 
@@ -1540,21 +1550,23 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
     """The starts :func:`plan` chooses: lowest ready bits first, within ``max_concurrency``."""
     if inc.halt is not None or not ready:
         return ()
-    graph, limits, room = spec.graph, spec.limits, None
-    if limits.max_concurrency is not None:
-        room = limits.max_concurrency - in_flight
+    limits = spec.limits
+    room = limits.max_concurrency
+    if room is not None:
+        room -= in_flight
         if room <= 0:
             return ()
-    names, tries, delays, gate = graph.names, inc.tries, inc.delays, limits.approval
-    conditional = spec.conditional  # (no step has a condition: no start asks one)
+    tries, delays, gate = inc.tries, inc.delays, limits.approval
     # One ready step, the whole batch of a chain: window.only_one and
     # window.single, inlined (see ekit_core.window).
     if not ready & (ready - 1) and not gate:
-        name = names[offset + ready.bit_length() - 1]
-        if name not in tries and name not in delays and not (conditional and _asks(spec, name)):
+        name = spec.graph.names[offset + ready.bit_length() - 1]
+        if name not in tries and name not in delays and not (spec.conditional and _asks(spec, name)):
             return (first_start(name),)
         asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
+    names = spec.graph.names
+    conditional = spec.conditional  # (no step has a condition: no start asks one)
     if not (tries or delays or gate or conditional):  # plain first attempts: a fan-out's batch
         return tuple([first_start(names[offset + i]) for i in window.indices(ready, room)])
     starts = []
@@ -1646,6 +1658,143 @@ def plan(state: State) -> Batch:
     return Batch(starts, withdraw) if starts or withdraw else _EMPTY
 
 
+# -- the table: (phase, input) -> next phase, effect ----------------------------------
+
+_EITHER_END = (Phase.READY, Phase.DELAYED, Phase.FAILED)
+
+TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyType({
+    (Phase.READY, Start): Row(
+        (Phase.RUNNING, Phase.GATED), _start,
+        "its attempt starts (not in a halted run, within `max_concurrency`); gated while "
+        "it first asks its condition or approval (`Start.gates`)"),
+    (Phase.DELAYED, Start): Row(
+        (Phase.GATED,), _start, "its retry starts by waiting out its delay (`Start.gates`)"),
+    (Phase.GATED, Began): Row((Phase.RUNNING,), _began, "its work begins: `StepStarted` now"),
+    (Phase.RUNNING, Succeeded): Row(
+        (Phase.RECORDED,), _succeeded,
+        "its output and usage are recorded (dependency recorded, input recorded); a budget "
+        "the usage reaches halts the run"),
+    (Phase.GATED, Succeeded): Row(
+        (Phase.RECORDED,), _began_and_succeeded,
+        "as from running: its work began (a shell that does not report `Began`)"),
+    (Phase.RUNNING, Failed): Row(
+        _EITHER_END, _failed,
+        "retried by its policy unless the run is halting (delayed by its backoff, or ready); "
+        "else failed: the run halts, or only its branch waits (`isolate_failures`)"),
+    (Phase.GATED, Failed): Row(
+        _EITHER_END, _failed,
+        "as from running; its condition or approval raised, so its next attempt asks again "
+        "(`Setbacks.unanswered`)"),
+    (Phase.GATED, Denied): Row(
+        (Phase.READY,), _denied, "its approval was refused: the run halts (`denied`)"),
+    (Phase.RUNNING, Interrupted): Row((Phase.READY,), _interrupted, "cancelled in flight"),
+    (Phase.GATED, Interrupted): Row(
+        (Phase.READY,), _interrupted, "withdrawn or cancelled before its work began"),
+    (Phase.RUNNING, Asked): Row(
+        (Phase.ASKED,), _asked, "its question is recorded; nothing that needs it starts"),
+    (Phase.GATED, Asked): Row(
+        (Phase.ASKED,), _began_and_asked,
+        "as from running: its work began (a shell that does not report `Began`)"),
+    (Phase.GATED, Skipped): Row(
+        (Phase.SKIPPED,), _skipped, "its condition was false (dependency skipped)"),
+    (None, Cancelled): Row((), _cancelled, "the run halts (`cancelled`); attempts in flight end"),
+    (Phase.WAITING, Trigger.DEPENDENCY_RECORDED): Row(
+        (Phase.WAITING, Phase.READY), _count_down, "counted down: ready at zero"),
+    (Phase.COLLECTING, Trigger.DEPENDENCY_RECORDED): Row(
+        (Phase.COLLECTING, Phase.RECORDED), _item_settled,
+        "a mapped step whose items are settled records their outputs once its dependencies are"),
+    (Phase.WAITING, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED, Phase.WAITING, Phase.READY), _skip,
+        "skipped, unless it joins alternatives (`join=\"any\"`): then ready once every "
+        "dependency is settled and one ran, skipped if none did"),
+    (Phase.COLLECTING, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED,), _skip, "a mapped step is skipped, whatever its items did"),
+    (Phase.HELD, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED,), _skip, "a step the run does not select is settled by the skip"),
+    (Phase.WAITING, Trigger.INPUT_RECORDED): Row(
+        (Phase.COLLECTING, Phase.RECORDED, Phase.FAILED), _expand,
+        "a mapped step expands into its items (collected at once if all are settled; an "
+        "input that has no items fails it with `MapError`)"),
+    (Phase.COLLECTING, Trigger.ITEMS_SETTLED): Row(
+        (Phase.COLLECTING, Phase.RECORDED), _item_settled,
+        "its items' outputs, in order, are recorded as its own once its dependencies are"),
+    (Phase.GATED, Trigger.RUN_HALTED): Row(
+        (Phase.GATED,), _withdrawn,
+        "withdrawn: `plan` names it in `Batch.withdraw`, the shell interrupts it"),
+})
+"""The table of the fold: a step's phase and an input -> the phases it may move to and the
+effect that moves it (see :mod:`ekit_core.phases`). The shell's inputs name their step
+and are looked up here by :func:`_fold`; a pair with no row is refused. The triggers are
+the effects' own consequences for *other* steps, which the property tests check against
+their rows."""
+
+def _phase_now(w: _Run, name: str) -> Phase:
+    """The phase of step ``name`` in the working copy, pending bits applied."""
+    w.bit(name)  # (unknown: refused; else settles)
+    return _reading(w.spec, w.outputs, w.setbacks, (w.offset, w.ready, w.running), name)
+
+
+def _by_phase(kind: type, rows: Mapping[Phase | None, Callable[[_Run, Any], None]]
+              ) -> Callable[[_Run, Any], None]:
+    """The fold's entry for inputs of ``kind``: read the phase of the input's step, run the
+    effect of its row, refuse a phase with none."""
+    if None in rows:  # an input about the run: one row, whatever any step's phase
+        return rows[None]
+
+    def fold_in(w: _Run, item: Any) -> None:
+        phase = _phase_now(w, item.name)
+        effect = rows.get(phase)
+        if effect is None:
+            raise _no_row(kind, item.name, phase)
+        effect(w, item)
+
+    fold_in.__name__ = fold_in.__qualname__ = f"fold_{kind.__name__}"
+    return fold_in
+
+
+def _compiled(table: Mapping[tuple[Phase | None, type | Trigger], Row]
+              ) -> dict[type, Callable[[_Run, Any], None]]:
+    """The table as the fold reads it: one entry per input type (one dict lookup per input).
+
+    The entry of ``Succeeded`` is its running row's effect itself, whose first
+    test (the bit of a step in flight, which it clears anyway) reads the phase
+    of the hot path of every run; any other phase goes the general way,
+    ``_succeeded_elsewhere``. The property tests check both against the table.
+    """
+    rows: dict[type, dict[Phase | None, Callable[[_Run, Any], None]]] = {}
+    for (phase, kind), row in table.items():
+        if isinstance(kind, type):
+            rows.setdefault(kind, {})[phase] = row.effect
+    compiled = {kind: _by_phase(kind, by_phase) for kind, by_phase in rows.items()}
+    global _succeeded_elsewhere
+    _succeeded_elsewhere = compiled[Succeeded]
+    compiled[Succeeded] = _succeeded
+    return compiled
+
+
+_succeeded_elsewhere: Callable[[_Run, Any], None]
+"""A success of a step that is not plainly running: its row by its phase (see ``_compiled``)."""
+
+RULES: Mapping[type, Callable[[_Run, Any], None]] = MappingProxyType(_compiled(TRANSITIONS))
+"""The table as the fold reads it: each kind of input and the entry that folds it in."""
+
+
+def _rule_of(item: object) -> Callable[[_Run, Any], None]:
+    """The entry of an input of a subclass of an input type (the table is keyed by exact type)."""
+    for kind, rule in RULES.items():
+        if isinstance(item, kind):
+            return rule
+    raise TransitionError(f"cannot fold {type(item).__name__} {item!r} into a state")
+
+
+def _no_row(kind: type, name: str, phase: Phase | None) -> TransitionError:
+    """The one refusal of an input its step's phase has no row for: step, phase, input."""
+    takes = " or ".join(p.value for p, k in TRANSITIONS if k is kind and p is not None)
+    return TransitionError(
+        f"{kind.__name__} for step {name!r}, which is {phase}: no row of the phase table "
+        f"takes {kind.__name__} there (only when {takes})")
+
+
 # -- the transition: thaw, fold, freeze ------------------------------------------------
 
 
@@ -1676,7 +1825,8 @@ def advance(
 
 
 def _fold(state: State, inputs: Iterable[Input], record: bool) -> _Run:
-    """The working copy of ``state`` with every input folded in by its rule in :data:`RULES`."""
+    """The working copy of ``state`` with every input folded in by its row of :data:`TRANSITIONS`:
+    its step's phase read, the row of (phase, input) looked up, its effect run."""
     w = _thaw(state, record)
     rules = RULES
     for item in inputs:
@@ -1689,12 +1839,12 @@ def _freeze(w: _Run) -> State:
     """The state a fold ends in: pending bits applied, its outcome decided, frozen.
 
     The copy is anchored (its window, its countdowns read-only) and handed
-    over whole: :func:`~ekit_core._frozen.state_of_run` reads its fields by name.
+    over whole: :func:`state_of_run` reads its fields by name.
     """
     if w.done or w.fresh:
         w.settle()
     gated: Mapping[str, float] = w.setbacks.gated
-    if isinstance(gated, dict):  # the fold's own (see _Run.gated): frozen read-only
+    if type(gated) is dict:  # the fold's own (see _Run.gated): frozen read-only
         w.setbacks = _replace(w.setbacks, gated=MappingProxyType(gated))
     outcome = None
     if not w.in_flight:  # else the run goes on: no need to ask
@@ -1705,17 +1855,45 @@ def _freeze(w: _Run) -> State:
         if outcome is not None and not w.before.settled:
             w.events.append(RunSettled(outcome, w.completed, total, w.cost, w.spec.held,
                                        len(w.setbacks.skipped)))
-    w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
+    both = w.ready | w.running
+    if both and not both & 1:  # (the test of window.anchor, inlined: a chain's never moves)
+        w.offset, w.ready, w.running = window.anchor(w.offset, w.ready, w.running)
     if type(w.waiting) is dict:  # the fold's own countdowns: frozen read-only
         w.waiting = MappingProxyType(w.waiting)
     return state_of_run(w, tuple(w.events) if w.record else (), outcome)
 
 
+_StateTwin = twin(State)  # (see ekit_core._frozen)
+
+
+def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) -> State:
+    """The :class:`~ekit_core.State` a transition's working copy ``w`` freezes into.
+
+    Each field is ``w``'s field of the same name (its bit window anchored,
+    its countdowns read-only, by the caller); ``events`` and ``outcome`` are
+    what the caller decided. Equal to ``State(...)`` of those fields, built
+    through a twin (see :mod:`ekit_core._frozen`): once per transition.
+    """
+    state = _StateTwin()
+    state.spec = w.spec
+    state.outputs = w.outputs
+    state.step_usage = w.step_usage
+    state._times = w.times
+    state.completed = w.completed
+    state.cost = w.cost
+    state.setbacks = w.setbacks
+    state.events = events
+    state.outcome = outcome
+    state._offset = w.offset
+    state._ready = w.ready
+    state._running = w.running
+    state._in_flight = w.in_flight
+    state._waiting = w.waiting
+    state.__class__ = State
+    return cast(State, state)
+
+
 # -- helpers -------------------------------------------------------------------------
-
-
-def _not_in_flight(name: str) -> TransitionError:
-    return TransitionError(f"success reported for step {name!r}, which is not in flight")
 
 
 def _without(table: Mapping[str, Any], name: str) -> MappingProxyType[str, Any]:

@@ -61,9 +61,21 @@ from typing import Any, NoReturn, TextIO
 
 from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, rewind
 from ekit_core.graph_text import read
-from ekit_core.report import count, graph_of, recorded_graph, table, versions_of
+from ekit_core.report import count, recorded_graph, table
 from ekit_core.rewind import grown
 from ekit_core.shapes import Shape
+from ekit_runtime.cli_common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CLEAN,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    InputError,
+    Versions,
+    import_graph,
+    one_line,
+    text_of,
+)
 from ekit_runtime.queue import cli as queue_cli
 from ekit_runtime.redaction import Redactor
 from ekit_runtime.sources import (
@@ -72,11 +84,8 @@ from ekit_runtime.sources import (
     RunListing,
     SourceError,
     parse_json,
-    pick_workflow,
     read_checkpoints,
     read_text,
-    workflow_entries,
-    workflow_spec,
 )
 from ekit_runtime.targets import TargetError, write_checkpoint
 from ekit_runtime.ui import cli as ui_cli
@@ -90,24 +99,6 @@ __all__ = [
     "InputError",
     "main",
 ]
-
-EXIT_CLEAN = 0
-"""Nothing to report."""
-EXIT_FOUND = 1
-"""The audit found anomalies, or the replay found violations."""
-EXIT_USAGE = 2
-"""Bad usage or unreadable input (and, with ``ekit: internal error``, a bug)."""
-EXIT_INTERRUPTED = 130
-"""Interrupted by Ctrl-C (128 + SIGINT, as shells report it)."""
-EXIT_BROKEN_PIPE = 141
-"""Standard output was closed by its reader (128 + SIGPIPE, as shells report it)."""
-
-Versions = Mapping[str, str] | None
-
-
-class InputError(Exception):
-    """An input the command cannot use; its message is the one line printed to stderr."""
-
 
 class _Parser(argparse.ArgumentParser):
     # argparse exits by itself on bad usage; raising instead lets ``main``
@@ -199,134 +190,6 @@ def _file_versions(value: object, path: str) -> Versions:
     return value
 
 
-def _import_object(spec: str, option: str) -> object:
-    """The attribute ``ATTR`` (dotted) of module ``MODULE`` that ``spec`` names; failures are InputErrors.
-
-    The current directory is put on ``sys.path`` while the module imports.
-    The module is arbitrary code: besides raising, it may call sys.exit()
-    while being imported, which would otherwise end the command with that
-    code and no output, reading as a clean audit, or raise a BaseException
-    of its own (GeneratorExit, a custom subclass), which would otherwise end
-    it with a traceback and exit 1, reading as "anomalies found". Each is
-    one line and exit 2. Only Ctrl-C is let through, to exit 130 as
-    everywhere else. ``option`` names the option in messages.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError(f"{option} {spec}: expected MODULE:ATTR, e.g. myflows:workflow")
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise InputError(f"{option} {spec}: no module named {exc.name!r}") from None
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        raise InputError(f"{option} {spec}: importing {module_name!r} {_raised(exc)}") from None
-    finally:
-        if added:
-            # The module may have edited sys.path itself.
-            with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
-    # Attribute reads run code too (properties, module __getattr__).
-    obj: object = module
-    missing = (AttributeError, lambda exc: f"{module_name!r} has no attribute {attr!r}")
-    for part in attr.split("."):
-        obj = _guarded(_getter(obj, part), f"{option} {spec}", f"reading {attr!r}", missing)
-    return obj
-
-
-def _getter(obj: object, name: str) -> Callable[[], object]:
-    return lambda: getattr(obj, name)
-
-
-_Expected = tuple[type[BaseException], Callable[[BaseException], str]]
-
-
-def _guarded(read: Callable[[], Any], where: str, what: str, expected: _Expected | None = None) -> Any:
-    """``read()`` (code of the user's module); whatever it raises, Ctrl-C aside, is an InputError.
-
-    The message is ``where: what raised ...``, or for an ``expected``
-    exception type, ``where:`` and what its function says.
-    """
-    try:
-        return read()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        if expected is not None and isinstance(exc, expected[0]):
-            raise InputError(f"{where}: {expected[1](exc)}") from None
-        raise InputError(f"{where}: {what} {_raised(exc)}") from None
-
-
-def _import_graph(spec: str, recorded: Sequence[WorkflowCheckpoint] = ()) -> tuple[GraphSpec, Versions]:
-    """The graph of ``--workflow spec`` and the version tags its steps declare.
-
-    ``spec`` is any workflow source ``ekit worker`` takes (see
-    :func:`~ekit_runtime.sources.workflow_spec`); of a dict of several, the
-    entry whose graph a checkpoint of ``recorded`` records.
-    """
-    where = f"--workflow {spec}"
-    try:
-        module, attr, name = workflow_spec(spec)
-    except SourceError as exc:
-        raise InputError(f"--workflow {exc}") from None
-    found = _import_object(f"{module}:{attr}", "--workflow")
-    entries = _guarded(lambda: workflow_entries(found, attr), where, f"reading {attr}")
-    try:
-        obj = pick_workflow(entries, name, spec, _records_graph_of(recorded))
-    except SourceError as exc:
-        raise InputError(f"--workflow {exc}") from None
-    invalid = (ValueError, lambda exc: f"{attr!r}: {_text_of(exc)}")
-    graph = _guarded(lambda: graph_of(obj), where, f"reading {attr}.graph", invalid)
-    versions = _guarded(lambda: versions_of(obj), where, f"reading {attr}.steps")
-    return graph, versions
-
-
-def _records_graph_of(recorded: Sequence[WorkflowCheckpoint]) -> Callable[[object], bool] | None:
-    """Whether a workflow's graph is one ``recorded`` records (by fingerprint); ``None``: none recorded."""
-    prints = {cp.fingerprint for cp in recorded} - {None}
-    if not prints:
-        return None
-
-    def fits(obj: object) -> bool:
-        try:
-            return graph_of(obj).fingerprint in prints
-        except KeyboardInterrupt:
-            raise
-        except BaseException:  # (the module's code) an entry that is no workflow fits nothing
-            return False
-
-    return fits
-
-
-def _raised(exc: BaseException) -> str:
-    """What ``exc`` says, as the end of a one-line message: ``raised KeyError: 'x'``."""
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({_text_of(exc.code, repr)})"
-    text = _text_of(exc)
-    name = type(exc).__name__
-    return f"raised {_one_line(f'{name}: {text}' if text else name)}"
-
-
-def _text_of(value: object, show: Callable[[object], str] = str) -> str:
-    # An exception from arbitrary code may have a __str__ (or an exit code a
-    # __repr__) that raises in turn; the one-line message must still come out.
-    try:
-        return show(value)
-    except Exception:
-        return f"<{type(value).__name__} whose {show.__name__}() raised>"
-
-
-def _one_line(text: str) -> str:
-    # Error messages go to stderr as exactly one line, whatever the exception
-    # or file name held.
-    return " ".join(text.splitlines())
-
-
 def _budget(text: str) -> TokenUsage:
     """``--budget IN/OUT/CALLS``: input tokens, output tokens, LLM calls, as the audit prints usage."""
     parts = [p.replace(",", "") for p in text.split("/")]
@@ -343,7 +206,7 @@ def _graph_option(
     args: argparse.Namespace, recorded: Sequence[WorkflowCheckpoint] = ()
 ) -> tuple[GraphSpec | None, Versions]:
     if args.workflow is not None:
-        return _import_graph(args.workflow, recorded)
+        return import_graph(args.workflow, recorded)
     if args.graph is not None:
         return _load_graph(args.graph)
     return None, None
@@ -479,7 +342,7 @@ def _recorded_graph_of(checkpoint: WorkflowCheckpoint, label: str) -> GraphSpec:
 def _cmd_graph(args: argparse.Namespace) -> int:
     items: dict[str, int] | None = None
     if args.workflow is not None:
-        graph, versions = _import_graph(args.workflow)
+        graph, versions = import_graph(args.workflow)
     else:
         checkpoint = _read(args, args.checkpoint).latest
         graph = _recorded_graph_of(checkpoint, args.checkpoint)
@@ -770,7 +633,7 @@ def _main(argv: list[str], redactor: Redactor) -> int:
         # A bug (ours or an unforeseen input), or a BaseException such as
         # GeneratorExit from code we called: it must not exit 1, which would
         # read as "anomalies found", nor print a traceback.
-        error(f"internal error: {_one_line(f'{type(exc).__name__}: {_text_of(exc)}')}")
+        error(f"internal error: {one_line(f'{type(exc).__name__}: {text_of(exc)}')}")
         return EXIT_USAGE
 
 
@@ -787,7 +650,7 @@ def _driver_message(argv: list[str], exc: BaseException, redactor: Redactor) -> 
     """``COMMAND: DATABASE: ErrorClass: what the driver said`` (withheld if it may hold a password)."""
     command = next((a for a in argv if not a.startswith("-")), "ekit")
     where = redactor.labels[0] if len(redactor.labels) == 1 else _option(argv, "--queue")
-    text = redactor.scrub(_one_line(_text_of(exc)), withhold=True)
+    text = redactor.scrub(one_line(text_of(exc)), withhold=True)
     named = f"{where}: " if where else ""
     return f"{command}: {named}the database failed: {type(exc).__name__}: {text}"
 
@@ -805,4 +668,4 @@ def _option(argv: list[str], name: str) -> str | None:
 def _error(message: str) -> None:
     # stderr escapes what its encoding cannot hold ("backslashreplace"), but
     # it may have been replaced (tests, embedding), so escape here as well.
-    _print_text(f"ekit: {_one_line(message)}", sys.stderr)
+    _print_text(f"ekit: {one_line(message)}", sys.stderr)

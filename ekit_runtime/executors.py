@@ -1,5 +1,8 @@
 """Where a step's attempt runs: the executor protocol and the default executor.
 
+:class:`Executor`, the protocol, is defined in :mod:`ekit_runtime.step` (a
+step names its executor, which runs attempts of steps) and re-exported here.
+
 An executor runs one attempt of one step, given an
 :class:`~ekit_runtime.attempt.Attempt` (the step, its context and the
 attempt's durable identity), and returns what the step returned (or raises
@@ -27,16 +30,13 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ekit_core.numbers import check_number
-from ekit_runtime.attempt import Attempt
+from ekit_runtime.step import Attempt, Executor, Step
 from ekit_runtime.streaming import drain_stream
-
-if TYPE_CHECKING:
-    from ekit_runtime.step import Step
 
 __all__ = [
     "DEFAULT_EXECUTOR",
@@ -58,63 +58,6 @@ def is_async_step(step: Step) -> bool:
     return inspect.iscoroutinefunction(run) or inspect.iscoroutinefunction(
         getattr(run, "__call__", None)  # noqa: B004 - a callable object's own method
     )
-
-
-class Executor:
-    """Runs one attempt of a step. Subclass it and implement :meth:`run`.
-
-    :meth:`check` is called once per run with the steps this executor will
-    run, before any step starts: raise ``ValueError`` naming a step that
-    cannot run here (a function a remote engine cannot serialise, say).
-    :meth:`run` must not retry on its own (the step's policy decides) and
-    must stop the attempt when the awaiting task is cancelled. It runs in
-    the attempt's own task, where :func:`~ekit_runtime.attempt.attempt_key`
-    is already set; code it runs elsewhere (a thread, another process) must
-    carry ``attempt.key`` there itself if the step is to see it.
-
-    A subclass written for earlier versions, ``run(self, step, context)``,
-    still works: it is adapted when the class is defined, with a
-    ``DeprecationWarning``.
-    """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        run = cls.__dict__.get("run")
-        if run is not None and _takes_step_and_context(run):
-            warnings.warn(
-                f"{cls.__qualname__}.run(self, step, context) is the old executor signature: "
-                "define run(self, attempt) and read attempt.step and attempt.context",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cls.run = _adapted(run)  # type: ignore[method-assign]
-
-    def check(self, steps: Sequence[Step]) -> None:
-        """Refuse, with a ``ValueError`` naming the step, what cannot run here."""
-
-    async def run(self, attempt: Attempt) -> Any:
-        """Run ``attempt.step.run(attempt.context)`` once and return what it returned."""
-        raise NotImplementedError
-
-
-def _takes_step_and_context(run: Callable[..., Any]) -> bool:
-    try:
-        parameters = list(inspect.signature(run).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p for p in parameters[1:]
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    return len(positional) == 2
-
-
-def _adapted(legacy: Callable[..., Any]) -> Callable[..., Any]:
-    async def run(self: Executor, attempt: Attempt) -> Any:
-        return await legacy(self, attempt.step, attempt.context)
-
-    run.__doc__ = legacy.__doc__
-    return run
 
 
 class LocalExecutor(Executor):

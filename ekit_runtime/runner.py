@@ -23,7 +23,6 @@ from collections.abc import (
     AsyncGenerator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterable,
     Mapping,
     Sequence,
@@ -58,7 +57,7 @@ from ekit_core import (
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
-from ekit_core.results import succeeded
+from ekit_core.results import APPROVAL, CONDITION, DELAY, Gate, succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name
 from ekit_core.state import attempt_number
@@ -143,9 +142,9 @@ class Runner:
 
     # What the run holds to make signals wake its loop, while it runs: see _begin.
     _signals: signal_wakeup.SignalWakeup | None = None
-    # Python is closing the run's coroutines, in which nothing may await: see _join_only_task.
+    # Python is closing the run's coroutines, in which nothing may await: see _turn.
     _closing = False
-    # Whether a lone task in flight is awaited directly: see _join_only_task and states.
+    # Whether a lone task in flight is awaited directly: see _turn and states.
     _join_directly = True
     # A traced run's attempts report partial output to its callbacks; the async
     # callbacks' tasks are awaited before the next event (_emit). Set on the
@@ -216,9 +215,9 @@ class Runner:
         # folded in by the wind-down so that no sibling's output is lost.
         self._carried: list[Input] = []
         self._accepted: WorkflowCheckpoint | None = checkpoint_of(state)  # see _refused_new
-        # Cancellations asked of the task driving the run when it began: one
-        # more later is the run's own, even when a step swallowed it.
-        self._cancelling = 0
+        # The task driving the run, and its cancel requests as the run began (see
+        # _cancel_requested). One attribute: a 30th makes every read slower (perf doc).
+        self._driver: tuple[asyncio.Task[Any] | None, int] = (None, 0)
         # Events are built only for someone to read them: a trace, or iterate().
         self.record_events = trace is not None
 
@@ -349,7 +348,7 @@ class Runner:
         # that cancels the run gets to run: see signal_wakeup.
         self._signals = signal_wakeup.hold(self._loop)
         current = asyncio.current_task()
-        self._cancelling = current.cancelling() if current is not None else 0
+        self._driver = (current, current.cancelling() if current is not None else 0)
         state, batch = advance(self.state)
         self.state = state
         if self.trace is not None:
@@ -368,7 +367,27 @@ class Runner:
             and self._join_directly
             and not self.state.setbacks.gated  # a gated attempt reports when it begins
         ):
-            await self._join_only_task()
+            # Join the one task in flight by awaiting it (inline: a coroutine fewer per
+            # step): a loop turn fewer than the wake-up future. Its outcome is read by
+            # _outcome_of, not raised here; the run's own cancellation: see below.
+            (task,) = self._tasks
+            current = self._driver[0]  # (a coroutine never changes tasks: no current_task())
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.done() or self._cancel_requested(current):
+                    raise  # we are being cancelled, not just the task
+            except Exception:
+                pass
+            except GeneratorExit:
+                # The step raised GeneratorExit: asyncio throws it into the task
+                # driving the run, and Python then closes this chain of coroutines,
+                # in which nothing may await any more (it would end as "coroutine
+                # ignored GeneratorExit" instead). See _end.
+                self._closing = True
+                raise
+            if self._cancel_requested(current):
+                raise asyncio.CancelledError  # the run's, whatever the step made of it
         while not self._finished and not self._reports:
             self._wakeup = self._loop.create_future()
             await self._wakeup
@@ -377,10 +396,19 @@ class Runner:
         inputs = self._drain()
         state, batch = advance(self.state, inputs, record_events=self.record_events)
         self.state = state
-        self._carry_out(batch)
+        # _carry_out and _report, inline for an untraced run: once per step.
+        if batch.withdraw:
+            self._withdraw(batch.withdraw)
+        for start in batch.starts:
+            self._launch(start)
         # An attempt that only began its work (a Began report, drained first)
         # changed nothing a checkpoint holds.
-        await self._report(state, save=len(inputs) > reported)
+        if self.trace is not None:
+            await self._report(state, save=len(inputs) > reported)
+        elif len(inputs) > reported:
+            saving = self._save(state)
+            if saving is not None:
+                await saving
         return state
 
     async def _start_added(self) -> None:
@@ -415,42 +443,19 @@ class Runner:
             await self._emit((CheckpointSaved(state.completed),))
         await self._emit(finish)
 
-    async def _join_only_task(self) -> None:
-        """Wait for the one task in flight by awaiting it directly.
-
-        With a single task (every step of a chain) this saves a loop turn over
-        the wake-up future: the task's own callbacks, ``_on_done`` first, run
-        in the turn after it finishes. Its outcome is read later by
-        ``_outcome_of``, so an error it raised is not ours to raise here.
-
-        But asyncio hands a cancellation of the awaiting task to what it
-        awaits: a cancellation of the run (Ctrl-C, even one that arrived
-        before this await) reaches the step's task instead. A step that
-        swallows it (returns, or raises something else) must not swallow
-        the run's, so the run's is told by its count of cancel requests.
-        """
-        (task,) = self._tasks
-        current = asyncio.current_task()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.done() or self._cancel_requested(current):
-                raise  # we are being cancelled, not just the task
-        except Exception:
-            pass
-        except GeneratorExit:
-            # The step raised GeneratorExit: asyncio throws it into the task
-            # driving the run, and Python then closes this chain of coroutines,
-            # in which nothing may await any more (it would end as "coroutine
-            # ignored GeneratorExit" instead). See _end.
-            self._closing = True
-            raise
-        if self._cancel_requested(current):
-            raise asyncio.CancelledError  # the run's, whatever the step made of it
-
     def _cancel_requested(self, current: asyncio.Task[Any] | None) -> bool:
-        """Whether the run was asked to cancel since it began (``current`` drives it)."""
-        return current is not None and current.cancelling() > self._cancelling
+        """Whether the run was asked to cancel since it began (``current`` drives it).
+
+        ``_turn`` awaits a lone step's task directly: with a single task (every
+        step of a chain) that saves a loop turn over the wake-up future (the
+        task's own callbacks, ``_on_done`` first, run in the turn after it
+        finishes). But asyncio hands a cancellation of the awaiting task to what
+        it awaits: a cancellation of the run (Ctrl-C, even one that arrived
+        before the await) reaches the step's task instead. A step that swallows
+        it (returns, or raises something else) must not swallow the run's, so
+        the run's is told by this count of cancel requests.
+        """
+        return current is not None and current.cancelling() > self._driver[1]
 
     # -- starting and withdrawing attempts ------------------------------------
 
@@ -502,10 +507,10 @@ class Runner:
         # A traced run hands each attempt a sink for its partial output: set
         # here, it is in the context the attempt's task (and thread) copies.
         # (record_events first: an instance attribute, cheaper to read than the class's default.)
-        partials = self._partials if self.record_events else None
-        reports = None if partials is None else streaming.PartialSink(
-            name, self._traces, self._loop, partials)
-        sink = None if reports is None else streaming.SINK.set(reports)
+        reports = sink = None
+        if self.record_events and self._partials is not None:
+            reports = streaming.PartialSink(name, self._traces, self._loop, self._partials)
+            sink = streaming.SINK.set(reports)
         i = self._index.get(name)
         item = None
         if i is not None or name in self._added:
@@ -520,12 +525,18 @@ class Runner:
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
-        # A retry asks its condition once its delay is waited out (in _gated), not before.
-        decided = _decided(step, name, context) if start.condition and not start.delay > 0 else None
+        # What it does before its work begins is the core's (Start.gates), followed in
+        # order; its three fields are read first only to see that there is nothing (speed).
+        gates = start.gates if start.delay or start.condition or start.approval else ()
+        decided = None
+        if gates and gates[0] == CONDITION:  # asked at once: a condition is a plain call
+            decided, gates = _decided(step, name, context), gates[1:]
+            if decided is None and not gates:  # it held, and nothing else gates: it begins now
+                self._reports.append(Began(name))
         if decided is not None:  # skipped, or its condition raised: an attempt that never began
             task = self._loop.create_task(_at_once(decided))
-        elif start.delay > 0 or start.approval:  # gated: it reports when its work begins
-            task = self._loop.create_task(self._gated(step, start, context, item))
+        elif gates:  # it reports Began when its work begins
+            task = self._loop.create_task(self._gated(step, start, gates, context, item))
         elif own:  # the step's coroutine is the task itself; _drain reads its outcome
             began = self.clock()
             try:
@@ -533,12 +544,11 @@ class Runner:
             except Exception as exc:  # the call itself raised (bad arguments): its failure
                 task = self._loop.create_task(_at_once(Failed(name, exc)))
             else:
-                task = self._loop.create_task(cast(Coroutine[Any, Any, Any], body))
+                # (No cast: it subscripts a generic on every start, 2k instructions.)
+                task = self._loop.create_task(body)  # type: ignore[arg-type]
                 self._began[task] = began
         else:
             task = self._loop.create_task(self._attempt(step, context, item))
-        if start.condition and decided is None and not (start.delay > 0 or start.approval):
-            self._reports.append(Began(name))  # its condition held: its work begins now
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if sink is not None:
@@ -577,8 +587,11 @@ class Runner:
             began = began_at.pop(task, None)
             # The common case inline (a step's own task that returned a plain
             # value): one per step of every run.
-            if began is not None and not task.cancelled() and task.exception() is None:
-                output = task.result()
+            if began is not None:
+                try:  # (one call: result() raises for a task cancelled or failed, read below)
+                    output = task.result()
+                except BaseException:
+                    output = _RAISED
                 if type(output) in PLAIN_OUTPUTS:  # split_result's first rule
                     inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began))
                     continue
@@ -620,22 +633,25 @@ class Runner:
             return _failure(name, error, duration)
         raise error
 
-    async def _gated(self, step: Step, start: Start, context: Context, item: str | None) -> Input:
-        """An attempt that first waits out its delay, asks its condition and approval, then begins."""
+    async def _gated(self, step: Step, start: Start, gates: tuple[Gate, ...], context: Context,
+                     item: str | None) -> Input:
+        """An attempt that first goes through ``gates`` (those of ``start`` not yet passed),
+        in order, then begins its work."""
         name = start.name
         try:
-            if start.delay > 0:
-                await self.sleep(start.delay)
-                # (undelayed, the condition was asked at launch: see _launch)
-                decided = _decided(step, name, context) if start.condition else None
-                if decided is not None:
-                    return decided
-            if start.approval:
-                if self.approval is None:
-                    raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
-                verdict = await ask(self.approval, name, step.metadata)
-                if not verdict.approved:
-                    return Denied(name, verdict.reason)
+            for gate in gates:
+                if gate == DELAY:
+                    await self.sleep(start.delay)
+                elif gate == CONDITION:
+                    decided = _decided(step, name, context)
+                    if decided is not None:
+                        return decided
+                elif gate == APPROVAL:
+                    if self.approval is None:
+                        raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
+                    verdict = await ask(self.approval, name, step.metadata)
+                    if not verdict.approved:
+                        return Denied(name, verdict.reason)
         except Exception as exc:
             return _failure(name, exc)
         self._reports.append(Began(name))
@@ -832,7 +848,7 @@ class Runner:
     def _fold_in_closing(self, cause: BaseException) -> None:
         """The wind-down of a run that Python is closing: the same, with no await.
 
-        Reached only from :meth:`_join_only_task`, with one task: every
+        Reached only from :meth:`_turn`'s direct join, with one task: every
         output that finished is folded in and saved already, and that task
         adds none (it raised, or the run is closed by the garbage collector
         while it still runs, and is cancelled here), so there is no new
@@ -962,6 +978,10 @@ async def _give_back(release: Callable[[], Any], name: str) -> None:
         )
     if cancelled:
         raise asyncio.CancelledError
+
+
+_RAISED: Any = object()
+"""What ``_drain`` reads as the output of a task that raised or was cancelled: no plain value."""
 
 
 async def _at_once(decided: Input) -> Input:

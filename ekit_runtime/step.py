@@ -1,4 +1,4 @@
-"""Steps and what they return: ``Step``, ``PatternResult`` and the usage rule.
+"""Steps and what they return: ``Step``, ``PatternResult`` and the usage rule; and what runs them.
 
 A step's return value becomes its output, with one exception that carries
 usage: a ``PatternResult`` (ours, or any object shaped like one: a ``value``
@@ -6,22 +6,39 @@ attribute and a ``cost`` attribute holding integer (>= 0) ``input_tokens``,
 ``output_tokens`` and ``llm_calls``, which ExecutionKit's own
 ``PatternResult`` is). Then ``value`` is the output and ``cost`` is added to
 the run's usage. Everything else is stored as returned, with zero usage.
+
+A step names the :class:`Executor` that runs it, an executor runs one
+:class:`Attempt` of a step, and an attempt holds its step: the three refer to
+one another, so they are defined here together, and the modules that say
+more about them (:mod:`ekit_runtime.attempt`, :mod:`ekit_runtime.executors`)
+sit above this one and re-export them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import inspect
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar, cast
+from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar
 
 from ekit_core import RetryPolicy, TokenUsage
 from ekit_core.numbers import check_number
-from ekit_core.shapes import Shape
+from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
-from ekit_runtime.executors import Executor
 
-__all__ = ["PatternResult", "Shaping", "Step", "StepFn", "condition_name", "split_result"]
+__all__ = [
+    "Attempt",
+    "AttemptKey",
+    "Executor",
+    "PatternResult",
+    "Shaping",
+    "Step",
+    "StepFn",
+    "condition_name",
+    "split_result",
+]
 
 T = TypeVar("T")
 
@@ -273,7 +290,7 @@ class Step:
             and callable(run)
         ):
             step._check()
-        return cast(Step, step)
+        return step  # type: ignore[no-any-return]  # (a cast is a call per step)
 
     def __reduce__(self) -> tuple[type[Step], tuple[Any, ...]]:
         # Rebuilt through the constructor: pickle's default calls __new__
@@ -403,3 +420,107 @@ def condition_name(when: Callable[[Any], Any]) -> str:
 # modules (ekit_core._frozen says why); a workflow's steps are the runtime's one
 # such value, built here.
 _StepDraft: type[Any] = type("_StepDraft", (), {"__slots__": vars(Step)["__slots__"]})
+
+
+# -- one attempt of a step, and what runs it (see ekit_runtime.attempt and .executors) --
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptKey:
+    """Which attempt of which step of which run is running: ``str(key)`` is ``run/step/attempt``."""
+
+    run_id: str
+    step: str
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.step}/{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of ``step``, as the runner hands it to an executor.
+
+    - ``step``: the :class:`~ekit_runtime.step.Step` to run;
+    - ``context``: what ``step.run`` is called with;
+    - ``number``: the attempt's number counted across runs, from 1: one more
+      than the failed attempts recorded for the step so far and the attempts
+      whose output was let go of (the checkpoint's ``redone``);
+    - ``run_id``: the run's id, or ``None`` for a run given none;
+    - ``item``: for an item of a mapped step, the item's key (else ``None``).
+    """
+
+    step: Step
+    context: MutableMapping[str, Any]
+    number: int = 1
+    run_id: str | None = None
+    item: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What the attempt runs: the step's name, or its item's (``step[key]``)."""
+        return self.step.name if self.item is None else item_name(self.step.name, self.item)
+
+    @property
+    def key(self) -> AttemptKey | None:
+        """The attempt's idempotency key (``run_id/name/number``), or ``None`` without a run id."""
+        if self.run_id is None:
+            return None
+        return AttemptKey(self.run_id, self.name, self.number)
+
+
+class Executor:
+    """Runs one attempt of a step. Subclass it and implement :meth:`run`.
+
+    :meth:`check` is called once per run with the steps this executor will
+    run, before any step starts: raise ``ValueError`` naming a step that
+    cannot run here (a function a remote engine cannot serialise, say).
+    :meth:`run` must not retry on its own (the step's policy decides) and
+    must stop the attempt when the awaiting task is cancelled. It runs in
+    the attempt's own task, where :func:`~ekit_runtime.attempt.attempt_key`
+    is already set; code it runs elsewhere (a thread, another process) must
+    carry ``attempt.key`` there itself if the step is to see it.
+
+    A subclass written for earlier versions, ``run(self, step, context)``,
+    still works: it is adapted when the class is defined, with a
+    ``DeprecationWarning``.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        run = cls.__dict__.get("run")
+        if run is not None and _takes_step_and_context(run):
+            warnings.warn(
+                f"{cls.__qualname__}.run(self, step, context) is the old executor signature: "
+                "define run(self, attempt) and read attempt.step and attempt.context",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.run = _adapted(run)  # type: ignore[method-assign]
+
+    def check(self, steps: Sequence[Step]) -> None:
+        """Refuse, with a ``ValueError`` naming the step, what cannot run here."""
+
+    async def run(self, attempt: Attempt) -> Any:
+        """Run ``attempt.step.run(attempt.context)`` once and return what it returned."""
+        raise NotImplementedError
+
+
+def _takes_step_and_context(run: Callable[..., Any]) -> bool:
+    try:
+        parameters = list(inspect.signature(run).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p for p in parameters[1:]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) == 2
+
+
+def _adapted(legacy: Callable[..., Any]) -> Callable[..., Any]:
+    async def run(self: Executor, attempt: Attempt) -> Any:
+        return await legacy(self, attempt.step, attempt.context)
+
+    run.__doc__ = legacy.__doc__
+    return run

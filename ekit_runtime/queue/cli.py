@@ -57,6 +57,7 @@ from typing import Any
 
 from ekit_core.times import iso_utc
 from ekit_runtime import logs
+from ekit_runtime.cli_common import EXIT_INTERRUPTED, InputError
 from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import Executor, busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, STATUSES, Lease, RunInfo, RunQueue, Worker, open_queue
@@ -72,12 +73,6 @@ EXIT_LEFT = 3
 """``ekit worker --until-idle`` went idle with runs still waiting in the queue that it did not take."""
 
 log = logging.getLogger("ekit.worker")
-
-
-def _input_error(message: str) -> Exception:
-    from ekit_runtime.cli import InputError  # the ekit command's own; imported late to avoid a cycle
-
-    return InputError(message)
 
 
 def _add_log_options(p: argparse.ArgumentParser) -> None:
@@ -176,7 +171,7 @@ def _imported(flag: str, spec: str, what: str) -> Any:
     """The object ``MODULE:ATTR`` names (the current folder importable), or an input error naming ``flag``."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise _input_error(f"{flag} {spec}: expected MODULE:ATTR naming {what}")
+        raise InputError(f"{flag} {spec}: expected MODULE:ATTR naming {what}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -184,7 +179,7 @@ def _imported(flag: str, spec: str, what: str) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (Exception, SystemExit) as exc:
-        raise _input_error(f"{flag} {spec}: cannot import it ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{flag} {spec}: cannot import it ({type(exc).__name__}: {exc})") from None
     return obj
 
 
@@ -194,16 +189,16 @@ def _registry(spec: str) -> Mapping[str, Workflow]:
     try:
         module, attr, name = workflow_spec(spec)
     except SourceError as exc:
-        raise _input_error(f"--workflows {exc}") from None
+        raise InputError(f"--workflows {exc}") from None
     obj = _imported("--workflows", f"{module}:{attr}", "a dict of name -> Workflow")
     entries = workflow_entries(obj, attr)
     if name is not None:
         try:
             entries = {name: pick_workflow(entries, name, spec)}
         except SourceError as exc:
-            raise _input_error(f"--workflows {exc}") from None
+            raise InputError(f"--workflows {exc}") from None
     if not entries or not all(isinstance(w, Workflow) for w in entries.values()):
-        raise _input_error(f"--workflows {spec}: not a Workflow nor a dict of name -> Workflow")
+        raise InputError(f"--workflows {spec}: not a Workflow nor a dict of name -> Workflow")
     return {k: w for k, w in entries.items() if isinstance(w, Workflow)}
 
 
@@ -211,7 +206,7 @@ def _open(args: argparse.Namespace) -> RunQueue:
     try:
         return open_queue(args.queue)
     except ValueError as exc:
-        raise _input_error(f"--queue {args.queue}: {exc}") from None
+        raise InputError(f"--queue {args.queue}: {exc}") from None
 
 
 def _worker_defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -242,7 +237,7 @@ def _executor(spec: str | None) -> Executor | None:
         return None
     obj = _imported("--executor", spec, "an ekit Executor")
     if not isinstance(obj, Executor):
-        raise _input_error(f"--executor {spec}: not an ekit Executor (got {type(obj).__name__})")
+        raise InputError(f"--executor {spec}: not an ekit Executor (got {type(obj).__name__})")
     return obj
 
 
@@ -256,7 +251,7 @@ def _trace(spec: str | None, registry: Mapping[str, Workflow]) -> TraceFactory |
         try:
             OtelTracer()  # says now, not at the first run, what to install
         except ImportError as exc:
-            raise _input_error(f"--trace otel: {exc}") from None
+            raise InputError(f"--trace otel: {exc}") from None
         return lambda lease: OtelTracer()
     if spec == "progress":
         from ekit_runtime.progress import ProgressPrinter
@@ -269,7 +264,7 @@ def _trace(spec: str | None, registry: Mapping[str, Workflow]) -> TraceFactory |
         return printer
     obj = _imported("--trace", spec, "a factory of trace callbacks (otel, progress or MODULE:ATTR)")
     if not callable(obj):
-        raise _input_error(f"--trace {spec}: not callable (got {type(obj).__name__})")
+        raise InputError(f"--trace {spec}: not callable (got {type(obj).__name__})")
     return obj  # type: ignore[no-any-return]
 
 
@@ -293,7 +288,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         queue.close()
-        raise _input_error(f"worker: {exc}") from None
+        raise InputError(f"worker: {exc}") from None
 
     received: list[int] = []  # the signals that reached the worker, in order
 
@@ -349,8 +344,6 @@ def _exit_code(received: list[int], left: Mapping[str, str]) -> int:
     it, which shells and scripts expect to see as 128 + SIGINT.
     """
     if received[:1] == [signal.SIGINT]:
-        from ekit_runtime.cli import EXIT_INTERRUPTED  # imported late, as _input_error does
-
         return EXIT_INTERRUPTED
     return EXIT_LEFT if left else 0
 
@@ -461,9 +454,9 @@ def _cmd_queue(args: argparse.Namespace) -> int:
     try:
         out = _queue_action(queue, args)
     except LookupError as exc:
-        raise _input_error(str(exc).strip("'\"")) from None
+        raise InputError(str(exc).strip("'\"")) from None
     except ValueError as exc:
-        raise _input_error(f"queue {args.action}: {exc}") from None
+        raise InputError(f"queue {args.action}: {exc}") from None
     finally:
         queue.close()
     if isinstance(out, _Table):

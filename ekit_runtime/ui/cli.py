@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from ekit_runtime.cli import InputError, _import_graph
+    from ekit_runtime.cli_common import InputError, import_graph
     from ekit_runtime.redaction import redacted
     from ekit_runtime.sources import SourceError, read_checkpoints
     from ekit_runtime.ui.server import make_server, serve
@@ -57,7 +57,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
         graph, versions = (None, None)
         if args.workflow:  # (a dict of workflows: the one whose graph the file records)
-            graph, versions = _import_graph(args.workflow, recorded.checkpoints)
+            graph, versions = import_graph(args.workflow, recorded.checkpoints)
         source = FileSource(args.source, graph, versions, run_id=args.run_id)
     try:
         server = make_server(source, args.host, args.port, allow_actions=args.allow_actions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -22,11 +22,12 @@ from ekit_core.report import seconds_text, usage_text
 from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
+from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
 from ekit_runtime.ui.sources import RunView, view_progress
 
 __all__ = [
-    "PAGE_SIZE", "error_page", "esc", "run_json", "run_page", "run_parts", "runs_page", "runs_tbody",
-    "steps_tbody",
+    "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
+    "run_parts", "runs_page", "runs_tbody", "steps_tbody", "token_field",
 ]
 
 PAGE_SIZE = 50
@@ -47,7 +48,8 @@ def _usage(u: TokenUsage | None) -> str:
     return "-" if u is None else usage_text(u)
 
 
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
+    """A time span as the pages show ages: ``42s``, ``12m``, ``5h``, ``3d``."""
     seconds = max(0.0, seconds)
     if seconds < 90:
         return f"{seconds:.0f}s"
@@ -87,7 +89,7 @@ def runs_tbody(runs: Sequence[RunInfo], now: float | None = None) -> str:
             f'<td class="num progress">{esc(_progress(r))}</td>'
             f'<td class="num cost">{esc(_usage(r.cost))}</td>'
             f'<td class="owner">{_owner(r, now)}</td>'
-            f'<td class="num age">{esc(_age(now - r.created_at))}</td>'
+            f'<td class="num age">{esc(age_text(now - r.created_at))}</td>'
             f'<td class="reason">{esc(reason or "")}</td>'
             "</tr>"
         )
@@ -123,12 +125,17 @@ def runs_nav(page: int, pages: int, status: str, workflow: str) -> str:
 
 def runs_page(
     source: str, shown: Sequence[RunInfo], total: int, page: int, status: str, workflow: str,
-    statuses: Sequence[str], workflows: Sequence[str] = (),
+    statuses: Sequence[str], workflows: Sequence[str] = (), parts: Mapping[str, str] | None = None,
+    token: str | None = None,
 ) -> str:
-    """The runs page: filters, the table of one page of runs, and links to the other pages.
+    """The runs page: ``parts`` (the runs waiting for a person, the chart), filters, the table of
+    one page of runs, and links to the other pages.
 
     ``workflows`` are offered as the workflow filter's suggestions (a ``<datalist>``);
-    any name may still be typed.
+    any name may still be typed. ``parts`` are drawn from the same reading as the
+    table, each in a ``<div class="part">`` with its version, as on a run's page;
+    ``token`` is the actions' token their forms carry (put back by the script
+    into the forms a live update replaces).
     """
     pages = max(1, -(-total // PAGE_SIZE))
     query = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
@@ -138,7 +145,14 @@ def runs_page(
         for s in ("", *statuses)
     )
     names = "".join(f'<option value="{esc(name)}"></option>' for name in workflows)
+    parts = dict(parts or {})
+    versions = part_versions(parts, token)
+    held = "" if token is None else f' data-token="{esc(token)}"'
     body = (
+        f'<section id="fleet-parts"{held}>'
+        + "".join(f'<div id="{key}" class="part" data-version="{versions[key]}">{html}</div>'
+                  for key, html in parts.items())
+        + "</section>"
         '<form class="filters" method="get" action="/">'
         f'<label>status <select name="status" id="filter-status">{options}</select></label>'
         f'<label>workflow <input name="workflow" id="filter-workflow" list="workflow-names" '
@@ -208,7 +222,7 @@ def steps_tbody(view: RunView) -> str:
             f'<td class="num attempts">{esc(attempts)}</td>'
             f'<td class="num usage">{esc(_usage(row.usage))}</td>'
             f"{_duration_cell(row, item_times)}"
-            f'<td class="failure error">{esc(message)}</td>'
+            f'<td class="failure error">{text_html(message)}</td>'
             f'<td class="why">{esc(row.why)}</td></tr>'
         )
     return "\n".join(out)
@@ -219,14 +233,15 @@ def _legend() -> str:
         f'<li class="state-{esc(key)}">{esc(words)}</li>' for key, words in STATES) + "</ul>"
 
 
-def _token_field(token: str) -> str:
+def token_field(token: str) -> str:
+    """The hidden field that carries the actions' token in a form."""
     return f'<input type="hidden" name="token" value="{esc(token)}">'
 
 
 def _button(view: RunView, verb: str, token: str, extra: str = "", label: str = "") -> str:
     return (
         f'<form class="inline action" method="post" action="{esc(run_href(view.run_id))}/{verb}">'
-        f'{_token_field(token)}{extra}'
+        f'{token_field(token)}{extra}'
         f'<button type="submit" id="action-{verb}">{esc(label or verb)}</button></form>'
     )
 
@@ -276,7 +291,7 @@ def in_flight_html(view: RunView, now: float | None = None) -> str:
     at = time.time() if now is None else now
     rows = "".join(
         f'<li data-step="{esc(f.name)}"><b>{esc(f.name)}</b>: attempt {f.attempt:,} on worker '
-        f"{esc(f.worker)}, for {esc(_age(max(0.0, at - f.since)))}</li>"
+        f"{esc(f.worker)}, for {esc(age_text(max(0.0, at - f.since)))}</li>"
         for f in sorted(view.in_flight.values(), key=lambda f: (f.since, f.name))
     )
     return f"<ul>{rows}</ul>"
@@ -365,16 +380,27 @@ def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dic
     """
     problem = f'<p class="error" id="problem">{esc(view.problem)}</p>' if view.problem else ""
     rows = steps_tbody(view) if tbody is None else tbody
+    cp = view.checkpoint
     return {
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
-        "run-problem": problem, "run-questions": _questions(view, token), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(rows), "run-audit": _explanation(view),
+        "run-problem": problem, "run-questions": _questions(view, token),
+        "run-answers": "" if cp is None else answers_html(cp.asked, view.run_id), "run-graph": _graph(view),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-usage": usage_html(cp),
+        "run-outputs": outputs_html(cp, view.run_id), "run-audit": _explanation(view),
         "run-timeline": _timeline(view),
     }
 
 
 def _version(html: str) -> str:
     return hashlib.sha256(html.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+
+
+def part_versions(parts: Mapping[str, str], token: str | None) -> dict[str, str]:
+    """Each part's version: a digest of its HTML with the token's fields emptied, as the JSON renders
+    them (with ``token=""``), so that the script replaces exactly the parts whose reading changed."""
+    field = None if not token else token_field(token)
+    return {key: _version(html if field is None else html.replace(field, token_field("")))
+            for key, html in parts.items()}
 
 
 def _versions(view: RunView, parts: dict[str, str], token: str | None) -> dict[str, str]:

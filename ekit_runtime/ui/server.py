@@ -2,7 +2,8 @@
 
 Routes (GET): ``/`` the runs page (``?status=&workflow=&page=N``),
 ``/api/runs`` the same as JSON, ``/run/<id>`` a run's page, ``/api/run/<id>``
-its JSON, ``/static/app.js`` and ``/static/app.css``. With actions allowed,
+its JSON, ``/run/<id>/output/<name>`` one of its outputs whole (JSON, as
+``text/plain``), ``/static/app.js`` and ``/static/app.css``. With actions allowed,
 POST ``/run/<id>/cancel``, ``retry``, ``answer``, ``approve`` and ``deny``
 act on the queue; each must carry the process's random token in the form's
 ``token`` field *and* in the ``ekit_ui_<port>`` cookie (``SameSite=Strict``, set by
@@ -30,7 +31,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ekit_runtime.queue import STATUSES, QueueUnavailableError, RunQueue
 from ekit_runtime.queue.records import check_workflow_name
 from ekit_runtime.sources import SourceError
-from ekit_runtime.ui import pages
+from ekit_runtime.ui import fleet, pages
+from ekit_runtime.ui.outputs import output_json
 from ekit_runtime.ui.sources import QueueSource, Source
 from ekit_runtime.ui.static import APP_CSS, APP_JS
 
@@ -142,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _json(self, data: Any, code: int = 200) -> None:
-        self._send(code, json.dumps(data), "application/json")
+        self._send(code, json.dumps(_encodable(data)), "application/json")
 
     def _error(self, code: int, message: str, as_json: bool = False) -> None:
         if as_json:
@@ -189,7 +191,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif path.startswith("/run/") or path.startswith("/api/run/"):
             as_json = path.startswith("/api/")
             rest = path.removeprefix("/api" if as_json else "").removeprefix("/run/")
-            if "/" in rest:
+            run_id, slash, more = rest.partition("/")
+            if slash and not as_json and more.startswith("output/") and "/" not in more[7:]:
+                self._output(unquote(run_id), unquote(more[7:]))
+                return
+            if slash:
                 raise _Refused(404, "no such page")
             self._run(unquote(rest), as_json)
         elif path == "/favicon.ico":
@@ -213,19 +219,27 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 raise _Refused(400, str(exc)) from None
         source = self.server.source
-        shown, total = source.page(status, workflow, pages.PAGE_SIZE, (page - 1) * pages.PAGE_SIZE)
+        token = self.server.token
+        # One reading: the table, its count and links, the waiting runs and the chart.
+        reading = source.overview(status, workflow, pages.PAGE_SIZE, (page - 1) * pages.PAGE_SIZE)
+        shown, total = reading.shown, reading.total
         if as_json:
             n_pages = max(1, -(-total // pages.PAGE_SIZE))
+            parts = fleet.runs_parts(reading, None if token is None else "", source.can_act)
             self._json({
                 "total": total, "page": page, "pages": n_pages, "page_size": pages.PAGE_SIZE,
                 "summary": pages.runs_summary(total, page, n_pages),
                 "runs": [_run_dict(r) for r in shown],
                 "tbody": pages.runs_tbody(shown),
                 "nav": pages.runs_nav(page, n_pages, status, workflow),
+                "waiting_total": reading.waiting_total,
+                "parts": parts,
+                "versions": pages.part_versions(parts, None),
             })
         else:
+            parts = fleet.runs_parts(reading, token, source.can_act)
             self._send(200, pages.runs_page(source.label, shown, total, page, status,
-                                            workflow, STATUSES, source.workflows()))
+                                            workflow, STATUSES, source.workflows(), parts, token))
 
     def _run(self, run_id: str, as_json: bool) -> None:
         view = self.server.source.view(run_id)
@@ -235,6 +249,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(pages.run_json(view, can_act=self.server.token is not None))
         else:
             self._send(200, pages.run_page(self.server.source.label, view, self.server.token))
+
+    def _output(self, run_id: str, name: str) -> None:
+        """One output of the run's latest checkpoint, whole, as JSON text (never as a page)."""
+        view = self.server.source.view(run_id)
+        if view is None:
+            raise _Refused(404, f"no run {run_id!r}")
+        cp = view.checkpoint
+        if cp is None or name not in cp.outputs:
+            raise _Refused(404, f"run {run_id!r} records no output {name!r}")
+        self._send(200, output_json(cp.outputs[name]) + "\n", "text/plain; charset=utf-8")
 
     # -- POST ----------------------------------------------------------------------
 
@@ -271,7 +295,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(404, f"no run {run_id!r}") from None
         except ValueError as exc:  # RunStateError and bad arguments: nothing was written
             raise _Refused(409, str(exc)) from None
-        self._send(303, "", extra={"Location": pages.run_href(run_id)})
+        # An answer given on the runs page leads back there; anything else to the run's page.
+        back = "/" if form.get("back") == "runs" else pages.run_href(run_id)
+        self._send(303, "", extra={"Location": back})
 
     def _drain(self) -> None:
         length = self.headers.get("Content-Length", "0")
@@ -371,6 +397,22 @@ def _value(text: str) -> Any:
         return text
     except RecursionError:  # valid JSON, maybe, but deeper than Python reads (or any store writes)
         raise _Refused(400, "the answer is JSON nested too deeply to read") from None
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with each lone surrogate of its text spelt ``\\udcxx``, as the pages are sent:
+    a live update shows what the page showed (JSON would hand the script the surrogate itself)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def _run_dict(r: Any) -> dict[str, Any]:

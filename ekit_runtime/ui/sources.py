@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ekit_core import GraphSpec, WorkflowCheckpoint, audit
 from ekit_core.audit import AuditReport, StepAudit
@@ -23,10 +23,19 @@ from ekit_core.human import Question, questions
 from ekit_core.progress import Progress, items_progress, run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue
+from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue, RunStatus
 from ekit_runtime.sources import read_checkpoints
 
-__all__ = ["FileSource", "QueueSource", "RunView", "Source", "step_states", "view_progress"]
+__all__ = [
+    "CHART_RUNS", "WAITING_SHOWN", "FileSource", "QueueSource", "RunView", "RunsView", "Source", "Waiting",
+    "step_states", "view_progress",
+]
+
+CHART_RUNS = 1000
+"""How many of the newest runs the runs page's chart draws (a page reads these, not every run)."""
+
+WAITING_SHOWN = 10
+"""How many of the runs waiting for a person the runs page shows first, with their questions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,33 @@ class RunView:
     states: dict[str, str] = field(default_factory=dict)
     items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     in_flight: Mapping[str, InFlight] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A run waiting for a person, as the runs page shows it: its record and the questions pending."""
+
+    info: RunInfo
+    questions: Mapping[str, Question]
+
+
+@dataclass(frozen=True, slots=True)
+class RunsView:
+    """One reading of the runs page, everything it shows.
+
+    ``shown`` is the page of runs (filtered, newest first) and ``total`` how
+    many match; ``waiting`` the runs waiting for a person (oldest first, at
+    most :data:`WAITING_SHOWN`) of ``waiting_total``; ``recent`` the newest
+    runs of the whole queue (at most :data:`CHART_RUNS`, newest first, the
+    chart's) of ``fleet_total``.
+    """
+
+    shown: tuple[RunInfo, ...]
+    total: int
+    waiting: tuple[Waiting, ...] = ()
+    waiting_total: int = 0
+    recent: tuple[RunInfo, ...] = ()
+    fleet_total: int = 0
 
 
 def view_progress(view: RunView) -> tuple[int, int | None]:
@@ -185,6 +221,22 @@ class Source:
         """The workflow names the filter offers (none by default)."""
         return []
 
+    def overview(self, status: str, workflow: str, limit: int, offset: int) -> RunsView:
+        """Everything the runs page shows, from one reading: :meth:`page`'s runs and count,
+        the runs waiting for a person and the newest runs the chart draws.
+
+        This default reads :meth:`runs` once (a store file has one run).
+        """
+        everyone = self.runs()
+        found = [r for r in everyone
+                 if (not status or r.status == status) and (not workflow or r.workflow == workflow)]
+        waiting = [Waiting(r, self._questions(r)) for r in reversed(everyone) if r.status == "waiting"]
+        return RunsView(tuple(found[offset:offset + limit]), len(found), tuple(waiting[:WAITING_SHOWN]),
+                        len(waiting), tuple(everyone[:CHART_RUNS]), len(everyone))
+
+    def _questions(self, info: RunInfo) -> Mapping[str, Question]:
+        return {}
+
     def view(self, run_id: str) -> RunView | None:
         """The run's page data; ``None`` when there is no such run."""
         raise NotImplementedError
@@ -202,6 +254,9 @@ class QueueSource(Source):
         self.queue = queue
         self.label = label
         self._lock = threading.Lock()
+        # The questions of the runs the runs page shows waiting, by run, with the record they were read
+        # under: a waiting run's checkpoint does not change until its record does (an answer, a rewind).
+        self._asked_of: dict[str, tuple[RunInfo, Mapping[str, Question]]] = {}
 
     def runs(self) -> list[RunInfo]:
         """Every run, newest first."""
@@ -223,6 +278,56 @@ class QueueSource(Source):
         """Every workflow the queue's runs are of (``SELECT DISTINCT``, not every run)."""
         with self._lock:
             return self.queue.workflow_names()
+
+    def overview(self, status: str, workflow: str, limit: int, offset: int, tries: int = 5) -> RunsView:
+        """The runs page's reading: the page, the waiting runs and the chart's runs, as of one moment.
+
+        Each is its own snapshot of the queue (the page and the chart's runs
+        are cut in SQL: a page never reads every run), so the records are
+        read again after the questions: when both reads agree, no run that
+        the page shows changed between them, and the page's numbers are of
+        one moment. A queue that changed between every one of ``tries``
+        such reads is shown as its last reading.
+        """
+        # "incomplete" is a store file's status: no queue run has it (None: the page matches none).
+        wanted: str | None = None if status and status not in STATUSES else status
+        with self._lock:
+            records = self._records(wanted, workflow, limit, offset)
+            for _ in range(max(1, tries)):
+                asked = {r.run_id: self._asked(r) for r in records[2]}
+                again = self._records(wanted, workflow, limit, offset)
+                if again == records:
+                    break
+                records = again
+            else:  # (the questions of the last reading, read after it)
+                asked = {r.run_id: self._asked(r) for r in records[2]}
+            self._asked_of = {r.run_id: (r, asked[r.run_id]) for r in records[2]}
+        page, total, waiting, waiting_total, recent, fleet = records
+        shown = tuple(Waiting(r, asked[r.run_id]) for r in waiting)
+        return RunsView(page, total, shown, waiting_total, recent, fleet)
+
+    def _asked(self, info: RunInfo) -> Mapping[str, Question]:
+        known = self._asked_of.get(info.run_id)
+        if known is not None and known[0] == info:
+            return known[1]  # (its checkpoint is not read again on every poll)
+        try:
+            return self.queue.questions(info.run_id)
+        except (LookupError, ValueError):  # pruned since, or a checkpoint that does not decode
+            return {}
+
+    def _records(self, status: str | None, workflow: str, limit: int, offset: int) -> tuple[
+            tuple[RunInfo, ...], int, tuple[RunInfo, ...], int, tuple[RunInfo, ...], int]:
+        q = self.queue
+        if status is None:
+            page: tuple[RunInfo, ...] = ()
+            total = 0
+        else:
+            found = q.runs_page(cast(RunStatus, status) or None, workflow=workflow or None, limit=limit,
+                                offset=offset, newest_first=True)
+            page, total = tuple(found.runs), found.total
+        waiting = q.runs_page("waiting", limit=WAITING_SHOWN)  # the first submitted first
+        recent = q.runs_page(None, limit=CHART_RUNS, newest_first=True)
+        return page, total, tuple(waiting.runs), waiting.total, tuple(recent.runs), recent.total
 
     def view(self, run_id: str) -> RunView | None:
         """The run's record, latest checkpoint and its audit against the graph it records."""
@@ -296,19 +401,30 @@ class FileSource(Source):
 
     def runs(self) -> list[RunInfo]:
         """The file's one run, as a record (status from its audit); a :class:`SourceError` if unreadable."""
-        view = self.read()
+        return [self._info(self.read())]
+
+    def _info(self, view: RunView) -> RunInfo:
         cp = view.checkpoint
         done, total = view_progress(view)
         error = None if cp is None or not cp.failures else "; ".join(
             f"{n}: {f.error_type}: {f.message}" for n, f in cp.failures.items())
-        return [RunInfo(
+        return RunInfo(
             run_id=self.run_id, workflow="-", status=view.status,  # type: ignore[arg-type]
             priority=0, epoch=0, owner=None, lease_until=None, cancel_requested=False,
             error=error, created_at=_mtime(self.path), updated_at=_mtime(self.path),
             fingerprint=None if cp is None else cp.fingerprint,
             steps_done=done, steps_total=total,
             cost=NO_USAGE if cp is None else cp.cost,
-        )]
+        )
+
+    def overview(self, status: str, workflow: str, limit: int, offset: int) -> RunsView:
+        """The runs page of the file: its one run, from one read of the file."""
+        view = self.read()
+        info = self._info(view)
+        matches = (not status or info.status == status) and (not workflow or info.workflow == workflow)
+        waiting = (Waiting(info, view.questions),) if view.status == "waiting" else ()
+        return RunsView((info,) if matches and offset == 0 and limit > 0 else (), int(matches),
+                        waiting, len(waiting), (info,), 1)
 
     def view(self, run_id: str) -> RunView | None:
         """The file's run, if ``run_id`` names it."""

@@ -25,13 +25,44 @@ APP_JS = r"""'use strict';
     }
     window.setInterval(tick, every);
   }
+  // What a person typed into a part's forms, by form and field: kept when the part is replaced.
+  function typed(el) {
+    var kept = {};
+    el.querySelectorAll('form input:not([type=hidden])').forEach(function (f) {
+      var step = f.form.querySelector('input[name=step]');
+      kept[f.form.getAttribute('action') + '|' + (step ? step.value : '') + '|' + f.name] = f.value;
+    });
+    return kept;
+  }
+  // Put in place, in one go, each part whose version changed, and give its forms the page's token
+  // back (the JSON never holds it) and what was typed into them.
+  function replaceParts(data, token) {
+    var parts = data.parts || {};
+    var versions = data.versions || {};
+    Object.keys(parts).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (!el || el.dataset.version === versions[id]) { return; }
+      var kept = typed(el);
+      el.innerHTML = parts[id];
+      el.dataset.version = versions[id];
+      el.querySelectorAll('input[name=token]').forEach(function (f) { f.value = token; });
+      el.querySelectorAll('form input:not([type=hidden])').forEach(function (f) {
+        var step = f.form.querySelector('input[name=step]');
+        var key = f.form.getAttribute('action') + '|' + (step ? step.value : '') + '|' + f.name;
+        if (Object.prototype.hasOwnProperty.call(kept, key)) { f.value = kept[key]; }
+      });
+    });
+  }
   function setText(id, text) {
     var el = document.getElementById(id);
     if (el && text !== undefined && text !== null) { el.textContent = text; }
   }
   var runs = document.getElementById('runs');
   if (runs && runs.dataset.api) {
+    var fleet = document.getElementById('fleet-parts');
+    var fleetToken = (fleet && fleet.dataset.token) || '';
     poll(runs.dataset.api, 1500, function (data) {
+      replaceParts(data, fleetToken);
       runs.tBodies[0].innerHTML = data.tbody;
       setText('runs-summary', data.summary);
       var nav = document.getElementById('runs-pages');
@@ -45,15 +76,7 @@ APP_JS = r"""'use strict';
     // Every part of the page comes from one reading of the run: a poll puts in
     // place, in one go, each part whose version changed, so no part lags another.
     poll(run.dataset.api, 2000, function (data) {
-      var parts = data.parts || {};
-      var versions = data.versions || {};
-      Object.keys(parts).forEach(function (id) {
-        var el = document.getElementById(id);
-        if (!el || el.dataset.version === versions[id]) { return; }
-        el.innerHTML = parts[id];
-        el.dataset.version = versions[id];
-        el.querySelectorAll('input[name=token]').forEach(function (f) { f.value = token; });
-      });
+      replaceParts(data, token);
       document.body.dataset.refreshed = String(Date.now());
     });
   }
@@ -91,4 +114,32 @@ svg.graph rect { stroke: #555; stroke-width: 1; }
 .error { color: #b02a37; white-space: pre-wrap; }
 .question { border: 1px solid #ffda6a; padding: 0.5em 1em; margin: 0.5em 0; }
 pre { white-space: pre-wrap; }
+#waiting { border: 2px solid #ffda6a; background: #fffbeb; padding: 0.25em 1em 0.75em; margin-bottom: 1em; }
+#waiting h2 { margin: 0.4em 0; }
+.waiting-run { border-top: 1px solid #f0d98a; padding: 0.2em 0; }
+.waiting-run > p { margin: 0.3em 0; }
+.waiting-run .question { background: #fff; margin: 0.2em 0 0.2em 1.5em; padding: 0.2em 0.75em; }
+.waiting-run .question p { margin: 0.2em 0; display: inline-block; margin-right: 1em; }
+.hint { color: #555; }
+.hint code, code { background: #f4f4f4; padding: 0 3px; }
+form.action input { margin: 0 0.25em; }
+input.answer-value { min-width: 20em; }
+.chart-box { overflow-x: auto; }
+svg.chart text { font: 11px system-ui, sans-serif; fill: #333; }
+svg.chart line.axis { stroke: #999; }
+svg.chart polyline.tokens { fill: none; stroke: #6f42c1; stroke-width: 2; }
+svg.chart circle.tokens { fill: #6f42c1; }
+svg.chart .usage-bar rect { fill: #6f42c1; opacity: 0.75; }
+.bar.status-queued, .chart-legend .status-queued { fill: #adb5bd; background: #adb5bd; }
+.bar.status-running, .chart-legend .status-running { fill: #9ec5fe; background: #9ec5fe; }
+.bar.status-waiting, .chart-legend .status-waiting { fill: #ffda6a; background: #ffda6a; }
+.bar.status-finished, .chart-legend .status-finished { fill: #75b798; background: #75b798; }
+.bar.status-failed, .chart-legend .status-failed { fill: #ea868f; background: #ea868f; }
+.bar.status-cancelled, .chart-legend .status-cancelled { fill: #dee2e6; background: #dee2e6; }
+.chart-legend .tokens { border-color: #6f42c1; color: #6f42c1; }
+td.output { max-width: 60em; }
+code.output-line { white-space: pre-wrap; word-break: break-all; }
+pre.output-full { max-height: 30em; overflow: auto; background: #f8f8f8; padding: 0.5em; }
+.type { font-size: 0.8em; color: #6f42c1; font-family: monospace; }
+.verdict-approved { color: #1e7b34; font-weight: 600; } .verdict-denied { color: #b02a37; font-weight: 600; }
 """

@@ -1,8 +1,10 @@
-"""The construction trick (a twin class, then ``__class__`` assigned) lives in ``ekit_core._frozen`` alone.
+"""The construction trick (a twin class, then ``__class__`` assigned) is played only where ``_frozen`` says.
 
-That module says what the trick is and why, and lists every value built
-that way; no other core module makes a twin or assigns ``__class__``, and
-the runtime reaches the fast constructors only through public names. The
+That ground-floor module says what the trick is and why, offers ``twin``
+alone, and lists every value built that way with its constructor, which
+lives beside the value's class. No other core function assigns
+``__class__``, no core module makes a class any other way, and the
+runtime reaches the fast constructors only through public names. The
 values built that way equal, and are as immutable as, the ordinary ones.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -17,14 +20,24 @@ from typing import Any
 import pytest
 
 import ekit_core
-from ekit_core import Batch, GraphSpec, Start, TokenUsage, WorkflowCheckpoint, checkpoint_of, initial_state
-from ekit_core import _frozen as frozen
+from ekit_core import (
+    Batch,
+    GraphSpec,
+    Start,
+    TokenUsage,
+    WorkflowCheckpoint,
+    _frozen,
+    checkpoint_of,
+    initial_state,
+    results,
+)
 from ekit_core.checkpoint import FailureRecord
 from ekit_core.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "ekit_core"
 THE_MODULE = CORE / "_frozen.py"
+BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta"}
 
 
 def trick_sites(source: str) -> list[str]:
@@ -54,14 +67,82 @@ def trick_sites(source: str) -> list[str]:
     return sorted(set(found))
 
 
-def test_no_core_module_but_frozen_plays_the_construction_trick() -> None:
-    offenders = {
-        str(path.relative_to(ROOT)): trick_sites(path.read_text(encoding="utf-8"))
-        for path in sorted(CORE.rglob("*.py"))
-        if path != THE_MODULE
+def _listed() -> dict[str, tuple[str, str]]:
+    """Each value ``_frozen``'s docstring lists: class -> (module, constructor)."""
+    doc = ast.get_docstring(ast.parse(THE_MODULE.read_text(encoding="utf-8"))) or ""
+    pairs = re.findall(r":class:`~ekit_core\.(\w+)`,\s+by\s+:func:`ekit_core\.(\w+)\.(\w+)`", doc)
+    return {cls: (module, function) for cls, module, function in pairs}
+
+
+def _twinned(tree: ast.Module) -> set[str]:
+    """The classes a module makes twins of, through ``twin(Class)``."""
+    return {
+        node.args[0].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "twin"
+        and node.args and isinstance(node.args[0], ast.Name)
     }
-    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _builders(tree: ast.Module) -> dict[str, set[str]]:
+    """The module-level functions that assign ``__class__``, and the names they assign."""
+    found: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == "__class__" for t in inner.targets
+                ):
+                    value = inner.value
+                    found.setdefault(node.name, set()).add(
+                        value.id if isinstance(value, ast.Name) else ast.unparse(value))
+    return found
+
+
+def test_the_frozen_module_is_ground_floor_and_says_why() -> None:
+    tree = ast.parse(THE_MODULE.read_text(encoding="utf-8"))
+    imported = [
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    ] + [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if name.startswith("ekit_core")]
+    doc = ast.get_docstring(tree) or ""
+    for reason in ("__class__", "instructions", "exec"):
+        assert reason in doc
+
+
+def test_the_trick_is_played_only_by_the_listed_constructors_on_their_own_twins() -> None:
+    listed = _listed()
+    assert set(listed) == BUILT_FAST
+    seen_twins: set[str] = set()
+    seen_builders: set[tuple[str, str]] = set()
+    offenders: dict[str, list[str]] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        if path == THE_MODULE:
+            continue
+        module = path.stem
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        twinned = _twinned(tree)
+        seen_twins |= twinned
+        allowed = {function for _, (mod, function) in listed.items() if mod == module}
+        builders = _builders(tree)
+        for function, classes in builders.items():
+            seen_builders.add((module, function))
+            if function not in allowed or not classes <= twinned | {"kind"}:
+                offenders.setdefault(module, []).append(f"{function} assigns {sorted(classes)}")
+        for site in trick_sites(path.read_text(encoding="utf-8")):
+            if "makes a class" in site or "through" in site:
+                offenders.setdefault(module, []).append(site)
+        for cls in twinned:
+            if listed.get(cls, ("",))[0] != module:
+                offenders.setdefault(module, []).append(f"twins {cls}, not listed for this module")
+    assert offenders == {}
+    assert seen_twins == BUILT_FAST
+    assert seen_builders == set(listed.values())
+
+
+def test_the_frozen_module_makes_the_twins() -> None:
     assert trick_sites(THE_MODULE.read_text(encoding="utf-8")), "the scan no longer sees the trick"
+    assert _frozen.__all__ == ["twin"]
 
 
 @pytest.mark.parametrize("planted", [
@@ -81,29 +162,10 @@ def test_the_scan_leaves_ordinary_code_alone() -> None:
     assert trick_sites("x = type(value)\nname = value.__class__.__name__\nw = object.__new__(Run)\n") == []
 
 
-def test_the_frozen_module_lists_every_value_it_builds_and_its_constructor() -> None:
-    tree = ast.parse(THE_MODULE.read_text(encoding="utf-8"))
-    doc = ast.get_docstring(tree) or ""
-    twinned = {
-        node.args[0].id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_twin"
-        and isinstance(node.args[0], ast.Name)
-    }
-    builders = {
-        node.name
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef)
-        and any("assigns __class__" in site for site in trick_sites(ast.unparse(node)))
-    }
-    assert twinned == {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta"}
-    assert builders == set(frozen.__all__)
-    for cls in twinned:
-        assert f":class:`~ekit_core.{cls}`" in doc, cls
-    for name in builders:
-        assert f":func:`{name}`" in doc, name
-    for reason in ("__class__", "instructions", "exec"):
-        assert reason in doc
+def test_a_constructor_the_list_leaves_out_is_found() -> None:
+    source = "def sneaky():\n    value = _StartTwin()\n    value.__class__ = Start\n"
+    assert _builders(ast.parse(source)) == {"sneaky": {"Start"}}
+    assert "sneaky" not in {function for _, function in _listed().values()}
 
 
 def test_the_runtime_imports_no_private_core_module() -> None:
@@ -136,9 +198,9 @@ def _same_value(fast: object, ordinary: object) -> None:
 
 
 def test_a_fast_batch_and_start_are_the_ordinary_values() -> None:
-    start = frozen.first_start("s")
+    start = results.first_start("s")
     _same_value(start, Start("s", 1, 0.0, False))
-    _same_value(frozen.batch((start,)), Batch((Start("s"),), ()))
+    _same_value(results.batch((start,)), Batch((Start("s"),), ()))
 
 
 def test_a_fast_state_is_the_ordinary_state() -> None:

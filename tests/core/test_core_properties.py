@@ -246,8 +246,8 @@ def test_transitions_never_mutate_their_input() -> None:
 @pytest.mark.parametrize(
     ("results", "message"),
     [
-        ([Succeeded("b", 1)], "not in flight"),
-        ([Start("b")], "not ready"),
+        ([Succeeded("b", 1)], "which is waiting: no row of the phase table takes Succeeded"),
+        ([Start("b")], "which is waiting: no row of the phase table takes Start"),
         ([Succeeded("ghost", 1)], "unknown step 'ghost'"),
         (["junk"], "cannot fold str"),
     ],

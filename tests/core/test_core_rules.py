@@ -170,7 +170,7 @@ def test_a_retry_delay_gates_the_attempt_until_it_began() -> None:
     assert [type(e) for e in retried] == [StepRetried]  # the real start comes later
     state, _ = advance(state, [Began("a")])
     assert state.events == (StepStarted("a", 2, 2.0),)
-    with pytest.raises(TransitionError, match="not a gated attempt"):
+    with pytest.raises(TransitionError, match="which is running: no row of the phase table takes Began"):
         apply(state, [Began("a")])  # it began already
 
 

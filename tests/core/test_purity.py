@@ -11,6 +11,7 @@ FORBIDDEN = {
     "asyncio", "os", "io", "time", "random", "threading", "logging", "pathlib",
     "socket", "sqlite3", "subprocess", "ekit_runtime", "multiprocessing", "concurrent",
     "shutil", "tempfile", "signal", "datetime", "uuid", "secrets", "pickle", "marshal",
+    "importlib",  # a module named at run time could be any of the above, or the runtime
 }
 
 

@@ -75,11 +75,16 @@ def test_a_denied_or_interrupted_step_is_ready_again_beside_the_others() -> None
 @pytest.mark.parametrize(
     ("report", "message"),
     [
-        (Failed("c", ValueError("x")), "failed result for step 'c', which is not in flight"),
-        (Denied("c", "no"), "denied result for step 'c', which is not in flight"),
-        (Interrupted("c"), "interrupted result for step 'c', which is not in flight"),
-        (Succeeded("c", 1), "success reported for step 'c', which is not in flight"),
-        (Began("a"), "attempt of step 'a' began, but it is not a gated attempt in flight"),
+        (Failed("c", ValueError("x")), "Failed for step 'c', which is ready: no row of the phase "
+                                       "table takes Failed there (only when running or gated)"),
+        (Denied("c", "no"), "Denied for step 'c', which is ready: no row of the phase table "
+                            "takes Denied there (only when gated)"),
+        (Interrupted("c"), "Interrupted for step 'c', which is ready: no row of the phase table "
+                           "takes Interrupted there (only when running or gated)"),
+        (Succeeded("c", 1), "Succeeded for step 'c', which is ready: no row of the phase table "
+                            "takes Succeeded there (only when running or gated)"),
+        (Began("a"), "Began for step 'a', which is running: no row of the phase table takes "
+                     "Began there (only when gated)"),
         (Failed("zz", ValueError("x")), "unknown step 'zz'"),
     ],
 )

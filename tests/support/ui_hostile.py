@@ -25,6 +25,9 @@ PAYLOAD = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>'><svg onload
 # A step's error type is its exception's class name: this one's is the payload.
 HostileError = type(PAYLOAD, (RuntimeError,), {})
 
+PAGE_SVGS = ("graph", "fleet-chart", "usage-chart")
+"""The ids of the SVGs the pages draw themselves (the run's graph, the fleet's chart, a run's usage)."""
+
 MAPPED = PAYLOAD + " mapped"
 ITEM = f"{MAPPED}[{PAYLOAD}]"
 """The name of the mapped step's item keyed by the payload (the slowest: it sleeps)."""
@@ -113,7 +116,7 @@ class _Markup(HTMLParser):
             self.unsafe.append(f"<{tag} {attrs}>")
         if tag == "svg":
             self.svgs += 1
-            if ("id", "graph") not in attrs:
+            if dict(attrs).get("id") not in PAGE_SVGS:
                 self.unsafe.append(f"<svg {attrs}>")
         self.unsafe.extend(f"<{tag} {name}=...>" for name in names if name.startswith("on"))
 
@@ -123,7 +126,7 @@ class _Markup(HTMLParser):
 
 def unsafe_markup(html: str) -> tuple[list[str], str]:
     """The elements and attributes in ``html`` no page of the dashboard makes (a script without
-    ``src``, an ``img``, an ``on*`` handler, an ``svg`` that is not the graph), and its text,
+    ``src``, an ``img``, an ``on*`` handler, an ``svg`` the pages do not draw), and its text,
     decoded, as a person reads it (one line per piece of text)."""
     parser = _Markup()
     parser.feed(html)
