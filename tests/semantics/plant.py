@@ -58,7 +58,10 @@ PLANTS = [
     Plant("f3b6d59", "11", "work that changed gets a new attempt number (redone)", (
         ("ekit_core/rewind.py", "    counted = set(touched)\n",
          "    return before.redone\n    counted = set(touched)\n"),)),
-    Plant("07aff01", "11", "... recorded or not, downstream too"),
+    Plant("07aff01", "11", "... recorded or not, downstream too", (
+        ("ekit_core/transitions.py",
+         "touched = changed_work(graph, checkpoint, versions) if resumed else _NO_NAMES",
+         "touched = _NO_NAMES"),)),
     Plant("441448e", "15", "replay judges a shaped resume by the rule the resume follows", (
         ("ekit_core/replay.py", "        if not graph.shapes:\n            return plain, outdated",
          "        if True:\n            return plain, outdated"),)),

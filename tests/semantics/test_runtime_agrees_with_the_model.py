@@ -66,7 +66,8 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES)
-@given(plan=st.one_of(combined_workflows(), chained_workflows(), reshaped_workflows()),
+@given(plan=st.one_of(combined_workflows(), combined_workflows(), chained_workflows(),
+                      chained_workflows(upstream_changes=True), reshaped_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
