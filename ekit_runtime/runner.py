@@ -28,7 +28,7 @@ from collections.abc import (
     Sequence,
 )
 from inspect import CO_COROUTINE
-from time import perf_counter
+from time import perf_counter, time
 from types import FunctionType, MappingProxyType
 from typing import Any, NoReturn, TypeAlias, cast
 
@@ -189,6 +189,7 @@ class Runner:
             else () if trace is None else (cast(Callable[[Event], Any], trace),)
         )
         self.sleep, self.clock = sleep, clock
+        self._epoch = 0.0  # the clock's reading as epoch seconds: set as the run begins
         self.last_checkpoint: WorkflowCheckpoint | None = None
         self._loop: asyncio.AbstractEventLoop  # the running loop, set as the run begins
         # initial_state recorded RunStarted and the skips; advance() replaces
@@ -341,6 +342,10 @@ class Runner:
         if self.state.setbacks.asked:  # before any attempt starts
             self._take_answers(self.state)
         self._loop = asyncio.get_running_loop()
+        # The run's clock read as UTC epoch seconds: when an attempt began, for
+        # the timeline (one subtraction per run; the clock's drift from the wall
+        # clock over a run is well below what a timeline shows).
+        self._epoch = time() - self.clock()
         if self._traces:  # (see _partials)
             self._partials = set()
         # Until the run ends (its wind-down included), a signal the kernel
@@ -593,7 +598,8 @@ class Runner:
                 except BaseException:
                     output = _RAISED
                 if type(output) in PLAIN_OUTPUTS:  # split_result's first rule
-                    inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began))
+                    inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began,
+                                            began + self._epoch))
                     continue
             try:
                 outcome = self._outcome_of(task, name, began)
@@ -617,8 +623,10 @@ class Runner:
         if task.cancelled():
             if task in self._cancelled:
                 return Interrupted(name)
-            duration = None if began is None else self.clock() - began
-            return Failed(name, _own_cancellation(name, task), duration)
+            if began is None:
+                return Failed(name, _own_cancellation(name, task))
+            return Failed(name, _own_cancellation(name, task), self.clock() - began,
+                          began=began + self._epoch)
         if began is None:
             result: Input = task.result()
             return result
@@ -626,11 +634,11 @@ class Runner:
         duration = self.clock() - began
         if error is None:
             output, usage = split_result(task.result())
-            return succeeded(name, output, usage, duration)
+            return succeeded(name, output, usage, duration, began + self._epoch)
         if isinstance(error, human.InputRequired):
             return self._asked(name, error, duration)
         if isinstance(error, Exception):
-            return _failure(name, error, duration)
+            return _failure(name, error, duration, began + self._epoch)
         raise error
 
     async def _gated(self, step: Step, start: Start, gates: tuple[Gate, ...], context: Context,
@@ -695,9 +703,9 @@ class Runner:
             except human.InputRequired as exc:
                 return self._asked(name, exc, self.clock() - began)
             except Exception as exc:
-                return _failure(name, exc, self.clock() - began)
+                return _failure(name, exc, self.clock() - began, began + self._epoch)
             output, usage = split_result(returned)
-            return Succeeded(name, output, usage, self.clock() - began)
+            return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
             if release is not None:
                 await _give_back(release, name)
@@ -950,7 +958,8 @@ async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
         raise StepTimeoutError(step.name, step.timeout) from exc
 
 
-def _failure(name: str, error: Exception, duration: float | None = None) -> Failed:
+def _failure(name: str, error: Exception, duration: float | None = None,
+             began: float | None = None) -> Failed:
     """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
 
     Read on the failure path only, and imported there: a run that never
@@ -958,7 +967,7 @@ def _failure(name: str, error: Exception, duration: float | None = None) -> Fail
     """
     from ekit_runtime.retry_hints import retry_after
 
-    return Failed(name, error, duration, retry_after(error))
+    return Failed(name, error, duration, retry_after(error), began)
 
 
 async def _give_back(release: Callable[[], Any], name: str) -> None:
