@@ -23,8 +23,8 @@ from ekit_core.usage import TokenUsage
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
-from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg
 from ekit_runtime.ui.sources import RunView, view_progress
+from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg
 
 __all__ = [
     "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",

@@ -73,12 +73,12 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
     durations, began = cp.durations, cp.began
     ends: dict[str, float] = {}
     out: list[Bar] = []
-    for name, start in began.items():
+    for name, moment in began.items():
         seconds = durations.get(name)
         if seconds is None:
             continue
-        ends[name] = start + seconds
-        out.append(Bar(_step_of(name, graph), name, "recorded", start, start + seconds,
+        ends[name] = moment + seconds
+        out.append(Bar(_step_of(name, graph), name, "recorded", moment, moment + seconds,
                        f"recorded: took {seconds:,.3f} s"))
     for name, failure in cp.failures.items():
         if failure.began is None or failure.ended is None:
@@ -96,7 +96,7 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
         return max(known) if known else first
 
     for name, exchanges in cp.asked.items():
-        start = ready(name)
+        start: float | None = ready(name)
         for i, exchange in enumerate(exchanges, 1):
             answer = exchange.answer
             at = None if answer is None else _moment(answer.at)
@@ -141,7 +141,7 @@ def _rows(found: list[Bar], graph: Mapping[str, object]) -> list[tuple[str, str]
         earliest[b.name] = min(b.began, earliest.get(b.name, b.began))
     order = {name: i for i, name in enumerate(graph)}
     steps = sorted({b.step for b in found}, key=lambda s: (order.get(s, len(order)), s))
-    rows = []
+    rows: list[tuple[str, str]] = []
     for step in steps:
         names = sorted({b.name for b in found if b.step == step},
                        key=lambda n: (n != step, earliest[n], n))
