@@ -510,8 +510,6 @@ class WorkflowCheckpoint(_CheckpointFields):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
         outputs = _table(data["outputs"], "outputs")
-        durations = check_durations(data.get("durations"))
-        began = check_began(data.get("began"))
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(outputs),
@@ -531,9 +529,9 @@ class WorkflowCheckpoint(_CheckpointFields):
             shapes=MappingProxyType(shapes),
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
-            durations=durations,
+            durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})),
-            began=began,
+            began=check_began(data.get("began")),
         )
         return checkpoint
 

@@ -454,6 +454,10 @@ def _recorded_halt(limits: RunLimits, checkpoint: WorkflowCheckpoint, left: int)
     return None
 
 
+def _kept(table: Mapping[str, float], drop: set[str] | frozenset[str]) -> MappingProxyType[str, float]:
+    return MappingProxyType({k: v for k, v in table.items() if k not in drop})
+
+
 def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
              ) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage], Timings]:
     """The ledgers a run starts from: the recorded outputs, and the usage and durations
@@ -721,8 +725,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
         checkpoint,
         outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
-        durations=MappingProxyType({k: v for k, v in checkpoint.durations.items() if k not in drop}),
-        began=MappingProxyType({k: v for k, v in checkpoint.began.items() if k not in drop}),
+        durations=_kept(checkpoint.durations, drop), began=_kept(checkpoint.began, drop),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),
         superseded=MappingProxyType(aside),
     )

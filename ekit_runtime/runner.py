@@ -159,6 +159,7 @@ class Runner:
     # shared-key dict, and every attribute read of the run's loop costs more.
     _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
     save_first = False
+    _epoch = 0.0  # the clock's reading as epoch seconds: set as the run begins
 
     def __init__(
         self,
@@ -189,7 +190,6 @@ class Runner:
             else () if trace is None else (cast(Callable[[Event], Any], trace),)
         )
         self.sleep, self.clock = sleep, clock
-        self._epoch = 0.0  # the clock's reading as epoch seconds: set as the run begins
         self.last_checkpoint: WorkflowCheckpoint | None = None
         self._loop: asyncio.AbstractEventLoop  # the running loop, set as the run begins
         # initial_state recorded RunStarted and the skips; advance() replaces

@@ -317,17 +317,12 @@ def decode_checkpoint(
             spent = _decode(value, default_loads, where, f"usage of step {name!r}")
             if type(spent) is dict and "seconds" in spent:  # its duration: see the module
                 durations[name] = spent.pop("seconds")
-                if "began" in spent:
-                    began[name] = spent.pop("began")
+                began.update({name: spent.pop("began")} if "began" in spent else ())
                 if spent == _NO_COUNTS:
                     continue  # timed, spent nothing: no usage entry
             usage[name] = spent
-    data["outputs"] = outputs
-    data["step_usage"] = usage
-    if durations:
-        data["durations"] = durations
-    if began:
-        data["began"] = began
+    data["outputs"], data["step_usage"] = outputs, usage
+    data.update((k, table) for k, table in (("durations", durations), ("began", began)) if table)
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})

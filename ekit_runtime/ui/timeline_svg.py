@@ -149,6 +149,19 @@ def _rows(found: list[Bar], graph: Mapping[str, object]) -> list[tuple[str, str]
     return rows
 
 
+def _bar(b: Bar, x0: float, y: float, width: float, worker: str | None) -> str:
+    """One bar's ``<rect>``, its figures in ``data-`` fields and its ``<title>``, escaped."""
+    on = f" on worker {worker}" if worker else ""
+    until = "now (still waiting)" if b.ended is None else _utc(b.ended)
+    title = f"{b.name}: {b.note}; {_utc(b.began)} to {until}{on}"
+    attrs = (f'data-name="{escape(b.name, quote=True)}" data-outcome="{b.outcome}" '
+             f'data-began="{b.began!r}" data-ended="{"" if b.ended is None else repr(b.ended)}"'
+             + (f' data-worker="{escape(worker, quote=True)}"' if worker else ""))
+    return (f'<rect class="attempt outcome-{b.outcome}" x="{x0:.1f}" y="{y + 3}" '
+            f'width="{width:.1f}" height="{_ROW - 6}" {attrs}>'
+            f"<title>{escape(title, quote=True)}</title></rect>")
+
+
 def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float | None = None) -> str:
     """The SVG text of ``cp``'s timeline (``""`` when it records no time); ``worker`` is who ran
     the attempts, where known (a queue's run: its owner)."""
@@ -194,19 +207,9 @@ def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float |
             group.append(f'<text class="row-label{"" if name == step else " item"}" x="{_LABEL - 6}" '
                          f'y="{y + _ROW - 5}" text-anchor="end">{escape(label)}</text>')
         for b in sorted(by_step[step], key=lambda b: (index[b.name], b.began)):
-            y = _TOP + index[b.name] * _ROW
-            ended = end if b.ended is None else b.ended
             x0 = x(b.began)
-            width = max(2.0, x(ended) - x0)
-            on = f" on worker {worker}" if worker else ""
-            until = "now (still waiting)" if b.ended is None else _utc(b.ended)
-            title = f"{b.name}: {b.note}; {_utc(b.began)} to {until}{on}"
-            attrs = (f'data-name="{escape(b.name, quote=True)}" data-outcome="{b.outcome}" '
-                     f'data-began="{b.began!r}" data-ended="{"" if b.ended is None else repr(b.ended)}"'
-                     + (f' data-worker="{escape(worker, quote=True)}"' if worker else ""))
-            group.append(f'<rect class="attempt outcome-{b.outcome}" x="{x0:.1f}" y="{y + 3}" '
-                         f'width="{width:.1f}" height="{_ROW - 6}" {attrs}>'
-                         f"<title>{escape(title, quote=True)}</title></rect>")
+            width = max(2.0, x(end if b.ended is None else b.ended) - x0)
+            group.append(_bar(b, x0, _TOP + index[b.name] * _ROW, width, worker))
         group.append("</g>")
         out.append("".join(group))
     out.append("</svg>")
