@@ -407,9 +407,10 @@ def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dic
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
         "run-problem": problem, "run-questions": _questions(view, token),
         "run-answers": "" if cp is None else answers_html(cp.asked, view.run_id), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(rows), "run-usage": usage_html(cp),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-attempts": _gantt(view),
+        "run-usage": usage_html(cp),
         "run-outputs": outputs_html(cp, view.run_id), "run-audit": _explanation(view),
-        "run-attempts": _gantt(view), "run-timeline": _timeline(view),
+        "run-timeline": _timeline(view),
     }
 
 

@@ -77,7 +77,10 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
         seconds = durations.get(name)
         if seconds is None:
             continue
-        ends[name] = moment + seconds
+        step, ended = _step_of(name, graph), moment + seconds
+        ends[name] = ended
+        if step != name:  # a mapped step is done when its last item is
+            ends[step] = max(ended, ends.get(step, ended))
         out.append(Bar(_step_of(name, graph), name, "recorded", moment, moment + seconds,
                        f"recorded: took {seconds:,.3f} s"))
     for name, failure in cp.failures.items():
@@ -119,9 +122,14 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
     return out
 
 
-def _clock(at: float, span: float) -> str:
+def _clock(at: float, start: float, span: float) -> str:
+    """A tick's label: the first one the time of day (UTC), the others the time since it."""
+    if at > start:
+        since = at - start
+        return (f"+{since:.3g} s" if since < 60 else f"+{since / 60:.3g} min" if since < 3600
+                else f"+{since / 3600:.3g} h")
     try:
-        return time.strftime("%H:%M:%S" if span < 86400 else "%m-%d %H:%M", time.gmtime(at))
+        return time.strftime("%H:%M:%S UTC" if span < 86400 else "%m-%d %H:%M UTC", time.gmtime(at))
     except (OverflowError, OSError, ValueError):
         return "?"
 
@@ -195,7 +203,7 @@ def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float |
         out.append(f'<line class="grid" x1="{px:.1f}" y1="{_TOP}" x2="{px:.1f}" y2="{bottom}"/>'
                    f'<text class="axis-label" x="{px:.1f}" y="{bottom + 14}" '
                    f'text-anchor="{"start" if i == 0 else "end" if i == 4 else "middle"}">'
-                   f"{escape(_clock(at, span))}</text>")
+                   f"{escape(_clock(at, start, span))}</text>")
     by_step: dict[str, list[Bar]] = {}
     for b in found:
         by_step.setdefault(b.step, []).append(b)
