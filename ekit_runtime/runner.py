@@ -159,7 +159,7 @@ class Runner:
     # shared-key dict, and every attribute read of the run's loop costs more.
     _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
     save_first = False
-    _epoch = 0.0  # the clock's reading as epoch seconds: set as the run begins
+    _epoch = 0.0  # the clock's reading as epoch seconds: set as a run that records times begins
 
     def __init__(
         self,
@@ -342,10 +342,13 @@ class Runner:
         if self.state.setbacks.asked:  # before any attempt starts
             self._take_answers(self.state)
         self._loop = asyncio.get_running_loop()
-        # The run's clock read as UTC epoch seconds: when an attempt began, for
-        # the timeline (one subtraction per run; the clock's drift from the wall
-        # clock over a run is well below what a timeline shows).
-        self._epoch = time() - self.clock()
+        if self.state.spec.limits.durations:
+            # The run's clock read as UTC epoch seconds: when an attempt began,
+            # for the timeline (the clock's drift from the wall clock over a run
+            # is well below what a timeline shows). Only in a run that records
+            # times: an attribute more on every runner would cost every step
+            # (see _answers); the others hand the core times it does not keep.
+            self._epoch = time() - self.clock()
         if self._traces:  # (see _partials)
             self._partials = set()
         # Until the run ends (its wind-down included), a signal the kernel

@@ -19,7 +19,14 @@ import pytest
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime.queue import SqliteQueue
 from tests.dashboard.test_timeline_bars_match_the_recorded_attempts import finished_run
-from tests.support.browser import UiServer, chrome, require_browser, run_url, severe_console_errors, wait_until
+from tests.support.browser import (
+    UiServer,
+    chrome,
+    require_browser,
+    run_url,
+    severe_console_errors,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
