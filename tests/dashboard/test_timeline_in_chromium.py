@@ -73,7 +73,9 @@ def _check(bars: list[dict[str, Any]], cp: WorkflowCheckpoint) -> None:
     assert len(set(fills.values())) == 3, fills  # coloured by outcome
 
 
-def test_the_run_page_draws_one_bar_per_recorded_attempt(served: tuple[UiServer, Any, WorkflowCheckpoint]) -> None:
+def test_the_run_page_draws_one_bar_per_recorded_attempt(
+    served: tuple[UiServer, Any, WorkflowCheckpoint],
+) -> None:
     server, driver, cp = served
     driver.get(run_url(server, "timed"))
     wait_until(driver, lambda d: _drawn(d), 20, "the timeline was never drawn")
