@@ -151,12 +151,18 @@ class Failed:
     HTTP ``Retry-After``, read by the shell: see
     :func:`ekit_runtime.retry_after`): a retry waits at least that long, and
     one asked for longer than the policy's ``max_retry_after`` is not made.
+
+    ``gate`` is the gate whose call raised (:data:`CONDITION` or
+    :data:`APPROVAL`), for an attempt that failed before its work began; the
+    gates before it answered. After an approval that raised, the retry asks
+    the approval again, not the condition, which had held.
     """
 
     name: str
     error: BaseException
     duration: float | None = None
     retry_after: float | None = None
+    gate: Gate | None = None
     # When the attempt began (UTC epoch seconds, the shell's clock): the
     # failure record keeps it, with when it ended, when durations are recorded.
     began: float | None = None

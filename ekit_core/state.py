@@ -190,6 +190,9 @@ class Setbacks:
     # condition or its approval answered (either raised): their next attempt
     # asks again, as a resume would. Rare, so a frozenset copied per change.
     unanswered: frozenset[str] = frozenset()
+    # Those of ``unanswered`` whose condition held, their approval then
+    # raised (``Failed.gate``): their next attempt asks the approval only.
+    held: frozenset[str] = frozenset()
 
 
 Incidents = Setbacks

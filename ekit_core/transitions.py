@@ -123,6 +123,7 @@ from ekit_core.numbers import check_number
 from ekit_core.phases import Phase, Row, Trigger, _reading
 from ekit_core.policy import NO_RETRY, RetryPolicy
 from ekit_core.results import (
+    APPROVAL,
     Asked,
     Batch,
     Began,
@@ -721,9 +722,19 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     forced = _forced_skips(graph, checkpoint, drop, again)
     if not drop and not forced and aside.keys() == checkpoint.superseded.keys():
         return checkpoint
+    return _dropped(checkpoint, drop, forced, aside)
+
+
+def _dropped(checkpoint: WorkflowCheckpoint, drop: set[str], forced: dict[str, str],
+             aside: dict[str, Any]) -> WorkflowCheckpoint:
+    """``checkpoint`` without what ``drop`` names, ``forced`` skipped, ``aside`` set aside."""
+    outputs = checkpoint.outputs
     return _replace(
         checkpoint,
-        outputs=MappingProxyType({k: v for k, v in checkpoint.outputs.items() if k not in drop}),
+        # One step fewer finished per output dropped: else the resume's first save, which
+        # counts what it keeps, reads to replay as step_index going down.
+        step_index=max(0, checkpoint.step_index - sum(1 for n in drop if n in outputs)),
+        outputs=MappingProxyType({k: v for k, v in outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
         durations=_kept(checkpoint.durations, drop), began=_kept(checkpoint.began, drop),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),
@@ -1061,7 +1072,9 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if spec.shaped is not None:
         _after_recorded(w, name, spec.shaped)
     budget = spec.limits.budget
-    if budget is not None and w.setbacks.halt is None and w.completed < len(spec.graph.names) \
+    # w.spec, not spec: a recorded output that steps map over grew the graph above (and an
+    # early cutoff may have recorded items with it), so ``spec`` no longer counts its steps.
+    if budget is not None and w.setbacks.halt is None and w.completed < len(w.spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
 
@@ -1148,9 +1161,13 @@ def _failed(w: _Run, failed: Failed) -> None:
     asked for more than the policy's ``max_retry_after`` is not retried.
     """
     name = failed.name
-    unanswered = _unanswered(w.setbacks, name, name in w.setbacks.gated)
+    before_work = name in w.setbacks.gated
+    unanswered = _unanswered(w.setbacks, name, before_work)
     j = w.end_attempt(name)
     inc = w.setbacks if unanswered is None else _replace(w.setbacks, unanswered=unanswered)
+    held = _condition_held(inc, name, before_work and failed.gate == APPROVAL)
+    if held is not None:
+        inc = _replace(inc, held=held)
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
     previous = inc.failures.get(name)
@@ -1188,6 +1205,16 @@ def _unanswered(inc: Setbacks, name: str, before_work: bool) -> frozenset[str] |
     if before_work and (name not in inc.tries or name in unanswered):
         return None if name in unanswered else unanswered | {name}
     return unanswered - {name} if name in unanswered else None
+
+
+def _condition_held(inc: Setbacks, name: str, approval_raised: bool) -> frozenset[str] | None:
+    """The steps whose condition held though their gate is unanswered, once ``name``'s
+    attempt failed, if that changes them: its approval raised after its condition held
+    (or it had no condition), so the condition has answered and is not asked again."""
+    held = inc.held
+    if approval_raised and name in inc.unanswered:
+        return None if name in held else held | {name}
+    return held - {name} if name in held else None
 
 
 def _wait_asked(failed: Failed) -> float | None:
@@ -1591,7 +1618,7 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         name = spec.graph.names[offset + ready.bit_length() - 1]
         if name not in tries and name not in delays and not (spec.conditional and _asks(spec, name)):
             return (first_start(name),)
-        asks = (name not in tries or name in inc.unanswered) and _asks(spec, name)
+        asks = (name not in tries or name in inc.unanswered) and _asks(spec, name) and name not in inc.held
         return (Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), False, asks),)
     names = spec.graph.names
     conditional = spec.conditional  # (no step has a condition: no start asks one)
@@ -1602,7 +1629,7 @@ def _choose(spec: RunSpec, offset: int, ready: int, in_flight: int,
         name = names[offset + i]
         # Its condition and approval are asked until they answer (see _unanswered).
         unanswered = name not in tries or name in inc.unanswered
-        asks = conditional and unanswered and _asks(spec, name)
+        asks = conditional and unanswered and name not in inc.held and _asks(spec, name)
         starts.append(Start(name, tries.get(name, 0) + 1, delays.get(name, 0.0), gate and unanswered, asks))
     return tuple(starts)
 

@@ -88,6 +88,10 @@ class StepCancelledError(Exception):
 class StepTimeoutError(TimeoutError):
     """An attempt of ``step`` ran past its ``timeout`` (seconds) and was stopped.
 
+    ``step`` is the attempt's own name: an item of a mapped step is named as
+    its failure is recorded (``summarize[1]``), so the message says which
+    item timed out.
+
     A ``TimeoutError``, so ``RetryPolicy(retry_on=(TimeoutError,))`` retries
     it. A sync step running in a thread cannot be stopped: the attempt fails
     at the deadline, and the thread runs on until the function returns.

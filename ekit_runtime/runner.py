@@ -641,7 +641,7 @@ class Runner:
         if isinstance(error, human.InputRequired):
             return self._asked(name, error, duration)
         if isinstance(error, Exception):
-            return _failure(name, error, duration, began + self._epoch)
+            return _failure(name, error, duration, began=began + self._epoch)
         raise error
 
     async def _gated(self, step: Step, start: Start, gates: tuple[Gate, ...], context: Context,
@@ -660,7 +660,10 @@ class Runner:
                 elif gate == APPROVAL:
                     if self.approval is None:
                         raise InternalError(f"ekit: step {name!r} was gated on an approval nobody gives")
-                    verdict = await ask(self.approval, name, step.metadata)
+                    try:
+                        verdict = await ask(self.approval, name, step.metadata)
+                    except Exception as exc:  # the condition, if any, had answered: said so
+                        return _failure(name, exc, gate=APPROVAL)
                     if not verdict.approved:
                         return Denied(name, verdict.reason)
         except Exception as exc:
@@ -700,13 +703,13 @@ class Runner:
         try:
             try:
                 if step.timeout is not None:
-                    returned = await _within(step, executor.run(attempt))
+                    returned = await _within(name, step.timeout, executor.run(attempt))
                 else:
                     returned = await executor.run(attempt)
             except human.InputRequired as exc:
                 return self._asked(name, exc, self.clock() - began)
             except Exception as exc:
-                return _failure(name, exc, self.clock() - began, began + self._epoch)
+                return _failure(name, exc, self.clock() - began, began=began + self._epoch)
             output, usage = split_result(returned)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
@@ -947,21 +950,20 @@ def prepare_run_of(checkpoint_fn: Any) -> Callable[[WorkflowCheckpoint], Any] | 
     return cast(Callable[[WorkflowCheckpoint], Any] | None, prepare)
 
 
-async def _within(step: Step, attempt: Awaitable[Any]) -> Any:
-    """Await ``attempt`` within the step's timeout; past it, a :class:`StepTimeoutError`."""
-    if step.timeout is None:
-        return await attempt
-    scope = asyncio.timeout(step.timeout)
+async def _within(name: str, limit: float, attempt: Awaitable[Any]) -> Any:
+    """Await ``attempt`` within ``limit`` seconds; past it, a :class:`StepTimeoutError` naming
+    ``name``, the attempt's step or item (``m[1]``): an item's record must say which item timed out."""
+    scope = asyncio.timeout(limit)
     try:
         async with scope:
             return await attempt
     except TimeoutError as exc:
         if not scope.expired():
             raise  # the step's own TimeoutError, not our deadline
-        raise StepTimeoutError(step.name, step.timeout) from exc
+        raise StepTimeoutError(name, limit) from exc
 
 
-def _failure(name: str, error: Exception, duration: float | None = None,
+def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None,
              began: float | None = None) -> Failed:
     """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
 
@@ -970,7 +972,7 @@ def _failure(name: str, error: Exception, duration: float | None = None,
     """
     from ekit_runtime.retry_hints import retry_after
 
-    return Failed(name, error, duration, retry_after(error), began)
+    return Failed(name, error, duration, retry_after(error), gate, began)
 
 
 async def _give_back(release: Callable[[], Any], name: str) -> None:

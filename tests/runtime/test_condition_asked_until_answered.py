@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ekit_core import Began, Failed, GraphSpec, RetryPolicy, Shape, Skipped, advance, initial_state
+from ekit_core.results import APPROVAL
 from ekit_runtime import Approval, Step, Workflow, WorkflowCheckpoint
 
 RETRY = RetryPolicy(max_attempts=4, backoff_base=2.0)
@@ -183,6 +184,39 @@ def test_the_core_marks_a_start_to_ask_the_condition_until_it_has_answered() -> 
     assert [(s.attempt, s.condition) for s in batch.starts] == [(3, False)]
     state, batch = advance(state, [Failed("a", ConnectionError())])
     assert [(s.attempt, s.condition) for s in batch.starts] == [(4, False)]
+
+
+def test_the_core_asks_only_the_approval_again_after_it_raised_behind_a_held_condition() -> None:
+    graph = GraphSpec.of({"a": []}, shapes={"a": Shape(when="flag")})
+    state, batch = advance(
+        initial_state(graph, policies={"a": RetryPolicy(max_attempts=5)}, approval=True), ())
+    assert [(s.condition, s.approval) for s in batch.starts] == [(True, True)]
+    # The condition held, then the approval raised (Failed.gate): only the approval is unanswered.
+    state, batch = advance(state, [Failed("a", ConnectionError(), gate=APPROVAL)])
+    assert [(s.attempt, s.condition, s.approval) for s in batch.starts] == [(2, False, True)]
+    state, batch = advance(state, [Failed("a", ConnectionError(), gate=APPROVAL)])
+    assert [(s.attempt, s.condition, s.approval) for s in batch.starts] == [(3, False, True)]
+    # The approval answered, then the step itself failed: neither is asked again.
+    state, _ = advance(state, [Began("a")])
+    state, batch = advance(state, [Failed("a", ConnectionError())])
+    assert [(s.attempt, s.condition, s.approval) for s in batch.starts] == [(4, False, False)]
+
+
+def test_a_raising_approval_behind_a_held_condition_asks_the_approval_only() -> None:
+    log: list[str] = []
+    calls = [0]
+
+    def approve(name: str, metadata: Any) -> bool:
+        if name == "escalate":
+            calls[0] += 1
+            log.append("approval")
+            if calls[0] == 1:
+                raise ConnectionError("the approval service is down")
+        return True
+
+    state = _run(_workflow(_Flaky(raises=0, answer=True, log=log), log), log, approval=approve)
+    assert log == ["asked", "approval", "sleep 2.0", "approval", "paid"]
+    assert state.outputs["escalate"] == "escalated"
 
 
 def test_the_core_asks_a_condition_again_until_a_false_answer_is_recorded() -> None:

@@ -1,8 +1,8 @@
 """Disagreements the differential test (``test_runtime_agrees_with_the_model.py``) found
 between the runtime and the reference model, each cut down to a minimal reproducer.
 
-Each is a bug of the runtime by the docs; none is fixed here. ``xfail(strict=True)``:
-the test fails the day the bug is fixed, so that its mark is taken off.
+Each was a bug of the runtime by the docs, now fixed (issue 43); the reproducers stay as
+pins. A new one goes in as ``xfail(strict=True)`` until its fix takes the mark off.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def _mapped(version: str) -> Workflow:
     ])
 
 
-@pytest.mark.xfail(strict=True, reason="replay calls the legal resume step_index_decreased")
 def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
     """A bump of a mapped step whose items asked (one answered and recorded, one waiting)
     is a legal resume: the recorded item is outdated and runs again (docs/checkpoint-format.md,
@@ -52,7 +51,6 @@ def test_replay_accepts_a_bumped_mapped_step_with_questions() -> None:
     assert report.ok, [v.to_dict() for v in report.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="the failure record of an item's timeout names its mapped step")
 def test_an_item_that_times_out_is_named() -> None:
     """Each item is "a step of its own ... named summarize[0]: its own attempts, retries,
     timeout" (docs/concepts.md), and a timeout "names the step and its limit (step 'ask'
@@ -73,7 +71,6 @@ def test_an_item_that_times_out_is_named() -> None:
     assert "m[1]" in str(raised.value)
 
 
-@pytest.mark.xfail(strict=True, reason="an early cutoff in the budget's transition lets steps start")
 def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
     """"Once the accumulated usage reaches any of them, no new step starts" (docs/failures.md).
     A resume after a bump of ``u``, which ``m`` maps over: ``u`` runs again and its usage
@@ -104,7 +101,6 @@ def test_a_budget_reached_beside_an_early_cutoff_stops_the_run() -> None:
     assert paid == ["u"]
 
 
-@pytest.mark.xfail(strict=True, reason="a retry after the approval raised asks the condition again")
 def test_a_condition_that_answered_is_not_asked_again() -> None:
     """The shell asks a condition "before a step's first attempt, and before each retry
     until the condition has answered" (docs/concepts.md). Here it answered (true) and the
