@@ -25,6 +25,7 @@ from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exch
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
+from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape
 from ekit_core.usage import NO_USAGE, TokenUsage
 
@@ -69,15 +70,26 @@ class UnsupportedFormatError(CheckpointError):
 
 @dataclass(frozen=True, slots=True)
 class FailureRecord:
-    """The latest failure of a step: exception type, message, failed attempts so far."""
+    """The latest failure of a step: exception type, message, failed attempts so far.
+
+    ``began`` and ``ended`` say when that latest failed attempt ran (UTC epoch
+    seconds), for a run that records durations; earlier failed attempts keep
+    no times (the record stays one per step).
+    """
 
     error_type: str
     message: str
     attempts: int = 1
+    began: float | None = None
+    ended: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for the checkpoint."""
-        return {"error_type": self.error_type, "message": self.message, "attempts": self.attempts}
+        """Plain data for the checkpoint (the times only when known)."""
+        data: dict[str, Any] = {
+            "error_type": self.error_type, "message": self.message, "attempts": self.attempts}
+        if self.began is not None and self.ended is not None:
+            data["began"], data["ended"] = self.began, self.ended
+        return data
 
 
 def storable_text(text: str) -> str:
@@ -176,15 +188,23 @@ class _CheckpointFields:
     # attempts count on past the ones that made them, so that an attempt's
     # key never names two pieces of work (see ekit_core.state.attempt_number).
     redone: MappingProxyType[str, int] = field(default_factory=_empty)
+    # Step (or item) -> when the attempt whose output is recorded began (UTC
+    # epoch seconds): beside ``durations``, for the outputs whose attempt the
+    # shell said when it began. Read through a property, as ``durations``.
+    began: Mapping[str, float] = field(default_factory=_empty, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
 _STORED_DURATIONS: Any = vars(_CheckpointFields)["durations"]
+_STORED_BEGAN: Any = vars(_CheckpointFields)["began"]
 
-Timings: TypeAlias = "tuple[str, float, Timings] | Mapping[str, float] | None"
+Timings: TypeAlias = (
+    "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
 """A run's durations as the core records them, one tuple per timed success.
 
-``(name, seconds, before)``, ``before`` the timings up to then, down to the
+``(name, seconds, before)``, or ``(name, seconds, before, began)`` when the
+shell said when the attempt began (the checkpoint's ``began``), ``before``
+the timings up to then, down to the
 mapping the run started from (the recorded durations of a resume), or
 ``None`` when it started from none (a fresh run: the tuples then hold no
 container, and the collector stops tracking them). Why not
@@ -222,6 +242,8 @@ class WorkflowCheckpoint(_CheckpointFields):
     to the seconds the attempt that made its output took, for the outputs
     the shell timed (a mapped step's collected output has none: it never
     ran); a rewound or outdated step loses its entry with its output.
+    ``began`` maps the same outputs to when that attempt began (UTC epoch
+    seconds), where the shell said so.
     """
 
     __slots__ = ()
@@ -271,6 +293,23 @@ class WorkflowCheckpoint(_CheckpointFields):
         # Only __init__ gets here (through object.__setattr__): the value is frozen.
         _STORED_DURATIONS.__set__(self, value)
 
+    @property
+    def began(self) -> Mapping[str, float]:
+        """Recorded step (or item) -> when its output's attempt began, UTC epoch seconds.
+
+        Built from the run's timings when first read, as :attr:`durations` is.
+        """
+        try:
+            table: Mapping[str, float] = _STORED_BEGAN.__get__(self, WorkflowCheckpoint)
+        except AttributeError:
+            table = _begun(self._times)
+            _STORED_BEGAN.__set__(self, table)
+        return table
+
+    @began.setter
+    def began(self, value: Mapping[str, float]) -> None:
+        _STORED_BEGAN.__set__(self, value)
+
     @classmethod
     def of_ledgers(
         cls, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
@@ -284,9 +323,11 @@ class WorkflowCheckpoint(_CheckpointFields):
         asked: MappingProxyType[str, tuple[Exchange, ...]] = NO_EXCHANGES,
         durations: Timings | None = None,
         redone: MappingProxyType[str, int] = _NOTHING_REDONE,
+        began: Mapping[str, float] | None = None,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
-        (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's).
+        (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
+        ``began``, when given, is the checkpoint's, else read off those timings).
 
         What the core and the journal store make once per step: O(1) (the
         ledgers are shared, not copied, and nothing is checked), and the
@@ -299,13 +340,16 @@ class WorkflowCheckpoint(_CheckpointFields):
         if format_version is None:  # a new format only where a checkpoint needs one
             format_version = (HUMAN_FORMAT_VERSION if asked else
                               SHAPED_FORMAT_VERSION if skipped or shapes else FORMAT_VERSION)
-        return fast_checkpoint(
+        cp = fast_checkpoint(
             outputs, step_usage, durations,
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
             superseded=superseded, asked=asked, redone=redone,
         )
+        if began is not None:
+            _STORED_BEGAN.__set__(cp, began)
+        return cp
 
     def _records_graph(self, spec: GraphSpec) -> bool:
         """Whether the recorded graph is ``spec``'s (same steps, in the same
@@ -383,6 +427,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             outputs=tuple(new_outputs),
             step_usage=tuple(new_usage),
             durations=new_durations,
+            began=_new_began(self, new_durations) if new_durations else (),
             failures=MappingProxyType(failures),
             cost=self.cost - previous.cost,
             context_changed=self.context is not previous.context
@@ -434,6 +479,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["redone"] = dict(self.redone)
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
+            if self.began:
+                data["began"] = dict(self.began)
         return data
 
     @classmethod
@@ -463,7 +510,6 @@ class WorkflowCheckpoint(_CheckpointFields):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
         outputs = _table(data["outputs"], "outputs")
-        durations = check_durations(data.get("durations"))
         checkpoint = cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(outputs),
@@ -483,8 +529,9 @@ class WorkflowCheckpoint(_CheckpointFields):
             shapes=MappingProxyType(shapes),
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
-            durations=durations,
+            durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})),
+            began=check_began(data.get("began")),
         )
         return checkpoint
 
@@ -583,6 +630,8 @@ class CheckpointDelta:
     skipped: MappingProxyType[str, str] = field(default_factory=_empty)
     asked_changed: bool = False
     durations: tuple[tuple[str, float], ...] = ()
+    # When the new durations' attempts began (a subset of their names).
+    began: tuple[tuple[str, float], ...] = ()
 
 
 # -- built fast (see ekit_core._frozen): once per checkpoint, once per save ------------
@@ -629,6 +678,7 @@ def fast_checkpoint(
 def fast_delta(
     outputs: tuple[tuple[str, Any], ...], step_usage: tuple[tuple[str, TokenUsage], ...],
     cost: TokenUsage, durations: tuple[tuple[str, float], ...],
+    began: tuple[tuple[str, float], ...] = (),
 ) -> CheckpointDelta:
     """The delta of the usual save: ``CheckpointDelta(True, outputs, step_usage, no failures,
     cost, False, no skips, False, durations)`` (a prefix extended, nothing else changed)."""
@@ -642,6 +692,7 @@ def fast_delta(
     value.skipped = _NOTHING
     value.asked_changed = False
     value.durations = durations
+    value.began = began
     value.__class__ = CheckpointDelta
     return cast(CheckpointDelta, value)
 
@@ -699,6 +750,7 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         skipped=cp.skipped,
         asked_changed=bool(cp.asked),
         durations=tuple(cp.durations.items()) if has_durations(cp) else (),
+        began=tuple(cp.began.items()) if has_durations(cp) else (),
     )
 
 
@@ -733,7 +785,9 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
     cost = cp.cost
     # (A step that reported no usage leaves the run's cost object as it was.)
     added = NO_USAGE if cost is previous.cost else cost - previous.cost
-    return fast_delta(outputs, usage, added, durations)
+    if not durations:
+        return fast_delta(outputs, usage, added, durations)
+    return fast_delta(outputs, usage, added, durations, _new_began(cp, durations))
 
 
 _NO_FAILURES: MappingProxyType[str, FailureRecord] = MappingProxyType({})
@@ -788,9 +842,56 @@ def _timed(times: Timings | None) -> Mapping[str, float]:
     if not new:
         return base
     table = dict(base)
-    for name, seconds, _ in reversed(new):
-        table[name] = _micro(seconds)
+    for node in reversed(new):
+        table[node[0]] = _micro(node[1])
     return MappingProxyType(table)
+
+
+def _begun(times: Timings | None) -> Mapping[str, float]:
+    """The ``began`` mapping of the core's timings: the four-field tuples' (see :data:`Timings`).
+
+    A resume puts the began times it read back on top of the mapping it starts
+    from (see ``ekit_core.transitions``), so the walk ends at the mapping.
+    """
+    new = []
+    while type(times) is tuple:
+        if len(times) == 4:
+            new.append(times)
+        times = times[2]
+    if not new:
+        return _NO_TIMES
+    return MappingProxyType({node[0]: _micro(node[3]) for node in reversed(new)})
+
+
+def _new_began(cp: WorkflowCheckpoint, durations: tuple[tuple[str, float], ...]
+               ) -> tuple[tuple[str, float], ...]:
+    """The began times of the attempts behind ``durations`` (new in ``cp``), where known.
+
+    O(new) for the core's checkpoints, whose newest timings are those durations;
+    else read from the checkpoint's ``began`` mapping."""
+    times, wanted = cp._times, len(durations)
+    walked: list[str] = []
+    found: list[tuple[str, float]] = []
+    while type(times) is tuple and len(walked) < wanted:
+        walked.append(times[0])
+        if len(times) == 4:
+            found.append((times[0], _micro(times[3])))
+        times = times[2]
+    if len(walked) == wanted and set(walked) == {k for k, _ in durations}:
+        found.reverse()
+        return tuple(found)
+    began = cp.began
+    return tuple((k, began[k]) for k, _ in durations if k in began)
+
+
+def given_began(cp: WorkflowCheckpoint) -> Mapping[str, float] | None:
+    """``cp.began`` when it was given (or read already), ``None`` when it is to be read
+    off the timings: what a copy made by ``of_ledgers`` over the same timings passes on."""
+    try:
+        table: Mapping[str, float] = _STORED_BEGAN.__get__(cp, WorkflowCheckpoint)
+    except AttributeError:
+        return None
+    return table
 
 
 def has_durations(cp: WorkflowCheckpoint) -> bool:
@@ -815,7 +916,7 @@ def _new_durations(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint
             new.append(node)
             node = node[2]
         if node is theirs:
-            return tuple((name, _micro(seconds)) for name, seconds, _ in reversed(new))
+            return tuple((node[0], _micro(node[1])) for node in reversed(new))
         if type(mine) is Ledger and type(theirs) is Ledger and mine.extends(theirs):
             return tuple(mine.items_from(len(theirs)))  # (a journal's history)
     if not has_durations(previous):
@@ -1060,7 +1161,40 @@ def _failure(value: object, name: str) -> FailureRecord:
     attempts = _count(table.get("attempts", 1), f"{name}.attempts")
     if attempts < 1:
         raise CheckpointError(f"{name}.attempts", "must be at least 1")
-    return FailureRecord(texts[0], texts[1], attempts)
+    if "began" not in table and "ended" not in table:
+        return FailureRecord(texts[0], texts[1], attempts)
+    began = _moment(table.get("began"), f"{name}.began")
+    ended = _moment(table.get("ended"), f"{name}.ended")
+    if ended < began:
+        raise CheckpointError(f"{name}.ended", f"is before {name}.began")
+    return FailureRecord(texts[0], texts[1], attempts, began, ended)
+
+
+_LATEST = 2.0**53 / 1e6
+"""Epoch seconds a recorded time stays below (the year 2255): its microseconds a float holds."""
+
+
+def _moment(value: object, where: str) -> float:
+    """A recorded moment, UTC epoch seconds: a finite number from 0 below :data:`_LATEST`."""
+    try:
+        return check_number(value, where, high=_LATEST, unit=" of epoch seconds")
+    except ValueError as err:
+        raise CheckpointError(where, str(err).removeprefix(where + " ")) from None
+
+
+def check_began(value: object) -> MappingProxyType[str, float]:
+    """The ``began`` field: step (or item) -> UTC epoch seconds, each a finite number >= 0.
+
+    (One without a duration beside it is read and unused: a resume keeps those
+    of its recorded, timed outputs.)"""
+    if value is None:
+        return _empty()
+    table = _table(value, "began")
+    for name, moment in table.items():
+        if not name:
+            raise CheckpointError("began", "holds an empty step name")
+        _moment(moment, f"began.{name}")
+    return MappingProxyType({k: float(v) for k, v in table.items()})
 
 
 def _asked(value: object) -> MappingProxyType[str, tuple[Exchange, ...]]:

@@ -129,12 +129,18 @@ class Began:
 
 @dataclass(frozen=True, slots=True)
 class Succeeded:
-    """Step ``name`` returned ``output`` having spent ``usage``."""
+    """Step ``name`` returned ``output`` having spent ``usage``.
+
+    ``duration`` is the seconds the attempt took and ``began`` when it began
+    (UTC epoch seconds), both the shell's clocks: the core records them in
+    the checkpoint when the run records durations.
+    """
 
     name: str
     output: Any
     usage: TokenUsage = NO_USAGE
     duration: float | None = None
+    began: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +163,9 @@ class Failed:
     duration: float | None = None
     retry_after: float | None = None
     gate: Gate | None = None
+    # When the attempt began (UTC epoch seconds, the shell's clock): the
+    # failure record keeps it, with when it ended, when durations are recorded.
+    began: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,13 +229,16 @@ _StartTwin = twin(Start)
 _BatchTwin = twin(Batch)
 
 
-def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None) -> Succeeded:
-    """``Succeeded(name, output, usage, duration)``: what the shell reports when a step returns."""
+def succeeded(name: str, output: Any, usage: TokenUsage, duration: float | None,
+              began: float | None = None) -> Succeeded:
+    """``Succeeded(name, output, usage, duration, began)``: what the shell reports when a
+    step returns."""
     value = _SucceededTwin()
     value.name = name
     value.output = output
     value.usage = usage
     value.duration = duration
+    value.began = began
     value.__class__ = Succeeded
     return cast(Succeeded, value)
 

@@ -82,6 +82,7 @@ from ekit_core.checkpoint import (
     FailureRecord,
     Timings,
     WorkflowCheckpoint,
+    check_began,
     check_durations,
     describe_error,
     storable_text,
@@ -316,6 +317,7 @@ def _check_numbers(checkpoint: WorkflowCheckpoint) -> None:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
             raise ValueError(f"failures.{name}.attempts must be an int >= 0, got {attempts!r:.80}")
     check_durations(checkpoint.durations)
+    check_began(checkpoint.began)
 
 
 def _first_events(
@@ -453,8 +455,12 @@ def _recorded_halt(limits: RunLimits, checkpoint: WorkflowCheckpoint, left: int)
     return None
 
 
+def _kept(table: Mapping[str, float], drop: set[str] | frozenset[str]) -> MappingProxyType[str, float]:
+    return MappingProxyType({k: v for k, v in table.items() if k not in drop})
+
+
 def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
-             ) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage], Mapping[str, float] | None]:
+             ) -> tuple[Ledger[str, Any], Ledger[str, TokenUsage], Timings]:
     """The ledgers a run starts from: the recorded outputs, and the usage and durations
     of those steps.
 
@@ -472,7 +478,14 @@ def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
     elif not durations.keys() <= recorded.keys():  # (what a run writes: one C loop)
         _check_timed_names(graph, [k for k in durations if k not in recorded])
         durations = MappingProxyType({k: d for k, d in durations.items() if k in recorded})
-    return Ledger(recorded), Ledger(usage), durations
+    times: Timings = durations
+    if durations and checkpoint.began:
+        # When the recorded attempts began, as the run records it: four-field
+        # tuples over the durations (O(timed) once per resume; see Timings).
+        for name, began in checkpoint.began.items():
+            if name in durations:
+                times = (name, durations[name], times, began)
+    return Ledger(recorded), Ledger(usage), times
 
 
 def _check_timed_names(graph: GraphSpec, names: list[str]) -> None:
@@ -723,7 +736,7 @@ def _dropped(checkpoint: WorkflowCheckpoint, drop: set[str], forced: dict[str, s
         step_index=max(0, checkpoint.step_index - sum(1 for n in drop if n in outputs)),
         outputs=MappingProxyType({k: v for k, v in outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
-        durations=MappingProxyType({k: v for k, v in checkpoint.durations.items() if k not in drop}),
+        durations=_kept(checkpoint.durations, drop), began=_kept(checkpoint.began, drop),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),
         superseded=MappingProxyType(aside),
     )
@@ -1047,7 +1060,10 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     duration = item.duration
     # Else (not asked for, not timed, a bad clock) none.
     if duration is not None and spec.limits.durations and 0 <= duration < _LONGEST:
-        w.times = (name, duration, w.times)  # one tuple: see Timings
+        began = item.began
+        # one tuple: see Timings (four fields when the shell said when it began)
+        w.times = (name, duration, w.times) if began is None or not 0 <= began < _LONGEST \
+            else (name, duration, w.times, began)
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
     children = spec.dependents[name]
@@ -1066,6 +1082,17 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
 _LONGEST = 2.0**53 / 1e6
 """Seconds a recorded duration stays below (some 285 years): its microseconds a float
 holds exactly. A clock's nonsense (negative, infinite, NaN) is not recorded."""
+
+
+def _attempt_times(spec: Any, failed: Failed) -> tuple[float, float] | tuple[()]:
+    """When the failed attempt began and ended (UTC epoch seconds), when the run records
+    durations and the shell timed it sensibly; else nothing (the record has no times)."""
+    began, duration = failed.began, failed.duration
+    if began is None or duration is None or not spec.limits.durations:
+        return ()
+    if not (0 <= began < _LONGEST and 0 <= duration < _LONGEST):
+        return ()
+    return began, began + duration
 
 
 def _count_down(
@@ -1144,7 +1171,8 @@ def _failed(w: _Run, failed: Failed) -> None:
     attempt = inc.tries.get(name, 0) + 1
     error_type, message = describe_error(failed.error)
     previous = inc.failures.get(name)
-    record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1)
+    record = FailureRecord(error_type, message, (previous.attempts if previous else 0) + 1,
+                           *_attempt_times(w.spec, failed))
     inc = _replace(
         inc,
         failures=MappingProxyType({**inc.failures, name: record}),

@@ -28,7 +28,7 @@ from collections.abc import (
     Sequence,
 )
 from inspect import CO_COROUTINE
-from time import perf_counter
+from time import perf_counter, time
 from types import FunctionType, MappingProxyType
 from typing import Any, NoReturn, TypeAlias, cast
 
@@ -159,6 +159,7 @@ class Runner:
     # shared-key dict, and every attribute read of the run's loop costs more.
     _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
     save_first = False
+    _epoch = 0.0  # the clock's reading as epoch seconds: set as a run that records times begins
 
     def __init__(
         self,
@@ -341,6 +342,13 @@ class Runner:
         if self.state.setbacks.asked:  # before any attempt starts
             self._take_answers(self.state)
         self._loop = asyncio.get_running_loop()
+        if self.state.spec.limits.durations:
+            # The run's clock read as UTC epoch seconds: when an attempt began,
+            # for the timeline (the clock's drift from the wall clock over a run
+            # is well below what a timeline shows). Only in a run that records
+            # times: an attribute more on every runner would cost every step
+            # (see _answers); the others hand the core times it does not keep.
+            self._epoch = time() - self.clock()
         if self._traces:  # (see _partials)
             self._partials = set()
         # Until the run ends (its wind-down included), a signal the kernel
@@ -593,7 +601,8 @@ class Runner:
                 except BaseException:
                     output = _RAISED
                 if type(output) in PLAIN_OUTPUTS:  # split_result's first rule
-                    inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began))
+                    inputs.append(succeeded(name, output, NO_USAGE, self.clock() - began,
+                                            began + self._epoch))
                     continue
             try:
                 outcome = self._outcome_of(task, name, began)
@@ -617,8 +626,10 @@ class Runner:
         if task.cancelled():
             if task in self._cancelled:
                 return Interrupted(name)
-            duration = None if began is None else self.clock() - began
-            return Failed(name, _own_cancellation(name, task), duration)
+            if began is None:
+                return Failed(name, _own_cancellation(name, task))
+            return Failed(name, _own_cancellation(name, task), self.clock() - began,
+                          began=began + self._epoch)
         if began is None:
             result: Input = task.result()
             return result
@@ -626,11 +637,11 @@ class Runner:
         duration = self.clock() - began
         if error is None:
             output, usage = split_result(task.result())
-            return succeeded(name, output, usage, duration)
+            return succeeded(name, output, usage, duration, began + self._epoch)
         if isinstance(error, human.InputRequired):
             return self._asked(name, error, duration)
         if isinstance(error, Exception):
-            return _failure(name, error, duration)
+            return _failure(name, error, duration, began=began + self._epoch)
         raise error
 
     async def _gated(self, step: Step, start: Start, gates: tuple[Gate, ...], context: Context,
@@ -698,9 +709,9 @@ class Runner:
             except human.InputRequired as exc:
                 return self._asked(name, exc, self.clock() - began)
             except Exception as exc:
-                return _failure(name, exc, self.clock() - began)
+                return _failure(name, exc, self.clock() - began, began=began + self._epoch)
             output, usage = split_result(returned)
-            return Succeeded(name, output, usage, self.clock() - began)
+            return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
             if release is not None:
                 await _give_back(release, name)
@@ -952,7 +963,8 @@ async def _within(name: str, limit: float, attempt: Awaitable[Any]) -> Any:
         raise StepTimeoutError(name, limit) from exc
 
 
-def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None) -> Failed:
+def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None,
+             began: float | None = None) -> Failed:
     """An attempt's failure, with the wait it asks for (:func:`~ekit_runtime.retry_after`).
 
     Read on the failure path only, and imported there: a run that never
@@ -960,7 +972,7 @@ def _failure(name: str, error: Exception, duration: float | None = None, gate: G
     """
     from ekit_runtime.retry_hints import retry_after
 
-    return Failed(name, error, duration, retry_after(error), gate)
+    return Failed(name, error, duration, retry_after(error), gate, began)
 
 
 async def _give_back(release: Callable[[], Any], name: str) -> None:

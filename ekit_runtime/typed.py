@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint, checkpoint_of
-from ekit_core.checkpoint import CheckpointError
+from ekit_core.checkpoint import CheckpointError, given_began
 from ekit_core.ledger import Ledger
 from ekit_runtime.step import PatternResult, Step
 from ekit_runtime.stores.errors import UnencodableError
@@ -713,6 +713,7 @@ def _with_stored(
         failures=cp.failures, graph=cp.graph, versions=cp.versions, fingerprint=cp.fingerprint,
         format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone,
+        began=given_began(cp),
     )
 
 

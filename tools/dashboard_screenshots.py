@@ -10,7 +10,9 @@ its ``created_at`` column, so that the chart has a shape), serves it with
 - ``docs/dashboard-runs.png``: the runs page (the runs waiting for you
   first, with their forms; the chart of the fleet; the table);
 - ``docs/dashboard-run.png``: the page of a finished ``report`` run (its
-  graph, steps, usage, outputs and the answer a person gave).
+  graph, steps, usage, outputs and the answer a person gave);
+- ``docs/dashboard-timeline.png``: that page's timeline (each attempt on a
+  time axis: the wait for the title's answer, the mapped step's items).
 
 Needs Chromium and chromedriver (Debian: ``apt-get install chromium
 chromium-driver``) and selenium (``pip install -e '.[test]'``). Not run in CI;
@@ -118,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             driver.execute_script("document.querySelector('#outputs details').open = true;")
             run_png = args.out / "dashboard-run.png"
             driver.save_screenshot(str(run_png))
+            timeline_png = args.out / "dashboard-timeline.png"
+            driver.find_element("css selector", "#attempts").screenshot(str(timeline_png))
         queue.close()
-    print(f"wrote {runs_png} and {run_png}")
+    print(f"wrote {runs_png}, {run_png} and {timeline_png}")
     return 0
 
 

@@ -246,8 +246,8 @@ class OutputEncodings:
     from their first encoding and encoded again with the document.
     """
 
-    __slots__ = ("_chosen", "_dumps", "_durations", "_entries", "_fresh", "_json", "_loads", "_prev",
-                 "_usage")
+    __slots__ = ("_began", "_chosen", "_dumps", "_durations", "_entries", "_fresh", "_json", "_loads",
+                 "_prev", "_usage")
 
     def __init__(self, dumps: Dumps, loads: Loads) -> None:
         self._dumps = dumps
@@ -263,6 +263,7 @@ class OutputEncodings:
         self._chosen: _Chosen = []
         self._usage: list[bytes] = []
         self._durations: list[bytes] = []
+        self._began: list[bytes] = []
 
     def members(self, outputs: Iterable[tuple[str, Any]], *, every: bool = False) -> _Chosen:
         """``(step, entry)`` for each ``(step, output)``: the cached entry, or a new encoding.
@@ -318,13 +319,14 @@ class OutputEncodings:
         delta = checkpoint.delta_since(prev) if prev is not None and same_run(checkpoint, prev) else None
         if delta is not None and delta.extends:
             chosen = self._chosen + self.members(delta.outputs)
-            new_usage, new_durations = delta.step_usage, delta.durations
-            usage, durations = self._usage, self._durations
+            new_usage, new_durations, new_began = delta.step_usage, delta.durations, delta.began
+            usage, durations, began = self._usage, self._durations, self._began
         else:
             chosen = self.members(checkpoint.outputs.items(), every=True)
             new_usage = tuple(checkpoint.step_usage.items())
             new_durations = tuple(checkpoint.durations.items())
-            usage, durations = [], []
+            new_began = tuple(checkpoint.began.items()) if new_durations else ()
+            usage, durations, began = [], [], []
         if self._json:
             usage = usage + [
                 _to_bytes(name, default_dumps) + b":" + _to_bytes(u.to_dict(), default_dumps)
@@ -334,7 +336,13 @@ class OutputEncodings:
                 _to_bytes(name, default_dumps) + b":" + _to_bytes(seconds, default_dumps)
                 for name, seconds in new_durations
             ]
+            if new_began:
+                began = began + [
+                    _to_bytes(name, default_dumps) + b":" + _to_bytes(moment, default_dumps)
+                    for name, moment in new_began
+                ]
         self._prev, self._chosen, self._usage, self._durations = checkpoint, chosen, usage, durations
+        self._began = began
         # to_dict of the checkpoint without its per-step parts: every other
         # field, in order, as the core defines them (cheap, whatever the
         # run's length: the graph's two strings are spelt once per graph).
@@ -343,7 +351,11 @@ class OutputEncodings:
             record["step_usage"] = {k: u.to_dict() for k, u in checkpoint.step_usage.items()}
         if has_durations(checkpoint):  # (written only when there are some, as to_dict does)
             record["durations"] = None if self._json else dict(checkpoint.durations)
-        return self.document(record, chosen, checkpoint.context, usage, durations)
+            if began:
+                record["began"] = None
+            elif not self._json and checkpoint.began:
+                record["began"] = dict(checkpoint.began)
+        return self.document(record, chosen, checkpoint.context, usage, durations, began)
 
     def document(
         self,
@@ -352,12 +364,14 @@ class OutputEncodings:
         context: Mapping[str, Any] | None,
         usage: list[bytes] | None = None,
         durations: list[bytes] | None = None,
+        began: list[bytes] | None = None,
     ) -> bytes:
         """``dumps(record)`` as utf-8, ``record["outputs"]`` replaced by the ``chosen`` encodings.
 
         ``usage``, when given, replaces ``record["step_usage"]`` the same way
-        (members ``"<step>":{...}``, default codec only), and ``durations``
-        ``record["durations"]`` (members ``"<step>":<seconds>``).
+        (members ``"<step>":{...}``, default codec only), ``durations``
+        ``record["durations"]`` (members ``"<step>":<seconds>``) and ``began``
+        ``record["began"]`` (members ``"<step>":<epoch seconds>``).
         """
         if not self._json:
             data = dict(record)
@@ -376,6 +390,8 @@ class OutputEncodings:
                 parts.append(head + b"{" + b",".join(usage) + b"}")
             elif key == "durations" and durations is not None:
                 parts.append(head + b"{" + b",".join(durations) + b"}")
+            elif key == "began" and began is not None:
+                parts.append(head + b"{" + b",".join(began) + b"}")
             else:
                 parts.append(head + encode(value, self._dumps, (), context))
         return b"{" + b",".join(parts) + b"}"

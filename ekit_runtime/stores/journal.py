@@ -70,7 +70,8 @@ _BODY_START = len(_HEAD) + 8 + len(_MID)
 _FRAME_START = _HEAD + b"0" * 8 + _MID
 _HEX = frozenset(b"0123456789abcdef")
 # The keys of a delta record that have the shape of checkpoint fields.
-_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped", "durations")
+_DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped", "durations",
+                 "began")
 # Sentinel inodes: the file's content is unknown to this store / there was no file.
 _UNKNOWN = -1
 _ABSENT = -2
@@ -166,12 +167,14 @@ class _Fold:
     cost: TokenUsage
     skipped: dict[str, str]
     durations: dict[str, float]
+    began: dict[str, float]
 
     @classmethod
     def of(cls, start: WorkflowCheckpoint) -> _Fold:
         return cls(
             start, start.step_index, dict(start.outputs), dict(start.step_usage),
             dict(start.failures), start.cost, dict(start.skipped), dict(start.durations),
+            dict(start.began),
         )
 
     def checkpoint(self) -> WorkflowCheckpoint:
@@ -186,6 +189,7 @@ class _Fold:
             failures=MappingProxyType(self.failures),
             skipped=MappingProxyType(self.skipped),
             durations=MappingProxyType(self.durations),
+            began=MappingProxyType(self.began),
         )
 
 
@@ -385,6 +389,8 @@ class JournalStore:
             record["skipped"] = dict(delta.skipped)
         if new_durations:
             record["durations"] = dict(new_durations)
+            if delta.began:
+                record["began"] = dict(delta.began)
         return record, delta.outputs
 
     def _open_known(self) -> tuple[int, int] | None:
@@ -643,6 +649,7 @@ class JournalStore:
             ("outputs", folded.outputs, part.outputs),
             ("step_usage", folded.step_usage, part.step_usage),
             ("durations", folded.durations, part.durations),
+            ("began", folded.began, part.began),
         )
         for key, target, new in tables:
             for name, value in new.items():
@@ -704,13 +711,14 @@ class _History:
     new entry instead of a copy per line.
     """
 
-    __slots__ = ("durations", "fold", "outputs", "skipped", "usage")
+    __slots__ = ("began", "durations", "fold", "outputs", "skipped", "usage")
 
     def __init__(self, fold: _Fold) -> None:
         self.fold = fold
         self.outputs: Ledger[str, Any] = Ledger(fold.outputs.items())
         self.usage: Ledger[str, TokenUsage] = Ledger(fold.step_usage.items())
         self.durations: Ledger[str, float] = Ledger(fold.durations.items())
+        self.began: Ledger[str, float] = Ledger(fold.began.items())
         self.skipped = fold.start.skipped
 
     def checkpoint(self) -> WorkflowCheckpoint:
@@ -718,7 +726,7 @@ class _History:
         # Entries only ever follow those before them (a delta that records a
         # step twice is refused), so the new ones are the last of each dict.
         for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage"),
-                            (fold.durations, "durations")):
+                            (fold.durations, "durations"), (fold.began, "began")):
             ledger = getattr(self, attr)
             added = len(table) - len(ledger)
             if added:
@@ -746,4 +754,5 @@ class _History:
             asked=fold.start.asked,
             durations=self.durations,
             redone=fold.start.redone,
+            began=self.began,
         )

@@ -10,7 +10,8 @@ grow during a run, and a save adds only the new ones. A step's duration (the
 seconds its recorded output's attempt took) rides in its usage row, as
 ``"seconds"`` beside the three counts, so that the tables and a reader
 that knows no durations are unchanged (that reader takes the counts and
-ignores the rest); a step that spent nothing but was timed has a usage row
+ignores the rest), and when that attempt began (``"began"``, epoch
+seconds) beside them; a step that spent nothing but was timed has a usage row
 of zeros with its seconds, read back as no usage (usage is sparse).
 :class:`OutputTexts` keeps each output's
 first text (the mutation rule of docs/stores.md). Loading folds the rows back
@@ -138,9 +139,10 @@ class OutputTexts:
         *,
         every: bool = False,
         durations: Iterable[tuple[str, float]] = (),
+        began: Iterable[tuple[str, float]] = (),
     ) -> list[Row]:
-        """The rows of these outputs, usage and durations (each in the usage row of its
-        step: see the module); ``every=True``: they are all the run's outputs."""
+        """The rows of these outputs, usage, durations and began times (each in the usage
+        row of its step: see the module); ``every=True``: they are all the run's outputs."""
         old = self._texts
         texts = {} if every else old
         rows: list[Row] = []
@@ -154,13 +156,19 @@ class OutputTexts:
         if not seconds:
             rows += [("usage", k, default_dumps(u.to_dict())) for k, u in usage]
         else:
+            moments = dict(began) if began else {}
             for k, u in usage:
                 spent: dict[str, Any] = u.to_dict()
                 if k in seconds:
                     spent["seconds"] = seconds.pop(k)
+                    if k in moments:
+                        spent["began"] = moments[k]
                 rows.append(("usage", k, default_dumps(spent)))
-            rows.extend(("usage", k, default_dumps({**_NO_COUNTS, "seconds": d}))
-                        for k, d in seconds.items())
+            for k, d in seconds.items():
+                timed: dict[str, Any] = {**_NO_COUNTS, "seconds": d}
+                if k in moments:
+                    timed["began"] = moments[k]
+                rows.append(("usage", k, default_dumps(timed)))
         self._texts = texts
         return rows
 
@@ -244,14 +252,15 @@ def encode_checkpoint(
         if delta.extends and not delta.context_changed and not delta.asked_changed and (
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
-            rows = texts.rows(delta.outputs, delta.step_usage, dumps, durations=delta.durations)
+            rows = texts.rows(delta.outputs, delta.step_usage, dumps, durations=delta.durations,
+                              began=delta.began)
             if delta.skipped:
                 rows += _skip_rows(delta.skipped.items())
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
     rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True,
-                      durations=checkpoint.durations.items())
+                      durations=checkpoint.durations.items(), began=checkpoint.began.items())
     rows += _skip_rows(checkpoint.skipped.items())
     header = _header(checkpoint, dumps)
     if engine == "PostgreSQL":
@@ -295,6 +304,7 @@ def decode_checkpoint(
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     durations: dict[str, Any] = {}
+    began: dict[str, Any] = {}
     skipped: dict[str, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
@@ -307,13 +317,12 @@ def decode_checkpoint(
             spent = _decode(value, default_loads, where, f"usage of step {name!r}")
             if type(spent) is dict and "seconds" in spent:  # its duration: see the module
                 durations[name] = spent.pop("seconds")
+                began.update({name: spent.pop("began")} if "began" in spent else ())
                 if spent == _NO_COUNTS:
                     continue  # timed, spent nothing: no usage entry
             usage[name] = spent
-    data["outputs"] = outputs
-    data["step_usage"] = usage
-    if durations:
-        data["durations"] = durations
+    data["outputs"], data["step_usage"] = outputs, usage
+    data.update((k, table) for k, table in (("durations", durations), ("began", began)) if table)
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})

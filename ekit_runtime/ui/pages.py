@@ -24,6 +24,7 @@ from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
 from ekit_runtime.ui.sources import RunView, view_progress
+from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg
 
 __all__ = [
     "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
@@ -313,6 +314,27 @@ def _timeline(view: RunView) -> str:
     )
 
 
+def _gantt(view: RunView) -> str:
+    """The run's attempts on a time axis (see :mod:`ekit_runtime.ui.timeline_svg`), or how to have it."""
+    cp = view.checkpoint
+    if cp is None:
+        return ""
+    worker = view.info.owner if view.info is not None else None
+    chart = timeline_svg(cp, worker or None, time.time())
+    if not chart:
+        return ('<section id="attempts"><h2>Attempts over time</h2><p class="hint">No attempt '
+                "times recorded: run with <code>durations=True</code> (a queue: <code>ekit queue "
+                "submit --durations</code> or a worker's <code>--durations</code>) to draw "
+                "each attempt here.</p></section>")
+    legend = "".join(f'<li class="outcome-{o}">{o}</li>' for o in OUTCOMES)
+    owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
+    return ('<section id="attempts"><h2>Attempts over time</h2>'
+            f'<ul class="legend chart-legend">{legend}</ul>'
+            "<p class=\"hint\">One row per step (its items under it), one bar per attempt; hover a bar "
+            f"for its times.{owner}</p>"
+            f'<div class="chart-box">{chart}</div></section>')
+
+
 def _explanation(view: RunView) -> str:
     report = view.report
     if report is None:
@@ -385,7 +407,8 @@ def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dic
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
         "run-problem": problem, "run-questions": _questions(view, token),
         "run-answers": "" if cp is None else answers_html(cp.asked, view.run_id), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(rows), "run-usage": usage_html(cp),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-attempts": _gantt(view),
+        "run-usage": usage_html(cp),
         "run-outputs": outputs_html(cp, view.run_id), "run-audit": _explanation(view),
         "run-timeline": _timeline(view),
     }

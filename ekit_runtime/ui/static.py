@@ -137,6 +137,13 @@ svg.chart .usage-bar rect { fill: #6f42c1; opacity: 0.75; }
 .bar.status-failed, .chart-legend .status-failed { fill: #ea868f; background: #ea868f; }
 .bar.status-cancelled, .chart-legend .status-cancelled { fill: #dee2e6; background: #dee2e6; }
 .chart-legend .tokens { border-color: #6f42c1; color: #6f42c1; }
+svg.timeline line.grid { stroke: #e4e4e4; }
+svg.timeline text.row-label.item { fill: #666; }
+svg.timeline rect.attempt { stroke: #0003; }
+.outcome-recorded { fill: #75b798; background: #75b798; }
+.outcome-failed { fill: #ea868f; background: #ea868f; }
+.outcome-waiting { fill: #ffda6a; background: #ffda6a; }
+.outcome-skipped { fill: #adb5bd; background: #adb5bd; }
 td.output { max-width: 60em; }
 code.output-line { white-space: pre-wrap; word-break: break-all; }
 pre.output-full { max-height: 30em; overflow: auto; background: #f8f8f8; padding: 0.5em; }

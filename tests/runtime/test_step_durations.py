@@ -290,8 +290,11 @@ def test_sql_rows_hold_a_duration_in_its_steps_usage_row_which_older_readers_ign
     full = encode_checkpoint(saved[0], None, json.dumps)
     delta = encode_checkpoint(saved[1], saved[0], json.dumps)
     assert full.full and not delta.full
-    assert delta.rows == [("output", "b", '"B"'),
-                          ("usage", "b", '{"input_tokens":0,"output_tokens":0,"llm_calls":0,"seconds":1.5}')]
+    assert delta.rows[0] == ("output", "b", '"B"')
+    kind, name, text = delta.rows[1]
+    assert (kind, name) == ("usage", "b")  # beside the seconds, when its attempt began
+    assert json.loads(text) == {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0, "seconds": 1.5,
+                                "began": saved[1].began["b"]}
     rows = full.rows + delta.rows
     assert full.header is not None
     back = decode_checkpoint(full.header, delta.counts, delta.failures, rows, json.loads, "test")

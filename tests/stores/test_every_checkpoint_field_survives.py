@@ -73,7 +73,8 @@ FIELDS: dict[str, Any] = {
     "cost": TokenUsage(10, 20, 4),
     "context": {"topic": Point(0, 1)},
     "step_usage": {"m[0]": TokenUsage(1, 2, 1), "m[1]": TokenUsage(3, 4, 1)},
-    "failures": {"d": FailureRecord("RuntimeError", "the provider timed out", 2)},
+    "failures": {"d": FailureRecord("RuntimeError", "the provider timed out", 2,
+                                    1_796_600_000.5, 1_796_600_003.25)},
     "fingerprint": "0123456789abcdef",
     "graph": GRAPH,
     "format_version": 3,
@@ -85,6 +86,7 @@ FIELDS: dict[str, Any] = {
                     Exchange(Question("approval", "Send it?")))},
     "durations": {"a": 0.5, "m[0]": 1.25, "b": 2.0},
     "redone": {"b": 1, "m[0]": 2},
+    "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
 }
 
 
@@ -102,7 +104,7 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
-        redone=cp.redone)
+        redone=cp.redone, began=cp.began)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -188,6 +190,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "step_index": keep,
         "step_usage": MappingProxyType({k: u for k, u in cp.step_usage.items() if k in outputs}),
         "durations": MappingProxyType({k: d for k, d in cp.durations.items() if k in outputs}),
+        "began": MappingProxyType({k: b for k, b in cp.began.items() if k in outputs}),
     }
     older: dict[str, Any] = {
         "cost": TokenUsage(1, 1, 1),
