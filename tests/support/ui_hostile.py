@@ -25,8 +25,9 @@ PAYLOAD = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>'><svg onload
 # A step's error type is its exception's class name: this one's is the payload.
 HostileError = type(PAYLOAD, (RuntimeError,), {})
 
-PAGE_SVGS = ("graph", "fleet-chart", "usage-chart")
-"""The ids of the SVGs the pages draw themselves (the run's graph, the fleet's chart, a run's usage)."""
+PAGE_SVGS = ("graph", "fleet-chart", "usage-chart", "timeline-chart")
+"""The ids of the SVGs the pages draw themselves (the run's graph, the fleet's chart, a run's
+usage and its timeline)."""
 
 MAPPED = PAYLOAD + " mapped"
 ITEM = f"{MAPPED}[{PAYLOAD}]"
