@@ -12,6 +12,7 @@ tests/dashboard/test_ui_escapes_every_field.py.
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -20,14 +21,14 @@ import pytest
 
 from ekit_runtime.queue import SqliteQueue
 from tests.support.browser import UiServer, chrome, require_browser, severe_console_errors, wait_until
-from tests.support.ui_hostile import PAYLOAD, populate
+from tests.support.ui_hostile import PAGE_SVGS, PAYLOAD, populate
 
 pytestmark = pytest.mark.timeout(120)
 
-INJECTED = """
+INJECTED = "var PAGE_SVGS = " + json.dumps(PAGE_SVGS) + ";" + """
 var bad = [];
-document.querySelectorAll('img, iframe, object, embed, script:not([src]), '
-                          + 'svg:not(#graph):not(#fleet-chart):not(#usage-chart)')
+document.querySelectorAll('img, iframe, object, embed, script:not([src]), svg'
+                          + PAGE_SVGS.map(function (id) { return ':not(#' + id + ')'; }).join(''))
   .forEach(function (e) { bad.push(e.outerHTML.slice(0, 120)); });
 document.querySelectorAll('*').forEach(function (e) {
   Array.from(e.attributes).forEach(function (a) {
