@@ -39,7 +39,7 @@ from ekit_core.events import (
     StepStarted,
     StepWaiting,
 )
-from ekit_core.expansion import MapError
+from ekit_core.expansion import LoopError, MapError
 from ekit_core.graph import CycleError, GraphError, GraphSpec
 from ekit_core.human import HUMAN_FORMAT_VERSION, Answer, Exchange, Question, answer, questions
 from ekit_core.phases import Phase, phase_of
@@ -52,6 +52,7 @@ from ekit_core.results import (
     Began,
     Cancelled,
     Denied,
+    Ended,
     Failed,
     Gate,
     Input,
@@ -81,6 +82,7 @@ __all__ = [
     "CheckpointSaved",
     "CycleError",
     "Denied",
+    "Ended",
     "Event",
     "Exchange",
     "FORMAT_VERSION",
@@ -97,6 +99,7 @@ __all__ = [
     "Input",
     "InternalError",
     "Interrupted",
+    "LoopError",
     "MapError",
     "Outcome",
     "Phase",

@@ -192,6 +192,10 @@ class _CheckpointFields:
     # epoch seconds): beside ``durations``, for the outputs whose attempt the
     # shell said when it began. Read through a property, as ``durations``.
     began: Mapping[str, float] = field(default_factory=_empty, repr=False)
+    # Loop (``repeat=``, ``keep_last=``) -> how many of its first iterations had
+    # their outputs compacted: dropped from the checkpoint on purpose, counted here.
+    # Empty unless a loop keeps its last iterations only.
+    compacted: MappingProxyType[str, int] = field(default_factory=_empty)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -324,6 +328,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         durations: Timings | None = None,
         redone: MappingProxyType[str, int] = _NOTHING_REDONE,
         began: Mapping[str, float] | None = None,
+        compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -345,7 +350,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
-            superseded=superseded, asked=asked, redone=redone,
+            superseded=superseded, asked=asked, redone=redone, compacted=compacted,
         )
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
@@ -415,7 +420,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
         ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
-                self.redone is not previous.redone and self.redone != previous.redone):
+                self.redone is not previous.redone and self.redone != previous.redone) or (
+                self.compacted is not previous.compacted and self.compacted != previous.compacted):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -477,6 +483,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
         if self.redone:
             data["redone"] = dict(self.redone)
+        if self.compacted:
+            data["compacted"] = dict(self.compacted)
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
             if self.began:
@@ -531,6 +539,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             asked=_asked(data.get("asked")),
             durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})),
+            compacted=_compacted(data.get("compacted", {})),
             began=check_began(data.get("began")),
         )
         return checkpoint
@@ -654,6 +663,7 @@ def fast_checkpoint(
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
+    compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
 
@@ -668,6 +678,7 @@ def fast_checkpoint(
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
+    cp.compacted = compacted
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -772,6 +783,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
         or cp.versions is not previous.versions or cp.redone is not previous.redone
+        or cp.compacted is not previous.compacted
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -998,6 +1010,11 @@ def _format_version(data: dict[Any, Any]) -> int:
 def _redone(value: object) -> MappingProxyType[str, int]:
     """The ``redone`` field: step (or item) name -> a count (see WorkflowCheckpoint.redone)."""
     return MappingProxyType({k: _count(n, f"redone.{k}") for k, n in _table(value, "redone").items()})
+
+
+def _compacted(value: object) -> MappingProxyType[str, int]:
+    """The ``compacted`` field: loop name -> how many of its first iterations were compacted."""
+    return MappingProxyType({k: _count(n, f"compacted.{k}") for k, n in _table(value, "compacted").items()})
 
 
 def _count(value: object, name: str) -> int:

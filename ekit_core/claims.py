@@ -86,10 +86,23 @@ def check_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
             deps, owner, children = graph.deps[name], name, (*graph.dependents[name],)
         elif name in items.items:
             deps, owner, children = items.steps[name], items.items[name].step, ()
+        elif (loop := _first_iteration_of(graph, name)) is not None:
+            if loop not in skipped:
+                raise CheckpointError("skipped", f"records {name!r} as skipped, yet not its loop "
+                                                 f"{loop!r}, which is skipped with it")
+            deps, owner, children = graph.deps[loop], loop, ()
         else:
             raise CheckpointError("skipped", f"names {name!r}, which is no step or item of this run")
         _check_needed(graph, name, (*children, *item_children.get(name, ())), outputs)
         _check_cause(graph, name, owner, deps, skipped, outputs)
+
+
+def _first_iteration_of(graph: GraphSpec, name: str) -> str | None:
+    """The loop ``name`` is the first iteration of (``L#1``), which waits for the loop's
+    dependencies and is skipped with it; ``None`` for any other name."""
+    loop = name[:-2] if name.endswith("#1") else None
+    shape = graph.shapes.get(loop) if loop else None
+    return loop if shape is not None and shape.repeat is not None else None
 
 
 def _check_needed(graph: GraphSpec, name: str, children: tuple[str, ...],

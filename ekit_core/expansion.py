@@ -10,6 +10,9 @@ run's graph by what they return.
   (an item-wise chain: ``N[k]`` depends on ``M[k]``, not on all of ``M``).
 - :func:`item_input` is what an item sees as its mapped-over dependency.
 - :func:`collected` is a mapped step's own output once its items are done.
+- :func:`loops_of` names the loops (``repeat=``): each grows one iteration,
+  ``step#k``, at a time; the rules that grow and end them are in
+  :mod:`ekit_core.transitions`.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ __all__ = [
     "Expanded",
     "Expansion",
     "ItemRef",
+    "LoopError",
     "MapError",
     "collected",
     "expand",
     "expanders",
     "item_input",
+    "iteration_of",
+    "loops_of",
     "mapped_children",
     "same_encoding",
 ]
@@ -46,18 +52,30 @@ class MapError(ValueError):
     """
 
 
+class LoopError(ValueError):
+    """A loop reached its cap (``repeat=N``) without an iteration saying it is done.
+
+    Raised by no call: it is the failure recorded for the loop step, whose
+    iterations stay recorded, so no iteration is paid for again.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class ItemRef:
     """Item ``key`` of mapped step ``step``: its input is ``pick`` of ``source``'s output.
 
     ``pick`` is a position or a mapping key; ``None`` means the whole output
     (the item of an item-wise chain, whose input is the upstream item's output).
+    ``iteration`` is the number of an iteration of the loop ``step`` (from 1;
+    0 for the item of a mapped step), whose ``source`` is the iteration
+    before it (``""`` for the first).
     """
 
     step: str
     key: str
     source: str
     pick: int | str | None = None
+    iteration: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +115,25 @@ class Expansion:
     )
     # Outputs set aside for an early cutoff (see WorkflowCheckpoint.superseded).
     superseded: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Each loop (``repeat=``) -> the number of its newest iteration grown so far.
+    loops: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # The iterations whose loop ends with them (the shell reported ``Ended``), in this fold.
+    ending: frozenset[str] = frozenset()
+    # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
+    compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
         return Expansion(
             self.expanders,
             MappingProxyType({**self.items, **more.items}),
-            MappingProxyType({**self.members, **more.members}),
-            MappingProxyType({**self.kinds, **more.kinds}),
+            MappingProxyType({**self.members, **more.members}) if more.members else self.members,
+            MappingProxyType({**self.kinds, **more.kinds}) if more.kinds else self.kinds,
             self.waits,
             self.superseded,
+            self.loops,
+            self.ending,
+            self.compacted,
         )
 
 
@@ -119,6 +146,23 @@ def expanders(graph: GraphSpec) -> MappingProxyType[str, tuple[str, ...]]:
         if over is not None and not _is_mapped(graph, over):
             found.setdefault(over, []).append(name)
     return MappingProxyType({k: tuple(v) for k, v in found.items()})
+
+
+def loops_of(graph: GraphSpec) -> tuple[str, ...]:
+    """The loops of ``graph`` (steps that declare ``repeat``), in declaration order."""
+    return tuple(n for n, s in graph.shapes.items() if s.repeat is not None)
+
+
+def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
+    (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
+    at = name.rfind("#")
+    if at <= 0:
+        return None
+    loop, number = name[:at], name[at + 1:]
+    if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
+        return None
+    return loop, int(number)
 
 
 def mapped_children(graph: GraphSpec, name: str) -> tuple[str, ...]:

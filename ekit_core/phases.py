@@ -76,6 +76,10 @@ class Phase(enum.StrEnum):
     COLLECTING = "collecting"
     """A mapped step whose input is recorded: expanded into its items, it records their
     outputs as its own once they are settled (and its other dependencies recorded)."""
+    LOOPING = "looping"
+    """A loop (``repeat=``) whose iterations run one at a time, ``step#k`` grown once
+    ``step#(k-1)`` is recorded; it records the last one's output as its own once one
+    says it is done."""
 
 
 class Trigger(enum.StrEnum):
@@ -85,6 +89,7 @@ class Trigger(enum.StrEnum):
     DEPENDENCY_SKIPPED = "dependency skipped"
     INPUT_RECORDED = "input recorded"
     ITEMS_SETTLED = "items settled"
+    ITERATION_RECORDED = "iteration recorded"
     RUN_HALTED = "run halted"
 
 
@@ -116,6 +121,8 @@ RESUMES: Mapping[Phase, tuple[tuple[Phase, ...], str]] = MappingProxyType({
     Phase.SKIPPED: ((Phase.SKIPPED,), "the skip is recorded"),
     Phase.HELD: ((Phase.HELD,), "with the same `only`"),
     Phase.COLLECTING: ((Phase.COLLECTING,), "expanded again from its recorded input"),
+    Phase.LOOPING: ((Phase.LOOPING,),
+                    "its next iteration is grown again after the last one recorded"),
 })
 """What a resume from a checkpoint of a state restores each phase to (same options).
 
@@ -160,8 +167,15 @@ def _reading(spec: RunSpec, outputs: Mapping[str, Any], setbacks: Setbacks,
     only = spec.limits.only
     if only is not None and not selected(only, spec.shaped, name):
         return Phase.HELD
-    if spec.shaped is not None and name in spec.shaped.members:
-        return Phase.COLLECTING
+    shaped = spec.shaped
+    if shaped is not None:
+        if name in shaped.members:
+            return Phase.COLLECTING
+        if name in shaped.loops:
+            return Phase.LOOPING
+        ref = shaped.items.get(name)
+        if ref is not None and ref.iteration and ref.iteration <= shaped.compacted.get(ref.step, 0):
+            return Phase.RECORDED  # (its output compacted: ``keep_last``)
     return Phase.WAITING
 
 

@@ -76,13 +76,13 @@ O(what changed) via :meth:`~ekit_core.WorkflowCheckpoint.delta_since`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 from ekit_core.checkpoint import CheckpointDelta, CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
-from ekit_core.expansion import Expanded
+from ekit_core.expansion import Expanded, iteration_of
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -96,7 +96,7 @@ from ekit_core.report import (
     table,
     usage_text,
 )
-from ekit_core.rewind import grown, outdated_steps, without
+from ekit_core.rewind import _dropping, grown, outdated_steps, without
 from ekit_core.times import when
 from ekit_core.transitions import context_outputs, kept_on_resume
 from ekit_core.usage import TokenUsage
@@ -397,6 +397,26 @@ def _rewound(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> dict[str, s
             if n not in cp.outputs and now.get(n, 0) > before.get(n, 0)}
 
 
+def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
+    """``earlier`` with the iterations ``cp`` compacts dropped (``keep_last``: a loop lets go
+    of its oldest iterations' outputs on purpose, counting them), and ``cp``'s count.
+
+    Only a count that grows compacts: one that shrinks, or names no loop of the
+    checkpoint's shapes, changes nothing, so what it dropped is a loss.
+    """
+    now, before = cp.compacted, earlier.compacted
+    upto = {loop: n for loop, n in now.items() if n >= before.get(loop, 0)
+            and loop in cp.shapes and cp.shapes[loop].keep_last is not None}
+    if len(upto) != len(now) or any(loop not in now for loop in before):
+        return earlier
+    gone = {name for name in earlier.outputs
+            if (at := iteration_of(name, upto)) is not None and at[1] <= upto[at[0]]}
+    outputs = {k: v for k, v in earlier.outputs.items() if k not in gone}
+    dropped = _dropping(earlier, gone, outputs, earlier.step_index, skipped=earlier.skipped,
+                        superseded=earlier.superseded)
+    return replace(dropped, compacted=now)
+
+
 def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
     """Whether two checkpoints could come from one run: the same version tags and graph."""
     if a.versions is not b.versions and a.versions != b.versions:
@@ -456,6 +476,8 @@ class _Walk:
             over = self.mapped_over[graph.fingerprint] = {
                 s.map_over for s in graph.shapes.values() if s.map_over is not None}
         key = (graph.fingerprint, *(id(v) for k, v in cp.outputs.items() if k in over))
+        if any(shape.repeat is not None for shape in graph.shapes.values()):
+            key += (id(cp),)  # (a loop grows by its recorded iterations: one expansion each)
         if self.expanded is None or self.expanded[0] != key:
             self.expanded = (key, grown(graph, cp.outputs))
         return self.expanded[1]
@@ -469,6 +491,8 @@ class _Walk:
         mapped step that runs again go too (or are set aside for an early
         cutoff), and are named among the outdated with their reason.
         """
+        if cp.compacted is not earlier.compacted and cp.compacted != earlier.compacted:
+            earlier = _compacted_by(earlier, cp)
         if _same_run(earlier, cp):
             rewound = _rewound(earlier, cp)
             return (without(earlier, graph, rewound), rewound) if rewound else (earlier, {})

@@ -23,6 +23,7 @@ __all__ = [
     "APPROVAL",
     "CONDITION",
     "DELAY",
+    "Ended",
     "Asked",
     "AttemptEnd",
     "AttemptOutcome",
@@ -144,6 +145,17 @@ class Succeeded:
 
 
 @dataclass(frozen=True, slots=True)
+class Ended(Succeeded):
+    """Iteration ``name`` of a loop (``step#k``) returned ``output`` and says its loop is done.
+
+    A :class:`Succeeded` in every other way: the iteration's output and usage
+    are recorded, and the loop step records that output as its own in the
+    same transition (no iteration ``k+1`` is grown). The shell reports it when
+    the body returned ``Done(value)`` or the loop's ``until`` held.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """Step ``name`` raised ``error`` (a timeout is a ``TimeoutError``).
 
@@ -217,7 +229,7 @@ AttemptOutcome: TypeAlias = AttemptEnd
 """The former name of :data:`AttemptEnd`, kept for old imports."""
 
 Input: TypeAlias = (
-    Start | Began | Succeeded | Failed | Denied | Interrupted | Asked | Skipped | Cancelled
+    Start | Began | Succeeded | Ended | Failed | Denied | Interrupted | Asked | Skipped | Cancelled
 )
 """Anything :func:`~ekit_core.apply` folds into a state."""
 

@@ -29,9 +29,9 @@ from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.compat import reshaped_steps
-from ekit_core.expansion import Expanded, expand, expanders
+from ekit_core.expansion import Expanded, ItemRef, expand, expanders, iteration_of, loops_of
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import Shape
+from ekit_core.shapes import Shape, iteration_name
 
 __all__ = [
     "changed_steps", "downstream", "grown", "outdated_steps", "reached", "redone_after", "rewind",
@@ -54,7 +54,22 @@ def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
             found.items.update(more.items)
             found.members.update(more.members)
             found.kinds.update(more.kinds)
+    loops = dict.fromkeys(loops_of(graph)) if graph.shapes else {}
+    if loops:  # and the recorded iterations of its loops, each after the one before it
+        for name in outputs:
+            at = iteration_of(name, loops)
+            if at is not None:
+                loop, k = at
+                before = iteration_name(loop, k - 1) if k > 1 else ""
+                found.steps[name] = (*graph.deps[loop], before) if before else graph.deps[loop]
+                found.items[name] = ItemRef(loop, str(k), before, None, k)
     return found
+
+
+def iterations_of(loops: Iterable[str], names: Iterable[str]) -> set[str]:
+    """The names among ``names`` spelt as iterations of one of ``loops`` (``L#k``)."""
+    table = dict.fromkeys(loops)
+    return {n for n in names if table and iteration_of(n, table) is not None}
 
 
 def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
@@ -216,6 +231,8 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
     found = {*roots, *steps}
     mapped = tuple(f"{n}[" for n in steps if (n in graph.shapes and graph.shapes[n].map_over)
                    or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
+    mapped += tuple(f"{n}#" for n in steps if (n in graph.shapes and graph.shapes[n].repeat)
+                    or (n in checkpoint.shapes and checkpoint.shapes[n].repeat))
     if not mapped:
         return found
     names = (*grown(graph, checkpoint.outputs).items, *checkpoint.outputs, *checkpoint.failures,
@@ -244,8 +261,9 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s) or item(s): {', '.join(map(repr, unknown))}")
     consumers = _consumers(graph, items)
-    # Rewinding a mapped step rewinds every one of its items.
-    seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ()))}
+    # Rewinding a mapped step rewinds every one of its items; a loop, every iteration.
+    seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ())),
+            *(m for m, ref in items.items.items() if ref.iteration and ref.step in wanted)}
     frontier = list(seen)
     while frontier:
         for child in consumers.get(frontier.pop(), ()):
@@ -385,6 +403,9 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     gone = set(names)
     if gone and checkpoint.shapes:
         gone |= _unmapped_items(checkpoint, graph, gone)
+        # (a loop that runs again runs every iteration again)
+        gone |= iterations_of((n for n in gone if n in checkpoint.shapes
+                               and checkpoint.shapes[n].repeat is not None), checkpoint.outputs)
     if gone and checkpoint.asked:
         return _without_asking(checkpoint, graph, gone)
     if not gone & checkpoint.outputs.keys():
@@ -413,6 +434,7 @@ def _without_asking(checkpoint: WorkflowCheckpoint, graph: GraphSpec, gone: set[
     below = set(downstream(graph, [n for n in gone if n in graph.index]))
     # Only a mapped step has items: a step merely named ``a[x]`` is not one of ``a``'s.
     items = tuple(f"{n}[" for n in below if n in graph.shapes and graph.shapes[n].map_over is not None)
+    items += tuple(f"{n}#" for n in below if n in graph.shapes and graph.shapes[n].repeat is not None)
     asking = {k for k in checkpoint.asked if k in gone or k in below or k.startswith(items)}
     if not asking and not gone & checkpoint.outputs.keys():
         return checkpoint
@@ -453,4 +475,8 @@ def _dropping(
         asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
+        # (a loop none of whose kept iterations is left starts again from its first)
+        compacted=MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
+                                    if iteration_name(loop, n + 1) in outputs})
+        if checkpoint.compacted else checkpoint.compacted,
     )

@@ -29,6 +29,17 @@ A step may declare, beside its dependencies:
 ``join="any"``  run once every dependency is recorded or skipped, if at least
                 one is recorded (the join after alternative branches); it
                 sees only the outputs that exist. All skipped: skipped too.
+``repeat=N``    a loop: run again and again, one iteration at a time, until
+                an iteration says it is done, at most ``N`` iterations.
+                Iteration ``k`` is a step of its own, named ``step#k``, with
+                its own attempts; it depends on the step's dependencies and
+                on iteration ``k-1``, and is grown only once ``k-1`` is
+                recorded. The step's own output is its last iteration's. An
+                ``N``-th iteration that does not say it is done fails the
+                step (a :class:`~ekit_core.expansion.LoopError`).
+``keep_last=K`` a loop's checkpoints keep the outputs of its last ``K``
+                iterations only: older ones are compacted (dropped and
+                counted), so that a long loop's checkpoint stays bounded.
 =============== ============================================================
 
 Validity (a :class:`~ekit_core.GraphError` naming the step): ``map_over``
@@ -36,7 +47,10 @@ names one of the step's dependencies; ``item_key`` needs ``map_over`` and
 is not given to a step mapped over a mapped step (the items keep the
 upstream's keys); ``join="any"`` needs dependencies and is not combined with
 ``map_over``; names are non-empty strings; no declared step is named like an
-item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape).
+item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape),
+nor like an iteration of one (``P#...`` beside ``P``); ``repeat`` is an int
+>= 1 and is not combined with ``map_over``, ``when`` or ``join="any"``;
+``keep_last`` is an int >= 1 and needs ``repeat``.
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -53,7 +67,7 @@ from typing import Any, Literal
 
 from ekit_core.errors import GraphError
 
-__all__ = ["NO_SHAPES", "Shape", "check_shapes", "item_name", "shapes_text"]
+__all__ = ["NO_SHAPES", "Shape", "check_shapes", "item_name", "iteration_name", "shapes_text"]
 
 Join = Literal["all", "any"]
 
@@ -66,13 +80,19 @@ class Shape:
     item_key: str | None = None
     when: str | None = None
     join: Join = "all"
+    repeat: int | None = None
+    keep_last: int | None = None
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, str | int]:
         """Plain data, the fields that are set only (what a checkpoint records)."""
         data = {"map_over": self.map_over, "item_key": self.item_key, "when": self.when}
-        plain = {k: v for k, v in data.items() if v is not None}
+        plain: dict[str, str | int] = {k: v for k, v in data.items() if v is not None}
         if self.join != "all":
             plain["join"] = self.join
+        if self.repeat is not None:
+            plain["repeat"] = self.repeat
+        if self.keep_last is not None:
+            plain["keep_last"] = self.keep_last
         return plain
 
     @classmethod
@@ -80,7 +100,7 @@ class Shape:
         """Rebuild from :meth:`to_dict`; anything else is a ``ValueError`` naming ``where``."""
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"map_over", "item_key", "when", "join"})
+        unknown = sorted(set(data) - {"map_over", "item_key", "when", "join", "repeat", "keep_last"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s): {unknown}")
         for key in ("map_over", "item_key", "when"):
@@ -90,12 +110,23 @@ class Shape:
         join = data.get("join", "all")
         if join not in ("all", "any"):
             raise ValueError(f"{where}.join must be 'all' or 'any', got {join!r}")
-        return cls(data.get("map_over"), data.get("item_key"), data.get("when"), join)
+        for key in ("repeat", "keep_last"):
+            value = data.get(key)
+            if value is not None and not _count(value):
+                raise ValueError(f"{where}.{key} must be an int >= 1, got {value!r:.80}")
+        return cls(data.get("map_over"), data.get("item_key"), data.get("when"), join,
+                   data.get("repeat"), data.get("keep_last"))
 
     @property
     def plain(self) -> bool:
         """Whether this shape declares nothing (a step without one)."""
-        return self.map_over is None and self.when is None and self.join == "all"
+        return self.map_over is None and self.when is None and self.join == "all" \
+            and self.repeat is None
+
+
+def _count(value: object) -> bool:
+    """Whether ``value`` is an int >= 1 (not a bool): a loop's cap, or how many it keeps."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
@@ -105,6 +136,11 @@ NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
 def item_name(step: str, key: str) -> str:
     """The name of item ``key`` of mapped step ``step``: ``step[key]``."""
     return f"{step}[{key}]"
+
+
+def iteration_name(step: str, k: int) -> str:
+    """The name of iteration ``k`` (from 1) of loop ``step``: ``step#k``."""
+    return f"{step}#{k}"
 
 
 def check_shapes(
@@ -123,7 +159,12 @@ def check_shapes(
                 raise GraphError(f"step {name!r}: {field_name} must be a non-empty string", [name])
         if shape.join not in ("all", "any"):
             raise GraphError(f"step {name!r}: join must be 'all' or 'any', got {shape.join!r}", [name])
-        if not shape.plain or shape.item_key is not None:
+        for field_name in ("repeat", "keep_last"):
+            value = getattr(shape, field_name)
+            if value is not None and not _count(value):
+                raise GraphError(f"step {name!r}: {field_name} must be an int >= 1, got {value!r:.80}",
+                                 [name])
+        if not shape.plain or shape.item_key is not None or shape.keep_last is not None:
             checked[name] = shape
     for name, shape in checked.items():
         _check_one(name, shape, deps, checked)
@@ -133,21 +174,23 @@ def check_shapes(
 
 
 def _check_item_like(names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]) -> None:
-    """Refuse a step named ``P[...]`` beside a step ``P``: the name of one of ``P``'s items.
+    """Refuse a step named ``P[...]`` beside a step ``P``: the name of one of ``P``'s items;
+    and one named ``P#...``: the name of one of ``P``'s iterations.
 
     Whatever ``P``'s shape: rules that tell items by their name (a resume,
     a rewind, a selection) must never take a declared step for one, and a
     graph change may map ``P`` later. O(total length of the names).
     """
-    for name in names:
-        at = name.find("[", 1)  # (a step "" is refused before: no owner at 0)
-        while at > 0:
-            owner = name[:at]
-            if owner in deps:
-                raise GraphError(
-                    f"step {name!r} is named like an item of step {owner!r} (items are named "
-                    f"step[key]): rename one of them", [name, owner])
-            at = name.find("[", at + 1)
+    for mark, what, spelt in (("[", "an item", "step[key]"), ("#", "an iteration", "step#k")):
+        for name in names:
+            at = name.find(mark, 1)  # (a step "" is refused before: no owner at 0)
+            while at > 0:
+                owner = name[:at]
+                if owner in deps:
+                    raise GraphError(
+                        f"step {name!r} is named like {what} of step {owner!r} ({what[3:]}s are "
+                        f"named {spelt}): rename one of them", [name, owner])
+                at = name.find(mark, at + 1)
 
 
 def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
@@ -163,6 +206,13 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
             raise GraphError(
                 f"step {name!r} maps over the mapped step {over!r}: its items keep "
                 f"{over!r}'s keys, so it takes no item_key", [name])
+    if shape.repeat is not None:
+        clash = ("map_over" if over is not None else "when" if shape.when is not None
+                 else "join='any'" if shape.join == "any" else None)
+        if clash is not None:
+            raise GraphError(f"step {name!r}: repeat cannot be combined with {clash}", [name])
+    elif shape.keep_last is not None:
+        raise GraphError(f"step {name!r}: keep_last needs repeat", [name])
     if shape.join == "any":
         if not deps[name]:
             raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])

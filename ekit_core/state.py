@@ -374,6 +374,6 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         context=spec.context, failures=setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
-        superseded=shaped.superseded, asked=setbacks.asked,
+        superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
         format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
     )

@@ -82,6 +82,8 @@ from ekit_core.checkpoint import (
     FailureRecord,
     Timings,
     WorkflowCheckpoint,
+    _begun,
+    _timed,
     check_began,
     check_durations,
     describe_error,
@@ -110,11 +112,15 @@ from ekit_core.exchanges import pending as waiting_on
 from ekit_core.expansion import (
     Expanded,
     Expansion,
+    ItemRef,
+    LoopError,
     MapError,
     collected,
     expand,
     expanders,
     item_input,
+    iteration_of,
+    loops_of,
     same_encoding,
 )
 from ekit_core.graph import GraphSpec
@@ -129,6 +135,7 @@ from ekit_core.results import (
     Began,
     Cancelled,
     Denied,
+    Ended,
     Failed,
     Input,
     Interrupted,
@@ -150,7 +157,7 @@ from ekit_core.rewind import (
     without_questions,
 )
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
-from ekit_core.shapes import items_of
+from ekit_core.shapes import items_of, iteration_name
 from ekit_core.state import (
     NO_SKIPS,
     Halt,
@@ -195,14 +202,16 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
 
     Nor items: ``M[key]`` for a step ``M`` of ``graph`` that maps over
     another is an item of ``M`` (no step may be named so), whether or not
-    this graph has grown by it yet.
+    this graph has grown by it yet; nor iterations, ``L#k`` for a loop ``L``.
     """
     index = graph.index
     mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
-    if not mapped:
+    loops = loops_of(graph) if graph.shapes else ()
+    if not mapped and not loops:
         return {k: v for k, v in outputs.items() if k not in index}
     return {k: v for k, v in outputs.items()
-            if k not in index and not (k.startswith(mapped) and k.endswith("]"))}
+            if k not in index and not (mapped and k.startswith(mapped) and k.endswith("]"))
+            and not (loops and iteration_of(k, dict.fromkeys(loops)) is not None)}
 
 
 def outcome_of(
@@ -368,7 +377,7 @@ def _held(graph: GraphSpec, checkpoint: WorkflowCheckpoint, first: list[int],
             if missing:
                 raise CheckpointError("asked", f"records a question {name!r} waits on, yet not the "
                                                f"output of {missing[0]!r}, which it needs")
-        elif not items or "[" not in name:
+        elif not items or ("[" not in name and "#" not in name):
             raise CheckpointError("asked", f"names {name!r}, which is no step of this run")
     held = {index[n] for n in waiting if n in index}
     denied = denial_of(checkpoint.asked)
@@ -491,8 +500,10 @@ def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
 def _check_timed_names(graph: GraphSpec, names: list[str]) -> None:
     """Refuse a duration naming no step of ``graph`` nor an item of one of its mapped steps."""
     mapped = tuple(f"{name}[" for name, shape in graph.shapes.items() if shape.map_over is not None)
+    loops = dict.fromkeys(loops_of(graph))
     for name in names:
-        if name not in graph.index and not (name.endswith("]") and name.startswith(mapped)):
+        if name not in graph.index and not (name.endswith("]") and name.startswith(mapped)) \
+                and iteration_of(name, loops) is None:
             raise CheckpointError(f"durations.{name}", "names no step or item of the graph")
 
 
@@ -635,9 +646,12 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     if record:
         w.events = list(_first_events(graph, checkpoint.outputs, outdated, None, checkpoint.cost,
                                       asked))
+    loops = dict.fromkeys(loops_of(graph))
     for name in graph.names:
         if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
             _expand(w, name)
+        if name in loops:
+            _start_loop(w, name, checkpoint)
     _check_expansion(w, checkpoint)
     if record:
         w.events = _counted_at_start(w)
@@ -816,8 +830,8 @@ def _first_ready_shaped(
         if gone and not joins_any:  # (a mapped step too: its items could never start)
             raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
                                              "which needs it")
-        if shape is not None and shape.map_over is not None:
-            continue
+        if shape is not None and (shape.map_over is not None or shape.repeat is not None):
+            continue  # (expanded into its items, or grown into its iterations: never started)
         missing = sum(1 for d in parents if d not in outputs and d not in skipped)
         if not missing:
             if parents and not any(d in outputs for d in parents):
@@ -843,8 +857,9 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
 
 def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
     """The dependents the fold reads in a shaped run: no edge into a mapped step
-    (it expands and collects; it is never made ready by its dependencies)."""
-    mapped = {n for n, s in graph.shapes.items() if s.map_over is not None}
+    (it expands and collects; it is never made ready by its dependencies), nor into
+    a loop (its iterations wait for its dependencies instead)."""
+    mapped = {n for n, s in graph.shapes.items() if s.map_over is not None or s.repeat is not None}
     among = graph.dependents_among(pending)
     return MappingProxyType({
         k: tuple(c for c in v if c not in mapped) if v else v for k, v in among.items()
@@ -855,10 +870,14 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
     """Every recorded item and skip names an item the recorded outputs make, or a step."""
     index = w.spec.graph.index
     mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
+    loops = w.spec.shaped.loops  # type: ignore[union-attr]
     for name in checkpoint.outputs:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
                                              "it maps over does not have")
+        if loops and name not in index and iteration_of(name, loops) is not None:
+            raise CheckpointError("outputs", f"records iteration {name!r}, yet not every "
+                                             "iteration before it")
     outputs, skipped = checkpoint.outputs, checkpoint.skipped
     check_collections(w.spec.declared_graph, outputs, skipped, cast(Expansion, w.spec.shaped).members)
     for name in skipped:
@@ -1076,7 +1095,13 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     # early cutoff may have recorded items with it), so ``spec`` no longer counts its steps.
     if budget is not None and w.setbacks.halt is None and w.completed < len(w.spec.graph.names) \
             and budget.reached(w.cost):
-        w.halt(Halt("budget_exceeded", reason=f"usage reached {budget}"))
+        w.halt(Halt("budget_exceeded", _loop_of(w.spec, name), f"usage reached {budget}"))
+
+
+def _loop_of(spec: RunSpec, name: str) -> str | None:
+    """The loop ``name`` is an iteration of (``None``: no iteration), which a budget names."""
+    ref = spec.shaped.items.get(name) if spec.shaped is not None else None
+    return ref.step if ref is not None and ref.iteration else None
 
 
 _LONGEST = 2.0**53 / 1e6
@@ -1145,6 +1170,25 @@ def _began_and_succeeded(w: _Run, item: Succeeded) -> None:
     """A gated attempt's success, its ``Began`` not reported: it began, then succeeded."""
     _began(w, Began(item.name))
     _succeeded(w, item)
+
+
+def _ended(w: _Run, item: Ended) -> None:
+    """An iteration's success that ends its loop: recorded as any success, and its loop
+    records that output as its own in the same transition (``_iterated``)."""
+    name = item.name
+    shaped = w.spec.shaped
+    ref = shaped.items.get(name) if shaped is not None else None
+    if shaped is None or ref is None or not ref.iteration:
+        raise TransitionError(f"Ended for step {name!r}, which is no iteration of a loop: "
+                              "report a Succeeded")
+    w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending | {name}))
+    _succeeded(w, item)
+
+
+def _began_and_ended(w: _Run, item: Ended) -> None:
+    """A gated iteration's last success, its ``Began`` not reported: it began, then ended."""
+    _began(w, Began(item.name))
+    _ended(w, item)
 
 
 def _began_and_asked(w: _Run, asked: Asked) -> None:
@@ -1306,7 +1350,10 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
         shaped = cast(Expansion, w.spec.shaped)
     ref = shaped.items.get(name)
     if ref is not None:
-        _item_settled(w, ref.step)
+        if ref.iteration:
+            _iterated(w, name, ref)
+        else:
+            _item_settled(w, ref.step)
     for mapped in shaped.waits.get(name, ()):
         _item_settled(w, mapped)
 
@@ -1533,6 +1580,147 @@ def _map_failed(w: _Run, mapped: str, why: str) -> None:
         w.halt(Halt("failed", mapped, f"MapError: {record.message}"))
 
 
+# -- loops: one iteration at a time ---------------------------------------------------
+
+
+def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
+    """A run's first state grows ``loop`` by its recorded iterations, then by the next one
+    (the first, in a fresh run): unless the loop is recorded, skipped, held, or its
+    recorded iterations reach its cap (it fails again)."""
+    only = w.spec.limits.only
+    if loop in w.setbacks.skipped and iteration_name(loop, 1) in w.setbacks.skipped:
+        _grow_iterations(w, loop, 1, 1)  # (skipped with the loop, as it waited: known so)
+    if loop in w.setbacks.skipped or (only is not None and loop not in only):
+        return
+    outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
+    compacted = checkpoint.compacted.get(loop, 0)
+    last = compacted
+    while iteration_name(loop, last + 1) in outputs:
+        last += 1
+    if compacted:
+        if last == compacted and loop not in outputs:
+            raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
+                                               f"{loop!r}: the last one is always kept")
+        _grow_compacted(w, loop, compacted)
+    if loop in outputs or last >= cap:
+        if last > compacted:
+            _grow_iterations(w, loop, compacted + 1, last)
+        if loop not in outputs:
+            _loop_failed(w, loop, last)
+        return
+    _grow_iterations(w, loop, compacted + 1, last + 1)
+
+
+def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
+    """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
+    graph and counted, their outputs let go of (see ``_compact``); never started."""
+    deps = w.spec.declared_graph.deps[loop]
+    more = Expanded()
+    for k in range(1, upto + 1):
+        name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
+        more.steps[name] = (*deps, before) if before else deps
+        more.items[name] = ItemRef(loop, str(k), before, None, k)
+    shaped = cast(Expansion, w.spec.shaped).grown(more)
+    w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
+        shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
+        compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+    w.completed += upto
+
+
+def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
+    """Grow the run by iterations ``first`` to ``last`` of ``loop``: each depends on the loop's
+    dependencies and on the one before it (one growth, however many: a resume's)."""
+    deps = w.spec.declared_graph.deps[loop]
+    more = Expanded()
+    for k in range(first, last + 1):
+        name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
+        more.steps[name] = (*deps, before) if before else deps
+        more.items[name] = ItemRef(loop, str(k), before, None, k)
+    shaped = cast(Expansion, w.spec.shaped)
+    w.spec = _replace(w.spec, shaped=_replace(shaped, loops=MappingProxyType({**shaped.loops, loop: last})))
+    _grow(w, more)
+
+
+def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
+    """Iteration ``name`` of a loop is recorded: the loop records its output if it ended
+    (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
+    loop, k = ref.step, ref.iteration
+    shaped = cast(Expansion, w.spec.shaped)
+    shape = w.spec.declared_graph.shapes[loop]
+    if shape.keep_last is not None and k > shape.keep_last:
+        _compact(w, loop, k - shape.keep_last)
+        shaped = cast(Expansion, w.spec.shaped)
+    if name in shaped.ending:
+        w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending - {name}))
+        _end_loop(w, loop, name)
+    elif k >= cast(int, shape.repeat):
+        _loop_failed(w, loop, k)
+    else:
+        _grow_iterations(w, loop, k + 1, k + 1)
+
+
+def _compact(w: _Run, loop: str, upto: int) -> None:
+    """Let go of the outputs (and usage, durations) of ``loop``'s iterations up to ``upto``:
+    ``keep_last``. They stay recorded (counted in ``compacted``, never run again); the
+    run's checkpoints no longer hold them, so a long loop's stay bounded. O(what is kept)."""
+    shaped = cast(Expansion, w.spec.shaped)
+    before = shaped.compacted.get(loop, 0)
+    if upto <= before:
+        return
+    gone = {iteration_name(loop, j) for j in range(before + 1, upto + 1)}
+    w.outputs = Ledger({n: v for n, v in w.outputs.items() if n not in gone})
+    if any(n in w.step_usage for n in gone):
+        w.step_usage = Ledger({n: u for n, u in w.step_usage.items() if n not in gone})
+    if w.times is not None:
+        kept = _timings_without(w.times, gone)
+        if kept is not None:
+            w.times = kept
+    w.spec = _replace(w.spec, shaped=_replace(
+        shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+
+
+def _timings_without(times: Timings, gone: set[str]) -> Timings | None:
+    """``times`` without the entries of ``gone`` (``None``: it has none of them)."""
+    durations = _timed(times)
+    if not gone & durations.keys():
+        return None
+    began = _begun(times)
+    kept: Timings = MappingProxyType({n: d for n, d in durations.items() if n not in gone})
+    for name, at in began.items():
+        if name not in gone and name in durations:
+            kept = (name, durations[name], kept, at)
+    return kept
+
+
+def _end_loop(w: _Run, loop: str, last: str) -> None:
+    """Record the loop's output, its last iteration's, and pass it on as any recorded output."""
+    outputs = w.outputs = w.outputs.with_item(loop, w.outputs[last])
+    w.completed += 1
+    if w.record:
+        w.events.append(StepFinished(loop, 1, NO_USAGE, None))
+    children = w.spec.dependents.get(loop, ())
+    if children:
+        _count_down(w, children, outputs, w.spec.graph.index)
+    shaped = cast(Expansion, w.spec.shaped)
+    if loop in shaped.expanders:
+        _expand(w, loop)
+    for waiting in shaped.waits.get(loop, ()):
+        _item_settled(w, waiting)
+
+
+def _loop_failed(w: _Run, loop: str, k: int) -> None:
+    """A loop whose ``k``-th iteration, its cap, did not end it fails (its iterations stay)."""
+    why = (f"step {loop!r} did not end within repeat={k} iterations: iteration {k} did not "
+           "say it is done (return Done(value), or give until=)")
+    inc = w.setbacks
+    record = FailureRecord("LoopError", storable_text(why), 1)
+    w.setbacks = _replace(inc, failures=MappingProxyType({**inc.failures, loop: record}),
+                          errors=(*inc.errors, (loop, LoopError(why))))
+    w.events.append(StepFailed(loop, 1, "LoopError", record.message, None))
+    if not w.spec.limits.isolate_failures:
+        w.halt(Halt("failed", loop, f"LoopError: {record.message}"))
+
+
 def _skip(w: _Run, name: str, reason: str) -> None:
     """Skip ``name``, and every step or item that needs it, unless it joins ``"any"``."""
     # A dict of this skip's own, behind the proxy the rules read meanwhile.
@@ -1551,8 +1739,8 @@ def _skip(w: _Run, name: str, reason: str) -> None:
             w.events.append(StepSkipped(step, why))
         shaped = w.spec.shaped
         ref = shaped.items.get(step) if shaped is not None else None
-        if ref is not None and (only is None or ref.step in only):
-            _item_settled(w, ref.step)
+        if ref is not None and not ref.iteration and (only is None or ref.step in only):
+            _item_settled(w, ref.step)  # (a loop is skipped by its own dependency, not so)
         for child in _needing(w, step):
             if child in w.outputs or child in skips:
                 continue
@@ -1747,6 +1935,13 @@ TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyTyp
         (Phase.READY,), _interrupted, "withdrawn or cancelled before its work began"),
     (Phase.RUNNING, Asked): Row(
         (Phase.ASKED,), _asked, "its question is recorded; nothing that needs it starts"),
+    (Phase.RUNNING, Ended): Row(
+        (Phase.RECORDED,), _ended,
+        "an iteration's output is recorded, and its loop records it as its own (iteration "
+        "recorded)"),
+    (Phase.GATED, Ended): Row(
+        (Phase.RECORDED,), _began_and_ended,
+        "as from running: its work began (a shell that does not report `Began`)"),
     (Phase.GATED, Asked): Row(
         (Phase.ASKED,), _began_and_asked,
         "as from running: its work began (a shell that does not report `Began`)"),
@@ -1762,6 +1957,8 @@ TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyTyp
         (Phase.SKIPPED, Phase.WAITING, Phase.READY), _skip,
         "skipped, unless it joins alternatives (`join=\"any\"`): then ready once every "
         "dependency is settled and one ran, skipped if none did"),
+    (Phase.LOOPING, Trigger.DEPENDENCY_SKIPPED): Row(
+        (Phase.SKIPPED,), _skip, "a loop is skipped with its waiting first iteration"),
     (Phase.COLLECTING, Trigger.DEPENDENCY_SKIPPED): Row(
         (Phase.SKIPPED,), _skip, "a mapped step is skipped, whatever its items did"),
     (Phase.HELD, Trigger.DEPENDENCY_SKIPPED): Row(
@@ -1773,6 +1970,10 @@ TRANSITIONS: Mapping[tuple[Phase | None, type | Trigger], Row] = MappingProxyTyp
     (Phase.COLLECTING, Trigger.ITEMS_SETTLED): Row(
         (Phase.COLLECTING, Phase.RECORDED), _item_settled,
         "its items' outputs, in order, are recorded as its own once its dependencies are"),
+    (Phase.LOOPING, Trigger.ITERATION_RECORDED): Row(
+        (Phase.LOOPING, Phase.RECORDED, Phase.FAILED), _iterated,
+        "its next iteration is grown; an iteration that said it is done (`Ended`) ends it: "
+        "its output is recorded as the loop's; at its cap (`repeat`) it fails with `LoopError`"),
     (Phase.GATED, Trigger.RUN_HALTED): Row(
         (Phase.GATED,), _withdrawn,
         "withdrawn: `plan` names it in `Batch.withdraw`, the shell interrupts it"),

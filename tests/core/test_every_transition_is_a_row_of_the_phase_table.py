@@ -1,7 +1,7 @@
 """The phase table is what the fold does: every move of every step is one of its rows.
 
 Random graphs with run-time shapes (maps, item-wise chains, conditions, joins
-over alternatives), random options (approval, retries, isolated failures,
+over alternatives, loops), random options (approval, retries, isolated failures,
 ``only``) and random inputs, as a shell would send them and as it would not:
 
 - each input the shell may send moves its own step by the row of (its phase
@@ -26,6 +26,7 @@ from ekit_core import (
     Began,
     Cancelled,
     Denied,
+    Ended,
     Failed,
     GraphSpec,
     Interrupted,
@@ -46,7 +47,7 @@ from ekit_core.phases import RESUMES, Trigger
 from ekit_core.transitions import TRANSITIONS, _asks
 from tests.support.strategies import dags, shaped_dags
 
-_ENDS: tuple[type, ...] = (Began, Succeeded, Failed, Denied, Interrupted, Asked, Skipped)
+_ENDS: tuple[type, ...] = (Began, Succeeded, Ended, Failed, Denied, Interrupted, Asked, Skipped)
 
 
 class Boom(Exception):
@@ -66,6 +67,8 @@ def _input(kind: type, name: str, graph: GraphSpec, data: st.DataObject) -> Any:
         if name in _expanders(graph) and data.draw(st.integers(0, 9)):  # (else a MapError)
             return Succeeded(name, data.draw(st.lists(st.integers(0, 9), max_size=3)))
         return Succeeded(name, data.draw(st.integers(0, 9)))
+    if kind is Ended:
+        return Ended(name, data.draw(st.integers(0, 9)))
     if kind is Failed:
         return Failed(name, Boom("x"))
     if kind is Asked:
@@ -75,6 +78,12 @@ def _input(kind: type, name: str, graph: GraphSpec, data: st.DataObject) -> Any:
     if kind is Denied:
         return Denied(name, "no")
     return kind(name)
+
+
+def _iteration(state: State, name: str) -> bool:
+    """Whether ``name`` is an iteration of a loop (the one step a shell reports ``Ended`` for)."""
+    ref = state.spec.shaped.items.get(name) if state.spec.shaped is not None else None
+    return ref is not None and ref.iteration > 0
 
 
 def _checked(state: State, item: Any) -> State:
@@ -144,7 +153,8 @@ def _drive(graph: GraphSpec, options: dict[str, Any], data: st.DataObject) -> No
             # step with a condition (the core refuses one of a step that has none).
             kinds = [k for k in _ENDS if (phase, k) in TRANSITIONS
                      and (k is not Denied or state.limits.approval)
-                     and (k is not Skipped or _asks(state.spec, name))]
+                     and (k is not Skipped or _asks(state.spec, name))
+                     and (k is not Ended or _iteration(state, name))]
             kind = data.draw(st.sampled_from(kinds))
             state = _checked(state, _input(kind, name, state.spec.graph, data))
         elif action == "bogus":
@@ -177,7 +187,7 @@ def _options(draw: st.DrawFn, graph: GraphSpec) -> dict[str, Any]:
 
 
 @settings(max_examples=300)
-@given(graph=shaped_dags(), data=st.data())
+@given(graph=shaped_dags(loops=True), data=st.data())
 def test_every_move_of_a_shaped_run_is_a_row_of_the_table(graph: GraphSpec,
                                                            data: st.DataObject) -> None:
     _drive(graph, data.draw(_options(graph)), data)

@@ -27,10 +27,12 @@ def dags(draw: st.DrawFn, min_steps: int = 1, max_steps: int = 12) -> GraphSpec:
 
 
 @st.composite
-def shaped_dags(draw: st.DrawFn, min_steps: int = 2, max_steps: int = 7) -> GraphSpec:
+def shaped_dags(draw: st.DrawFn, min_steps: int = 2, max_steps: int = 7,
+                loops: bool = False) -> GraphSpec:
     """A random DAG with run-time shapes: steps that map over a dependency (item-wise
     chains too), conditional steps (mapped ones too: per-item conditions), and joins
-    over alternatives (``join="any"``). Every condition is named ``cond``."""
+    over alternatives (``join="any"``); with ``loops``, loops too (``repeat``, some
+    keeping their last iterations only). Every condition is named ``cond``."""
     from ekit_core.shapes import Shape
 
     size = draw(st.integers(min_steps, max_steps), label="steps")
@@ -41,8 +43,12 @@ def shaped_dags(draw: st.DrawFn, min_steps: int = 2, max_steps: int = 7) -> Grap
         earlier = list(deps)
         parents = tuple(draw(st.lists(st.sampled_from(earlier), max_size=3, unique=True))) if earlier else ()
         deps[name] = parents
-        kind = draw(st.sampled_from(["plain", "plain", "map", "when", "join"]))
-        if kind == "map" and parents:
+        kind = draw(st.sampled_from(["plain", "plain", "map", "when", "join",
+                                     *(["loop"] if loops else [])]))
+        if kind == "loop":
+            shapes[name] = Shape(repeat=draw(st.integers(1, 4)),
+                                 keep_last=draw(st.sampled_from([None, None, 1, 2])))
+        elif kind == "map" and parents:
             over = draw(st.sampled_from(parents))
             shapes[name] = Shape(map_over=over, when="cond" if draw(st.booleans()) else None)
         elif kind == "when":
