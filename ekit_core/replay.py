@@ -397,6 +397,12 @@ def _rewound(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> dict[str, s
             if n not in cp.outputs and now.get(n, 0) > before.get(n, 0)}
 
 
+def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
+    """Whether ``name`` is an iteration ``cp`` compacted (recorded, its output let go of)."""
+    at = iteration_of(name, cp.compacted) if cp.compacted else None
+    return at is not None and at[1] <= cp.compacted[at[0]]
+
+
 def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
     """``earlier`` with the iterations ``cp`` compacts dropped (``keep_last``: a loop lets go
     of its oldest iterations' outputs on purpose, counting them), and ``cp``'s count.
@@ -617,7 +623,9 @@ class _Walk:
         for name in finished:
             needs = needs_of(graph, items, skipped, name)
             if not all(d in outputs for d in needs):
-                missing = [d for d in needs if d not in outputs]
+                missing = [d for d in needs if d not in outputs and not _compacted(cp, d)]
+                if not missing:
+                    continue
                 self.report(i, name, "dependency_not_recorded",
                             f"{name!r} is recorded before its dependenc"
                             f"{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)))
