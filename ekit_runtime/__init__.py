@@ -29,6 +29,7 @@ from ekit_runtime.errors import (
 )
 from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
 from ekit_runtime.human import InputRequired, approve, ask
+from ekit_runtime.loops import Done, Iteration, Repeat
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
 from ekit_runtime.step import PatternResult, Step
@@ -59,9 +60,11 @@ __all__ = [
     "BudgetExceeded",
     "Codec",
     "CorruptStoreError",
+    "Done",
     "DaskExecutor",
     "Executor",
     "InputRequired",
+    "Iteration",
     "JournalStore",
     "JsonFileStore",
     "LocalExecutor",
@@ -70,6 +73,7 @@ __all__ = [
     "PostgresStore",
     "ProgressPrinter",
     "Question",
+    "Repeat",
     "RetryPolicy",
     "RunHalted",
     "RunOptions",

@@ -57,9 +57,9 @@ from ekit_core import (
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
-from ekit_core.results import APPROVAL, CONDITION, DELAY, Gate, succeeded
+from ekit_core.results import APPROVAL, CONDITION, DELAY, Ended, Gate, succeeded
 from ekit_core.rewind import rewind
-from ekit_core.shapes import item_name
+from ekit_core.shapes import item_name, iteration_name
 from ekit_core.state import attempt_number
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE
@@ -70,6 +70,7 @@ from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.loops import Done, Iteration, Repeat
 from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
 from ekit_runtime.stores.errors import UnencodableError
 
@@ -233,6 +234,7 @@ class Runner:
         run = step.run
         own = self._own[step.name] = (
             step.timeout is None
+            and (step.shaping is None or step.shaping[5] is None)  # (a loop's: see _attempt)
             and self.run_id is None
             and self.before_attempt is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
@@ -256,6 +258,7 @@ class Runner:
         """The steps ``names`` are of: a step's own name, an item's mapped step."""
         shapes = self.state.spec.declared_graph.shapes
         mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
+        mapped += [f"{n}#" for n, s in shapes.items() if s.repeat is not None]
         return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
 
     @property
@@ -502,11 +505,14 @@ class Runner:
             raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
         i = self._index.get(ref.step)
         step = self._declared[i] if i is not None else self._added[ref.step]
-        over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
-        assert over is not None
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
+        if ref.iteration:  # an iteration of a loop: its number and the state it carries
+            context[step.name] = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            return step, ref.key, context
+        over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
+        assert over is not None
         context[over] = item_input(ref, outputs)
         return step, ref.key, context
 
@@ -682,7 +688,9 @@ class Runner:
         callable, is the attempt's release: called once when the attempt
         ends, however it ends (see :data:`BeforeAttempt`).
         """
-        name = step.name if item is None else item_name(step.name, item)
+        repeat = None if item is None or step.shaping is None else step.shaping[5]
+        name = step.name if item is None else item_name(step.name, item) if repeat is None \
+            else iteration_name(step.name, int(item))
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
@@ -710,6 +718,8 @@ class Runner:
                 return self._asked(name, exc, self.clock() - began)
             except Exception as exc:
                 return _failure(name, exc, self.clock() - began, began=began + self._epoch)
+            if repeat is not None:
+                return _iterated(name, repeat, returned, self.clock() - began, began + self._epoch)
             output, usage = split_result(returned)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
@@ -961,6 +971,20 @@ async def _within(name: str, limit: float, attempt: Awaitable[Any]) -> Any:
         if not scope.expired():
             raise  # the step's own TimeoutError, not our deadline
         raise StepTimeoutError(name, limit) from exc
+
+
+def _iterated(name: str, repeat: Repeat, returned: object, duration: float, began: float) -> Input:
+    """An iteration's success: ``Ended`` when it returned ``Done`` or its loop's ``until``
+    holds for its output (which ends the loop), else ``Succeeded``; an ``until`` that
+    raises fails the attempt."""
+    ends = type(returned) is Done
+    output, usage = split_result(returned.value if isinstance(returned, Done) else returned)
+    if not ends and repeat.until is not None:
+        try:
+            ends = bool(repeat.until(output))
+        except Exception as exc:
+            return _failure(name, exc, duration, began=began)
+    return (Ended if ends else Succeeded)(name, output, usage, duration, began)
 
 
 def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None,

@@ -27,6 +27,7 @@ from ekit_core import RetryPolicy, TokenUsage
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
+from ekit_runtime.loops import Repeat
 
 __all__ = [
     "Attempt",
@@ -216,6 +217,12 @@ class Step:
     once the dependencies are recorded: false skips the step (and what needs
     it) for good. ``join="any"`` runs the step once its dependencies are
     settled if any of them ran, seeing the outputs that exist.
+    ``repeat=Repeat(max_iterations=N, until=..., keep_last=K)`` makes the
+    step a loop: iteration ``k`` runs as a step of its own, ``step#k``, once
+    ``k-1`` is recorded, and finds ``Iteration(k, previous_output)`` under
+    the step's own name in its context; it ends the loop by returning
+    ``Done(value)`` (or when ``until(output)`` holds), and the step's output
+    is the last iteration's (see ``ekit_runtime.loops``).
     """
 
     name: str
@@ -261,6 +268,7 @@ class Step:
         join: Literal["all", "any"] = "all",
         shaping: Shaping | None = None,
         resource: str | None = None,
+        repeat: Repeat | None = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -271,10 +279,11 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
-        if map_over is None and item_key is None and when is None and join == "all" and resource is None:
+        if map_over is None and item_key is None and when is None and join == "all" \
+                and resource is None and repeat is None:
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         else:
-            step.shaping = _shaping(shaping, map_over, item_key, when, join, resource)
+            step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -339,8 +348,10 @@ class Step:
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
         shaping = self.shaping
-        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 5):
-            raise bad("shaping must be None or (map_over, item_key, when, join, resource)")
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 6):
+            raise bad("shaping must be None or (map_over, item_key, when, join, resource, repeat)")
+        if self.repeat is not None and not isinstance(self.repeat, Repeat):
+            raise bad(f"repeat must be a Repeat or None, got {type(self.repeat).__name__}")
         for field_name in ("map_over", "item_key"):
             value = getattr(self, field_name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -380,32 +391,43 @@ class Step:
         return None if self.shaping is None else self.shaping[4]
 
     @property
+    def repeat(self) -> Repeat | None:
+        """How the step repeats, one iteration at a time (``None``: it runs once)."""
+        return None if self.shaping is None else self.shaping[5]
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
         if self.shaping is None:
             return None
-        map_over, item_key, when, join, _resource = self.shaping
-        if map_over is None and item_key is None and when is None and join == "all":
+        map_over, item_key, when, join, _resource, repeat = self.shaping
+        if map_over is None and item_key is None and when is None and join == "all" \
+                and repeat is None:
             return None  # only a resource: no shape (and no change to the fingerprint)
-        return Shape(map_over, item_key, None if when is None else condition_name(when), join)
+        return Shape(map_over, item_key, None if when is None else condition_name(when), join,
+                     None if repeat is None else repeat.max_iterations,
+                     None if repeat is None else repeat.keep_last)
 
 
 Shaping: TypeAlias = tuple[
-    str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None
+    str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None,
+    Repeat | None,
 ]
-"""A step's run-time shape and resource as it holds them: ``(map_over, item_key, when, join, resource)``."""
+"""A step's run-time shape and resource as it holds them: ``(map_over, item_key, when, join,
+resource, repeat)``."""
 
 
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
              when: Callable[[Any], Any] | None, join: Literal["all", "any"],
-             resource: str | None) -> Shaping:
+             resource: str | None, repeat: Repeat | None = None) -> Shaping:
     """The options given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
-    old = base if base is not None else (None, None, None, "all", None)
+    old = base if base is not None else (None, None, None, "all", None, None)
     return (map_over if map_over is not None else old[0],
             item_key if item_key is not None else old[1],
             when if when is not None else old[2],
             join if join != "all" else old[3],
-            resource if resource is not None else old[4])
+            resource if resource is not None else old[4],
+            repeat if repeat is not None else old[5])
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:

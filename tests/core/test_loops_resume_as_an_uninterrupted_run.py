@@ -16,6 +16,7 @@ tripped through JSON. Whatever the crashes:
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import given, settings
@@ -92,7 +93,7 @@ def _recorded(cp: WorkflowCheckpoint) -> set[str]:
 
 def _only_grow(graph: GraphSpec, checkpoints: list[WorkflowCheckpoint]) -> None:
     keep = graph.shapes["agent"].keep_last
-    for before, after in zip(checkpoints, checkpoints[1:], strict=False):
+    for before, after in pairwise(checkpoints):
         compacted = after.compacted.get("agent", 0)
         assert compacted >= before.compacted.get("agent", 0)
         for name, value in before.outputs.items():
@@ -127,7 +128,7 @@ def test_a_loop_resumed_at_any_point_ends_as_the_uninterrupted_run(
     assert sorted(n for n in plain_started if "#" in n) == sorted(
         f"agent#{k}" for k in range(1, min(ends_at, cap) + 1))
     _only_grow(graph, plain_cps)
-    _only_grow(graph, [c for c in checkpoints])
+    _only_grow(graph, checkpoints)
     report = replay(graph, plain_cps)
     assert report.ok, report.violations[:3]
     report = replay(graph, checkpoints)
