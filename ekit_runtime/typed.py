@@ -712,7 +712,7 @@ def _with_stored(
         outputs, usage, step_index=cp.step_index, cost=cp.cost, context=context,
         failures=cp.failures, graph=cp.graph, versions=cp.versions, fingerprint=cp.fingerprint,
         format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
-        superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone,
+        superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone, compacted=cp.compacted,
         began=given_began(cp),
     )
 

@@ -754,5 +754,6 @@ class _History:
             asked=fold.start.asked,
             durations=self.durations,
             redone=fold.start.redone,
+            compacted=fold.start.compacted,
             began=self.began,
         )

@@ -63,13 +63,13 @@ class Point:
 
 CODEC = Codec(Point)
 PUBLIC = tuple(f.name for f in dataclasses.fields(WorkflowCheckpoint) if not f.name.startswith("_"))
-GRAPH = {"a": (), "m": ("a",), "b": ("m",), "c": ("a",), "d": ("b",)}
+GRAPH = {"a": (), "m": ("a",), "b": ("m",), "c": ("a",), "d": ("b",), "loop": ("a",)}
 
 # Every field, each away from its default, typed values where a codec encodes them.
 FIELDS: dict[str, Any] = {
     "step_index": 5,
     "outputs": {"a": [1, 2], "m[0]": Point(1, 0), "m[1]": Point(2, 0), "m": [Point(1, 0), Point(2, 0)],
-                "b": Point(7, 7)},
+                "b": Point(7, 7), "loop#4": Point(4, 4)},
     "cost": TokenUsage(10, 20, 4),
     "context": {"topic": Point(0, 1)},
     "step_usage": {"m[0]": TokenUsage(1, 2, 1), "m[1]": TokenUsage(3, 4, 1)},
@@ -80,13 +80,15 @@ FIELDS: dict[str, Any] = {
     "format_version": 3,
     "versions": {"b": "2"},
     "skipped": {"c": "condition wanted was false"},
-    "shapes": {"m": Shape(map_over="a"), "c": Shape(when="wanted")},
+    "shapes": {"m": Shape(map_over="a"), "c": Shape(when="wanted"),
+               "loop": Shape(repeat=9, keep_last=1)},
     "superseded": {"m": [Point(9, 9)]},
     "asked": {"b": (Exchange(Question("value", "Title?", {"words": 3}), Answer("Tides", "ann", 1.5)),
                     Exchange(Question("approval", "Send it?")))},
     "durations": {"a": 0.5, "m[0]": 1.25, "b": 2.0},
     "redone": {"b": 1, "m[0]": 2},
     "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
+    "compacted": {"loop": 3},
 }
 
 
@@ -104,7 +106,7 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
-        redone=cp.redone, began=cp.began)
+        redone=cp.redone, began=cp.began, compacted=cp.compacted)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -201,6 +203,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "superseded": MappingProxyType({}),
         "asked": MappingProxyType({"b": cp.asked["b"][:1]}),
         "redone": MappingProxyType({"b": 1}),
+        "compacted": MappingProxyType({"loop": 2}),
     }
     before.update({k: v for k, v in older.items() if k in differ})
     return dataclasses.replace(cp, **before, _outputs_ledger=None, _usage_ledger=None, _times=None)
@@ -212,7 +215,8 @@ def test_each_store_carries_every_field_written_whole(opener: Callable[[], Any])
     _stored_after(opener, [core_made(full())])
 
 
-CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone")
+CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone",
+            "compacted")
 
 
 @pytest.mark.parametrize("opener", STORES, indirect=True)
