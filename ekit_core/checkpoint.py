@@ -653,7 +653,8 @@ def fast_checkpoint(
     outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], times: Timings,
     # Before the "*": a positional default is filled from a tuple, a
     # keyword-only one looked up in a dict (on every call, once per step).
-    asked: MappingProxyType[str, Any] = _NOTHING, *,
+    asked: MappingProxyType[str, Any] = _NOTHING,
+    compacted: MappingProxyType[str, int] = _NOTHING_REDONE, *,
     step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
     failures: MappingProxyType[str, FailureRecord],
     graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
@@ -663,7 +664,6 @@ def fast_checkpoint(
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
-    compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
 
@@ -677,8 +677,8 @@ def fast_checkpoint(
     cp.failures, cp.graph = failures, graph
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
-    cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
-    cp.compacted = compacted
+    cp.skipped, cp.shapes, cp.superseded, cp.redone, cp.compacted = (
+        skipped, shapes, superseded, redone, compacted)
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
