@@ -538,8 +538,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
             durations=check_durations(data.get("durations")),
-            redone=_redone(data.get("redone", {})),
-            compacted=_compacted(data.get("compacted", {})),
+            redone=_redone(data.get("redone", {})), compacted=_compacted(data.get("compacted", {})),
             began=check_began(data.get("began")),
         )
         return checkpoint

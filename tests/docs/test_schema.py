@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_runtime import PatternResult, RetryPolicy, Step, Workflow
+from ekit_runtime import Done, PatternResult, Repeat, RetryPolicy, Step, Workflow
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "checkpoint.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
@@ -74,8 +74,10 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     # All of them but "graph", which files written before graph_steps and
     # graph_needs hold (read, no longer written), and the two that only a run
     # with run-time shapes writes (see the shaped test below), and the one that
-    # only a run whose steps asked a person writes (tests/runtime/test_human_input.py).
-    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {"graph", "skipped", "shapes", "asked"}
+    # only a run whose steps asked a person writes (tests/runtime/test_human_input.py), and
+    # the one only a loop that keeps its last iterations writes (see the loop's test below).
+    assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {
+        "graph", "skipped", "shapes", "asked", "compacted"}
 
 
 def test_a_checkpoint_written_with_the_graph_mapping_still_validates_and_resumes() -> None:
@@ -175,7 +177,24 @@ def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     assert {"size[0]", "size[2]", "size"} <= set(last["outputs"]) and last["skipped"]
     assert last["shapes"]["any"] == {"join": "any"}
     assert set(last) <= set(SCHEMA["properties"])
-    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph", "asked"}
+    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph", "asked", "compacted"}
+    assert WorkflowCheckpoint.from_dict(last) == saved[-1]
+
+
+def test_checkpoints_of_a_loop_that_keeps_its_last_iterations_validate() -> None:
+    def turn(ctx: Any) -> Any:
+        it = ctx["agent"]
+        return Done(it.number) if it.number == 6 else it.number
+
+    saved: list[WorkflowCheckpoint] = []
+    Workflow([Step("agent", turn, repeat=Repeat(max_iterations=8, keep_last=2))]).run_sync(
+        checkpoint_fn=saved.append)
+    for checkpoint in saved:
+        _valid(_json(checkpoint))
+    last = _json(saved[-1])
+    assert last["shapes"] == {"agent": {"repeat": 8, "keep_last": 2}}
+    assert last["compacted"] == {"agent": 4}
+    assert set(last) <= set(SCHEMA["properties"])
     assert WorkflowCheckpoint.from_dict(last) == saved[-1]
 
 
