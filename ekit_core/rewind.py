@@ -78,7 +78,7 @@ def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
     for name, deps in items.steps.items():
         consumers.setdefault(name, [])
         for d in deps:
-            consumers[d].append(name)
+            consumers.setdefault(d, []).append(name)  # (a compacted iteration too)
     for name, ref in items.items.items():
         consumers[name].append(ref.step)
     return consumers
@@ -257,7 +257,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     items = grown(graph, checkpoint.outputs)
     # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
     unknown = [n for n in wanted
-               if n not in graph.index and n not in items.items and n not in checkpoint.superseded]
+               if n not in graph.index and n not in items.items and n not in checkpoint.superseded
+               and n not in checkpoint.skipped]  # (a loop's first iteration, skipped with it)
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s) or item(s): {', '.join(map(repr, unknown))}")
     consumers = _consumers(graph, items)
@@ -271,6 +272,11 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
+    # (a loop's first iteration, skipped with it, is decided again with it; and the
+    # question of the iteration it was at, not recorded, is asked again)
+    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
+    if looped:
+        seen |= {iteration_name(n, 1) for n in looped} | iterations_of(looped, checkpoint.asked)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
