@@ -97,6 +97,7 @@ from ekit_runtime.queue.records import (
     check_seconds,
     check_status,
 )
+from ekit_runtime.queue.streams import Published, StreamRows
 from ekit_runtime.redaction import redacted, scrub
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
@@ -401,9 +402,22 @@ _UPGRADE = "\n".join(
 )
 _MAX_IDLE = (2**31 - 1) // 1000
 
+# Each run's live stream (ekit_runtime.queue.streams), kept out of _SCHEMA
+# (the layout an upgrade checks): a database of any layout gains it on open,
+# under the schema lock; prune deletes a run's rows with the run.
+_STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
+    run_id text NOT NULL, pos bigint NOT NULL, kind text NOT NULL, step text, data text NOT NULL,
+    epoch bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (run_id, pos)
+)"""
+
 
 def _has_pick_index(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT to_regclass('ekit_queue_runs_pick') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+def _has_stream_table(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT to_regclass('ekit_queue_stream') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
 
@@ -682,6 +696,8 @@ class PostgresQueue(RunQueue):
                 problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
             if problem is None and not self.db.run(_has_pick_index):
                 self._build_pick_index()
+            if problem is None and not self.db.run(_has_stream_table):
+                self._build_stream_table()
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -711,6 +727,25 @@ class PostgresQueue(RunQueue):
                 logs.WORKER, logging.WARNING, "index_missing",
                 "queue %s: cannot build index ekit_queue_runs_pick (%s); each claim reads every queued "
                 "run until the table's owner opens the queue once",
+                self.where, " ".join(str(exc).split()),
+            )
+
+    def _build_stream_table(self) -> None:
+        """Create ``ekit_queue_stream`` for a queue made before it, once, under the schema lock.
+
+        A role that may not create tables opens the queue all the same; its
+        workers then publish nothing (each flush is refused and logged) and
+        reading a stream says why, until the table's owner opens the queue once.
+        """
+        try:
+            with self.db.transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(_STREAM_TABLE)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log_event(
+                logs.WORKER, logging.WARNING, "stream_table_missing",
+                "queue %s: cannot create table ekit_queue_stream (%s); runs publish no stream until "
+                "the owner of the queue's tables opens the queue once",
                 self.where, " ".join(str(exc).split()),
             )
 
@@ -821,6 +856,11 @@ class PostgresQueue(RunQueue):
         age = check_age(older_than)
         final = f"{FINAL} AND updated_at < {_NOW} - %s"
         with self.db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM ekit_queue_stream WHERE run_id IN "
+                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+                (age,),
+            )
             conn.execute(
                 "DELETE FROM ekit_queue_entries WHERE run_id IN "
                 f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
@@ -1393,6 +1433,64 @@ class PostgresQueue(RunQueue):
             ).fetchall()
         )
         return [(str(name), str(text)) for name, text in rows]
+
+    # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
+
+    def publish_many(
+        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
+    ) -> list[int | Exception]:
+        """Append each run's events to its stream, in one transaction (see ``RunQueue.publish_many``).
+
+        Each run's row is locked (``FOR UPDATE``) by the fence that reads it,
+        so that its offsets are numbered by one writer at a time: a claim, a
+        save or another publisher of the run waits for this commit.
+        """
+        checked = self._publishable(batches, cap)
+        if not checked:
+            return []
+        with self.db.transaction() as conn:
+            done: list[int | Exception] = []
+            for lease, events in checked:
+                run_id = lease.run_id
+                if conn.execute(f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD} FOR UPDATE",
+                                (run_id, lease.epoch)).fetchone() is None:
+                    done.append(LeaseLostError(run_id, lease.epoch))
+                    continue
+                row = conn.execute(
+                    "SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s", (run_id,)
+                ).fetchone()
+                last = int(row[0]) if row is not None else 0
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        [(run_id, last + i, e.kind, e.step, e.data, lease.epoch, e.at)
+                         for i, e in enumerate(events, 1)],
+                    )
+                last += len(events)
+                if last > cap:
+                    conn.execute("DELETE FROM ekit_queue_stream WHERE run_id = %s AND pos <= %s",
+                                 (run_id, last - cap))
+                done.append(last)
+        return done
+
+    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
+        with self.db.transaction(snapshot=True) as conn:
+            row = conn.execute(
+                "SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            bounds = conn.execute(
+                "SELECT min(pos), coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
+                "WHERE run_id = %s AND pos > %s ORDER BY pos LIMIT %s", (run_id, after, limit)
+            ).fetchall()
+        first, last = (None, 0) if bounds is None else (bounds[0], int(bounds[1]))
+        return StreamRows(row[0], row[1], int(row[2]), None if first is None else int(first), last,
+                          [(int(p), k, st, d, int(e), float(a)) for p, k, st, d, e, a in rows])
 
     def close(self) -> None:
         """Close the connection."""
