@@ -253,7 +253,8 @@ class Worker:
         if not isinstance(stream, bool):
             raise ValueError(f"stream must be True or False, got {stream!r:.80}")
         # A queue that keeps no streams (a wrapper of another kind) is driven without one.
-        self.stream = stream and type(queue).publish_many is not RunQueue.publish_many
+        publish = getattr(type(queue), "publish_many", None)
+        self.stream = stream and publish is not None and publish is not RunQueue.publish_many
         self.stream_cap = check_cap(stream_cap)
         self.stream_every = check_seconds(stream_every, "stream_every")
         self._publisher: StreamPublisher | None = None

@@ -446,8 +446,27 @@ def run_page(source: str, view: RunView, token: str | None) -> str:
         + "".join(f'<div id="{key}" class="part" data-version="{versions[key]}">{html}</div>'
                   for key, html in parts.items())
         + "</section>"
+        + stream_section(view)
     )
     return _layout(f"run {view.run_id}", body, source)
+
+
+def stream_section(view: RunView) -> str:
+    """The live stream of a queued run's page: filled by the script from ``/api/run/<id>/stream``.
+
+    Not a part of the run's reading (the parts above are): it shows what the
+    run's worker publishes as it comes, the steps' tokens and events, each
+    written into the page as text (never as HTML). A store file has none.
+    """
+    if view.info is None:
+        return ""
+    url = "/api" + run_href(view.run_id) + "/stream"
+    return (
+        f'<section id="stream" data-stream="{esc(url)}"><h2>Live stream</h2>'
+        '<p class="hint" id="stream-state">What the run\'s worker publishes: each step\'s partial '
+        "output as it arrives, and its events (connecting...).</p>"
+        '<div id="stream-log" class="stream-log"></div></section>'
+    )
 
 
 def _running_now(view: RunView) -> str:
