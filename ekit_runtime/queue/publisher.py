@@ -5,7 +5,7 @@ of the run: it turns the run's events and its steps' ``partial()`` output
 into stream events (:data:`ekit_runtime.queue.streams.KINDS`) in a buffer
 of its own. The worker's :class:`StreamPublisher` flushes every run's
 buffer together, ``every`` seconds after the first event that waits (50 ms
-by default), in one call of :meth:`RunQueue.publish_many` on the worker's
+by default; at once when a buffer holds :data:`HIGH_WATER` events), in one call of :meth:`RunQueue.publish_many` on the worker's
 database thread: one transaction for all its runs, each fenced by its lease.
 Before the worker writes a run's end (finished, failed, cancelled, parked,
 given back), that run's buffer is flushed, so a reader that sees the run
@@ -49,7 +49,7 @@ from ekit_runtime.queue.records import Lease, LeaseLostError
 from ekit_runtime.queue.streams import Published, check_cap
 from ekit_runtime.stores.codec import default_dumps
 
-__all__ = ["BUFFER_MAX", "FLUSH_EVERY", "RunStream", "StreamPublisher"]
+__all__ = ["BUFFER_MAX", "FLUSH_EVERY", "HIGH_WATER", "RunStream", "StreamPublisher"]
 
 log = logs.WORKER
 
@@ -58,6 +58,9 @@ FLUSH_EVERY = 0.05
 
 BUFFER_MAX = 10_000
 """Events one run's buffer holds before new ones are dropped (and counted: a ``dropped`` event)."""
+
+HIGH_WATER = 1000
+"""Events in one run's buffer that make the next flush go at once, without waiting out ``every``."""
 
 
 def _json(value: object) -> str:
@@ -107,7 +110,7 @@ class RunStream:
             self.hold_from = len(self.ready)
         self.ready.append(Published(kind, step, _json(data), time.time()))
         if self.hold_from is None:
-            self._publisher.wake()
+            self._publisher.wake(len(self.ready) >= HIGH_WATER)
 
     def __call__(self, event: Any) -> None:
         kind = type(event)
@@ -185,6 +188,7 @@ class StreamPublisher:
         self.buffer_max = buffer_max
         self.streams: dict[str, RunStream] = {}
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
@@ -211,8 +215,11 @@ class StreamPublisher:
         stream.add("claimed", None, {"worker": worker, "resumed": lease.checkpoint is not None})
         return stream
 
-    def wake(self) -> None:
+    def wake(self, now: bool = False) -> None:
+        """Something waits to be published: at the next flush, or (``now``) at once."""
         self._wake.set()
+        if now:
+            self._urgent.set()
 
     async def end(self, run_id: str) -> None:
         """Flush the run's buffer now (its end is about to be written), then close its stream."""
@@ -234,9 +241,16 @@ class StreamPublisher:
         while True:
             await self._wake.wait()
             # Gather: a step's tokens over ``every`` seconds go in one transaction
-            # (longer after failed flushes, up to 5 s: a database that is down is not hammered).
-            await asyncio.sleep(min(5.0, self.every * 2.0 ** min(self._failures, 16)))
+            # (longer after failed flushes, up to 5 s: a database that is down is not
+            # hammered), unless a buffer passes HIGH_WATER first.
+            delay = min(5.0, self.every * 2.0 ** min(self._failures, 16))
+            if not self._urgent.is_set() and not self._failures:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), delay)
+            elif self._failures:
+                await asyncio.sleep(delay)
             self._wake.clear()
+            self._urgent.clear()
             await self.flush()
 
     async def flush(self) -> None:
