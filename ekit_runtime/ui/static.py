@@ -145,7 +145,10 @@ APP_JS = r"""'use strict';
           }
         });
       });
-    source.onopen = function () { said('Live: what the run\'s worker publishes, as it comes.'); };
+    source.onopen = function () {
+      box.dataset.opens = String(Number(box.dataset.opens || 0) + 1);
+      said('Live: what the run\'s worker publishes, as it comes.');
+    };
     source.onerror = function () {
       if (box.dataset.ended !== '1') { said('Reconnecting (from the last event shown)...'); }
     };
