@@ -5,8 +5,9 @@ of the run: it turns the run's events and its steps' ``partial()`` output
 into stream events (:data:`ekit_runtime.queue.streams.KINDS`) in a buffer
 of its own. The worker's :class:`StreamPublisher` flushes every run's
 buffer together, ``every`` seconds after the first event that waits (50 ms
-by default; at once when a buffer holds :data:`HIGH_WATER` events), in one call of :meth:`RunQueue.publish_many` on the worker's
-database thread: one transaction for all its runs, each fenced by its lease.
+by default; at once when a buffer holds :data:`HIGH_WATER` events), in one
+call of :meth:`RunQueue.publish_many` on the worker's database thread: one
+transaction for all its runs, each fenced by its lease.
 Before the worker writes a run's end (finished, failed, cancelled, parked,
 given back), that run's buffer is flushed, so a reader that sees the run
 ended has read everything it published.

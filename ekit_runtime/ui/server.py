@@ -471,8 +471,9 @@ def _stream_offset(header: list[str], query: list[str]) -> int:
 
 
 def _sse(event: Any) -> str:
-    """One stream event as a server-sent event (its data one line of JSON, lone surrogates escaped)."""
-    data = json.dumps(_encodable(event.to_dict()), ensure_ascii=False)
+    """One stream event as a server-sent event: its data one line of ASCII JSON (every other
+    character escaped, so no client's idea of a line break, U+2028 or another, splits it)."""
+    data = json.dumps(event.to_dict(), ensure_ascii=True)
     return f"id: {event.offset}\nevent: {event.kind}\ndata: {data}\n\n"
 
 

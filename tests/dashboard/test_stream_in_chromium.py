@@ -10,7 +10,9 @@ after it, so that nothing is shown twice or skipped.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 
 from ekit_runtime import Step, Workflow, partial
 from ekit_runtime.queue import SqliteQueue
+from ekit_runtime.queue.streams import Published
 from ekit_runtime.ui import QueueSource
 from ekit_runtime.ui.server import make_server
 from tests.support.browser import (
@@ -49,8 +52,7 @@ def _open_gates() -> None:
 async def _stream(ctx: Any) -> str:
     for phase in range(PHASES):
         if phase:
-            while not GATES[phase - 1].is_set():  # the test says when the next tokens come
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(GATES[phase - 1].wait, 60)  # the test says when the next come
         for i in range(phase * PHASE, (phase + 1) * PHASE):
             partial(f"t{i} ")
             if i % 10 == 9:
@@ -91,7 +93,9 @@ def queue(tmp_path: Path) -> Iterator[SqliteQueue]:
 def _check_the_whole_stream(state: dict[str, Any]) -> None:
     assert state["texts"] == [["write", tokens(PHASES * PHASE)]]  # in order, none lost, none twice
     assert state["lines"][0].startswith("claimed by ")
-    assert state["lines"][1:] == ["started write (attempt 1)", "finished write (attempt 1)", "the run finished"]
+    assert state["lines"][1:] == [
+        "started write (attempt 1)", "finished write (attempt 1)", "the run finished",
+    ]
 
 
 def test_tokens_a_workers_step_streams_appear_on_the_run_page_in_order(
@@ -137,3 +141,27 @@ def test_an_eventsource_reconnect_resumes_from_its_offset_without_gap_or_repeat(
         server.shutdown()
         server.server_close()
         serving.join(10)
+
+
+HOSTILE = '<img src=x onerror="document.body.dataset.owned=1">\u2028</pre><b>bold</b>'
+
+
+def test_a_hostile_token_is_shown_as_text(tmp_path: Path) -> None:
+    require_browser()
+    queue = SqliteQueue(str(tmp_path / "runs.db"))
+    queue.submit("w", {}, run_id="hostile-1")
+    lease = queue.claim("w1", {"w": None}, 30)
+    assert lease is not None
+    queue.publish_many([(lease, [Published("partial", "<s>", json.dumps(HOSTILE), time.time())])], 100)
+    queue.finish(lease, "finished")
+    try:
+        with UiServer(["--queue", str(tmp_path / "runs.db"), "--port", "0"]) as server, chrome() as driver:
+            driver.get(run_url(server, "hostile-1"))
+            state = wait_until(driver, lambda d: (s := shown(d))["ended"] and s, 30, "the stream's end")
+            assert state["texts"] == [["<s>", HOSTILE]]
+            made = driver.execute_script(
+                "return [document.querySelectorAll('#stream img, #stream b').length,"
+                " document.body.dataset.owned || ''];")
+            assert made == [0, ""]
+    finally:
+        queue.close()

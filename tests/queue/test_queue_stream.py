@@ -23,8 +23,10 @@ import pytest
 from ekit_runtime import Step, Workflow, partial
 from ekit_runtime.queue import LeaseLostError, RunQueue, UnknownRunError, Worker, open_queue
 from ekit_runtime.queue.streams import Published, StreamEvent
-from tests.support.queue_backends import queue, queue_url  # noqa: F401  (fixtures)
+from tests.support.queue_backends import queue, queue_url
 from tests.support.stream_workflows import tokens
+
+__all__ = ["queue", "queue_url"]
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -115,7 +117,9 @@ def test_an_async_reader_waits_for_more_and_resumes_from_an_offset(queue: RunQue
     assert rest[-1].kind == "end"
 
 
-def test_a_failed_step_is_told_after_its_tokens_and_the_end_says_failed(queue: RunQueue, queue_url: str) -> None:
+def test_a_failed_step_is_told_after_its_tokens_and_the_end_says_failed(
+    queue: RunQueue, queue_url: str
+) -> None:
     run_id = queue.submit("fail", {})
     finished_proc = worker_process(queue_url)
     finished_proc.communicate(timeout=180)  # (exit 3 or 0 is not the point: the run failed)
@@ -152,8 +156,7 @@ ZOMBIE_EMITTED = threading.Event()
 async def _zombie_step(ctx: Any) -> str:
     partial("before")
     ZOMBIE_EMITTED.set()
-    while not ZOMBIE_GATE.is_set():
-        await asyncio.sleep(0.01)
+    await asyncio.to_thread(ZOMBIE_GATE.wait, 60)
     partial("after the lease was lost")
     await asyncio.sleep(0.2)  # (a flush would come now, if the fence let it)
     return "done"
@@ -162,7 +165,8 @@ async def _zombie_step(ctx: Any) -> str:
 def _steal(queue: RunQueue, run_id: str) -> None:
     """Another party takes the run: its epoch goes up, as a claim after an expiry makes it."""
     if queue.backend == "sqlite":
-        queue.conn.execute("UPDATE ekit_queue_runs SET epoch = epoch + 1 WHERE run_id = ?", (run_id,))  # type: ignore[attr-defined]
+        conn = queue.conn  # type: ignore[attr-defined]
+        conn.execute("UPDATE ekit_queue_runs SET epoch = epoch + 1 WHERE run_id = ?", (run_id,))
     else:
         queue.db.run(lambda c: c.execute(  # type: ignore[attr-defined]
             "UPDATE ekit_queue_runs SET epoch = epoch + 1 WHERE run_id = %s", (run_id,)))
@@ -176,8 +180,11 @@ def test_a_worker_driving_a_run_it_lost_publishes_nothing_more(queue: RunQueue) 
 
     async def main() -> None:
         task = asyncio.create_task(worker.run_until_idle())
-        while not any(e.data == "before" for e in queue.stream(run_id, follow=False)):
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(ZOMBIE_EMITTED.wait, 60)
+        # Published (the worker flushes every 10 ms): read until it is there.
+        async for event in queue.astream(run_id, poll=0.01):
+            if event.data == "before":
+                break
         _steal(queue, run_id)
         ZOMBIE_GATE.set()
         await task
@@ -224,10 +231,11 @@ def test_prune_removes_the_runs_stream(queue: RunQueue) -> None:
     assert queue.prune(0) == 1
     with pytest.raises(UnknownRunError):
         queue.read_stream(run_id)
+    count = "SELECT count(*) FROM ekit_queue_stream"
     if queue.backend == "sqlite":
-        rows = queue.conn.execute("SELECT count(*) FROM ekit_queue_stream").fetchone()  # type: ignore[attr-defined]
+        rows = queue.conn.execute(count).fetchone()  # type: ignore[attr-defined]
     else:
-        rows = queue.db.run(lambda c: c.execute("SELECT count(*) FROM ekit_queue_stream").fetchone())  # type: ignore[attr-defined]
+        rows = queue.db.run(lambda c: c.execute(count).fetchone())  # type: ignore[attr-defined]
     assert rows[0] == 0
 
 

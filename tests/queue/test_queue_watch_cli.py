@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from ekit_runtime.queue import open_queue
-from tests.support.queue_backends import queue_url  # noqa: F401  (fixture)
+from tests.support.queue_backends import queue_url
 from tests.support.stream_workflows import tokens
+
+__all__ = ["queue_url"]
 
 pytestmark = pytest.mark.timeout(240)
 
