@@ -405,6 +405,28 @@ _MAX_IDLE = (2**31 - 1) // 1000
 # Each run's live stream (ekit_runtime.queue.streams), kept out of _SCHEMA
 # (the layout an upgrade checks): a database of any layout gains it on open,
 # under the schema lock; prune deletes a run's rows with the run.
+# The advisory lock class under which a run's stream offsets are numbered (with hashtext(run_id)).
+_STREAM_LOCK = 0x656B7374  # "ekst"
+# A publisher's fence and the stream's newest offset (args: run_id, then _HELD's): the clock
+# is read when the statement runs (clock_timestamp), not when its transaction began (now()),
+# since the statement follows a wait for the run's advisory lock.
+# One run's events appended under its fence (args: run_id, then _HELD's, then the events'
+# kinds, steps, data and times as arrays): how many went in (0: the lease is lost) and the
+# stream's newest offset. Then the cap (args: run_id, run_id, cap).
+_CLOCK_HELD = _HELD.replace(_NOW, "extract(epoch from clock_timestamp())::float8")
+_STREAM_APPEND = (
+    "WITH ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+    "SELECT r.run_id, r.last + e.n, e.kind, e.step, e.data, r.epoch, e.at FROM "
+    "(SELECT run_id, epoch, (SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s) "
+    "AS last "
+    f"FROM ekit_queue_runs WHERE {_CLOCK_HELD}) AS r, "
+    "unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) WITH ORDINALITY AS e(kind, step, data, at, n) "
+    "RETURNING pos) SELECT count(*), coalesce(max(pos), 0) FROM ins"
+)
+_STREAM_CAP = (
+    "DELETE FROM ekit_queue_stream WHERE run_id = %s "
+    "AND pos <= (SELECT max(pos) FROM ekit_queue_stream WHERE run_id = %s) - %s"
+)
 _STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
     run_id text NOT NULL, pos bigint NOT NULL, kind text NOT NULL, step text, data text NOT NULL,
     epoch bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (run_id, pos)
@@ -1441,38 +1463,45 @@ class PostgresQueue(RunQueue):
     ) -> list[int | Exception]:
         """Append each run's events to its stream, in one transaction (see ``RunQueue.publish_many``).
 
-        Each run's row is locked (``FOR UPDATE``) by the fence that reads it,
-        so that its offsets are numbered by one writer at a time: a claim, a
-        save or another publisher of the run waits for this commit.
+        The runs' offsets are numbered under a transaction-scoped advisory
+        lock per run (taken in run id order: two publishers never wait for
+        each other in a cycle), not a lock of the run's row, which the
+        worker's saves and claims update meanwhile (a row lock here met
+        their batches' row locks in the other order: a deadlock, broken by
+        the server after a second). The fence is read after the lock is
+        taken: a claim that took the run over committed before a publisher
+        of its new epoch could take that lock, so a publisher of the old
+        epoch that takes it later finds the lease gone and writes nothing.
         """
-        checked = self._publishable(batches, cap)
+        given = self._publishable(batches, cap)
+        checked = sorted(given, key=lambda b: b[0].run_id)
         if not checked:
             return []
+        done: dict[str, int | Exception] = {}
+        # Pipelined: the whole flush is one round trip to the server (and its commit), not a
+        # few per run; a worker's database thread waits for the loop's GIL at each one.
         with self.db.transaction() as conn:
-            done: list[int | Exception] = []
-            for lease, events in checked:
-                run_id = lease.run_id
-                if conn.execute(f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD} FOR UPDATE",
-                                (run_id, lease.epoch)).fetchone() is None:
-                    done.append(LeaseLostError(run_id, lease.epoch))
-                    continue
-                row = conn.execute(
-                    "SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s", (run_id,)
-                ).fetchone()
-                last = int(row[0]) if row is not None else 0
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        [(run_id, last + i, e.kind, e.step, e.data, lease.epoch, e.at)
-                         for i, e in enumerate(events, 1)],
-                    )
-                last += len(events)
-                if last > cap:
-                    conn.execute("DELETE FROM ekit_queue_stream WHERE run_id = %s AND pos <= %s",
-                                 (run_id, last - cap))
-                done.append(last)
-        return done
+            with conn.pipeline():
+                # A stream is not a checkpoint: its commit does not wait for the server's disk (a
+                # crash of the server may lose its last rows, never a save's; the server's next
+                # durable commit makes them durable).
+                conn.execute("SET LOCAL synchronous_commit TO off")
+                counted = []
+                for lease, events in checked:
+                    run_id = lease.run_id
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
+                    counted.append(conn.execute(_STREAM_APPEND, (
+                        run_id, run_id, lease.epoch, [e.kind for e in events], [e.step for e in events],
+                        [e.data for e in events], [e.at for e in events],
+                    )))
+                    conn.execute(_STREAM_CAP, (run_id, run_id, cap))
+            for (lease, _events), cur in zip(checked, counted, strict=True):
+                row = cur.fetchone()
+                if row is None or not row[0]:
+                    done[lease.run_id] = LeaseLostError(lease.run_id, lease.epoch)
+                else:
+                    done[lease.run_id] = int(row[1])
+        return [done[lease.run_id] for lease, _events in given]
 
     def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
         with self.db.transaction(snapshot=True) as conn:

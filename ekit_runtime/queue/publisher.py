@@ -8,9 +8,10 @@ buffer together, ``every`` seconds after the first event that waits (50 ms
 by default; at once when a buffer holds :data:`HIGH_WATER` events), in one
 call of :meth:`RunQueue.publish_many` on the worker's database thread: one
 transaction for all its runs, each fenced by its lease.
-Before the worker writes a run's end (finished, failed, cancelled, parked,
-given back), that run's buffer is flushed, so a reader that sees the run
-ended has read everything it published.
+Before the worker writes a run's end, every buffer is flushed: with the
+group commit that ends the run (finished, failed, cancelled), just before
+its write on the same database thread, or on its own (parked, given back);
+a reader that sees the run ended has read everything it published.
 
 What is published is what happened, never what is about to:
 
@@ -22,9 +23,11 @@ What is published is what happened, never what is about to:
   slower than the run's tokens), new events are dropped and counted, and a
   ``dropped`` event saying how many follows what the buffer held;
 - a flush refused for a run (its lease is lost) drops that run's buffer and
-  publishes nothing more for it; a worker that dies loses its unflushed
-  buffers (at most ``every`` seconds of events, plus a flush in flight), and
-  the next worker's ``claimed`` event starts a new epoch in the stream.
+  publishes nothing more for it; a flush that fails otherwise (the database
+  is unreachable) loses its events, and a ``dropped`` event says how many;
+  a worker that dies loses its unflushed buffers (at most ``every``
+  seconds of events, plus a flush in flight), and the next worker's
+  ``claimed`` event starts a new epoch in the stream.
 """
 
 from __future__ import annotations
@@ -153,15 +156,6 @@ class RunStream:
             self.dropped = 0
         return taken
 
-    def put_back(self, events: list[Published]) -> None:
-        """A flush that failed (not refused): its events go first in the next one, within the bound."""
-        room = max(0, self._publisher.buffer_max - len(self.ready))
-        kept = events[:room]
-        self.dropped += len(events) - len(kept)
-        self.ready[:0] = kept
-        if self.hold_from is not None:
-            self.hold_from += len(kept)
-
     def close(self) -> None:
         """Publish nothing more for this drive (its lease is lost, or its run ended)."""
         self.open = False
@@ -254,34 +248,46 @@ class StreamPublisher:
             self._urgent.clear()
             await self.flush()
 
+    def take(self) -> list[tuple[RunStream, list[Published]]]:
+        """Every open buffer's events ready to publish, taken out of the buffers (on the loop)."""
+        batches = [(s, s.take()) for s in self.streams.values() if s.pending]
+        return [(s, events) for s, events in batches if events]
+
+    def publish(self, batches: list[tuple[RunStream, list[Published]]]) -> list[int | Exception] | Exception:
+        """Publish ``batches`` (on the worker's database thread): each run's outcome, or the error that
+        kept the call from being made. Never raises: a stream is advisory, never a run's failure."""
+        try:
+            return self.queue.publish_many([(s.lease, events) for s, events in batches], self.cap)
+        except Exception as exc:
+            return exc
+
+    def settle(self, batches: list[tuple[RunStream, list[Published]]],
+               result: list[int | Exception] | Exception) -> None:
+        """Act on what :meth:`publish` returned (on the loop): a lost lease closes its run's stream;
+        events that could not be stored are counted, and told by a ``dropped`` event."""
+        self.flushes += 1
+        if isinstance(result, Exception):
+            for stream, events in batches:
+                stream.dropped += len(events)
+            self._failures += 1
+            if self._failures & (self._failures - 1) == 0:  # the 1st, 2nd, 4th ... in a row
+                log.warning("publishing the streams of %d run(s) failed (%s: %s); %d event(s) dropped "
+                            "(failure %d in a row)", len(batches), type(result).__name__, result,
+                            sum(len(events) for _s, events in batches), self._failures)
+            self.wake()
+            return
+        self._failures = 0
+        for (stream, events), outcome in zip(batches, result, strict=True):
+            if isinstance(outcome, LeaseLostError):
+                stream.close()  # a zombie publishes nothing
+            elif isinstance(outcome, Exception):
+                stream.dropped += len(events)
+                log.warning("publishing the stream of run %r failed (%s: %s); %d event(s) dropped",
+                            stream.lease.run_id, type(outcome).__name__, outcome, len(events))
+
     async def flush(self) -> None:
         """Publish every open buffer now (after any flush in flight), one transaction for all."""
         async with self._lock:
-            batches = [(s, s.take()) for s in self.streams.values() if s.pending]
-            batches = [(s, events) for s, events in batches if events]
-            if not batches:
-                return
-            self.flushes += 1
-            try:
-                outcomes = await self.call(
-                    self.queue.publish_many, [(s.lease, events) for s, events in batches], self.cap
-                )
-            except Exception as exc:
-                # The database could not be asked: the events wait for the next flush (a
-                # stream is advisory, never the run's failure).
-                for stream, events in batches:
-                    stream.put_back(events)
-                self._failures += 1
-                if self._failures & (self._failures - 1) == 0:  # the 1st, 2nd, 4th ... in a row
-                    log.warning("publishing the streams of %d run(s) failed (%s: %s); retrying "
-                                "(failure %d in a row)", len(batches), type(exc).__name__, exc,
-                                self._failures)
-                self.wake()
-                return
-            self._failures = 0
-            for (stream, events), outcome in zip(batches, outcomes, strict=True):
-                if isinstance(outcome, LeaseLostError):
-                    stream.close()  # a zombie publishes nothing
-                elif isinstance(outcome, Exception):
-                    log.warning("publishing the stream of run %r failed (%s: %s); %d event(s) dropped",
-                                stream.lease.run_id, type(outcome).__name__, outcome, len(events))
+            batches = self.take()
+            if batches:
+                self.settle(batches, await self.call(self.publish, batches))

@@ -304,12 +304,14 @@ class Worker:
         # called through its own methods.
         opener = getattr(type(self.queue), "_loop_session", None)
         self._session = opener(self.queue) if opener is not None else None
-        self._group = GroupCommit(self.queue, self._executor, self.lease_seconds, self._session)
         if self.stream:
             self._publisher = StreamPublisher(
                 self.queue, self._db, cap=self.stream_cap, every=self.stream_every
             )
             self._publisher.start()
+        self._group = GroupCommit(
+            self.queue, self._executor, self.lease_seconds, self._session, self._publisher
+        )
         stopping = asyncio.ensure_future(stop.wait())
         self._claim_failures = 0
         try:
@@ -529,8 +531,9 @@ class Worker:
         if self._publisher is not None:
             if ending == "lost":
                 self._publisher.lose(lease.run_id)
-            else:
-                # What the run published reaches its stream before its end is written.
+            elif ending in ("released", "parked"):
+                # What the run published reaches its stream before its end is written (an
+                # ending written by the group commit publishes it first: see GroupCommit).
                 await self._publisher.end(lease.run_id)
         if ending == "lost":
             drive.outcome = "lost"
