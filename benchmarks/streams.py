@@ -39,18 +39,19 @@ def chain(steps: int, pieces: int) -> Workflow:
     return Workflow([Step(f"s{i}", talk, (f"s{i - 1}",) if i else ()) for i in range(steps)])
 
 
-def drain(url: str, runs: int, steps: int, pieces: int, stream: bool) -> float:
-    """Runs per second one worker drains of ``runs`` runs (``pieces`` partials per step)."""
+def drain(url: str, runs: int, steps: int, pieces: int, stream: bool) -> tuple[float, float]:
+    """Runs per second one worker drains of ``runs`` runs (``pieces`` partials per step), and the
+    process's CPU time per run (every thread's, in ms: less swayed by other processes' load)."""
     queue = open_queue(url)
     for _ in range(runs):
         queue.submit("chain")
     worker = Worker(queue, {"chain": chain(steps, pieces)}, max_runs=4, poll=0.01, stream=stream)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     done = asyncio.run(worker.run_until_idle())
-    elapsed = time.perf_counter() - began
+    elapsed, used = time.perf_counter() - began, time.process_time() - cpu
     queue.close()
     assert done == runs, f"drained {done} of {runs}"
-    return runs / elapsed
+    return runs / elapsed, used / runs * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,18 +71,26 @@ def main(argv: list[str] | None = None) -> int:
         if backend == "postgres" and not args.dsn:
             continue
         rates: dict[tuple[str, int, bool], list[float]] = {way: [] for way in WAYS}
+        cpus: dict[tuple[str, int, bool], list[float]] = {way: [] for way in WAYS}
         for _ in range(rounds):
             for way in WAYS:
                 with fresh(backend, args.dsn) as url:
-                    rates[way].append(drain(url, runs, args.steps, args.partials * way[1], way[2]))
+                    rate, cpu = drain(url, runs, args.steps, args.partials * way[1], way[2])
+                    rates[way].append(rate)
+                    cpus[way].append(cpu)
         print(f"{backend}: {runs} runs of a {args.steps}-step chain, 1 worker (max_runs 4), "
               f"median of {rounds} round(s)")
         for name, scale, stream in WAYS:
-            rate = statistics.median(rates[(name, scale, stream)])
+            way = (name, scale, stream)
+            rate, cpu = statistics.median(rates[way]), statistics.median(cpus[way])
             base = statistics.median(rates[(name, scale, False)])
+            base_cpu = statistics.median(cpus[(name, scale, False)])
             label = f"{name} ({args.partials * scale} per step)" if scale else name
-            cost = "" if not stream else f"  ({(base / rate - 1) * 100:+.0f}% time per run vs no stream)"
-            print(f"  {label:<28} stream {'on ' if stream else 'off'}: {rate:8.1f} runs/s{cost}")
+            cost = "" if not stream else (
+                f"  ({(base / rate - 1) * 100:+.0f}% time, {cpu - base_cpu:+.2f} ms CPU per run)"
+            )
+            print(f"  {label:<28} stream {'on ' if stream else 'off'}: {rate:8.1f} runs/s, "
+                  f"{cpu:6.2f} ms CPU per run{cost}")
     return 0
 
 
