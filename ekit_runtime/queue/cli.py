@@ -797,6 +797,20 @@ def _add_list_parser(actions: Any) -> None:
     ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
 
 
+def _add_watch_parser(actions: Any) -> None:
+    """``ekit queue watch RUN [--after N] [--json]``: a run's stream as it goes."""
+    w = actions.add_parser(
+        "watch", help="follow a run's stream: its steps' tokens as they arrive, its events as lines",
+        description="Print a run's stream as its worker publishes it: partial output (text) as it "
+        "arrives, every other event as a line '#OFFSET kind step ...'; ends when the run ends (exit 0 "
+        "finished, 1 failed or cancelled, 2 no such run or a bad --after, 130 on Ctrl-C).",
+    )
+    w.add_argument("run_id", metavar="RUN", help="the run's id")
+    w.add_argument("--after", type=int, default=0, metavar="N",
+                   help="start after offset N (the last one printed, to resume; default 0: from the start)")
+    w.add_argument("--json", action="store_true", help="one JSON object per event and line, offsets included")
+
+
 def _add_queue_parser(sub: Any) -> None:
     q = sub.add_parser("queue", help="submit to and inspect a run queue")
     q.add_argument(
@@ -828,16 +842,7 @@ def _add_queue_parser(sub: Any) -> None:
     ):
         actions.add_parser(name, help=helptext).add_argument("run_id", metavar="RUN", help="the run's id")
     _add_list_parser(actions)
-    w = actions.add_parser(
-        "watch", help="follow a run's stream: its steps' tokens as they arrive, its events as lines",
-        description="Print a run's stream as its worker publishes it: partial output (text) as it "
-        "arrives, every other event as a line '#OFFSET kind step ...'; ends when the run ends (exit 0 "
-        "finished, 1 failed or cancelled, 2 no such run or a bad --after, 130 on Ctrl-C).",
-    )
-    w.add_argument("run_id", metavar="RUN", help="the run's id")
-    w.add_argument("--after", type=int, default=0, metavar="N",
-                   help="start after offset N (the last one printed, to resume; default 0: from the start)")
-    w.add_argument("--json", action="store_true", help="one JSON object per event and line, offsets included")
+    _add_watch_parser(actions)
     actions.add_parser("prune", help="delete ended runs").add_argument(
         "--older-than", type=_duration, required=True, metavar="AGE",
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "

@@ -171,6 +171,29 @@ class _Drive:
         self.saved.set()
 
 
+def _check_registry(registry: object) -> None:
+    """Refuse a registry that is not workflow name -> ``Workflow``, or that names what no queue stores."""
+    if not isinstance(registry, Mapping) or not registry:
+        raise ValueError("registry must be a non-empty mapping of workflow name to Workflow")
+    for key, workflow in registry.items():
+        if not isinstance(workflow, Workflow):
+            raise ValueError(f"registry[{key!r}] must be a Workflow, got {type(workflow).__name__}")
+        # What the queue cannot store is refused here, before any step of any run is paid for.
+        check_workflow_name(key, "registry key")
+        for step in workflow.graph.names:
+            check_step_name(step)
+
+
+def _stream_settings(queue: RunQueue, stream: object, cap: object, every: object) -> tuple[bool, int, float]:
+    """``Worker``'s stream arguments, checked: whether it publishes, the cap, how often it flushes."""
+    if not isinstance(stream, bool):
+        raise ValueError(f"stream must be True or False, got {stream!r:.80}")
+    # A queue that keeps no streams (a wrapper of another kind) is driven without one.
+    publish = getattr(type(queue), "publish_many", None)
+    publishes = stream and publish is not None and publish is not RunQueue.publish_many
+    return publishes, check_cap(cap), check_seconds(every, "stream_every")
+
+
 class Worker:
     """Drive runs from ``queue`` with the workflows of ``registry`` (name -> ``Workflow``).
 
@@ -222,15 +245,7 @@ class Worker:
         stream_every: float = FLUSH_EVERY,
     ) -> None:
         """Check the arguments; nothing is claimed until :meth:`run`."""
-        if not isinstance(registry, Mapping) or not registry:
-            raise ValueError("registry must be a non-empty mapping of workflow name to Workflow")
-        for key, workflow in registry.items():
-            if not isinstance(workflow, Workflow):
-                raise ValueError(f"registry[{key!r}] must be a Workflow, got {type(workflow).__name__}")
-            # What the queue cannot store is refused here, before any step of any run is paid for.
-            check_workflow_name(key, "registry key")
-            for step in workflow.graph.names:
-                check_step_name(step)
+        _check_registry(registry)
         claim_limit(max_runs, "max_runs")  # what a claim of every free place takes
         self.queue = queue
         self.registry = dict(registry)
@@ -250,13 +265,9 @@ class Worker:
         self.executor = executor
         self.trace = trace
         self.defaults = check_run_options(defaults, "defaults")
-        if not isinstance(stream, bool):
-            raise ValueError(f"stream must be True or False, got {stream!r:.80}")
-        # A queue that keeps no streams (a wrapper of another kind) is driven without one.
-        publish = getattr(type(queue), "publish_many", None)
-        self.stream = stream and publish is not None and publish is not RunQueue.publish_many
-        self.stream_cap = check_cap(stream_cap)
-        self.stream_every = check_seconds(stream_every, "stream_every")
+        self.stream, self.stream_cap, self.stream_every = _stream_settings(
+            queue, stream, stream_cap, stream_every
+        )
         self._publisher: StreamPublisher | None = None
         self._announced = -_ANNOUNCE_EVERY
         self.fingerprints = {k: w.graph.fingerprint for k, w in self.registry.items()}
