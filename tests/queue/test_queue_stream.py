@@ -33,10 +33,10 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def worker_process(url: str, *more: str) -> subprocess.Popen[str]:
+def worker_process(url: str, *more: str, lease: str = "10") -> subprocess.Popen[str]:
     """``ekit worker`` draining the queue until idle, serving tests/support/stream_workflows.py."""
     argv = [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows",
-            "tests.support.stream_workflows:WORKFLOWS", "--until-idle", "--lease", "10", "-q", *more]
+            "tests.support.stream_workflows:WORKFLOWS", "--until-idle", "--lease", lease, "-q", *more]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
 
@@ -128,6 +128,42 @@ def test_a_failed_step_is_told_after_its_tokens_and_the_end_says_failed(
     assert events[2].data == "before the failure"
     assert "ValueError: the step failed on purpose" in events[3].data["error"]
     assert events[-1].data["status"] == "failed"
+
+
+def test_a_worker_killed_mid_step_loses_only_its_unflushed_events_and_the_next_says_so(
+    queue: RunQueue, queue_url: str
+) -> None:
+    run_id = queue.submit("slow", {"n": 300})
+    first = worker_process(queue_url, "--heartbeat", "0.2", lease="1")
+    try:
+        seen: list[StreamEvent] = []
+        for event in queue.stream(run_id, poll=0.01):  # until the step has streamed a while
+            seen.append(event)
+            if event.kind == "partial" and event.data == "t50 ":
+                break
+        os.kill(first.pid, 9)
+        first.wait(30)
+        wait = threading.Event()
+        while (queue.status(run_id).lease_until or 0) > time.time():  # claimable once it expires
+            wait.wait(0.05)
+        taker = worker_process(queue_url, "--heartbeat", "0.2", lease="1")
+        events = seen + list(queue.stream(run_id, seen[-1].offset, poll=0.01))
+        finished(taker)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    kinds = [(e.kind, e.epoch) for e in events if e.kind != "partial"]
+    # The killed worker's epoch: claimed, started, tokens, and no finish it never made.
+    assert kinds[:2] == [("claimed", 1), ("started", 1)]
+    assert ("finished", 1) not in kinds
+    # The taker's: a new epoch, resuming, the step again from its start, to the end.
+    assert kinds[2:] == [("claimed", 2), ("started", 2), ("finished", 2), ("end", 2)], kinds
+    before = [e.data for e in events if e.kind == "partial" and e.epoch == 1]
+    after = [e.data for e in events if e.kind == "partial" and e.epoch == 2]
+    assert before == [f"t{i} " for i in range(len(before))] and len(before) > 50
+    assert after == [f"t{i} " for i in range(300)]
+    stored = [e.offset for e in events if e.kind != "end"]
+    assert stored == list(range(1, len(stored) + 1))  # nothing published twice, no hole
 
 
 def test_a_worker_that_lost_its_lease_publishes_nothing(queue: RunQueue) -> None:

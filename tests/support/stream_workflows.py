@@ -4,6 +4,7 @@
   ``partial()``, yielding to the loop every 100 tokens as a step awaiting a
   model's next chunk does; it returns ``n``.
 - ``fail``: a step that reports one token, then raises.
+- ``slow``: ``n`` tokens, one every 10 ms.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ async def talk(ctx: Any) -> int:
     return n
 
 
+async def slow(ctx: Any) -> int:
+    """``n`` tokens, one every 10 ms: a step a test can kill its worker in the middle of."""
+    n = int(ctx.get("n", 300))
+    for i in range(n):
+        partial(f"t{i} ")
+        await asyncio.sleep(0.01)
+    return n
+
+
 def fail(ctx: Any) -> None:
     partial("before the failure")
     raise ValueError("the step failed on purpose")
@@ -36,4 +46,5 @@ def tokens(n: int) -> str:
 WORKFLOWS = {
     "talk": Workflow([Step("talk", talk)]),
     "fail": Workflow([Step("fail", fail)]),
+    "slow": Workflow([Step("slow", slow)]),
 }
