@@ -16,6 +16,8 @@
   N`` / ``--budget-input-tokens N`` / ``--budget-output-tokens N``,
   ``--isolate-failures`` (defaults a run's own options override),
   ``--executor MODULE:ATTR`` and ``--trace otel|progress|MODULE:ATTR``.
+  ``--stream-cap N`` (events each run's stream keeps) and ``--no-stream``
+  (publish none: see :mod:`ekit_runtime.queue.streams`).
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N] [--option KEY=VALUE]... [--options JSON]``, ``status RUN``,
   ``list [--status S] [--workflow W] [--json]`` (a table, or JSON), ``cancel RUN``,

@@ -46,6 +46,7 @@ __all__ = [
     "StreamRows",
     "check_after",
     "check_cap",
+    "check_read",
     "page_of",
 ]
 
