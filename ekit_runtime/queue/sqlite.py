@@ -1917,6 +1917,11 @@ class SqliteQueue(RunQueue):
                 return self._tx(body)
             finally:
                 if durable:
+                    # Every later save must be durable again: a transaction a failed ROLLBACK
+                    # left open (which the setting cannot change inside) is ended first.
+                    if self.conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self.conn.execute("ROLLBACK")
                     self.conn.execute("PRAGMA synchronous=FULL")
 
     def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:

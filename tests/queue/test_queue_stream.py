@@ -319,3 +319,16 @@ def test_a_queue_made_before_streams_gains_them_on_open(queue_url: str) -> None:
         assert text_of(list(again.stream(run_id))) == tokens(20)
     finally:
         again.close()
+
+
+def test_publishing_leaves_the_sqlite_saves_durable(tmp_path: Path) -> None:
+    from ekit_runtime.queue import SqliteQueue
+
+    queue = SqliteQueue(str(tmp_path / "durable.db"))
+    queue.submit("w", {})
+    lease = queue.claim("w1", {"w": None}, 30)
+    assert lease is not None
+    queue.publish_many([(lease, published(3))], 100)
+    # (The stream's own transaction does not wait for the disk; the saves after it do.)
+    assert queue.conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    queue.close()
