@@ -150,5 +150,5 @@ def test_a_rewind_to_iteration_k_keeps_the_iterations_before_it(
     assert "agent" not in rewound.outputs and "z" not in rewound.outputs
     report = audit(graph, rewound)
     assert report.clean and [s.name for s in report.steps if s.reason == "ready"] == [f"agent#{k}"]
-    resumed, batch = advance(initial_state(graph, json.loads(json.dumps(rewound.to_dict()))))
+    _, batch = advance(initial_state(graph, json.loads(json.dumps(rewound.to_dict()))))
     assert [s.name for s in batch.starts] == [f"agent#{k}"]
