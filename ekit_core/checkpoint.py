@@ -192,6 +192,10 @@ class _CheckpointFields:
     # epoch seconds): beside ``durations``, for the outputs whose attempt the
     # shell said when it began. Read through a property, as ``durations``.
     began: Mapping[str, float] = field(default_factory=_empty, repr=False)
+    # Issue 45: step -> the fingerprint of the code that made its recorded
+    # outputs (and its items'), for the steps whose workflow asked for
+    # fingerprints; see ekit_core.code for what a resume does when it changed.
+    code_fingerprints: MappingProxyType[str, str] = field(default_factory=_empty, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -324,6 +328,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         durations: Timings | None = None,
         redone: MappingProxyType[str, int] = _NOTHING_REDONE,
         began: Mapping[str, float] | None = None,
+        code_fingerprints: MappingProxyType[str, str] = _NOTHING,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -345,7 +350,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
-            superseded=superseded, asked=asked, redone=redone,
+            superseded=superseded, asked=asked, redone=redone, code_fingerprints=code_fingerprints,
         )
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
@@ -415,7 +420,9 @@ class WorkflowCheckpoint(_CheckpointFields):
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
         ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
-                self.redone is not previous.redone and self.redone != previous.redone):
+                self.redone is not previous.redone and self.redone != previous.redone) or (
+                self.code_fingerprints is not previous.code_fingerprints
+                and self.code_fingerprints != previous.code_fingerprints):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -477,6 +484,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
         if self.redone:
             data["redone"] = dict(self.redone)
+        if self.code_fingerprints:
+            data["code_fingerprints"] = dict(self.code_fingerprints)
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
             if self.began:
@@ -532,6 +541,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})),
             began=check_began(data.get("began")),
+            code_fingerprints=_code_fingerprints(data.get("code_fingerprints", {})),
         )
         return checkpoint
 
@@ -654,6 +664,7 @@ def fast_checkpoint(
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
+    code_fingerprints: MappingProxyType[str, str] = _NOTHING,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
 
@@ -668,6 +679,7 @@ def fast_checkpoint(
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
+    cp.code_fingerprints = code_fingerprints
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -772,6 +784,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
         or cp.versions is not previous.versions or cp.redone is not previous.redone
+        or cp.code_fingerprints is not previous.code_fingerprints
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -993,6 +1006,16 @@ def _format_version(data: dict[Any, Any]) -> int:
         if key not in data:
             raise CheckpointError(key, "missing")
     return version
+
+
+def _code_fingerprints(value: object) -> MappingProxyType[str, str]:
+    """The ``code_fingerprints`` field: step name -> the fingerprint of the code that made its outputs."""
+    table = _table(value, "code_fingerprints")
+    for name, print_ in table.items():
+        if not isinstance(print_, str) or not print_:
+            raise CheckpointError(f"code_fingerprints.{name}",
+                                  f"must be a non-empty string, got {print_!r:.80}")
+    return MappingProxyType(table)
 
 
 def _redone(value: object) -> MappingProxyType[str, int]:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
+from ekit_core.code import code_changed
 from ekit_core.compat import reshaped_steps
 from ekit_core.expansion import Expanded, expand, expanders
 from ekit_core.graph import GraphSpec
@@ -82,7 +83,8 @@ def downstream(graph: GraphSpec, names: Iterable[str]) -> list[str]:
 
 
 def outdated_steps(
-    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str] | None = None
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str] | None = None,
+    code: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Recorded steps a resume must run again, each with the reason, downstream ones included.
 
@@ -91,9 +93,12 @@ def outdated_steps(
     checkpoint records its dependencies and they differ from the graph's, or
     its run-time shape and it differs (a plain step now mapped, or the
     reverse, keyed, conditioned or joined otherwise: what it recorded is not
-    what it makes now).
+    what it makes now), or its code's fingerprint (``code``, step -> fingerprint:
+    see :mod:`ekit_core.code`) differs from the recorded one.
     """
     versions = versions or {}
+    code = code or {}
+    recorded_code = checkpoint.code_fingerprints
     recorded_versions = checkpoint.versions
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     reshaped = set(reshaped_steps(graph, checkpoint))
@@ -104,6 +109,9 @@ def outdated_steps(
         old, new = recorded_versions.get(name), versions.get(name)
         if old != new:
             changed[name] = f"its version changed from {old!r} to {new!r}"
+        elif recorded_code and code_changed(recorded_code, code, name):
+            changed[name] = "its code changed since recorded (fingerprint " \
+                f"{recorded_code[name][:12]} is now {code[name][:12]})"
         elif name in recorded_graph and set(recorded_graph[name]) != set(graph.deps[name]):
             changed[name] = (
                 f"its dependencies changed from {sorted(recorded_graph[name])} "
@@ -195,16 +203,19 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
 
 
 def changed_steps(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
-                  versions: Mapping[str, str] | None = None) -> list[str]:
+                  versions: Mapping[str, str] | None = None,
+                  code: Mapping[str, str] | None = None) -> list[str]:
     """The steps whose work changed since ``checkpoint``, recorded or not: their ``version``
     tag differs from the recorded one, or the dependencies or shape the checkpoint
     records for them differ from ``graph``'s (see :func:`outdated_steps`, which keeps
     the recorded ones and adds what is downstream)."""
     versions = versions or {}
+    code, recorded_code = code or {}, checkpoint.code_fingerprints
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     reshaped = set(reshaped_steps(graph, checkpoint))
     return [n for n in graph.names
             if checkpoint.versions.get(n) != versions.get(n) or n in reshaped
+            or (recorded_code and code_changed(recorded_code, code, n))
             or (n in recorded_graph and set(recorded_graph[n]) != set(graph.deps[n]))]
 
 
@@ -453,4 +464,5 @@ def _dropping(
         asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
+        code_fingerprints=checkpoint.code_fingerprints,
     )

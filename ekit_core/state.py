@@ -54,6 +54,8 @@ NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
 """The skips of every run without run-time shapes: one shared empty mapping."""
 NO_REDONE: MappingProxyType[str, int] = MappingProxyType({})
 """The ``redone`` of every run that let go of no recorded output: one shared empty mapping."""
+NO_CODE: MappingProxyType[str, str] = MappingProxyType({})
+"""The code fingerprints of every run that asked for none: one shared empty mapping."""
 
 
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
@@ -134,6 +136,9 @@ class RunSpec:
     # What the run's checkpoints record as ``redone`` (see WorkflowCheckpoint):
     # fixed when the run starts, read by attempt_number.
     redone: MappingProxyType[str, int] = field(default_factory=lambda: NO_REDONE, repr=False)
+    # Step -> the fingerprint of its code, as the run's checkpoints record it
+    # (see ekit_core.code): empty unless the workflow asked for fingerprints.
+    code_fingerprints: MappingProxyType[str, str] = field(default_factory=lambda: NO_CODE, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
     # Whether a declared step of this shaped run has a condition (``when``), so
@@ -353,9 +358,9 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     spec = state.spec
     shaped = spec.shaped
     setbacks = state.setbacks
-    if shaped is None and setbacks.asked is NO_EXCHANGES:
+    if shaped is None and setbacks.asked is NO_EXCHANGES and spec.code_fingerprints is NO_CODE:
         # A static graph that asked no one: no skips, no shapes, nothing set
-        # aside, no questions (once per step).
+        # aside, no questions, no code fingerprints (once per step).
         return fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
@@ -366,6 +371,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
+            code_fingerprints=spec.code_fingerprints,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
@@ -373,6 +379,7 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
         context=spec.context, failures=setbacks.failures,
         graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
+        code_fingerprints=spec.code_fingerprints,
         skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
         superseded=shaped.superseded, asked=setbacks.asked,
         format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,

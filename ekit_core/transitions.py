@@ -88,6 +88,7 @@ from ekit_core.checkpoint import (
     storable_text,
 )
 from ekit_core.claims import check_claims, check_collections
+from ekit_core.code import code_changed
 from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from, reshaped_steps
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
@@ -152,6 +153,7 @@ from ekit_core.rewind import (
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of
 from ekit_core.state import (
+    NO_CODE,
     NO_SKIPS,
     Halt,
     Outcome,
@@ -389,31 +391,47 @@ def _check_versions(graph: GraphSpec, versions: Mapping[str, str] | None) -> Map
     return MappingProxyType(checked)
 
 
+def _check_code(graph: GraphSpec, code: Mapping[str, str] | None) -> MappingProxyType[str, str]:
+    """The steps' code fingerprints, checked (a ValueError naming the step), or the shared empty."""
+    if not code:
+        return NO_CODE
+    for name, print_ in code.items():
+        if name not in graph.index:
+            raise ValueError(f"code fingerprint given for unknown step {name!r}")
+        if not isinstance(print_, str) or not print_:
+            raise ValueError(f"code fingerprint of step {name!r} must be a non-empty string, "
+                             f"got {print_!r:.80}")
+    return MappingProxyType(dict(code))
+
+
 def _outdated(
-    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool,
+    code: Mapping[str, str] = MappingProxyType({}),
 ) -> tuple[dict[str, str], frozenset[str]]:
     """The outdated steps, and what runs on changed work (:func:`changed_work`) if ``resumed``."""
     # The common resume (no tags, same graph) pays nothing for the rule.
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
-    if same_graph and not versions and not checkpoint.versions:
+    if same_graph and not versions and not checkpoint.versions and not (
+            code and checkpoint.code_fingerprints):
         return {}, _NO_NAMES
-    touched = changed_work(graph, checkpoint, versions) if resumed else _NO_NAMES
-    return outdated_steps(graph, checkpoint, versions), touched
+    touched = changed_work(graph, checkpoint, versions, code) if resumed else _NO_NAMES
+    return outdated_steps(graph, checkpoint, versions, code), touched
 
 
 _NO_NAMES: frozenset[str] = frozenset()
 
 
-def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str]
-                 ) -> frozenset[str]:
+def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str],
+                 code: Mapping[str, str] | None = None) -> frozenset[str]:
     """What a resume runs on work that changed since ``checkpoint`` (a changed tag,
     dependencies or shape, and what is downstream: :func:`~ekit_core.rewind.reached`),
     recorded or not: those attempts get new numbers, and their questions are dropped
-    (audit reads the same rule)."""
+    (audit reads the same rule). ``code``: the steps' code fingerprints (:mod:`ekit_core.code`)."""
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
-    if same_graph and not versions and not checkpoint.versions:
+    if same_graph and not versions and not checkpoint.versions and not (
+            code and checkpoint.code_fingerprints):
         return _NO_NAMES  # the common resume pays nothing for the rule
-    roots = changed_steps(graph, checkpoint, versions)
+    roots = changed_steps(graph, checkpoint, versions, code)
     return frozenset(reached(graph, checkpoint, roots)) if roots else _NO_NAMES
 
 
@@ -512,6 +530,7 @@ def initial_state(
     run_id: str | None = None,
     only: object = None,
     durations: bool = False,
+    code_fingerprints: Mapping[str, str] | None = None,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -529,7 +548,10 @@ def initial_state(
     (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names) makes the run
     start only those steps and what they need, and end once they are
     recorded (see :mod:`ekit_core.selection`). ``durations`` records each
-    ``Succeeded.duration`` (a resumed checkpoint's are kept either way). Every
+    ``Succeeded.duration`` (a resumed checkpoint's are kept either way). ``code_fingerprints``
+    (step -> the fingerprint of its code, see :mod:`ekit_core.code`) are
+    recorded in every checkpoint; a recorded step whose recorded fingerprint
+    differs runs again, as for a changed tag. Every
     argument is checked first, before any step could run: ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
@@ -538,11 +560,14 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
     tags = _check_versions(graph, versions)
-    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None)
+    code = _check_code(graph, code_fingerprints)
+    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None, code)
     # Its dependents are given by each path below: building the whole index
     # here would cost a resume an entry per recorded step.
     base = RunSpec(graph, limits, MappingProxyType(
         _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
+    if code:
+        base = _replace(base, code_fingerprints=code)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events, touched)
     return _initial_static(graph, checkpoint, base, outdated, record_events, touched)
@@ -608,7 +633,8 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool, touched: frozenset[str]) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    resumed = without_questions(kept_on_resume(graph, checkpoint, outdated, base.versions), touched)
+    resumed = without_questions(kept_on_resume(graph, checkpoint, outdated, base.versions,
+                                                base.code_fingerprints), touched)
     base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
@@ -663,7 +689,8 @@ def _counted_at_start(w: _Run) -> list[Event]:
 
 
 def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
-                   versions: Mapping[str, str]) -> WorkflowCheckpoint:
+                   versions: Mapping[str, str], code: Mapping[str, str] | None = None
+                   ) -> WorkflowCheckpoint:
     """What a resume of a shaped graph keeps of ``checkpoint`` (audit reads the same rule).
 
     The outdated outputs go (``outdated``: :func:`~ekit_core.rewind.outdated_steps`),
@@ -672,7 +699,8 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     go (a run that expanded it before the skip records them, one that did
     not has none; neither expands it again).
     """
-    checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
+    checkpoint = without(_set_aside(graph, checkpoint, outdated, versions, code or {}), graph,
+                         outdated)
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
         return checkpoint
@@ -681,7 +709,7 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
-               versions: Mapping[str, str]) -> WorkflowCheckpoint:
+               versions: Mapping[str, str], code: Mapping[str, str]) -> WorkflowCheckpoint:
     """``checkpoint`` with the items whose input runs again set aside, for an early cutoff.
 
     An output a mapped step maps over that runs again (its version or its
@@ -696,6 +724,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     if not (outdated or checkpoint.versions or versions or checkpoint.superseded or reshaped):
         return checkpoint
     changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
+               or code_changed(checkpoint.code_fingerprints, code, n)
                or outdated.get(n, "").startswith("its ")} | set(reshaped)
     again = set(downstream(graph, [*outdated, *reshaped]))
     below = again - set(outdated)

@@ -67,6 +67,7 @@ from ekit_runtime import attempt as attempts
 from ekit_runtime import human, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
+from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
@@ -158,6 +159,11 @@ class Runner:
     # has answers: an instance with more than 30 attributes loses CPython's
     # shared-key dict, and every attribute read of the run's loop costs more.
     _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
+    # The run's cached steps (step -> CachedStep, see ekit_runtime.cache) and the
+    # hits so far (name -> CacheHit): class defaults, set on the instance only in a
+    # run given a cache (see _answers for why).
+    _cached: Mapping[str, Any] = MappingProxyType({})
+    cache_hits: Mapping[str, CacheHit] = MappingProxyType({})
     save_first = False
     _epoch = 0.0  # the clock's reading as epoch seconds: set as a run that records times begins
 
@@ -684,6 +690,7 @@ class Runner:
         """
         name = step.name if item is None else item_name(step.name, item)
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
+        cached = self._cached.get(step.name) if self._cached else None
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
         release = None
@@ -700,7 +707,15 @@ class Runner:
                 release = admitted  # what the attempt holds, given back once it ends
         began = self.clock()
         executor = step.executor or self.executor
+        reads = head = None
         try:
+            if cached is not None:
+                head = cached.head(item)
+                hit = await asyncio.to_thread(cached.lookup, head, context)
+                if hit is not None:  # costs nothing: recorded as a hit, with the usage it saved
+                    return self._hit(name, cached, hit, began)
+                reads = Reads(context, cached.encode)
+                attempt = dataclasses.replace(attempt, context=reads)
             try:
                 if step.timeout is not None:
                     returned = await _within(name, step.timeout, executor.run(attempt))
@@ -711,10 +726,33 @@ class Runner:
             except Exception as exc:
                 return _failure(name, exc, self.clock() - began, began=began + self._epoch)
             output, usage = split_result(returned)
+            if cached is not None and reads is not None and head is not None:
+                first = await asyncio.to_thread(cached.store, head, reads, name, output, usage)
+                if first is not None:  # another process stored this key first: all go on with one value
+                    output = cached.output_of(first)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
             if release is not None:
                 await _give_back(release, name)
+
+    def _hit(self, name: str, cached: CachedStep, entry: CacheEntry, began: float) -> Input:
+        """The outcome of an attempt the cache answered: its recorded output, no usage."""
+        try:
+            output = cached.output_of(entry)
+        except Exception as exc:  # a codec that cannot decode what it stored: the step's failure
+            exc.add_note(f"ekit: raised decoding the cached output of {name!r} (entry {entry.key})")
+            return _failure(name, exc, self.clock() - began, began=began + self._epoch)
+        hits = dict(self.cache_hits)
+        hits[name] = CacheHit(entry.key, entry.usage)
+        self.cache_hits = MappingProxyType(hits)
+        return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
+
+    def use_cache(self, cached: Mapping[str, CachedStep]) -> None:
+        """Let ``cached`` (step -> :class:`~ekit_runtime.cache.CachedStep`) answer those steps'
+        attempts from the cache, before their work (see :mod:`ekit_runtime.cache`)."""
+        if cached:
+            self._cached = cached
+            self._own.update(dict.fromkeys(cached, False))  # through _attempt, which looks up
 
     def _asked(self, name: str, asked: human.InputRequired, duration: float) -> Input:
         """The attempt asked a question with no answer: the step waits (see :mod:`ekit_runtime.human`).

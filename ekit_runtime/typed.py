@@ -713,7 +713,7 @@ def _with_stored(
         failures=cp.failures, graph=cp.graph, versions=cp.versions, fingerprint=cp.fingerprint,
         format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone,
-        began=given_began(cp),
+        began=given_began(cp), code_fingerprints=cp.code_fingerprints,
     )
 
 

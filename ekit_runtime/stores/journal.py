@@ -755,4 +755,5 @@ class _History:
             durations=self.durations,
             redone=fold.start.redone,
             began=self.began,
+            code_fingerprints=fold.start.code_fingerprints,
         )

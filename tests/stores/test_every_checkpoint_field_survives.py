@@ -87,6 +87,7 @@ FIELDS: dict[str, Any] = {
     "durations": {"a": 0.5, "m[0]": 1.25, "b": 2.0},
     "redone": {"b": 1, "m[0]": 2},
     "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
+    "code_fingerprints": {"a": "0f" * 16, "m": "1e" * 16, "b": "2d" * 16},
 }
 
 
@@ -104,7 +105,7 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
-        redone=cp.redone, began=cp.began)
+        redone=cp.redone, began=cp.began, code_fingerprints=cp.code_fingerprints)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -201,6 +202,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "superseded": MappingProxyType({}),
         "asked": MappingProxyType({"b": cp.asked["b"][:1]}),
         "redone": MappingProxyType({"b": 1}),
+        "code_fingerprints": MappingProxyType({"a": "0f" * 16, "b": "3c" * 16}),
     }
     before.update({k: v for k, v in older.items() if k in differ})
     return dataclasses.replace(cp, **before, _outputs_ledger=None, _usage_ledger=None, _times=None)
@@ -212,7 +214,8 @@ def test_each_store_carries_every_field_written_whole(opener: Callable[[], Any])
     _stored_after(opener, [core_made(full())])
 
 
-CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone")
+CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone",
+            "code_fingerprints")
 
 
 @pytest.mark.parametrize("opener", STORES, indirect=True)
