@@ -1,9 +1,18 @@
 """The cross-run cache (issue 45): a step with ``cache=True`` run with ``run(cache=...)`` gets
 back an output recorded for the same code and the same inputs, at no cost. See docs/cache.md."""
 
-from ekit_runtime.cache.base import Cache, CacheEntry, CacheHit, CachedStep, Reads, entry_key, head_of
+from ekit_runtime.cache.base import Cache, CachedStep, CacheEntry, CacheHit, Reads, entry_key, head_of
 from ekit_runtime.cache.directory import DirectoryCache
 from ekit_runtime.cache.sqlite import SqliteCache
 
-__all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "DirectoryCache", "Reads", "SqliteCache", "entry_key",
-           "head_of"]
+__all__ = [
+    "Cache",
+    "CacheEntry",
+    "CacheHit",
+    "CachedStep",
+    "DirectoryCache",
+    "Reads",
+    "SqliteCache",
+    "entry_key",
+    "head_of",
+]
