@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
-from ekit_core.code import CodeDecision, decide
+from ekit_core.code import CacheHit, CodeDecision, decide
 from ekit_core.exchanges import Exchange
 from ekit_core.expansion import Expanded
 from ekit_core.graph import GraphSpec
@@ -106,6 +106,7 @@ class StepAudit:
     asked: tuple[Exchange, ...] = ()
     duration: float | None = None
     code: str | None = None
+    cache_hit: CacheHit | None = None
 
     @property
     def why(self) -> str:
@@ -113,6 +114,9 @@ class StepAudit:
         why = self._why()
         if self.code is not None:
             why = f"{why}; {self.code}"
+        if self.cache_hit is not None:
+            why = (f"{why}; handed back by the cache (entry {self.cache_hit.key[:12]}), "
+                   f"saving {usage_text(self.cache_hit.saved)}")
         if not self.asked:
             return why
         return "; ".join([why, *(_answered(i, e) for i, e in enumerate(self.asked, 1)
@@ -179,6 +183,7 @@ class StepAudit:
             "asked": [e.to_dict() for e in self.asked],
             "duration": self.duration,
             "code": self.code,
+            "cache_hit": None if self.cache_hit is None else self.cache_hit.to_dict(),
         }
 
 
@@ -384,8 +389,8 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_with_code(_timed(_with_questions(_rows(audited), _kept_questions(audited)), cp.durations),
-                         audited.code),
+        steps=_with_hits(_with_code(_timed(_with_questions(_rows(audited), _kept_questions(audited)),
+                                           cp.durations), audited.code), cp.cache_hits),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -461,6 +466,14 @@ def _code_of(graph_or_workflow: object, graph: GraphSpec, cp: WorkflowCheckpoint
     if not policies or not callable(current):
         return _NO_CODE
     return decide(graph.names, cp.code_fingerprints, current(), policies, cp.outputs)
+
+
+def _with_hits(rows: tuple[StepAudit, ...], hits: Mapping[str, CacheHit]) -> tuple[StepAudit, ...]:
+    """The rows of the outputs a resume keeps that the cache handed back, saying so."""
+    if not hits:
+        return rows
+    return tuple(replace(row, cache_hit=hits[row.name])
+                 if row.action == "skip" and row.name in hits else row for row in rows)
 
 
 def _with_code(rows: tuple[StepAudit, ...], code: CodeDecision) -> tuple[StepAudit, ...]:

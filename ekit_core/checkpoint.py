@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias, cast
 
 from ekit_core._frozen import twin
+from ekit_core.code import CacheHit
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
@@ -124,6 +125,7 @@ def _empty() -> MappingProxyType[str, Any]:
 
 _NOTHING: MappingProxyType[str, str] = MappingProxyType({})
 _NOTHING_REDONE: MappingProxyType[str, int] = MappingProxyType({})
+_NO_HITS: MappingProxyType[str, CacheHit] = MappingProxyType({})
 _NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
 
 
@@ -196,6 +198,9 @@ class _CheckpointFields:
     # outputs (and its items'), for the steps whose workflow asked for
     # fingerprints; see ekit_core.code for what a resume does when it changed.
     code_fingerprints: MappingProxyType[str, str] = field(default_factory=_empty, repr=False)
+    # Step (or item) -> the cache hit its recorded output came from (issue 45:
+    # docs/cache.md), kept while that output stays recorded.
+    cache_hits: MappingProxyType[str, CacheHit] = field(default_factory=_empty, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -329,6 +334,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         redone: MappingProxyType[str, int] = _NOTHING_REDONE,
         began: Mapping[str, float] | None = None,
         code_fingerprints: MappingProxyType[str, str] = _NOTHING,
+        cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -351,6 +357,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
             superseded=superseded, asked=asked, redone=redone, code_fingerprints=code_fingerprints,
+            cache_hits=cache_hits,
         )
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
@@ -422,7 +429,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
                 self.redone is not previous.redone and self.redone != previous.redone) or (
                 self.code_fingerprints is not previous.code_fingerprints
-                and self.code_fingerprints != previous.code_fingerprints):
+                and self.code_fingerprints != previous.code_fingerprints) or (
+                self.cache_hits is not previous.cache_hits and self.cache_hits != previous.cache_hits):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -486,6 +494,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["redone"] = dict(self.redone)
         if self.code_fingerprints:
             data["code_fingerprints"] = dict(self.code_fingerprints)
+        if self.cache_hits:
+            data["cache_hits"] = {k: h.to_dict() for k, h in self.cache_hits.items()}
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
             if self.began:
@@ -542,6 +552,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             redone=_redone(data.get("redone", {})),
             began=check_began(data.get("began")),
             code_fingerprints=_code_fingerprints(data.get("code_fingerprints", {})),
+            cache_hits=_cache_hits(data.get("cache_hits", {})),
         )
         return checkpoint
 
@@ -665,6 +676,7 @@ def fast_checkpoint(
     superseded: MappingProxyType[str, Any] = _NOTHING,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
     code_fingerprints: MappingProxyType[str, str] = _NOTHING,
+    cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
 
@@ -679,7 +691,7 @@ def fast_checkpoint(
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
-    cp.code_fingerprints = code_fingerprints
+    cp.code_fingerprints, cp.cache_hits = code_fingerprints, cache_hits
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -784,7 +796,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
         or cp.versions is not previous.versions or cp.redone is not previous.redone
-        or cp.code_fingerprints is not previous.code_fingerprints
+        or cp.code_fingerprints is not previous.code_fingerprints or cp.cache_hits is not previous.cache_hits
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -1016,6 +1028,19 @@ def _code_fingerprints(value: object) -> MappingProxyType[str, str]:
             raise CheckpointError(f"code_fingerprints.{name}",
                                   f"must be a non-empty string, got {print_!r:.80}")
     return MappingProxyType(table)
+
+
+def _cache_hits(value: object) -> MappingProxyType[str, CacheHit]:
+    """The ``cache_hits`` field: step (or item) -> ``{"key": ..., "saved": usage}``."""
+    hits = {}
+    for name, hit in _table(value, "cache_hits").items():
+        where = f"cache_hits.{name}"
+        table = _table(hit, where)
+        key = table.get("key")
+        if not isinstance(key, str) or not key:
+            raise CheckpointError(f"{where}.key", f"must be a non-empty string, got {key!r:.80}")
+        hits[name] = CacheHit(key, _usage(table.get("saved", NO_USAGE.to_dict()), f"{where}.saved"))
+    return MappingProxyType(hits)
 
 
 def _redone(value: object) -> MappingProxyType[str, int]:

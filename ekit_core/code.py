@@ -34,7 +34,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["POLICIES", "CodeChangedError", "CodeDecision", "CodePolicy", "code_changed", "decide"]
+from ekit_core.usage import NO_USAGE, TokenUsage
+
+__all__ = ["POLICIES", "CacheHit", "CodeChangedError", "CodeDecision", "CodePolicy", "code_changed",
+           "decide"]
 
 CodePolicy = Literal["again", "keep", "refuse"]
 POLICIES: tuple[CodePolicy, ...] = ("again", "keep", "refuse")
@@ -115,3 +118,21 @@ def _has_output(name: str, outputs: Mapping[str, object]) -> bool:
         return True
     prefix = f"{name}["
     return any(k.startswith(prefix) for k in outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """An output a run's cache handed back instead of running its step (see ``docs/cache.md``).
+
+    ``key`` is the cache entry's key, ``saved`` the usage that making the
+    output cost when it was made (what the hit saved). Recorded in the
+    checkpoint's ``cache_hits`` beside the output, and carried by resumes
+    while the output stays recorded.
+    """
+
+    key: str
+    saved: TokenUsage = NO_USAGE
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-safe data."""
+        return {"key": self.key, "saved": self.saved.to_dict()}

@@ -465,4 +465,6 @@ def _dropping(
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
         code_fingerprints=checkpoint.code_fingerprints,
+        cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
+        if checkpoint.cache_hits else checkpoint.cache_hits,
     )

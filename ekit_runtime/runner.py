@@ -747,6 +747,13 @@ class Runner:
         self.cache_hits = MappingProxyType(hits)
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
 
+    def checkpoint_now(self) -> WorkflowCheckpoint:
+        """The checkpoint of the run's state now, with the cache hits its outputs came from."""
+        checkpoint = checkpoint_of(self.state)
+        if self.cache_hits:
+            _with_hits(checkpoint, self.cache_hits)
+        return checkpoint
+
     def use_cache(self, cached: Mapping[str, CachedStep]) -> None:
         """Let ``cached`` (step -> :class:`~ekit_runtime.cache.CachedStep`) answer those steps'
         attempts from the cache, before their work (see :mod:`ekit_runtime.cache`)."""
@@ -799,6 +806,8 @@ class Runner:
         if fn is None:
             return None
         checkpoint = checkpoint_of(state)
+        if self.cache_hits:
+            _with_hits(checkpoint, self.cache_hits)
         self.last_checkpoint = checkpoint
         try:
             returned = fn(checkpoint)
@@ -966,6 +975,16 @@ class Runner:
             exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
             if exc.__context__ is None:
                 exc.__context__ = error
+
+
+def _with_hits(checkpoint: WorkflowCheckpoint, hits: Mapping[str, CacheHit]) -> None:
+    """Record ``hits`` in ``checkpoint``, just made by ``checkpoint_of`` and not yet handed out.
+
+    The core makes checkpoints and knows nothing of caches: the runner adds the
+    hits it saw (and those recorded before, see Workflow.runner) in O(1), the
+    mapping shared until a new hit, so that a save without one stays a delta.
+    """
+    object.__setattr__(checkpoint, "cache_hits", hits)
 
 
 def _adds_to(checkpoint: WorkflowCheckpoint, accepted: WorkflowCheckpoint) -> bool:

@@ -25,7 +25,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
-from ekit_core.code import POLICIES, CodeChangedError, CodeDecision, CodePolicy, decide
+from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.transitions import resume_checkpoint
@@ -347,6 +347,9 @@ class Workflow:
         cache = options.get("cache")
         if cache is not None:
             runner.use_cache(self._cached_steps(cache, executor))
+        hits = _recorded_hits(resume_from, state)
+        if hits:
+            runner.cache_hits = hits
         return runner
 
     def _cached_steps(self, cache: Cache, default: Executor | None) -> dict[str, CachedStep]:
@@ -476,7 +479,8 @@ class Workflow:
     def _last_checkpoint(self, runner: Runner) -> WorkflowCheckpoint | None:
         """The run's last checkpoint as handed out (in its stored form, with a codec)."""
         if self._codec is None:
-            return runner.last_checkpoint
+            last = runner.last_checkpoint
+            return runner.checkpoint_now() if last is None and runner.cache_hits else last
         return final_checkpoint(self._codec, runner)
 
     def run_sync(
@@ -498,6 +502,19 @@ class Workflow:
             )
         _check_options(options)
         return asyncio.run(self.run(initial_context, **options))
+
+
+def _recorded_hits(resume_from: object, state: State) -> MappingProxyType[str, CacheHit] | None:
+    """The cache hits ``resume_from`` records for outputs the resume keeps (``None``: none)."""
+    if isinstance(resume_from, WorkflowCheckpoint):
+        hits: Mapping[str, CacheHit] = resume_from.cache_hits
+    elif isinstance(resume_from, Mapping) and resume_from.get("cache_hits"):
+        hits = WorkflowCheckpoint.from_dict(dict(resume_from)).cache_hits
+    else:
+        return None
+    outputs = state.outputs
+    kept = {k: h for k, h in hits.items() if k in outputs}
+    return MappingProxyType(kept) if kept else None
 
 
 def _as_is(value: Any) -> Any:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ekit_core import TokenUsage
+from ekit_core.code import CacheHit
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
@@ -205,15 +206,6 @@ def value_hash(context: Mapping[str, Any], key: str, encode: Any) -> str:
     except Exception as exc:  # (TypeError, ValueError, UnencodableError: all mean "cannot compare")
         raise _Unencodable(key) from exc
     return _hash(text)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheHit:
-    """An output the cache handed back: the entry's ``key`` and the ``saved`` usage (what making
-    it cost when it was made)."""
-
-    key: str
-    saved: TokenUsage = NO_USAGE
 
 
 @dataclass(slots=True)

@@ -756,4 +756,5 @@ class _History:
             redone=fold.start.redone,
             began=self.began,
             code_fingerprints=fold.start.code_fingerprints,
+            cache_hits=fold.start.cache_hits,
         )

@@ -229,3 +229,23 @@ def test_a_hit_exactly_when_every_value_read_and_the_item_are_the_same(
     assert (calls == []) == same
     assert result.outputs["s"] == [repr((after["x"], after["y"], item_after))]
     cache.close()
+
+
+def test_checkpoints_record_each_hit_with_its_key_and_resumes_keep_them(cache: Cache, tmp_path: Path) -> None:
+    from ekit_core import audit
+    from ekit_runtime import JsonFileStore
+
+    calls: list[str] = []
+    _run(_workflow(calls), cache)
+    store = JsonFileStore(tmp_path / "run.json")
+    asyncio.run(_workflow(calls).run({"topic": "tides"}, cache=cache, checkpoint_fn=store.save))
+    saved = store.load()
+    assert saved is not None
+    assert set(saved.cache_hits) == {"draft", "critique"}
+    assert saved.cache_hits["critique"].saved == TokenUsage(100, 20, 1)
+    assert len(saved.cache_hits["critique"].key) == 64
+    row = next(r for r in audit(_workflow(calls), saved).steps if r.name == "critique")
+    assert "handed back by the cache" in row.why
+    # A resume with nothing left to run keeps the record of where its outputs came from.
+    again = asyncio.run(_workflow(calls).run(resume_from=saved.to_dict()))
+    assert again.checkpoint is not None and again.checkpoint.cache_hits == saved.cache_hits
