@@ -64,6 +64,7 @@ from ekit_core.graph_text import read
 from ekit_core.report import count, recorded_graph, table
 from ekit_core.rewind import grown
 from ekit_core.shapes import Shape
+from ekit_runtime.cache import cli as cache_cli
 from ekit_runtime.cli_common import (
     EXIT_BROKEN_PIPE,
     EXIT_CLEAN,
@@ -574,6 +575,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
     queue_cli.add_parsers(sub)
     ui_cli.add_parser(sub)
+    cache_cli.add_parser(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ from ekit_runtime.cache.sqlite import SqliteCache
 
 __all__ = [
     "Cache",
+    "PostgresCache",
     "CacheEntry",
     "CacheHit",
     "CachedStep",
@@ -16,3 +17,12 @@ __all__ = [
     "entry_key",
     "head_of",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PostgresCache imports psycopg (the "postgres" extra): only when asked for.
+    if name == "PostgresCache":
+        from ekit_runtime.cache.postgres import PostgresCache
+
+        return PostgresCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

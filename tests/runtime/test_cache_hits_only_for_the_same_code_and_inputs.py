@@ -10,7 +10,7 @@ behave the same.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from ekit_core import TokenUsage
 from ekit_runtime import Cache, Codec, DirectoryCache, PatternResult, SqliteCache, Step, Workflow
+from tests.support.queue_backends import fresh_postgres
 
-KINDS = ("sqlite", "directory")
+KINDS = ("sqlite", "directory", "postgres")
 
 
 def open_cache(kind: str, where: Path) -> Cache:
@@ -30,8 +31,16 @@ def open_cache(kind: str, where: Path) -> Cache:
 
 
 @pytest.fixture(params=KINDS)
-def cache(request: pytest.FixtureRequest, tmp_path: Path) -> Cache:
-    return open_cache(request.param, tmp_path)
+def cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cache]:
+    if request.param == "postgres":  # the real server (tests/support/queue_backends.py)
+        from ekit_runtime.cache.postgres import PostgresCache
+
+        with fresh_postgres() as url:
+            made = PostgresCache(url)
+            yield made
+            made.close()
+        return
+    yield open_cache(request.param, tmp_path)
 
 
 def _workflow(calls: list[str], critique: Callable[[Mapping[str, Any]], Any] | None = None,

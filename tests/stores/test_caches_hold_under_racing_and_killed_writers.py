@@ -12,7 +12,7 @@ import hashlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,29 @@ import pytest
 
 from ekit_runtime import Cache, DirectoryCache, SqliteCache, Step, Workflow
 from ekit_runtime.cache import CacheEntry
+from tests.support.queue_backends import fresh_postgres
 
-KINDS = ("sqlite", "directory")
+KINDS = ("sqlite", "directory", "postgres")
 _SPAWN = multiprocessing.get_context("spawn")
 _DEADLINE = 120.0  # a deadlock detector only
 
 
 def open_cache(kind: str, where: str) -> Cache:
+    if kind == "postgres":  # ``where`` is then a database URL
+        from ekit_runtime.cache.postgres import PostgresCache
+
+        return PostgresCache(where)
     return SqliteCache(Path(where) / "cache.db") if kind == "sqlite" else DirectoryCache(Path(where) / "dir")
+
+
+@pytest.fixture
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where the cache of kind ``kind`` lives: a temporary directory, or a fresh database."""
+    if request.node.callspec.params["kind"] == "postgres":
+        with fresh_postgres() as url:
+            yield url
+        return
+    yield str(tmp_path)
 
 
 # -- two writers, one key --------------------------------------------------------------------------
@@ -43,11 +58,11 @@ def _put_after_barrier(kind: str, where: str, barrier: Any, me: int, rounds: int
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_processes_filling_one_key_leave_one_entry_and_read_the_same(kind: str, tmp_path: Path) -> None:
-    open_cache(kind, str(tmp_path))  # (created once, before the race)
+def test_two_processes_filling_one_key_leave_one_entry_and_read_the_same(kind: str, where: str) -> None:
+    open_cache(kind, where)  # (created once, before the race)
     rounds = 20
     barrier, out = _SPAWN.Barrier(2), _SPAWN.Queue()
-    procs = [_SPAWN.Process(target=_put_after_barrier, args=(kind, str(tmp_path), barrier, i, rounds, out))
+    procs = [_SPAWN.Process(target=_put_after_barrier, args=(kind, where, barrier, i, rounds, out))
              for i in range(2)]
     for p in procs:
         p.start()
@@ -56,7 +71,7 @@ def test_two_processes_filling_one_key_leave_one_entry_and_read_the_same(kind: s
         p.join(_DEADLINE)
         assert p.exitcode == 0
     assert results[0] == results[1]  # both went on with one value, round after round
-    entries = list(open_cache(kind, str(tmp_path)).entries())
+    entries = list(open_cache(kind, where).entries())
     assert len(entries) == rounds
     assert {e.output for e in entries} <= {'"written by 0"', '"written by 1"'}
 
@@ -77,10 +92,10 @@ def _run_workflow(kind: str, where: str, barrier: Any, out: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_runs_racing_on_one_step_go_on_with_one_output(kind: str, tmp_path: Path) -> None:
-    open_cache(kind, str(tmp_path))
+def test_two_runs_racing_on_one_step_go_on_with_one_output(kind: str, where: str) -> None:
+    open_cache(kind, where)
     barrier, out = _SPAWN.Barrier(2), _SPAWN.Queue()
-    procs = [_SPAWN.Process(target=_run_workflow, args=(kind, str(tmp_path), barrier, out)) for _ in range(2)]
+    procs = [_SPAWN.Process(target=_run_workflow, args=(kind, where, barrier, out)) for _ in range(2)]
     for p in procs:
         p.start()
     outputs = [out.get(timeout=_DEADLINE) for _ in procs]
@@ -88,7 +103,7 @@ def test_two_runs_racing_on_one_step_go_on_with_one_output(kind: str, tmp_path: 
         p.join(_DEADLINE)
         assert p.exitcode == 0
     assert outputs[0] == outputs[1]
-    assert len(list(open_cache(kind, str(tmp_path)).entries())) == 1
+    assert len(list(open_cache(kind, where).entries())) == 1
 
 
 # -- a writer killed mid-write ---------------------------------------------------------------------
@@ -114,16 +129,16 @@ def _write_forever(kind: str, where: str, started: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_writer_killed_mid_write_leaves_no_torn_entry(kind: str, tmp_path: Path) -> None:
+def test_a_writer_killed_mid_write_leaves_no_torn_entry(kind: str, where: str) -> None:
     for _round in range(4):
         started = _SPAWN.Event()
-        proc = _SPAWN.Process(target=_write_forever, args=(kind, str(tmp_path), started))
+        proc = _SPAWN.Process(target=_write_forever, args=(kind, where, started))
         proc.start()
         assert started.wait(_DEADLINE)
         os.kill(proc.pid, signal.SIGKILL)  # while it writes: it does nothing else
         proc.join(_DEADLINE)
         assert proc.exitcode == -signal.SIGKILL
-        cache = open_cache(kind, str(tmp_path))
+        cache = open_cache(kind, where)
         entries = list(cache.entries())
         assert len(entries) >= 3
         assert all(_whole(e.output) for e in entries)
