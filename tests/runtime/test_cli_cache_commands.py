@@ -71,3 +71,45 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path: Path) -> None:
     one_error_line(ekit(tmp_path, "cache", "show", str(where), "ffff"), "no entry", "ffff")
     one_error_line(ekit(tmp_path, "cache", "prune", str(where)), "--max-entries")
     one_error_line(ekit(tmp_path, "cache", "prune", str(where), "--max-age", "-5"), "max_age")
+
+
+_MODULE = '''
+from ekit_runtime import Step, Workflow
+
+PROMPT = {prompt!r}
+
+
+def draft(ctx):
+    return "draft"
+
+
+def critique(ctx):
+    return PROMPT + ctx["draft"]
+
+
+workflow = Workflow([Step("draft", draft), Step("critique", critique, depends_on=("draft",))],
+                    on_code_change={policy!r})
+'''
+
+
+@pytest.mark.parametrize("policy", ["again", "keep", "refuse"])
+def test_audit_with_the_workflow_shows_steps_changed_since_recorded(policy: str, tmp_path: Path) -> None:
+    import importlib
+    import sys
+
+    module = tmp_path / f"flow_{policy}.py"
+    module.write_text(_MODULE.format(prompt="Critique: ", policy=policy))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        flow = importlib.import_module(module.stem)
+        result = asyncio.run(flow.workflow.run())
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module.stem, None)
+    (tmp_path / "cp.json").write_text(json.dumps(result.checkpoint.to_dict()))
+    module.write_text(_MODULE.format(prompt="Praise: ", policy=policy))
+    audited = ekit(tmp_path, "audit", "cp.json", "--workflow", f"{module.stem}:workflow")
+    expected = {"again": "code changed since recorded", "keep": "kept although the code changed",
+                "refuse": "code_changed"}[policy]
+    assert expected in audited.stdout, audited.stdout + audited.stderr
+    assert audited.returncode == (1 if policy == "refuse" else 0)
