@@ -56,6 +56,7 @@ from ekit_core import (
 )
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
+from ekit_core.ledger import Ledger
 from ekit_core.human import Answer, answers_of
 from ekit_core.results import APPROVAL, CONDITION, DELAY, Gate, succeeded
 from ekit_core.rewind import rewind
@@ -711,7 +712,8 @@ class Runner:
         try:
             if cached is not None:
                 head = cached.head(item)
-                hit = await asyncio.to_thread(cached.lookup, head, context)
+                hit = (cached.lookup(head, context) if cached.cache.local
+                       else await asyncio.to_thread(cached.lookup, head, context))
                 if hit is not None:  # costs nothing: recorded as a hit, with the usage it saved
                     return self._hit(name, cached, hit, began)
                 reads = Reads(context, cached.encode)
@@ -727,7 +729,8 @@ class Runner:
                 return _failure(name, exc, self.clock() - began, began=began + self._epoch)
             output, usage = split_result(returned)
             if cached is not None and reads is not None and head is not None:
-                first = await asyncio.to_thread(cached.store, head, reads, name, output, usage)
+                first = (cached.store(head, reads, name, output, usage) if cached.cache.local
+                         else await asyncio.to_thread(cached.store, head, reads, name, output, usage))
                 if first is not None:  # another process stored this key first: all go on with one value
                     output = cached.output_of(first)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
@@ -742,9 +745,9 @@ class Runner:
         except Exception as exc:  # a codec that cannot decode what it stored: the step's failure
             exc.add_note(f"ekit: raised decoding the cached output of {name!r} (entry {entry.key})")
             return _failure(name, exc, self.clock() - began, began=began + self._epoch)
-        hits = dict(self.cache_hits)
-        hits[name] = CacheHit(entry.key, entry.usage)
-        self.cache_hits = MappingProxyType(hits)
+        hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
+        ledger = hits if type(hits) is Ledger else Ledger(hits)
+        self.cache_hits = ledger.with_item(name, CacheHit(entry.key, entry.usage))
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
 
     def checkpoint_now(self) -> WorkflowCheckpoint:

@@ -227,11 +227,14 @@ class Workflow:
     def code_fingerprints(self) -> dict[str, str]:
         """Step -> the fingerprint of its code now, for every fingerprinted step."""
         steps = {s.name: s for s in self._steps}
-        return {name: _fingerprint_of(steps[name]) for name in self._code_policies}
+        memo: dict[int, str] = {}  # a function many steps share is hashed once
+        return {name: _fingerprint_of(steps[name], memo) for name in self._code_policies}
 
-    def code_decision(self, resume_from: WorkflowCheckpoint | None) -> CodeDecision:
-        """What a resume of ``resume_from`` does with each step's code (:func:`ekit_core.code.decide`)."""
-        current = self.code_fingerprints()
+    def code_decision(self, resume_from: WorkflowCheckpoint | None,
+                      current: Mapping[str, str] | None = None) -> CodeDecision:
+        """What a resume of ``resume_from`` does with each step's code (:func:`ekit_core.code.decide`);
+        ``current``: the steps' fingerprints now, if already computed."""
+        current = dict(current) if current is not None else self.code_fingerprints()
         if resume_from is None:
             return CodeDecision(MappingProxyType(current))
         return decide(self._graph.names, resume_from.code_fingerprints, current,
@@ -251,6 +254,7 @@ class Workflow:
         run_id: str | None = None,
         only: list[str] | tuple[str, ...] | None = None,
         durations: bool = False,
+        _current_code: Mapping[str, str] | None = None,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
@@ -265,7 +269,7 @@ class Workflow:
         if self._code_policies:
             recorded = (None if resume_from is None else
                         resume_checkpoint(self.graph, resume_from, allow_graph_change=allow_graph_change))
-            decision = self.code_decision(recorded)
+            decision = self.code_decision(recorded, _current_code)
             if decision.refused:
                 raise CodeChangedError(decision.refused)
             code = decision.fingerprints
@@ -314,6 +318,7 @@ class Workflow:
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
         resume_from, answers = self._answered(options), options.get("answers")
+        prints = self.code_fingerprints() if self._code_policies else None  # once per run
         state = self.start_state(
             initial_context,
             resume_from=resume_from,
@@ -326,6 +331,7 @@ class Workflow:
             run_id=run_id,
             only=options.get("only"),
             durations=options.get("durations", False),
+            _current_code=prints,
         )
         if answers:  # an answer to a question the resume dropped (its work changed) is refused
             refuse_dropped_answers(answers, state.setbacks.asked)
@@ -346,13 +352,14 @@ class Workflow:
             runner.save_first = True
         cache = options.get("cache")
         if cache is not None:
-            runner.use_cache(self._cached_steps(cache, executor))
+            runner.use_cache(self._cached_steps(cache, executor, prints or {}))
         hits = _recorded_hits(resume_from, state)
         if hits:
             runner.cache_hits = hits
         return runner
 
-    def _cached_steps(self, cache: Cache, default: Executor | None) -> dict[str, CachedStep]:
+    def _cached_steps(self, cache: Cache, default: Executor | None, prints: Mapping[str, str]
+                      ) -> dict[str, CachedStep]:
         """The run's cached steps, bound to ``cache`` and the codec (see :mod:`ekit_runtime.cache`)."""
         codec = self._codec
         encode = codec.encode if codec is not None else _as_is
@@ -365,7 +372,7 @@ class Workflow:
             if not isinstance(step.executor or default or DEFAULT_EXECUTOR, LocalExecutor):
                 raise ValueError(f"step {step.name!r}: cache=True needs a LocalExecutor (the cache "
                                  "records what the step reads from its context, in this process)")
-            cached[step.name] = CachedStep(cache, step.name, _fingerprint_of(step), step.version,
+            cached[step.name] = CachedStep(cache, step.name, prints[step.name], step.version,
                                            types, encode, decode)
         return cached
 
@@ -521,11 +528,14 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-def _fingerprint_of(step: Step) -> str:
-    """The fingerprint of ``step``'s code, its version tag with it (what a cache key reads)."""
+def _fingerprint_of(step: Step, memo: dict[int, str]) -> str:
+    """The fingerprint of ``step``'s code (``memo``: by function, within one call)."""
     from ekit_runtime.fingerprints import code_fingerprint  # only where code is fingerprinted
 
-    return code_fingerprint(step.run)
+    key = id(step.run)
+    if key not in memo:
+        memo[key] = code_fingerprint(step.run)
+    return memo[key]
 
 
 def _outputs(state: State) -> MappingProxyType[str, Any]:

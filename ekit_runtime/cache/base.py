@@ -107,7 +107,12 @@ class Cache:
     Both may be called from any thread. ``entries()`` lists every entry and
     ``prune()`` applies the bounds (or those given), returning how many went.
     A cache must never hand back an entry that was not written whole.
+    ``local`` says its calls are quick local I/O (a file), made on the event
+    loop's thread; a cache over the network (PostgreSQL) leaves it false,
+    and its calls are made in a worker thread.
     """
+
+    local = False
 
     def candidates(self, head: str) -> list[CacheEntry]:
         """The entries stored under ``head``, newest first."""

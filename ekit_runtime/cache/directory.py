@@ -36,6 +36,8 @@ class DirectoryCache(Cache):
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_entries, self.max_age, self.max_bytes = max_entries, max_age, max_bytes
 
+    local = True  # local files: its calls are made on the loop (a thread hop costs more)
+
     def __repr__(self) -> str:
         return f"DirectoryCache({str(self.root)!r})"
 

@@ -73,6 +73,8 @@ class SqliteCache(Cache):
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
 
+    local = True  # one local file: its calls are made on the loop (a thread hop costs more)
+
     def __repr__(self) -> str:
         return f"SqliteCache({str(self.path)!r})"
 
