@@ -56,8 +56,8 @@ from ekit_core import (
 )
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
-from ekit_core.ledger import Ledger
 from ekit_core.human import Answer, answers_of
+from ekit_core.ledger import Ledger
 from ekit_core.results import APPROVAL, CONDITION, DELAY, Gate, succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name
