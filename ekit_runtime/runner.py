@@ -48,6 +48,7 @@ from ekit_core import (
     Skipped,
     Start,
     State,
+    StepCacheHit,
     Succeeded,
     WorkflowCheckpoint,
     advance,
@@ -165,6 +166,7 @@ class Runner:
     # run given a cache (see _answers for why).
     _cached: Mapping[str, Any] = MappingProxyType({})
     cache_hits: Mapping[str, CacheHit] = MappingProxyType({})
+    _hit_events: tuple[Event, ...] = ()  # the hits not yet told to the trace (set on the instance)
     save_first = False
     _epoch = 0.0  # the clock's reading as epoch seconds: set as a run that records times begins
 
@@ -447,6 +449,9 @@ class Runner:
                 if saving is not None:
                     await saving
             return
+        if self._hit_events:
+            hit_events, self._hit_events = self._hit_events, ()
+            await self._emit(hit_events)
         events = state.events
         finish = events[-1:] if events and isinstance(events[-1], RunSettled) else ()
         await self._emit(events[: len(events) - len(finish)])
@@ -747,7 +752,10 @@ class Runner:
             return _failure(name, exc, self.clock() - began, began=began + self._epoch)
         hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
         ledger = hits if type(hits) is Ledger else Ledger(hits)
-        self.cache_hits = ledger.with_item(name, CacheHit(entry.key, entry.usage))
+        key = entry.key
+        self.cache_hits = ledger.with_item(name, CacheHit(key, entry.usage))
+        if self.trace is not None:  # told before the turn's events, StepFinished among them
+            self._hit_events = (*self._hit_events, StepCacheHit(name, key, entry.usage))
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
 
     def checkpoint_now(self) -> WorkflowCheckpoint:

@@ -258,3 +258,23 @@ def test_checkpoints_record_each_hit_with_its_key_and_resumes_keep_them(cache: C
     # A resume with nothing left to run keeps the record of where its outputs came from.
     again = asyncio.run(_workflow(calls).run(resume_from=saved.to_dict()))
     assert again.checkpoint is not None and again.checkpoint.cache_hits == saved.cache_hits
+
+
+def test_trace_and_progress_show_each_hit_and_what_it_saved(cache: Cache) -> None:
+    import io
+
+    from ekit_core import StepCacheHit, StepFinished
+    from ekit_runtime import ProgressPrinter
+
+    calls: list[str] = []
+    _run(_workflow(calls), cache)
+    events: list[object] = []
+    out = io.StringIO()
+    asyncio.run(_workflow(calls).run({"topic": "tides"}, cache=cache,
+                                     trace=[events.append, ProgressPrinter(out)]))
+    hits = [e for e in events if isinstance(e, StepCacheHit)]
+    assert [h.name for h in hits] == ["draft", "critique"]
+    assert hits[1].saved == TokenUsage(100, 20, 1)
+    finished = [e for e in events if isinstance(e, StepFinished) and e.name == "critique"]
+    assert events.index(hits[1]) < events.index(finished[0])
+    assert "cache hit critique, saved 120 tokens" in out.getvalue()
