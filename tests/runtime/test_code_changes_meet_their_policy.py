@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ekit_core import WorkflowCheckpoint, audit
 from ekit_core.code import CodeChangedError
@@ -177,3 +179,86 @@ def test_bad_policies_are_refused_by_name() -> None:
         Workflow([Step("a", lambda ctx: 1)], on_code_change="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"step 'a'.*on_code_change"):
         Step("a", lambda ctx: 1, on_code_change="sometimes")
+
+
+@st.composite
+def _changes(draw: st.DrawFn) -> tuple[list[tuple[int, ...]], set[int], list[str]]:
+    n = draw(st.integers(2, 6))
+    deps = [tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=2)))) if i else () for i in range(n)]
+    changed = draw(st.sets(st.integers(0, n - 1)))
+    policies = draw(st.lists(st.sampled_from(["again", "keep", "refuse"]), min_size=n, max_size=n))
+    return deps, changed, policies
+
+
+@settings(max_examples=60, deadline=None)
+@given(_changes())
+def test_a_resume_follows_each_changed_step_s_policy(case: tuple[list[tuple[int, ...]], set[int], list[str]]
+                                                     ) -> None:
+    deps, changed, policies = case
+    calls: list[int] = []
+
+    def make(i: int, tag: str) -> Callable[[Mapping[str, Any]], Any]:
+        def step(ctx: Mapping[str, Any]) -> str:
+            calls.append(i)
+            return f"{i}:{tag}"
+        return step
+
+    def workflow(edited: set[int]) -> Workflow:
+        return Workflow([Step(f"s{i}", make(i, "new" if i in edited else "old"),
+                              depends_on=tuple(f"s{d}" for d in d_), on_code_change=policies[i])  # type: ignore[arg-type]
+                         for i, d_ in enumerate(deps)])
+
+    first = asyncio.run(workflow(set()).run())
+    calls.clear()
+    refused = sorted(i for i in changed if policies[i] == "refuse")
+    if refused:
+        with pytest.raises(CodeChangedError) as caught:
+            asyncio.run(workflow(changed).run(resume_from=first.checkpoint))
+        assert caught.value.steps == tuple(f"s{i}" for i in refused)
+        assert calls == []
+        return
+    asyncio.run(workflow(changed).run(resume_from=first.checkpoint))
+    again = {i for i in changed if policies[i] == "again"}
+    for i, d_ in enumerate(deps):  # what is downstream of a step run again runs again
+        if any(d in again for d in d_):
+            again.add(i)
+    assert sorted(calls) == sorted(again)
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_an_attempt_cut_off_on_old_code_lends_its_key_only_to_the_same_code(edited: bool) -> None:
+    keys: list[str] = []
+
+    def critique_for(tag: str) -> Callable[[Mapping[str, Any]], Any]:
+        async def critique(ctx: Mapping[str, Any]) -> str:
+            keys.append(str(attempt_key()))
+            if tag == "old":
+                await asyncio.Event().wait()  # cut off while in flight
+            return tag
+        return critique
+
+    def workflow(tag: str) -> Workflow:
+        return Workflow([Step("draft", lambda ctx: "d"),
+                         Step("critique", critique_for(tag), depends_on=("draft",))],
+                        on_code_change="again")
+
+    async def cut_off(resume_from: Any = None) -> list[Any]:
+        saved: list[Any] = []
+        seen = len(keys)
+        task = asyncio.ensure_future(workflow("old").run(run_id="r", checkpoint_fn=saved.append,
+                                                         resume_from=resume_from))
+        while len(keys) == seen:
+            await asyncio.sleep(0)  # (lets the run reach the step; no wall-clock wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return saved
+
+    saved = asyncio.run(cut_off())
+    assert "draft" in saved[-1].outputs and "critique" not in saved[-1].outputs
+    if edited:
+        asyncio.run(workflow("new").run(run_id="r", resume_from=saved[-1]))
+        assert keys[1] != keys[0]  # other code: another key
+    else:
+        asyncio.run(cut_off(saved[-1]))
+        assert keys[1] == keys[0]  # the same code, the same work: the same key
