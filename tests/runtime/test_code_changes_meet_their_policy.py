@@ -228,10 +228,13 @@ def test_a_resume_follows_each_changed_step_s_policy(case: tuple[list[tuple[int,
 @pytest.mark.parametrize("edited", [False, True])
 def test_an_attempt_cut_off_on_old_code_lends_its_key_only_to_the_same_code(edited: bool) -> None:
     keys: list[str] = []
+    arrived: list[asyncio.Event] = []  # the event of the run in progress, set as its step begins
 
     def critique_for(tag: str) -> Callable[[Mapping[str, Any]], Any]:
         async def critique(ctx: Mapping[str, Any]) -> str:
             keys.append(str(attempt_key()))
+            if arrived:
+                arrived[-1].set()
             if tag == "old":
                 await asyncio.Event().wait()  # cut off while in flight
             return tag
@@ -244,11 +247,10 @@ def test_an_attempt_cut_off_on_old_code_lends_its_key_only_to_the_same_code(edit
 
     async def cut_off(resume_from: Any = None) -> list[Any]:
         saved: list[Any] = []
-        seen = len(keys)
+        arrived.append(asyncio.Event())
         task = asyncio.ensure_future(workflow("old").run(run_id="r", checkpoint_fn=saved.append,
                                                          resume_from=resume_from))
-        while len(keys) == seen:
-            await asyncio.sleep(0)  # (lets the run reach the step; no wall-clock wait)
+        await arrived[-1].wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
