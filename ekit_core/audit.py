@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
+from ekit_core.code import CacheHit, CodeDecision, decide
 from ekit_core.exchanges import Exchange
 from ekit_core.expansion import Expanded, iteration_of
 from ekit_core.graph import GraphSpec
@@ -48,6 +49,8 @@ from ekit_core.transitions import context_outputs, dependencies_recorded, initia
 from ekit_core.usage import TokenUsage
 
 __all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
+
+_NO_CODE = CodeDecision(MappingProxyType({}))
 
 Action = Literal["skip", "run", "wait"]
 Reason = Literal["recorded", "outdated", "ready", "failed", "waiting", "skipped", "mapped",
@@ -109,11 +112,18 @@ class StepAudit:
     items_recorded: int = 0
     asked: tuple[Exchange, ...] = ()
     duration: float | None = None
+    code: str | None = None
+    cache_hit: CacheHit | None = None
 
     @property
     def why(self) -> str:
         """One human-readable line explaining ``action`` (and who answered what, if it asked)."""
         why = self._why()
+        if self.code is not None:
+            why = f"{why}; {self.code}"
+        if self.cache_hit is not None:
+            why = (f"{why}; handed back by the cache (entry {self.cache_hit.key[:12]}), "
+                   f"saving {usage_text(self.cache_hit.saved)}")
         if not self.asked:
             return why
         return "; ".join([why, *(_answered(i, e) for i, e in enumerate(self.asked, 1)
@@ -185,6 +195,8 @@ class StepAudit:
             "items_recorded": self.items_recorded,
             "asked": [e.to_dict() for e in self.asked],
             "duration": self.duration,
+            "code": self.code,
+            "cache_hit": None if self.cache_hit is None else self.cache_hit.to_dict(),
         }
 
 
@@ -210,6 +222,7 @@ AnomalyKind = Literal[
     "context_collision",
     "budget_reached",
     "resume_refused",
+    "code_changed",
 ]
 
 
@@ -234,7 +247,10 @@ class Anomaly:
     - ``"budget_reached"``: the recorded usage already reaches the budget
       given to :func:`audit`, so a resume with that budget starts no step;
     - ``"resume_refused"``: anything else a resume from the checkpoint
-      would refuse, with the core's reason.
+      would refuse, with the core's reason;
+    - ``"code_changed"``: the code of a recorded step whose policy is
+      ``"refuse"`` changed since recorded (see :mod:`ekit_core.code`): a
+      resume raises :class:`~ekit_core.code.CodeChangedError`.
 
     ``step`` names the step or key concerned, ``None`` for the whole checkpoint.
     """
@@ -386,7 +402,8 @@ def audit(
     audited, source = _audited(graph_or_workflow, checkpoint, budget, versions)
     graph, cp = audited.graph, audited.cp
     return AuditReport(
-        steps=_timed(_with_questions(_rows(audited), _kept_questions(audited)), cp.durations),
+        steps=_with_hits(_with_code(_timed(_with_questions(_rows(audited), _kept_questions(audited)),
+                                           cp.durations), audited.code), cp.cache_hits),
         anomalies=tuple(a for check in _CHECKS for a in check(audited)),
         graph_source=source,
         fingerprint=graph.fingerprint,
@@ -413,6 +430,8 @@ class _Audited:
     items: Expanded
     skips: Mapping[str, str]
     recorded: Expanded
+    # What a resume does with each step's code (ekit_core.code), for a workflow that fingerprints it.
+    code: CodeDecision = _NO_CODE
 
 
 def _audited(
@@ -434,20 +453,49 @@ def _audited(
     # The rules a run applies to these arguments, asked without the
     # checkpoint, so that bad arguments raise rather than read as a refusal.
     _rules.initial_state(graph, budget=budget, versions=tags)
-    outdated = outdated_steps(graph, cp, tags)
+    code = _code_of(graph_or_workflow, graph, cp)
+    outdated = outdated_steps(graph, cp, tags, code.fingerprints)
     kept: Mapping[str, Any] = without(cp, graph, outdated).outputs
     if not graph.shapes:
         nothing = Expanded()
-        return _Audited(graph, cp, budget, tags, outdated, kept, nothing, {}, nothing), subject.source
+        return (_Audited(graph, cp, budget, tags, outdated, kept, nothing, {}, nothing, code),
+                subject.source)
     # What a resume keeps, by the core's own rule: the items and skips below a
     # step that runs again go with it (some items set aside for an early cutoff).
-    resumed = _rules.kept_on_resume(graph, cp, outdated, tags)
+    resumed = _rules.kept_on_resume(graph, cp, outdated, tags, code.fingerprints)
     kept, skips = resumed.outputs, resumed.skipped
     recorded = grown(graph, cp.outputs)
     items = recorded if len(kept) == len(cp.outputs) else grown(graph, kept)
     kept = _collected_at_start(graph, items, kept, skips)
-    return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded),
+    return (_Audited(graph, cp, budget, tags, outdated, kept, items, skips, recorded, code),
             subject.source)
+
+
+def _code_of(graph_or_workflow: object, graph: GraphSpec, cp: WorkflowCheckpoint) -> CodeDecision:
+    """What a resume does with each step's code: read off a workflow that fingerprints it
+    (its ``code_fingerprints()`` and ``code_policies``), decided by the core's rule."""
+    policies = getattr(graph_or_workflow, "code_policies", None)
+    current = getattr(graph_or_workflow, "code_fingerprints", None)
+    if not policies or not callable(current):
+        return _NO_CODE
+    return decide(graph.names, cp.code_fingerprints, current(), policies, cp.outputs)
+
+
+def _with_hits(rows: tuple[StepAudit, ...], hits: Mapping[str, CacheHit]) -> tuple[StepAudit, ...]:
+    """The rows of the outputs a resume keeps that the cache handed back, saying so."""
+    if not hits:
+        return rows
+    return tuple(replace(row, cache_hit=hits[row.name])
+                 if row.action == "skip" and row.name in hits else row for row in rows)
+
+
+def _with_code(rows: tuple[StepAudit, ...], code: CodeDecision) -> tuple[StepAudit, ...]:
+    """The rows of the steps a resume keeps although their code changed, saying so."""
+    if not code.kept:
+        return rows
+    kept = set(code.kept)
+    return tuple(replace(row, code="kept although the code changed since recorded")
+                 if row.name in kept else row for row in rows)
 
 
 def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, Any],
@@ -580,7 +628,8 @@ def _kept_questions(a: _Audited) -> Mapping[str, tuple[Exchange, ...]]:
     """The questions a resume keeps: not those below an outdated step, nor those of a step
     whose work changed since it asked, or below one (the core's rule: the new code asks its own)."""
     kept = without(a.cp, a.graph, a.outdated)
-    return without_questions(kept, _rules.changed_work(a.graph, a.cp, a.versions)).asked
+    return without_questions(kept, _rules.changed_work(a.graph, a.cp, a.versions,
+                                                       a.code.fingerprints)).asked
 
 
 def _with_questions(rows: tuple[StepAudit, ...], asked: Mapping[str, tuple[Exchange, ...]]
@@ -717,7 +766,8 @@ def _resume_accepts(a: _Audited) -> Iterator[Anomaly]:
         kept = {k: v for k, v in cp.context.items() if k not in graph.index}
         cp = replace(cp, context=MappingProxyType(kept))
     try:
-        state = initial_state(graph, cp, budget=budget, allow_graph_change=True, versions=a.versions)
+        state = initial_state(graph, cp, budget=budget, allow_graph_change=True, versions=a.versions,
+                              code_fingerprints=a.code.fingerprints)
     except ValueError as exc:
         yield Anomaly("resume_refused", None, f"a resume from this checkpoint is refused: {exc}")
         return
@@ -730,6 +780,14 @@ def _resume_accepts(a: _Audited) -> Iterator[Anomaly]:
         )
 
 
+def _code_refused(a: _Audited) -> Iterator[Anomaly]:
+    """Recorded steps whose code changed and whose policy refuses the resume."""
+    for name in a.code.refused:
+        yield Anomaly("code_changed", name,
+                      f"the code of step {name!r} changed since recorded and its on_code_change is "
+                      "'refuse': a resume raises CodeChangedError")
+
+
 _CHECKS: tuple[Callable[[_Audited], Iterator[Anomaly]], ...] = (
     _from_another_graph,
     _recorded_graph_hashes_right,
@@ -738,5 +796,6 @@ _CHECKS: tuple[Callable[[_Audited], Iterator[Anomaly]], ...] = (
     _failures_are_steps,
     _context_keys_are_not_steps,
     _resume_accepts,
+    _code_refused,
 )
 """Every check an audit makes, in the order its anomalies are reported."""

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, TypeAlias, cast
 
 from ekit_core._frozen import twin
+from ekit_core.code import CacheHit
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
@@ -124,6 +125,7 @@ def _empty() -> MappingProxyType[str, Any]:
 
 _NOTHING: MappingProxyType[str, str] = MappingProxyType({})
 _NOTHING_REDONE: MappingProxyType[str, int] = MappingProxyType({})
+_NO_HITS: MappingProxyType[str, CacheHit] = MappingProxyType({})
 _NO_SHAPES: MappingProxyType[str, Shape] = MappingProxyType({})
 
 
@@ -196,11 +198,20 @@ class _CheckpointFields:
     # their outputs compacted: dropped from the checkpoint on purpose, counted here.
     # Empty unless a loop keeps its last iterations only.
     compacted: MappingProxyType[str, int] = field(default_factory=_empty)
+    # Issue 45: step -> the fingerprint of the code that made its recorded
+    # outputs (and its items'), for the steps whose workflow asked for
+    # fingerprints; see ekit_core.code for what a resume does when it changed.
+    code_fingerprints: MappingProxyType[str, str] = field(default_factory=_empty, repr=False)
+    # Step (or item) -> the cache hit its recorded output came from (issue 45:
+    # docs/cache.md), kept while that output stays recorded.
+    cache_hits: MappingProxyType[str, CacheHit] = field(default_factory=_empty, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
 _STORED_DURATIONS: Any = vars(_CheckpointFields)["durations"]
 _STORED_BEGAN: Any = vars(_CheckpointFields)["began"]
+_STORED_CODE: Any = vars(_CheckpointFields)["code_fingerprints"]
+_STORED_HITS: Any = vars(_CheckpointFields)["cache_hits"]
 
 Timings: TypeAlias = (
     "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
@@ -329,6 +340,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         redone: MappingProxyType[str, int] = _NOTHING_REDONE,
         began: Mapping[str, float] | None = None,
         compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
+        code_fingerprints: MappingProxyType[str, str] = _NOTHING,
+        cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -352,6 +365,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
             superseded=superseded, asked=asked, redone=redone, compacted=compacted,
         )
+        with_tables(cp, code_fingerprints, cache_hits)
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
         return cp
@@ -419,9 +433,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
-                self.redone is not previous.redone and self.redone != previous.redone) or (
-                self.compacted is not previous.compacted and self.compacted != previous.compacted):
+        ) or not _same_tables(self, previous):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -485,6 +497,10 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["redone"] = dict(self.redone)
         if self.compacted:
             data["compacted"] = dict(self.compacted)
+        if self.code_fingerprints:
+            data["code_fingerprints"] = dict(self.code_fingerprints)
+        if self.cache_hits:
+            data["cache_hits"] = {k: h.to_dict() for k, h in self.cache_hits.items()}
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
             if self.began:
@@ -518,7 +534,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
         outputs = _table(data["outputs"], "outputs")
-        checkpoint = cls(
+        return cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(outputs),
             cost=_usage(data["cost"], "cost"),
@@ -540,8 +556,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})), compacted=_compacted(data.get("compacted", {})),
             began=check_began(data.get("began")),
+            **_issue_45_tables(data),
         )
-        return checkpoint
 
 
 class RecordedGraph(Mapping[str, tuple[str, ...]]):
@@ -678,6 +694,9 @@ def fast_checkpoint(
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone, cp.compacted = (
         skipped, shapes, superseded, redone, compacted)
+    # (issue 45's tables: empty here, set by with_tables where a run has them; no
+    # keyword of their own, whose default is a dict lookup on every call)
+    cp.code_fingerprints = cp.cache_hits = _NOTHING
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -783,6 +802,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
         or cp.versions is not previous.versions or cp.redone is not previous.redone
         or cp.compacted is not previous.compacted
+        or cp.code_fingerprints is not previous.code_fingerprints or cp.cache_hits is not previous.cache_hits
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -1004,6 +1024,55 @@ def _format_version(data: dict[Any, Any]) -> int:
         if key not in data:
             raise CheckpointError(key, "missing")
     return version
+
+
+def with_tables(cp: WorkflowCheckpoint, code_fingerprints: Mapping[str, str],
+                cache_hits: Mapping[str, CacheHit] = _NO_HITS) -> WorkflowCheckpoint:
+    """``cp``, just made by :func:`fast_checkpoint` and not yet handed out, with issue 45's
+    tables (``code_fingerprints``, ``cache_hits``) set where non-empty: O(1)."""
+    if code_fingerprints:
+        _STORED_CODE.__set__(cp, code_fingerprints)
+    if cache_hits:
+        _STORED_HITS.__set__(cp, cache_hits)
+    return cp
+
+
+def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
+    """Whether the tables a run changes only when it starts (versions, redone) or rarely (a loop's
+    compacted count, code fingerprints, cache hits) are the same in both checkpoints (shared, or equal)."""
+    return all(a is b or a == b for a, b in (
+        (cp.versions, previous.versions), (cp.redone, previous.redone),
+        (cp.compacted, previous.compacted),
+        (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits)))
+
+
+def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:
+    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md)."""
+    return {"code_fingerprints": _code_fingerprints(data.get("code_fingerprints", {})),
+            "cache_hits": _cache_hits(data.get("cache_hits", {}))}
+
+
+def _code_fingerprints(value: object) -> MappingProxyType[str, str]:
+    """The ``code_fingerprints`` field: step name -> the fingerprint of the code that made its outputs."""
+    table = _table(value, "code_fingerprints")
+    for name, print_ in table.items():
+        if not isinstance(print_, str) or not print_:
+            raise CheckpointError(f"code_fingerprints.{name}",
+                                  f"must be a non-empty string, got {print_!r:.80}")
+    return MappingProxyType(table)
+
+
+def _cache_hits(value: object) -> MappingProxyType[str, CacheHit]:
+    """The ``cache_hits`` field: step (or item) -> ``{"key": ..., "saved": usage}``."""
+    hits = {}
+    for name, hit in _table(value, "cache_hits").items():
+        where = f"cache_hits.{name}"
+        table = _table(hit, where)
+        key = table.get("key")
+        if not isinstance(key, str) or not key:
+            raise CheckpointError(f"{where}.key", f"must be a non-empty string, got {key!r:.80}")
+        hits[name] = CacheHit(key, _usage(table.get("saved", NO_USAGE.to_dict()), f"{where}.saved"))
+    return MappingProxyType(hits)
 
 
 def _redone(value: object) -> MappingProxyType[str, int]:

@@ -29,6 +29,7 @@ __all__ = [
     "Event",
     "RunSettled",
     "RunStarted",
+    "StepCacheHit",
     "StepDenied",
     "StepFailed",
     "StepFinished",
@@ -193,6 +194,21 @@ class StepPartial:
 
 
 @dataclass(frozen=True, slots=True)
+class StepCacheHit:
+    """The run's cache handed back the output of ``name`` (a step or an item) instead of running it.
+
+    ``key`` is the cache entry's key, ``saved`` the usage that making the
+    output had cost (what the hit saved). Sent by the shell (see
+    docs/cache.md) right before the ``StepFinished`` of that output, which
+    reports no usage; the checkpoint records the hit in ``cache_hits``.
+    """
+
+    name: str
+    key: str
+    saved: TokenUsage
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointSaved:
     """The shell handed a checkpoint with ``step_index`` completed steps to ``checkpoint_fn``."""
 
@@ -234,6 +250,7 @@ Event = (
     | StepInterrupted
     | StepWaiting
     | StepPartial
+    | StepCacheHit
     | CheckpointSaved
     | RunSettled
 )

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ekit_core.checkpoint import WorkflowCheckpoint
+from ekit_core.code import code_changed
 from ekit_core.compat import reshaped_steps
 from ekit_core.expansion import Expanded, ItemRef, expand, expanders, iteration_of, loops_of
 from ekit_core.graph import GraphSpec
@@ -97,7 +98,8 @@ def downstream(graph: GraphSpec, names: Iterable[str]) -> list[str]:
 
 
 def outdated_steps(
-    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str] | None = None
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str] | None = None,
+    code: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Recorded steps a resume must run again, each with the reason, downstream ones included.
 
@@ -106,19 +108,19 @@ def outdated_steps(
     checkpoint records its dependencies and they differ from the graph's, or
     its run-time shape and it differs (a plain step now mapped, or the
     reverse, keyed, conditioned or joined otherwise: what it recorded is not
-    what it makes now).
+    what it makes now), or its code's fingerprint (``code``, step -> fingerprint:
+    see :mod:`ekit_core.code`) differs from the recorded one.
     """
-    versions = versions or {}
-    recorded_versions = checkpoint.versions
+    versions, code = versions or {}, code or {}
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     reshaped = set(reshaped_steps(graph, checkpoint))
     changed: dict[str, str] = {}
     for name in graph.names:
         if name not in checkpoint.outputs:
             continue
-        old, new = recorded_versions.get(name), versions.get(name)
-        if old != new:
-            changed[name] = f"its version changed from {old!r} to {new!r}"
+        why = _other_work(checkpoint, versions, code, name)
+        if why is not None:
+            changed[name] = why
         elif name in recorded_graph and set(recorded_graph[name]) != set(graph.deps[name]):
             changed[name] = (
                 f"its dependencies changed from {sorted(recorded_graph[name])} "
@@ -143,6 +145,19 @@ def outdated_steps(
             if child in checkpoint.outputs:
                 reasons[child] = f"it depends on {parent!r}, which runs again"
     return {n: reasons[n] for n in graph.names if n in reasons}
+
+
+def _other_work(checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], code: Mapping[str, str],
+                name: str) -> str | None:
+    """Why the recorded output of ``name`` is other work by its tag or its code (``None``: not)."""
+    old, new = checkpoint.versions.get(name), versions.get(name)
+    if old != new:
+        return f"its version changed from {old!r} to {new!r}"
+    recorded = checkpoint.code_fingerprints
+    if recorded and code_changed(recorded, code, name):
+        return (f"its code changed since recorded (fingerprint {recorded[name][:12]} "
+                f"is now {code[name][:12]})")
+    return None
 
 
 def _shape_text(shape: Shape | None) -> str:
@@ -210,16 +225,19 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
 
 
 def changed_steps(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
-                  versions: Mapping[str, str] | None = None) -> list[str]:
+                  versions: Mapping[str, str] | None = None,
+                  code: Mapping[str, str] | None = None) -> list[str]:
     """The steps whose work changed since ``checkpoint``, recorded or not: their ``version``
     tag differs from the recorded one, or the dependencies or shape the checkpoint
     records for them differ from ``graph``'s (see :func:`outdated_steps`, which keeps
     the recorded ones and adds what is downstream)."""
     versions = versions or {}
+    code, recorded_code = code or {}, checkpoint.code_fingerprints
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     reshaped = set(reshaped_steps(graph, checkpoint))
     return [n for n in graph.names
             if checkpoint.versions.get(n) != versions.get(n) or n in reshaped
+            or (recorded_code and code_changed(recorded_code, code, n))
             or (n in recorded_graph and set(recorded_graph[n]) != set(graph.deps[n]))]
 
 
@@ -486,4 +504,7 @@ def _dropping(
         compacted=MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
                                     if iteration_name(loop, n + 1) in outputs})
         if checkpoint.compacted else checkpoint.compacted,
+        code_fingerprints=checkpoint.code_fingerprints,
+        cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
+        if checkpoint.cache_hits else checkpoint.cache_hits,
     )

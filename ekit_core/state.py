@@ -22,6 +22,7 @@ from ekit_core.checkpoint import (
     Timings,
     WorkflowCheckpoint,
     fast_checkpoint,
+    with_tables,
 )
 from ekit_core.events import Event, Outcome
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Exchange
@@ -54,6 +55,8 @@ NO_SKIPS: MappingProxyType[str, str] = MappingProxyType({})
 """The skips of every run without run-time shapes: one shared empty mapping."""
 NO_REDONE: MappingProxyType[str, int] = MappingProxyType({})
 """The ``redone`` of every run that let go of no recorded output: one shared empty mapping."""
+NO_CODE: MappingProxyType[str, str] = MappingProxyType({})
+"""The code fingerprints of every run that asked for none: one shared empty mapping."""
 
 
 HaltKind: TypeAlias = Literal["failed", "budget_exceeded", "denied", "cancelled"]
@@ -134,6 +137,9 @@ class RunSpec:
     # What the run's checkpoints record as ``redone`` (see WorkflowCheckpoint):
     # fixed when the run starts, read by attempt_number.
     redone: MappingProxyType[str, int] = field(default_factory=lambda: NO_REDONE, repr=False)
+    # Step -> the fingerprint of its code, as the run's checkpoints record it
+    # (see ekit_core.code): empty unless the workflow asked for fingerprints.
+    code_fingerprints: MappingProxyType[str, str] = field(default_factory=lambda: NO_CODE, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
     # Whether a declared step of this shaped run has a condition (``when``), so
@@ -353,27 +359,30 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     spec = state.spec
     shaped = spec.shaped
     setbacks = state.setbacks
-    if shaped is None and setbacks.asked is NO_EXCHANGES:
+    if shaped is None and setbacks.asked is NO_EXCHANGES and spec.code_fingerprints is NO_CODE:
         # A static graph that asked no one: no skips, no shapes, nothing set
-        # aside, no questions (once per step).
+        # aside, no questions, no code fingerprints (once per step).
         return fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         )
     if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
-        return fast_checkpoint(
+        cp = fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
-    return fast_checkpoint(
-        state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
-        context=spec.context, failures=setbacks.failures,
-        graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-        skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
-        superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
-        format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
-    )
+    else:
+        cp = fast_checkpoint(
+            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
+            context=spec.context, failures=setbacks.failures,
+            graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
+            skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
+            superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
+            format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
+        )
+    code = spec.code_fingerprints
+    return cp if code is NO_CODE else with_tables(cp, code)

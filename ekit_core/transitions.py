@@ -90,6 +90,7 @@ from ekit_core.checkpoint import (
     storable_text,
 )
 from ekit_core.claims import check_claims, check_collections
+from ekit_core.code import code_changed
 from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from, reshaped_steps
 from ekit_core.errors import TransitionError
 from ekit_core.events import (
@@ -159,6 +160,7 @@ from ekit_core.rewind import (
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
 from ekit_core.shapes import items_of, iteration_name
 from ekit_core.state import (
+    NO_CODE,
     NO_SKIPS,
     Halt,
     Outcome,
@@ -398,31 +400,47 @@ def _check_versions(graph: GraphSpec, versions: Mapping[str, str] | None) -> Map
     return MappingProxyType(checked)
 
 
+def _check_code(graph: GraphSpec, code: Mapping[str, str] | None) -> MappingProxyType[str, str]:
+    """The steps' code fingerprints, checked (a ValueError naming the step), or the shared empty."""
+    if not code:
+        return NO_CODE
+    for name, print_ in code.items():
+        if name not in graph.index:
+            raise ValueError(f"code fingerprint given for unknown step {name!r}")
+        if not isinstance(print_, str) or not print_:
+            raise ValueError(f"code fingerprint of step {name!r} must be a non-empty string, "
+                             f"got {print_!r:.80}")
+    return MappingProxyType(dict(code))
+
+
 def _outdated(
-    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool
+    graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool,
+    code: Mapping[str, str] = MappingProxyType({}),
 ) -> tuple[dict[str, str], frozenset[str]]:
     """The outdated steps, and what runs on changed work (:func:`changed_work`) if ``resumed``."""
     # The common resume (no tags, same graph) pays nothing for the rule.
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
-    if same_graph and not versions and not checkpoint.versions:
+    if same_graph and not versions and not checkpoint.versions and not (
+            code and checkpoint.code_fingerprints):
         return {}, _NO_NAMES
-    touched = changed_work(graph, checkpoint, versions) if resumed else _NO_NAMES
-    return outdated_steps(graph, checkpoint, versions), touched
+    touched = changed_work(graph, checkpoint, versions, code) if resumed else _NO_NAMES
+    return outdated_steps(graph, checkpoint, versions, code), touched
 
 
 _NO_NAMES: frozenset[str] = frozenset()
 
 
-def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str]
-                 ) -> frozenset[str]:
+def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str],
+                 code: Mapping[str, str] | None = None) -> frozenset[str]:
     """What a resume runs on work that changed since ``checkpoint`` (a changed tag,
     dependencies or shape, and what is downstream: :func:`~ekit_core.rewind.reached`),
     recorded or not: those attempts get new numbers, and their questions are dropped
-    (audit reads the same rule)."""
+    (audit reads the same rule). ``code``: the steps' code fingerprints (:mod:`ekit_core.code`)."""
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
-    if same_graph and not versions and not checkpoint.versions:
+    if same_graph and not versions and not checkpoint.versions and not (
+            code and checkpoint.code_fingerprints):
         return _NO_NAMES  # the common resume pays nothing for the rule
-    roots = changed_steps(graph, checkpoint, versions)
+    roots = changed_steps(graph, checkpoint, versions, code)
     return frozenset(reached(graph, checkpoint, roots)) if roots else _NO_NAMES
 
 
@@ -523,37 +541,37 @@ def initial_state(
     run_id: str | None = None,
     only: object = None,
     durations: bool = False,
+    code_fingerprints: Mapping[str, str] | None = None,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
-    A resumed run restores the checkpoint's outputs, usage, failures and
-    context verbatim; the steps counted as done are exactly those with a
-    recorded output. ``context`` is merged over the recorded context (its
-    keys win). ``approval`` says that the run asks an approval callback
-    before each step's first attempt. ``isolate_failures`` keeps a failure
-    (after its retries) in its branch: only the steps that depend on it
-    wait, the rest of the run goes on, and the run ends ``"failed"``.
-    ``versions`` holds the steps' version tags: a recorded step whose tag
-    (or, with ``allow_graph_change``, whose dependencies) changed runs again,
-    with everything downstream of it (``StepOutdated`` events say why).
-    ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
-    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names) makes the run
-    start only those steps and what they need, and end once they are
-    recorded (see :mod:`ekit_core.selection`). ``durations`` records each
-    ``Succeeded.duration`` (a resumed checkpoint's are kept either way). Every
-    argument is checked first, before any step could run: ``ValueError`` naming it.
+    A resumed run restores the checkpoint's outputs, usage, failures and context verbatim;
+    the steps counted as done are exactly those with a recorded output. ``context`` is
+    merged over the recorded context (its keys win). ``approval`` says that the run asks an
+    approval callback before each step's first attempt. ``isolate_failures`` keeps a failure
+    (after its retries) in its branch: only the steps that depend on it wait, the rest of
+    the run goes on, and the run ends ``"failed"``. ``versions`` holds the steps' version
+    tags: a recorded step whose tag (or, with ``allow_graph_change``, whose dependencies)
+    changed runs again, with everything downstream of it (``StepOutdated`` events say why);
+    so does one whose code fingerprint (``code_fingerprints``: :mod:`ekit_core.code`)
+    changed. ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
+    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names)
+    makes the run start only those steps and what they need, and end once they are recorded
+    (see :mod:`ekit_core.selection`). ``durations`` records each ``Succeeded.duration`` (a
+    resumed checkpoint's are kept either way). Every argument is checked first, before any
+    step could run: ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
-    tags = _check_versions(graph, versions)
-    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None)
-    # Its dependents are given by each path below: building the whole index
-    # here would cost a resume an entry per recorded step.
+    tags, code = _check_versions(graph, versions), _check_code(graph, code_fingerprints)
+    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None, code)
+    # Its dependents come from each path below (a whole index: an entry per recorded step).
     base = RunSpec(graph, limits, MappingProxyType(
-        _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
+        _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET,
+        code_fingerprints=code)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events, touched)
     return _initial_static(graph, checkpoint, base, outdated, record_events, touched)
@@ -619,7 +637,8 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunSpec,
                     outdated: Mapping[str, str], record: bool, touched: frozenset[str]) -> State:
     """:func:`initial_state` of a graph with run-time shapes: what is recorded expands again."""
-    resumed = without_questions(kept_on_resume(graph, checkpoint, outdated, base.versions), touched)
+    resumed = without_questions(kept_on_resume(graph, checkpoint, outdated, base.versions,
+                                                base.code_fingerprints), touched)
     base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
@@ -677,7 +696,8 @@ def _counted_at_start(w: _Run) -> list[Event]:
 
 
 def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
-                   versions: Mapping[str, str]) -> WorkflowCheckpoint:
+                   versions: Mapping[str, str], code: Mapping[str, str] | None = None
+                   ) -> WorkflowCheckpoint:
     """What a resume of a shaped graph keeps of ``checkpoint`` (audit reads the same rule).
 
     The outdated outputs go (``outdated``: :func:`~ekit_core.rewind.outdated_steps`),
@@ -686,8 +706,8 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     go (a run that expanded it before the skip records them, one that did
     not has none; neither expands it again).
     """
-    checkpoint = _iterations_kept(graph, without(_set_aside(graph, checkpoint, outdated, versions),
-                                                 graph, outdated))
+    checkpoint = _iterations_kept(graph, without(
+        _set_aside(graph, checkpoint, outdated, versions, code or {}), graph, outdated))
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
         return checkpoint
@@ -716,7 +736,7 @@ def _iterations_kept(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> Workfl
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
-               versions: Mapping[str, str]) -> WorkflowCheckpoint:
+               versions: Mapping[str, str], code: Mapping[str, str]) -> WorkflowCheckpoint:
     """``checkpoint`` with the items whose input runs again set aside, for an early cutoff.
 
     An output a mapped step maps over that runs again (its version or its
@@ -731,6 +751,7 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     if not (outdated or checkpoint.versions or versions or checkpoint.superseded or reshaped):
         return checkpoint
     changed = {n for n in mapped if checkpoint.versions.get(n) != versions.get(n)
+               or code_changed(checkpoint.code_fingerprints, code, n)
                or outdated.get(n, "").startswith("its ")} | set(reshaped)
     again = set(downstream(graph, [*outdated, *reshaped]))
     below = again - set(outdated)

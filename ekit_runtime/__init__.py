@@ -15,8 +15,10 @@ from ekit_core import (
     TokenUsage,
     WorkflowCheckpoint,
 )
+from ekit_core.code import CodeChangedError
 from ekit_runtime.approval import Approval
 from ekit_runtime.attempt import Attempt, AttemptKey, attempt_key
+from ekit_runtime.cache import Cache, DirectoryCache, SqliteCache
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import (
     ApprovalDenied,
@@ -58,9 +60,12 @@ __all__ = [
     "AttemptKey",
     "BlockingStepWarning",
     "BudgetExceeded",
+    "Cache",
+    "CodeChangedError",
     "Codec",
     "CorruptStoreError",
     "DaskExecutor",
+    "DirectoryCache",
     "Done",
     "Executor",
     "InputRequired",
@@ -78,6 +83,7 @@ __all__ = [
     "RunHalted",
     "RunOptions",
     "RunWaiting",
+    "SqliteCache",
     "SqliteStore",
     "Step",
     "StepCancelledError",

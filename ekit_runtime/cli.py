@@ -64,6 +64,7 @@ from ekit_core.graph_text import read
 from ekit_core.report import count, recorded_graph, table
 from ekit_core.rewind import grown
 from ekit_core.shapes import Shape
+from ekit_runtime.cache import cli as cache_cli
 from ekit_runtime.cli_common import (
     EXIT_BROKEN_PIPE,
     EXIT_CLEAN,
@@ -73,6 +74,7 @@ from ekit_runtime.cli_common import (
     InputError,
     Versions,
     import_graph,
+    import_workflow,
     one_line,
     text_of,
 )
@@ -266,11 +268,18 @@ def _cmd_explain(args: argparse.Namespace, how: _Explanation) -> int:
     recorded = _read(args, args.source)
     checkpoints = how.chosen(recorded)
     graph, versions = _graph_option(args, tuple(reversed(recorded.checkpoints)))
+    subject: Any = graph
+    if how is _AUDIT and args.workflow is not None:
+        # A workflow that fingerprints its code is audited as itself: the
+        # audit then says which steps changed since recorded (docs/cache.md).
+        found = import_workflow(args.workflow, tuple(reversed(recorded.checkpoints)))
+        if getattr(found, "code_policies", None):
+            subject = found
     if graph is None and all(cp.graph is None for cp in checkpoints):
         what = "the checkpoint records no graph" if len(checkpoints) == 1 else "no checkpoint records a graph"
         raise InputError(f"{recorded.label}: {what}; pass --workflow or --graph")
     try:
-        report = how.explain(graph, versions, checkpoints, args)
+        report = how.explain(subject, versions, checkpoints, args)
     except ValueError as exc:
         raise InputError(f"{recorded.label}: {exc}") from None
     if args.json:
@@ -586,6 +595,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
     queue_cli.add_parsers(sub)
     ui_cli.add_parser(sub)
+    cache_cli.add_parser(sub)
     return parser
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Versions",
     "guarded",
     "import_graph",
+    "import_workflow",
     "import_object",
     "one_line",
     "raised",
@@ -127,6 +128,20 @@ def import_graph(spec: str, recorded: Sequence[WorkflowCheckpoint] = ()) -> tupl
     entry whose graph a checkpoint of ``recorded`` records.
     """
     where = f"--workflow {spec}"
+    obj, attr = _imported_workflow(spec, recorded)
+    invalid = (ValueError, lambda exc: f"{attr!r}: {text_of(exc)}")
+    graph = guarded(lambda: graph_of(obj), where, f"reading {attr}.graph", invalid)
+    versions = guarded(lambda: versions_of(obj), where, f"reading {attr}.steps")
+    return graph, versions
+
+
+def import_workflow(spec: str, recorded: Sequence[WorkflowCheckpoint] = ()) -> object:
+    """The workflow object ``--workflow spec`` names (see :func:`import_graph`), as it is."""
+    return _imported_workflow(spec, recorded)[0]
+
+
+def _imported_workflow(spec: str, recorded: Sequence[WorkflowCheckpoint]) -> tuple[object, str]:
+    where = f"--workflow {spec}"
     try:
         module, attr, name = workflow_spec(spec)
     except SourceError as exc:
@@ -134,13 +149,9 @@ def import_graph(spec: str, recorded: Sequence[WorkflowCheckpoint] = ()) -> tupl
     found = import_object(f"{module}:{attr}", "--workflow")
     entries = guarded(lambda: workflow_entries(found, attr), where, f"reading {attr}")
     try:
-        obj = pick_workflow(entries, name, spec, _records_graph_of(recorded))
+        return pick_workflow(entries, name, spec, _records_graph_of(recorded)), attr
     except SourceError as exc:
         raise InputError(f"--workflow {exc}") from None
-    invalid = (ValueError, lambda exc: f"{attr!r}: {text_of(exc)}")
-    graph = guarded(lambda: graph_of(obj), where, f"reading {attr}.graph", invalid)
-    versions = guarded(lambda: versions_of(obj), where, f"reading {attr}.steps")
-    return graph, versions
 
 
 def _records_graph_of(recorded: Sequence[WorkflowCheckpoint]) -> Callable[[object], bool] | None:

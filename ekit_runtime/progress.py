@@ -34,6 +34,7 @@ from ekit_core import (
     Event,
     RunSettled,
     RunStarted,
+    StepCacheHit,
     StepDenied,
     StepExpanded,
     StepFailed,
@@ -180,6 +181,7 @@ class ProgressPrinter:
         self._failed = 0
         self._waiting: set[str] = set()  # steps waiting for a person's answer
         self._tokens = 0
+        self._saved = 0  # tokens the cache's hits saved
         self._running: dict[str, float] = {}  # step in flight -> when it started
         self._partial: dict[str, str] = {}  # step in flight -> the tail of its latest partial output
         self._done_at_start = 0  # recorded before this run: not part of its pace
@@ -254,6 +256,8 @@ class ProgressPrinter:
             more = len(self._running) - len(shown)
             parts.append(f"{len(self._running)} running ({', '.join(shown)}{f', +{more}' if more else ''})")
         parts.append(f"{self._tokens:,} tokens")
+        if self._saved:
+            parts.append(f"{self._saved:,} saved by the cache")
         parts.append(_seconds(self.elapsed()))
         return " | ".join(parts)
 
@@ -282,6 +286,11 @@ class ProgressPrinter:
             self._finished(event)
         elif isinstance(event, StepPartial):
             self._partial_output(event)
+        elif isinstance(event, StepCacheHit):
+            self._saved += event.saved.total_tokens
+            if not self._is_tty():
+                self._line(f"{self._prefix()} cache hit {event.name}, saved "
+                           f"{event.saved.total_tokens:,} tokens")
         elif isinstance(event, StepRetried | StepFailed):
             self._setback(event)
         elif isinstance(event, StepDenied):

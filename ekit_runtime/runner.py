@@ -48,6 +48,7 @@ from ekit_core import (
     Skipped,
     Start,
     State,
+    StepCacheHit,
     Succeeded,
     WorkflowCheckpoint,
     advance,
@@ -57,6 +58,7 @@ from ekit_core import (
 from ekit_core.expansion import item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
+from ekit_core.ledger import Ledger
 from ekit_core.results import APPROVAL, CONDITION, DELAY, Ended, Gate, succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name, iteration_name
@@ -67,6 +69,7 @@ from ekit_runtime import attempt as attempts
 from ekit_runtime import human, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
+from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
@@ -159,6 +162,12 @@ class Runner:
     # has answers: an instance with more than 30 attributes loses CPython's
     # shared-key dict, and every attribute read of the run's loop costs more.
     _answers: Mapping[str, tuple[Answer, ...]] = MappingProxyType({})
+    # The run's cached steps (step -> CachedStep, see ekit_runtime.cache) and the
+    # hits so far (name -> CacheHit): class defaults, set on the instance only in a
+    # run given a cache (see _answers for why).
+    _cached: Mapping[str, Any] = MappingProxyType({})
+    cache_hits: Mapping[str, CacheHit] = MappingProxyType({})
+    _hit_events: tuple[Event, ...] = ()  # the hits not yet told to the trace (set on the instance)
     save_first = False
     _epoch = 0.0  # the clock's reading as epoch seconds: set as a run that records times begins
 
@@ -443,6 +452,9 @@ class Runner:
                 if saving is not None:
                     await saving
             return
+        if self._hit_events:
+            hit_events, self._hit_events = self._hit_events, ()
+            await self._emit(hit_events)
         events = state.events
         finish = events[-1:] if events and isinstance(events[-1], RunSettled) else ()
         await self._emit(events[: len(events) - len(finish)])
@@ -692,6 +704,7 @@ class Runner:
         name = step.name if item is None else item_name(step.name, item) if repeat is None \
             else iteration_name(step.name, int(item))
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
+        cached = self._cached.get(step.name) if self._cached else None
         if self.run_id is not None:
             attempts.CURRENT.set(AttemptKey(self.run_id, name, attempt.number))
         release = None
@@ -708,7 +721,16 @@ class Runner:
                 release = admitted  # what the attempt holds, given back once it ends
         began = self.clock()
         executor = step.executor or self.executor
+        reads = head = None
         try:
+            if cached is not None:
+                head = cached.head(item)
+                hit = (cached.lookup(head, context) if cached.cache.local
+                       else await asyncio.to_thread(cached.lookup, head, context))
+                if hit is not None:  # costs nothing: recorded as a hit, with the usage it saved
+                    return self._hit(name, cached, hit, began)
+                reads = Reads(context, cached.encode)
+                attempt = dataclasses.replace(attempt, context=reads)
             try:
                 if step.timeout is not None:
                     returned = await _within(name, step.timeout, executor.run(attempt))
@@ -721,10 +743,44 @@ class Runner:
             if repeat is not None:
                 return _iterated(name, repeat, returned, self.clock() - began, began + self._epoch)
             output, usage = split_result(returned)
+            if cached is not None and reads is not None and head is not None:
+                first = (cached.store(head, reads, name, output, usage) if cached.cache.local
+                         else await asyncio.to_thread(cached.store, head, reads, name, output, usage))
+                if first is not None:  # another process stored this key first: all go on with one value
+                    output = cached.output_of(first)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
             if release is not None:
                 await _give_back(release, name)
+
+    def _hit(self, name: str, cached: CachedStep, entry: CacheEntry, began: float) -> Input:
+        """The outcome of an attempt the cache answered: its recorded output, no usage."""
+        try:
+            output = cached.output_of(entry)
+        except Exception as exc:  # a codec that cannot decode what it stored: the step's failure
+            exc.add_note(f"ekit: raised decoding the cached output of {name!r} (entry {entry.key})")
+            return _failure(name, exc, self.clock() - began, began=began + self._epoch)
+        hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
+        ledger = hits if type(hits) is Ledger else Ledger(hits)
+        key = entry.key
+        self.cache_hits = ledger.with_item(name, CacheHit(key, entry.usage))
+        if self.trace is not None:  # told before the turn's events, StepFinished among them
+            self._hit_events = (*self._hit_events, StepCacheHit(name, key, entry.usage))
+        return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
+
+    def checkpoint_now(self) -> WorkflowCheckpoint:
+        """The checkpoint of the run's state now, with the cache hits its outputs came from."""
+        checkpoint = checkpoint_of(self.state)
+        if self.cache_hits:
+            _with_hits(checkpoint, self.cache_hits)
+        return checkpoint
+
+    def use_cache(self, cached: Mapping[str, CachedStep]) -> None:
+        """Let ``cached`` (step -> :class:`~ekit_runtime.cache.CachedStep`) answer those steps'
+        attempts from the cache, before their work (see :mod:`ekit_runtime.cache`)."""
+        if cached:
+            self._cached = cached
+            self._own.update(dict.fromkeys(cached, False))  # through _attempt, which looks up
 
     def _asked(self, name: str, asked: human.InputRequired, duration: float) -> Input:
         """The attempt asked a question with no answer: the step waits (see :mod:`ekit_runtime.human`).
@@ -771,6 +827,8 @@ class Runner:
         if fn is None:
             return None
         checkpoint = checkpoint_of(state)
+        if self.cache_hits:
+            _with_hits(checkpoint, self.cache_hits)
         self.last_checkpoint = checkpoint
         try:
             returned = fn(checkpoint)
@@ -938,6 +996,16 @@ class Runner:
             exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
             if exc.__context__ is None:
                 exc.__context__ = error
+
+
+def _with_hits(checkpoint: WorkflowCheckpoint, hits: Mapping[str, CacheHit]) -> None:
+    """Record ``hits`` in ``checkpoint``, just made by ``checkpoint_of`` and not yet handed out.
+
+    The core makes checkpoints and knows nothing of caches: the runner adds the
+    hits it saw (and those recorded before, see Workflow.runner) in O(1), the
+    mapping shared until a new hit, so that a save without one stays a delta.
+    """
+    object.__setattr__(checkpoint, "cache_hits", hits)
 
 
 def _adds_to(checkpoint: WorkflowCheckpoint, accepted: WorkflowCheckpoint) -> bool:

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, Generic, Literal, NoReturn, TypeAlias, TypeVar
 
 from ekit_core import RetryPolicy, TokenUsage
+from ekit_core.code import POLICIES, CodePolicy
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
@@ -206,6 +207,12 @@ class Step:
     holds a slot until it ends (see ``docs/queue.md``, "Capping calls to one
     provider"). A plain ``workflow.run`` ignores it. It is not part of the
     graph's fingerprint: tagging a step changes no checkpoint.
+    ``on_code_change`` (``"again"``, ``"keep"`` or ``"refuse"``) fingerprints
+    the step's code and says what a resume does when it changed since its
+    output was recorded (overriding the workflow's ``on_code_change``);
+    ``cache=True`` lets the run's cache (``run(cache=...)``) hand back an
+    output recorded for the same code and the same inputs (see
+    ``docs/cache.md``). Neither is part of the graph's fingerprint.
 
     Run-time shapes (see ``docs/concepts.md``, "Shapes decided at run
     time"): ``map_over`` names a dependency whose output (a list, tuple or
@@ -240,8 +247,9 @@ class Step:
     inline: bool = False
     executor: Executor | None = None
     version: str | None = None
-    # The run-time shape and the resource, ``(map_over, item_key, when, join,
-    # resource)``, or ``None`` for a plain step: one slot, not five, because a
+    # The run-time shape, the resource and the cache options, ``(map_over,
+    # item_key, when, join, resource, cache, on_code_change)``, or ``None`` for
+    # a plain step: one slot, not seven, because a
     # workflow builds a Step per step (a resume, one per recorded step) and
     # each slot costs its store, its check and the collector's visit (a
     # thirteenth would also move a Step past 128 bytes, into a bigger size
@@ -269,6 +277,8 @@ class Step:
         shaping: Shaping | None = None,
         resource: str | None = None,
         repeat: Repeat | None = None,
+        cache: bool = False,
+        on_code_change: str | None = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -279,11 +289,12 @@ class Step:
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
-        if map_over is None and item_key is None and when is None and join == "all" \
-                and resource is None and repeat is None:
+        if (map_over is None and item_key is None and when is None and join == "all" and resource is None
+                and repeat is None and cache is False and on_code_change is None):
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         else:
-            step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat)
+            step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat, cache,
+                                    on_code_change)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -348,10 +359,15 @@ class Step:
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
         shaping = self.shaping
-        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 6):
-            raise bad("shaping must be None or (map_over, item_key, when, join, resource, repeat)")
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 8):
+            raise bad("shaping must be None or "
+                      "(map_over, item_key, when, join, resource, repeat, cache, on_code_change)")
         if self.repeat is not None and not isinstance(self.repeat, Repeat):
             raise bad(f"repeat must be a Repeat or None, got {type(self.repeat).__name__}")
+        if self.repeat is not None and self.cache:
+            # A hit hands back an output without the iteration's decision to end the loop
+            # (Done, until): a cached loop would run to its cap. Refused until hits carry it.
+            raise bad("cache=True is not supported on a loop (repeat=) yet")
         for field_name in ("map_over", "item_key"):
             value = getattr(self, field_name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -364,6 +380,11 @@ class Step:
             why = unstorable_resource(self.resource)
             if why is not None:
                 raise bad(f"resource {why}")
+        if not isinstance(self.cache, bool):
+            raise bad(f"cache must be True or False, got {self.cache!r:.80}")
+        if self.on_code_change is not None and self.on_code_change not in POLICIES:
+            raise bad(f"on_code_change must be None or one of {', '.join(map(repr, POLICIES))}, "
+                      f"got {self.on_code_change!r:.80}")
 
     @property
     def map_over(self) -> str | None:
@@ -396,11 +417,21 @@ class Step:
         return None if self.shaping is None else self.shaping[5]
 
     @property
+    def cache(self) -> bool:
+        """Whether the run's cache may hand back this step's output (see ``docs/cache.md``)."""
+        return False if self.shaping is None else self.shaping[6]
+
+    @property
+    def on_code_change(self) -> CodePolicy | None:
+        """What a resume does when this step's code changed (``None``: the workflow's policy)."""
+        return None if self.shaping is None else self.shaping[7]
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
         if self.shaping is None:
             return None
-        map_over, item_key, when, join, _resource, repeat = self.shaping
+        map_over, item_key, when, join, _resource, repeat = self.shaping[:6]
         if map_over is None and item_key is None and when is None and join == "all" \
                 and repeat is None:
             return None  # only a resource: no shape (and no change to the fingerprint)
@@ -412,22 +443,26 @@ class Step:
 Shaping: TypeAlias = tuple[
     str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None,
     Repeat | None,
+    bool, Any,
 ]
-"""A step's run-time shape and resource as it holds them: ``(map_over, item_key, when, join,
-resource, repeat)``."""
+"""A step's run-time shape, resource, loop and cache options as it holds them:
+``(map_over, item_key, when, join, resource, repeat, cache, on_code_change)``."""
 
 
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
              when: Callable[[Any], Any] | None, join: Literal["all", "any"],
-             resource: str | None, repeat: Repeat | None = None) -> Shaping:
+             resource: str | None, repeat: Repeat | None = None, cache: bool = False,
+             on_code_change: str | None = None) -> Shaping:
     """The options given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
-    old = base if base is not None else (None, None, None, "all", None, None)
+    old: Shaping = base if base is not None else (None, None, None, "all", None, None, False, None)
     return (map_over if map_over is not None else old[0],
             item_key if item_key is not None else old[1],
             when if when is not None else old[2],
             join if join != "all" else old[3],
             resource if resource is not None else old[4],
-            repeat if repeat is not None else old[5])
+            repeat if repeat is not None else old[5],
+            cache if cache is not False else old[6],
+            on_code_change if on_code_change is not None else old[7])
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from ekit_core import TokenUsage, WorkflowCheckpoint, checkpoint_of
+from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.checkpoint import CheckpointError, given_began
 from ekit_core.ledger import Ledger
 from ekit_runtime.step import PatternResult, Step
@@ -713,7 +713,7 @@ def _with_stored(
         failures=cp.failures, graph=cp.graph, versions=cp.versions, fingerprint=cp.fingerprint,
         format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone, compacted=cp.compacted,
-        began=given_began(cp),
+        began=given_began(cp), code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits,
     )
 
 
@@ -762,7 +762,7 @@ def final_checkpoint(codec: Codec, runner: Runner) -> WorkflowCheckpoint:
     fn = runner.checkpoint_fn
     forms = fn.forms if isinstance(fn, _StoredSave) else _Forms(codec)
     last = runner.last_checkpoint
-    cp = last if last is not None else checkpoint_of(runner.state)
+    cp = last if last is not None else runner.checkpoint_now()
     try:
         return forms.stored(cp)
     except UnencodableError:

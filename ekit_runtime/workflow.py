@@ -25,14 +25,16 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
+from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
-from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
+from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
 from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
@@ -105,6 +107,10 @@ def _check_options(options: Mapping[str, object]) -> None:
     executor = options.get("executor")
     if executor is not None and not isinstance(executor, Executor):
         raise ValueError(f"executor must be an ekit Executor, got {type(executor).__name__}")
+    cache = options.get("cache")
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"cache must be an ekit Cache (SqliteCache, DirectoryCache, ...) or None, "
+                         f"got {type(cache).__name__}")
     answers = options.get("answers")
     if answers is not None and not isinstance(answers, Mapping):
         raise ValueError(f"answers must be a mapping of step -> answer, got {type(answers).__name__}")
@@ -132,6 +138,7 @@ class RunOptions(TypedDict, total=False):
     answers: Mapping[str, Any] | None
     only: list[str] | tuple[str, ...] | None
     durations: bool
+    cache: Cache | None
 
 
 class Workflow:
@@ -140,9 +147,17 @@ class Workflow:
     ``codec``, a :class:`~ekit_runtime.typed.Codec`, stores outputs of the
     steps' own types (pydantic models, dataclasses, registered types) and
     restores them as those types on a resume: see docs/outputs.md.
+
+    ``on_code_change`` (``"again"``, ``"keep"`` or ``"refuse"``) fingerprints
+    every step's code (:func:`~ekit_runtime.fingerprints.code_fingerprint`),
+    records the fingerprints in the checkpoints, and says what a resume does
+    with a recorded step whose code changed since (``Step(on_code_change=...)``
+    overrides it per step): see docs/cache.md. ``None`` (the default)
+    fingerprints only the steps that ask for it themselves, or use a cache.
     """
 
-    def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None) -> None:
+    def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None,
+                 on_code_change: CodePolicy | None = None) -> None:
         steps = tuple(steps)
         # One loop finds a wrong item (before the graph is read) and the
         # steps with an option that start_state or the executors must see
@@ -172,6 +187,17 @@ class Workflow:
                 why = unencodable(name)
                 if why is not None:
                     raise ValueError(f"step {name!r}: name {why}")
+        if on_code_change is not None and on_code_change not in POLICIES:
+            raise ValueError(f"on_code_change must be None or one of {', '.join(map(repr, POLICIES))}, "
+                             f"got {on_code_change!r:.80}")
+        # Step -> its policy, for the steps whose code is fingerprinted (a cached
+        # step's is: its key covers it): empty for most workflows, which pay nothing.
+        policies: dict[str, CodePolicy] = {}
+        for step in with_options if on_code_change is None else steps:
+            policy = step.on_code_change or on_code_change
+            if policy is not None or step.cache:
+                policies[step.name] = policy or "again"
+        self._code_policies = MappingProxyType(policies)
         self._codec = codec
         if codec is not None:
             if not isinstance(codec, Codec):
@@ -193,6 +219,27 @@ class Workflow:
         """The validated graph of the steps."""
         return self._graph
 
+    @property
+    def code_policies(self) -> MappingProxyType[str, CodePolicy]:
+        """Step -> what a resume does when its code changed, for every fingerprinted step."""
+        return self._code_policies
+
+    def code_fingerprints(self) -> dict[str, str]:
+        """Step -> the fingerprint of its code now, for every fingerprinted step."""
+        steps = {s.name: s for s in self._steps}
+        memo: dict[int, str] = {}  # a function many steps share is hashed once
+        return {name: _fingerprint_of(steps[name], memo) for name in self._code_policies}
+
+    def code_decision(self, resume_from: WorkflowCheckpoint | None,
+                      current: Mapping[str, str] | None = None) -> CodeDecision:
+        """What a resume of ``resume_from`` does with each step's code (:func:`ekit_core.code.decide`);
+        ``current``: the steps' fingerprints now, if already computed."""
+        current = dict(current) if current is not None else self.code_fingerprints()
+        if resume_from is None:
+            return CodeDecision(MappingProxyType(current))
+        return decide(self._graph.names, resume_from.code_fingerprints, current,
+                      self._code_policies, resume_from.outputs)
+
     def start_state(
         self,
         initial_context: Mapping[str, Any] | None = None,
@@ -207,14 +254,25 @@ class Workflow:
         run_id: str | None = None,
         only: list[str] | tuple[str, ...] | None = None,
         durations: bool = False,
+        _current_code: Mapping[str, str] | None = None,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
         ``approval`` says whether the run has an approval callback; ``run_id``
         seeds the jitter of retry delays (:attr:`RetryPolicy.jitter`);
         ``only`` selects the steps to run and ``durations`` records how long
-        each took (see :meth:`run`).
+        each took (see :meth:`run`). A workflow that fingerprints code decides
+        here what the resume does with changed code: :class:`CodeChangedError`
+        names the steps whose policy refuses it, before anything runs.
         """
+        code = None
+        if self._code_policies:
+            recorded = (None if resume_from is None else
+                        resume_checkpoint(self.graph, resume_from, allow_graph_change=allow_graph_change))
+            decision = self.code_decision(recorded, _current_code)
+            if decision.refused:
+                raise CodeChangedError(decision.refused)
+            code = decision.fingerprints
         return initial_state(
             self.graph,
             resume_from,
@@ -230,6 +288,7 @@ class Workflow:
             run_id=run_id,
             only=only,
             durations=durations,
+            code_fingerprints=code,
         )
 
     def runner(
@@ -271,6 +330,7 @@ class Workflow:
             run_id=run_id,
             only=options.get("only"),
             durations=options.get("durations", False),
+            _current_code=(prints := self.code_fingerprints() if self._code_policies else None),
         )
         if answers:  # an answer to a question the resume dropped (its work changed) is refused
             refuse_dropped_answers(answers, state.setbacks.asked)
@@ -289,7 +349,35 @@ class Workflow:
         )
         if answers:
             runner.save_first = True
+        self._bind_cache(runner, options.get("cache"), prints, resume_from)
         return runner
+
+    def _bind_cache(self, runner: Runner, cache: Cache | None, prints: Mapping[str, str] | None,
+                    resume_from: object) -> None:
+        """Give ``runner`` the run's cached steps and the hits ``resume_from`` records."""
+        if cache is not None:
+            runner.use_cache(self._cached_steps(cache, runner.executor, prints or {}))
+        hits = _recorded_hits(resume_from, runner.state)
+        if hits:
+            runner.cache_hits = hits
+
+    def _cached_steps(self, cache: Cache, default: Executor | None, prints: Mapping[str, str]
+                      ) -> dict[str, CachedStep]:
+        """The run's cached steps, bound to ``cache`` and the codec (see :mod:`ekit_runtime.cache`)."""
+        codec = self._codec
+        encode = codec.encode if codec is not None else _as_is
+        decode = codec.decode if codec is not None else _as_is
+        types = codec.names if codec is not None else ()
+        cached: dict[str, CachedStep] = {}
+        for step in self._with_options:
+            if not step.cache:
+                continue
+            if not isinstance(step.executor or default or DEFAULT_EXECUTOR, LocalExecutor):
+                raise ValueError(f"step {step.name!r}: cache=True needs a LocalExecutor (the cache "
+                                 "records what the step reads from its context, in this process)")
+            cached[step.name] = CachedStep(cache, step.name, prints[step.name], step.version,
+                                           types, encode, decode)
+        return cached
 
     def _answered(self, options: RunOptions) -> WorkflowCheckpoint | Mapping[str, Any] | None:
         """``resume_from`` with the run's ``answers`` recorded, before anything runs: a step
@@ -326,14 +414,13 @@ class Workflow:
         - ``checkpoint_fn``: called (and awaited if async) with a new
           :class:`WorkflowCheckpoint` after each group of completions; an
           exception from it propagates out of ``run``.
-        - ``resume_from``: a checkpoint (or its dict): the steps it records are skipped.
+        - ``resume_from``: a checkpoint (or its dict) whose recorded steps are skipped.
         - ``max_concurrency``: at most this many steps in flight.
         - ``budget``: stop starting steps once usage reaches any non-zero field;
           raises :class:`BudgetExceeded`.
         - ``approval``: ``approval(name, metadata)`` before each step's first
           attempt; a denial raises :class:`ApprovalDenied`.
-        - ``trace``: receives every :mod:`ekit_core.events` event (a callback,
-          or a list of callbacks that each receive every event).
+        - ``trace``: receives every :mod:`ekit_core.events` event (a callback, or a list of them).
         - ``allow_graph_change``: resume a checkpoint recorded from another graph.
         - ``executor``: where steps run unless they name their own (default:
           async steps on the loop, sync steps in a worker thread).
@@ -360,6 +447,7 @@ class Workflow:
           an answer that does not fit its question, is a ``ValueError``.
         - ``only``: step names to run, with what they need, and none else: :mod:`ekit_core.selection`.
         - ``durations``: record how long each step took in the checkpoints (off by default).
+        - ``cache``: a :class:`~ekit_runtime.cache.Cache` for steps with ``cache=True`` (docs/cache.md).
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
@@ -397,7 +485,8 @@ class Workflow:
     def _last_checkpoint(self, runner: Runner) -> WorkflowCheckpoint | None:
         """The run's last checkpoint as handed out (in its stored form, with a codec)."""
         if self._codec is None:
-            return runner.last_checkpoint
+            last = runner.last_checkpoint
+            return runner.checkpoint_now() if last is None and runner.cache_hits else last
         return final_checkpoint(self._codec, runner)
 
     def run_sync(
@@ -419,6 +508,33 @@ class Workflow:
             )
         _check_options(options)
         return asyncio.run(self.run(initial_context, **options))
+
+
+def _recorded_hits(resume_from: object, state: State) -> MappingProxyType[str, CacheHit] | None:
+    """The cache hits ``resume_from`` records for outputs the resume keeps (``None``: none)."""
+    if isinstance(resume_from, WorkflowCheckpoint):
+        hits: Mapping[str, CacheHit] = resume_from.cache_hits
+    elif isinstance(resume_from, Mapping) and resume_from.get("cache_hits"):
+        hits = WorkflowCheckpoint.from_dict(dict(resume_from)).cache_hits
+    else:
+        return None
+    outputs = state.outputs
+    kept = {k: h for k, h in hits.items() if k in outputs}
+    return MappingProxyType(kept) if kept else None
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _fingerprint_of(step: Step, memo: dict[int, str]) -> str:
+    """The fingerprint of ``step``'s code (``memo``: by function, within one call)."""
+    from ekit_runtime.fingerprints import code_fingerprint  # only where code is fingerprinted
+
+    key = id(step.run)
+    if key not in memo:
+        memo[key] = code_fingerprint(step.run)
+    return memo[key]
 
 
 def _outputs(state: State) -> MappingProxyType[str, Any]:

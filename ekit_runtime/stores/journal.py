@@ -756,4 +756,6 @@ class _History:
             redone=fold.start.redone,
             compacted=fold.start.compacted,
             began=self.began,
+            code_fingerprints=fold.start.code_fingerprints,
+            cache_hits=fold.start.cache_hits,
         )

@@ -74,10 +74,30 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     # All of them but "graph", which files written before graph_steps and
     # graph_needs hold (read, no longer written), and the two that only a run
     # with run-time shapes writes (see the shaped test below), and the one that
-    # only a run whose steps asked a person writes (tests/runtime/test_human_input.py), and
+    # only a run whose steps asked a person writes (tests/runtime/test_human_input.py),
+    # the two that only a run with fingerprints or a cache writes (the test below), and
     # the one only a loop that keeps its last iterations writes (see the loop's test below).
     assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {
-        "graph", "skipped", "shapes", "asked", "compacted"}
+        "graph", "skipped", "shapes", "asked", "code_fingerprints", "cache_hits", "compacted"}
+
+
+def test_checkpoints_of_a_fingerprinted_run_with_cache_hits_validate(tmp_path: Path) -> None:
+    from ekit_runtime import SqliteCache
+
+    def steps() -> list[Step]:
+        return [Step("draft", _llm("draft"), cache=True),
+                Step("critique", _llm("critique"), depends_on=("draft",), cache=True)]
+
+    cache = SqliteCache(tmp_path / "schema-cache.db")
+    Workflow(steps(), on_code_change="again").run_sync({"topic": "tides"}, cache=cache)
+    saved: list[WorkflowCheckpoint] = []
+    Workflow(steps(), on_code_change="again").run_sync(
+        {"topic": "tides"}, cache=cache, checkpoint_fn=saved.append)
+    final = _json(saved[-1])
+    assert set(final["code_fingerprints"]) == {"draft", "critique"}
+    assert set(final["cache_hits"]) == {"draft", "critique"}
+    for checkpoint in saved:
+        _valid(_json(checkpoint))
 
 
 def test_a_checkpoint_written_with_the_graph_mapping_still_validates_and_resumes() -> None:
@@ -177,7 +197,8 @@ def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     assert {"size[0]", "size[2]", "size"} <= set(last["outputs"]) and last["skipped"]
     assert last["shapes"]["any"] == {"join": "any"}
     assert set(last) <= set(SCHEMA["properties"])
-    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {"graph", "asked", "compacted"}
+    assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {
+        "graph", "asked", "code_fingerprints", "cache_hits", "compacted"}
     assert WorkflowCheckpoint.from_dict(last) == saved[-1]
 
 

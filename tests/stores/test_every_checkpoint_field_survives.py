@@ -37,6 +37,7 @@ from ekit_core import (
     TokenUsage,
     WorkflowCheckpoint,
 )
+from ekit_core.code import CacheHit
 from ekit_core.ledger import Ledger
 from ekit_runtime import (
     Codec,
@@ -89,6 +90,8 @@ FIELDS: dict[str, Any] = {
     "redone": {"b": 1, "m[0]": 2},
     "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
     "compacted": {"loop": 3},
+    "code_fingerprints": {"a": "0f" * 16, "m": "1e" * 16, "b": "2d" * 16},
+    "cache_hits": {"m[1]": CacheHit("4b" * 32, TokenUsage(30, 4, 1)), "b": CacheHit("5a" * 32)},
 }
 
 
@@ -106,7 +109,8 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
-        redone=cp.redone, began=cp.began, compacted=cp.compacted)
+        redone=cp.redone, began=cp.began, compacted=cp.compacted,
+        code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -204,6 +208,8 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "asked": MappingProxyType({"b": cp.asked["b"][:1]}),
         "redone": MappingProxyType({"b": 1}),
         "compacted": MappingProxyType({"loop": 2}),
+        "code_fingerprints": MappingProxyType({"a": "0f" * 16, "b": "3c" * 16}),
+        "cache_hits": MappingProxyType({"b": CacheHit("5a" * 32)}),
     }
     before.update({k: v for k, v in older.items() if k in differ})
     return dataclasses.replace(cp, **before, _outputs_ledger=None, _usage_ledger=None, _times=None)
@@ -216,7 +222,7 @@ def test_each_store_carries_every_field_written_whole(opener: Callable[[], Any])
 
 
 CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone",
-            "compacted")
+            "compacted", "code_fingerprints", "cache_hits")
 
 
 @pytest.mark.parametrize("opener", STORES, indirect=True)

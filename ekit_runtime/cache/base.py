@@ -1,0 +1,266 @@
+"""The cross-run cache: what a key covers, what an entry holds, what a cache object must do.
+
+This module owns the rule of issue 45's cache (the ready-made caches only
+store). A cached step's output is looked up under a *head*: the hash of the
+step's name, its code fingerprint, its ``version`` tag, the item (for an
+item of a mapped step) and the names of the codec's types. Under one head a
+cache holds any number of entries, each recording the *reads* of the attempt
+that made it: ``{key: hash of the encoded value}`` for every context key the
+step read (a dependency's output, a context value), the absent keys it
+asked for, and (if it iterated over its context) the set of keys. An entry
+is a hit when every read it recorded has the same hash now. So a key the
+step never read does not spoil a hit, and one it read cannot be missed: the
+step's context is a mapping that records each read (:class:`Reads`).
+
+A value the codec (or JSON) cannot encode cannot be compared: an attempt
+that read one is neither looked up nor stored. A wrong hit is then possible
+only through what ekit cannot see (docs/cache.md): the clock, files, the
+network, settings held outside the step; declare those in the context.
+
+Entries are written once under their key (the head and the reads): the
+first writer wins and every later ``put`` of that key gets the stored
+entry back, so two processes filling one key both go on with one value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ekit_core import TokenUsage
+from ekit_core.code import CacheHit
+from ekit_core.usage import NO_USAGE
+from ekit_runtime.stores.codec import default_dumps, default_loads
+
+__all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "Reads", "entry_key", "head_of"]
+
+_ABSENT = "-"  # the hash recorded for a key the step asked for and the context did not hold
+KEYS = "\x00keys"
+"""The read recorded for a step that iterated over its context: the hash of its sorted key set."""
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def head_of(step: str, fingerprint: str, version: str | None, item: str | None,
+            types: Sequence[str]) -> str:
+    """The head a step's entries are kept under (see the module)."""
+    return _hash(default_dumps(["ekit-cache-1", step, fingerprint, version, item, sorted(types)]))
+
+
+def entry_key(head: str, reads: Mapping[str, str]) -> str:
+    """An entry's key: its head and its reads, hashed (what a cache stores it under, once)."""
+    return _hash(default_dumps([head, sorted(reads.items())]))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One recorded output: under ``head``, for the ``reads`` it was made from.
+
+    ``output`` is its encoded form (JSON text of the codec's plain data),
+    ``usage`` what making it cost (what a hit saves), ``created`` when it
+    was stored (UTC epoch seconds), ``step`` the name of the step or item
+    that made it (for listing), ``key`` its :func:`entry_key`.
+    """
+
+    head: str
+    reads: Mapping[str, str]
+    output: str
+    usage: TokenUsage = NO_USAGE
+    created: float = field(default_factory=time.time)
+    step: str = ""
+
+    @property
+    def key(self) -> str:
+        """The entry's key: :func:`entry_key` of its head and reads."""
+        return entry_key(self.head, self.reads)
+
+    def to_json(self) -> str:
+        """The entry as one JSON text (what the directory cache writes; the others store columns)."""
+        return default_dumps({
+            "head": self.head, "reads": dict(self.reads), "output": self.output,
+            "usage": self.usage.to_dict(), "created": self.created, "step": self.step,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> CacheEntry:
+        """The inverse of :meth:`to_json` (``ValueError`` for anything else)."""
+        data = default_loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("reads"), dict):
+            raise ValueError("not a cache entry")
+        usage = data["usage"]
+        return cls(str(data["head"]), dict(data["reads"]), str(data["output"]),
+                   TokenUsage(usage["input_tokens"], usage["output_tokens"], usage["llm_calls"]),
+                   float(data["created"]), str(data.get("step", "")))
+
+
+class Cache:
+    """What a cache object does; subclass it (see :class:`SqliteCache`, :class:`DirectoryCache`).
+
+    ``candidates(head)`` returns the entries stored under ``head`` that are
+    not past the cache's age bound; ``put(entry)`` stores ``entry`` unless
+    an entry with its key is stored already, and returns the stored one.
+    Both may be called from any thread. ``entries()`` lists every entry and
+    ``prune()`` applies the bounds (or those given), returning how many went.
+    A cache must never hand back an entry that was not written whole.
+    ``local`` says its calls are quick local I/O (a file), made on the event
+    loop's thread; a cache over the network (PostgreSQL) leaves it false,
+    and its calls are made in a worker thread.
+    """
+
+    local = False
+
+    def candidates(self, head: str) -> list[CacheEntry]:
+        """The entries stored under ``head``, newest first."""
+        raise NotImplementedError
+
+    def put(self, entry: CacheEntry) -> CacheEntry:
+        """Store ``entry`` unless its key is taken; the entry stored under its key."""
+        raise NotImplementedError
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every entry held, in no particular order."""
+        raise NotImplementedError
+
+    def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
+              max_bytes: int | None = None) -> int:
+        """Drop entries past the bounds (the cache's own where not given); how many were dropped."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the cache holds open (a connection)."""
+
+
+class _Unencodable(Exception):
+    """A value read that cannot be encoded: the attempt is neither looked up nor stored."""
+
+
+class Reads(MutableMapping[str, Any]):
+    """A step's context that records what the step reads (see the module).
+
+    Each key read is recorded once, with the hash of its value's encoding at
+    the moment it is first read (a value the step changes in place later does
+    not change the record); a key the step wrote before reading it is its
+    own, not an input. Iterating, ``len``, ``keys()`` record the key set.
+    """
+
+    __slots__ = ("_context", "_encode", "_written", "failed", "reads")
+
+    def __init__(self, context: MutableMapping[str, Any], encode: Any) -> None:
+        self._context, self._encode = context, encode
+        self.reads: dict[str, str] = {}
+        self._written: set[str] = set()
+        self.failed: str | None = None  # the key whose value could not be encoded
+
+    def _read(self, key: str) -> None:
+        if key in self.reads or key in self._written:
+            return
+        try:
+            self.reads[key] = value_hash(self._context, key, self._encode)
+        except _Unencodable:
+            self.failed = self.failed or str(key)
+            self.reads[key] = "?"
+
+    def __getitem__(self, key: str) -> Any:
+        self._read(key)
+        return self._context[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._written.add(key)
+        self._context[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self._written.add(key)
+        del self._context[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self._keys()
+        return iter(self._context)
+
+    def __len__(self) -> int:
+        self._keys()
+        return len(self._context)
+
+    def _keys(self) -> None:
+        if KEYS not in self.reads:
+            self.reads[KEYS] = keys_hash(self._context)
+
+    def __repr__(self) -> str:
+        return f"Reads({self._context!r})"
+
+
+def keys_hash(context: Mapping[str, Any]) -> str:
+    """The hash of a context's key set (the read of a step that iterated over it)."""
+    return _hash(default_dumps(sorted(map(str, context))))
+
+
+def value_hash(context: Mapping[str, Any], key: str, encode: Any) -> str:
+    """The hash of ``context[key]``'s encoding, or the mark of an absent key."""
+    if key == KEYS:
+        return keys_hash(context)
+    try:
+        value = context[key]
+    except KeyError:
+        return _ABSENT
+    try:
+        text = default_dumps(encode(value))
+    except Exception as exc:  # (TypeError, ValueError, UnencodableError: all mean "cannot compare")
+        raise _Unencodable(key) from exc
+    return _hash(text)
+
+
+@dataclass(slots=True)
+class CachedStep:
+    """One cached step of one run: its head prefix, the cache, the codec's encode and decode."""
+
+    cache: Cache
+    step: str
+    fingerprint: str
+    version: str | None
+    types: tuple[str, ...]
+    encode: Any
+    decode: Any
+
+    def head(self, item: str | None) -> str:
+        """The head of the step, or of one of its items."""
+        return head_of(self.step, self.fingerprint, self.version, item, self.types)
+
+    def lookup(self, head: str, context: Mapping[str, Any]) -> CacheEntry | None:
+        """The newest entry under ``head`` whose every read matches ``context`` now, or ``None``."""
+        memo: dict[str, str | None] = {}
+        for entry in self.cache.candidates(head):
+            if all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items()):
+                return entry
+        return None
+
+    def output_of(self, entry: CacheEntry) -> Any:
+        """The output an entry holds, decoded."""
+        return self.decode(default_loads(entry.output))
+
+    def store(self, head: str, reads: Reads, name: str, output: Any, usage: TokenUsage
+              ) -> CacheEntry | None:
+        """Store ``output`` under ``head`` for the reads recorded. ``None`` when it is stored (or
+        cannot be: an input or the output cannot be encoded); the entry another process stored
+        under that key first, with another output, which the run then goes on with."""
+        if reads.failed is not None:
+            return None
+        try:
+            text = default_dumps(self.encode(output))
+        except Exception:
+            return None
+        stored = self.cache.put(CacheEntry(head, dict(reads.reads), text, usage, time.time(), name))
+        return None if stored.output == text else stored
+
+
+def _matches(context: Mapping[str, Any], key: str, recorded: str, encode: Any,
+             memo: dict[str, str | None]) -> bool:
+    if key not in memo:
+        try:
+            memo[key] = value_hash(context, key, encode)
+        except _Unencodable:
+            memo[key] = None
+    return memo[key] == recorded

@@ -1,0 +1,133 @@
+"""``DirectoryCache``: the cross-run cache as files in a directory (one file per entry).
+
+An entry is ``<root>/<head>/<key>.json``: a line holding the SHA-256 of the
+rest, then the entry's JSON. It is written to a temporary file, flushed to
+disk, then hard-linked into place: ``link`` is atomic and fails if the name
+exists, so the first writer of a key wins and a later one reads the entry
+stored. A file whose checksum does not match (a disk fault, a hand edit) is
+never served; a temporary file left by a killed writer is never read, and
+``prune`` removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from ekit_runtime.cache.base import Cache, CacheEntry
+from ekit_runtime.cache.sqlite import check_bounds
+
+__all__ = ["DirectoryCache"]
+
+_TMP = ".tmp-"
+
+
+class DirectoryCache(Cache):
+    """The cache in the directory ``root`` (created if missing); bounds as :class:`SqliteCache`'s."""
+
+    def __init__(self, root: str | os.PathLike[str], *, max_entries: int | None = None,
+                 max_age: float | None = None, max_bytes: int | None = None) -> None:
+        check_bounds(max_entries, max_age, max_bytes)
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_entries, self.max_age, self.max_bytes = max_entries, max_age, max_bytes
+
+    local = True  # local files: its calls are made on the loop (a thread hop costs more)
+
+    def __repr__(self) -> str:
+        return f"DirectoryCache({str(self.root)!r})"
+
+    def candidates(self, head: str) -> list[CacheEntry]:
+        """The entries under ``head`` younger than ``max_age``, newest first."""
+        folder = self.root / head
+        if not folder.is_dir():
+            return []
+        found = [e for e in map(_read, sorted(folder.glob("*.json"))) if e is not None]
+        if self.max_age is not None:
+            fresh = time.time() - self.max_age
+            found = [e for e in found if e.created >= fresh]
+        return sorted(found, key=lambda e: e.created, reverse=True)
+
+    def put(self, entry: CacheEntry) -> CacheEntry:
+        """Store ``entry`` unless its key is taken (then the stored one wins); the stored entry."""
+        folder = self.root / entry.head
+        folder.mkdir(exist_ok=True)
+        final = folder / f"{entry.key}.json"
+        body = entry.to_json().encode("utf-8")
+        tmp = self.root / f"{_TMP}{os.getpid()}-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(hashlib.sha256(body).hexdigest().encode("ascii") + b"\n" + body)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            stored = _read(final)
+            if stored is None:  # a damaged entry under the key: this one replaces it
+                os.replace(tmp, final)
+                return entry
+            return stored
+        finally:
+            tmp.unlink(missing_ok=True)
+        if any(b is not None for b in (self.max_entries, self.max_age, self.max_bytes)):
+            self.prune()
+        return entry
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every whole entry, newest first."""
+        found = [e for e in map(_read, self.root.glob("*/*.json")) if e is not None]
+        return iter(sorted(found, key=lambda e: e.created, reverse=True))
+
+    def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
+              max_bytes: int | None = None) -> int:
+        """Drop the oldest entries past the bounds given (the cache's own where not given),
+        damaged files, and temporary files older than a minute (a killed writer's)."""
+        check_bounds(max_entries, max_age, max_bytes)
+        max_entries = max_entries if max_entries is not None else self.max_entries
+        max_age = max_age if max_age is not None else self.max_age
+        max_bytes = max_bytes if max_bytes is not None else self.max_bytes
+        dropped = 0
+        now = time.time()
+        for tmp in self.root.glob(f"{_TMP}*"):
+            try:
+                if tmp.stat().st_mtime < now - 60:
+                    tmp.unlink()
+            except FileNotFoundError:
+                pass
+        files: list[tuple[float, int, Path]] = []
+        for path in self.root.glob("*/*.json"):
+            entry = _read(path)
+            if entry is None:
+                path.unlink(missing_ok=True)
+                dropped += 1
+                continue
+            files.append((entry.created, path.stat().st_size, path))
+        files.sort(reverse=True)
+        total = 0
+        for i, (created, size, path) in enumerate(files):
+            total += size
+            if ((max_age is not None and created < now - max_age)
+                    or (max_entries is not None and i >= max_entries)
+                    or (max_bytes is not None and total > max_bytes)):
+                path.unlink(missing_ok=True)
+                dropped += 1
+        return dropped
+
+
+def _read(path: Path) -> CacheEntry | None:
+    """The entry in ``path`` if it is whole (its checksum matches), else ``None``."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    digest, _, body = data.partition(b"\n")
+    if hashlib.sha256(body).hexdigest().encode("ascii") != digest:
+        return None
+    try:
+        return CacheEntry.from_json(body.decode("utf-8"))
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,171 @@
+"""``SqliteCache``: the cross-run cache in one SQLite file (the embedded default).
+
+One table, one row per entry, keyed by the entry's key (its head and its
+reads: see :mod:`ekit_runtime.cache.base`). A ``put`` inserts the row unless
+the key is taken and reads back the row stored, in one transaction: two
+processes filling one key leave one row and both get it back. SQLite writes
+a transaction whole or not at all (WAL, rolled back on open after a crash),
+so a process killed while writing leaves no torn entry to serve.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ekit_core import TokenUsage
+from ekit_runtime.cache.base import Cache, CacheEntry
+from ekit_runtime.stores.codec import default_dumps, default_loads
+
+__all__ = ["SqliteCache"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ekit_cache (
+    key TEXT PRIMARY KEY,
+    head TEXT NOT NULL,
+    step TEXT NOT NULL,
+    reads TEXT NOT NULL,
+    output TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    llm_calls INTEGER NOT NULL,
+    created REAL NOT NULL,
+    size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ekit_cache_by_head ON ekit_cache (head, created);
+CREATE INDEX IF NOT EXISTS ekit_cache_by_age ON ekit_cache (created);
+"""
+
+_COLUMNS = "key, head, step, reads, output, input_tokens, output_tokens, llm_calls, created"
+
+
+def check_bounds(max_entries: object, max_age: object, max_bytes: object) -> None:
+    """Refuse, naming it, a bound that is not a positive number (``None``: no bound)."""
+    for name, value in (("max_entries", max_entries), ("max_bytes", max_bytes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be None or an int >= 1, got {value!r:.80}")
+    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int | float)
+                                or not max_age > 0 or max_age == float("inf")):
+        raise ValueError(f"max_age must be None or a number of seconds > 0, got {max_age!r:.80}")
+
+
+class SqliteCache(Cache):
+    """The cache in the SQLite file at ``path`` (created if missing), shared by any process.
+
+    ``max_entries``, ``max_age`` (seconds) and ``max_bytes`` (of stored
+    outputs and reads) bound it: an entry older than ``max_age`` is never
+    served, and each ``put`` drops the oldest entries past the bounds.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_entries: int | None = None,
+                 max_age: float | None = None, max_bytes: int | None = None) -> None:
+        check_bounds(max_entries, max_age, max_bytes)
+        self.path = Path(path)
+        self.max_entries, self.max_age, self.max_bytes = max_entries, max_age, max_bytes
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                     timeout=60.0)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+
+    local = True  # one local file: its calls are made on the loop (a thread hop costs more)
+
+    def __repr__(self) -> str:
+        return f"SqliteCache({str(self.path)!r})"
+
+    def __enter__(self) -> SqliteCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    def _fresh_after(self) -> float:
+        return time.time() - self.max_age if self.max_age is not None else float("-inf")
+
+    def candidates(self, head: str) -> list[CacheEntry]:
+        """The entries under ``head`` younger than ``max_age``, newest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM ekit_cache WHERE head = ? AND created >= ? "
+                "ORDER BY created DESC", (head, self._fresh_after())).fetchall()
+        return [_entry(row) for row in rows]
+
+    def put(self, entry: CacheEntry) -> CacheEntry:
+        """Store ``entry`` unless its key is taken (then the stored one wins); the stored entry."""
+        key, reads = entry.key, default_dumps(dict(entry.reads))
+        u = entry.usage
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    f"INSERT INTO ekit_cache ({_COLUMNS}, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (key, entry.head, entry.step, reads, entry.output, u.input_tokens, u.output_tokens,
+                     u.llm_calls, entry.created, len(entry.output) + len(reads)))
+                row = conn.execute(f"SELECT {_COLUMNS} FROM ekit_cache WHERE key = ?", (key,)).fetchone()
+                self._bound(conn, keep=key)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return _entry(row)
+
+    def _bound(self, conn: sqlite3.Connection, keep: str | None = None, max_entries: int | None = None,
+               max_age: float | None = None, max_bytes: int | None = None) -> int:
+        """Drop what is past the bounds, oldest first (never ``keep``); how many rows went."""
+        max_entries = max_entries if max_entries is not None else self.max_entries
+        max_age = max_age if max_age is not None else self.max_age
+        max_bytes = max_bytes if max_bytes is not None else self.max_bytes
+        dropped = 0
+        if max_age is not None:
+            dropped += conn.execute("DELETE FROM ekit_cache WHERE created < ? AND key IS NOT ?",
+                                    (time.time() - max_age, keep)).rowcount
+        if max_entries is not None:
+            dropped += conn.execute(
+                "DELETE FROM ekit_cache WHERE key IS NOT ? AND key IN (SELECT key FROM ekit_cache "
+                "ORDER BY created DESC LIMIT -1 OFFSET ?)", (keep, max_entries)).rowcount
+        if max_bytes is not None:
+            dropped += conn.execute(
+                "DELETE FROM ekit_cache WHERE key IS NOT ? AND key IN (SELECT key FROM "
+                "(SELECT key, SUM(size) OVER (ORDER BY created DESC, key) AS running FROM ekit_cache) "
+                "WHERE running > ?)", (keep, max_bytes)).rowcount
+        return dropped
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every entry, newest first."""
+        with self._lock:
+            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM ekit_cache ORDER BY created DESC").fetchall()
+        return iter([_entry(row) for row in rows])
+
+    def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
+              max_bytes: int | None = None) -> int:
+        """Drop the oldest entries past the bounds given (the cache's own where not given)."""
+        check_bounds(max_entries, max_age, max_bytes)
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                dropped = self._bound(conn, None, max_entries, max_age, max_bytes)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return dropped
+
+
+def _entry(row: tuple[object, ...]) -> CacheEntry:
+    _key, head, step, reads, output, i, o, calls, created = row
+    return CacheEntry(str(head), default_loads(str(reads)), str(output),
+                      TokenUsage(int(i), int(o), int(calls)),  # type: ignore[call-overload]
+                      float(created), str(step))  # type: ignore[arg-type]

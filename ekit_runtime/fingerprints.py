@@ -1,0 +1,209 @@
+"""A stable fingerprint of a step's code: what issue 45's resume rule and cache key compare.
+
+:func:`code_fingerprint` hashes (SHA-256) what a function *is*, not where it
+sits in a file. It covers, recursively:
+
+- the function's bytecode (``co_code``), its flags and argument counts, the
+  names it uses (``co_names``: globals, attributes, imports), its local,
+  free and cell variable names, and its constants, nested code objects
+  (inner functions, lambdas, comprehensions) included; a docstring is a
+  constant, so editing one is a change;
+- its defaults (``__defaults__``, ``__kwdefaults__``);
+- the values of its closure cells and of the globals it names, when those
+  are immutable plain data (``None``, ``bool``, ``int``, ``float``,
+  ``complex``, ``str``, ``bytes``, and tuples and frozensets of them): a
+  prompt held in a module constant or a variable of the enclosing function
+  is part of the step. A list, dict or set is counted by its type only: it
+  is state that changes while the program runs (an accumulator, a memo),
+  and hashing its contents would make the same code look changed;
+- the functions it calls by a global name, or holds in a closure cell, when
+  they are defined in the same module (a helper that builds the prompt), and
+  the methods of a class of the same module that it names;
+- for a ``functools.partial``, the function and its plain-data arguments;
+  for a bound method, the function and its object's class; for any other
+  callable object, its class's ``__call__``.
+
+It does not see, and the docs say so (docs/cache.md): file names and line
+numbers (moving a function, reformatting it, editing a comment: no
+change); the value of a global or cell that is not plain data (a client
+object, a model settings object), only its name; code in other modules
+(a library upgrade); a prompt read from a file, the clock, the network, an
+environment variable. A new Python minor version compiles other bytecode,
+so every fingerprint changes with it.
+
+Computed once per run per step, by the shell: the core only receives the
+fingerprints (:mod:`ekit_core.code`), as it receives ``version`` tags.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["code_fingerprint"]
+
+_PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_DEPTH = 40  # how deep a chain of helpers is followed (a guard, not a limit anyone meets)
+
+
+def code_fingerprint(fn: Callable[..., Any]) -> str:
+    """The fingerprint of ``fn``'s code: 32 hex digits (see the module for what it covers)."""
+    digest = hashlib.sha256()
+    _Hasher(digest, getattr(_unwrapped(fn), "__module__", None)).callable(fn, 0)
+    return digest.hexdigest()[:32]
+
+
+def _unwrapped(fn: Any) -> Any:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__func__", fn)
+
+
+class _Hasher:
+    """Feeds what a callable is into one digest, each function once (cycles: by name)."""
+
+    def __init__(self, digest: Any, module: str | None) -> None:
+        self.digest, self.module = digest, module
+        self.seen: set[int] = set()
+
+    def put(self, *parts: object) -> None:
+        for part in parts:
+            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
+            self.digest.update(len(data).to_bytes(8, "little"))
+            self.digest.update(data)
+
+    def callable(self, fn: Any, depth: int) -> None:
+        if isinstance(fn, functools.partial):
+            self.put("partial")
+            self.callable(fn.func, depth)
+            self.value(fn.args, depth)
+            self.value(fn.keywords, depth)
+        elif isinstance(fn, types.MethodType):
+            self.put("method", type(fn.__self__).__qualname__)
+            self.callable(fn.__func__, depth)
+        elif isinstance(fn, types.FunctionType):
+            self.function(fn, depth)
+        elif isinstance(fn, type):
+            self.klass(fn, depth)
+        elif isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
+            self.put("builtin", getattr(fn, "__module__", None), fn.__qualname__)
+        else:
+            call = inspect.getattr_static(type(fn), "__call__", None)
+            self.put("object", type(fn).__module__, type(fn).__qualname__)
+            if isinstance(call, types.FunctionType):
+                self.function(call, depth)
+
+    def function(self, fn: types.FunctionType, depth: int) -> None:
+        if id(fn) in self.seen or depth > _DEPTH:
+            self.put("seen", fn.__qualname__)
+            return
+        self.seen.add(id(fn))
+        self.put("function", fn.__qualname__)
+        self.code(fn.__code__)
+        self.value(fn.__defaults__, depth)
+        self.value(fn.__kwdefaults__, depth)
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
+            self.put("cell", name)
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell: the enclosing function has not bound it yet
+                self.put("empty")
+                continue
+            self.reference(contents, depth)
+        globals_ = fn.__globals__
+        for name in _names(fn.__code__):
+            if name in globals_:
+                self.put("global", name)
+                self.reference(globals_[name], depth)
+
+    def reference(self, value: object, depth: int) -> None:
+        """A value the code refers to by name: plain data by value, same-module code by its code."""
+        if _plain(value, 0):
+            self.value(value, depth)
+        elif isinstance(value, types.FunctionType | type) and value.__module__ == self.module:
+            self.callable(value, depth + 1)
+        else:
+            self.put("opaque", type(value).__module__, type(value).__qualname__)
+
+    def klass(self, cls: type, depth: int) -> None:
+        if id(cls) in self.seen or depth > _DEPTH:
+            self.put("seen", cls.__qualname__)
+            return
+        self.seen.add(id(cls))
+        self.put("class", cls.__qualname__)
+        for name, member in sorted(vars(cls).items()):
+            if isinstance(member, staticmethod | classmethod):
+                member = member.__func__
+            if isinstance(member, types.FunctionType):
+                self.put("member", name)
+                self.function(member, depth + 1)
+            elif _plain(member, 0) and not name.startswith("__"):
+                self.put("member", name)
+                self.value(member, depth)
+
+    def code(self, code: types.CodeType) -> None:
+        self.put("code", code.co_code, code.co_flags, code.co_argcount, code.co_posonlyargcount,
+                 code.co_kwonlyargcount, code.co_names, code.co_varnames, code.co_freevars,
+                 code.co_cellvars)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                self.code(const)
+            else:
+                self.value(const, 0)
+
+    def value(self, value: object, depth: int) -> None:
+        """Plain data by type and value, order-free for sets; anything else by its type."""
+        if isinstance(value, _PLAIN_SCALARS):
+            self.put(type(value).__name__, repr(value))
+        elif isinstance(value, tuple | list):
+            self.put(type(value).__name__, len(value))
+            for item in value:
+                self.value(item, depth)
+        elif isinstance(value, frozenset | set):
+            self.put(type(value).__name__, len(value))
+            for text in sorted(_sub_hash(v) for v in value):
+                self.put(text)
+        elif isinstance(value, dict):
+            self.put("dict", len(value))
+            for key, item in sorted(((_sub_hash(k), v) for k, v in value.items()),
+                                    key=lambda pair: pair[0]):
+                self.put(key)
+                self.value(item, depth)
+        elif isinstance(value, types.CodeType):
+            self.code(value)
+        elif callable(value) and depth <= _DEPTH:
+            self.callable(value, depth + 1)
+        else:
+            self.put("opaque", type(value).__module__, type(value).__qualname__)
+
+
+def _sub_hash(value: object) -> str:
+    """The hash of one plain value on its own: what orders a set's members, a dict's keys."""
+    digest = hashlib.sha256()
+    _Hasher(digest, None).value(value, _DEPTH + 1)
+    return digest.hexdigest()
+
+
+def _plain(value: object, depth: int) -> bool:
+    """Whether ``value`` is immutable plain data (what a cell or a global is hashed by value as)."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if depth > 8:
+        return False
+    if type(value) is tuple or type(value) is frozenset:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """Every global (and attribute) name the code and its nested code use, each once, in order."""
+    names = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(_names(const)))
+    return list(names)
+
