@@ -77,8 +77,8 @@ def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
     consumers = {n: list(graph.dependents[n]) for n in graph.names}
     for name, deps in items.steps.items():
         consumers.setdefault(name, [])
-        for d in deps:
-            consumers[d].append(name)
+        for d in deps:  # (the first iteration kept may follow a compacted one: none recorded)
+            consumers.setdefault(d, []).append(name)
     for name, ref in items.items.items():
         consumers[name].append(ref.step)
     return consumers
@@ -255,6 +255,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     """:func:`rewind` in a graph with run-time shapes: items, collections and skips too
     (and the steps and items that run again)."""
     items = grown(graph, checkpoint.outputs)
+    if checkpoint.compacted:
+        _refuse_compacted(checkpoint.compacted, wanted)
     # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
     unknown = [n for n in wanted
                if n not in graph.index and n not in items.items and n not in checkpoint.superseded]
@@ -282,6 +284,20 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
+    """Refuse to rewind an iteration ``keep_last`` compacted, or the first one kept: what it
+    would run on (the iteration before it) was let go of, so only its loop can run again."""
+    for name in wanted:
+        at = iteration_of(name, compacted)
+        if at is None or at[1] > compacted[at[0]] + 1:
+            continue
+        loop, k = at
+        gone = name if k <= compacted[loop] else iteration_name(loop, k - 1)
+        raise ValueError(f"cannot rewind {name!r}: the output of {gone!r} was compacted "
+                         f"(keep_last), so it cannot run again on its input; rewind the loop "
+                         f"{loop!r} to run every iteration again")
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,
