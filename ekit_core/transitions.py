@@ -687,11 +687,32 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     not has none; neither expands it again).
     """
     checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
+    checkpoint = _without_stale_iterations(graph, checkpoint, outdated, versions)
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
         return checkpoint
     return _replace(checkpoint, skipped=MappingProxyType(
         {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)}))
+
+
+def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                              outdated: Mapping[str, str], versions: Mapping[str, str]
+                              ) -> WorkflowCheckpoint:
+    """``checkpoint`` without the iterations of a loop it has not recorded whose work changed:
+    its code or dependencies, or a step upstream of it runs again (``outdated``). Old code
+    or an old input made them, and an uninterrupted run of the new code makes none of
+    them: the loop starts again from its first iteration (its compacted count goes too).
+    A recorded loop is in ``outdated`` itself, and :func:`without` lets go of them."""
+    if not checkpoint.shapes or not checkpoint.outputs:
+        return checkpoint
+    table = {n: None for n in loops_of(graph) if n not in checkpoint.outputs}
+    started = {at[0] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
+        if table else set()
+    if not started:
+        return checkpoint
+    roots = [*outdated, *changed_steps(graph, checkpoint, versions)]
+    stale = started.intersection(downstream(graph, roots)) if roots else ()
+    return without(checkpoint, graph, stale) if stale else checkpoint
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
