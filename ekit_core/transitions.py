@@ -710,9 +710,25 @@ def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
         if table else set()
     if not started:
         return checkpoint
-    roots = [*outdated, *changed_steps(graph, checkpoint, versions)]
+    # (A loop whose cap or keep_last only changed keeps them: raising the cap after a
+    # LoopError must not pay for its iterations again.)
+    roots = [*outdated, *(n for n in changed_steps(graph, checkpoint, versions)
+                          if not _recapped(graph, checkpoint, versions, n))]
     stale = started.intersection(downstream(graph, roots)) if roots else ()
     return without(checkpoint, graph, stale) if stale else checkpoint
+
+
+def _recapped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str],
+              name: str) -> bool:
+    """Whether ``name`` is a loop then and now whose work changed only in its cap or
+    ``keep_last``: the same code on the same dependencies, so its iterations stand."""
+    now, then = graph.shapes.get(name), checkpoint.shapes.get(name)
+    recorded = (checkpoint.graph or {}).get(name)
+    return (now is not None and then is not None and now.repeat is not None
+            and then.repeat is not None
+            and _replace(now, repeat=then.repeat, keep_last=then.keep_last) == then
+            and checkpoint.versions.get(name) == versions.get(name)
+            and (recorded is None or set(recorded) == set(graph.deps[name])))
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],

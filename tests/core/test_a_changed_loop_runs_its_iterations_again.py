@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ekit_core import WorkflowCheckpoint
+from ekit_core import LoopError, WorkflowCheckpoint
 from ekit_runtime import Done, Repeat, Step, Workflow
 
 
@@ -67,3 +67,25 @@ def test_an_unchanged_resume_mid_loop_runs_only_the_rest(keep: int | None) -> No
     result = _workflow(calls, keep=keep).run_sync(resume_from=_middle(keep))
     assert calls == [(5, 1)]
     assert result.outputs["z"] == ["saw", 5]
+
+
+@pytest.mark.parametrize("keep", [None, 2])
+def test_raising_the_cap_after_a_loop_error_pays_for_no_iteration_again(keep: int | None) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def agent(ctx: Any) -> Any:
+        n = ctx["agent"].number
+        calls.append((n, ctx["a"]))
+        return Done(n) if n == 5 else n
+
+    def workflow(cap: int) -> Workflow:
+        return Workflow([Step("a", lambda ctx: 1),
+                         Step("agent", agent, ("a",), repeat=Repeat(cap, keep_last=keep))])
+
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(LoopError):
+        workflow(3).run_sync(checkpoint_fn=saved.append)
+    failed = json.loads(json.dumps(saved[-1].to_dict()))
+    result = workflow(9).run_sync(resume_from=failed, allow_graph_change=True)
+    assert [n for n, _a in calls] == [1, 2, 3, 4, 5]
+    assert result.outputs["agent"] == 5
