@@ -892,6 +892,23 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
                                              f"of {name!r}, which needs it")
 
 
+def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
+    """Every ``compacted`` count is of a loop that keeps its last iterations (by the shapes
+    the checkpoint records: the run that wrote it), and ``outputs`` keeps no iteration it
+    counts as compacted: else a resume would let go of, or keep, what no run did."""
+    shapes, compacted = checkpoint.shapes, checkpoint.compacted
+    for loop in compacted:
+        shape = shapes.get(loop)
+        if shape is None or shape.repeat is None or shape.keep_last is None:
+            raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
+                                                       "that is no loop with keep_last")
+    for name in checkpoint.outputs:
+        at = iteration_of(name, compacted)
+        if at is not None and at[1] <= compacted[at[0]]:
+            raise CheckpointError(f"compacted.{at[0]}", f"counts {name!r} as compacted, yet "
+                                                        "outputs keeps it")
+
+
 def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
     """The dependents the fold reads in a shaped run: no edge into a mapped step
     (it expands and collects; it is never made ready by its dependencies), nor into
@@ -908,6 +925,8 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
     index = w.spec.graph.index
     mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
     loops = w.spec.shaped.loops  # type: ignore[union-attr]
+    if checkpoint.compacted:
+        _check_compacted(checkpoint)
     for name in checkpoint.outputs:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
@@ -1643,7 +1662,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
         if loop not in outputs:
-            _loop_failed(w, loop, last)
+            _loop_failed(w, loop, last, cap)
         return
     _grow_iterations(w, loop, compacted + 1, last + 1)
 
@@ -1691,7 +1710,7 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
         w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending - {name}))
         _end_loop(w, loop, name)
     elif k >= cast(int, shape.repeat):
-        _loop_failed(w, loop, k)
+        _loop_failed(w, loop, k, k)
     else:
         _grow_iterations(w, loop, k + 1, k + 1)
 
@@ -1745,9 +1764,10 @@ def _end_loop(w: _Run, loop: str, last: str) -> None:
         _item_settled(w, waiting)
 
 
-def _loop_failed(w: _Run, loop: str, k: int) -> None:
-    """A loop whose ``k``-th iteration, its cap, did not end it fails (its iterations stay)."""
-    why = (f"step {loop!r} did not end within repeat={k} iterations: iteration {k} did not "
+def _loop_failed(w: _Run, loop: str, k: int, cap: int) -> None:
+    """A loop whose ``k``-th iteration, at or past its cap (a resume's, after the cap was
+    lowered), did not end it fails (its iterations stay); the reason names the cap."""
+    why = (f"step {loop!r} did not end within repeat={cap} iterations: iteration {k} did not "
            "say it is done (return Done(value), or give until=)")
     inc = w.setbacks
     record = FailureRecord("LoopError", storable_text(why), 1)
