@@ -977,7 +977,7 @@ def _iterated(name: str, repeat: Repeat, returned: object, duration: float, bega
     """An iteration's success: ``Ended`` when it returned ``Done`` or its loop's ``until``
     holds for its output (which ends the loop), else ``Succeeded``; an ``until`` that
     raises fails the attempt."""
-    ends = type(returned) is Done
+    ends = isinstance(returned, Done)  # (a subclass too: unwrapped, so it ends the loop)
     output, usage = split_result(returned.value if isinstance(returned, Done) else returned)
     if not ends and repeat.until is not None:
         try:
