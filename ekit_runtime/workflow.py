@@ -466,7 +466,7 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise ExceptionGroup(f"{len(errors)} steps failed: {names}", errors)
     halt, budget = state.halt, state.limits.budget
     if kind == "budget_exceeded" and budget is not None:
-        raise BudgetExceeded(checkpoint, budget)
+        raise BudgetExceeded(checkpoint, budget, halt.step if halt is not None else None)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
     if kind == "waiting":
