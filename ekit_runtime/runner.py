@@ -981,7 +981,12 @@ def _iterated(name: str, repeat: Repeat, returned: object, duration: float, bega
     output, usage = split_result(returned.value if isinstance(returned, Done) else returned)
     if not ends and repeat.until is not None:
         try:
-            ends = bool(repeat.until(output))
+            held = repeat.until(output)
+            if inspect.isawaitable(held):  # (truthy: taken as true, it would end the loop)
+                if inspect.iscoroutine(held):
+                    held.close()
+                raise TypeError(f"Repeat.until of {name!r} returned an awaitable, not a bool")
+            ends = bool(held)
         except Exception as exc:
             return _failure(name, exc, duration, began=began)
     return (Ended if ends else Succeeded)(name, output, usage, duration, began)
