@@ -25,6 +25,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.expansion import iteration_of, loops_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.transitions import resume_checkpoint
@@ -428,6 +429,10 @@ def _outputs(state: State) -> MappingProxyType[str, Any]:
     if shaped is not None and shaped.items:
         items = shaped.items
         outputs = {k: v for k, v in outputs.items() if k not in items}
+    if shaped is not None:  # (a loop ``only=`` holds is never grown: its iterations are no items)
+        loops = dict.fromkeys(loops_of(state.spec.declared_graph))
+        if loops:
+            outputs = {k: v for k, v in outputs.items() if iteration_of(k, loops) is None}
     return MappingProxyType(outputs)
 
 
