@@ -39,7 +39,8 @@ class BudgetExceeded(RunHalted):
         super().__init__(
             f"token budget reached: used {checkpoint.cost}, budget {budget}; "
             f"{checkpoint.step_index} step(s) completed"
-            + (f"; reached in loop {step!r}, which has not ended" if step is not None else ""),
+            + ("" if step is None else f"; reached in loop {step!r}"
+               + ("" if step in checkpoint.outputs else ", which has not ended")),
             checkpoint,
         )
         self.budget = budget

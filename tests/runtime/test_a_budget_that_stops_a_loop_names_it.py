@@ -37,3 +37,16 @@ def test_a_budget_reached_mid_loop_names_the_loop_and_a_resume_pays_no_iteration
                                budget=TokenUsage(1000, 0, 0))
     assert calls == [1, 2, 3, 4, 5, 6]
     assert result.outputs["agent"] == 6 and result.checkpoint.cost.input_tokens == 60
+
+
+def test_a_loop_that_ends_on_the_iteration_reaching_the_budget_is_not_said_to_run_on() -> None:
+    def agent(ctx: Any) -> Any:
+        n = ctx["agent"].number
+        result = PatternResult(n, cost=TokenUsage(10, 0, 1))
+        return Done(result) if n == 4 else result
+
+    workflow = Workflow([Step("agent", agent, repeat=Repeat(9)), Step("z", lambda ctx: 1, ("agent",))])
+    with pytest.raises(BudgetExceeded) as caught:
+        workflow.run_sync(budget=TokenUsage(40, 0, 0))
+    assert caught.value.checkpoint.outputs["agent"] == 4
+    assert "has not ended" not in str(caught.value)
