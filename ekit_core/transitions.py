@@ -702,10 +702,20 @@ def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
     its code or dependencies, or a step upstream of it runs again (``outdated``). Old code
     or an old input made them, and an uninterrupted run of the new code makes none of
     them: the loop starts again from its first iteration (its compacted count goes too).
-    A recorded loop is in ``outdated`` itself, and :func:`without` lets go of them."""
-    if not checkpoint.shapes or not checkpoint.outputs:
+    A recorded loop is in ``outdated`` itself, and :func:`without` lets go of them.
+    Nor is the output of a step of another recorded graph an iteration, however named
+    (a graph without shapes may declare ``agent#1`` beside ``agent``): it goes too."""
+    loops = dict.fromkeys(loops_of(graph)) if graph.shapes and checkpoint.outputs else None
+    if not loops:
         return checkpoint
-    table = {n: None for n in loops_of(graph) if n not in checkpoint.outputs}
+    recorded = checkpoint.graph
+    if recorded is not None and not recorded_from(graph, checkpoint):
+        steps = [n for n in checkpoint.outputs if n in recorded and iteration_of(n, loops)]
+        if steps:
+            checkpoint = without(checkpoint, graph, steps)
+    if not checkpoint.shapes:
+        return checkpoint
+    table = {n: None for n in loops if n not in checkpoint.outputs}
     started = {at[0] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
         if table else set()
     if not started:
