@@ -1726,9 +1726,10 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:
-    """Let go of the outputs (and usage, durations) of ``loop``'s iterations up to ``upto``:
-    ``keep_last``. They stay recorded (counted in ``compacted``, never run again); the
-    run's checkpoints no longer hold them, so a long loop's stay bounded. O(what is kept)."""
+    """Let go of the outputs (and usage, durations, failure records, questions) of ``loop``'s
+    iterations up to ``upto``: ``keep_last``. They stay recorded (counted in ``compacted``,
+    never run again); the run's checkpoints no longer hold them, so a long loop's stay
+    bounded. O(what is kept)."""
     shaped = cast(Expansion, w.spec.shaped)
     before = shaped.compacted.get(loop, 0)
     if upto <= before:
@@ -1741,6 +1742,11 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
         kept = _timings_without(w.times, gone)
         if kept is not None:
             w.times = kept
+    inc = w.setbacks  # (their failure records and questions too: history kept per iteration)
+    if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
+        w.setbacks = _replace(
+            inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
+            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))
     w.spec = _replace(w.spec, shaped=_replace(
         shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
 

@@ -40,7 +40,7 @@ def test_compaction_lets_go_of_old_iterations_questions() -> None:
     workflow = Workflow([Step("agent", agent, repeat=Repeat(9, keep_last=1))])
     saved: list[WorkflowCheckpoint] = []
     answers: dict[str, Any] | None = None
-    for k in range(1, 7):
+    for k in range(1, 8):
         try:
             result = workflow.run_sync(
                 resume_from=json.loads(json.dumps(saved[-1].to_dict())) if saved else None,
