@@ -26,7 +26,7 @@ from typing import Any, Literal
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded
+from ekit_core.expansion import Expanded, iteration_of
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -615,7 +615,8 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
         if name in outputs and not all(d in outputs for d in deps):
             had = recorded.get(name, deps)
             # (items are in no recorded graph: the expansion made them)
-            missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)]
+            missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)
+                       and not _compacted(a.cp, d)]
             if not missing:
                 continue
             yield Anomaly(
@@ -623,6 +624,13 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
                 f"output of {name!r} is recorded but not that of its "
                 f"dependenc{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)),
             )
+
+
+def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
+    """Whether ``name`` is an iteration ``cp`` compacted (``keep_last``): recorded, its
+    output let go of on purpose."""
+    at = iteration_of(name, cp.compacted) if cp.compacted else None
+    return at is not None and at[1] <= cp.compacted[at[0]]
 
 
 def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:
