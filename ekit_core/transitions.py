@@ -903,15 +903,16 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
 
 
 def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
-    """Every ``compacted`` count is of a loop that keeps its last iterations (by the shapes
-    the checkpoint records: the run that wrote it), and ``outputs`` keeps no iteration it
-    counts as compacted: else a resume would let go of, or keep, what no run did."""
+    """Every ``compacted`` count is of a loop (by the shapes the checkpoint records: the run
+    that wrote it; its keep_last may since be gone, by a graph change), and ``outputs`` keeps
+    no iteration it counts as compacted: else a resume would let go of, or keep, what no
+    run did."""
     shapes, compacted = checkpoint.shapes, checkpoint.compacted
     for loop in compacted:
         shape = shapes.get(loop)
-        if shape is None or shape.repeat is None or shape.keep_last is None:
+        if shape is None or shape.repeat is None:
             raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
-                                                       "that is no loop with keep_last")
+                                                       "that is no loop")
     for name in checkpoint.outputs:
         at = iteration_of(name, compacted)
         if at is not None and at[1] <= compacted[at[0]]:

@@ -78,3 +78,21 @@ def test_a_loop_at_a_lowered_cap_names_its_cap() -> None:
     with pytest.raises(LoopError, match=r"within repeat=3 iterations"):
         lowered.run_sync(resume_from=_middle(None), allow_graph_change=True)
     assert calls == []
+
+
+def test_a_loop_that_stopped_compacting_by_a_graph_change_resumes_from_its_own_checkpoints() -> None:
+    calls: list[int] = []
+    saved: list[WorkflowCheckpoint] = []
+
+    def save(checkpoint: WorkflowCheckpoint) -> None:
+        saved.append(checkpoint)
+        if "agent#6" in checkpoint.outputs:
+            raise KeyboardInterrupt  # (a crash right after this save)
+
+    with pytest.raises(KeyboardInterrupt):
+        _workflow(calls, keep=None).run_sync(resume_from=_middle(2), allow_graph_change=True,
+                                             checkpoint_fn=save)
+    assert saved[-1].compacted == {"agent": 3}
+    result = _workflow(calls, keep=None).run_sync(
+        resume_from=json.loads(json.dumps(saved[-1].to_dict())))
+    assert calls == [6] and result.outputs["z"] == 6
