@@ -42,6 +42,7 @@ from ekit_core.report import (
     usage_text,
 )
 from ekit_core.rewind import grown, outdated_steps, without, without_questions
+from ekit_core.shapes import iteration_name
 from ekit_core.times import when
 from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
@@ -50,7 +51,7 @@ __all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
 
 Action = Literal["skip", "run", "wait"]
 Reason = Literal["recorded", "outdated", "ready", "failed", "waiting", "skipped", "mapped",
-                 "asked", "denied"]
+                 "asked", "denied", "looping"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,12 @@ class StepAudit:
     names those not recorded once its items are all settled); ``items`` is
     how many it has (``None`` while what it maps over is not recorded) and
     ``items_recorded`` how many of those are recorded or skipped.
+
+    A loop (``repeat=``) is listed iteration by iteration: a row per
+    recorded iteration (``item_of`` names the loop), then the iteration a
+    resume runs next, then the loop's own row. ``"looping"`` is a loop whose
+    output is not recorded: it runs as its iterations, and ``items_recorded``
+    counts those done (compacted ones too), ``items`` its cap.
 
     A step (or item) that asked a person (``ekit_runtime.ask``, ``approve``)
     lists its questions and their answers in ``asked`` (who answered what,
@@ -124,6 +131,12 @@ class StepAudit:
             return f"skipped: {self.skipped}"
         if self.reason == "mapped":
             return self._mapped_why()
+        if self.reason == "looping":
+            done = count(self.items_recorded)
+            if self.waiting_on:
+                return "waiting on " + ", ".join(self.waiting_on) + "; then iteration 1 runs"
+            return (f"{done} iteration(s) done; iteration {self.items_recorded + 1} runs next "
+                    f"(at most {count(self.items or 0)})")
         if self.outdated is not None:
             parts = [f"output recorded but outdated: {self.outdated}"]
         elif self.failure is not None:
@@ -496,8 +509,36 @@ def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
             if name not in skips or member in a.kept or member in skips:
                 ref = a.items.items[member]
                 rows.append(_shaped_row(a, member, a.items.steps[member], ref.step))
+        shape = a.graph.shapes.get(name)
+        if shape is not None and shape.repeat is not None:
+            rows.extend(_loop_rows(a, name, shape.repeat))
+            continue
         rows.append(_shaped_row(a, name, a.graph.deps[name], None))
     return tuple(rows)
+
+
+def _loop_rows(a: _Audited, loop: str, cap: int) -> list[StepAudit]:
+    """A loop's rows: each iteration a resume keeps, the one it runs next, the loop's own."""
+    deps = a.graph.deps[loop]
+    compacted = a.cp.compacted.get(loop, 0) if loop in a.cp.compacted and loop not in a.outdated \
+        else 0
+    done = compacted
+    rows = []
+    while iteration_name(loop, done + 1) in a.kept:
+        done += 1
+        name = iteration_name(loop, done)
+        rows.append(_shaped_row(a, name, (*deps, iteration_name(loop, done - 1)) if done > 1 else deps,
+                                loop))
+    own = _shaped_row(a, loop, deps, None)
+    if own.action == "run" and own.reason in ("ready", "waiting") and loop not in a.skips:
+        if done < cap:  # (at its cap, the loop's own row says it fails again)
+            nxt = iteration_name(loop, done + 1)
+            rows.append(_shaped_row(a, nxt, (*deps, iteration_name(loop, done)) if done else deps,
+                                    loop))
+            own = replace(own, reason="looping", items=cap, items_recorded=done)
+        else:
+            own = replace(own, reason="failed", failure=a.cp.failures.get(loop))
+    return [*rows, own]
 
 
 def _shaped_row(a: _Audited, name: str, deps: tuple[str, ...], item_of: str | None) -> StepAudit:
@@ -611,8 +652,12 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
     """
     outputs = a.cp.outputs
     recorded: Mapping[str, tuple[str, ...]] = a.cp.graph or {}
+    compacted = a.cp.compacted
     for name, deps in _recorded_needs(a):
         if name in outputs and not all(d in outputs for d in deps):
+            # (a compacted iteration is recorded: its output let go of on purpose)
+            deps = tuple(d for d in deps if not (compacted and (at := iteration_of(d, compacted))
+                                                 and at[1] <= compacted[at[0]]))
             had = recorded.get(name, deps)
             # (items are in no recorded graph: the expansion made them)
             missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)

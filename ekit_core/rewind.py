@@ -77,8 +77,8 @@ def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
     consumers = {n: list(graph.dependents[n]) for n in graph.names}
     for name, deps in items.steps.items():
         consumers.setdefault(name, [])
-        for d in deps:  # (the first iteration kept may follow a compacted one: none recorded)
-            consumers.setdefault(d, []).append(name)
+        for d in deps:
+            consumers.setdefault(d, []).append(name)  # (a compacted iteration too)
     for name, ref in items.items.items():
         consumers[name].append(ref.step)
     return consumers
@@ -259,7 +259,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         _refuse_compacted(checkpoint.compacted, wanted)
     # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
     unknown = [n for n in wanted
-               if n not in graph.index and n not in items.items and n not in checkpoint.superseded]
+               if n not in graph.index and n not in items.items and n not in checkpoint.superseded
+               and n not in checkpoint.skipped]  # (a loop's first iteration, skipped with it)
     if unknown:
         raise ValueError(f"cannot rewind unknown step(s) or item(s): {', '.join(map(repr, unknown))}")
     consumers = _consumers(graph, items)
@@ -273,6 +274,11 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
+    # (a loop's first iteration, skipped with it, is decided again with it; and the
+    # question of the iteration it was at, not recorded, is asked again)
+    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
+    if looped:
+        seen |= {iteration_name(n, 1) for n in looped} | iterations_of(looped, checkpoint.asked)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
@@ -287,17 +293,14 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
 
 
 def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
-    """Refuse to rewind an iteration ``keep_last`` compacted, or the first one kept: what it
-    would run on (the iteration before it) was let go of, so only its loop can run again."""
+    """Refuse by name to rewind an iteration ``keep_last`` compacted: it has no output to let
+    go of, and what it ran on is gone (rewinding the first one kept, whose input was
+    compacted, lets go of the loop's count: the loop runs again from its first iteration)."""
     for name in wanted:
         at = iteration_of(name, compacted)
-        if at is None or at[1] > compacted[at[0]] + 1:
-            continue
-        loop, k = at
-        gone = name if k <= compacted[loop] else iteration_name(loop, k - 1)
-        raise ValueError(f"cannot rewind {name!r}: the output of {gone!r} was compacted "
-                         f"(keep_last), so it cannot run again on its input; rewind the loop "
-                         f"{loop!r} to run every iteration again")
+        if at is not None and at[1] <= compacted[at[0]]:
+            raise ValueError(f"cannot rewind {name!r}: its output was compacted (keep_last); "
+                             f"rewind the loop {at[0]!r} to run every iteration again")
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,

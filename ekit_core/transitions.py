@@ -686,7 +686,8 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     go (a run that expanded it before the skip records them, one that did
     not has none; neither expands it again).
     """
-    checkpoint = without(_set_aside(graph, checkpoint, outdated, versions), graph, outdated)
+    checkpoint = _iterations_kept(graph, without(_set_aside(graph, checkpoint, outdated, versions),
+                                                 graph, outdated))
     checkpoint = _without_stale_iterations(graph, checkpoint, outdated, versions)
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
@@ -739,6 +740,31 @@ def _recapped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mappin
             and _replace(now, repeat=then.repeat, keep_last=then.keep_last) == then
             and checkpoint.versions.get(name) == versions.get(name)
             and (recorded is None or set(recorded) == set(graph.deps[name])))
+
+
+def _iterations_kept(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
+    """``checkpoint`` without the iterations no loop of ``graph`` makes again: those of a step
+    that was a loop when recorded and is not one now (or is otherwise shaped: a loop whose
+    cap or keep_last alone changed keeps them, so that raising the cap after a LoopError
+    pays for none again), and the skipped first iteration of a loop whose own skip is gone
+    (it is decided again)."""
+    was = {n for n, s in checkpoint.shapes.items() if s.repeat is not None}
+    if not was:
+        return checkpoint
+    now = graph.shapes
+    stale = {n for n in was if n not in now or (now[n] != checkpoint.shapes[n] and not (
+        now[n].repeat is not None and _replace(now[n], repeat=checkpoint.shapes[n].repeat,
+                                               keep_last=checkpoint.shapes[n].keep_last)
+        == checkpoint.shapes[n]))}
+    spelt = dict.fromkeys(was)
+    drop = {n for n in (*checkpoint.outputs, *checkpoint.skipped)
+            if (at := iteration_of(n, spelt)) is not None
+            and (at[0] in stale or (n in checkpoint.skipped and at[0] not in checkpoint.skipped))}
+    if not drop:
+        return checkpoint
+    kept = _dropped(checkpoint, drop, {}, dict(checkpoint.superseded))
+    return _replace(kept, compacted=MappingProxyType(
+        {n: c for n, c in checkpoint.compacted.items() if n not in stale}))
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mapping[str, str],
@@ -1655,9 +1681,18 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     (the first, in a fresh run): unless the loop is recorded, skipped, held, or its
     recorded iterations reach its cap (it fails again)."""
     only = w.spec.limits.only
-    if loop in w.setbacks.skipped and iteration_name(loop, 1) in w.setbacks.skipped:
-        _grow_iterations(w, loop, 1, 1)  # (skipped with the loop, as it waited: known so)
-    if loop in w.setbacks.skipped or (only is not None and loop not in only):
+    skipped = w.setbacks.skipped
+    if loop in skipped:  # its first iteration, which waited for it, is skipped with it
+        first = iteration_name(loop, 1)
+        if first not in skipped:  # (a run that held the loop never grew it: as a run would)
+            gone = next((d for d in w.spec.declared_graph.deps[loop] if d in skipped), loop)
+            why = f"it needs {gone!r}, which was skipped"
+            w.setbacks = _replace(w.setbacks, skipped=MappingProxyType({**skipped, first: why}))
+            if w.record:
+                w.events.append(StepSkipped(first, why))
+        _grow_iterations(w, loop, 1, 1)
+        return
+    if only is not None and loop not in only:
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)

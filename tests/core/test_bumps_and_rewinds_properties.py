@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ekit_core import (
+    Ended,
     GraphSpec,
     Skipped,
     State,
@@ -43,7 +44,8 @@ def _digest(value: Any) -> str:
 
 
 def _step_of(name: str) -> str:
-    return name.split("[", 1)[0]
+    """The declared step ``name`` is an item (``M[k]``) or an iteration (``L#k``) of, or itself."""
+    return name.split("[", 1)[0].split("#", 1)[0]
 
 
 def _result(state: State, name: str) -> Succeeded | Skipped:
@@ -52,7 +54,7 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
     step, item = name, None
     if shaped is not None and name in shaped.items:
         ref = shaped.items[name]
-        source = state.outputs[ref.source]
+        source = state.outputs[ref.source] if not ref.iteration else None
         step, item = ref.step, source if ref.pick is None else source[ref.pick]
     inputs = {d: state.outputs[d] for d in state.spec.graph.deps[name] if d in state.outputs}
     code = state.spec.versions.get(step)
@@ -63,7 +65,11 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
         return Succeeded(name, f"{name}:{_digest([name, inputs, item, code])}")
     # Some new code gives a plain step the output the old did: what an early cutoff is for.
     seed = _digest([name, inputs, code if int(_digest([name, code]), 16) % 2 else None])
-    return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
+    output = [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)]
+    if shape is not None and shape.repeat is not None and (
+            int(seed, 16) % 3 == 1 or name.endswith(f"#{shape.repeat}")):
+        return Ended(name, output)  # (an iteration that ends its loop, by its cap at the latest)
+    return Succeeded(name, output)
 
 
 def _drive(graph: GraphSpec, cp: dict[str, Any] | None, versions: dict[str, str],

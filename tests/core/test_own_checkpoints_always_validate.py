@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ekit_core import (
     Answer,
     Asked,
+    Ended,
     Failed,
     GraphSpec,
     Input,
@@ -86,6 +87,8 @@ def _result(state: State, name: str, tries: dict[str, int]) -> Input:
         return Asked(name, Question("value", f"{name}?"))
     if shape.map_over is not None:
         return Succeeded(name, f"{name}:{seed % 1000}")
+    if shape.repeat is not None and (seed % 3 == 1 or name.endswith(f"#{shape.repeat}")):
+        return Ended(name, _output(name, seed))  # (an iteration ends its loop, at its cap at the latest)
     return Succeeded(name, _output(name, seed))
 
 

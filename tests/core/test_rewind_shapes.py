@@ -110,6 +110,11 @@ def test_grown_lists_the_items_the_recorded_outputs_expand_into() -> None:
     assert grown(wf.graph, {}).steps == {}
 
 
+def _compacted(cp: WorkflowCheckpoint) -> set[str]:
+    """The iterations ``cp`` compacted: done, their outputs let go of (``keep_last``)."""
+    return {f"{loop}#{k}" for loop, n in cp.compacted.items() for k in range(1, n + 1)}
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=shaped_graphs(), data=st.data())
 def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_dropped(
@@ -119,7 +124,8 @@ def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_
     names = sorted({*graph.names, *full.outputs, *full.skipped})
     chosen = data.draw(st.sampled_from(names), label="rewound")
     trimmed = rewind(graph, full, chosen)
-    dropped = ({*full.outputs, *full.skipped} - {*trimmed.outputs, *trimmed.skipped})
+    dropped = ({*full.outputs, *full.skipped, *_compacted(full)}
+               - {*trimmed.outputs, *trimmed.skipped, *_compacted(trimmed)})
     report = audit(graph, trimmed)
     assert report.clean, report.format()
     assert {s.name for s in report.steps if s.reason == "ready"} == set(
@@ -129,6 +135,6 @@ def test_a_rewound_shaped_run_resumes_to_the_same_outputs_running_only_what_was_
     # Only what was dropped starts again (a condition decided again may skip
     # it), and everything dropped that is recorded again, not collected, ran,
     # but the items the early cutoff keeps (set aside, their input unchanged).
-    collections = {n for n, s in graph.shapes.items() if s.map_over is not None}
+    collections = {n for n, s in graph.shapes.items() if s.map_over is not None or s.repeat}
     kept = set(trimmed.superseded)
     assert {n for n in dropped if n in again and n not in collections | kept} <= ran <= dropped

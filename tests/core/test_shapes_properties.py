@@ -52,7 +52,7 @@ def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Driv
         _check_started(state, batch.names, problems)
         in_flight += batch.names
         cp = checkpoint_of(state).to_dict()
-        if checkpoints and not set(checkpoints[-1]["outputs"]) <= set(cp["outputs"]):
+        if checkpoints and not _kept(checkpoints[-1]["outputs"], cp):
             problems.append("a checkpoint lost an output")
         checkpoints.append(json.loads(json.dumps(cp)))
         if crashes and order is not None and not state.settled and order.draw(st.booleans(), label="crash"):
@@ -64,6 +64,14 @@ def _drive(graph: GraphSpec, order: st.DataObject | None, crashes: bool) -> Driv
                 problems.append(f"resumed run started recorded {again}")
             in_flight = list(batch.names)
     return dict(state.outputs), dict(state.skipped), problems
+
+
+def _kept(before: dict[str, Any], cp: dict[str, Any]) -> bool:
+    """Whether ``cp`` keeps every output of ``before``, or counts it compacted (``keep_last``)."""
+    compacted = cp.get("compacted", {})
+    return all(n in cp["outputs"] or (n.rpartition("#")[0] in compacted
+                                       and int(n.rpartition("#")[2]) <= compacted[n.rpartition("#")[0]])
+               for n in before)
 
 
 def _check_started(state: State, names: tuple[str, ...], problems: list[str]) -> None:
@@ -79,7 +87,8 @@ def _check_started(state: State, names: tuple[str, ...], problems: list[str]) ->
             joins_any = state.spec.declared_graph.shapes.get(name, Shape()).join == "any"
             if d not in state.outputs and not (joins_any and d in state.skipped):
                 problems.append(f"{name} started before its dependency {d} was recorded")
-        if shaped is not None and name in shaped.items and shaped.items[name].source not in state.outputs:
+        ref = shaped.items.get(name) if shaped is not None else None
+        if ref is not None and (ref.source or not ref.iteration) and ref.source not in state.outputs:
             problems.append(f"item {name} started before its input existed")
 
 

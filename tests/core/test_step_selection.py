@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ekit_core import (
+    Ended,
     GraphSpec,
     Interrupted,
     RunSettled,
@@ -50,7 +51,7 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
     step, item = name, None
     if shaped is not None and name in shaped.items:
         ref = shaped.items[name]
-        source = state.outputs[ref.source]
+        source = state.outputs[ref.source] if not ref.iteration else None
         step, item = ref.step, source if ref.pick is None else source[ref.pick]
     inputs = {d: state.outputs[d] for d in state.spec.graph.deps[name] if d in state.outputs}
     seed = _digest([name, inputs, item])
@@ -59,7 +60,11 @@ def _result(state: State, name: str) -> Succeeded | Skipped:
         return Skipped(name, "condition cond was false")
     if shape is not None and shape.map_over is not None:
         return Succeeded(name, f"{name}:{seed}")
-    return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
+    output = [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)]
+    if shape is not None and shape.repeat is not None and (
+            int(seed, 16) % 3 == 1 or name.endswith(f"#{shape.repeat}")):
+        return Ended(name, output)  # (an iteration that ends its loop, by its cap at the latest)
+    return Succeeded(name, output)
 
 
 def _needed(graph: GraphSpec, chosen: list[str]) -> set[str]:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from ekit_core import (
+    Ended,
     GraphSpec,
     Skipped,
     State,
@@ -38,6 +39,8 @@ def _template(state: State, name: str) -> tuple[str, Any]:
     shaped = state.spec.shaped
     if shaped is not None and name in shaped.items:
         ref = shaped.items[name]
+        if ref.iteration:  # an iteration of a loop: its input is its dependencies'
+            return ref.step, None
         source = state.outputs[ref.source]
         return ref.step, source if ref.pick is None else source[ref.pick]
     return name, None
@@ -54,7 +57,11 @@ def shaped_result(state: State, name: str) -> Succeeded | Skipped:
         return Skipped(name, "condition cond was false")
     if shape is not None and shape.map_over is not None:
         return Succeeded(name, f"{name}:{seed}")
-    return Succeeded(name, [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)])
+    output = [f"{name}:{seed}:{j}" for j in range(int(seed[:2], 16) % 4)]
+    if shape is not None and shape.repeat is not None and (
+            int(seed, 16) % 3 == 1 or name.endswith(f"#{shape.repeat}")):
+        return Ended(name, output)  # (an iteration that ends its loop, by its cap at the latest)
+    return Succeeded(name, output)
 
 
 def all_skipped_chain() -> tuple[GraphSpec, State]:

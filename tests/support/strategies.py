@@ -28,7 +28,7 @@ def dags(draw: st.DrawFn, min_steps: int = 1, max_steps: int = 12) -> GraphSpec:
 
 @st.composite
 def shaped_dags(draw: st.DrawFn, min_steps: int = 2, max_steps: int = 7,
-                loops: bool = False) -> GraphSpec:
+                loops: bool = True) -> GraphSpec:
     """A random DAG with run-time shapes: steps that map over a dependency (item-wise
     chains too), conditional steps (mapped ones too: per-item conditions), and joins
     over alternatives (``join="any"``); with ``loops``, loops too (``repeat``, some
