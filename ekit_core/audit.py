@@ -530,12 +530,13 @@ def _loop_rows(a: _Audited, loop: str, cap: int) -> list[StepAudit]:
         rows.append(_shaped_row(a, name, (*deps, iteration_name(loop, done - 1)) if done > 1 else deps,
                                 loop))
     own = _shaped_row(a, loop, deps, None)
-    if own.action == "run" and own.reason in ("ready", "waiting") and loop not in a.skips:
+    # (a recorded failure is no output: below its cap, the loop goes on where it was)
+    if own.action == "run" and own.reason in ("ready", "waiting", "failed") and loop not in a.skips:
         if done < cap:  # (at its cap, the loop's own row says it fails again)
             nxt = iteration_name(loop, done + 1)
             rows.append(_shaped_row(a, nxt, (*deps, iteration_name(loop, done)) if done else deps,
                                     loop))
-            own = replace(own, reason="looping", items=cap, items_recorded=done)
+            own = replace(own, reason="looping", items=cap, items_recorded=done, failure=None)
         else:
             own = replace(own, reason="failed", failure=a.cp.failures.get(loop))
     return [*rows, own]

@@ -278,7 +278,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     # question of the iteration it was at, not recorded, is asked again)
     looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
     if looped:
-        seen |= {iteration_name(n, 1) for n in looped} | iterations_of(looped, checkpoint.asked)
+        seen |= {first for n in looped if (first := iteration_name(n, 1)) in checkpoint.skipped}
+        seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)

@@ -376,7 +376,15 @@ def _shape_note(graph: GraphSpec, name: str, items: Mapping[str, int] | None) ->
         notes.append(f"when {shape.when}")
     if shape.join == "any":
         notes.append("join any")
+    if shape.repeat is not None:
+        notes.append(f"repeat up to {count(shape.repeat)}"
+                     + ("" if shape.keep_last is None else f", keep last {count(shape.keep_last)}"))
     return f" ({', '.join(notes)})" if notes else ""
+
+
+def _loops(graph: GraphSpec) -> list[str]:
+    """The loops of ``graph`` (``repeat=``), each drawn with an edge to itself: its iterations."""
+    return [n for n, s in graph.shapes.items() if s.repeat is not None]
 
 
 def _mapped_over(graph: GraphSpec, name: str, dep: str) -> bool:
@@ -388,7 +396,8 @@ def mermaid(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
     """The graph as a Mermaid ``flowchart TD``: nodes ``s0, s1, ...`` labelled with the step names.
 
     A mapped step is a subroutine node (``[[...]]``) reached by a thick
-    edge (``==>``) from what it maps over; shapes are noted in the label
+    edge (``==>``) from what it maps over; a loop is a cycle, an edge to
+    itself labelled ``next``; shapes are noted in the label
     (see :func:`_shape_note`), ``items`` giving each mapped step's item count.
     """
     lines = ["flowchart TD"]
@@ -400,6 +409,7 @@ def mermaid(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
         lines.append(f'    {ids[n]}[["{label}"]]' if mapped else f'    {ids[n]}["{label}"]')
     lines.extend(f"    {ids[d]} {'==>' if _mapped_over(graph, n, d) else '-->'} {ids[n]}"
                  for n in graph.names for d in graph.deps[n])
+    lines.extend(f"    {ids[n]} -->|next| {ids[n]}" for n in _loops(graph))
     return "\n".join(lines)
 
 
@@ -416,7 +426,8 @@ def dot(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
 
     A mapped step is drawn with a double border (``peripheries=2``) and
     reached by a bold edge from what it maps over, a conditional step
-    dashed; shapes are noted in the label, as in :func:`mermaid`.
+    dashed, a loop with an edge to itself labelled ``next``; shapes are
+    noted in the label, as in :func:`mermaid`.
     """
     ids = {name: f"n{i}" for i, name in enumerate(graph.names)}
     lines = ["digraph workflow {", "    rankdir=TB;"]
@@ -428,6 +439,7 @@ def dot(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
         lines.append(f'    {ids[n]} [label="{_dot_label(n + _shape_note(graph, n, items))}"{extra}];')
     lines.extend(f"    {ids[d]} -> {ids[n]}{' [style=bold]' if _mapped_over(graph, n, d) else ''};"
                  for n in graph.names for d in graph.deps[n])
+    lines.extend(f'    {ids[n]} -> {ids[n]} [label="next"];' for n in _loops(graph))
     lines.append("}")
     return "\n".join(lines)
 

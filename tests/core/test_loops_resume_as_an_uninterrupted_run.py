@@ -133,3 +133,22 @@ def test_a_loop_resumed_at_any_point_ends_as_the_uninterrupted_run(
     assert report.ok, report.violations[:3]
     report = replay(graph, checkpoints)
     assert report.ok, report.violations[:3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(2, 8), ends_at=st.integers(1, 8), data=st.data())
+def test_a_rewind_to_iteration_k_keeps_the_iterations_before_it(
+        cap: int, ends_at: int, data: st.DataObject) -> None:
+    from ekit_core import audit, rewind
+
+    graph = _graph(cap, None)
+    state, _, _ = _drive(graph, ends_at, None)
+    last = min(ends_at, cap)
+    k = data.draw(st.integers(1, last))
+    rewound = rewind(graph, checkpoint_of(state), f"agent#{k}")
+    assert sorted(n for n in rewound.outputs if "#" in n) == [f"agent#{j}" for j in range(1, k)]
+    assert "agent" not in rewound.outputs and "z" not in rewound.outputs
+    report = audit(graph, rewound)
+    assert report.clean and [s.name for s in report.steps if s.reason == "ready"] == [f"agent#{k}"]
+    _, batch = advance(initial_state(graph, json.loads(json.dumps(rewound.to_dict()))))
+    assert [s.name for s in batch.starts] == [f"agent#{k}"]

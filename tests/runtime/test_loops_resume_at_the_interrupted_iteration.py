@@ -162,3 +162,39 @@ def test_keep_last_keeps_a_long_loops_checkpoints_bounded() -> None:
 def test_an_iteration_is_named_apart_from_items_when_built() -> None:
     with pytest.raises(ValueError, match="named like an iteration"):
         Workflow([Step("agent", _first, repeat=Repeat(2)), Step("agent#1", _first)])
+
+
+def test_progress_and_events_name_each_iteration_and_a_rewind_reruns_from_one() -> None:
+    import io
+
+    from ekit_core import rewind
+    from ekit_core.events import StepFinished, StepStarted
+    from ekit_runtime import ProgressPrinter
+
+    calls: list[int] = []
+
+    def agent(ctx: Any) -> Any:
+        it: Iteration = ctx["agent"]
+        calls.append(it.number)
+        return Done(it.number) if it.number == 4 else it.number
+
+    workflow = Workflow([Step("agent", agent, repeat=Repeat(6)),
+                         Step("after", lambda ctx: ctx["agent"] * 10, ("agent",))])
+    events: list[Any] = []
+    log = io.StringIO()
+    printer = ProgressPrinter(log)
+
+    def trace(event: Any) -> None:
+        events.append(event)
+        printer(event)
+
+    result = workflow.run_sync(trace=trace)
+    assert [e.name for e in events if isinstance(e, StepStarted)] == [
+        "agent#1", "agent#2", "agent#3", "agent#4", "after"]
+    assert [e.name for e in events if isinstance(e, StepFinished)][-2:] == ["agent", "after"]
+    assert "agent#3" in log.getvalue()
+    # Rewound to iteration 3: it, what follows it and what needs the loop run again.
+    rewound = rewind(workflow, result.checkpoint, "agent#3")
+    assert sorted(n for n in rewound.outputs) == ["agent#1", "agent#2"]
+    again = workflow.run_sync(resume_from=_json(rewound))
+    assert calls == [1, 2, 3, 4, 3, 4] and again.outputs["after"] == 40
