@@ -1693,6 +1693,11 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         _grow_iterations(w, loop, 1, 1)
         return
     if only is not None and loop not in only:
+        held = checkpoint.compacted.get(loop, 0)
+        if held:  # (never grown, its count is carried: else its own checkpoint is refused)
+            shaped = cast(Expansion, w.spec.shaped)
+            w.spec = _replace(w.spec, shaped=_replace(
+                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})))
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
