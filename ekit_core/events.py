@@ -73,7 +73,8 @@ class StepExpanded:
     """Mapped step ``name`` expanded into ``items`` items (``recorded`` of them recorded already).
 
     The run's total grows by ``items``: a progress display counts them from
-    here. A resume announces the expansions its recorded outputs make, with
+    here. A loop announces each iteration it grows after its first as
+    ``StepExpanded(loop, 1)``. A resume announces the expansions its recorded outputs make, with
     ``at_start``: those items are counted in ``RunStarted`` already.
     """
 

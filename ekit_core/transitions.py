@@ -1764,6 +1764,8 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
         _loop_failed(w, loop, k, k)
     else:
         _grow_iterations(w, loop, k + 1, k + 1)
+        if w.record:  # the run's total grows by one: what a progress display counts
+            w.events.append(StepExpanded(loop, 1))
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:

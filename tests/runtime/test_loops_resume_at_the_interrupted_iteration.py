@@ -192,7 +192,7 @@ def test_progress_and_events_name_each_iteration_and_a_rewind_reruns_from_one() 
     assert [e.name for e in events if isinstance(e, StepStarted)] == [
         "agent#1", "agent#2", "agent#3", "agent#4", "after"]
     assert [e.name for e in events if isinstance(e, StepFinished)][-2:] == ["agent", "after"]
-    assert "agent#3" in log.getvalue()
+    assert "agent#3" in log.getvalue() and "run finished: 6/6 steps" in log.getvalue()
     # Rewound to iteration 3: it, what follows it and what needs the loop run again.
     rewound = rewind(workflow, result.checkpoint, "agent#3")
     assert sorted(n for n in rewound.outputs) == ["agent#1", "agent#2"]
