@@ -198,3 +198,24 @@ def test_progress_and_events_name_each_iteration_and_a_rewind_reruns_from_one() 
     assert sorted(n for n in rewound.outputs) == ["agent#1", "agent#2"]
     again = workflow.run_sync(resume_from=_json(rewound))
     assert calls == [1, 2, 3, 4, 3, 4] and again.outputs["after"] == 40
+
+
+def test_an_until_that_raises_fails_that_attempt_and_a_bad_repeat_is_refused() -> None:
+    asked: list[int] = []
+
+    def until(output: int) -> bool:
+        asked.append(output)
+        if len(asked) == 1:
+            raise RuntimeError("until broke")
+        return output >= 2
+
+    workflow = Workflow([Step("agent", lambda ctx: ctx["agent"].number,
+                              repeat=Repeat(5, until=until),
+                              retry=RetryPolicy(max_attempts=2, backoff_base=0))])
+    result = workflow.run_sync()
+    assert result.outputs["agent"] == 2 and asked == [1, 1, 2]
+    assert result.checkpoint.failures["agent#1"].message == "until broke"
+    with pytest.raises(ValueError, match="max_iterations"):
+        Repeat(0)
+    with pytest.raises(ValueError, match="repeat cannot be combined with map_over"):
+        Workflow([Step("a", _first), Step("b", _first, ("a",), map_over="a", repeat=Repeat(2))])
