@@ -710,7 +710,8 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
                                                  and at[1] <= compacted[at[0]]))
             had = recorded.get(name, deps)
             # (items are in no recorded graph: the expansion made them)
-            missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)]
+            missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)
+                       and not _compacted(a.cp, d)]
             if not missing:
                 continue
             yield Anomaly(
@@ -718,6 +719,13 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
                 f"output of {name!r} is recorded but not that of its "
                 f"dependenc{'y' if len(missing) == 1 else 'ies'} " + ", ".join(map(repr, missing)),
             )
+
+
+def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
+    """Whether ``name`` is an iteration ``cp`` compacted (``keep_last``): recorded, its
+    output let go of on purpose."""
+    at = iteration_of(name, cp.compacted) if cp.compacted else None
+    return at is not None and at[1] <= cp.compacted[at[0]]
 
 
 def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:

@@ -273,6 +273,8 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     """:func:`rewind` in a graph with run-time shapes: items, collections and skips too
     (and the steps and items that run again)."""
     items = grown(graph, checkpoint.outputs)
+    if checkpoint.compacted:
+        _refuse_compacted(checkpoint.compacted, wanted)
     # (an item set aside for an early cutoff is known too: rewinding it lets go of it)
     unknown = [n for n in wanted
                if n not in graph.index and n not in items.items and n not in checkpoint.superseded
@@ -307,6 +309,17 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
+    """Refuse by name to rewind an iteration ``keep_last`` compacted: it has no output to let
+    go of, and what it ran on is gone (rewinding the first one kept, whose input was
+    compacted, lets go of the loop's count: the loop runs again from its first iteration)."""
+    for name in wanted:
+        at = iteration_of(name, compacted)
+        if at is not None and at[1] <= compacted[at[0]]:
+            raise ValueError(f"cannot rewind {name!r}: its output was compacted (keep_last); "
+                             f"rewind the loop {at[0]!r} to run every iteration again")
 
 
 def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded,

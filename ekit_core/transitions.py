@@ -708,6 +708,7 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
     """
     checkpoint = _iterations_kept(graph, without(
         _set_aside(graph, checkpoint, outdated, versions, code or {}), graph, outdated))
+    checkpoint = _without_stale_iterations(graph, checkpoint, outdated, versions)
     gone = tuple(f"{n}[" for n in checkpoint.skipped if n in graph.shapes and graph.shapes[n].map_over)
     if not gone:
         return checkpoint
@@ -715,15 +716,66 @@ def kept_on_resume(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: M
         {k: v for k, v in checkpoint.skipped.items() if not k.startswith(gone)}))
 
 
+def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                              outdated: Mapping[str, str], versions: Mapping[str, str]
+                              ) -> WorkflowCheckpoint:
+    """``checkpoint`` without the iterations of a loop it has not recorded whose work changed:
+    its code or dependencies, or a step upstream of it runs again (``outdated``). Old code
+    or an old input made them, and an uninterrupted run of the new code makes none of
+    them: the loop starts again from its first iteration (its compacted count goes too).
+    A recorded loop is in ``outdated`` itself, and :func:`without` lets go of them.
+    Nor is the output of a step of another recorded graph an iteration, however named
+    (a graph without shapes may declare ``agent#1`` beside ``agent``): it goes too."""
+    loops = dict.fromkeys(loops_of(graph)) if graph.shapes and checkpoint.outputs else None
+    if not loops:
+        return checkpoint
+    recorded = checkpoint.graph
+    if recorded is not None and not recorded_from(graph, checkpoint):
+        steps = [n for n in checkpoint.outputs if n in recorded and iteration_of(n, loops)]
+        if steps:
+            checkpoint = without(checkpoint, graph, steps)
+    if not checkpoint.shapes:
+        return checkpoint
+    table = {n: None for n in loops if n not in checkpoint.outputs}
+    started = {at[0] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
+        if table else set()
+    if not started:
+        return checkpoint
+    # (A loop whose cap or keep_last only changed keeps them: raising the cap after a
+    # LoopError must not pay for its iterations again.)
+    roots = [*outdated, *(n for n in changed_steps(graph, checkpoint, versions)
+                          if not _recapped(graph, checkpoint, versions, n))]
+    stale = started.intersection(downstream(graph, roots)) if roots else ()
+    return without(checkpoint, graph, stale) if stale else checkpoint
+
+
+def _recapped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str],
+              name: str) -> bool:
+    """Whether ``name`` is a loop then and now whose work changed only in its cap or
+    ``keep_last``: the same code on the same dependencies, so its iterations stand."""
+    now, then = graph.shapes.get(name), checkpoint.shapes.get(name)
+    recorded = (checkpoint.graph or {}).get(name)
+    return (now is not None and then is not None and now.repeat is not None
+            and then.repeat is not None
+            and _replace(now, repeat=then.repeat, keep_last=then.keep_last) == then
+            and checkpoint.versions.get(name) == versions.get(name)
+            and (recorded is None or set(recorded) == set(graph.deps[name])))
+
+
 def _iterations_kept(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
     """``checkpoint`` without the iterations no loop of ``graph`` makes again: those of a step
-    that was a loop when recorded and is not one now (or is one of another cap), and the
-    skipped first iteration of a loop whose own skip is gone (it is decided again)."""
+    that was a loop when recorded and is not one now (or is otherwise shaped: a loop whose
+    cap or keep_last alone changed keeps them, so that raising the cap after a LoopError
+    pays for none again), and the skipped first iteration of a loop whose own skip is gone
+    (it is decided again)."""
     was = {n for n, s in checkpoint.shapes.items() if s.repeat is not None}
     if not was:
         return checkpoint
     now = graph.shapes
-    stale = {n for n in was if n not in now or now[n] != checkpoint.shapes[n]}
+    stale = {n for n in was if n not in now or (now[n] != checkpoint.shapes[n] and not (
+        now[n].repeat is not None and _replace(now[n], repeat=checkpoint.shapes[n].repeat,
+                                               keep_last=checkpoint.shapes[n].keep_last)
+        == checkpoint.shapes[n]))}
     spelt = dict.fromkeys(was)
     drop = {n for n in (*checkpoint.outputs, *checkpoint.skipped)
             if (at := iteration_of(n, spelt)) is not None
@@ -897,6 +949,24 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
                                              f"of {name!r}, which needs it")
 
 
+def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
+    """Every ``compacted`` count is of a loop (by the shapes the checkpoint records: the run
+    that wrote it; its keep_last may since be gone, by a graph change), and ``outputs`` keeps
+    no iteration it counts as compacted: else a resume would let go of, or keep, what no
+    run did."""
+    shapes, compacted = checkpoint.shapes, checkpoint.compacted
+    for loop in compacted:
+        shape = shapes.get(loop)
+        if shape is None or shape.repeat is None:
+            raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
+                                                       "that is no loop")
+    for name in checkpoint.outputs:
+        at = iteration_of(name, compacted)
+        if at is not None and at[1] <= compacted[at[0]]:
+            raise CheckpointError(f"compacted.{at[0]}", f"counts {name!r} as compacted, yet "
+                                                        "outputs keeps it")
+
+
 def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
     """The dependents the fold reads in a shaped run: no edge into a mapped step
     (it expands and collects; it is never made ready by its dependencies), nor into
@@ -913,6 +983,8 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
     index = w.spec.graph.index
     mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
     loops = w.spec.shaped.loops  # type: ignore[union-attr]
+    if checkpoint.compacted:
+        _check_compacted(checkpoint)
     for name in checkpoint.outputs:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
@@ -1642,6 +1714,11 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         _grow_iterations(w, loop, 1, 1)
         return
     if only is not None and loop not in only:
+        held = checkpoint.compacted.get(loop, 0)
+        if held:  # (never grown, its count is carried: else its own checkpoint is refused)
+            shaped = cast(Expansion, w.spec.shaped)
+            w.spec = _replace(w.spec, shaped=_replace(
+                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})))
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
@@ -1657,7 +1734,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
         if loop not in outputs:
-            _loop_failed(w, loop, last)
+            _loop_failed(w, loop, last, cap)
         return
     _grow_iterations(w, loop, compacted + 1, last + 1)
 
@@ -1705,7 +1782,7 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
         w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending - {name}))
         _end_loop(w, loop, name)
     elif k >= cast(int, shape.repeat):
-        _loop_failed(w, loop, k)
+        _loop_failed(w, loop, k, k)
     else:
         _grow_iterations(w, loop, k + 1, k + 1)
         if w.record:  # the run's total grows by one: what a progress display counts
@@ -1713,9 +1790,10 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:
-    """Let go of the outputs (and usage, durations) of ``loop``'s iterations up to ``upto``:
-    ``keep_last``. They stay recorded (counted in ``compacted``, never run again); the
-    run's checkpoints no longer hold them, so a long loop's stay bounded. O(what is kept)."""
+    """Let go of the outputs (and usage, durations, failure records, questions) of ``loop``'s
+    iterations up to ``upto``: ``keep_last``. They stay recorded (counted in ``compacted``,
+    never run again); the run's checkpoints no longer hold them, so a long loop's stay
+    bounded. O(what is kept)."""
     shaped = cast(Expansion, w.spec.shaped)
     before = shaped.compacted.get(loop, 0)
     if upto <= before:
@@ -1728,6 +1806,11 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
         kept = _timings_without(w.times, gone)
         if kept is not None:
             w.times = kept
+    inc = w.setbacks  # (their failure records and questions too: history kept per iteration)
+    if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
+        w.setbacks = _replace(
+            inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
+            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))
     w.spec = _replace(w.spec, shaped=_replace(
         shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
 
@@ -1761,9 +1844,10 @@ def _end_loop(w: _Run, loop: str, last: str) -> None:
         _item_settled(w, waiting)
 
 
-def _loop_failed(w: _Run, loop: str, k: int) -> None:
-    """A loop whose ``k``-th iteration, its cap, did not end it fails (its iterations stay)."""
-    why = (f"step {loop!r} did not end within repeat={k} iterations: iteration {k} did not "
+def _loop_failed(w: _Run, loop: str, k: int, cap: int) -> None:
+    """A loop whose ``k``-th iteration, at or past its cap (a resume's, after the cap was
+    lowered), did not end it fails (its iterations stay); the reason names the cap."""
+    why = (f"step {loop!r} did not end within repeat={cap} iterations: iteration {k} did not "
            "say it is done (return Done(value), or give until=)")
     inc = w.setbacks
     record = FailureRecord("LoopError", storable_text(why), 1)

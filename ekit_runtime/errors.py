@@ -30,17 +30,22 @@ class BudgetExceeded(RunHalted):
     """Accumulated usage reached the run's budget; steps in flight finished first.
 
     Resume ``checkpoint`` with a larger budget to finish the run without
-    repeating any recorded step.
+    repeating any recorded step. ``step`` is the loop whose iteration reached
+    the budget (one that did not end, say), else ``None``.
     """
 
-    def __init__(self, checkpoint: WorkflowCheckpoint, budget: TokenUsage) -> None:
+    def __init__(self, checkpoint: WorkflowCheckpoint, budget: TokenUsage,
+                 step: str | None = None) -> None:
         super().__init__(
             f"token budget reached: used {checkpoint.cost}, budget {budget}; "
-            f"{checkpoint.step_index} step(s) completed",
+            f"{checkpoint.step_index} step(s) completed"
+            + ("" if step is None else f"; reached in loop {step!r}"
+               + ("" if step in checkpoint.outputs else ", which has not ended")),
             checkpoint,
         )
         self.budget = budget
         self.cost = checkpoint.cost
+        self.step = step
 
 
 class ApprovalDenied(RunHalted):

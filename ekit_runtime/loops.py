@@ -13,6 +13,7 @@ is recorded. This module holds what a user writes:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,9 @@ class Repeat:
                 raise ValueError(f"Repeat.{name} must be an int >= 1, got {value!r:.80}")
         if self.until is not None and not callable(self.until):
             raise ValueError(f"Repeat.until must be callable or None, got {type(self.until).__name__}")
+        if inspect.iscoroutinefunction(self.until):  # (its coroutine is truthy: it would end at once)
+            raise ValueError("Repeat.until must be a plain call, not async def: ask in the "
+                             "iteration, and return Done(value) there")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1045,11 +1045,16 @@ def _iterated(name: str, repeat: Repeat, returned: object, duration: float, bega
     """An iteration's success: ``Ended`` when it returned ``Done`` or its loop's ``until``
     holds for its output (which ends the loop), else ``Succeeded``; an ``until`` that
     raises fails the attempt."""
-    ends = type(returned) is Done
+    ends = isinstance(returned, Done)  # (a subclass too: unwrapped, so it ends the loop)
     output, usage = split_result(returned.value if isinstance(returned, Done) else returned)
     if not ends and repeat.until is not None:
         try:
-            ends = bool(repeat.until(output))
+            held = repeat.until(output)
+            if inspect.isawaitable(held):  # (truthy: taken as true, it would end the loop)
+                if inspect.iscoroutine(held):
+                    held.close()
+                raise TypeError(f"Repeat.until of {name!r} returned an awaitable, not a bool")
+            ends = bool(held)
         except Exception as exc:
             return _failure(name, exc, duration, began=began)
     return (Ended if ends else Succeeded)(name, output, usage, duration, began)

@@ -26,6 +26,7 @@ from ekit_core import (
     initial_state,
 )
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
+from ekit_core.expansion import iteration_of, loops_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.transitions import resume_checkpoint
@@ -544,6 +545,10 @@ def _outputs(state: State) -> MappingProxyType[str, Any]:
     if shaped is not None and shaped.items:
         items = shaped.items
         outputs = {k: v for k, v in outputs.items() if k not in items}
+    if shaped is not None:  # (a loop ``only=`` holds is never grown: its iterations are no items)
+        loops = dict.fromkeys(loops_of(state.spec.declared_graph))
+        if loops:
+            outputs = {k: v for k, v in outputs.items() if iteration_of(k, loops) is None}
     return MappingProxyType(outputs)
 
 
@@ -582,7 +587,7 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise ExceptionGroup(f"{len(errors)} steps failed: {names}", errors)
     halt, budget = state.halt, state.limits.budget
     if kind == "budget_exceeded" and budget is not None:
-        raise BudgetExceeded(checkpoint, budget)
+        raise BudgetExceeded(checkpoint, budget, halt.step if halt is not None else None)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
     if kind == "waiting":
