@@ -64,7 +64,7 @@ from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name, iteration_name
 from ekit_core.state import attempt_number
 from ekit_core.transitions import context_outputs
-from ekit_core.usage import NO_USAGE
+from ekit_core.usage import NO_USAGE, TokenUsage
 from ekit_runtime import attempt as attempts
 from ekit_runtime import human, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
@@ -744,10 +744,7 @@ class Runner:
                 return _iterated(name, repeat, returned, self.clock() - began, began + self._epoch)
             output, usage = split_result(returned)
             if cached is not None and reads is not None and head is not None:
-                first = (cached.store(head, reads, name, output, usage) if cached.cache.local
-                         else await asyncio.to_thread(cached.store, head, reads, name, output, usage))
-                if first is not None:  # another process stored this key first: all go on with one value
-                    output = cached.output_of(first)
+                output = await _stored(cached, head, reads, name, output, usage)
             return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
         finally:
             if release is not None:
@@ -1059,6 +1056,15 @@ def _iterated(name: str, repeat: Repeat, returned: object, duration: float, bega
             return _failure(name, exc, duration, began=began)
     return (Ended if ends else Succeeded)(name, output, usage, duration, began)
 
+
+
+async def _stored(cached: CachedStep, head: str, reads: Reads, name: str, output: Any,
+                  usage: TokenUsage) -> Any:
+    """``output``, stored in the cache under ``head``; or the output another process stored
+    under that key first, so that every run goes on with one value."""
+    first = (cached.store(head, reads, name, output, usage) if cached.cache.local
+             else await asyncio.to_thread(cached.store, head, reads, name, output, usage))
+    return output if first is None else cached.output_of(first)
 
 def _failure(name: str, error: Exception, duration: float | None = None, gate: Gate | None = None,
              began: float | None = None) -> Failed:

@@ -358,6 +358,10 @@ class Step:
                 raise bad(f"{field_name} {why}")
         if self.inline and self.blocking:  # blocking's only effect: see its field
             raise bad("inline=True and blocking=True contradict each other")
+        self._check_shape(bad)
+
+    def _check_shape(self, bad: Callable[[str], ValueError]) -> None:
+        """The checks of the run-time shape, the loop, the resource and the cache options."""
         shaping = self.shaping
         if shaping is not None and (type(shaping) is not tuple or len(shaping) != 8):
             raise bad("shaping must be None or "
