@@ -1,0 +1,80 @@
+"""A step's fingerprint sees the code of its own module that the step reaches through what it holds.
+
+What users rely on (docs/cache.md, "What a fingerprint covers"): editing the
+code of a function or class of the step's module that the step runs changes
+its fingerprint, so a resume or a cache never takes old output for new code.
+These are the ways a step reaches such code other than by a global name: a
+bound method's other methods, a property, a base class, a callable object's
+class, an object of a class of the module, and a function a decorator (of
+another module, without ``functools.wraps``) holds in its closure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ekit_runtime.fingerprints import code_fingerprint
+
+_DECORATOR = '''
+def plain(fn):
+    def wrapper(ctx):
+        return fn(ctx)
+    return wrapper
+'''
+
+
+def _namespace(source: str, **globals_: Any) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "steps", **globals_}
+    exec(compile(source, "<steps>", "exec"), namespace)
+    return namespace
+
+
+def _differ(source: str, pick: Any, old: str = "'A'", new: str = "'B'") -> bool:
+    assert old in source
+    first = code_fingerprint(pick(_namespace(source)))
+    return first != code_fingerprint(pick(_namespace(source.replace(old, new))))
+
+
+def test_a_bound_method_sees_the_other_methods_it_calls() -> None:
+    source = "class Critic:\n    def prompt(self):\n        return 'A'\n" \
+             "    def run(self, ctx):\n        return self.prompt() + ctx['draft']\n"
+    assert _differ(source, lambda ns: ns["Critic"]().run)
+
+
+def test_a_property_the_step_reads_is_part_of_it() -> None:
+    source = "class Critic:\n    @property\n    def tone(self):\n        return 'A'\n" \
+             "    def run(self, ctx):\n        return self.tone + ctx['draft']\n"
+    assert _differ(source, lambda ns: ns["Critic"]().run)
+
+
+def test_a_callable_object_sees_its_base_class() -> None:
+    source = "class Base:\n    def prompt(self):\n        return 'A'\n" \
+             "class Critic(Base):\n    def __call__(self, ctx):\n        return self.prompt()\n"
+    assert _differ(source, lambda ns: ns["Critic"]())
+
+
+def test_an_object_of_the_module_the_step_names_is_seen_by_its_class() -> None:
+    source = "class Critic:\n    def run(self, text):\n        return 'A' + text\n" \
+             "critic = Critic()\n" \
+             "def step(ctx):\n    return critic.run(ctx['draft'])\n"
+    assert _differ(source, lambda ns: ns["step"])
+
+
+def test_a_function_a_decorator_of_another_module_holds_is_seen() -> None:
+    lib: dict[str, Any] = {"__name__": "lib"}
+    exec(compile(_DECORATOR, "<lib>", "exec"), lib)
+    source = "@plain\ndef step(ctx):\n    return 'A' + ctx['draft']\n"
+    first = code_fingerprint(_namespace(source, plain=lib["plain"])["step"])
+    second = code_fingerprint(_namespace(source.replace("'A'", "'B'"), plain=lib["plain"])["step"])
+    assert first != second
+
+
+def test_the_same_code_keeps_its_fingerprint() -> None:
+    source = "class Base:\n    def prompt(self):\n        return 'A'\n" \
+             "class Critic(Base):\n    @property\n    def tone(self):\n        return 'A'\n" \
+             "    def __call__(self, ctx):\n        return self.prompt() + self.tone\n" \
+             "critic = Critic()\n" \
+             "def step(ctx):\n    return critic(ctx)\n"
+    assert code_fingerprint(_namespace(source)["step"]) == code_fingerprint(_namespace(source)["step"])
+    assert code_fingerprint(_namespace(source)["Critic"]()) == \
+        code_fingerprint(_namespace(source)["Critic"]())
