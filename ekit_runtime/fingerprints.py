@@ -16,12 +16,14 @@ sits in a file. It covers, recursively:
   is part of the step. A list, dict or set is counted by its type only: it
   is state that changes while the program runs (an accumulator, a memo),
   and hashing its contents would make the same code look changed;
-- the functions it calls by a global name, or holds in a closure cell, when
-  they are defined in the same module (a helper that builds the prompt), and
-  the methods of a class of the same module that it names;
+- the functions it calls by a global name when they are defined in the same
+  module (a helper that builds the prompt), and every function it holds in
+  a closure cell (what a decorator wraps, from any module); the code of a
+  class of the same module that it names, or of whose object it names or
+  is a method: its methods, properties and same-module base classes;
 - for a ``functools.partial``, the function and its plain-data arguments;
   for a bound method, the function and its object's class; for any other
-  callable object, its class's ``__call__``.
+  callable object, its class (its ``__call__`` only, for another module's).
 
 It does not see, and the docs say so (docs/cache.md): file names and line
 numbers (moving a function, reformatting it, editing a comment: no
@@ -83,8 +85,11 @@ class _Hasher:
             self.value(fn.args, depth)
             self.value(fn.keywords, depth)
         elif isinstance(fn, types.MethodType):
-            self.put("method", type(fn.__self__).__qualname__)
+            owner = fn.__self__ if isinstance(fn.__self__, type) else type(fn.__self__)
+            self.put("method", owner.__qualname__)
             self.callable(fn.__func__, depth)
+            if owner.__module__ == self.module:  # the other methods it calls through self
+                self.klass(owner, depth + 1)
         elif isinstance(fn, types.FunctionType):
             self.function(fn, depth)
         elif isinstance(fn, type):
@@ -94,7 +99,9 @@ class _Hasher:
         else:
             call = inspect.getattr_static(type(fn), "__call__", None)
             self.put("object", type(fn).__module__, type(fn).__qualname__)
-            if isinstance(call, types.FunctionType):
+            if type(fn).__module__ == self.module:  # its class's code: __call__ and what it calls
+                self.klass(type(fn), depth + 1)
+            elif isinstance(call, types.FunctionType):
                 self.function(call, depth)
 
     def function(self, fn: types.FunctionType, depth: int) -> None:
@@ -113,7 +120,10 @@ class _Hasher:
             except ValueError:  # an empty cell: the enclosing function has not bound it yet
                 self.put("empty")
                 continue
-            self.reference(contents, depth)
+            if isinstance(contents, types.FunctionType):  # a decorator's wrapped function, any module
+                self.callable(contents, depth + 1)
+            else:
+                self.reference(contents, depth)
         globals_ = fn.__globals__
         for name in _names(fn.__code__):
             if name in globals_:
@@ -126,6 +136,9 @@ class _Hasher:
             self.value(value, depth)
         elif isinstance(value, types.FunctionType | type) and value.__module__ == self.module:
             self.callable(value, depth + 1)
+        elif type(value).__module__ == self.module:  # an object of a class of the module: its code
+            self.put("object", type(value).__qualname__)
+            self.klass(type(value), depth + 1)
         else:
             self.put("opaque", type(value).__module__, type(value).__qualname__)
 
@@ -135,10 +148,19 @@ class _Hasher:
             return
         self.seen.add(id(cls))
         self.put("class", cls.__qualname__)
+        for base in cls.__bases__:
+            if base.__module__ == self.module:  # inherited methods of the module are its code too
+                self.put("base")
+                self.klass(base, depth + 1)
         for name, member in sorted(vars(cls).items()):
             if isinstance(member, staticmethod | classmethod):
                 member = member.__func__
-            if isinstance(member, types.FunctionType):
+            if isinstance(member, property):
+                self.put("property", name)
+                for accessor in (member.fget, member.fset, member.fdel):
+                    if isinstance(accessor, types.FunctionType):
+                        self.function(accessor, depth + 1)
+            elif isinstance(member, types.FunctionType):
                 self.put("member", name)
                 self.function(member, depth + 1)
             elif _plain(member, 0) and not name.startswith("__"):
