@@ -101,11 +101,15 @@ class DirectoryCache(Cache):
         files: list[tuple[float, int, Path]] = []
         for path in self.root.glob("*/*.json"):
             entry = _read(path)
-            if entry is None:
-                path.unlink(missing_ok=True)
-                dropped += 1
+            try:  # another process's prune may remove any entry at any moment: then it is gone
+                size = path.stat().st_size
+                if entry is None:
+                    path.unlink()
+                    dropped += 1
+                    continue
+            except FileNotFoundError:
                 continue
-            files.append((entry.created, path.stat().st_size, path))
+            files.append((entry.created, size, path))
         files.sort(reverse=True)
         total = 0
         for i, (created, size, path) in enumerate(files):
