@@ -71,6 +71,7 @@ from ekit_core.progress import run_progress
 from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
 from ekit_runtime.errors import RunWaiting
+from ekit_runtime.cache.base import Cache
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.base import claim_limit
 from ekit_runtime.queue.contract import RunQueue
@@ -189,6 +190,9 @@ class Worker:
       takes) for every run; a run's own options override them, name by name
       (``{"durations": True}`` records how long each step took, which the
       dashboard shows).
+    - ``cache``: a :class:`~ekit_runtime.cache.Cache` every run is driven
+      with (``run(cache=...)``): steps with ``cache=True`` are looked up in
+      it, and a call any run of the fleet made is not paid again.
 
     ``await worker.run()`` works until :meth:`stop` (or cancellation);
     ``await worker.run_until_idle()`` returns once nothing is claimable and
@@ -210,6 +214,7 @@ class Worker:
         executor: Executor | None = None,
         trace: TraceFactory | None = None,
         defaults: Mapping[str, Any] | None = None,
+        cache: Cache | None = None,
     ) -> None:
         """Check the arguments; nothing is claimed until :meth:`run`."""
         if not isinstance(registry, Mapping) or not registry:
@@ -237,7 +242,11 @@ class Worker:
             raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
         if trace is not None and not callable(trace):
             raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
+        if cache is not None and not isinstance(cache, Cache):
+            raise ValueError(f"cache must be an ekit Cache (SqliteCache, DirectoryCache, ...) or None, "
+                             f"got {type(cache).__name__}")
         self.executor = executor
+        self.cache = cache
         self.trace = trace
         self.defaults = check_run_options(defaults, "defaults")
         self._announced = -_ANNOUNCE_EVERY
@@ -471,6 +480,8 @@ class Worker:
         options = run_arguments({**self.defaults, **lease.options}) if self.defaults or lease.options else {}
         if self.executor is not None:
             options["executor"] = self.executor
+        if self.cache is not None:
+            options["cache"] = self.cache
         if self.trace is not None:
             trace = self.trace(lease)
             if trace is not None:
