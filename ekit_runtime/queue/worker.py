@@ -70,8 +70,8 @@ from ekit_core import WorkflowCheckpoint
 from ekit_core.progress import run_progress
 from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
-from ekit_runtime.errors import RunWaiting
 from ekit_runtime.cache.base import Cache
+from ekit_runtime.errors import RunWaiting
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.base import claim_limit
 from ekit_runtime.queue.contract import RunQueue
