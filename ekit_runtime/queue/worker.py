@@ -170,6 +170,17 @@ class _Drive:
         self.saved.set()
 
 
+def _check_objects(executor: object, trace: object, cache: object) -> None:
+    """Refuse, naming it, a worker's ``executor``, ``trace`` or ``cache`` of the wrong kind."""
+    if executor is not None and not isinstance(executor, Executor):
+        raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
+    if trace is not None and not callable(trace):
+        raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"cache must be an ekit Cache (SqliteCache, DirectoryCache, ...) or None, "
+                         f"got {type(cache).__name__}")
+
+
 class Worker:
     """Drive runs from ``queue`` with the workflows of ``registry`` (name -> ``Workflow``).
 
@@ -238,13 +249,7 @@ class Worker:
         if self.heartbeat >= self.lease_seconds:
             raise ValueError("heartbeat must be shorter than lease_seconds")
         self.poll = check_seconds(poll, "poll")
-        if executor is not None and not isinstance(executor, Executor):
-            raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
-        if trace is not None and not callable(trace):
-            raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
-        if cache is not None and not isinstance(cache, Cache):
-            raise ValueError(f"cache must be an ekit Cache (SqliteCache, DirectoryCache, ...) or None, "
-                             f"got {type(cache).__name__}")
+        _check_objects(executor, trace, cache)
         self.executor = executor
         self.cache = cache
         self.trace = trace
