@@ -79,7 +79,7 @@ class DirectoryCache(Cache):
 
     def entries(self) -> Iterator[CacheEntry]:
         """Every whole entry, newest first."""
-        found = [e for e in map(_read, self.root.glob("*/*.json")) if e is not None]
+        found = [e for e in map(_read, _entry_files(self.root)) if e is not None]
         return iter(sorted(found, key=lambda e: e.created, reverse=True))
 
     def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
@@ -99,7 +99,7 @@ class DirectoryCache(Cache):
             except FileNotFoundError:
                 pass
         files: list[tuple[float, int, Path]] = []
-        for path in self.root.glob("*/*.json"):
+        for path in _entry_files(self.root):
             entry = _read(path)
             try:  # another process's prune may remove any entry at any moment: then it is gone
                 size = path.stat().st_size
@@ -120,6 +120,13 @@ class DirectoryCache(Cache):
                 path.unlink(missing_ok=True)
                 dropped += 1
         return dropped
+
+
+def _entry_files(root: Path) -> Iterator[Path]:
+    """The entry files under ``root``: never through a folder that is a link to elsewhere."""
+    for folder in root.iterdir():
+        if folder.is_dir() and not folder.is_symlink():
+            yield from (p for p in folder.glob("*.json") if not p.is_symlink())
 
 
 def _read(path: Path) -> CacheEntry | None:
