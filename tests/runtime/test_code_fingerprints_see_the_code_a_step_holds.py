@@ -78,3 +78,12 @@ def test_the_same_code_keeps_its_fingerprint() -> None:
     assert code_fingerprint(_namespace(source)["step"]) == code_fingerprint(_namespace(source)["step"])
     assert code_fingerprint(_namespace(source)["Critic"]()) == \
         code_fingerprint(_namespace(source)["Critic"]())
+
+
+def test_where_the_module_lives_is_not_part_of_the_fingerprint() -> None:
+    # A step that finds its prompt file beside its module names __file__: two checkouts of the
+    # same code (two hosts of a fleet, a resume elsewhere) must agree on its fingerprint.
+    source = "import os\ndef step(ctx):\n    return os.path.dirname(__file__) + __name__ + ctx['x']\n"
+    here = _namespace(source, __file__="/home/a/project/steps.py")
+    there = _namespace(source, __file__="/srv/b/checkout/steps.py")
+    assert code_fingerprint(here["step"]) == code_fingerprint(there["step"])
