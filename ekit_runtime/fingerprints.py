@@ -27,7 +27,8 @@ sits in a file. It covers, recursively:
 
 It does not see, and the docs say so (docs/cache.md): file names and line
 numbers (moving a function, reformatting it, editing a comment: no
-change); the value of a global or cell that is not plain data (a client
+change), nor the values of a module's own names (``__file__``, ``__name__``:
+two checkouts of the same code agree); the value of a global or cell that is not plain data (a client
 object, a model settings object), only its name; code in other modules
 (a library upgrade); a prompt read from a file, the clock, the network, an
 environment variable. A new Python minor version compiles other bytecode,
@@ -128,7 +129,8 @@ class _Hasher:
         for name in _names(fn.__code__):
             if name in globals_:
                 self.put("global", name)
-                self.reference(globals_[name], depth)
+                if not (name.startswith("__") and name.endswith("__")):  # __file__: where, not what
+                    self.reference(globals_[name], depth)
 
     def reference(self, value: object, depth: int) -> None:
         """A value the code refers to by name: plain data by value, same-module code by its code."""
