@@ -87,3 +87,17 @@ def test_where_the_module_lives_is_not_part_of_the_fingerprint() -> None:
     here = _namespace(source, __file__="/home/a/project/steps.py")
     there = _namespace(source, __file__="/srv/b/checkout/steps.py")
     assert code_fingerprint(here["step"]) == code_fingerprint(there["step"])
+
+
+def test_a_partial_the_step_calls_by_name_is_seen_with_its_arguments() -> None:
+    source = "import functools\ndef render(template, ctx):\n    return template + ctx['x']\n" \
+             "build = functools.partial(render, 'A')\n" \
+             "def step(ctx):\n    return build(ctx)\n"
+    assert _differ(source, lambda ns: ns["step"])
+
+
+def test_a_bound_method_the_step_calls_by_name_is_seen() -> None:
+    source = "class Renderer:\n    def render(self, ctx):\n        return 'A' + ctx['x']\n" \
+             "render = Renderer().render\n" \
+             "def step(ctx):\n    return render(ctx)\n"
+    assert _differ(source, lambda ns: ns["step"])
