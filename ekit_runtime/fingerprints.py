@@ -21,7 +21,8 @@ sits in a file. It covers, recursively:
   a closure cell (what a decorator wraps, from any module); the code of a
   class of the same module that it names, or of whose object it names or
   is a method: its methods, properties and same-module base classes;
-- for a ``functools.partial``, the function and its plain-data arguments;
+- for a ``functools.partial`` (the step, or one it names), the function and
+  its plain-data arguments;
   for a bound method, the function and its object's class; for any other
   callable object, its class (its ``__call__`` only, for another module's).
 
@@ -137,6 +138,8 @@ class _Hasher:
         if _plain(value, 0):
             self.value(value, depth)
         elif isinstance(value, types.FunctionType | type) and value.__module__ == self.module:
+            self.callable(value, depth + 1)
+        elif isinstance(value, functools.partial | types.MethodType):  # code with what it holds
             self.callable(value, depth + 1)
         elif type(value).__module__ == self.module:  # an object of a class of the module: its code
             self.put("object", type(value).__qualname__)
