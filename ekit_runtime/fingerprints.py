@@ -137,9 +137,8 @@ class _Hasher:
         """A value the code refers to by name: plain data by value, same-module code by its code."""
         if _plain(value, 0):
             self.value(value, depth)
-        elif isinstance(value, types.FunctionType | type) and value.__module__ == self.module:
-            self.callable(value, depth + 1)
-        elif isinstance(value, functools.partial | types.MethodType):  # code with what it holds
+        elif ((isinstance(value, types.FunctionType | type) and value.__module__ == self.module)
+              or isinstance(value, functools.partial | types.MethodType)):  # (with what they hold)
             self.callable(value, depth + 1)
         elif type(value).__module__ == self.module:  # an object of a class of the module: its code
             self.put("object", type(value).__qualname__)
