@@ -39,6 +39,7 @@ from ekit_runtime.stores.codec import default_dumps, default_loads
 
 __all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "Reads", "entry_key", "head_of"]
 
+_NOTHING: Any = object()
 _ABSENT = "-"  # the hash recorded for a key the step asked for and the context did not hold
 KEYS = "\x00keys"
 """The read recorded for a step that iterated over its context: the hash of its sorted key set."""
@@ -296,6 +297,8 @@ class CachedStep:
     types: tuple[str, ...]
     encode: Any
     decode: Any
+    # entry key -> its output, decoded by lookup or store (a hit decodes once): what output_of hands
+    _decoded: dict[str, Any] = field(default_factory=dict)
 
     def head(self, item: str | None) -> str:
         """The head of the step, or of one of its items."""
@@ -306,8 +309,8 @@ class CachedStep:
         memo: dict[str, str | None] = {}
         try:
             for entry in self.cache.candidates(head):
-                if all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items()):
-                    default_loads(entry.output)  # a damaged output is a miss, not a failed step
+                if (all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items())
+                        and self._decodes(entry)):
                     return entry
         except Exception as exc:  # a damaged or unreachable cache: the step runs, as on a miss
             _warn(f"could not look up {self.step!r} in {self.cache!r}; running it", exc)
@@ -315,7 +318,19 @@ class CachedStep:
 
     def output_of(self, entry: CacheEntry) -> Any:
         """The output an entry holds, decoded."""
-        return self.decode(default_loads(entry.output))
+        decoded = self._decoded.pop(entry.key, _NOTHING)
+        return self.decode(default_loads(entry.output)) if decoded is _NOTHING else decoded
+
+    def _decodes(self, entry: CacheEntry) -> bool:
+        """Whether ``entry``'s output decodes (kept for :meth:`output_of`): one that no longer
+        does (damaged, or made with an output type that changed since) is a miss, with a warning."""
+        try:
+            self._decoded[entry.key] = self.decode(default_loads(entry.output))
+        except Exception as exc:
+            _warn(f"the entry {entry.key} of {self.step!r} in {self.cache!r} cannot be decoded; "
+                  "passing over it", exc)
+            return False
+        return True
 
     def store(self, head: str, reads: Reads, name: str, output: Any, usage: TokenUsage
               ) -> CacheEntry | None:
@@ -339,12 +354,8 @@ class CachedStep:
             return None
         if stored.output == text:
             return None
-        try:
-            default_loads(stored.output)
-        except ValueError as exc:  # a damaged entry holds the key: this run keeps its own output
-            _warn(f"the entry stored for {name!r} in {self.cache!r} is damaged", exc)
-            return None
-        return stored
+        # another process stored this key first: all go on with its output, if it decodes
+        return stored if self._decodes(stored) else None
 
 
 def _warn(what: str, exc: Exception) -> None:
