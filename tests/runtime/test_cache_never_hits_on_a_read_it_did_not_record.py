@@ -89,3 +89,15 @@ def test_the_answer_to_a_question_is_part_of_the_key(cache: SqliteCache) -> None
     assert answered("red") == "tides in red"
     assert answered("blue") == "tides in blue"
     assert answered("red") == "tides in red"
+
+
+def test_deleting_a_key_reads_whether_it_was_there(cache: SqliteCache) -> None:
+    def tidy(ctx: Any) -> str:
+        try:
+            del ctx["draft"]
+        except KeyError:
+            return "nothing to tidy"
+        return "tidied"
+
+    assert _run(cache, tidy, {"topic": "tides"}) == "nothing to tidy"
+    assert _run(cache, tidy, {"topic": "tides", "draft": "d"}) == "tidied"
