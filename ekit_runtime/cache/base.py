@@ -181,6 +181,7 @@ class Reads(MutableMapping[str, Any]):
         self._context[key] = value
 
     def __delitem__(self, key: str) -> None:
+        self._read(key)  # whether it was there (a KeyError or not) is an input
         self._written.add(key)
         del self._context[key]
 
