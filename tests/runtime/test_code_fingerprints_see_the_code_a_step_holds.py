@@ -101,3 +101,23 @@ def test_a_bound_method_the_step_calls_by_name_is_seen() -> None:
              "render = Renderer().render\n" \
              "def step(ctx):\n    return render(ctx)\n"
     assert _differ(source, lambda ns: ns["step"])
+
+
+_CLASS_DECORATOR = '''
+import functools
+class traced:
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+    def __call__(self, ctx):
+        return self.fn(ctx)
+'''
+
+
+def test_a_function_an_object_wraps_is_seen_through_its_wrapped() -> None:
+    lib: dict[str, Any] = {"__name__": "lib"}
+    exec(compile(_CLASS_DECORATOR, "<lib>", "exec"), lib)
+    source = "@traced\ndef step(ctx):\n    return 'A' + ctx['draft']\n"
+    first = code_fingerprint(_namespace(source, traced=lib["traced"])["step"])
+    second = code_fingerprint(_namespace(source.replace("'A'", "'B'"), traced=lib["traced"])["step"])
+    assert first != second
