@@ -24,7 +24,8 @@ sits in a file. It covers, recursively:
 - for a ``functools.partial`` (the step, or one it names), the function and
   its plain-data arguments;
   for a bound method, the function and its object's class; for any other
-  callable object, its class (its ``__call__`` only, for another module's).
+  callable object, its class (its ``__call__`` only, for another module's)
+  and what it wraps (``__wrapped__``: a decorator object, ``lru_cache``).
 
 It does not see, and the docs say so (docs/cache.md): file names and line
 numbers (moving a function, reformatting it, editing a comment: no
@@ -105,6 +106,10 @@ class _Hasher:
                 self.klass(type(fn), depth + 1)
             elif isinstance(call, types.FunctionType):
                 self.function(call, depth)
+            wrapped = getattr(fn, "__wrapped__", None)  # a decorator object (update_wrapper, lru_cache)
+            if wrapped is not None and wrapped is not fn and depth <= _DEPTH:
+                self.put("wrapped")
+                self.callable(wrapped, depth + 1)
 
     def function(self, fn: types.FunctionType, depth: int) -> None:
         if id(fn) in self.seen or depth > _DEPTH:
