@@ -426,11 +426,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
         if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
                 self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ) or (self.versions is not previous.versions and self.versions != previous.versions) or (
-                self.redone is not previous.redone and self.redone != previous.redone) or (
-                self.code_fingerprints is not previous.code_fingerprints
-                and self.code_fingerprints != previous.code_fingerprints) or (
-                self.cache_hits is not previous.cache_hits and self.cache_hits != previous.cache_hits):
+        ) or not _same_tables(self, previous):
             # (Versions change only when a resume bumps a tag: a store then writes them in full.)
             # (Outputs set aside only change when an expansion lets them go: rarely.)
             return _full_delta(self, extends=False)
@@ -529,7 +525,7 @@ class WorkflowCheckpoint(_CheckpointFields):
                 raise CheckpointError(f"versions.{name}", f"must be a string, got {type(tag).__name__}")
         skipped, shapes = _skipped_and_shapes(data)
         outputs = _table(data["outputs"], "outputs")
-        checkpoint = cls(
+        return cls(
             step_index=_count(data["step_index"], "step_index"),
             outputs=MappingProxyType(outputs),
             cost=_usage(data["cost"], "cost"),
@@ -551,10 +547,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             durations=check_durations(data.get("durations")),
             redone=_redone(data.get("redone", {})),
             began=check_began(data.get("began")),
-            code_fingerprints=_code_fingerprints(data.get("code_fingerprints", {})),
-            cache_hits=_cache_hits(data.get("cache_hits", {})),
+            **_issue_45_tables(data),
         )
-        return checkpoint
 
 
 class RecordedGraph(Mapping[str, tuple[str, ...]]):
@@ -1018,6 +1012,20 @@ def _format_version(data: dict[Any, Any]) -> int:
         if key not in data:
             raise CheckpointError(key, "missing")
     return version
+
+
+def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
+    """Whether the tables a run changes only when it starts (versions, redone) or rarely (code
+    fingerprints, cache hits) are the same in both checkpoints (shared, or equal)."""
+    return all(a is b or a == b for a, b in (
+        (cp.versions, previous.versions), (cp.redone, previous.redone),
+        (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits)))
+
+
+def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:
+    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md)."""
+    return {"code_fingerprints": _code_fingerprints(data.get("code_fingerprints", {})),
+            "cache_hits": _cache_hits(data.get("cache_hits", {}))}
 
 
 def _code_fingerprints(value: object) -> MappingProxyType[str, str]:

@@ -96,22 +96,16 @@ def outdated_steps(
     what it makes now), or its code's fingerprint (``code``, step -> fingerprint:
     see :mod:`ekit_core.code`) differs from the recorded one.
     """
-    versions = versions or {}
-    code = code or {}
-    recorded_code = checkpoint.code_fingerprints
-    recorded_versions = checkpoint.versions
+    versions, code = versions or {}, code or {}
     recorded_graph: Mapping[str, tuple[str, ...]] = checkpoint.graph or {}
     reshaped = set(reshaped_steps(graph, checkpoint))
     changed: dict[str, str] = {}
     for name in graph.names:
         if name not in checkpoint.outputs:
             continue
-        old, new = recorded_versions.get(name), versions.get(name)
-        if old != new:
-            changed[name] = f"its version changed from {old!r} to {new!r}"
-        elif recorded_code and code_changed(recorded_code, code, name):
-            changed[name] = "its code changed since recorded (fingerprint " \
-                f"{recorded_code[name][:12]} is now {code[name][:12]})"
+        why = _other_work(checkpoint, versions, code, name)
+        if why is not None:
+            changed[name] = why
         elif name in recorded_graph and set(recorded_graph[name]) != set(graph.deps[name]):
             changed[name] = (
                 f"its dependencies changed from {sorted(recorded_graph[name])} "
@@ -136,6 +130,19 @@ def outdated_steps(
             if child in checkpoint.outputs:
                 reasons[child] = f"it depends on {parent!r}, which runs again"
     return {n: reasons[n] for n in graph.names if n in reasons}
+
+
+def _other_work(checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], code: Mapping[str, str],
+                name: str) -> str | None:
+    """Why the recorded output of ``name`` is other work by its tag or its code (``None``: not)."""
+    old, new = checkpoint.versions.get(name), versions.get(name)
+    if old != new:
+        return f"its version changed from {old!r} to {new!r}"
+    recorded = checkpoint.code_fingerprints
+    if recorded and code_changed(recorded, code, name):
+        return (f"its code changed since recorded (fingerprint {recorded[name][:12]} "
+                f"is now {code[name][:12]})")
+    return None
 
 
 def _shape_text(shape: Shape | None) -> str:

@@ -534,40 +534,33 @@ def initial_state(
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
-    A resumed run restores the checkpoint's outputs, usage, failures and
-    context verbatim; the steps counted as done are exactly those with a
-    recorded output. ``context`` is merged over the recorded context (its
-    keys win). ``approval`` says that the run asks an approval callback
-    before each step's first attempt. ``isolate_failures`` keeps a failure
-    (after its retries) in its branch: only the steps that depend on it
-    wait, the rest of the run goes on, and the run ends ``"failed"``.
-    ``versions`` holds the steps' version tags: a recorded step whose tag
-    (or, with ``allow_graph_change``, whose dependencies) changed runs again,
-    with everything downstream of it (``StepOutdated`` events say why).
-    ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
-    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names) makes the run
-    start only those steps and what they need, and end once they are
-    recorded (see :mod:`ekit_core.selection`). ``durations`` records each
-    ``Succeeded.duration`` (a resumed checkpoint's are kept either way). ``code_fingerprints``
-    (step -> the fingerprint of its code, see :mod:`ekit_core.code`) are
-    recorded in every checkpoint; a recorded step whose recorded fingerprint
-    differs runs again, as for a changed tag. Every
-    argument is checked first, before any step could run: ``ValueError`` naming it.
+    A resumed run restores the checkpoint's outputs, usage, failures and context verbatim;
+    the steps counted as done are exactly those with a recorded output. ``context`` is
+    merged over the recorded context (its keys win). ``approval`` says that the run asks an
+    approval callback before each step's first attempt. ``isolate_failures`` keeps a failure
+    (after its retries) in its branch: only the steps that depend on it wait, the rest of
+    the run goes on, and the run ends ``"failed"``. ``versions`` holds the steps' version
+    tags: a recorded step whose tag (or, with ``allow_graph_change``, whose dependencies)
+    changed runs again, with everything downstream of it (``StepOutdated`` events say why);
+    so does one whose code fingerprint (``code_fingerprints``: :mod:`ekit_core.code`)
+    changed. ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
+    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names)
+    makes the run start only those steps and what they need, and end once they are recorded
+    (see :mod:`ekit_core.selection`). ``durations`` records each ``Succeeded.duration`` (a
+    resumed checkpoint's are kept either way). Every argument is checked first, before any
+    step could run: ``ValueError`` naming it.
     """
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
-    tags = _check_versions(graph, versions)
-    code = _check_code(graph, code_fingerprints)
+    tags, code = _check_versions(graph, versions), _check_code(graph, code_fingerprints)
     outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None, code)
-    # Its dependents are given by each path below: building the whole index
-    # here would cost a resume an entry per recorded step.
+    # Its dependents come from each path below (a whole index: an entry per recorded step).
     base = RunSpec(graph, limits, MappingProxyType(
-        _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET)
-    if code:
-        base = _replace(base, code_fingerprints=code)
+        _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET,
+        code_fingerprints=code)
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events, touched)
     return _initial_static(graph, checkpoint, base, outdated, record_events, touched)

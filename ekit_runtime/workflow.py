@@ -318,7 +318,6 @@ class Workflow:
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
         resume_from, answers = self._answered(options), options.get("answers")
-        prints = self.code_fingerprints() if self._code_policies else None  # once per run
         state = self.start_state(
             initial_context,
             resume_from=resume_from,
@@ -331,7 +330,7 @@ class Workflow:
             run_id=run_id,
             only=options.get("only"),
             durations=options.get("durations", False),
-            _current_code=prints,
+            _current_code=(prints := self.code_fingerprints() if self._code_policies else None),
         )
         if answers:  # an answer to a question the resume dropped (its work changed) is refused
             refuse_dropped_answers(answers, state.setbacks.asked)
@@ -350,13 +349,17 @@ class Workflow:
         )
         if answers:
             runner.save_first = True
-        cache = options.get("cache")
+        self._bind_cache(runner, options.get("cache"), prints, resume_from)
+        return runner
+
+    def _bind_cache(self, runner: Runner, cache: Cache | None, prints: Mapping[str, str] | None,
+                    resume_from: object) -> None:
+        """Give ``runner`` the run's cached steps and the hits ``resume_from`` records."""
         if cache is not None:
-            runner.use_cache(self._cached_steps(cache, executor, prints or {}))
-        hits = _recorded_hits(resume_from, state)
+            runner.use_cache(self._cached_steps(cache, runner.executor, prints or {}))
+        hits = _recorded_hits(resume_from, runner.state)
         if hits:
             runner.cache_hits = hits
-        return runner
 
     def _cached_steps(self, cache: Cache, default: Executor | None, prints: Mapping[str, str]
                       ) -> dict[str, CachedStep]:
@@ -411,14 +414,13 @@ class Workflow:
         - ``checkpoint_fn``: called (and awaited if async) with a new
           :class:`WorkflowCheckpoint` after each group of completions; an
           exception from it propagates out of ``run``.
-        - ``resume_from``: a checkpoint (or its dict): the steps it records are skipped.
+        - ``resume_from``: a checkpoint (or its dict) whose recorded steps are skipped.
         - ``max_concurrency``: at most this many steps in flight.
         - ``budget``: stop starting steps once usage reaches any non-zero field;
           raises :class:`BudgetExceeded`.
         - ``approval``: ``approval(name, metadata)`` before each step's first
           attempt; a denial raises :class:`ApprovalDenied`.
-        - ``trace``: receives every :mod:`ekit_core.events` event (a callback,
-          or a list of callbacks that each receive every event).
+        - ``trace``: receives every :mod:`ekit_core.events` event (a callback, or a list of them).
         - ``allow_graph_change``: resume a checkpoint recorded from another graph.
         - ``executor``: where steps run unless they name their own (default:
           async steps on the loop, sync steps in a worker thread).
@@ -445,10 +447,7 @@ class Workflow:
           an answer that does not fit its question, is a ``ValueError``.
         - ``only``: step names to run, with what they need, and none else: :mod:`ekit_core.selection`.
         - ``durations``: record how long each step took in the checkpoints (off by default).
-        - ``cache``: a :class:`~ekit_runtime.cache.Cache` (``SqliteCache(path)``,
-          ``DirectoryCache(path)``) that hands the steps with ``cache=True`` an
-          output recorded for the same code and the same inputs, at no cost
-          (see docs/cache.md); ``None``: no step is looked up.
+        - ``cache``: a :class:`~ekit_runtime.cache.Cache` for steps with ``cache=True`` (docs/cache.md).
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised
