@@ -121,3 +121,13 @@ def test_a_function_an_object_wraps_is_seen_through_its_wrapped() -> None:
     first = code_fingerprint(_namespace(source, traced=lib["traced"])["step"])
     second = code_fingerprint(_namespace(source.replace("'A'", "'B'"), traced=lib["traced"])["step"])
     assert first != second
+
+
+_MODES = "import enum\nclass Mode(enum.Enum):\n    FAST = 'fast'\n    SLOW = 'slow'\n"
+
+
+def test_an_enum_member_in_a_default_or_a_constant_is_seen_by_which_it_is() -> None:
+    default = _MODES + "def step(ctx, mode=Mode.FAST):\n    return mode.value + ctx['x']\n"
+    constant = _MODES + "MODE = Mode.FAST\ndef step(ctx):\n    return MODE.value + ctx['x']\n"
+    assert _differ(default, lambda ns: ns["step"], "=Mode.FAST", "=Mode.SLOW")
+    assert _differ(constant, lambda ns: ns["step"], "= Mode.FAST", "= Mode.SLOW")
