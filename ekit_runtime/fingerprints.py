@@ -11,7 +11,8 @@ sits in a file. It covers, recursively:
 - its defaults (``__defaults__``, ``__kwdefaults__``);
 - the values of its closure cells and of the globals it names, when those
   are immutable plain data (``None``, ``bool``, ``int``, ``float``,
-  ``complex``, ``str``, ``bytes``, and tuples and frozensets of them): a
+  ``complex``, ``str``, ``bytes``, and tuples and frozensets of them; an
+  enum member by its class, name and value): a
   prompt held in a module constant or a variable of the enclosing function
   is part of the step. A list, dict or set is counted by its type only: it
   is state that changes while the program runs (an accumulator, a memo),
@@ -42,6 +43,7 @@ fingerprints (:mod:`ekit_core.code`), as it receives ``version`` tags.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import inspect
@@ -140,7 +142,7 @@ class _Hasher:
 
     def reference(self, value: object, depth: int) -> None:
         """A value the code refers to by name: plain data by value, same-module code by its code."""
-        if _plain(value, 0):
+        if _plain(value, 0) or isinstance(value, enum.Enum):
             self.value(value, depth)
         elif ((isinstance(value, types.FunctionType | type) and value.__module__ == self.module)
               or isinstance(value, functools.partial | types.MethodType)):  # (with what they hold)
@@ -204,6 +206,9 @@ class _Hasher:
                                     key=lambda pair: pair[0]):
                 self.put(key)
                 self.value(item, depth)
+        elif isinstance(value, enum.Enum):  # a mode, a model name: which member, and its value
+            self.put("enum", type(value).__qualname__, value.name)
+            self.value(value.value, depth)
         elif isinstance(value, types.CodeType):
             self.code(value)
         elif callable(value) and depth <= _DEPTH:
