@@ -298,8 +298,9 @@ class CachedStep:
     types: tuple[str, ...]
     encode: Any
     decode: Any
-    # entry key -> its output, decoded by lookup or store (a hit decodes once): what output_of hands
-    _decoded: dict[str, Any] = field(default_factory=dict)
+    # id(entry) -> its output, decoded by lookup or store, handed on by output_of (a hit decodes
+    # once; by id, not key: a key is a hash to compute, and the caller holds the entry meanwhile)
+    _decoded: dict[int, Any] = field(default_factory=dict)
 
     def head(self, item: str | None) -> str:
         """The head of the step, or of one of its items."""
@@ -319,14 +320,14 @@ class CachedStep:
 
     def output_of(self, entry: CacheEntry) -> Any:
         """The output an entry holds, decoded."""
-        decoded = self._decoded.pop(entry.key, _NOTHING)
+        decoded = self._decoded.pop(id(entry), _NOTHING)
         return self.decode(default_loads(entry.output)) if decoded is _NOTHING else decoded
 
     def _decodes(self, entry: CacheEntry) -> bool:
         """Whether ``entry``'s output decodes (kept for :meth:`output_of`): one that no longer
         does (damaged, or made with an output type that changed since) is a miss, with a warning."""
         try:
-            self._decoded[entry.key] = self.decode(default_loads(entry.output))
+            self._decoded[id(entry)] = self.decode(default_loads(entry.output))
         except Exception as exc:
             _warn(f"the entry {entry.key} of {self.step!r} in {self.cache!r} cannot be decoded; "
                   "passing over it", exc)
