@@ -131,3 +131,14 @@ def test_an_enum_member_in_a_default_or_a_constant_is_seen_by_which_it_is() -> N
     constant = _MODES + "MODE = Mode.FAST\ndef step(ctx):\n    return MODE.value + ctx['x']\n"
     assert _differ(default, lambda ns: ns["step"], "=Mode.FAST", "=Mode.SLOW")
     assert _differ(constant, lambda ns: ns["step"], "= Mode.FAST", "= Mode.SLOW")
+
+
+def test_settings_in_a_frozen_dataclass_or_namedtuple_constant_are_seen_by_value() -> None:
+    # The model and its temperature held in one immutable settings constant of the module.
+    frozen = "import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass Settings:\n" \
+             "    model: str\n    temperature: float\n" \
+             "SETTINGS = Settings('gpt', 0.2)\ndef step(ctx):\n    return SETTINGS.model + ctx['x']\n"
+    named = "import typing\nclass Settings(typing.NamedTuple):\n    model: str\n    temperature: float\n" \
+            "SETTINGS = Settings('gpt', 0.2)\ndef step(ctx):\n    return SETTINGS.model + ctx['x']\n"
+    for source in (frozen, named):
+        assert _differ(source, lambda ns: ns["step"], "0.2)", "0.9)")
