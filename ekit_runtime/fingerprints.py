@@ -11,8 +11,9 @@ sits in a file. It covers, recursively:
 - its defaults (``__defaults__``, ``__kwdefaults__``);
 - the values of its closure cells and of the globals it names, when those
   are immutable plain data (``None``, ``bool``, ``int``, ``float``,
-  ``complex``, ``str``, ``bytes``, and tuples and frozensets of them; an
-  enum member by its class, name and value): a
+  ``complex``, ``str``, ``bytes``, and tuples (NamedTuples too), frozensets
+  and frozen dataclasses of them; an enum member by its class, name and
+  value): a
   prompt held in a module constant or a variable of the enclosing function
   is part of the step. A list, dict or set is counted by its type only: it
   is state that changes while the program runs (an accumulator, a memo),
@@ -43,6 +44,7 @@ fingerprints (:mod:`ekit_core.code`), as it receives ``version`` tags.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -206,6 +208,11 @@ class _Hasher:
                                     key=lambda pair: pair[0]):
                 self.put(key)
                 self.value(item, depth)
+        elif _frozen_dataclass(value):  # settings: the model, the temperature, by value
+            self.put("dataclass", type(value).__qualname__)
+            for f in dataclasses.fields(value):  # type: ignore[arg-type]  # (mypy: an object)
+                self.put(f.name)
+                self.value(getattr(value, f.name), depth)
         elif isinstance(value, enum.Enum):  # a mode, a model name: which member, and its value
             self.put("enum", type(value).__qualname__, value.name)
             self.value(value.value, depth)
@@ -230,9 +237,17 @@ def _plain(value: object, depth: int) -> bool:
         return True
     if depth > 8:
         return False
-    if type(value) is tuple or type(value) is frozenset:
+    if isinstance(value, tuple) or type(value) is frozenset:  # a NamedTuple of settings too
         return all(_plain(v, depth + 1) for v in value)
+    if _frozen_dataclass(value):
+        return all(_plain(getattr(value, f.name), depth + 1)
+                   for f in dataclasses.fields(value))  # type: ignore[arg-type]
     return False
+
+
+def _frozen_dataclass(value: object) -> bool:
+    params = getattr(type(value), "__dataclass_params__", None)
+    return params is not None and params.frozen and not isinstance(value, type)
 
 
 def _names(code: types.CodeType) -> list[str]:

@@ -25,7 +25,7 @@ def plain(fn):
 
 def _namespace(source: str, **globals_: Any) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "steps", **globals_}
-    exec(compile(source, "<steps>", "exec"), namespace)
+    exec(compile(source, "<steps>", "exec", dont_inherit=True), namespace)
     return namespace
 
 
