@@ -206,6 +206,8 @@ class _CheckpointFields:
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
 _STORED_DURATIONS: Any = vars(_CheckpointFields)["durations"]
 _STORED_BEGAN: Any = vars(_CheckpointFields)["began"]
+_STORED_CODE: Any = vars(_CheckpointFields)["code_fingerprints"]
+_STORED_HITS: Any = vars(_CheckpointFields)["cache_hits"]
 
 Timings: TypeAlias = (
     "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
@@ -356,9 +358,9 @@ class WorkflowCheckpoint(_CheckpointFields):
             step_index=step_index, cost=cost, context=context,
             failures=failures, graph=graph, versions=versions, fingerprint=fingerprint,
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
-            superseded=superseded, asked=asked, redone=redone, code_fingerprints=code_fingerprints,
-            cache_hits=cache_hits,
+            superseded=superseded, asked=asked, redone=redone,
         )
+        with_tables(cp, code_fingerprints, cache_hits)
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
         return cp
@@ -669,8 +671,6 @@ def fast_checkpoint(
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
-    code_fingerprints: MappingProxyType[str, str] = _NOTHING,
-    cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.
 
@@ -685,7 +685,9 @@ def fast_checkpoint(
     cp.fingerprint = fingerprint
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone = skipped, shapes, superseded, redone
-    cp.code_fingerprints, cp.cache_hits = code_fingerprints, cache_hits
+    # (issue 45's tables: empty here, set by with_tables where a run has them; no
+    # keyword of their own, whose default is a dict lookup on every call)
+    cp.code_fingerprints = cp.cache_hits = _NOTHING
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -1012,6 +1014,17 @@ def _format_version(data: dict[Any, Any]) -> int:
         if key not in data:
             raise CheckpointError(key, "missing")
     return version
+
+
+def with_tables(cp: WorkflowCheckpoint, code_fingerprints: Mapping[str, str],
+                cache_hits: Mapping[str, CacheHit] = _NO_HITS) -> WorkflowCheckpoint:
+    """``cp``, just made by :func:`fast_checkpoint` and not yet handed out, with issue 45's
+    tables (``code_fingerprints``, ``cache_hits``) set where non-empty: O(1)."""
+    if code_fingerprints:
+        _STORED_CODE.__set__(cp, code_fingerprints)
+    if cache_hits:
+        _STORED_HITS.__set__(cp, cache_hits)
+    return cp
 
 
 def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:

@@ -22,6 +22,7 @@ from ekit_core.checkpoint import (
     Timings,
     WorkflowCheckpoint,
     fast_checkpoint,
+    with_tables,
 )
 from ekit_core.events import Event, Outcome
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Exchange
@@ -367,20 +368,21 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
         )
     if shaped is None:  # (asked, or an empty mapping a hand-made state holds)
-        return fast_checkpoint(
+        cp = fast_checkpoint(
             state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-            code_fingerprints=spec.code_fingerprints,
             asked=setbacks.asked,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
-    return fast_checkpoint(
-        state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
-        context=spec.context, failures=setbacks.failures,
-        graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-        code_fingerprints=spec.code_fingerprints,
-        skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
-        superseded=shaped.superseded, asked=setbacks.asked,
-        format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
-    )
+    else:
+        cp = fast_checkpoint(
+            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
+            context=spec.context, failures=setbacks.failures,
+            graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
+            skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
+            superseded=shaped.superseded, asked=setbacks.asked,
+            format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
+        )
+    code = spec.code_fingerprints
+    return cp if code is NO_CODE else with_tables(cp, code)

@@ -13,6 +13,9 @@ worker, which resumes the run from its last checkpoint. See ``docs/queue.md``.
   ``postgresql://...``).
 - :data:`RUN_OPTIONS`: the plain-data run options a run may be submitted
   with (``submit(..., options=...)``), applied by the worker that drives it.
+- :class:`StreamEvent`, :class:`StreamPage`: a run's live stream, as
+  :meth:`RunQueue.stream` and :meth:`RunQueue.read_stream` hand it out
+  (see ``docs/streams.md``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ekit_runtime.queue.records import (
     UnknownRunError,
 )
 from ekit_runtime.queue.sqlite import SqliteQueue
+from ekit_runtime.queue.streams import StreamEvent, StreamPage
 from ekit_runtime.queue.worker import StepsFailed, TraceFactory, Worker
 from ekit_runtime.redaction import is_keyword_dsn, redacted
 
@@ -63,6 +67,8 @@ __all__ = [
     "RunsPage",
     "SqliteQueue",
     "StepsFailed",
+    "StreamEvent",
+    "StreamPage",
     "TraceFactory",
     "UnknownRunError",
     "Worker",

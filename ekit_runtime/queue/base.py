@@ -20,6 +20,7 @@ database is touched; the rest turns the rows a statement read into records
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple, NoReturn, Self, TypeVar, cast
 
@@ -62,6 +63,17 @@ from ekit_runtime.queue.records import (
     check_step_name,
     check_text,
     check_workflow_name,
+)
+from ekit_runtime.queue.streams import (
+    KINDS,
+    READ_LIMIT,
+    Published,
+    StreamEvent,
+    StreamPage,
+    StreamRows,
+    check_cap,
+    check_read,
+    page_of,
 )
 from ekit_runtime.step import unstorable_resource
 from ekit_runtime.stores.codec import Dumps, Loads, default_dumps, encode_text
@@ -1112,6 +1124,113 @@ class RunQueue(ABC):
             fingerprint = None if fp is None else check_text(fp, f"fingerprint of {name!r}", limit=200)
             checked.append((check_workflow_name(name), fingerprint))
         return checked
+
+    # -- a run's live stream (ekit_runtime.queue.streams) ----------------------
+
+    def publish_many(
+        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
+    ) -> list[int | Exception]:
+        """Append each run's events to its stream, fenced by its lease, in one transaction.
+
+        For each ``(lease, events)`` in order: the stream's newest offset once
+        they are appended, or :class:`LeaseLostError` (its own instance,
+        nothing written for that run) if the lease is no longer held. Each
+        stream then keeps its newest ``cap`` events. The worker's publisher
+        calls this (:mod:`ekit_runtime.queue.publisher`); a backend without
+        streams raises ``NotImplementedError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no run streams")
+
+    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
+        """The run's state and up to ``limit`` stream rows after ``after``, in one snapshot;
+        :class:`UnknownRunError` if there is no such run."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run streams")
+
+    @staticmethod
+    def _publishable(
+        batches: Sequence[tuple[Lease, Sequence[Published]]], cap: object
+    ) -> list[tuple[Lease, list[Published]]]:
+        """``publish_many``'s arguments, checked (``ValueError`` naming what is wrong), empties left out."""
+        check_cap(cap)
+        checked: list[tuple[Lease, list[Published]]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(batches):
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Lease)):
+                raise ValueError(f"batches[{i}] must be a (Lease, events) pair")
+            lease, events = item[0], list(item[1])
+            if lease.run_id in seen:
+                raise ValueError(f"batches holds run {lease.run_id!r} twice; join its events")
+            seen.add(lease.run_id)
+            for event in events:
+                if not isinstance(event, Published) or event.kind not in KINDS:
+                    raise ValueError(f"batches[{i}] holds {event!r:.80}, not a Published event of known kind")
+                _storable(event.data, f"the data of a {event.kind} event")
+                if event.step is not None:
+                    check_text(event.step, "step", limit=4000)
+            if events:
+                checked.append((lease, events))
+        return checked
+
+    def read_stream(self, run_id: str, after: int = 0, limit: int = READ_LIMIT) -> StreamPage:
+        """One read of ``run_id``'s stream: up to ``limit`` events after offset ``after``, never waiting.
+
+        See :mod:`ekit_runtime.queue.streams` for the ``gap`` and ``end``
+        events a read may add. Refused with a ``ValueError`` before the
+        database is read: a run id no run can have, an ``after`` that is not
+        a whole number from 0, a ``limit`` not from 1 to 1000; after it, an
+        ``after`` past the stream's last offset (no reader can have seen
+        it). An unknown run is an :class:`UnknownRunError` (a ``LookupError``).
+        """
+        run_id, after, limit = check_read(run_id, after, limit)
+        return page_of(run_id, after, limit, self._stream_rows(run_id, after, limit))
+
+    def stream(
+        self, run_id: str, after: int = 0, *, follow: bool = True, poll: float = 0.05
+    ) -> Iterator[StreamEvent]:
+        """The events of ``run_id``'s stream from offset ``after + 1``, in order; blocking.
+
+        With ``follow`` (the default) it waits for more until the run ends,
+        polling every ``poll`` seconds, slower while nothing comes (up to 10
+        times ``poll``), and its last event is ``end``. ``follow=False``
+        yields what is stored now and returns. To resume after a
+        disconnect, call it again with the offset of the last event seen.
+        """
+        wait = check_seconds(poll, "poll")
+        page = self.read_stream(run_id, after)  # (the arguments are checked now, not at the first next())
+        return self._follow(run_id, page, follow, wait)
+
+    def _follow(self, run_id: str, page: StreamPage, follow: bool, poll: float) -> Iterator[StreamEvent]:
+        nap = poll
+        while True:
+            yield from page.events
+            if page.ended or (not follow and len(page.events) < READ_LIMIT):
+                return
+            if page.events:
+                nap = poll
+            else:
+                time.sleep(nap)
+                nap = min(nap * 2, poll * 10)
+            page = self.read_stream(run_id, page.next_after)
+
+    async def astream(
+        self, run_id: str, after: int = 0, *, follow: bool = True, poll: float = 0.05
+    ) -> AsyncIterator[StreamEvent]:
+        """:meth:`stream` as an async iterator: each read runs in a thread, each wait is the loop's."""
+        wait = check_seconds(poll, "poll")
+        check_read(run_id, after)
+        nap, next_after = wait, after
+        while True:
+            page = await asyncio.to_thread(self.read_stream, run_id, next_after)
+            for event in page.events:
+                yield event
+            if page.ended or (not follow and len(page.events) < READ_LIMIT):
+                return
+            if page.events:
+                nap = wait
+            else:
+                await asyncio.sleep(nap)
+                nap = min(nap * 2, wait * 10)
+            next_after = page.next_after
 
     # -- one page of runs, filtered and counted (the dashboard's runs page) -----
 

@@ -16,6 +16,8 @@
   N`` / ``--budget-input-tokens N`` / ``--budget-output-tokens N``,
   ``--isolate-failures`` (defaults a run's own options override),
   ``--executor MODULE:ATTR`` and ``--trace otel|progress|MODULE:ATTR``.
+  ``--stream-cap N`` (events each run's stream keeps) and ``--no-stream``
+  (publish none: see :mod:`ekit_runtime.queue.streams`).
 - ``ekit queue --queue URL submit WORKFLOW [--context JSON] [--run-id ID]
   [--priority N] [--option KEY=VALUE]... [--options JSON]``, ``status RUN``,
   ``list [--status S] [--workflow W] [--json]`` (a table, or JSON), ``cancel RUN``,
@@ -23,6 +25,8 @@
   :mod:`ekit_runtime.durations`), ``checkpoint RUN`` (the checkpoint as JSON;
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N] [--resource NAME=N ...]``.
+- ``ekit queue --queue URL watch RUN [--after N] [--json]``: the run's live
+  stream (:mod:`ekit_runtime.queue.watch`), until the run ends.
 - ``ekit queue --queue URL retry RUN`` (a failed or cancelled run, queued again
   from its checkpoint), ``rewind RUN STEP...`` (those steps and everything
   downstream run again, in place), ``fork RUN [STEP...] [--run-id NEW]
@@ -62,6 +66,8 @@ from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import Executor, busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, STATUSES, Lease, RunInfo, RunQueue, Worker, open_queue
 from ekit_runtime.queue.options import RUN_OPTIONS
+from ekit_runtime.queue.streams import DEFAULT_CAP
+from ekit_runtime.queue.watch import watch
 from ekit_runtime.queue.worker import TraceFactory
 from ekit_runtime.redaction import redacted
 from ekit_runtime.sources import SourceError, pick_workflow, workflow_entries, workflow_spec
@@ -285,6 +291,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             executor=executor,
             trace=trace,
             defaults=_worker_defaults(args),
+            stream=not args.no_stream,
+            stream_cap=args.stream_cap,
         )
     except ValueError as exc:
         queue.close()
@@ -451,6 +459,8 @@ def _info(info: RunInfo) -> dict[str, Any]:
 
 def _cmd_queue(args: argparse.Namespace) -> int:
     queue = _open(args)
+    if args.action == "watch":
+        return _watch(queue, args)
     try:
         out = _queue_action(queue, args)
     except LookupError as exc:
@@ -464,6 +474,24 @@ def _cmd_queue(args: argparse.Namespace) -> int:
         return 0
     print(json.dumps(out, indent=2, ensure_ascii=True))
     return 0
+
+
+def _watch(queue: RunQueue, args: argparse.Namespace) -> int:
+    """``ekit queue watch``: the run's stream as it goes (see :mod:`ekit_runtime.queue.watch`)."""
+    try:
+        try:
+            events = queue.stream(args.run_id, args.after)
+        except LookupError as exc:
+            raise InputError(str(exc).strip("'\"")) from None
+        except ValueError as exc:
+            raise InputError(f"queue watch: {exc}") from None
+        try:
+            return watch(events, sys.stdout, as_json=args.json)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            return EXIT_INTERRUPTED
+    finally:
+        queue.close()
 
 
 class _Table:
@@ -700,6 +728,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--heartbeat", type=float, default=None, help="renewal interval (default lease/3)")
     p.add_argument("--name", default=None, help="how this worker signs its claims (default host:pid)")
     p.add_argument("--until-idle", action="store_true", help="return once nothing is claimable")
+    p.add_argument("--no-stream", action="store_true",
+                   help="publish no run streams (ekit queue watch and the dashboard then show no tokens)")
+    p.add_argument("--stream-cap", type=int, default=DEFAULT_CAP, metavar="N",
+                   help=f"events each run's stream keeps, oldest dropped first (default {DEFAULT_CAP})")
     _add_run_settings(p)
     _add_log_options(p)
     p.set_defaults(func=_worker_printing_logs)
@@ -767,6 +799,20 @@ def _add_list_parser(actions: Any) -> None:
     ls.add_argument("--json", action="store_true", help="a JSON list of the runs' records instead of a table")
 
 
+def _add_watch_parser(actions: Any) -> None:
+    """``ekit queue watch RUN [--after N] [--json]``: a run's stream as it goes."""
+    w = actions.add_parser(
+        "watch", help="follow a run's stream: its steps' tokens as they arrive, its events as lines",
+        description="Print a run's stream as its worker publishes it: partial output (text) as it "
+        "arrives, every other event as a line '#OFFSET kind step ...'; ends when the run ends (exit 0 "
+        "finished, 1 failed or cancelled, 2 no such run or a bad --after, 130 on Ctrl-C).",
+    )
+    w.add_argument("run_id", metavar="RUN", help="the run's id")
+    w.add_argument("--after", type=int, default=0, metavar="N",
+                   help="start after offset N (the last one printed, to resume; default 0: from the start)")
+    w.add_argument("--json", action="store_true", help="one JSON object per event and line, offsets included")
+
+
 def _add_queue_parser(sub: Any) -> None:
     q = sub.add_parser("queue", help="submit to and inspect a run queue")
     q.add_argument(
@@ -798,6 +844,7 @@ def _add_queue_parser(sub: Any) -> None:
     ):
         actions.add_parser(name, help=helptext).add_argument("run_id", metavar="RUN", help="the run's id")
     _add_list_parser(actions)
+    _add_watch_parser(actions)
     actions.add_parser("prune", help="delete ended runs").add_argument(
         "--older-than", type=_duration, required=True, metavar="AGE",
         help="delete the finished, failed and cancelled runs not updated for AGE: seconds (90) or "

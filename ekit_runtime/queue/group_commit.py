@@ -38,6 +38,7 @@ from ekit_runtime.queue.records import Lease, RunStatus
 
 if TYPE_CHECKING:
     from ekit_runtime.queue.postgres_loop import LoopSession
+    from ekit_runtime.queue.publisher import StreamPublisher
 
 __all__ = ["GroupCommit"]
 
@@ -52,9 +53,18 @@ class GroupCommit:
     """Saves of one worker's runs, batched while a write is in flight (see the module docstring)."""
 
     def __init__(
-        self, queue: RunQueue, executor: Executor, lease_seconds: float, session: LoopSession | None = None
+        self,
+        queue: RunQueue,
+        executor: Executor,
+        lease_seconds: float,
+        session: LoopSession | None = None,
+        publisher: StreamPublisher | None = None,
     ) -> None:
         self.queue, self.executor, self.lease_seconds = queue, executor, lease_seconds
+        # The runs' streams: a batch that ends runs first publishes what every
+        # stream holds, on the same thread, so that a run's stream is whole
+        # before its end is written (ekit_runtime.queue.publisher).
+        self.publisher = publisher
         # When given, each batch is awaited on the loop through it instead of
         # made on the executor's thread (see ekit_runtime.queue.postgres_loop).
         self.session = session
@@ -65,6 +75,7 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]] | None = None
         self._soon = False
+        self._published: tuple[list[Any], Any] | None = None
         self.batches = 0
         """How many calls of ``write_many`` were made (the tests and benchmarks read it)."""
         self.saves = 0
@@ -144,16 +155,36 @@ class GroupCommit:
             return [(lease, cast(WorkflowCheckpoint, cp)) for lease, cp, _ in joined]
 
         writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]]
+        publisher = self.publisher if endings else None
+        streams = publisher.take() if publisher is not None else []
         if self.session is not None:
             # A task: a caller cancelled while it runs does not cancel it.
-            writing = asyncio.ensure_future(
-                self.session.write_many(saves, endings, self.lease_seconds, self.executor)
-            )
+            writing = asyncio.ensure_future(self._published_then_written(streams, saves, endings))
         else:
             call = functools.partial(self.queue.write_many, saves, endings, self.lease_seconds, more)
+            if streams:
+                call = functools.partial(self._publish_then_write, streams, call)
             writing = loop.run_in_executor(self.executor, call)
         self._writing = writing
         writing.add_done_callback(functools.partial(self._written, order, ended))
+
+    def _publish_then_write(self, streams: list[Any], write: Any) -> Any:
+        """On the database thread: the streams' events, then the batch's writes."""
+        assert self.publisher is not None
+        published = self.publisher.publish(streams)
+        result = write()
+        self._published = (streams, published)  # (settled by _written, on the loop, once this returns)
+        return result
+
+    async def _published_then_written(
+        self, streams: list[Any], saves: list[tuple[Lease, WorkflowCheckpoint]], endings: list[Ending]
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        assert self.session is not None
+        if streams and self.publisher is not None:
+            loop = asyncio.get_running_loop()
+            published = await loop.run_in_executor(self.executor, self.publisher.publish, streams)
+            self.publisher.settle(streams, published)
+        return await self.session.write_many(saves, endings, self.lease_seconds, self.executor)
 
     def _written(
         self,
@@ -162,6 +193,10 @@ class GroupCommit:
         writing: asyncio.Future[tuple[list[bool | Exception], list[Exception | None]]],
     ) -> None:
         self._writing = None
+        if self._published is not None and self.publisher is not None:
+            streams, published = self._published
+            self._published = None
+            self.publisher.settle(streams, published)
         batch = order + ended
         outcomes: list[Any]
         if writing.cancelled():

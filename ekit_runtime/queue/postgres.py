@@ -97,6 +97,7 @@ from ekit_runtime.queue.records import (
     check_seconds,
     check_status,
 )
+from ekit_runtime.queue.streams import Published, StreamRows
 from ekit_runtime.redaction import redacted, scrub
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
@@ -401,9 +402,44 @@ _UPGRADE = "\n".join(
 )
 _MAX_IDLE = (2**31 - 1) // 1000
 
+# Each run's live stream (ekit_runtime.queue.streams), kept out of _SCHEMA
+# (the layout an upgrade checks): a database of any layout gains it on open,
+# under the schema lock; prune deletes a run's rows with the run.
+# The advisory lock class under which a run's stream offsets are numbered (with hashtext(run_id)).
+_STREAM_LOCK = 0x656B7374  # "ekst"
+# A publisher's fence and the stream's newest offset (args: run_id, then _HELD's): the clock
+# is read when the statement runs (clock_timestamp), not when its transaction began (now()),
+# since the statement follows a wait for the run's advisory lock.
+# One run's events appended under its fence (args: run_id, then _HELD's, then the events'
+# kinds, steps, data and times as arrays): how many went in (0: the lease is lost) and the
+# stream's newest offset. Then the cap (args: run_id, run_id, cap).
+_CLOCK_HELD = _HELD.replace(_NOW, "extract(epoch from clock_timestamp())::float8")
+_STREAM_APPEND = (
+    "WITH ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+    "SELECT r.run_id, r.last + e.n, e.kind, e.step, e.data, r.epoch, e.at FROM "
+    "(SELECT run_id, epoch, (SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s) "
+    "AS last "
+    f"FROM ekit_queue_runs WHERE {_CLOCK_HELD}) AS r, "
+    "unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) WITH ORDINALITY AS e(kind, step, data, at, n) "
+    "RETURNING pos) SELECT count(*), coalesce(max(pos), 0) FROM ins"
+)
+_STREAM_CAP = (
+    "DELETE FROM ekit_queue_stream WHERE run_id = %s "
+    "AND pos <= (SELECT max(pos) FROM ekit_queue_stream WHERE run_id = %s) - %s"
+)
+_STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
+    run_id text NOT NULL, pos bigint NOT NULL, kind text NOT NULL, step text, data text NOT NULL,
+    epoch bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (run_id, pos)
+)"""
+
 
 def _has_pick_index(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT to_regclass('ekit_queue_runs_pick') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+def _has_stream_table(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT to_regclass('ekit_queue_stream') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
 
@@ -682,6 +718,8 @@ class PostgresQueue(RunQueue):
                 problem = schema_problem(_COLUMNS, self.db.run(_columns_found))
             if problem is None and not self.db.run(_has_pick_index):
                 self._build_pick_index()
+            if problem is None and not self.db.run(_has_stream_table):
+                self._build_stream_table()
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -711,6 +749,25 @@ class PostgresQueue(RunQueue):
                 logs.WORKER, logging.WARNING, "index_missing",
                 "queue %s: cannot build index ekit_queue_runs_pick (%s); each claim reads every queued "
                 "run until the table's owner opens the queue once",
+                self.where, " ".join(str(exc).split()),
+            )
+
+    def _build_stream_table(self) -> None:
+        """Create ``ekit_queue_stream`` for a queue made before it, once, under the schema lock.
+
+        A role that may not create tables opens the queue all the same; its
+        workers then publish nothing (each flush is refused and logged) and
+        reading a stream says why, until the table's owner opens the queue once.
+        """
+        try:
+            with self.db.transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(_STREAM_TABLE)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log_event(
+                logs.WORKER, logging.WARNING, "stream_table_missing",
+                "queue %s: cannot create table ekit_queue_stream (%s); runs publish no stream until "
+                "the owner of the queue's tables opens the queue once",
                 self.where, " ".join(str(exc).split()),
             )
 
@@ -821,6 +878,11 @@ class PostgresQueue(RunQueue):
         age = check_age(older_than)
         final = f"{FINAL} AND updated_at < {_NOW} - %s"
         with self.db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM ekit_queue_stream WHERE run_id IN "
+                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+                (age,),
+            )
             conn.execute(
                 "DELETE FROM ekit_queue_entries WHERE run_id IN "
                 f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
@@ -1393,6 +1455,71 @@ class PostgresQueue(RunQueue):
             ).fetchall()
         )
         return [(str(name), str(text)) for name, text in rows]
+
+    # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
+
+    def publish_many(
+        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
+    ) -> list[int | Exception]:
+        """Append each run's events to its stream, in one transaction (see ``RunQueue.publish_many``).
+
+        The runs' offsets are numbered under a transaction-scoped advisory
+        lock per run (taken in run id order: two publishers never wait for
+        each other in a cycle), not a lock of the run's row, which the
+        worker's saves and claims update meanwhile (a row lock here met
+        their batches' row locks in the other order: a deadlock, broken by
+        the server after a second). The fence is read after the lock is
+        taken: a claim that took the run over committed before a publisher
+        of its new epoch could take that lock, so a publisher of the old
+        epoch that takes it later finds the lease gone and writes nothing.
+        """
+        given = self._publishable(batches, cap)
+        checked = sorted(given, key=lambda b: b[0].run_id)
+        if not checked:
+            return []
+        done: dict[str, int | Exception] = {}
+        # Pipelined: the whole flush is one round trip to the server (and its commit), not a
+        # few per run; a worker's database thread waits for the loop's GIL at each one.
+        with self.db.transaction() as conn:
+            with conn.pipeline():
+                # A stream is not a checkpoint: its commit does not wait for the server's disk (a
+                # crash of the server may lose its last rows, never a save's; the server's next
+                # durable commit makes them durable).
+                conn.execute("SET LOCAL synchronous_commit TO off")
+                counted = []
+                for lease, events in checked:
+                    run_id = lease.run_id
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
+                    counted.append(conn.execute(_STREAM_APPEND, (
+                        run_id, run_id, lease.epoch, [e.kind for e in events], [e.step for e in events],
+                        [e.data for e in events], [e.at for e in events],
+                    )))
+                    conn.execute(_STREAM_CAP, (run_id, run_id, cap))
+            for (lease, _events), cur in zip(checked, counted, strict=True):
+                row = cur.fetchone()
+                if row is None or not row[0]:
+                    done[lease.run_id] = LeaseLostError(lease.run_id, lease.epoch)
+                else:
+                    done[lease.run_id] = int(row[1])
+        return [done[lease.run_id] for lease, _events in given]
+
+    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
+        with self.db.transaction(snapshot=True) as conn:
+            row = conn.execute(
+                "SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            bounds = conn.execute(
+                "SELECT min(pos), coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
+                "WHERE run_id = %s AND pos > %s ORDER BY pos LIMIT %s", (run_id, after, limit)
+            ).fetchall()
+        first, last = (None, 0) if bounds is None else (bounds[0], int(bounds[1]))
+        return StreamRows(row[0], row[1], int(row[2]), None if first is None else int(first), last,
+                          [(int(p), k, st, d, int(e), float(a)) for p, k, st, d, e, a in rows])
 
     def close(self) -> None:
         """Close the connection."""

@@ -96,6 +96,7 @@ from ekit_runtime.queue.records import (
     check_run_id,
     check_status,
 )
+from ekit_runtime.queue.streams import Published, StreamRows
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
@@ -187,6 +188,15 @@ CREATE TABLE IF NOT EXISTS ekit_queue_workers (
 """
 
 _COLUMNS = schema_columns(_SCHEMA)
+
+# Each run's live stream (ekit_runtime.queue.streams): kept out of _SCHEMA,
+# whose tables are the layout an upgrade checks and rebuilds. A file of any
+# layout gains it on open (IF NOT EXISTS), and a process of an earlier
+# release ignores it; prune deletes a run's rows with the run.
+_STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
+    run_id TEXT NOT NULL, pos INTEGER NOT NULL, kind TEXT NOT NULL, step TEXT, data TEXT NOT NULL,
+    epoch INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (run_id, pos)
+) WITHOUT ROWID"""
 
 
 def _statement(start: str) -> str:
@@ -557,6 +567,7 @@ class SqliteQueue(RunQueue):
         """Open (creating if needed) the queue at ``path``."""
         super().__init__(dumps=dumps, loads=loads)
         self.path = os.fspath(path)
+        self._durable = durable
         try:
             self.conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT
@@ -594,6 +605,7 @@ class SqliteQueue(RunQueue):
             self._tx(self._upgrade)
         else:
             conn.executescript(_SCHEMA)
+        conn.execute(_STREAM_TABLE)
         self._one_statement = _RETURNING and self._json_functions(conn)
         if self._one_statement:
             conn.executescript(_PROCEDURES)
@@ -946,6 +958,11 @@ class SqliteQueue(RunQueue):
 
         def body(conn: sqlite3.Connection) -> int:
             final = f"{FINAL} AND updated_at < ?"
+            conn.execute(
+                f"DELETE FROM ekit_queue_stream WHERE run_id IN "
+                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+                (cutoff,),
+            )
             conn.execute(
                 f"DELETE FROM ekit_queue_entries WHERE run_id IN "
                 f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
@@ -1850,6 +1867,81 @@ class SqliteQueue(RunQueue):
             write=False,
         )
         return [(str(name), str(text)) for name, text in rows]
+
+    # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
+
+    def publish_many(
+        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
+    ) -> list[int | Exception]:
+        """Append each run's events to its stream, in one transaction; each run's newest offset, or
+        :class:`LeaseLostError` (nothing written for it) where its lease is no longer held.
+
+        A stream is not a checkpoint: its transaction does not wait for the
+        disk (``synchronous=NORMAL``), so a power cut may lose its last rows
+        (a killed process loses none); the next durable commit makes them durable.
+        """
+        checked = self._publishable(batches, cap)
+
+        def body(conn: sqlite3.Connection) -> list[int | Exception]:
+            now = time.time()
+            done: list[int | Exception] = []
+            for lease, events in checked:
+                run_id = lease.run_id
+                if conn.execute(f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD}",
+                                (run_id, lease.epoch, now)).fetchone() is None:
+                    done.append(LeaseLostError(run_id, lease.epoch))
+                    continue
+                (last,) = conn.execute(
+                    "SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                conn.executemany(
+                    "INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(run_id, last + i, e.kind, e.step, e.data, lease.epoch, e.at)
+                     for i, e in enumerate(events, 1)],
+                )
+                last += len(events)
+                if last > cap:
+                    conn.execute("DELETE FROM ekit_queue_stream WHERE run_id = ? AND pos <= ?",
+                                 (run_id, last - cap))
+                done.append(last)
+            return done
+
+        if not checked:
+            return []
+        durable = self._durable
+        with self._lock:
+            if durable:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                return self._tx(body)
+            finally:
+                if durable:
+                    # Every later save must be durable again: a transaction a failed ROLLBACK
+                    # left open (which the setting cannot change inside) is ended first.
+                    if self.conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self.conn.execute("ROLLBACK")
+                    self.conn.execute("PRAGMA synchronous=FULL")
+
+    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
+        def body(conn: sqlite3.Connection) -> StreamRows:
+            row = conn.execute(
+                "SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            first, last = conn.execute(
+                "SELECT (SELECT min(pos) FROM ekit_queue_stream WHERE run_id = ?), "
+                "(SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = ?)", (run_id, run_id)
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
+                "WHERE run_id = ? AND pos > ? ORDER BY pos LIMIT ?", (run_id, after, limit)
+            ).fetchall()
+            return StreamRows(row[0], row[1], row[2], first, last, rows)
+
+        return self._tx(body, write=False)
 
     def close(self) -> None:
         """Close the database connection."""

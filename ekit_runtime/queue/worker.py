@@ -78,6 +78,7 @@ from ekit_runtime.queue.contract import RunQueue
 from ekit_runtime.queue.group_commit import GroupCommit
 from ekit_runtime.queue.lifecycle import drive_ending, usage_limited, waiting_reason
 from ekit_runtime.queue.options import check_run_options, run_arguments
+from ekit_runtime.queue.publisher import FLUSH_EVERY, StreamPublisher
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
@@ -87,6 +88,7 @@ from ekit_runtime.queue.records import (
     check_step_name,
     check_workflow_name,
 )
+from ekit_runtime.queue.streams import DEFAULT_CAP, check_cap
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.runner import TraceFn
 from ekit_runtime.workflow import Workflow, WorkflowResult
@@ -181,6 +183,29 @@ def _check_objects(executor: object, trace: object, cache: object) -> None:
                          f"got {type(cache).__name__}")
 
 
+def _check_registry(registry: object) -> None:
+    """Refuse a registry that is not workflow name -> ``Workflow``, or that names what no queue stores."""
+    if not isinstance(registry, Mapping) or not registry:
+        raise ValueError("registry must be a non-empty mapping of workflow name to Workflow")
+    for key, workflow in registry.items():
+        if not isinstance(workflow, Workflow):
+            raise ValueError(f"registry[{key!r}] must be a Workflow, got {type(workflow).__name__}")
+        # What the queue cannot store is refused here, before any step of any run is paid for.
+        check_workflow_name(key, "registry key")
+        for step in workflow.graph.names:
+            check_step_name(step)
+
+
+def _stream_settings(queue: RunQueue, stream: object, cap: object, every: object) -> tuple[bool, int, float]:
+    """``Worker``'s stream arguments, checked: whether it publishes, the cap, how often it flushes."""
+    if not isinstance(stream, bool):
+        raise ValueError(f"stream must be True or False, got {stream!r:.80}")
+    # A queue that keeps no streams (a wrapper of another kind) is driven without one.
+    publish = getattr(type(queue), "publish_many", None)
+    publishes = stream and publish is not None and publish is not RunQueue.publish_many
+    return publishes, check_cap(cap), check_seconds(every, "stream_every")
+
+
 class Worker:
     """Drive runs from ``queue`` with the workflows of ``registry`` (name -> ``Workflow``).
 
@@ -201,6 +226,11 @@ class Worker:
       takes) for every run; a run's own options override them, name by name
       (``{"durations": True}`` records how long each step took, which the
       dashboard shows).
+    - ``stream``: publish each run's events and its steps' ``partial()``
+      output to the run's stream in the queue (default ``True``), which
+      ``queue.stream(run_id)``, ``ekit queue watch`` and the dashboard read
+      (see ``docs/streams.md``); ``stream_cap`` events are kept per run
+      (oldest dropped first), published every ``stream_every`` seconds.
     - ``cache``: a :class:`~ekit_runtime.cache.Cache` every run is driven
       with (``run(cache=...)``): steps with ``cache=True`` are looked up in
       it, and a call any run of the fleet made is not paid again.
@@ -225,18 +255,13 @@ class Worker:
         executor: Executor | None = None,
         trace: TraceFactory | None = None,
         defaults: Mapping[str, Any] | None = None,
+        stream: bool = True,
+        stream_cap: int = DEFAULT_CAP,
+        stream_every: float = FLUSH_EVERY,
         cache: Cache | None = None,
     ) -> None:
         """Check the arguments; nothing is claimed until :meth:`run`."""
-        if not isinstance(registry, Mapping) or not registry:
-            raise ValueError("registry must be a non-empty mapping of workflow name to Workflow")
-        for key, workflow in registry.items():
-            if not isinstance(workflow, Workflow):
-                raise ValueError(f"registry[{key!r}] must be a Workflow, got {type(workflow).__name__}")
-            # What the queue cannot store is refused here, before any step of any run is paid for.
-            check_workflow_name(key, "registry key")
-            for step in workflow.graph.names:
-                check_step_name(step)
+        _check_registry(registry)
         claim_limit(max_runs, "max_runs")  # what a claim of every free place takes
         self.queue = queue
         self.registry = dict(registry)
@@ -254,6 +279,10 @@ class Worker:
         self.cache = cache
         self.trace = trace
         self.defaults = check_run_options(defaults, "defaults")
+        self.stream, self.stream_cap, self.stream_every = _stream_settings(
+            queue, stream, stream_cap, stream_every
+        )
+        self._publisher: StreamPublisher | None = None
         self._announced = -_ANNOUNCE_EVERY
         self.fingerprints = {k: w.graph.fingerprint for k, w in self.registry.items()}
         self.outcomes: dict[str, str] = {}
@@ -300,7 +329,14 @@ class Worker:
         # called through its own methods.
         opener = getattr(type(self.queue), "_loop_session", None)
         self._session = opener(self.queue) if opener is not None else None
-        self._group = GroupCommit(self.queue, self._executor, self.lease_seconds, self._session)
+        if self.stream:
+            self._publisher = StreamPublisher(
+                self.queue, self._db, cap=self.stream_cap, every=self.stream_every
+            )
+            self._publisher.start()
+        self._group = GroupCommit(
+            self.queue, self._executor, self.lease_seconds, self._session, self._publisher
+        )
         stopping = asyncio.ensure_future(stop.wait())
         self._claim_failures = 0
         try:
@@ -323,6 +359,10 @@ class Worker:
         finally:
             stopping.cancel()
             await self._stop_all()
+            if self._publisher is not None:
+                with contextlib.suppress(Exception):
+                    await self._publisher.stop()
+                self._publisher = None
             await self._retire()
             await self._group.drain()
             if self._session is not None:
@@ -418,6 +458,8 @@ class Worker:
         for task in [t for t in self._drives if t.done()]:
             drive = self._drives.pop(task)
             self.outcomes[drive.lease.run_id] = drive.outcome
+            if self._publisher is not None:
+                self._publisher.lose(drive.lease.run_id)  # (a drive that raised: its buffer goes)
             if not task.cancelled() and task.exception() is not None:
                 log.error(
                     "worker %s: driving run %r failed: %r", self.name, drive.lease.run_id, task.exception(),
@@ -454,6 +496,8 @@ class Worker:
             # Claimed while the worker was being stopped: give it back untouched.
             await self._give_back(drive)
             return
+        if self._publisher is not None:
+            self._publisher.open(lease, self.name)
         gate = self._usage_gate(drive) if drive.gated else None
         # The run's id keys its attempts (run/step/number, the number counted
         # across runs), and each attempt waits for the worker's admission.
@@ -474,23 +518,30 @@ class Worker:
             resume_from=lease.checkpoint,
             run_id=lease.run_id,
             before_attempt=functools.partial(self._admit, drive, gate),
-            **self._run_options(lease),
+            **self._run_options(lease, drive),
         )
         if not result.ok:
             raise StepsFailed(result)
         return result
 
-    def _run_options(self, lease: Lease) -> dict[str, Any]:
-        """The ``Workflow.run`` arguments of one drive: run options over defaults, executor, trace."""
+    def _run_options(self, lease: Lease, drive: _Drive | None = None) -> dict[str, Any]:
+        """The ``Workflow.run`` arguments of one drive: run options over defaults, executor, trace
+        (the run's stream among its callbacks, last)."""
         options = run_arguments({**self.defaults, **lease.options}) if self.defaults or lease.options else {}
         if self.executor is not None:
             options["executor"] = self.executor
         if self.cache is not None:
             options["cache"] = self.cache
+        traces: list[Any] = []
         if self.trace is not None:
             trace = self.trace(lease)
             if trace is not None:
-                options["trace"] = list(trace) if isinstance(trace, list | tuple) else trace
+                traces = list(trace) if isinstance(trace, list | tuple) else [trace]
+        stream = None if self._publisher is None else self._publisher.streams.get(lease.run_id)
+        if stream is not None:
+            traces.append(stream)
+        if traces:
+            options["trace"] = traces if len(traces) > 1 else traces[0]
         return options
 
     async def _record_ending(self, drive: _Drive, task: asyncio.Task[Any]) -> None:
@@ -504,6 +555,13 @@ class Worker:
             cancelled=task.cancelled(),
             error=error,
         )
+        if self._publisher is not None:
+            if ending == "lost":
+                self._publisher.lose(lease.run_id)
+            elif ending in ("released", "parked"):
+                # What the run published reaches its stream before its end is written (an
+                # ending written by the group commit publishes it first: see GroupCommit).
+                await self._publisher.end(lease.run_id)
         if ending == "lost":
             drive.outcome = "lost"
             log.warning(

@@ -182,6 +182,25 @@ def _item_times(rows: Sequence[StepAudit]) -> dict[str, list[tuple[float, str]]]
     return times
 
 
+def _item_usage(rows: Sequence[StepAudit]) -> dict[str, tuple[TokenUsage, int]]:
+    """Mapped step -> the usage its items recorded, summed, and how many items recorded one."""
+    rolled: dict[str, tuple[TokenUsage, int]] = {}
+    for row in rows:
+        if row.item_of is not None and row.usage is not None:
+            total, count = rolled.get(row.item_of, (None, 0))
+            rolled[row.item_of] = (row.usage if total is None else total + row.usage, count + 1)
+    return rolled
+
+
+def _usage_cell(row: StepAudit, item_usage: dict[str, tuple[TokenUsage, int]]) -> str:
+    """The step table's usage: the step's own; a mapped step's, rolled up from its items."""
+    if row.usage is not None or row.name not in item_usage:
+        return f'<td class="num usage">{esc(_usage(row.usage))}</td>'
+    total, count = item_usage[row.name]
+    return (f'<td class="num usage">{esc(_usage(total))} '
+            f"<small>({esc(f'{count:,}')} item{'s' if count != 1 else ''})</small></td>")
+
+
 def _duration_cell(row: StepAudit, item_times: dict[str, list[tuple[float, str]]]) -> str:
     """The step table's duration: the recorded output's attempt's; a mapped step's
     items' total and the slowest; ``-`` when none is recorded."""
@@ -205,6 +224,7 @@ def steps_tbody(view: RunView) -> str:
         return ""
     out = []
     item_times = _item_times(report.steps)
+    item_usage = _item_usage(report.steps)
     for row in report.steps:
         if row.item_of is not None and row.action != "wait" and row.reason != "failed":
             continue
@@ -221,7 +241,7 @@ def steps_tbody(view: RunView) -> str:
             f'<td class="action">{esc(row.action)}</td>'
             f'<td class="num items">{esc(shown)}</td>'
             f'<td class="num attempts">{esc(attempts)}</td>'
-            f'<td class="num usage">{esc(_usage(row.usage))}</td>'
+            f"{_usage_cell(row, item_usage)}"
             f"{_duration_cell(row, item_times)}"
             f'<td class="failure error">{text_html(message)}</td>'
             f'<td class="why">{esc(row.why)}</td></tr>'
@@ -446,8 +466,27 @@ def run_page(source: str, view: RunView, token: str | None) -> str:
         + "".join(f'<div id="{key}" class="part" data-version="{versions[key]}">{html}</div>'
                   for key, html in parts.items())
         + "</section>"
+        + stream_section(view)
     )
     return _layout(f"run {view.run_id}", body, source)
+
+
+def stream_section(view: RunView) -> str:
+    """The live stream of a queued run's page: filled by the script from ``/api/run/<id>/stream``.
+
+    Not a part of the run's reading (the parts above are): it shows what the
+    run's worker publishes as it comes, the steps' tokens and events, each
+    written into the page as text (never as HTML). A store file has none.
+    """
+    if view.info is None:
+        return ""
+    url = "/api" + run_href(view.run_id) + "/stream"
+    return (
+        f'<section id="stream" data-stream="{esc(url)}"><h2>Live stream</h2>'
+        '<p class="hint" id="stream-state">What the run\'s worker publishes: each step\'s partial '
+        "output as it arrives, and its events (connecting...).</p>"
+        '<div id="stream-log" class="stream-log"></div></section>'
+    )
 
 
 def _running_now(view: RunView) -> str:

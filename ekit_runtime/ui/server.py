@@ -3,7 +3,10 @@
 Routes (GET): ``/`` the runs page (``?status=&workflow=&page=N``),
 ``/api/runs`` the same as JSON, ``/run/<id>`` a run's page, ``/api/run/<id>``
 its JSON, ``/run/<id>/output/<name>`` one of its outputs whole (JSON, as
-``text/plain``), ``/static/app.js`` and ``/static/app.css``. With actions allowed,
+``text/plain``), ``/api/run/<id>/stream`` a queued run's live stream as
+server-sent events (from ``?after=N`` or the ``Last-Event-ID`` a
+reconnecting ``EventSource`` sends: see :mod:`ekit_runtime.queue.streams`),
+``/static/app.js`` and ``/static/app.css``. With actions allowed,
 POST ``/run/<id>/cancel``, ``retry``, ``answer``, ``approve`` and ``deny``
 act on the queue; each must carry the process's random token in the form's
 ``token`` field *and* in the ``ekit_ui_<port>`` cookie (``SameSite=Strict``, set by
@@ -22,6 +25,7 @@ import json
 import re
 import secrets
 import sys
+import time
 from collections.abc import Callable
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +48,13 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
         "form-action 'self'; frame-ancestors 'none'")
 _VERBS = ("cancel", "retry", "answer", "approve", "deny")
 _MAX_FORM = 64 * 1024
+# A stream's response ends after this many seconds (the browser's EventSource
+# reconnects from its last event at once), so that a tab left open does not
+# hold a server thread forever; a comment line every _KEEPALIVE seconds shows
+# a proxy that the response is alive.
+_STREAM_SECONDS = 300.0
+_KEEPALIVE = 15.0
+_STREAM_POLL = 0.1
 
 
 class _Refused(Exception):
@@ -63,6 +74,8 @@ class Dashboard(ThreadingHTTPServer):
         self.token: str | None = secrets.token_urlsafe(32) if allow_actions and source.can_act else None
         # One cookie per port: browsers share cookies between the ports of a host.
         self.cookie = f"ekit_ui_{self.server_address[1]}"
+        self.stream_seconds = _STREAM_SECONDS
+        """How long one response of ``/api/run/<id>/stream`` lasts before the client reconnects."""
 
     def host_allowed(self, header: str | None) -> bool:
         """Whether a request's ``Host`` header names this server.
@@ -195,6 +208,9 @@ class _Handler(BaseHTTPRequestHandler):
             if slash and not as_json and more.startswith("output/") and "/" not in more[7:]:
                 self._output(unquote(run_id), unquote(more[7:]))
                 return
+            if slash and as_json and more == "stream":
+                self._stream(unquote(run_id), query)
+                return
             if slash:
                 raise _Refused(404, "no such page")
             self._run(unquote(rest), as_json)
@@ -259,6 +275,62 @@ class _Handler(BaseHTTPRequestHandler):
         if cp is None or name not in cp.outputs:
             raise _Refused(404, f"run {run_id!r} records no output {name!r}")
         self._send(200, output_json(cp.outputs[name]) + "\n", "text/plain; charset=utf-8")
+
+    def _stream(self, run_id: str, query: dict[str, list[str]]) -> None:
+        """A queued run's stream as server-sent events, until the run ends (or ``stream_seconds``).
+
+        Each event is ``id: OFFSET``, ``event: KIND`` and ``data:`` its JSON
+        (:meth:`StreamEvent.to_dict`), so that an ``EventSource`` that
+        reconnects sends the offset of the last event it got as
+        ``Last-Event-ID`` and resumes after it: no gap, no repeat. Refusals
+        (no such run, a bad offset) are plain HTTP errors, before any event.
+        """
+        source = self.server.source
+        if not isinstance(source, QueueSource):
+            raise _Refused(404, "only a queue's runs have a live stream (this dashboard shows a file)")
+        after = _stream_offset(self.headers.get_all("Last-Event-ID") or [], query.get("after") or [])
+
+        def read(after: int) -> Any:
+            return source.act(lambda q: q.read_stream(run_id, after))
+
+        try:
+            page = read(after)
+        except LookupError:
+            raise _Refused(404, f"no run {run_id!r}") from None
+        except ValueError as exc:
+            raise _Refused(400, str(exc)) from None
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", _CSP)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        until = time.monotonic() + self.server.stream_seconds
+        quiet_since = time.monotonic()
+        nap = _STREAM_POLL
+        try:
+            self.wfile.write(b"retry: 500\n\n")  # (a reconnect after a dropped response, in half a second)
+            while True:
+                if page.events:
+                    self.wfile.write("".join(_sse(e) for e in page.events).encode("utf-8"))
+                    self.wfile.flush()
+                    quiet_since, nap = time.monotonic(), _STREAM_POLL
+                if page.ended or time.monotonic() >= until:
+                    return
+                if time.monotonic() - quiet_since >= _KEEPALIVE:
+                    self.wfile.write(b": still here\n\n")
+                    self.wfile.flush()
+                    quiet_since = time.monotonic()
+                time.sleep(nap)
+                nap = min(nap * 2, 5 * _STREAM_POLL)
+                page = read(page.next_after)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the browser went away (it reconnects with Last-Event-ID if it wants more)
+        except (LookupError, SourceError, QueueUnavailableError):
+            return  # pruned, or the database went away: the client's reconnect is told why
 
     # -- POST ----------------------------------------------------------------------
 
@@ -382,6 +454,27 @@ def _netloc_of_origin(origin: str) -> tuple[str, int] | None:
     if scheme != "http" or not sep or not netloc or any(c in netloc for c in "/@?#\\"):
         return None
     return _split_netloc(netloc)
+
+
+def _stream_offset(header: list[str], query: list[str]) -> int:
+    """The offset a stream starts after: ``Last-Event-ID`` (a reconnect) over ``?after=``, else 0."""
+    given = header or query
+    if not given:
+        return 0
+    if len(given) > 1:
+        raise _Refused(400, "give one Last-Event-ID header or one after= parameter")
+    text = given[0].strip()
+    # The length first: int() of thousands of digits costs, and no offset has more than 19.
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        raise _Refused(400, f"an event's offset must be a whole number from 0, got {text!r:.40}")
+    return int(text)
+
+
+def _sse(event: Any) -> str:
+    """One stream event as a server-sent event: its data one line of ASCII JSON (every other
+    character escaped, so no client's idea of a line break, U+2028 or another, splits it)."""
+    data = json.dumps(event.to_dict(), ensure_ascii=True)
+    return f"id: {event.offset}\nevent: {event.kind}\ndata: {data}\n\n"
 
 
 def _one(query: dict[str, list[str]], key: str) -> str:

@@ -80,6 +80,79 @@ APP_JS = r"""'use strict';
       document.body.dataset.refreshed = String(Date.now());
     });
   }
+  // A queued run's live stream (server-sent events): its steps' text as it arrives, its events as
+  // lines, all written as text. A reconnect (the browser's own) sends the last event's id, and the
+  // server resumes after it: nothing is shown twice or skipped.
+  var box = document.getElementById('stream');
+  if (box && box.dataset.stream && window.EventSource) {
+    var log = document.getElementById('stream-log');
+    var state = document.getElementById('stream-state');
+    var open = null;  // the block the current step's text goes into
+    var source = new EventSource(box.dataset.stream);
+    var seen = 0;
+    function said(text) { if (state) { state.textContent = text; } }
+    function line(kind, text) {
+      var div = document.createElement('div');
+      div.className = 'stream-event stream-' + kind;
+      div.textContent = text;
+      log.appendChild(div);
+      open = null;
+    }
+    function describe(kind, e) {
+      var d = e.data || {};
+      var step = e.step ? ' ' + e.step : '';
+      if (kind === 'claimed') { return 'claimed by ' + d.worker + ' (epoch ' + e.epoch + ')'; }
+      if (kind === 'failed' || kind === 'retried') { return kind + step + ': ' + d.error; }
+      if (kind === 'waiting') { return 'waiting' + step + ': ' + ((d.question || {}).prompt || ''); }
+      if (kind === 'gap') { return 'events ' + d.dropped_from + ' to ' + d.dropped_to + ' were dropped'; }
+      if (kind === 'dropped') { return 'the worker lost ' + d.events + ' event(s)'; }
+      if (kind === 'end') { return 'the run ' + d.status + (d.error ? ': ' + d.error : ''); }
+      return kind + step + (d.attempt ? ' (attempt ' + d.attempt + ')' : '');
+    }
+    function took(ev) {
+      seen += 1;
+      box.dataset.last = ev.lastEventId;
+      box.dataset.events = String(seen);
+    }
+    source.addEventListener('partial', function (ev) {
+      var e = JSON.parse(ev.data);
+      if (!open || open.dataset.step !== e.step) {
+        var block = document.createElement('div');
+        block.className = 'stream-step';
+        var label = document.createElement('span');
+        label.className = 'stream-label';
+        label.textContent = e.step;
+        open = document.createElement('pre');
+        open.className = 'stream-text';
+        open.dataset.step = e.step;
+        block.appendChild(label);
+        block.appendChild(open);
+        log.appendChild(block);
+      }
+      open.textContent += typeof e.data === 'string' ? e.data : JSON.stringify(e.data) + '\n';
+      took(ev);
+    });
+    ['claimed', 'started', 'finished', 'retried', 'failed', 'waiting', 'dropped', 'gap', 'end']
+      .forEach(function (kind) {
+        source.addEventListener(kind, function (ev) {
+          var e = JSON.parse(ev.data);
+          line(kind, describe(kind, e));
+          took(ev);
+          if (kind === 'end') {
+            source.close();
+            box.dataset.ended = '1';
+            said('The run ended; this is everything its worker published.');
+          }
+        });
+      });
+    source.onopen = function () {
+      box.dataset.opens = String(Number(box.dataset.opens || 0) + 1);
+      said('Live: what the run\'s worker publishes, as it comes.');
+    };
+    source.onerror = function () {
+      if (box.dataset.ended !== '1') { said('Reconnecting (from the last event shown)...'); }
+    };
+  }
 })();
 """
 
@@ -148,5 +221,12 @@ td.output { max-width: 60em; }
 code.output-line { white-space: pre-wrap; word-break: break-all; }
 pre.output-full { max-height: 30em; overflow: auto; background: #f8f8f8; padding: 0.5em; }
 .type { font-size: 0.8em; color: #6f42c1; font-family: monospace; }
+#stream { margin-top: 1em; border-top: 1px solid #ccc; }
+.stream-log { max-height: 30em; overflow: auto; font-size: 0.9em; }
+.stream-event { font-family: monospace; color: #555; }
+.stream-failed, .stream-gap, .stream-dropped { color: #b02a37; }
+.stream-end { font-weight: 600; }
+.stream-label { font-family: monospace; color: #0a58ca; }
+pre.stream-text { margin: 0.1em 0 0.3em 1em; background: #f8f8f8; padding: 0.3em; }
 .verdict-approved { color: #1e7b34; font-weight: 600; } .verdict-denied { color: #b02a37; font-weight: 600; }
 """
