@@ -11,21 +11,28 @@ sits in a file. It covers, recursively:
 - its defaults (``__defaults__``, ``__kwdefaults__``);
 - the values of its closure cells and of the globals it names, when those
   are immutable plain data (``None``, ``bool``, ``int``, ``float``,
-  ``complex``, ``str``, ``bytes``, and tuples and frozensets of them): a
+  ``complex``, ``str``, ``bytes``, and tuples (NamedTuples too), frozensets
+  and frozen dataclasses of them; an enum member by its class, name and
+  value): a
   prompt held in a module constant or a variable of the enclosing function
   is part of the step. A list, dict or set is counted by its type only: it
   is state that changes while the program runs (an accumulator, a memo),
   and hashing its contents would make the same code look changed;
-- the functions it calls by a global name, or holds in a closure cell, when
-  they are defined in the same module (a helper that builds the prompt), and
-  the methods of a class of the same module that it names;
-- for a ``functools.partial``, the function and its plain-data arguments;
+- the functions it calls by a global name when they are defined in the same
+  module (a helper that builds the prompt), and every function it holds in
+  a closure cell (what a decorator wraps, from any module); the code of a
+  class of the same module that it names, or of whose object it names or
+  is a method: its methods, properties and same-module base classes;
+- for a ``functools.partial`` (the step, or one it names), the function and
+  its plain-data arguments;
   for a bound method, the function and its object's class; for any other
-  callable object, its class's ``__call__``.
+  callable object, its class (its ``__call__`` only, for another module's)
+  and what it wraps (``__wrapped__``: a decorator object, ``lru_cache``).
 
 It does not see, and the docs say so (docs/cache.md): file names and line
 numbers (moving a function, reformatting it, editing a comment: no
-change); the value of a global or cell that is not plain data (a client
+change), nor the values of a module's own names (``__file__``, ``__name__``:
+two checkouts of the same code agree); the value of a global or cell that is not plain data (a client
 object, a model settings object), only its name; code in other modules
 (a library upgrade); a prompt read from a file, the clock, the network, an
 environment variable. A new Python minor version compiles other bytecode,
@@ -37,6 +44,8 @@ fingerprints (:mod:`ekit_core.code`), as it receives ``version`` tags.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import hashlib
 import inspect
@@ -83,8 +92,11 @@ class _Hasher:
             self.value(fn.args, depth)
             self.value(fn.keywords, depth)
         elif isinstance(fn, types.MethodType):
-            self.put("method", type(fn.__self__).__qualname__)
+            owner = fn.__self__ if isinstance(fn.__self__, type) else type(fn.__self__)
+            self.put("method", owner.__qualname__)
             self.callable(fn.__func__, depth)
+            if owner.__module__ == self.module:  # the other methods it calls through self
+                self.klass(owner, depth + 1)
         elif isinstance(fn, types.FunctionType):
             self.function(fn, depth)
         elif isinstance(fn, type):
@@ -94,8 +106,14 @@ class _Hasher:
         else:
             call = inspect.getattr_static(type(fn), "__call__", None)
             self.put("object", type(fn).__module__, type(fn).__qualname__)
-            if isinstance(call, types.FunctionType):
+            if type(fn).__module__ == self.module:  # its class's code: __call__ and what it calls
+                self.klass(type(fn), depth + 1)
+            elif isinstance(call, types.FunctionType):
                 self.function(call, depth)
+            wrapped = getattr(fn, "__wrapped__", None)  # a decorator object (update_wrapper, lru_cache)
+            if wrapped is not None and wrapped is not fn and depth <= _DEPTH:
+                self.put("wrapped")
+                self.callable(wrapped, depth + 1)
 
     def function(self, fn: types.FunctionType, depth: int) -> None:
         if id(fn) in self.seen or depth > _DEPTH:
@@ -113,19 +131,27 @@ class _Hasher:
             except ValueError:  # an empty cell: the enclosing function has not bound it yet
                 self.put("empty")
                 continue
-            self.reference(contents, depth)
+            if isinstance(contents, types.FunctionType):  # a decorator's wrapped function, any module
+                self.callable(contents, depth + 1)
+            else:
+                self.reference(contents, depth)
         globals_ = fn.__globals__
         for name in _names(fn.__code__):
             if name in globals_:
                 self.put("global", name)
-                self.reference(globals_[name], depth)
+                if not (name.startswith("__") and name.endswith("__")):  # __file__: where, not what
+                    self.reference(globals_[name], depth)
 
     def reference(self, value: object, depth: int) -> None:
         """A value the code refers to by name: plain data by value, same-module code by its code."""
-        if _plain(value, 0):
+        if _plain(value, 0) or isinstance(value, enum.Enum):
             self.value(value, depth)
-        elif isinstance(value, types.FunctionType | type) and value.__module__ == self.module:
+        elif ((isinstance(value, types.FunctionType | type) and value.__module__ == self.module)
+              or isinstance(value, functools.partial | types.MethodType)):  # (with what they hold)
             self.callable(value, depth + 1)
+        elif type(value).__module__ == self.module:  # an object of a class of the module: its code
+            self.put("object", type(value).__qualname__)
+            self.klass(type(value), depth + 1)
         else:
             self.put("opaque", type(value).__module__, type(value).__qualname__)
 
@@ -135,10 +161,19 @@ class _Hasher:
             return
         self.seen.add(id(cls))
         self.put("class", cls.__qualname__)
+        for base in cls.__bases__:
+            if base.__module__ == self.module:  # inherited methods of the module are its code too
+                self.put("base")
+                self.klass(base, depth + 1)
         for name, member in sorted(vars(cls).items()):
             if isinstance(member, staticmethod | classmethod):
                 member = member.__func__
-            if isinstance(member, types.FunctionType):
+            if isinstance(member, property):
+                self.put("property", name)
+                for accessor in (member.fget, member.fset, member.fdel):
+                    if isinstance(accessor, types.FunctionType):
+                        self.function(accessor, depth + 1)
+            elif isinstance(member, types.FunctionType):
                 self.put("member", name)
                 self.function(member, depth + 1)
             elif _plain(member, 0) and not name.startswith("__"):
@@ -173,6 +208,14 @@ class _Hasher:
                                     key=lambda pair: pair[0]):
                 self.put(key)
                 self.value(item, depth)
+        elif _frozen_dataclass(value):  # settings: the model, the temperature, by value
+            self.put("dataclass", type(value).__qualname__)
+            for f in dataclasses.fields(value):  # type: ignore[arg-type]  # (mypy: an object)
+                self.put(f.name)
+                self.value(getattr(value, f.name), depth)
+        elif isinstance(value, enum.Enum):  # a mode, a model name: which member, and its value
+            self.put("enum", type(value).__qualname__, value.name)
+            self.value(value.value, depth)
         elif isinstance(value, types.CodeType):
             self.code(value)
         elif callable(value) and depth <= _DEPTH:
@@ -194,9 +237,17 @@ def _plain(value: object, depth: int) -> bool:
         return True
     if depth > 8:
         return False
-    if type(value) is tuple or type(value) is frozenset:
+    if isinstance(value, tuple) or type(value) is frozenset:  # a NamedTuple of settings too
         return all(_plain(v, depth + 1) for v in value)
+    if _frozen_dataclass(value):
+        return all(_plain(getattr(value, f.name), depth + 1)
+                   for f in dataclasses.fields(value))  # type: ignore[arg-type]
     return False
+
+
+def _frozen_dataclass(value: object) -> bool:
+    params = getattr(type(value), "__dataclass_params__", None)
+    return params is not None and params.frozen and not isinstance(value, type)
 
 
 def _names(code: types.CodeType) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,13 +34,17 @@ from typing import Any
 from ekit_core import TokenUsage
 from ekit_core.code import CacheHit
 from ekit_core.usage import NO_USAGE
+from ekit_runtime import human
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
 __all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "Reads", "entry_key", "head_of"]
 
+_NOTHING: Any = object()
 _ABSENT = "-"  # the hash recorded for a key the step asked for and the context did not hold
 KEYS = "\x00keys"
 """The read recorded for a step that iterated over its context: the hash of its sorted key set."""
+ANSWERS = "\x00answers"
+"""The read recorded for a step that had answers to its questions (:mod:`ekit_runtime.human`)."""
 
 
 def _hash(text: str) -> str:
@@ -145,7 +150,9 @@ class Reads(MutableMapping[str, Any]):
     Each key read is recorded once, with the hash of its value's encoding at
     the moment it is first read (a value the step changes in place later does
     not change the record); a key the step wrote before reading it is its
-    own, not an input. Iterating, ``len``, ``keys()`` record the key set.
+    own, not an input. Iterating, ``len``, ``keys()`` record the key set;
+    what shows or copies all of it (``repr``, ``copy()``, ``|``, a deep copy,
+    a pickle) records every key and value.
     """
 
     __slots__ = ("_context", "_encode", "_written", "failed", "reads")
@@ -174,6 +181,7 @@ class Reads(MutableMapping[str, Any]):
         self._context[key] = value
 
     def __delitem__(self, key: str) -> None:
+        self._read(key)  # whether it was there (a KeyError or not) is an input
         self._written.add(key)
         del self._context[key]
 
@@ -189,8 +197,33 @@ class Reads(MutableMapping[str, Any]):
         if KEYS not in self.reads:
             self.reads[KEYS] = keys_hash(self._context)
 
+    def _all(self) -> None:
+        self._keys()
+        for key in list(self._context):
+            self._read(key)
+
     def __repr__(self) -> str:
+        self._all()  # a prompt may hold the context's repr: all of it is an input then
         return f"Reads({self._context!r})"
+
+    def copy(self) -> dict[str, Any]:
+        """A plain ``dict`` of everything the context holds (all of it read)."""
+        return dict(self.items())
+
+    def __or__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        merged = dict(other)
+        merged.update(self.items())
+        return merged
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy.copy, copy.deepcopy and pickle go through here: they get a dict of
+        # everything, read (a copy of this object would record its reads elsewhere).
+        return (dict, (self.copy(),))
 
 
 def keys_hash(context: Mapping[str, Any]) -> str:
@@ -202,15 +235,56 @@ def value_hash(context: Mapping[str, Any], key: str, encode: Any) -> str:
     """The hash of ``context[key]``'s encoding, or the mark of an absent key."""
     if key == KEYS:
         return keys_hash(context)
+    if key == ANSWERS:
+        return answers_hash()
     try:
         value = context[key]
     except KeyError:
         return _ABSENT
     try:
-        text = default_dumps(encode(value))
+        text = default_dumps(_typed(encode(value)))
     except Exception as exc:  # (TypeError, ValueError, UnencodableError: all mean "cannot compare")
         raise _Unencodable(key) from exc
     return _hash(text)
+
+
+def answers_hash() -> str:
+    """The hash of the answers the attempt running in this context has (the mark of none)."""
+    asking = human.ANSWERS.get(None)
+    if asking is None or not asking.answers:
+        return _ABSENT
+    try:
+        return _hash(default_dumps([[a.value, a.approved] for a in asking.answers]))
+    except Exception as exc:
+        raise _Unencodable(ANSWERS) from exc
+
+
+_EXACT = frozenset({str, int, float, bool, type(None)})
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def _typed(data: Any) -> Any:
+    """``data`` (an encoding's plain data) with what JSON would blur made plain: a tuple is not a
+    list, an ``int`` key not a ``str`` key, a ``str`` or ``int`` subclass (an enum) not its base.
+
+    Every container becomes a one-key dict (a scalar never is one), so no two differ only in tags.
+    """
+    kind = type(data)
+    if kind in _EXACT:
+        return data
+    if kind is list or kind is tuple:
+        return {"l" if kind is list else "t": [_typed(v) for v in data]}
+    if kind is dict:
+        pairs = []
+        for k, v in data.items():
+            if not isinstance(k, _KEY_TYPES):
+                raise TypeError(f"a key of type {type(k).__name__} is no JSON key")
+            pairs.append([_typed(k), _typed(v)])
+        return {"d": pairs}
+    if isinstance(data, _KEY_TYPES):  # a subclass: an IntEnum, a str subclass
+        base = next(b for b in kind.__mro__ if b in _EXACT)
+        return {"s": [f"{kind.__module__}.{kind.__qualname__}", base(data)]}
+    raise TypeError(f"{kind.__name__} is not plain data")
 
 
 @dataclass(slots=True)
@@ -224,6 +298,9 @@ class CachedStep:
     types: tuple[str, ...]
     encode: Any
     decode: Any
+    # id(entry) -> its output, decoded by lookup or store, handed on by output_of (a hit decodes
+    # once; by id, not key: a key is a hash to compute, and the caller holds the entry meanwhile)
+    _decoded: dict[int, Any] = field(default_factory=dict)
 
     def head(self, item: str | None) -> str:
         """The head of the step, or of one of its items."""
@@ -232,14 +309,30 @@ class CachedStep:
     def lookup(self, head: str, context: Mapping[str, Any]) -> CacheEntry | None:
         """The newest entry under ``head`` whose every read matches ``context`` now, or ``None``."""
         memo: dict[str, str | None] = {}
-        for entry in self.cache.candidates(head):
-            if all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items()):
-                return entry
+        try:
+            for entry in self.cache.candidates(head):
+                if (all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items())
+                        and self._decodes(entry)):
+                    return entry
+        except Exception as exc:  # a damaged or unreachable cache: the step runs, as on a miss
+            _warn(f"could not look up {self.step!r} in {self.cache!r}; running it", exc)
         return None
 
     def output_of(self, entry: CacheEntry) -> Any:
         """The output an entry holds, decoded."""
-        return self.decode(default_loads(entry.output))
+        decoded = self._decoded.pop(id(entry), _NOTHING)
+        return self.decode(default_loads(entry.output)) if decoded is _NOTHING else decoded
+
+    def _decodes(self, entry: CacheEntry) -> bool:
+        """Whether ``entry``'s output decodes (kept for :meth:`output_of`): one that no longer
+        does (damaged, or made with an output type that changed since) is a miss, with a warning."""
+        try:
+            self._decoded[id(entry)] = self.decode(default_loads(entry.output))
+        except Exception as exc:
+            _warn(f"the entry {entry.key} of {self.step!r} in {self.cache!r} cannot be decoded; "
+                  "passing over it", exc)
+            return False
+        return True
 
     def store(self, head: str, reads: Reads, name: str, output: Any, usage: TokenUsage
               ) -> CacheEntry | None:
@@ -248,12 +341,27 @@ class CachedStep:
         under that key first, with another output, which the run then goes on with."""
         if reads.failed is not None:
             return None
+        recorded = dict(reads.reads)
         try:
             text = default_dumps(self.encode(output))
+            given = answers_hash()  # a step that asked: its answers are an input
         except Exception:
             return None
-        stored = self.cache.put(CacheEntry(head, dict(reads.reads), text, usage, time.time(), name))
-        return None if stored.output == text else stored
+        if given != _ABSENT:
+            recorded[ANSWERS] = given
+        try:
+            stored = self.cache.put(CacheEntry(head, recorded, text, usage, time.time(), name))
+        except Exception as exc:  # the call is paid and its output is the run's: keep it
+            _warn(f"could not store the output of {name!r} in {self.cache!r}", exc)
+            return None
+        if stored.output == text:
+            return None
+        # another process stored this key first: all go on with its output, if it decodes
+        return stored if self._decodes(stored) else None
+
+
+def _warn(what: str, exc: Exception) -> None:
+    warnings.warn(f"ekit: {what}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
 
 
 def _matches(context: Mapping[str, Any], key: str, recorded: str, encode: Any,

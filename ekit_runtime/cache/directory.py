@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from ekit_runtime.cache.sqlite import check_bounds
 __all__ = ["DirectoryCache"]
 
 _TMP = ".tmp-"
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class DirectoryCache(Cache):
@@ -43,10 +45,11 @@ class DirectoryCache(Cache):
 
     def candidates(self, head: str) -> list[CacheEntry]:
         """The entries under ``head`` younger than ``max_age``, newest first."""
-        folder = self.root / head
+        folder = self.root / _checked(head)
         if not folder.is_dir():
             return []
-        found = [e for e in map(_read, sorted(folder.glob("*.json"))) if e is not None]
+        # (an entry copied under another head's folder claims another step: never served there)
+        found = [e for e in map(_read, sorted(folder.glob("*.json"))) if e is not None and e.head == head]
         if self.max_age is not None:
             fresh = time.time() - self.max_age
             found = [e for e in found if e.created >= fresh]
@@ -54,7 +57,7 @@ class DirectoryCache(Cache):
 
     def put(self, entry: CacheEntry) -> CacheEntry:
         """Store ``entry`` unless its key is taken (then the stored one wins); the stored entry."""
-        folder = self.root / entry.head
+        folder = self.root / _checked(entry.head)
         folder.mkdir(exist_ok=True)
         final = folder / f"{entry.key}.json"
         body = entry.to_json().encode("utf-8")
@@ -79,7 +82,7 @@ class DirectoryCache(Cache):
 
     def entries(self) -> Iterator[CacheEntry]:
         """Every whole entry, newest first."""
-        found = [e for e in map(_read, self.root.glob("*/*.json")) if e is not None]
+        found = [e for e in map(_read, _entry_files(self.root)) if e is not None]
         return iter(sorted(found, key=lambda e: e.created, reverse=True))
 
     def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
@@ -99,13 +102,17 @@ class DirectoryCache(Cache):
             except FileNotFoundError:
                 pass
         files: list[tuple[float, int, Path]] = []
-        for path in self.root.glob("*/*.json"):
+        for path in _entry_files(self.root):
             entry = _read(path)
-            if entry is None:
-                path.unlink(missing_ok=True)
-                dropped += 1
+            try:  # another process's prune may remove any entry at any moment: then it is gone
+                size = path.stat().st_size
+                if entry is None:
+                    path.unlink()
+                    dropped += 1
+                    continue
+            except FileNotFoundError:
                 continue
-            files.append((entry.created, path.stat().st_size, path))
+            files.append((entry.created, size, path))
         files.sort(reverse=True)
         total = 0
         for i, (created, size, path) in enumerate(files):
@@ -116,6 +123,20 @@ class DirectoryCache(Cache):
                 path.unlink(missing_ok=True)
                 dropped += 1
         return dropped
+
+
+def _checked(head: str) -> str:
+    """``head``, refused unless it is one plain name (a hash): never a path out of the root."""
+    if not isinstance(head, str) or not _NAME.fullmatch(head):
+        raise ValueError(f"a cache entry's head must be a hash (letters, digits, - and _), got {head!r:.80}")
+    return head
+
+
+def _entry_files(root: Path) -> Iterator[Path]:
+    """The entry files under ``root``: never through a folder that is a link to elsewhere."""
+    for folder in root.iterdir():
+        if folder.is_dir() and not folder.is_symlink():
+            yield from (p for p in folder.glob("*.json") if not p.is_symlink())
 
 
 def _read(path: Path) -> CacheEntry | None:

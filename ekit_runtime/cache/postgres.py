@@ -11,8 +11,8 @@ Importing this module imports psycopg (the ``postgres`` extra).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ekit_core import TokenUsage
 from ekit_runtime.cache.base import Cache, CacheEntry
@@ -21,6 +21,8 @@ from ekit_runtime.stores.codec import default_dumps, default_loads
 from ekit_runtime.stores.pg import PgConnection, psycopg
 
 __all__ = ["PostgresCache"]
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_cache (
@@ -62,9 +64,9 @@ class PostgresCache(Cache):
     def candidates(self, head: str) -> list[CacheEntry]:
         """The entries under ``head`` younger than ``max_age``, newest first."""
         fresh = time.time() - self.max_age if self.max_age is not None else float("-inf")
-        rows = self._db.run(lambda conn: conn.execute(
+        rows = self._again(lambda: self._db.run(lambda conn: conn.execute(
             f"SELECT {_COLUMNS} FROM ekit_cache WHERE head = %s AND created >= %s ORDER BY created DESC",
-            (head, fresh)).fetchall())
+            (head, fresh)).fetchall()))
         return [_entry(row) for row in rows]
 
     def put(self, entry: CacheEntry) -> CacheEntry:
@@ -72,16 +74,31 @@ class PostgresCache(Cache):
         key, reads, u = entry.key, default_dumps(dict(entry.reads)), entry.usage
         if "\x00" in entry.output or "\x00" in reads or "\x00" in entry.step:
             return entry  # PostgreSQL text holds no NUL: not stored, the run goes on with its own
-        with self._db.transaction() as conn:
-            conn.execute(
-                f"INSERT INTO ekit_cache ({_COLUMNS}, size) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (key) DO NOTHING",
-                (key, entry.head, entry.step, reads, entry.output, u.input_tokens, u.output_tokens,
-                 u.llm_calls, entry.created, len(entry.output) + len(reads)))
-            row = conn.execute(f"SELECT {_COLUMNS} FROM ekit_cache WHERE key = %s", (key,)).fetchone()
-            self._bound(conn, key)
+        def write() -> Any:
+            with self._db.transaction() as conn:
+                conn.execute(
+                    f"INSERT INTO ekit_cache ({_COLUMNS}, size) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING",
+                    (key, entry.head, entry.step, reads, entry.output, u.input_tokens, u.output_tokens,
+                     u.llm_calls, entry.created, len(entry.output) + len(reads)))
+                row = conn.execute(f"SELECT {_COLUMNS} FROM ekit_cache WHERE key = %s", (key,)).fetchone()
+                self._bound(conn, key)
+            return row
+
+        row = self._again(write)
         assert row is not None
         return _entry(row)
+
+    def _again(self, body: Callable[[], T]) -> T:
+        """``body()``, once more on a new session if the server had dropped this one (a restart,
+        an administrator, a proxy's idle cut): found only at the first statement sent on it. A
+        failed transaction committed nothing, and the insert is idempotent: asking again is safe."""
+        try:
+            return body()
+        except psycopg.OperationalError:
+            if not self._db.conn.broken:
+                raise
+            return body()
 
     def _bound(self, conn: Any, keep: str | None, max_entries: int | None = None,
                max_age: float | None = None, max_bytes: int | None = None) -> int:

@@ -70,6 +70,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_core.progress import run_progress
 from ekit_runtime import logs
 from ekit_runtime.attempt import Attempt
+from ekit_runtime.cache.base import Cache
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.base import claim_limit
@@ -171,6 +172,17 @@ class _Drive:
         self.saved.set()
 
 
+def _check_objects(executor: object, trace: object, cache: object) -> None:
+    """Refuse, naming it, a worker's ``executor``, ``trace`` or ``cache`` of the wrong kind."""
+    if executor is not None and not isinstance(executor, Executor):
+        raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
+    if trace is not None and not callable(trace):
+        raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
+    if cache is not None and not isinstance(cache, Cache):
+        raise ValueError(f"cache must be an ekit Cache (SqliteCache, DirectoryCache, ...) or None, "
+                         f"got {type(cache).__name__}")
+
+
 def _check_registry(registry: object) -> None:
     """Refuse a registry that is not workflow name -> ``Workflow``, or that names what no queue stores."""
     if not isinstance(registry, Mapping) or not registry:
@@ -219,6 +231,9 @@ class Worker:
       ``queue.stream(run_id)``, ``ekit queue watch`` and the dashboard read
       (see ``docs/streams.md``); ``stream_cap`` events are kept per run
       (oldest dropped first), published every ``stream_every`` seconds.
+    - ``cache``: a :class:`~ekit_runtime.cache.Cache` every run is driven
+      with (``run(cache=...)``): steps with ``cache=True`` are looked up in
+      it, and a call any run of the fleet made is not paid again.
 
     ``await worker.run()`` works until :meth:`stop` (or cancellation);
     ``await worker.run_until_idle()`` returns once nothing is claimable and
@@ -243,6 +258,7 @@ class Worker:
         stream: bool = True,
         stream_cap: int = DEFAULT_CAP,
         stream_every: float = FLUSH_EVERY,
+        cache: Cache | None = None,
     ) -> None:
         """Check the arguments; nothing is claimed until :meth:`run`."""
         _check_registry(registry)
@@ -258,11 +274,9 @@ class Worker:
         if self.heartbeat >= self.lease_seconds:
             raise ValueError("heartbeat must be shorter than lease_seconds")
         self.poll = check_seconds(poll, "poll")
-        if executor is not None and not isinstance(executor, Executor):
-            raise ValueError(f"executor must be an ekit Executor or None, got {type(executor).__name__}")
-        if trace is not None and not callable(trace):
-            raise ValueError(f"trace must be a factory of trace callbacks or None, got {trace!r:.80}")
+        _check_objects(executor, trace, cache)
         self.executor = executor
+        self.cache = cache
         self.trace = trace
         self.defaults = check_run_options(defaults, "defaults")
         self.stream, self.stream_cap, self.stream_every = _stream_settings(
@@ -516,6 +530,8 @@ class Worker:
         options = run_arguments({**self.defaults, **lease.options}) if self.defaults or lease.options else {}
         if self.executor is not None:
             options["executor"] = self.executor
+        if self.cache is not None:
+            options["cache"] = self.cache
         traces: list[Any] = []
         if self.trace is not None:
             trace = self.trace(lease)
