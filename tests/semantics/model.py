@@ -359,16 +359,24 @@ class Run:
             if over.map_over is not None or over.name not in self.rec.outputs:
                 continue
             for m in self.steps.values():
-                if m.map_over != over.name or m.name in self.items or m.name in self.rec.skipped:
+                if m.map_over != over.name or m.name in self.items or self._forced_skip(m):
                     continue
                 self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
                 self._grow_chains(m.name)
                 changed = True
         return changed
 
+    def _forced_skip(self, m: ModelStep) -> bool:
+        """Whether mapped step ``m`` is skipped, or one of its dependencies is: it is then
+        skipped, not grown ("one of them skipped skips it", concepts.md, Shapes decided at
+        run time; and on a resume "a step that needs both the bumped step and a step skipped
+        elsewhere stays skipped", concepts.md), so no expansion of it is told."""
+        gone = [d in self.rec.skipped for d in m.deps]
+        return m.name in self.rec.skipped or (all(gone) if m.join_any else any(gone))
+
     def _grow_chains(self, mapped: str) -> None:
         for m in self.steps.values():
-            if m.map_over == mapped and m.name not in self.items and m.name not in self.rec.skipped:
+            if m.map_over == mapped and m.name not in self.items and not self._forced_skip(m):
                 self.mapping[m.name] = self.mapping[mapped]
                 self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
                 self._grow_chains(m.name)
