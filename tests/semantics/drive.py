@@ -273,7 +273,10 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             if cp is not None and turn.rewind is not None:
                 items = sorted(n for n in cp.outputs if n.startswith(f"{turn.rewind}["))
                 target = turn.rewind
-                if items and turn.rewind_item is not None:
+                # (a reshaped step may record items its current code no longer maps:
+                # rewind knows only the current graph's names, and refuses the rest)
+                mapped = any(s.name == turn.rewind and s.map_over for s in workflow.steps)
+                if items and turn.rewind_item is not None and mapped:
                     target = items[turn.rewind_item % len(items)]
                 cp = rewind(workflow, cp, target)
                 history.append(cp)
