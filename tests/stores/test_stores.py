@@ -182,7 +182,8 @@ def test_json_file_holds_plain_checkpoint_dict(tmp_path: Path) -> None:
 
 
 class Opaque:
-    pass
+    def __repr__(self) -> str:  # a stable test id: pytest-xdist workers must collect alike
+        return "Opaque()"
 
 
 @pytest.mark.parametrize(
