@@ -113,7 +113,8 @@ def test_an_async_reader_waits_for_more_and_resumes_from_an_offset(queue: RunQue
         rest = asyncio.run(read(first[-1].offset, None))
     finally:
         finished(proc)
-    assert text_of(first + rest) == tokens(500)
+    # (Seen once at load 11 with every partial missing: the kinds and offsets say what was read.)
+    assert text_of(first + rest) == tokens(500), [(e.offset, e.kind) for e in first[:4] + rest[-4:]]
     assert rest[-1].kind == "end"
 
 
