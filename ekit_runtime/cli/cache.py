@@ -2,7 +2,7 @@
 
 ``CACHE`` is a SQLite cache file, a cache directory, or a ``postgresql://``
 URL. A cache that does not exist is an input error (exit 2): nothing is
-created by looking. Exit codes are the other subcommands' (:mod:`ekit_runtime.cli_common`).
+created by looking. Exit codes are the other subcommands' (:mod:`ekit_runtime.cli.common`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from ekit_core.report import usage_text
 from ekit_core.times import when
 from ekit_runtime.cache.base import Cache, CacheEntry
-from ekit_runtime.cli_common import EXIT_CLEAN, InputError
+from ekit_runtime.cli.common import EXIT_CLEAN, InputError
 
 __all__ = ["add_parser", "open_existing"]
 

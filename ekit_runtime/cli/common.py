@@ -1,7 +1,7 @@
 """What every ``ekit`` subcommand shares: its exit codes, its one input error, importing a workflow.
 
 The ``ekit`` command (:mod:`ekit_runtime.cli`) and the subcommands it adds
-from :mod:`ekit_runtime.queue.cli` and :mod:`ekit_runtime.ui.cli` all turn a
+from :mod:`ekit_runtime.cli.queue` and :mod:`ekit_runtime.cli.ui` all turn a
 bad input into one line on stderr and exit ``2``, exit ``130`` on Ctrl-C, and
 import a user's ``--workflow MODULE:ATTR`` the same guarded way. Those
 shared pieces live here, below all three, so that none imports another

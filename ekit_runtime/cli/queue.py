@@ -26,7 +26,7 @@
   ``ekit audit QUEUE --run-id RUN`` reads it in place), ``limits [--max-in-flight N] [--runs-per-minute N]
   [--llm-calls-per-minute N] [--tokens-per-minute N] [--resource NAME=N ...]``.
 - ``ekit queue --queue URL watch RUN [--after N] [--json]``: the run's live
-  stream (:mod:`ekit_runtime.queue.watch`), until the run ends.
+  stream (:mod:`ekit_runtime.cli.watch`), until the run ends.
 - ``ekit queue --queue URL retry RUN`` (a failed or cancelled run, queued again
   from its checkpoint), ``rewind RUN STEP...`` (those steps and everything
   downstream run again, in place), ``fork RUN [STEP...] [--run-id NEW]
@@ -61,13 +61,13 @@ from typing import Any
 
 from ekit_core.times import iso_utc
 from ekit_runtime import logs
-from ekit_runtime.cli_common import EXIT_INTERRUPTED, InputError
+from ekit_runtime.cli.common import EXIT_INTERRUPTED, InputError
+from ekit_runtime.cli.watch import watch
 from ekit_runtime.durations import parse_duration
 from ekit_runtime.executors import Executor, busy_sync_steps
 from ekit_runtime.queue import FINAL_STATUSES, STATUSES, Lease, RunInfo, RunQueue, Worker, open_queue
 from ekit_runtime.queue.options import RUN_OPTIONS
 from ekit_runtime.queue.streams import DEFAULT_CAP
-from ekit_runtime.queue.watch import watch
 from ekit_runtime.queue.worker import TraceFactory
 from ekit_runtime.redaction import redacted
 from ekit_runtime.sources import SourceError, pick_workflow, workflow_entries, workflow_spec
@@ -477,7 +477,7 @@ def _cmd_queue(args: argparse.Namespace) -> int:
 
 
 def _watch(queue: RunQueue, args: argparse.Namespace) -> int:
-    """``ekit queue watch``: the run's stream as it goes (see :mod:`ekit_runtime.queue.watch`)."""
+    """``ekit queue watch``: the run's stream as it goes (see :mod:`ekit_runtime.cli.watch`)."""
     try:
         try:
             events = queue.stream(args.run_id, args.after)

@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from ekit_runtime.cli_common import InputError, import_graph
+    from ekit_runtime.cli.common import InputError, import_graph
     from ekit_runtime.redaction import redacted
     from ekit_runtime.sources import SourceError, read_checkpoints
     from ekit_runtime.ui.server import make_server, serve

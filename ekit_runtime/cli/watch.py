@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ekit_runtime.cli_common import EXIT_CLEAN, EXIT_FOUND
+from ekit_runtime.cli.common import EXIT_CLEAN, EXIT_FOUND
 from ekit_runtime.queue.streams import StreamEvent
 
 __all__ = ["event_line", "watch"]

@@ -1,0 +1,7 @@
+"""Moved to :mod:`ekit_runtime.cli.ui`: this name is that module (kept so that old imports work)."""
+
+import sys
+
+from ekit_runtime.cli import ui as _moved
+
+sys.modules[__name__] = _moved
