@@ -88,14 +88,6 @@ from ekit_runtime.queue.worker_parts import TraceFactory, _Drive, log
 __all__ = ["StepsFailed", "TraceFactory", "Worker"]
 
 
-
-
-
-
-
-
-
-
 def _check_objects(executor: object, trace: object, cache: object) -> None:
     """Refuse, naming it, a worker's ``executor``, ``trace`` or ``cache`` of the wrong kind."""
     if executor is not None and not isinstance(executor, Executor):
@@ -295,11 +287,6 @@ class Worker(Claiming):
             self._executor.shutdown(wait=True)
 
 
-
-
-
-
-
     def _reap(self) -> None:
         for task in [t for t in self._drives if t.done()]:
             drive = self._drives.pop(task)
@@ -332,36 +319,9 @@ class Worker(Claiming):
     # -- one run ------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
     # -- log records (see ekit_runtime.logs) --------------------------------
 
 
-
-
     # -- before each attempt -------------------------------------------------
-
-
-
-
-
-
-
 
 

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 from ekit_runtime.attempt import Attempt
-from ekit_runtime.queue.records import (
-    LeaseLostError,
-)
+from ekit_runtime.queue.records import LeaseLostError
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.queue.worker_parts import _Drive, log
 from ekit_runtime.queue.worker_saving import Saving
+
+__all__ = ["Admission"]
 
 # The first wait before a full resource is asked again for a slot; it doubles
 # up to the heartbeat.
@@ -27,7 +27,7 @@ _SLOT_POLL = 0.01
 
 
 class Admission(Saving):
-    """Admission (see the module docstring)."""
+    """Admits each attempt of a driven run: usage limits, resource slots, the lease's margin."""
 
     async def _admit(
         self, drive: _Drive, gate: Callable[[], Awaitable[None]] | None, attempt: Attempt

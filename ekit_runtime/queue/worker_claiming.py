@@ -11,6 +11,8 @@ from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.queue.worker_drive import Driving
 from ekit_runtime.queue.worker_parts import _Drive, log
 
+__all__ = ["Claiming"]
+
 # The longest wait between claims while the database keeps failing: short
 # enough that a worker is back at work seconds after the database is, long
 # enough not to hammer one that is struggling.
@@ -22,7 +24,7 @@ _ANNOUNCE_EVERY = 1.0
 
 
 class Claiming(Driving):
-    """Claiming (see the module docstring)."""
+    """Claims runs for the free places, backs off while the database fails, announces what it serves."""
 
     async def _try_claim(self) -> bool | None:
         """Claim runs for the free places: whether any was claimed, or ``None`` after a transient error.

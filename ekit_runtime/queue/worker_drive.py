@@ -9,12 +9,12 @@ from typing import Any
 
 from ekit_runtime import logs
 from ekit_runtime.queue.options import run_arguments
-from ekit_runtime.queue.records import (
-    Lease,
-)
+from ekit_runtime.queue.records import Lease
 from ekit_runtime.queue.worker_admission import Admission
 from ekit_runtime.queue.worker_parts import _Drive
 from ekit_runtime.workflow import WorkflowResult
+
+__all__ = ["Driving", "StepsFailed"]
 
 
 class StepsFailed(Exception):
@@ -34,7 +34,7 @@ class StepsFailed(Exception):
 
 
 class Driving(Admission):
-    """Driving (see the module docstring)."""
+    """Drives one claimed run from its start to its recorded ending."""
 
     async def _drive(self, drive: _Drive) -> None:
         lease = drive.lease

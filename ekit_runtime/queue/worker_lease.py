@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ekit_runtime.queue.records import (
-    LeaseLostError,
-)
+from ekit_runtime.queue.records import LeaseLostError
 from ekit_runtime.queue.worker_parts import WorkerParts, _Drive, log
+
+__all__ = ["LeaseKeeping"]
 
 
 class LeaseKeeping(WorkerParts):
-    """LeaseKeeping (see the module docstring)."""
+    """Keeps each driven run's lease: renews it each heartbeat and before a late attempt; loses it."""
 
     def _renewed(self, drive: _Drive, asked: float, cancel: bool, share: float = 1.0) -> None:
         """A save or renewal asked at ``asked`` went through: the lease holds a while longer

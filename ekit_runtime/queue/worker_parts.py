@@ -34,6 +34,8 @@ from ekit_runtime.queue.records import (
 from ekit_runtime.runner import TraceFn
 from ekit_runtime.workflow import Workflow
 
+__all__ = ["TraceFactory", "WorkerParts"]
+
 if TYPE_CHECKING:
     from ekit_runtime.queue.postgres_loop import LoopSession
 
@@ -82,7 +84,7 @@ class _Drive:
 
 
 class WorkerParts:
-    """WorkerParts (see the module docstring)."""
+    """The worker's settings and state (set by ``Worker``), its database calls and log lines."""
 
     queue: RunQueue
     registry: dict[str, Workflow]

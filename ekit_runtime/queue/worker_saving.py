@@ -26,13 +26,15 @@ from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.queue.worker_lease import LeaseKeeping
 from ekit_runtime.queue.worker_parts import _Drive, log
 
+__all__ = ["Saving"]
+
 # The first wait before a save that failed transiently is tried again; it
 # doubles up to a quarter of the heartbeat. Short: no step starts meanwhile.
 _SAVE_RETRY = 0.02
 
 
 class Saving(LeaseKeeping):
-    """Saving (see the module docstring)."""
+    """Saves each driven run's checkpoints and records how its drive ended."""
 
     def _checkpoint(self, drive: _Drive, checkpoint: WorkflowCheckpoint) -> Awaitable[None]:
         """The run's ``checkpoint_fn``: counts the save as pending at once, before any step can start."""
