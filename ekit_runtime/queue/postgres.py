@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import logs
@@ -58,7 +58,6 @@ from ekit_runtime.queue.lifecycle import (
     REOPENED_AS,
     at_cap,
     at_start_rate,
-    cancel_effect,
     slot_free,
     usage_limited,
     usage_reason,
@@ -109,7 +108,6 @@ from ekit_runtime.queue.records import (
     RunsPage,
     RunStatus,
     UnknownRunError,
-    check_age,
     check_run_id,
     check_seconds,
     check_status,
@@ -122,6 +120,8 @@ from ekit_runtime.stores.pg import _SCHEMA_LOCK, psycopg
 from ekit_runtime.stores.rows import EncodedCheckpoint
 
 __all__ = ["PostgresQueue"]
+
+T = TypeVar("T")
 
 
 class PostgresQueue(RunQueue):
@@ -311,48 +311,41 @@ class PostgresQueue(RunQueue):
 
         return self._decode_run(row, run_id, entries, f"postgresql run {run_id!r}", missing_ok=missing_ok)
 
-    def cancel(self, run_id: str) -> bool:
-        """Ask for the run to stop; ``False`` if it had already ended (see :class:`SqliteQueue`)."""
-        check_run_id(run_id)
-        with self.db.transaction() as conn:
-            row = conn.execute(
-                f"SELECT status, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE",
-                (run_id,),
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            status, live = row
-            effect = cancel_effect(status, bool(live))
-            if effect == "ended":
-                return False
-            if effect == "flag":
-                conn.execute(
-                    "UPDATE ekit_queue_runs SET cancel_requested = true WHERE run_id = %s", (run_id,)
-                )
-            else:
-                conn.execute(
-                    "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-                    f"cancel_requested = true, updated_at = {_NOW} WHERE run_id = %s",
-                    (run_id,),
-                )
-            return True
+    # -- the verbs' statements (the verbs themselves: RunQueue) --------------
 
-    def prune(self, older_than: float) -> int:
-        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago."""
-        age = check_age(older_than)
-        final = f"{FINAL} AND updated_at < {_NOW} - %s"
+    def _transaction(self, body: Callable[[psycopg.Connection[Any]], T]) -> T:
         with self.db.transaction() as conn:
-            conn.execute(
-                "DELETE FROM ekit_queue_stream WHERE run_id IN "
-                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
-                (age,),
+            return body(conn)
+
+    def _cancel_read(self, tx: psycopg.Connection[Any], run_id: str) -> tuple[str, bool] | None:
+        row = tx.execute(
+            f"SELECT status, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE", (run_id,)
+        ).fetchone()
+        return None if row is None else (row[0], bool(row[1]))
+
+    def _cancel_write(self, tx: psycopg.Connection[Any], run_id: str, *, flag: bool) -> None:
+        if flag:
+            tx.execute("UPDATE ekit_queue_runs SET cancel_requested = true WHERE run_id = %s", (run_id,))
+        else:
+            tx.execute(
+                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
+                f"cancel_requested = true, updated_at = {_NOW} WHERE run_id = %s",
+                (run_id,),
             )
-            conn.execute(
-                "DELETE FROM ekit_queue_entries WHERE run_id IN "
-                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
-                (age,),
-            )
-            return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (age,)).rowcount
+
+    def _prune_write(self, conn: psycopg.Connection[Any], age: float) -> int:
+        final = f"{FINAL} AND updated_at < {_NOW} - %s"
+        conn.execute(
+            "DELETE FROM ekit_queue_stream WHERE run_id IN "
+            f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+            (age,),
+        )
+        conn.execute(
+            "DELETE FROM ekit_queue_entries WHERE run_id IN "
+            f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+            (age,),
+        )
+        return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (age,)).rowcount
 
     # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
     #
@@ -362,77 +355,67 @@ class PostgresQueue(RunQueue):
     # nothing (it waits for a concurrent writer's commit, then checks again)
     # and the call is refused, writing nothing.
 
-    def _reopen(
-        self,
-        run_id: str,
-        verb: str,
-        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
-        *,
-        step: str | None = None,
-    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
-        with self.db.transaction() as conn:
-            row = conn.execute(
-                f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            status, epoch, lease_live = row
-            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
-            written = None
-            sets, args = "", []
-            if change is not None:
-                written = change(status, self._load(conn, run_id, missing_ok=False))
-                enc = self._encode_whole(written)
-                sets = (
-                    ", header = %s, fingerprint = %s, step_index = %s, input_tokens = %s, "
-                    "output_tokens = %s, llm_calls = %s, failures = %s, steps_done = %s, steps_total = %s"
-                )
-                args = [enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)]
-            info = conn.execute(
-                f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
-                f"lease_until = NULL, cancel_requested = false, error = NULL, reason = NULL, "
-                f"updated_at = {_NOW}{sets} "
-                f"WHERE {_UNCHANGED} RETURNING {_INFO}",
-                (*args, run_id, epoch),
-            ).fetchone()
-            if info is None:
-                self._changed(run_id, status, verb, step)
-            if change is not None:
-                conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
-                conn.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
-            workers = conn.execute(
-                f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
-            ).fetchall()
-        self._forget(run_id)
-        return self._run_info(info, self._served(workers)), written
+    def _reopen_read(self, tx: psycopg.Connection[Any], run_id: str) -> tuple[RunStatus, int, bool] | None:
+        row = tx.execute(
+            f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        return None if row is None else (row[0], row[1], bool(row[2]))
 
-    def _fork(
+    def _reopen_write(
+        self, tx: psycopg.Connection[Any], run_id: str, epoch: int, written: WorkflowCheckpoint | None
+    ) -> RunInfo | None:
+        sets, args = "", []
+        if written is not None:
+            enc = self._encode_whole(written)
+            sets = (
+                ", header = %s, fingerprint = %s, step_index = %s, input_tokens = %s, "
+                "output_tokens = %s, llm_calls = %s, failures = %s, steps_done = %s, steps_total = %s"
+            )
+            args = [enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)]
+        info = tx.execute(
+            f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
+            f"lease_until = NULL, cancel_requested = false, error = NULL, reason = NULL, "
+            f"updated_at = {_NOW}{sets} "
+            f"WHERE {_UNCHANGED} RETURNING {_INFO}",
+            (*args, run_id, epoch),
+        ).fetchone()
+        if info is None:
+            return None
+        if written is not None:
+            tx.execute("DELETE FROM ekit_queue_entries WHERE run_id = %s", (run_id,))
+            tx.execute(_WHOLE, (run_id, epoch + 1, *_columns(enc.rows)))
+        workers = tx.execute(f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}").fetchall()
+        return self._run_info(info, self._served(workers))
+
+    def _fork_read(self, tx: psycopg.Connection[Any], source: str, new_run_id: str) -> RunStatus | None:
+        row = tx.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
+        return None if row is None else row[0]  # (a taken id: told by the insert's ON CONFLICT)
+
+    def _fork_write(
         self,
+        tx: psycopg.Connection[Any],
         source: str,
         new_run_id: str,
         priority: int | None,
-        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
-        options: str | None = None,
-    ) -> None:
-        with self.db.transaction() as conn:
-            row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
-            if row is None:
-                raise UnknownRunError(source)
-            enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
-            inserted = conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
-                "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
-                "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, "
-                f"coalesce(%s, options), coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s "
-                "FROM ekit_queue_runs WHERE run_id = %s "
-                "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-                (new_run_id, options, priority, *columns, source),
-            ).fetchone()
-            if inserted is None:
-                raise self._taken(new_run_id)
-            if enc is not None:
-                conn.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
+        options: str | None,
+        enc: EncodedCheckpoint | None,
+        columns: list[Any],
+    ) -> bool:
+        inserted = tx.execute(
+            "INSERT INTO ekit_queue_runs (run_id, workflow, context, options, priority, status, "
+            "created_at, updated_at, header, fingerprint, step_index, input_tokens, output_tokens, "
+            "llm_calls, failures, steps_done, steps_total) SELECT %s, workflow, context, "
+            f"coalesce(%s, options), coalesce(%s, priority), 'queued', {_NOW}, {_NOW}, "
+            "%s, %s, %s, %s, %s, %s, %s, %s, %s "
+            "FROM ekit_queue_runs WHERE run_id = %s "
+            "ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+            (new_run_id, options, priority, *columns, source),
+        ).fetchone()
+        if inserted is None:
+            return False
+        if enc is not None:
+            tx.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
+        return True
 
     def limits(self) -> Limits:
         """The fleet's limits as stored in the database."""
@@ -769,11 +752,7 @@ class PostgresQueue(RunQueue):
         self._fenced(lease, row)
         self._forget(lease.run_id)
 
-    def release(self, lease: Lease) -> bool:
-        """Give the run back to the queue; ``False`` if the lease was already lost.
-
-        A run whose cancel was asked meanwhile is ended ``cancelled`` instead.
-        """
+    def _release_write(self, lease: Lease) -> bool:
         row = self.db.run(
             lambda c: c.execute(
                 f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
@@ -781,7 +760,6 @@ class PostgresQueue(RunQueue):
                 (lease.run_id, lease.epoch),
             ).fetchone()
         )
-        self._forget(lease.run_id)
         return row is not None
 
     def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
@@ -840,9 +818,7 @@ class PostgresQueue(RunQueue):
         )
         return {name: int(count) for name, count in rows}
 
-    def park(self, lease: Lease, reason: str) -> None:
-        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
-        text = self._park_reason(reason)
+    def _park_write(self, lease: Lease, text: str) -> None:
         row = self.db.run(
             lambda c: c.execute(
                 f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
@@ -851,7 +827,6 @@ class PostgresQueue(RunQueue):
             ).fetchone()
         )
         self._fenced(lease, row)
-        self._forget(lease.run_id)
 
     def usage_hold(self) -> tuple[float, str | None]:
         """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
