@@ -48,8 +48,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
+from benchmarks.queue_cost import cost_child, measure_cost, report_cost
 from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 from ekit_runtime.queue import RunQueue, Worker, open_queue
 
@@ -393,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark: one JSON line per measurement, then a table and the verdicts."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.queue")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--cost-child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only what a run costs (instructions, server CPU), no drains")
+    parser.add_argument("--no-cost", action="store_true", help="only the drains and saves, no callgrind")
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: few runs, 1 and 2 workers, 1 round"
     )
@@ -406,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], args.child[1], int(args.child[2]))
         return 0
+    if args.cost_child:
+        cost_child(args.cost_child)
+        return 0
     counts: tuple[int, ...]
     if args.quick:
         runs, counts, rounds, save_steps = 20, (1, 2), 1, 50
@@ -414,10 +423,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None:
         rounds = args.rounds
     backends: dict[str, dict[str, Any]] = {}
-    for backend in args.backends.split(","):
-        if backend == "postgres" and not args.dsn:
-            print("postgres: no --dsn nor EKIT_TEST_POSTGRES_DSN; left out", file=sys.stderr)
-            continue
+    names = [b for b in args.backends.split(",") if b != "postgres" or args.dsn]
+    if len(names) < len(args.backends.split(",")):
+        print("postgres: no --dsn nor EKIT_TEST_POSTGRES_DSN; left out", file=sys.stderr)
+
+    def log(row: dict[str, Any]) -> None:
+        print(json.dumps(row), flush=True)
+
+    cost = None
+    if not args.no_cost:
+        cost = measure_cost({b: partial(fresh, b, args.dsn) for b in names}, args.steps, args.quick, log)
+    for backend in [] if args.cost_only else names:
         backends[backend] = measure(
             backend,
             args.dsn,
@@ -426,15 +442,17 @@ def main(argv: list[str] | None = None) -> int:
             args.steps,
             rounds,
             save_steps,
-            lambda row: print(json.dumps(row), flush=True),
+            log,
         )
     targets = verdicts(backends)
     load = os.getloadavg()
+    if cost is not None:
+        print(report_cost(cost))
     print(report(backends, targets))
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backends": backends, "targets": targets, "load": load}, f, indent=1)
+            json.dump({"backends": backends, "targets": targets, "cost": cost, "load": load}, f, indent=1)
     return 0
 
 

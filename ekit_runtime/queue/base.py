@@ -41,7 +41,7 @@ from ekit_core.progress import run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue.lifecycle import graph_change_allowed, reopen_refusal
+from ekit_runtime.queue.lifecycle import cancel_effect, graph_change_allowed, reopen_refusal
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -54,6 +54,7 @@ from ekit_runtime.queue.records import (
     RunStateError,
     RunStatus,
     UnknownRunError,
+    check_age,
     check_count,
     check_lease_seconds,
     check_priority,
@@ -842,7 +843,6 @@ class RunQueue(ABC):
         encoded = encode_checkpoint(checkpoint, None, self.dumps)
         return _storable_rows(encoded)
 
-    @abstractmethod
     def _reopen(
         self,
         run_id: str,
@@ -858,7 +858,37 @@ class RunQueue(ABC):
         else :meth:`_changed`. Returns the
         run's record after the write and the checkpoint written (``None`` without ``change``)."""
 
+        def body(tx: Any) -> tuple[RunInfo, WorkflowCheckpoint | None]:
+            found = self._reopen_read(tx, run_id)
+            if found is None:
+                raise UnknownRunError(run_id)
+            status, epoch, lease_live = found
+            self._refuse_reopening(run_id, verb, status, lease_live, step)
+            written = None if change is None else change(status, self._load(tx, run_id, missing_ok=False))
+            info = self._reopen_write(tx, run_id, epoch, written)
+            if info is None:
+                self._changed(run_id, status, verb, step)
+            return info, written
+
+        reopened = self._transaction(body)
+        self._forget(run_id)
+        return reopened
+
     @abstractmethod
+    def _load(self, tx: Any, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
+        """The run's checkpoint as stored, read in ``tx``."""
+
+    @abstractmethod
+    def _reopen_read(self, tx: Any, run_id: str) -> tuple[RunStatus, int, bool] | None:
+        """The run's status, epoch and whether its lease is live (``None``: no such run)."""
+
+    @abstractmethod
+    def _reopen_write(
+        self, tx: Any, run_id: str, epoch: int, written: WorkflowCheckpoint | None
+    ) -> RunInfo | None:
+        """Queue the run at ``epoch + 1`` if it still has ``epoch`` and no live lease (``UNCHANGED``),
+        with ``written`` stored in full if given; its record after, or ``None`` (nothing written)."""
+
     def _fork(
         self,
         source: str,
@@ -870,6 +900,35 @@ class RunQueue(ABC):
         """In one transaction: read ``source`` and its checkpoint, and insert ``new_run_id`` (queued,
         epoch 0) with its workflow, context, options (or ``options``, stored text), priority
         (or ``priority``) and ``change(status, checkpoint)``; a ``ValueError`` if ``new_run_id`` exists."""
+
+        def body(tx: Any) -> None:
+            status = self._fork_read(tx, source, new_run_id)
+            if status is None:
+                raise UnknownRunError(source)
+            enc, columns = self._fork_row(change(status, self._load(tx, source, missing_ok=False)))
+            if not self._fork_write(tx, source, new_run_id, priority, options, enc, columns):
+                raise self._taken(new_run_id)
+
+        self._transaction(body)
+
+    @abstractmethod
+    def _fork_read(self, tx: Any, source: str, new_run_id: str) -> RunStatus | None:
+        """The source run's status (``None``: no such run); a backend that can tells a taken
+        ``new_run_id`` here, before the change is made (:meth:`_taken`)."""
+
+    @abstractmethod
+    def _fork_write(
+        self,
+        tx: Any,
+        source: str,
+        new_run_id: str,
+        priority: int | None,
+        options: str | None,
+        enc: EncodedCheckpoint | None,
+        columns: list[Any],
+    ) -> bool:
+        """Insert the fork's row, copied from ``source`` (``columns``: :meth:`_fork_row`'s), and its
+        entries; ``False`` (nothing written) if ``new_run_id`` is taken."""
 
     # The contract: what each backend supplies.
 
@@ -909,13 +968,54 @@ class RunQueue(ABC):
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
         """The run's latest saved checkpoint, ``None`` before its first save."""
 
-    @abstractmethod
+    # -- the verbs, each once: read the run, ask the lifecycle table, write ----
+    #
+    # A backend gives each verb its statements and its transaction (the
+    # methods below the verb); what follows what is the table's
+    # (ekit_runtime.queue.lifecycle), decided here for both.
+
     def cancel(self, run_id: str) -> bool:
-        """Ask the run to stop; ``False`` if it had already ended."""
+        """Ask for the run to stop; ``False`` if it had already ended.
+
+        A queued or waiting run (or one whose lease expired) is cancelled at
+        once; a running one is flagged, and its worker stops it at its next
+        heartbeat or save, saving a final checkpoint first.
+        """
+        check_run_id(run_id)
+
+        def body(tx: Any) -> bool:
+            found = self._cancel_read(tx, run_id)
+            if found is None:
+                raise UnknownRunError(run_id)
+            effect = cancel_effect(*found)
+            if effect == "ended":
+                return False
+            self._cancel_write(tx, run_id, flag=effect == "flag")
+            return True
+
+        return self._transaction(body)
 
     @abstractmethod
+    def _transaction(self, body: Callable[[Any], T]) -> T:
+        """``body(tx)`` in one write transaction of the backend (``tx``: its connection)."""
+
+    @abstractmethod
+    def _cancel_read(self, tx: Any, run_id: str) -> tuple[str, bool] | None:
+        """The run's status and whether its lease is live, its row locked for ``tx`` (``None``: no run)."""
+
+    @abstractmethod
+    def _cancel_write(self, tx: Any, run_id: str, *, flag: bool) -> None:
+        """Flag the run's cancel (``flag``), or end it ``cancelled``: epoch + 1, no lease, flag set."""
+
     def prune(self, older_than: float) -> int:
-        """Delete ended runs older than ``older_than`` seconds; return how many."""
+        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago; how many."""
+        age = check_age(older_than)
+        return self._transaction(lambda tx: self._prune_write(tx, age))
+
+    @abstractmethod
+    def _prune_write(self, tx: Any, age: float) -> int:
+        """Delete the final runs (:data:`~ekit_runtime.queue.lifecycle.FINAL`) last updated over
+        ``age`` seconds ago, with their entries and stream; how many runs."""
 
     @abstractmethod
     def limits(self) -> Limits:
@@ -1015,9 +1115,19 @@ class RunQueue(ABC):
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
         """End the run under a lease as finished, failed or cancelled."""
 
-    @abstractmethod
     def release(self, lease: Lease) -> bool:
-        """Give a run back to the queue; ``False`` if the lease was already lost."""
+        """Give the run back to the queue (a worker shutting down); ``False`` if the lease was already lost.
+
+        A run whose cancel was asked meanwhile is ended ``cancelled`` instead
+        (:data:`~ekit_runtime.queue.lifecycle.RELEASED_AS`).
+        """
+        released = self._release_write(lease)
+        self._forget(lease.run_id)
+        return released
+
+    @abstractmethod
+    def _release_write(self, lease: Lease) -> bool:
+        """The fenced release, one statement (its status: ``RELEASE_STATUS``); whether it matched."""
 
     @abstractmethod
     def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
@@ -1044,7 +1154,6 @@ class RunQueue(ABC):
     def slots_held(self) -> dict[str, int]:
         """``resource -> slots held now`` across the fleet, for each resource with one held."""
 
-    @abstractmethod
     def park(self, lease: Lease, reason: str) -> None:
         """Park the run under ``lease``: it waits for a person (``waiting``), holding no lease.
 
@@ -1054,6 +1163,12 @@ class RunQueue(ABC):
         ``cancelled`` instead. Fenced like any holder's write:
         :class:`LeaseLostError`, writing nothing, unless the lease is live.
         """
+        self._park_write(lease, self._park_reason(reason))
+        self._forget(lease.run_id)
+
+    @abstractmethod
+    def _park_write(self, lease: Lease, reason: str) -> None:
+        """The fenced park, one statement (its status: ``PARK_STATUS``); refused: :class:`LeaseLostError`."""
 
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""

@@ -158,6 +158,7 @@ __all__ = [
     "drive_ending",
     "expired",
     "fenced",
+    "follows",
     "graph_change_allowed",
     "live",
     "matches",
@@ -192,6 +193,8 @@ class Transition:
     who: Actor
     verb: str
     condition: str
+    lease: Literal["live", "expired"] | None = None
+    """The row holds only while the run's lease is live, or only once it expired (``None``: either)."""
 
 
 TRANSITIONS: tuple[Transition, ...] = (
@@ -207,8 +210,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("running", "queued", "holder", "release", "fenced, no cancel asked"),
     Transition("running", "cancelled", "holder", "release", "fenced, a cancel asked"),
     Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
-    Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1"),
-    Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set"),
+    Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1", "expired"),
+    Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set", "live"),
     Transition("failed", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
     Transition("cancelled", "queued", "submitter", "retry", "epoch + 1; error and cancel flag cleared"),
     Transition("queued", "queued", "submitter", "rewind", "no live lease; epoch + 1"),
@@ -284,11 +287,30 @@ def fenced(
     return epoch == lease_epoch and live(status, lease_until, now)
 
 
+def follows(verb: str, status: str | None, lease_live: bool) -> Transition | None:
+    """The row of :data:`TRANSITIONS` by which ``verb`` moves a run in ``status``, or ``None``: no row.
+
+    Read at each call, so the table decides (a verb that consults it follows a
+    changed row); a row's ``lease`` narrows it to a live or an expired lease.
+    """
+    for row in TRANSITIONS:
+        if row.verb == verb and row.source == status and (
+            row.lease is None or (row.lease == "live") == lease_live
+        ):
+            return row
+    return None
+
+
 def cancel_effect(status: str, lease_live: bool) -> CancelEffect:
-    """What asking to cancel a run does (``lease_live``: :func:`live` of the run)."""
-    if status in FINAL_STATUSES:
+    """What asking to cancel a run does (``lease_live``: :func:`live` of the run), by the table's row.
+
+    No row: nothing (a final run, already ended); a row that keeps the status
+    flags the live lease's holder; any other ends the run ``cancelled`` at once.
+    """
+    row = follows("cancel", status, lease_live)
+    if row is None:
         return "ended"
-    return "flag" if status == "running" and lease_live else "cancel"
+    return "flag" if row.target == status else "cancel"
 
 
 def next_status(

@@ -40,21 +40,21 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Protocol, cast
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.queue.base import Ending, check_one_per_run, claim_limit, handed_over
-from ekit_runtime.queue.postgres import (
+from ekit_runtime.queue.base import Ending, RunQueue, check_one_per_run, claim_limit, handed_over
+from ekit_runtime.queue.postgres_sql import (
     _QUICK_CLAIM,
     _SESSION,
     _WRITES,
-    PostgresQueue,
     _Batch,
+    _QueueConnection,
     _quick_args,
     farewell,
     hung_up,
 )
-from ekit_runtime.queue.records import Lease
+from ekit_runtime.queue.records import Lease, Limits
 from ekit_runtime.stores.pg import IDLE_TIMEOUT, psycopg
 
 __all__ = ["LoopSession"]
@@ -63,6 +63,28 @@ __all__ = ["LoopSession"]
 _PAUSE = 1.0
 
 _Outcomes = tuple[list[bool | Exception], list[Exception | None]]
+
+
+class _PostgresParts(Protocol):
+    """What the session asks of a ``PostgresQueue`` beyond a ``RunQueue``'s verbs.
+
+    Named here rather than imported: the queue opens this session
+    (``PostgresQueue._loop_session``), so this module sits below it.
+    """
+
+    db: _QueueConnection
+    _quick: tuple[str | None, Limits] | None
+
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        ...
+
+    def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
+        ...
+
+    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
+        ...
 
 
 class LoopSession:
@@ -74,8 +96,9 @@ class LoopSession:
     (as they did on the one thread).
     """
 
-    def __init__(self, queue: PostgresQueue, conninfo: str, idle_ms: int | None) -> None:
+    def __init__(self, queue: RunQueue, conninfo: str, idle_ms: int | None) -> None:
         self.queue = queue
+        self._pg = cast(_PostgresParts, queue)
         self._conninfo, self._idle_ms = conninfo, idle_ms
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._farewell = False
@@ -92,7 +115,7 @@ class LoopSession:
         """``queue.write_many(saves, endings, lease_seconds)``, its statement awaited on the loop."""
         loop = asyncio.get_running_loop()
         check_one_per_run(saves, endings)
-        batch = _Batch(self.queue, saves, endings, lease_seconds)
+        batch = _Batch(self.queue, self._pg.db, saves, endings, lease_seconds)
         if batch.args is None:
             return batch.outcomes, batch.ended
         conn = await self._session()
@@ -120,9 +143,9 @@ class LoopSession:
         executor: Executor,
     ) -> list[Lease]:
         """``queue.claim_many(...)``, its quick claim awaited on the loop."""
-        queue = self.queue
+        queue, pg = self.queue, self._pg
         loop = asyncio.get_running_loop()
-        quick = queue._quick
+        quick = pg._quick
         who, names = queue._worker_name(worker), queue._workflows(workflows)
         seconds = queue._lease_seconds(lease_seconds)
         args = None if quick is None else _quick_args(quick, who, seconds, names, claim_limit(limit))
@@ -145,24 +168,24 @@ class LoopSession:
             # Nothing to claim, the limits changed, or the session failed: a
             # claim in full (not claim_many, which would make the quick claim
             # again first) says which.
-            lease = await loop.run_in_executor(executor, queue._claim_in_full, who, names, seconds)
+            lease = await loop.run_in_executor(executor, pg._claim_in_full, who, names, seconds)
             return [] if lease is None else [lease]
 
         def grant(row: tuple[Any, ...]) -> Lease:
-            return queue._granted_quick(row, quick[1])
+            return pg._granted_quick(row, quick[1])
 
         def give_back(rows: Sequence[tuple[Any, ...]]) -> None:
             # Best effort, on the thread, not awaited: else their leases run out.
-            executor.submit(queue._give_back, rows)
+            executor.submit(pg._give_back, rows)
 
         if any(row[6] is not None for row in rows):
             # A run with a stored checkpoint: its entries are read on the thread.
-            return await loop.run_in_executor(executor, handed_over, rows, grant, queue._give_back)
+            return await loop.run_in_executor(executor, handed_over, rows, grant, pg._give_back)
         return handed_over(rows, grant, give_back)
 
     async def _session(self) -> psycopg.AsyncConnection[Any] | None:
         """The open session, opened if needed; ``None``: make this call on the thread."""
-        if self.queue.db._closed_by_caller or time.monotonic() < self._paused_until:
+        if self._pg.db._closed_by_caller or time.monotonic() < self._paused_until:
             return None
         async with self._opening:  # (a claim and a write asked together open one session)
             conn = self._conn

@@ -75,7 +75,6 @@ from ekit_runtime.queue.lifecycle import (
     UNCHANGED,
     at_cap,
     at_start_rate,
-    cancel_effect,
     live,
     render,
     slot_free,
@@ -92,7 +91,6 @@ from ekit_runtime.queue.records import (
     RunsPage,
     RunStatus,
     UnknownRunError,
-    check_age,
     check_run_id,
     check_status,
 )
@@ -920,141 +918,116 @@ class SqliteQueue(RunQueue):
             raise CorruptStoreError(where, f"column {column} holds {value!r}, not a save number")
         return value
 
-    def cancel(self, run_id: str) -> bool:
-        """Ask for the run to stop; ``False`` if it had already ended.
+    # -- the verbs' statements (the verbs themselves: RunQueue) --------------
 
-        A queued run (or one whose lease expired) is cancelled at once; a
-        running one is flagged, and its worker stops it at its next heartbeat
-        or save, saving a final checkpoint first.
-        """
-        check_run_id(run_id)
-        now = time.time()
-
-        def body(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(
-                "SELECT status, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            status, until = row
-            effect = cancel_effect(status, live(status, until, now))
-            if effect == "ended":
-                return False
-            if effect == "flag":
-                conn.execute("UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
-            else:
-                conn.execute(
-                    "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
-                    f"lease_until = NULL, cancel_requested = 1, updated_at = ?, {_FOLD} WHERE run_id = ?",
-                    (now, run_id),
-                )
-            return True
-
+    def _transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._tx(body)
 
-    def prune(self, older_than: float) -> int:
-        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago."""
-        cutoff = time.time() - check_age(older_than)
+    def _cancel_read(self, tx: sqlite3.Connection, run_id: str) -> tuple[str, bool] | None:
+        # The write lock (BEGIN IMMEDIATE) is held: no other writer until the commit.
+        row = tx.execute(
+            "SELECT status, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else (row[0], live(row[0], row[1], time.time()))
 
-        def body(conn: sqlite3.Connection) -> int:
-            final = f"{FINAL} AND updated_at < ?"
-            conn.execute(
-                f"DELETE FROM ekit_queue_stream WHERE run_id IN "
-                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
-                (cutoff,),
+    def _cancel_write(self, tx: sqlite3.Connection, run_id: str, *, flag: bool) -> None:
+        if flag:
+            tx.execute("UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
+        else:
+            tx.execute(
+                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+                f"lease_until = NULL, cancel_requested = 1, updated_at = ?, {_FOLD} WHERE run_id = ?",
+                (time.time(), run_id),
             )
-            conn.execute(
-                f"DELETE FROM ekit_queue_entries WHERE run_id IN "
-                f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
-                (cutoff,),
-            )
-            conn.execute(
-                f"DELETE FROM ekit_queue_headers WHERE seq IN "
-                f"(SELECT seq FROM ekit_queue_runs WHERE {final})",
-                (cutoff,),
-            )
-            return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (cutoff,)).rowcount
 
-        return self._tx(body)
+    def _prune_write(self, conn: sqlite3.Connection, age: float) -> int:
+        cutoff = time.time() - age
+        final = f"{FINAL} AND updated_at < ?"
+        conn.execute(
+            f"DELETE FROM ekit_queue_stream WHERE run_id IN "
+            f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+            (cutoff,),
+        )
+        conn.execute(
+            f"DELETE FROM ekit_queue_entries WHERE run_id IN "
+            f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",
+            (cutoff,),
+        )
+        conn.execute(
+            f"DELETE FROM ekit_queue_headers WHERE seq IN "
+            f"(SELECT seq FROM ekit_queue_runs WHERE {final})",
+            (cutoff,),
+        )
+        return conn.execute(f"DELETE FROM ekit_queue_runs WHERE {final}", (cutoff,)).rowcount
 
     # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
 
-    def _reopen(
-        self,
-        run_id: str,
-        verb: str,
-        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint] | None,
-        *,
-        step: str | None = None,
-    ) -> tuple[RunInfo, WorkflowCheckpoint | None]:
-        def body(conn: sqlite3.Connection) -> tuple[RunInfo, WorkflowCheckpoint | None]:
-            now = time.time()
-            row = conn.execute(
-                f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = ?", (now, run_id)
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            status, epoch, lease_live = row
-            self._refuse_reopening(run_id, verb, status, bool(lease_live), step)
-            written = None
-            sets, args = "", []
-            if change is not None:
-                written = change(status, self._load(conn, run_id, missing_ok=False))
-                enc = self._encode_whole(written)
-                sets, args = f", fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
-                    written.fingerprint, *enc.counts, enc.failures, *progress(written)
-                ]
-            updated = conn.execute(
-                f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
-                f"lease_until = NULL, cancel_requested = 0, error = NULL, reason = NULL, "
-                f"updated_at = ?{sets} WHERE {_UNCHANGED}",
-                (now, *args, run_id, epoch, now),
-            ).rowcount
-            if updated != 1:
-                self._changed(run_id, status, verb, step)
-            if change is not None:
-                self._write_header(conn, run_id, enc.header)
-                self._write_entries(conn, run_id, enc, epoch + 1)
-            self._forget(run_id)
-            rows, served = self._infos(conn, "WHERE run_id = ?", (run_id,))
-            return self._run_info(rows[0], served), written
+    def _reopen_read(self, tx: sqlite3.Connection, run_id: str) -> tuple[RunStatus, int, bool] | None:
+        row = tx.execute(
+            f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = ?", (time.time(), run_id)
+        ).fetchone()
+        return None if row is None else (row[0], row[1], bool(row[2]))
 
-        return self._tx(body)
+    def _reopen_write(
+        self, tx: sqlite3.Connection, run_id: str, epoch: int, written: WorkflowCheckpoint | None
+    ) -> RunInfo | None:
+        now = time.time()
+        sets, args = "", []
+        if written is not None:
+            enc = self._encode_whole(written)
+            sets, args = f", fingerprint = ?, {_COUNTS}, steps_done = ?, steps_total = ?", [
+                written.fingerprint, *enc.counts, enc.failures, *progress(written)
+            ]
+        updated = tx.execute(
+            f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
+            f"lease_until = NULL, cancel_requested = 0, error = NULL, reason = NULL, "
+            f"updated_at = ?{sets} WHERE {_UNCHANGED}",
+            (now, *args, run_id, epoch, now),
+        ).rowcount
+        if updated != 1:
+            return None
+        if written is not None:
+            self._write_header(tx, run_id, enc.header)
+            self._write_entries(tx, run_id, enc, epoch + 1)
+        rows, served = self._infos(tx, "WHERE run_id = ?", (run_id,))
+        return self._run_info(rows[0], served)
 
-    def _fork(
+    def _fork_read(self, tx: sqlite3.Connection, source: str, new_run_id: str) -> RunStatus | None:
+        row = tx.execute("SELECT status FROM ekit_queue_runs WHERE run_id = ?", (source,)).fetchone()
+        if row is None:
+            return None
+        if tx.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
+            raise self._taken(new_run_id)
+        return row[0]  # type: ignore[no-any-return]
+
+    def _fork_write(
         self,
+        tx: sqlite3.Connection,
         source: str,
         new_run_id: str,
         priority: int | None,
-        change: Callable[[str, WorkflowCheckpoint | None], WorkflowCheckpoint | None],
-        options: str | None = None,
-    ) -> None:
-        def body(conn: sqlite3.Connection) -> None:
-            now = time.time()
-            row = conn.execute("SELECT status FROM ekit_queue_runs WHERE run_id = ?", (source,)).fetchone()
-            if row is None:
-                raise UnknownRunError(source)
-            if conn.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
-                raise self._taken(new_run_id)
-            enc, columns = self._fork_row(change(row[0], self._load(conn, source, missing_ok=False)))
-            header, *counts = columns
-            made = conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, options, priority, status, "
-                "created_at, updated_at, fingerprint, step_index, input_tokens, output_tokens, "
-                "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, coalesce(?, options), "
-                "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
-                "FROM ekit_queue_runs WHERE run_id = ?",
-                (new_run_id, options, priority, now, now, *counts, source),
-            )
-            conn.execute(
-                "INSERT INTO ekit_queue_headers (seq, context, header) SELECT ?, h.context, ? "
-                "FROM ekit_queue_runs AS r JOIN ekit_queue_headers AS h ON h.seq = r.seq WHERE r.run_id = ?",
-                (made.lastrowid, header, source),
-            )
-            if enc is not None:
-                self._write_entries(conn, new_run_id, enc, 0)
-
-        self._tx(body)
+        options: str | None,
+        enc: EncodedCheckpoint | None,
+        columns: list[Any],
+    ) -> bool:
+        now = time.time()
+        header, *counts = columns
+        made = tx.execute(
+            "INSERT INTO ekit_queue_runs (run_id, workflow, options, priority, status, "
+            "created_at, updated_at, fingerprint, step_index, input_tokens, output_tokens, "
+            "llm_calls, failures, steps_done, steps_total) SELECT ?, workflow, coalesce(?, options), "
+            "coalesce(?, priority), 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+            "FROM ekit_queue_runs WHERE run_id = ?",
+            (new_run_id, options, priority, now, now, *counts, source),
+        )
+        tx.execute(
+            "INSERT INTO ekit_queue_headers (seq, context, header) SELECT ?, h.context, ? "
+            "FROM ekit_queue_runs AS r JOIN ekit_queue_headers AS h ON h.seq = r.seq WHERE r.run_id = ?",
+            (made.lastrowid, header, source),
+        )
+        if enc is not None:
+            self._write_entries(tx, new_run_id, enc, 0)
+        return True  # (a taken id was told by _fork_read, under the same write lock)
 
     @staticmethod
     def _write_entries(conn: sqlite3.Connection, run_id: str, enc: EncodedCheckpoint, epoch: int) -> None:
@@ -1701,12 +1674,7 @@ class SqliteQueue(RunQueue):
         self._tx(body, begin=False)  # (one statement: its own transaction)
         self._forget(lease.run_id)
 
-    def release(self, lease: Lease) -> bool:
-        """Give the run back to the queue (a worker shutting down); ``False`` if already lost.
-
-        A run whose cancel was asked meanwhile is ended ``cancelled`` instead.
-        """
-
+    def _release_write(self, lease: Lease) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
             now = time.time()
             return (
@@ -1718,9 +1686,7 @@ class SqliteQueue(RunQueue):
                 == 1
             )
 
-        released = self._tx(body)
-        self._forget(lease.run_id)
-        return released
+        return self._tx(body)
 
     def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
         """Take a slot of ``resource`` for ``holder`` under ``lease`` if one is free (see ``RunQueue``).
@@ -1778,10 +1744,7 @@ class SqliteQueue(RunQueue):
         )
         return dict(rows)
 
-    def park(self, lease: Lease, reason: str) -> None:
-        """Park the run under ``lease``: ``waiting``, no lease, no owner (see :meth:`RunQueue.park`)."""
-        text = self._park_reason(reason)
-
+    def _park_write(self, lease: Lease, text: str) -> None:
         def body(conn: sqlite3.Connection) -> None:
             now = time.time()
             updated = conn.execute(
@@ -1792,7 +1755,6 @@ class SqliteQueue(RunQueue):
             self._fence(conn, lease, updated)
 
         self._tx(body, begin=False)  # (one statement: its own transaction)
-        self._forget(lease.run_id)
 
     def usage_hold(self) -> tuple[float, str | None]:
         """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""

@@ -3,7 +3,7 @@
 Stdlib only (``http.server``), everything served by the package. Build a
 server with :func:`make_server` over a :class:`QueueSource` or a
 :class:`FileSource`, then ``serve_forever()``; the command line is
-:func:`ekit_runtime.ui.cli.add_parser`.
+:func:`ekit_runtime.cli.ui.add_parser`.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ def test_queue_benchmark_reports_rates_save_costs_fsync_and_verdicts(tmp_path: P
     from benchmarks import queue as queue_bench
 
     path = tmp_path / "queue.json"
-    assert queue_bench.main(["--quick", "--backends", "sqlite", "--runs", "6", "--json", str(path)]) == 0
+    argv = ["--quick", "--no-cost", "--backends", "sqlite", "--runs", "6", "--json", str(path)]
+    assert queue_bench.main(argv) == 0
     written = json.loads(path.read_text())
     sqlite = written["backends"]["sqlite"]
     assert set(sqlite["runs_per_s"]) == {"1", "2"}

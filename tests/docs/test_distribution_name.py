@@ -72,7 +72,9 @@ def test_every_install_of_the_project_names_it_and_extras_it_has() -> None:
     assert extras <= set(PROJECT["optional-dependencies"])
 
 
-@pytest.mark.parametrize("path", [".ci/run", "ekit_runtime/cli.py", "tests/runtime/test_cli_commands.py"])
+@pytest.mark.parametrize(
+    "path", [".ci/run", "ekit_runtime/cli/command.py", "tests/runtime/test_cli_commands.py"]
+)
 def test_metadata_is_read_under_the_distribution_name(path: str) -> None:
     text = (ROOT / path).read_text(encoding="utf-8")
     asked = re.findall(r"""\b(?:version|requires|distribution|metadata)\(\s*['"]([^'"]+)['"]""", text)

@@ -68,7 +68,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ekit_patched(cwd: Path, patch: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``main(args)`` in a fresh interpreter after ``patch`` (code given ``cli``)."""
     code = (
-        "import sys\nimport ekit_runtime.cli as cli\n"
+        "import sys\nimport ekit_runtime.cli.command as cli\n"
         f"{patch}\nraise SystemExit(cli.main({list(args)!r}))\n"
     )
     return subprocess.run(

@@ -18,8 +18,8 @@ it reads, and its exit codes. The decisions themselves are the pure
   (:mod:`ekit_runtime.targets`), or refuses.
 - ``ekit graph (--workflow MODULE:ATTR | --checkpoint SOURCE) [--format json|mermaid|dot]``.
 - ``ekit demo [ARGS...]`` runs :mod:`ekit_runtime.demo`, when installed;
-  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.queue.cli`,
-  ``ekit ui`` (the web dashboard) from :mod:`ekit_runtime.ui.cli`.
+  ``ekit worker`` and ``ekit queue`` come from :mod:`ekit_runtime.cli.queue`,
+  ``ekit ui`` (the web dashboard) from :mod:`ekit_runtime.cli.ui`.
 
 ``SOURCE`` is anything :func:`~ekit_runtime.sources.read_checkpoints` reads:
 a checkpoint JSON, JSON lines, a ``JournalStore`` journal, a SQLite or
@@ -64,8 +64,10 @@ from ekit_core.graph_text import read
 from ekit_core.report import count, recorded_graph, table
 from ekit_core.rewind import grown
 from ekit_core.shapes import Shape
-from ekit_runtime.cache import cli as cache_cli
-from ekit_runtime.cli_common import (
+from ekit_runtime.cli import cache as cache_cli
+from ekit_runtime.cli import queue as queue_cli
+from ekit_runtime.cli import ui as ui_cli
+from ekit_runtime.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_CLEAN,
     EXIT_FOUND,
@@ -78,7 +80,6 @@ from ekit_runtime.cli_common import (
     one_line,
     text_of,
 )
-from ekit_runtime.queue import cli as queue_cli
 from ekit_runtime.redaction import Redactor
 from ekit_runtime.sources import (
     Recorded,
@@ -90,7 +91,6 @@ from ekit_runtime.sources import (
     read_text,
 )
 from ekit_runtime.targets import TargetError, write_checkpoint
-from ekit_runtime.ui import cli as ui_cli
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
