@@ -180,10 +180,11 @@ class GroupCommit:
         self, streams: list[Any], saves: list[tuple[Lease, WorkflowCheckpoint]], endings: list[Ending]
     ) -> tuple[list[bool | Exception], list[Exception | None]]:
         assert self.session is not None
-        if streams and self.publisher is not None:
-            loop = asyncio.get_running_loop()
-            published = await loop.run_in_executor(self.executor, self.publisher.publish, streams)
-            self.publisher.settle(streams, published)
+        if endings and self.publisher is not None:
+            # Even with nothing taken here: a flush in flight may hold these runs' events, and
+            # this session's commit of their ends would overtake it (a reader then saw no event
+            # of the run but its end; the database thread keeps the order without a session).
+            await self.publisher.publish_after_flushes(streams)
         return await self.session.write_many(saves, endings, self.lease_seconds, self.executor)
 
     def _written(

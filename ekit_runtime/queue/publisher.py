@@ -221,8 +221,11 @@ class StreamPublisher:
         stream = self.streams.get(run_id)
         if stream is None:
             return
-        if stream.pending:
-            await self.flush()
+        # Always, even with nothing pending: a flush in flight may hold this run's events, taken
+        # out of its buffer, and the lock waits it out. Ending first let the run's end commit
+        # overtake that flush (PostgreSQL: another session), whose fence then found the run over
+        # and published none of them: a reader saw only ``end``.
+        await self.flush()
         stream.close()
         self.streams.pop(run_id, None)
 
@@ -284,6 +287,17 @@ class StreamPublisher:
                 stream.dropped += len(events)
                 log.warning("publishing the stream of run %r failed (%s: %s); %d event(s) dropped",
                             stream.lease.run_id, type(outcome).__name__, outcome, len(events))
+
+    async def publish_after_flushes(self, batches: list[tuple[RunStream, list[Published]]]) -> None:
+        """Publish ``batches`` (taken by :meth:`take`) once any flush in flight is done, and settle them.
+
+        For an ending written on a session of its own (PostgreSQL's loop
+        session): a flush in flight may hold events of the ending runs, and
+        an end committed before it makes its fence find those runs over.
+        """
+        async with self._lock:
+            if batches:
+                self.settle(batches, await self.call(self.publish, batches))
 
     async def flush(self) -> None:
         """Publish every open buffer now (after any flush in flight), one transaction for all."""

@@ -41,9 +41,11 @@ def worker_process(url: str, *more: str, lease: str = "10") -> subprocess.Popen[
                             env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
 
 
-def finished(proc: subprocess.Popen[str]) -> None:
+def finished(proc: subprocess.Popen[str]) -> str:
+    """Wait for the worker to exit 0; its stderr (what it logged), for a failing assertion to show."""
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, (out, err)
+    return err[-2000:]
 
 
 def text_of(events: list[StreamEvent]) -> str:
@@ -108,13 +110,14 @@ def test_an_async_reader_waits_for_more_and_resumes_from_an_offset(queue: RunQue
                 break
         return got
 
+    logged = ""
     try:
         first = asyncio.run(read(0, 123))
         rest = asyncio.run(read(first[-1].offset, None))
     finally:
-        finished(proc)
-    # (Seen once at load 11 with every partial missing: the kinds and offsets say what was read.)
-    assert text_of(first + rest) == tokens(500), [(e.offset, e.kind) for e in first[:4] + rest[-4:]]
+        logged = finished(proc)
+    # (Seen once at load 11 with every partial missing: what was read, and what the worker logged.)
+    assert text_of(first + rest) == tokens(500), ([(e.offset, e.kind) for e in first[:4] + rest[-4:]], logged)
     assert rest[-1].kind == "end"
 
 
@@ -123,9 +126,10 @@ def test_a_failed_step_is_told_after_its_tokens_and_the_end_says_failed(
 ) -> None:
     run_id = queue.submit("fail", {})
     finished_proc = worker_process(queue_url)
-    finished_proc.communicate(timeout=180)  # (exit 3 or 0 is not the point: the run failed)
+    _out, logged = finished_proc.communicate(timeout=180)  # (exit 3 or 0 is not the point: the run failed)
     events = list(queue.stream(run_id))
-    assert [e.kind for e in events] == ["claimed", "started", "partial", "failed", "end"]
+    # (Seen once at load 11 as ["end"] alone: what the worker logged says why.)
+    assert [e.kind for e in events] == ["claimed", "started", "partial", "failed", "end"], logged[-2000:]
     assert events[2].data == "before the failure"
     assert "ValueError: the step failed on purpose" in events[3].data["error"]
     assert events[-1].data["status"] == "failed"
