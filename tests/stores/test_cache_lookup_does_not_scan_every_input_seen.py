@@ -39,3 +39,20 @@ def test_a_lookup_reads_few_entries_among_many_inputs(tmp_path: Path,
     hit = step.lookup(head, seen)
     assert hit is not None and hit.output == '"its summary"' and len(read) == 1
     cache.close()
+
+
+def test_a_cache_file_written_before_the_index_is_indexed_when_opened(tmp_path: Path) -> None:
+    import sqlite3
+
+    where = tmp_path / "old.db"
+    cache = SqliteCache(where)
+    step = CachedStep(cache, "summarize", "f" * 32, None, (), lambda v: v, lambda v: v)
+    head, seen = step.head(None), {"document": "seen before"}
+    cache.put(CacheEntry(head, {"document": str(step.hasher(seen)("document"))}, '"its summary"'))
+    cache.close()
+    with sqlite3.connect(where) as conn:  # as a file from before ekit_cache_reads was kept
+        conn.execute("DROP TABLE ekit_cache_reads")
+    reopened = SqliteCache(where)
+    found = CachedStep(reopened, "summarize", "f" * 32, None, (), lambda v: v, lambda v: v).lookup(head, seen)
+    assert found is not None and found.output == '"its summary"'
+    reopened.close()
