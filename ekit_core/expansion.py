@@ -87,7 +87,7 @@ def item_ref(step: str, key: str, source: str, pick: int | str | None = None) ->
 
     The frozen ``__init__`` sets each field through ``object.__setattr__``:
     the fifth field, ``iteration`` (loops', 0 here), cost every item of a
-    plain map about 1k instructions more. Built through the twin, the map pays nothing for loops.
+    plain map about 1k instructions more; through the twin, no field costs that.
     """
     ref = _ItemRefTwin()
     ref.step, ref.key, ref.source, ref.pick, ref.iteration = step, key, source, pick, 0

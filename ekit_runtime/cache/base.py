@@ -80,11 +80,14 @@ class CacheEntry:
     usage: TokenUsage = NO_USAGE
     created: float = field(default_factory=time.time)
     step: str = ""
+    # The key a cache stored it under, as read back with it (``""``: computed when asked):
+    # a hit's key is recorded, and hashing it again costs a hit as much as its lookup.
+    stored_key: str = field(default="", repr=False, compare=False)
 
     @property
     def key(self) -> str:
         """The entry's key: :func:`entry_key` of its head and reads."""
-        return entry_key(self.head, self.reads)
+        return self.stored_key or entry_key(self.head, self.reads)
 
     def to_json(self) -> str:
         """The entry as one JSON text (what the directory cache writes; the others store columns)."""

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ekit_core import TokenUsage
+from ekit_core.usage import NO_USAGE
 from ekit_runtime.cache.base import Cache, CacheEntry, Hasher, entry_key
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
@@ -269,10 +270,10 @@ class SqliteCache(Cache):
 
 
 def _entry(row: tuple[object, ...]) -> CacheEntry:
-    _key, head, step, reads, output, i, o, calls, created = row
-    return CacheEntry(str(head), default_loads(str(reads)), str(output),
-                      TokenUsage(int(i), int(o), int(calls)),  # type: ignore[call-overload]
-                      float(created), str(step))  # type: ignore[arg-type]
+    key, head, step, reads, output, i, o, calls, created = row
+    usage = TokenUsage(int(i), int(o), int(calls)) if i or o or calls else NO_USAGE  # type: ignore[call-overload]
+    return CacheEntry(str(head), default_loads(str(reads)), str(output), usage,
+                      float(created), str(step), str(key))  # type: ignore[arg-type]
 
 
 def _keys(reads: object) -> str:
