@@ -701,7 +701,8 @@ def fast_checkpoint(
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
     cp.__class__ = kind
-    return cast(WorkflowCheckpoint, cp)
+    made: WorkflowCheckpoint = cp  # (not typing.cast: a Python call per value built; see _frozen)
+    return made
 
 
 def fast_delta(
@@ -723,7 +724,8 @@ def fast_delta(
     value.durations = durations
     value.began = began
     value.__class__ = CheckpointDelta
-    return cast(CheckpointDelta, value)
+    made: CheckpointDelta = value  # (not typing.cast: a Python call per value built; see _frozen)
+    return made
 
 
 def same_output(a: object, b: object) -> bool:

@@ -98,7 +98,7 @@ def decide(names: Iterable[str], recorded: Mapping[str, str], current: Mapping[s
     checkpoint's outputs (a step counts as recorded with its own output or
     an item's, ``step[key]``).
     """
-    if not recorded or not current:
+    if not recorded or not current or recorded == current:  # (the usual resume: nothing changed)
         return CodeDecision(MappingProxyType(dict(current)))
     changed = [n for n in names if code_changed(recorded, current, n) and _has_output(n, outputs)]
     if not changed:

@@ -421,7 +421,7 @@ def _outdated(
     # The common resume (no tags, same graph) pays nothing for the rule.
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
     if same_graph and not versions and not checkpoint.versions and not (
-            code and checkpoint.code_fingerprints):
+            code and checkpoint.code_fingerprints and checkpoint.code_fingerprints != code):
         return {}, _NO_NAMES
     touched = changed_work(graph, checkpoint, versions, code) if resumed else _NO_NAMES
     return outdated_steps(graph, checkpoint, versions, code), touched
@@ -438,7 +438,7 @@ def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Map
     (audit reads the same rule). ``code``: the steps' code fingerprints (:mod:`ekit_core.code`)."""
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
     if same_graph and not versions and not checkpoint.versions and not (
-            code and checkpoint.code_fingerprints):
+            code and checkpoint.code_fingerprints and checkpoint.code_fingerprints != code):
         return _NO_NAMES  # the common resume pays nothing for the rule
     roots = changed_steps(graph, checkpoint, versions, code)
     return frozenset(reached(graph, checkpoint, roots)) if roots else _NO_NAMES
@@ -2283,7 +2283,8 @@ def state_of_run(w: _Run, events: tuple[Event, ...], outcome: Outcome | None) ->
     state._in_flight = w.in_flight
     state._waiting = w.waiting
     state.__class__ = State
-    return cast(State, state)
+    made: State = state  # (not typing.cast: a Python call per value built; see _frozen)
+    return made
 
 
 # -- helpers -------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class Runner:
         self._wakeup: asyncio.Future[None] | None = None
         # Which steps run as their own task, decided at each step's first
         # launch: a resume pays nothing for the steps it skips.
-        self._own: dict[str, bool] = {}
+        self._own: dict[str, bool] = _loops_of(state)
         self._began: dict[asyncio.Task[Any], float] = {}
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
@@ -242,8 +242,7 @@ class Runner:
         """
         run = step.run
         own = self._own[step.name] = (
-            step.timeout is None
-            and (step.shaping is None or step.shaping[5] is None)  # (a loop's: see _attempt)
+            step.timeout is None  # (a loop never gets here: see __init__)
             and self.run_id is None
             and self.before_attempt is None
             and (step.executor or self.executor) is DEFAULT_EXECUTOR
@@ -760,7 +759,7 @@ class Runner:
         hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
         ledger = hits if type(hits) is Ledger else Ledger(hits)
         key = entry.key
-        self.cache_hits = ledger.with_item(name, CacheHit(key, entry.usage))
+        self.keep_hits(ledger.with_item(name, CacheHit(key, entry.usage)))
         if self.trace is not None:  # told before the turn's events, StepFinished among them
             self._hit_events = (*self._hit_events, StepCacheHit(name, key, entry.usage))
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
@@ -771,6 +770,13 @@ class Runner:
         if self.cache_hits:
             _with_hits(checkpoint, self.cache_hits)
         return checkpoint
+
+    def told_first(self, events: tuple[Event, ...]) -> None:
+        """Tell ``events`` to the trace as the run begins, right after ``RunStarted``: the
+        hits found before it began (:mod:`ekit_runtime.cache.at_start`)."""
+        if self.trace is not None:
+            first = self._initial_events
+            self._initial_events = (*first[:1], *events, *first[1:])
 
     def use_cache(self, cached: Mapping[str, CachedStep]) -> None:
         """Let ``cached`` (step -> :class:`~ekit_runtime.cache.CachedStep`) answer those steps'
@@ -824,8 +830,6 @@ class Runner:
         if fn is None:
             return None
         checkpoint = checkpoint_of(state)
-        if self.cache_hits:
-            _with_hits(checkpoint, self.cache_hits)
         self.last_checkpoint = checkpoint
         try:
             returned = fn(checkpoint)
@@ -838,6 +842,39 @@ class Runner:
             return self._finish_save(returned, checkpoint)
         self._accepted = checkpoint
         return None
+
+    def _save_with_hits(self, state: State) -> Awaitable[Any] | None:
+        """:meth:`_save` in a run with cache hits, which each checkpoint records (:func:`_with_hits`).
+
+        It takes ``_save``'s place on the instance once the run has a hit
+        (:meth:`keep_hits`), so that a run without one does not test for hits
+        at every save (a class default read through the instance: 0.3k
+        instructions a step). Its body is ``_save``'s, with the hits added.
+        """
+        fn = self.checkpoint_fn
+        if fn is None:
+            return None
+        checkpoint = checkpoint_of(state)
+        _with_hits(checkpoint, self.cache_hits)
+        self.last_checkpoint = checkpoint
+        try:
+            returned = fn(checkpoint)
+        except Exception as exc:
+            if self._refused_new(exc, checkpoint) is not None:
+                return self._save_without(exc, checkpoint)
+            self._save_failed(exc, checkpoint)
+            raise
+        if returned is not None and inspect.isawaitable(returned):
+            return self._finish_save(returned, checkpoint)
+        self._accepted = checkpoint
+        return None
+
+    def keep_hits(self, hits: Mapping[str, CacheHit]) -> None:
+        """Record ``hits`` (name -> :class:`CacheHit`) as the run's: every checkpoint from now on
+        holds them (those a resume keeps, then each new hit)."""
+        if "_save" not in vars(self):
+            self._save = self._save_with_hits  # type: ignore[method-assign]
+        self.cache_hits = hits
 
     async def _finish_save(self, pending: Awaitable[Any], checkpoint: WorkflowCheckpoint) -> None:
         try:
@@ -993,6 +1030,13 @@ class Runner:
             exc.add_note(f"ekit: the run had already failed: step {name!r} raised {error!r}")
             if exc.__context__ is None:
                 exc.__context__ = error
+
+
+def _loops_of(state: State) -> dict[str, bool]:
+    """Loop -> False: no loop's iteration runs as its own task (see Runner._runs_as_own_task); they
+    go through ``_attempt``, which tells ``Ended``. Decided once a run, so that a step that is
+    no loop does not ask."""
+    return {n: False for n, s in state.spec.declared_graph.shapes.items() if s.repeat is not None}
 
 
 def _with_hits(checkpoint: WorkflowCheckpoint, hits: Mapping[str, CacheHit]) -> None:

@@ -292,6 +292,10 @@ class Step:
         if (map_over is None and item_key is None and when is None and join == "all" and resource is None
                 and repeat is None and cache is False and on_code_change is None):
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
+        elif (cache is True and shaping is None and map_over is None and item_key is None
+              and when is None and join == "all" and resource is None and repeat is None
+              and on_code_change is None):
+            step.shaping = _CACHED  # (checked already: passes the plain test below)
         else:
             step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat, cache,
                                     on_code_change)
@@ -303,7 +307,7 @@ class Step:
             and timeout is None
             and executor is None
             and version is None
-            and step.shaping is None
+            and (step.shaping is None or step.shaping is _CACHED)
             and (context == "all" or context == "dependencies")
             and blocking is False
             and inline is False
@@ -451,6 +455,10 @@ Shaping: TypeAlias = tuple[
 ]
 """A step's run-time shape, resource, loop and cache options as it holds them:
 ``(map_over, item_key, when, join, resource, repeat, cache, on_code_change)``."""
+
+
+_CACHED: Shaping = (None, None, None, "all", None, None, True, None)
+"""The shaping of a step whose only option among them is ``cache=True`` (shared: no check to make)."""
 
 
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,

@@ -20,6 +20,7 @@ from ekit_core import (
     GraphSpec,
     InternalError,
     State,
+    StepCacheHit,
     TokenUsage,
     WorkflowCheckpoint,
     checkpoint_of,
@@ -33,6 +34,7 @@ from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
+from ekit_runtime.cache.at_start import Found, hits_at_start, hits_of, with_hits
 from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
@@ -319,23 +321,23 @@ class Workflow:
         run_id, before_attempt = options.get("run_id"), options.get("before_attempt")
         trace = logs.with_run_trace(trace, run_id)  # unchanged unless ekit.run/ekit.step listen
         resume_from, answers = self._answered(options), options.get("answers")
-        state = self.start_state(
-            initial_context,
-            resume_from=resume_from,
-            max_concurrency=options.get("max_concurrency"),
-            budget=options.get("budget"),
-            allow_graph_change=options.get("allow_graph_change", False),
-            approval=approval is not None,
+        prints = self.code_fingerprints() if self._code_policies else None
+        starting: dict[str, Any] = dict(
+            max_concurrency=options.get("max_concurrency"), budget=options.get("budget"),
+            allow_graph_change=options.get("allow_graph_change", False), approval=approval is not None,
             isolate_failures=options.get("isolate_failures", False),
             record_events=trace is not None if record_events is None else record_events,
-            run_id=run_id,
-            only=options.get("only"),
-            durations=options.get("durations", False),
-            _current_code=(prints := self.code_fingerprints() if self._code_policies else None),
+            run_id=run_id, only=options.get("only"), durations=options.get("durations", False),
+            _current_code=prints,
         )
+        state = self.start_state(initial_context, resume_from=resume_from, **starting)
         if answers:  # an answer to a question the resume dropped (its work changed) is refused
             refuse_dropped_answers(answers, state.setbacks.asked)
         self._check_executors(executor)
+        cached = {} if (cache := options.get("cache")) is None else self._cached_steps(
+            cache, executor, prints or {})
+        found = hits_at_start(self._steps, state, cached) if cached and not answers else {}
+        state = self._start_with(found, state, initial_context, starting) if found else state
         runner = Runner(
             self.steps,
             state,
@@ -350,17 +352,29 @@ class Workflow:
         )
         if answers:
             runner.save_first = True
-        self._bind_cache(runner, options.get("cache"), prints, resume_from)
+        self._bind_cache(runner, cached, resume_from, found)
         return runner
 
-    def _bind_cache(self, runner: Runner, cache: Cache | None, prints: Mapping[str, str] | None,
-                    resume_from: object) -> None:
-        """Give ``runner`` the run's cached steps and the hits ``resume_from`` records."""
-        if cache is not None:
-            runner.use_cache(self._cached_steps(cache, runner.executor, prints or {}))
+    def _start_with(self, found: Found, state: State, initial_context: Mapping[str, Any] | None,
+                    starting: Mapping[str, Any]) -> State:
+        """The run's first state with the hits ``found`` as it starts (ekit_runtime.cache.at_start):
+        from them, as a resume starts from recorded outputs."""
+        return self.start_state(initial_context, resume_from=with_hits(state, found), **starting)
+
+    def _bind_cache(self, runner: Runner, cached: Mapping[str, CachedStep], resume_from: object,
+                    found: Found) -> None:
+        """Give ``runner`` the run's cached steps, the hits ``resume_from`` records and those
+        ``found`` as the run starts (saved in its first checkpoint, told first to its trace)."""
+        runner.use_cache(cached)
         hits = _recorded_hits(resume_from, runner.state)
-        if hits:
-            runner.cache_hits = hits
+        if found:
+            runner.keep_hits(MappingProxyType({**(hits or {}), **hits_of(found)}))
+            runner.save_first = True
+            if runner.trace is not None:
+                runner.told_first(tuple(StepCacheHit(name, runner.cache_hits[name].key, entry.usage)
+                                        for name, (_, entry) in found.items()))
+        elif hits:
+            runner.keep_hits(hits)
 
     def _cached_steps(self, cache: Cache, default: Executor | None, prints: Mapping[str, str]
                       ) -> dict[str, CachedStep]:

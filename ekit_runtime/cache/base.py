@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,8 @@ from ekit_runtime.stores.codec import default_dumps, default_loads
 __all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "Reads", "entry_key", "head_of"]
 
 _NOTHING: Any = object()
+Hasher = Callable[[str], "str | None"]
+"""The hash of the value a key holds in a step's context now (``None``: it cannot be encoded)."""
 _ABSENT = "-"  # the hash recorded for a key the step asked for and the context did not hold
 KEYS = "\x00keys"
 """The read recorded for a step that iterated over its context: the hash of its sorted key set."""
@@ -78,11 +80,14 @@ class CacheEntry:
     usage: TokenUsage = NO_USAGE
     created: float = field(default_factory=time.time)
     step: str = ""
+    # The key a cache stored it under, as read back with it (``""``: computed when asked):
+    # a hit's key is recorded, and hashing it again costs a hit as much as its lookup.
+    stored_key: str = field(default="", repr=False, compare=False)
 
     @property
     def key(self) -> str:
         """The entry's key: :func:`entry_key` of its head and reads."""
-        return entry_key(self.head, self.reads)
+        return self.stored_key or entry_key(self.head, self.reads)
 
     def to_json(self) -> str:
         """The entry as one JSON text (what the directory cache writes; the others store columns)."""
@@ -126,6 +131,27 @@ class Cache:
     def put(self, entry: CacheEntry) -> CacheEntry:
         """Store ``entry`` unless its key is taken; the entry stored under its key."""
         raise NotImplementedError
+
+    def few(self, heads: Sequence[str]) -> dict[str, list[CacheEntry] | None]:
+        """For each of ``heads``: every entry under it, newest first, when it has only a few
+        (``None``: more, or the cache cannot tell; ask :meth:`find`). A run's start reads them
+        all at once, then matches them as its steps' inputs become known, with no query more."""
+        return dict.fromkeys(heads)
+
+    def find(self, wanted: Sequence[tuple[str, Hasher]]) -> list[CacheEntry | None]:
+        """For each ``(head, hasher)``: the newest entry under ``head`` whose every read
+        ``hasher(key)`` gives the same hash for now (``None``: none does).
+
+        ``hasher`` hashes the value a key holds in the asking step's context (``None``:
+        it cannot be encoded). This default reads every entry under each head
+        (:meth:`candidates`); :class:`SqliteCache` keeps the sets of keys its entries
+        read by head, so that it fetches only the entries that can match, by key.
+        """
+        found: list[CacheEntry | None] = []
+        for head, hasher in wanted:
+            found.append(next((e for e in self.candidates(head)
+                               if all(hasher(k) == h for k, h in e.reads.items())), None))
+        return found
 
     def entries(self) -> Iterator[CacheEntry]:
         """Every entry held, in no particular order."""
@@ -308,15 +334,21 @@ class CachedStep:
 
     def lookup(self, head: str, context: Mapping[str, Any]) -> CacheEntry | None:
         """The newest entry under ``head`` whose every read matches ``context`` now, or ``None``."""
+        return lookup_all(self.cache, [(self, head, context)])[0]
+
+    def hasher(self, context: Mapping[str, Any]) -> Hasher:
+        """What hashes each key's value in ``context`` (once a key), for :meth:`Cache.find`."""
         memo: dict[str, str | None] = {}
-        try:
-            for entry in self.cache.candidates(head):
-                if (all(_matches(context, k, h, self.encode, memo) for k, h in entry.reads.items())
-                        and self._decodes(entry)):
-                    return entry
-        except Exception as exc:  # a damaged or unreachable cache: the step runs, as on a miss
-            _warn(f"could not look up {self.step!r} in {self.cache!r}; running it", exc)
-        return None
+        encode = self.encode
+
+        def hashed(key: str) -> str | None:
+            if key not in memo:
+                try:
+                    memo[key] = value_hash(context, key, encode)
+                except _Unencodable:
+                    memo[key] = None
+            return memo[key]
+        return hashed
 
     def output_of(self, entry: CacheEntry) -> Any:
         """The output an entry holds, decoded."""
@@ -364,11 +396,16 @@ def _warn(what: str, exc: Exception) -> None:
     warnings.warn(f"ekit: {what}: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
 
 
-def _matches(context: Mapping[str, Any], key: str, recorded: str, encode: Any,
-             memo: dict[str, str | None]) -> bool:
-    if key not in memo:
-        try:
-            memo[key] = value_hash(context, key, encode)
-        except _Unencodable:
-            memo[key] = None
-    return memo[key] == recorded
+def lookup_all(cache: Cache, wanted: Sequence[tuple[CachedStep, str, Mapping[str, Any]]]
+               ) -> list[CacheEntry | None]:
+    """For each ``(cached step, head, context)`` of one cache: its hit, or ``None``; in one
+    :meth:`Cache.find`. An entry that no longer decodes is a miss; a cache that fails is a
+    miss for all (with a warning), never an error: the steps run."""
+    try:
+        found = cache.find([(head, step.hasher(context)) for step, head, context in wanted])
+    except Exception as exc:  # a damaged or unreachable cache: the steps run, as on a miss
+        names = ", ".join(repr(step.step) for step, _, _ in wanted)
+        _warn(f"could not look up {names} in {cache!r}; running them", exc)
+        return [None] * len(wanted)
+    return [entry if entry is not None and step._decodes(entry) else None
+            for (step, _, _), entry in zip(wanted, found, strict=True)]

@@ -14,11 +14,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ekit_core import TokenUsage
-from ekit_runtime.cache.base import Cache, CacheEntry
+from ekit_core.usage import NO_USAGE
+from ekit_runtime.cache.base import Cache, CacheEntry, Hasher, entry_key
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
 __all__ = ["SqliteCache"]
@@ -38,9 +39,22 @@ CREATE TABLE IF NOT EXISTS ekit_cache (
 );
 CREATE INDEX IF NOT EXISTS ekit_cache_by_head ON ekit_cache (head, created);
 CREATE INDEX IF NOT EXISTS ekit_cache_by_age ON ekit_cache (created);
+CREATE TABLE IF NOT EXISTS ekit_cache_reads (
+    head TEXT NOT NULL,
+    keys TEXT NOT NULL,
+    PRIMARY KEY (head, keys)
+) WITHOUT ROWID;
 """
+# ekit_cache_reads: for each head, every set of keys its entries read (a JSON list, sorted),
+# usually one. A lookup reads those, hashes the step's values of each set's keys, and
+# fetches the entries by key: it never reads the entries made from other inputs.
+
+FEW = 8
+"""A head with at most this many entries is read whole by :meth:`SqliteCache.few`."""
+_CHUNK = 400  # ? parameters a query (SQLite's limit is 999 on old builds)
 
 _COLUMNS = "key, head, step, reads, output, input_tokens, output_tokens, llm_calls, created"
+_E_COLUMNS = ", ".join(f"e.{c}" for c in _COLUMNS.split(", "))
 
 
 def check_bounds(max_entries: object, max_age: object, max_bytes: object) -> None:
@@ -72,6 +86,24 @@ class SqliteCache(Cache):
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
+        self._index_reads()
+
+    def _index_reads(self) -> None:
+        """Fill ``ekit_cache_reads`` from the entries of a file written before it existed."""
+        conn = self._conn
+        if conn.execute("SELECT 1 FROM ekit_cache_reads LIMIT 1").fetchone() is not None or (
+                conn.execute("SELECT 1 FROM ekit_cache LIMIT 1").fetchone() is None):
+            return
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute("SELECT DISTINCT head, reads FROM ekit_cache").fetchall()
+                conn.executemany("INSERT OR IGNORE INTO ekit_cache_reads VALUES (?, ?)",
+                                 {(h, _keys(default_loads(r))) for h, r in rows})
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
 
     local = True  # one local file: its calls are made on the loop (a thread hop costs more)
 
@@ -100,6 +132,75 @@ class SqliteCache(Cache):
                 "ORDER BY created DESC", (head, self._fresh_after())).fetchall()
         return [_entry(row) for row in rows]
 
+    def few(self, heads: Sequence[str]) -> dict[str, list[CacheEntry] | None]:
+        """See :meth:`Cache.few`: one query, reading at most ``FEW + 1`` entries a head."""
+        unique = list(dict.fromkeys(heads))
+        rows: list[tuple[object, ...]] = []
+        with self._lock:
+            for i in range(0, len(unique), _CHUNK):
+                part = unique[i:i + _CHUNK]
+                rows += self._conn.execute(
+                    f"WITH wanted(h) AS (VALUES {', '.join(['(?)'] * len(part))}) "
+                    f"SELECT {_E_COLUMNS} FROM wanted JOIN ekit_cache AS e ON e.key IN ("
+                    "SELECT c.key FROM ekit_cache AS c WHERE c.head = wanted.h AND c.created >= ? "
+                    f"ORDER BY c.created DESC LIMIT {FEW + 1})",
+                    (*part, self._fresh_after())).fetchall()
+        by_head: dict[str, list[CacheEntry] | None] = {h: [] for h in unique}
+        for row in rows:
+            listed = by_head[str(row[1])]
+            if listed is not None:
+                listed.append(_entry(row))
+                if len(listed) > FEW:
+                    by_head[str(row[1])] = None
+        for listed in by_head.values():
+            if listed is not None:
+                listed.sort(key=lambda e: e.created, reverse=True)
+        return by_head
+
+    def find(self, wanted: Sequence[tuple[str, Hasher]]) -> list[CacheEntry | None]:
+        """See :meth:`Cache.find`: two indexed queries (the key sets read under the heads, then
+        the entries by key), whichever the number of entries under a head."""
+        heads = list(dict.fromkeys(head for head, _ in wanted))
+        shapes: dict[str, list[list[str]]] = {}
+        with self._lock:
+            for i in range(0, len(heads), _CHUNK):
+                part = heads[i:i + _CHUNK]
+                for head, keys in self._conn.execute(
+                        "SELECT head, keys FROM ekit_cache_reads WHERE head IN "
+                        f"({', '.join('?' * len(part))})", part):
+                    shapes.setdefault(head, []).append(default_loads(keys))
+        asked: dict[str, list[int]] = {}  # entry key -> which of wanted would take it
+        for n, (head, hasher) in enumerate(wanted):
+            for keys in shapes.get(head, ()):
+                reads = {}
+                for key in keys:
+                    hashed = hasher(key)
+                    if hashed is None:
+                        break
+                    reads[key] = hashed
+                else:
+                    asked.setdefault(entry_key(head, reads), []).append(n)
+        found: list[CacheEntry | None] = [None] * len(wanted)
+        if not asked:
+            return found
+        keys_asked = list(asked)
+        with self._lock:
+            rows = []
+            for i in range(0, len(keys_asked), _CHUNK):
+                part = keys_asked[i:i + _CHUNK]
+                rows += self._conn.execute(
+                    f"SELECT {_COLUMNS} FROM ekit_cache WHERE key IN ({', '.join('?' * len(part))}) "
+                    "AND created >= ?", (*part, self._fresh_after())).fetchall()
+        for row in rows:
+            entry = _entry(row)
+            for n in asked[str(row[0])]:
+                hasher = wanted[n][1]
+                best = found[n]
+                if all(hasher(k) == h for k, h in entry.reads.items()) and (
+                        best is None or entry.created > best.created):
+                    found[n] = entry
+        return found
+
     def put(self, entry: CacheEntry) -> CacheEntry:
         """Store ``entry`` unless its key is taken (then the stored one wins); the stored entry."""
         key, reads = entry.key, default_dumps(dict(entry.reads))
@@ -114,6 +215,8 @@ class SqliteCache(Cache):
                     (key, entry.head, entry.step, reads, entry.output, u.input_tokens, u.output_tokens,
                      u.llm_calls, entry.created, len(entry.output) + len(reads)))
                 row = conn.execute(f"SELECT {_COLUMNS} FROM ekit_cache WHERE key = ?", (key,)).fetchone()
+                conn.execute("INSERT OR IGNORE INTO ekit_cache_reads VALUES (?, ?)",
+                             (entry.head, _keys(entry.reads)))
                 self._bound(conn, keep=key)
                 conn.execute("COMMIT")
             except BaseException:
@@ -140,6 +243,8 @@ class SqliteCache(Cache):
                 "DELETE FROM ekit_cache WHERE key IS NOT ? AND key IN (SELECT key FROM "
                 "(SELECT key, SUM(size) OVER (ORDER BY created DESC, key) AS running FROM ekit_cache) "
                 "WHERE running > ?)", (keep, max_bytes)).rowcount
+        if dropped:  # (a head's key sets stay while it has entries: few, and harmless)
+            conn.execute("DELETE FROM ekit_cache_reads WHERE head NOT IN (SELECT head FROM ekit_cache)")
         return dropped
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -165,7 +270,12 @@ class SqliteCache(Cache):
 
 
 def _entry(row: tuple[object, ...]) -> CacheEntry:
-    _key, head, step, reads, output, i, o, calls, created = row
-    return CacheEntry(str(head), default_loads(str(reads)), str(output),
-                      TokenUsage(int(i), int(o), int(calls)),  # type: ignore[call-overload]
-                      float(created), str(step))  # type: ignore[arg-type]
+    key, head, step, reads, output, i, o, calls, created = row
+    usage = TokenUsage(int(i), int(o), int(calls)) if i or o or calls else NO_USAGE  # type: ignore[call-overload]
+    return CacheEntry(str(head), default_loads(str(reads)), str(output), usage,
+                      float(created), str(step), str(key))  # type: ignore[arg-type]
+
+
+def _keys(reads: object) -> str:
+    """The set of keys ``reads`` recorded, as ``ekit_cache_reads`` holds it."""
+    return default_dumps(sorted(reads))  # type: ignore[call-overload]

@@ -74,6 +74,10 @@ def _refuse_constant(name: str) -> NoReturn:
     raise _NonFinite(name)
 
 
+# json.loads with an option builds a decoder at every call, as json.dumps does: one serves all.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def default_loads(text: str) -> Any:
     """Strict JSON, the inverse of :func:`default_dumps`: NaN and infinities are refused here too.
 
@@ -82,7 +86,9 @@ def default_loads(text: str) -> Any:
     blaming an old output. The ``ValueError`` says where the value sits.
     """
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        if type(text) is str:
+            return _DECODER.decode(text)
+        return json.loads(text, parse_constant=_refuse_constant)  # (bytes, as json.loads reads them)
     except _NonFinite as exc:
         where = _nonfinite_at(json.loads(text))
         raise ValueError(

@@ -37,7 +37,7 @@ from ekit_core.ledger import Ledger
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "ekit_core"
 THE_MODULE = CORE / "_frozen.py"
-BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta"}
+BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta", "ItemRef"}
 
 
 def trick_sites(source: str) -> list[str]:
@@ -70,7 +70,7 @@ def trick_sites(source: str) -> list[str]:
 def _listed() -> dict[str, tuple[str, str]]:
     """Each value ``_frozen``'s docstring lists: class -> (module, constructor)."""
     doc = ast.get_docstring(ast.parse(THE_MODULE.read_text(encoding="utf-8"))) or ""
-    pairs = re.findall(r":class:`~ekit_core\.(\w+)`,\s+by\s+:func:`ekit_core\.(\w+)\.(\w+)`", doc)
+    pairs = re.findall(r":class:`~ekit_core\.(?:\w+\.)?(\w+)`,\s+by\s+:func:`ekit_core\.(\w+)\.(\w+)`", doc)
     return {cls: (module, function) for cls, module, function in pairs}
 
 
@@ -232,3 +232,10 @@ def test_a_fast_checkpoint_is_the_ordinary_checkpoint_and_hashes_its_graph_when_
     assert made.fingerprint == graph.fingerprint and made.graph == graph.deps
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.step_index = 3  # type: ignore[misc]
+
+
+def test_a_fast_item_ref_is_the_ordinary_item_ref() -> None:
+    from ekit_core.expansion import ItemRef, item_ref
+
+    _same_value(item_ref("m", "0", "root", 0), ItemRef("m", "0", "root", 0))
+    _same_value(item_ref("n", "k", "m[k]"), ItemRef("n", "k", "m[k]"))

@@ -263,7 +263,7 @@ def test_checkpoints_record_each_hit_with_its_key_and_resumes_keep_them(cache: C
 def test_trace_and_progress_show_each_hit_and_what_it_saved(cache: Cache) -> None:
     import io
 
-    from ekit_core import StepCacheHit, StepFinished
+    from ekit_core import RunStarted, StepCacheHit, StepFinished, StepSkipped, StepStarted
     from ekit_runtime import ProgressPrinter
 
     calls: list[str] = []
@@ -275,6 +275,37 @@ def test_trace_and_progress_show_each_hit_and_what_it_saved(cache: Cache) -> Non
     hits = [e for e in events if isinstance(e, StepCacheHit)]
     assert [h.name for h in hits] == ["draft", "critique"]
     assert hits[1].saved == TokenUsage(100, 20, 1)
-    finished = [e for e in events if isinstance(e, StepFinished) and e.name == "critique"]
-    assert events.index(hits[1]) < events.index(finished[0])
+    # Found as the run starts (their inputs known): told right after RunStarted, then
+    # recorded as a resume records its steps, never started.
+    assert isinstance(events[0], RunStarted) and events[1:3] == hits
+    assert [e.name for e in events if isinstance(e, StepSkipped)] == ["draft", "critique"]
+    assert not [e for e in events if isinstance(e, StepStarted | StepFinished)]
     assert "cache hit critique, saved 120 tokens" in out.getvalue()
+
+
+def test_a_hit_whose_inputs_come_later_is_found_by_its_attempt_and_told(cache: Cache) -> None:
+    from ekit_core import StepCacheHit, StepFinished
+
+    calls: list[str] = []
+
+    def workflow() -> Workflow:
+        def topic(ctx: Mapping[str, Any]) -> str:  # not cached: runs every time
+            calls.append("topic")
+            return "tides"
+
+        def write(ctx: Mapping[str, Any]) -> PatternResult[str]:
+            calls.append("write")
+            return PatternResult(f"essay on {ctx['topic']}", cost=TokenUsage(10, 5, 1))
+
+        return Workflow([Step("topic", topic), Step("write", write, ("topic",), cache=True)])
+
+    asyncio.run(workflow().run(cache=cache))
+    events: list[object] = []
+    result = asyncio.run(workflow().run(cache=cache, trace=events.append))
+    assert calls == ["topic", "write", "topic"]
+    assert result.outputs["write"] == "essay on tides" and result.cost == TokenUsage(0, 0, 0)
+    hit = next(e for e in events if isinstance(e, StepCacheHit))
+    finished = next(e for e in events if isinstance(e, StepFinished) and e.name == "write")
+    assert hit.name == "write" and hit.saved == TokenUsage(10, 5, 1)
+    assert events.index(hit) < events.index(finished)
+    assert result.checkpoint is not None and set(result.checkpoint.cache_hits) == {"write"}

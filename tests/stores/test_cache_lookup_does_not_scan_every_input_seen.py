@@ -2,10 +2,10 @@
 
 What users rely on: a cache that has seen a step run on many inputs (a
 summary step fed a stream of documents, one run each) still answers in a
-moment. Today a lookup reads and parses every entry recorded under the step's
+moment. A lookup that read and parsed every entry recorded under the step's
 head (its name, code, version, item), one per input ever seen, to compare
-their reads with the context: linear in the inputs seen, so a fleet's cache
-slows every step as it fills.
+their reads with the context, was linear in the inputs seen. SqliteCache
+keeps the sets of keys each head's entries read, and fetches by key.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from ekit_runtime.cache import CacheEntry, sqlite
 from ekit_runtime.cache.base import CachedStep
 
 
-@pytest.mark.xfail(strict=True, reason="a lookup reads every entry under the step's head; entries "
-                   "need an index by the set of keys read (their shape), then one fetch by key")
 def test_a_lookup_reads_few_entries_among_many_inputs(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cache = SqliteCache(tmp_path / "cache.db")
@@ -34,4 +32,27 @@ def test_a_lookup_reads_few_entries_among_many_inputs(tmp_path: Path,
     monkeypatch.setattr(sqlite, "_entry", lambda row: read.append(row) or entry(row))
     assert step.lookup(head, {"document": "a new one"}) is None
     assert len(read) <= 5
+    # and the one entry that matches is found, read alone
+    seen = {"document": "seen before"}
+    cache.put(CacheEntry(head, {"document": str(step.hasher(seen)("document"))}, '"its summary"'))
+    read.clear()
+    hit = step.lookup(head, seen)
+    assert hit is not None and hit.output == '"its summary"' and len(read) == 1
     cache.close()
+
+
+def test_a_cache_file_written_before_the_index_is_indexed_when_opened(tmp_path: Path) -> None:
+    import sqlite3
+
+    where = tmp_path / "old.db"
+    cache = SqliteCache(where)
+    step = CachedStep(cache, "summarize", "f" * 32, None, (), lambda v: v, lambda v: v)
+    head, seen = step.head(None), {"document": "seen before"}
+    cache.put(CacheEntry(head, {"document": str(step.hasher(seen)("document"))}, '"its summary"'))
+    cache.close()
+    with sqlite3.connect(where) as conn:  # as a file from before ekit_cache_reads was kept
+        conn.execute("DROP TABLE ekit_cache_reads")
+    reopened = SqliteCache(where)
+    found = CachedStep(reopened, "summarize", "f" * 32, None, (), lambda v: v, lambda v: v).lookup(head, seen)
+    assert found is not None and found.output == '"its summary"'
+    reopened.close()
