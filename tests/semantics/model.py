@@ -677,15 +677,15 @@ class Run:
         recorded iterations reach its cap (it fails again, at once)."""
         rec = self.rec
         loop, cap = step.name, step.repeat or 0
-        if self.selected is not None and loop not in self.selected:
-            return
-        if loop in rec.skipped:  # its first iteration is skipped with it
+        if loop in rec.skipped:  # its first iteration is skipped with it, selected or not
             first = f"{loop}#1"
             if first not in rec.skipped:  # (told, where a map's items are not: the docs
                 # leave open what a resume tells of the skips it finds; this is the runtime's)
                 rec.skipped[first] = rec.skipped[loop]
                 self.told_at_start.append(("StepSkipped", first))
             self._grow_iterations(loop, 1, 1)
+            return
+        if self.selected is not None and loop not in self.selected:
             return
         last = rec.compacted.get(loop, 0)
         while f"{loop}#{last + 1}" in rec.outputs:
