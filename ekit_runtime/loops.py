@@ -25,7 +25,6 @@ from ekit_core.shapes import iteration_name
 
 if TYPE_CHECKING:
     from ekit_core.state import State
-    from ekit_runtime.step import Step
 
 __all__ = ["Done", "History", "HistoryError", "Iteration", "Repeat", "history"]
 
@@ -147,15 +146,16 @@ class _Reading:
 _READING: ContextVar[_Reading] = ContextVar("ekit_loop_history")
 
 
-def enter(unit: str, step: Step, iteration: bool, state: State) -> Token[_Reading]:
+def enter(unit: str, needs: tuple[str, ...], loop: str | None, state: State) -> Token[_Reading]:
     """Set what ``unit``, about to start, may read with :func:`history` (perhaps no loop: it
     is then told so by name). The runner calls it only in a run that has loops, and
-    resets it once the attempt's task is made (the task keeps its own copy)."""
+    resets it once the attempt's task is made (the task keeps its own copy). ``needs``:
+    its step's dependencies; ``loop``: the loop it is an iteration of, if it is one."""
     shapes = state.spec.declared_graph.shapes
-    readable = tuple(d for d in step.depends_on
+    readable = tuple(d for d in needs
                      if (shape := shapes.get(d)) is not None and shape.repeat is not None)
-    if iteration:
-        readable += (step.name,)
+    if loop is not None:
+        readable += (loop,)
     return _READING.set(_Reading(unit, readable, state))
 
 

@@ -595,7 +595,7 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         iteration = item is not None and shaped.items[name].iteration > 0
-        return loops.enter(name, step, iteration, self.state)
+        return loops.enter(name, step.depends_on, step.name if iteration else None, self.state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
