@@ -501,6 +501,22 @@ class Run:
                     self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
                     changed = True
 
+    def _skip_needing_skipped(self) -> None:
+        """A resume skips the declared steps that need a skipped one before it grows anything:
+        a mapped step so skipped is not expanded, and no expansion of it is told
+        (concepts.md: "a step that needs both the bumped step and a step skipped elsewhere
+        stays skipped"; what a skip forces is settled as the run starts)."""
+        grew = True
+        while grew:
+            grew = False
+            for s in self.steps.values():
+                if s.name in self.rec.skipped or s.name in self.rec.outputs:
+                    continue
+                gone = [d for d in s.deps if d in self.rec.skipped]
+                if gone and (len(gone) == len(s.deps) if s.join_any else True):
+                    self._skip(s.name, f"it needs {gone[0]!r}, which was skipped")
+                    grew = True
+
     def _done(self, unit: str) -> bool:
         if unit in self.rec.outputs or unit in self.rec.skipped:
             return True
@@ -747,6 +763,7 @@ class Run:
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
         told = len(self.out.events)
+        self._skip_needing_skipped()
         self.grow(start=True)  # (a loop's iterations are not told, as a map's items are not)
         self.settle()
         self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
