@@ -41,6 +41,15 @@ Covered, each as the docs state it:
   diagnosis), unless it was skipped: a bumped step stays skipped, a reshaped
   one is decided again; every step and item whose work changed counts one more
   in ``redone``; attempt numbers count past recorded failures and ``redone``;
+- loops (``repeat``, concepts.md "Loops"): iteration ``k`` is a unit of its own,
+  ``loop#k``, needing the loop's dependencies and ``loop#(k-1)``, seeing its number
+  and the previous output; it ends the loop by ``Done`` (or ``until``), whose output
+  is then the loop's; an iteration at ``max_iterations`` that does not fails the loop
+  (``LoopError``, its iterations kept); ``keep_last`` lets go of older iterations'
+  outputs, usage, failure records and questions, counted in ``compacted``; a resume
+  reads a loop from its recorded outputs alone; a loop that runs again (a bump
+  upstream or of itself) starts from its first iteration, and the iteration it was
+  at, and its compacted ones, count in ``redone`` (new attempt numbers);
 - the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
   chain below it), unless the mapped step's own code or other inputs changed.
