@@ -226,3 +226,34 @@ def test_replay_accepts_a_compacted_iteration_run_again_after_a_bump() -> None:
                                             run_id="r")
     report = replay(_agent("v1", [], keep_last=1), saved)
     assert report.ok, [v.to_dict() for v in report.violations]
+
+
+@pytest.mark.xfail(strict=True, reason="keep_last lets go of a compacted iteration's failure "
+                                       "record, which counted its spent attempt numbers")
+def test_a_bumped_loop_sends_no_compacted_iteration_under_a_spent_key() -> None:
+    """"Every step whose work changed ... and every step and item downstream of it gets a new
+    attempt number" (docs/concepts.md). ``agent#1`` failed once and succeeded on attempt 2
+    (key ``r/agent#1/2``); ``keep_last=1`` then compacted it, and with it its failure record,
+    the only count of its failed attempt. A bump runs it again as attempt 1 + redone = 2:
+    the key its old code's work was sent with."""
+    keys: list[str] = []
+    failed: set[str] = set()
+
+    def workflow(version: str) -> Workflow:
+        def turn(ctx: dict[str, Any]) -> Any:
+            key = str(attempt_key())
+            keys.append(key)
+            if ctx["agent"].number == 1 and version not in failed:
+                failed.add(version)
+                raise ConnectionError("overloaded")
+            return Done(version) if ctx["agent"].number == 2 else version
+
+        return Workflow([Step("agent", turn, version=version, repeat=Repeat(3, keep_last=1),
+                              retry=RetryPolicy(max_attempts=2, backoff_base=0))])
+
+    first = workflow("v0").run_sync(run_id="r", max_concurrency=1)
+    assert keys == ["r/agent#1/1", "r/agent#1/2", "r/agent#2/1"]
+    assert first.checkpoint is not None and dict(first.checkpoint.compacted) == {"agent": 1}
+    keys.clear()
+    workflow("v1").run_sync(resume_from=first.checkpoint, run_id="r", max_concurrency=1)
+    assert not {"r/agent#1/1", "r/agent#1/2"} & set(keys), keys
