@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 RUNNERS = ("floor", "executionkit", "ekit", "ekit[dependencies]", "setup")
-WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map")
+WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map", "loop")
 MAPPED = ("ekit", "ekit[dependencies]", "setup")
 """The runners that run the ``map`` workload (the baselines have no run-time map)."""
 LEFT = 10
@@ -120,6 +120,8 @@ def graph_for(workload: str, n: int) -> Deps:
         return deps
     if workload == "map":  # the declared graph; the root's n items grow it as it runs
         return {"root": (), "m": ("root",)}
+    if workload == "loop":  # none: one loop "agent" of n iterations, built from its size
+        return {}
     raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
 
 
@@ -200,7 +202,9 @@ def _ekit(mode: str | None) -> RunnerFn:
 
         from ekit_runtime import Step, Workflow, WorkflowCheckpoint
 
-        if items is not None:  # the map workload: root -> items, m mapped over root
+        if items is not None and not deps:  # the loop workload: n iterations of "agent"
+            steps = [_loop(len(items), mode)]
+        elif items is not None:  # the map workload: root -> items, m mapped over root
             options: dict[str, Any] = {} if mode is None else {"context": mode}
             steps = [Step("root", _returning(items), **options),
                      Step("m", factory("m", ("root",)), ("root",), map_over="root",
@@ -219,6 +223,19 @@ def _ekit(mode: str | None) -> RunnerFn:
         return dict(result.outputs)
 
     return run
+
+
+def _loop(n: int, mode: str | None) -> Any:
+    """``Step("agent", turn, repeat=Repeat(n + 1))``, whose ``n``-th iteration returns ``Done``:
+    a no-op iteration, as a chain's step is a no-op step."""
+    from ekit_runtime import Done, Repeat, Step
+
+    async def turn(context: Any) -> Any:
+        number = context["agent"].number
+        return Done(number) if number == n else number
+
+    options: dict[str, Any] = {} if mode is None else {"context": mode}
+    return Step("agent", turn, repeat=Repeat(n + 1), **options)
 
 
 def _returning(items: list[int]) -> StepBody:
@@ -261,7 +278,7 @@ def run_workload(runner: str, workload: str, n: int, text: str | None = None,
         raise ValueError(f"unknown runner {runner!r}; choose from {', '.join(RUNNERS)}")
     if (workload == "resume") != (text is not None):
         raise ValueError("a checkpoint text is needed for resume, and only for resume")
-    items = list(range(n)) if workload == "map" else None
+    items = list(range(n)) if workload in ("map", "loop") else None
     return asyncio.run(_RUN[runner](graph_for(workload, n), factory, text, items))
 
 
@@ -307,7 +324,7 @@ def _check(runner: str, n: int) -> dict[str, Any]:
     """Every workload at size ``n`` with checking bodies: outputs and steps run."""
     out: dict[str, Any] = {}
     for workload in WORKLOADS:
-        if workload == "map" and runner not in MAPPED:
+        if workload in ("map", "loop") and runner not in MAPPED:
             continue
         ran: list[str] = []
 
@@ -338,7 +355,7 @@ def _parse_spec(spec: str) -> tuple[str, int, str | None]:
 def measure_one(runner: str, workload: str, n: int, path: str | None) -> None:
     """The setup (the same at every size but for ``n``), then the measured run."""
     deps = graph_for(workload, n)
-    items = list(range(n)) if workload == "map" else None
+    items = list(range(n)) if workload in ("map", "loop") else None
     text = None
     if path is not None:
         with open(path, encoding="utf-8") as file:

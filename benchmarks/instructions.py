@@ -58,7 +58,7 @@ from benchmarks import icount_child as child
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "instructions.json"
-WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map")
+WORKLOADS = ("chain", "fan_out", "fan_in", "resume", "map", "loop")
 RUNNERS = ("floor", "executionkit", "ekit", "ekit[dependencies]", "setup")
 # "setup" is the setup alone (the graph dict, reading the checkpoint text): it is
 # counted in every other figure, which "net_per_step" in the JSON leaves out.
@@ -77,6 +77,7 @@ class Sizes:
     fan_in: tuple[Pair, ...] = ((2_000, 4_000), (4_000, 8_000))
     resume: tuple[Pair, ...] = ((2_000, 4_000),)  # recorded steps; LEFT more to run
     map: tuple[Pair, ...] = ((2_000, 4_000),)  # items; the pair of fan_out's, to compare
+    loop: tuple[Pair, ...] = ((1_000, 2_000),)  # iterations of one loop; a chain pair's
     # ExecutionKit's chain is quadratic (a 1k-2k pair is 11.6 G instructions, a third of
     # the whole run): it is measured on this pair instead of the first chain pair, and
     # not on the others. Its per-step figure grows with n: 6.9 M at 1k to 2k.
@@ -85,7 +86,7 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(chain=((40, 80), (80, 160)), fan_out=((40, 80),), fan_in=((40, 80), (80, 160)),
-              resume=((40, 80),), map=((40, 80),), executionkit_chain=(20, 40))
+              resume=((40, 80),), map=((40, 80),), loop=((40, 80),), executionkit_chain=(20, 40))
 MAP_LINEARITY: tuple[Pair, ...] = ((25_000, 50_000), (50_000, 100_000))
 """The pairs ``--map-linearity`` adds to the map and to the fan-out (to compare): per
 item from 50k to 100k items over per item from 25k to 50k. Not in the default run: a
@@ -98,6 +99,8 @@ DESCRIPTION = {
               f"steps recorded and {child.LEFT} left to run (workflow construction included)",
     "map": "per item: one root returning a list of n items, one step mapped over it "
            "(Step('m', fn, ('root',), map_over='root'))",
+    "loop": "per iteration: one loop of n no-op iterations, the n-th returning Done "
+            "(Step('agent', fn, repeat=Repeat(n + 1)))",
 }
 
 
@@ -320,8 +323,8 @@ def measured_pair(runner: str, workload: str, index: int, sizes: Sizes) -> Pair 
     """The sizes ``runner`` is measured at for ``workload``'s pair ``index``, or a note
     saying why it is not measured there."""
     pair: Pair = getattr(sizes, workload)[index]
-    if workload == "map" and runner not in child.MAPPED:
-        return "no run-time map"
+    if workload in ("map", "loop") and runner not in child.MAPPED:
+        return f"no run-time {workload}"
     if runner == "executionkit":
         if not installed("executionkit"):
             return "executionkit not installed (pip install executionkit==0.4.0)"
@@ -365,7 +368,7 @@ def _pair_label(workload: str, pair: Pair) -> str:
         return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
     unit = {"fan_out": "children", "fan_in": "parents", "resume": "recorded steps",
-            "map": "items"}.get(
+            "map": "items", "loop": "iterations"}.get(
         workload, "steps")
     return f"{k(pair[0])} to {k(pair[1])} {unit}"
 
@@ -487,6 +490,10 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         add("map per item / fan-out per step", 1.15,
             lambda m: _ratio(_per_step(result, "map", 0, m),
                              _per_step(result, "fan_out", 0, m)), "issue 25")
+    if result.get("loop", {}).get("pairs") and result.get("chain", {}).get("pairs"):
+        add("loop per iteration / chain per step", 1.15,
+            lambda m: _ratio(_per_step(result, "loop", 0, m),
+                             _per_step(result, "chain", 0, m)), "issue 44")
     return out
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from types import MappingProxyType
 from typing import Any, TypeAlias, cast
@@ -27,7 +27,7 @@ from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
-from ekit_core.shapes import Shape
+from ekit_core.shapes import Shape, iteration_name
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
@@ -457,6 +457,29 @@ class WorkflowCheckpoint(_CheckpointFields):
             asked_changed=self.asked is not previous.asked and self.asked != previous.asked,
         )
 
+    def delta_compacting(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
+        """:meth:`delta_since`, for a writer that can let go of entries: a checkpoint whose
+        loops compacted more iterations (``keep_last``) than ``previous`` counts still
+        extends it. The delta's ``compacted`` then holds each such loop's new count, and
+        a writer applying it first lets go of those iterations' outputs, usage, durations
+        and began times (their failure records go as any cleared failure). Otherwise (the
+        counts do not only grow, or a compacted iteration's question goes) it is
+        :meth:`delta_since`'s. O(outputs) when it compacts; ``delta_since``'s cost else.
+        """
+        delta = self.delta_since(previous)
+        if (delta.extends or previous is None or self.compacted is previous.compacted
+                or self.compacted == previous.compacted):
+            return delta
+        base = _compacted_base(self, previous)
+        if base is None:
+            return delta
+        inner = self.delta_since(base)
+        if not inner.extends:
+            return delta
+        before = previous.compacted
+        return replace(inner, compacted=MappingProxyType(
+            {loop: n for loop, n in self.compacted.items() if before.get(loop, 0) != n}))
+
     def to_dict(self, *, per_step: bool = True) -> dict[str, Any]:
         """Plain Python values only: dicts, str, int and the outputs as given.
 
@@ -642,7 +665,10 @@ class CheckpointDelta:
     their reasons, in the order they were recorded; ``asked_changed``
     whether the questions and answers (``asked``) differ: a step asked, or a
     person answered (rare: a store writes the checkpoint in full then, as
-    for a changed context).
+    for a changed context); ``compacted`` (only from
+    :meth:`WorkflowCheckpoint.delta_compacting`) the loops whose compacted
+    count grew, with the new count: a writer lets go of their iterations up
+    to it before it adds the new entries.
     """
 
     extends: bool
@@ -656,6 +682,7 @@ class CheckpointDelta:
     durations: tuple[tuple[str, float], ...] = ()
     # When the new durations' attempts began (a subset of their names).
     began: tuple[tuple[str, float], ...] = ()
+    compacted: MappingProxyType[str, int] = field(default_factory=_empty)
 
 
 # -- built fast (see ekit_core._frozen): once per checkpoint, once per save ------------
@@ -723,6 +750,7 @@ def fast_delta(
     value.asked_changed = False
     value.durations = durations
     value.began = began
+    value.compacted = _NOTHING_REDONE
     value.__class__ = CheckpointDelta
     made: CheckpointDelta = value  # (not typing.cast: a Python call per value built; see _frozen)
     return made
@@ -768,6 +796,27 @@ def _holds(
 ) -> bool:
     """Does ``mine`` hold every entry of ``theirs``, each the same by ``same``?"""
     return all(key in mine and same(mine[key], value) for key, value in theirs.items())
+
+
+def _compacted_base(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> WorkflowCheckpoint | None:
+    """``previous`` as a writer holds it once it let go of the iterations ``cp`` newly counts as
+    compacted, with ``cp``'s counts; ``None`` when a count does not only grow, or a
+    question of one of those iterations goes with it (written in full, as any change of
+    the questions is)."""
+    now, before = cp.compacted, previous.compacted
+    if any(loop not in now or now[loop] < n for loop, n in before.items()):
+        return None
+    gone = {iteration_name(loop, k) for loop, n in now.items()
+            for k in range(before.get(loop, 0) + 1, n + 1)}
+    if not gone.isdisjoint(previous.asked):
+        return None
+
+    def kept(table: Mapping[str, Any]) -> MappingProxyType[str, Any]:
+        return MappingProxyType({k: v for k, v in table.items() if k not in gone})
+
+    return replace(previous, outputs=kept(previous.outputs), step_usage=kept(previous.step_usage),
+                   durations=kept(previous.durations), began=kept(previous.began),
+                   failures=kept(previous.failures), compacted=now)
 
 
 def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:

@@ -97,6 +97,7 @@ from ekit_core.report import (
     usage_text,
 )
 from ekit_core.rewind import _dropping, grown, outdated_steps, without
+from ekit_core.shapes import iteration_name
 from ekit_core.times import when
 from ekit_core.transitions import context_outputs, kept_on_resume
 from ekit_core.usage import TokenUsage
@@ -403,6 +404,14 @@ def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     return at is not None and at[1] <= cp.compacted[at[0]]
 
 
+def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[str]:
+    """The iterations ``earlier`` counts as compacted and ``base`` (what a resume kept of it)
+    no longer does: their loop starts again from its first iteration, so they run again,
+    and what they record next is their first output."""
+    return [iteration_name(loop, k) for loop, upto in earlier.compacted.items()
+            for k in range(base.compacted.get(loop, 0) + 1, upto + 1)]
+
+
 def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
     """``earlier`` with the iterations ``cp`` compacts dropped (``keep_last``: a loop lets go
     of its oldest iterations' outputs on purpose, counting them), and ``cp``'s count.
@@ -520,6 +529,10 @@ class _Walk:
         for name in outdated:  # it runs again: its next output is its first
             self.first.pop(name, None)
             self.first_usage.pop(name, None)
+        if base is not None and prev is not None and prev.compacted:
+            for name in _uncompacted(prev, base):  # a loop run again from its first iteration
+                self.first.pop(name, None)
+                self.first_usage.pop(name, None)
         delta = cp.delta_since(base)
         if delta.extends:
             new = [name for name, _ in delta.outputs]

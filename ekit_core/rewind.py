@@ -216,6 +216,12 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
     counted = set(touched)
     if not (after.outputs is before.outputs or len(after.outputs) == len(before.outputs)):
         counted.update(n for n in before.outputs if n not in after.outputs)
+    if before.compacted and after.compacted != before.compacted:
+        # (a loop that starts again from its first iteration runs its compacted ones again:
+        # their attempts were spent, as a recorded output's were)
+        for loop, upto in before.compacted.items():
+            counted.update(iteration_name(loop, k)
+                           for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
     if not counted:
         return before.redone
     redone = dict(before.redone)
@@ -256,6 +262,28 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
     names = (*grown(graph, checkpoint.outputs).items, *checkpoint.outputs, *checkpoint.failures,
              *checkpoint.asked, *checkpoint.superseded, *checkpoint.skipped)
     found.update(n for n in names if n.startswith(mapped) and n not in graph.index)
+    found.update(_next_iterations(graph, checkpoint, steps))
+    return found
+
+
+def _next_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint, steps: Iterable[str]
+                     ) -> list[str]:
+    """The iteration each unfinished loop among ``steps`` runs next (the one after the last
+    recorded, or compacted): it may have run, or been interrupted, with nothing saved,
+    so new work there needs a new number too. None before the loop's dependencies are
+    recorded (it cannot have started), nor past its cap as recorded."""
+    found = []
+    outputs = checkpoint.outputs
+    for loop in steps:
+        shape = checkpoint.shapes.get(loop) or graph.shapes.get(loop)
+        if (shape is None or shape.repeat is None or loop in outputs or loop in checkpoint.skipped
+                or not all(d in outputs for d in graph.deps[loop])):
+            continue
+        last = checkpoint.compacted.get(loop, 0)
+        while iteration_name(loop, last + 1) in outputs:
+            last += 1
+        if last < shape.repeat:
+            found.append(iteration_name(loop, last + 1))
     return found
 
 
@@ -298,6 +326,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     if looped:
         seen |= {first for n in looped if (first := iteration_name(n, 1)) in checkpoint.skipped}
         seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
+        seen.update(_next_iterations(graph, checkpoint, looped))  # (run on what is let go of)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)

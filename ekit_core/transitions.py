@@ -879,12 +879,19 @@ def _roots(graph: GraphSpec, mapped: Mapping[str, str], changed: set[str], again
     """Mapped step -> (its first upstream, whether its items may be kept by an early cutoff:
     neither it nor a step it is chained to changed, and no other input of theirs runs again)."""
     roots: dict[str, tuple[str, bool]] = {}
-    for name in graph.names:
-        if name in mapped:
+
+    def root_of(name: str) -> tuple[str, bool]:
+        # (by the chain, not by declaration order: a chained step may be declared before
+        # the mapped step it is chained to, whose root it shares)
+        if name not in roots:
             over = mapped[name]
-            root, clean = roots.get(over, (over, True))
+            root, clean = root_of(over) if over in mapped else (over, True)
             others = [d for d in graph.deps[name] if d != over]
             roots[name] = (root, clean and name not in changed and not any(d in again for d in others))
+        return roots[name]
+
+    for name in mapped:
+        root_of(name)
     return roots
 
 

@@ -31,7 +31,7 @@ from ekit_runtime.errors import (
 )
 from ekit_runtime.executors import BlockingStepWarning, Executor, LocalExecutor
 from ekit_runtime.human import InputRequired, approve, ask
-from ekit_runtime.loops import Done, Iteration, Repeat
+from ekit_runtime.loops import Done, History, HistoryError, Iteration, Repeat, history
 from ekit_runtime.otel import OtelTracer
 from ekit_runtime.progress import ProgressPrinter
 from ekit_runtime.step import PatternResult, Step
@@ -68,6 +68,8 @@ __all__ = [
     "DirectoryCache",
     "Done",
     "Executor",
+    "History",
+    "HistoryError",
     "InputRequired",
     "Iteration",
     "JournalStore",
@@ -100,6 +102,7 @@ __all__ = [
     "approve",
     "ask",
     "attempt_key",
+    "history",
     "partial",
     "retry_after",
 ]

@@ -8,17 +8,25 @@ is recorded. This module holds what a user writes:
 - :class:`Repeat`, given as ``Step(..., repeat=Repeat(max_iterations=20))``;
 - :class:`Iteration`, what an iteration finds in its context under the
   loop's own name: its number and the previous iteration's output;
-- :class:`Done`, what an iteration returns to end its loop.
+- :class:`Done`, what an iteration returns to end its loop;
+- :func:`history`, called inside a step that needs a loop (or inside an
+  iteration of it): the loop's recorded iterations, as a :class:`History`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Done", "Iteration", "Repeat"]
+from ekit_core.shapes import iteration_name
+
+if TYPE_CHECKING:
+    from ekit_core.state import State
+
+__all__ = ["Done", "History", "HistoryError", "Iteration", "Repeat", "history"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +81,112 @@ class Done:
     """
 
     value: Any
+
+
+class HistoryError(LookupError):
+    """An iteration :func:`history` cannot hand back: compacted by ``keep_last`` (its output
+    was let go of), or not recorded. ``loop`` and ``iteration`` name it (``loop#iteration``)."""
+
+    def __init__(self, loop: str, iteration: int, message: str) -> None:
+        super().__init__(message)
+        self.loop, self.iteration = loop, iteration
+
+    def __str__(self) -> str:  # (a KeyError would quote it)
+        return str(self.args[0])
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """A loop's recorded iterations, as a step that needs the loop (or an iteration of it)
+    sees them: iterations ``1`` to ``len(history)``, of which the first ``compacted`` were
+    let go of by ``keep_last`` and the rest are ``kept`` (iteration ``compacted + 1`` first).
+
+    ``history[k]`` is iteration ``k``'s output (from 1, as ``Iteration.number``); one
+    compacted or not recorded raises :class:`HistoryError` naming ``loop#k``.
+    ``items()`` yields ``(k, output)`` for the kept ones, oldest first.
+    """
+
+    loop: str
+    compacted: int
+    kept: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return self.compacted + len(self.kept)
+
+    def __getitem__(self, k: int) -> Any:
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"history of loop {self.loop!r}: an iteration is an int from 1, "
+                            f"got {type(k).__name__}")
+        name, last = iteration_name(self.loop, k), len(self)
+        if 1 <= k <= self.compacted:
+            raise HistoryError(self.loop, k, (
+                f"{name}: iteration {k} of loop {self.loop!r} was compacted (keep_last): its "
+                f"output was let go of; kept are iterations {self.compacted + 1} to {last}"))
+        if self.compacted < k <= last:
+            return self.kept[k - self.compacted - 1]
+        recorded = f"1 to {last}" if last else "none yet"
+        raise HistoryError(self.loop, k, f"{name}: loop {self.loop!r} has no iteration {k} "
+                                         f"recorded (recorded: {recorded})")
+
+    def items(self) -> Iterator[tuple[int, Any]]:
+        """``(k, output)`` of each kept iteration, oldest first."""
+        return enumerate(self.kept, self.compacted + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What the attempt running in this context may read: its name, the loops it needs (or
+    whose iteration it is), and the run's state as it started."""
+
+    unit: str
+    loops: tuple[str, ...]
+    state: State
+
+
+_READING: ContextVar[_Reading] = ContextVar("ekit_loop_history")
+
+
+def enter(unit: str, needs: tuple[str, ...], loop: str | None, state: State) -> Token[_Reading]:
+    """Set what ``unit``, about to start, may read with :func:`history` (perhaps no loop: it
+    is then told so by name). The runner calls it only in a run that has loops, and
+    resets it once the attempt's task is made (the task keeps its own copy). ``needs``:
+    its step's dependencies; ``loop``: the loop it is an iteration of, if it is one."""
+    shapes = state.spec.declared_graph.shapes
+    readable = tuple(d for d in needs
+                     if (shape := shapes.get(d)) is not None and shape.repeat is not None)
+    if loop is not None:
+        readable += (loop,)
+    return _READING.set(_Reading(unit, readable, state))
+
+
+def leave(token: Token[_Reading]) -> None:
+    """Undo :func:`enter` in the runner's own context."""
+    _READING.reset(token)
+
+
+def history(loop: str) -> History:
+    """The recorded iterations of ``loop``, read inside a step that needs it (all of them,
+    the loop having ended) or inside one of its iterations (those before it).
+
+    Iterations ``keep_last`` compacted are counted, not kept: indexing one raises
+    :class:`HistoryError` naming it. A step that does not need ``loop``, or code outside a
+    step of a run, gets a ``LookupError`` naming them. Read in the step's own process
+    (the default executor, its threads, inline), as :func:`~ekit_runtime.ask` is.
+    """
+    reading = _READING.get(None)
+    if reading is None:
+        raise LookupError(f"history({loop!r}) is only set inside a step that needs the loop "
+                          f"{loop!r}, or inside an iteration of it, in the run's own process")
+    if loop not in reading.loops:
+        needs = ", ".join(map(repr, reading.loops)) or "none"
+        raise LookupError(f"step {reading.unit!r} cannot read the history of {loop!r}: it is "
+                          f"no loop the step needs (loops it needs: {needs})")
+    state = reading.state
+    shaped = state.spec.shaped
+    compacted = shaped.compacted.get(loop, 0) if shaped is not None else 0
+    outputs, kept = state.outputs, []
+    k = compacted + 1
+    while (name := iteration_name(loop, k)) in outputs:
+        kept.append(outputs[name])
+        k += 1
+    return History(loop, compacted, tuple(kept))

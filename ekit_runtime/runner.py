@@ -27,6 +27,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from contextvars import Token
 from inspect import CO_COROUTINE
 from time import perf_counter, time
 from types import FunctionType, MappingProxyType
@@ -66,7 +67,7 @@ from ekit_core.state import attempt_number
 from ekit_core.transitions import context_outputs
 from ekit_core.usage import NO_USAGE, TokenUsage
 from ekit_runtime import attempt as attempts
-from ekit_runtime import human, signal_wakeup, streaming
+from ekit_runtime import human, loops, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
 from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads
@@ -547,6 +548,7 @@ class Runner:
             )
         else:
             step, item, context = self._item(name)
+        reading = self._reading(name, step, item) if self.state.spec.shaped is not None else None
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
@@ -576,12 +578,23 @@ class Runner:
             task = self._loop.create_task(self._attempt(step, context, item))
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
+        if reading is not None:
+            loops.leave(reading)
         if sink is not None:
             streaming.SINK.reset(sink)
         if reports is not None:
             # Closed as the attempt's task ends, before the run reads its
             # outcome: nothing it reports later can follow its events.
             task.add_done_callback(reports.close)
+
+    def _reading(self, name: str, step: Step, item: str | None) -> Token[Any] | None:
+        """In a run with loops, what the attempt of ``name`` may read with ``history()``
+        (set for its task to copy; ``_launch`` resets it once the task is made)."""
+        shaped = self.state.spec.shaped
+        if shaped is None or not shaped.loops:
+            return None
+        iteration = item is not None and shaped.items[name].iteration > 0
+        return loops.enter(name, step.depends_on, step.name if iteration else None, self.state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)

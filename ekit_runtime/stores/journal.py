@@ -10,8 +10,10 @@ outputs; a journal written before durations has none), new or
 changed failures (``failures``), failures that disappeared (``cleared``), the
 new ``step_index``, the usage added (``cost``) and the steps newly skipped by
 a condition, with why (``skipped``; a journal written before run-time shapes
-has none). Folding the lines in order
-gives the latest checkpoint.
+has none), and the loops whose ``keep_last`` let go of older iterations, with
+their new counts (``compacted``: the fold lets go of those iterations'
+entries first; see ``WorkflowCheckpoint.delta_compacting``). Folding the
+lines in order gives the latest checkpoint.
 
 A save therefore writes O(that step's output) bytes, whatever the length of
 the run. A checkpoint that does not extend the previous one (a question or
@@ -54,6 +56,7 @@ from typing import Any, TypeAlias
 
 from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
 from ekit_core.ledger import Ledger
+from ekit_core.shapes import iteration_name
 from ekit_runtime.stores.base import require_checkpoint
 from ekit_runtime.stores.codec import Dumps, Loads, OutputEncodings, codec, same_run
 from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
@@ -168,14 +171,25 @@ class _Fold:
     skipped: dict[str, str]
     durations: dict[str, float]
     began: dict[str, float]
+    compacted: dict[str, int]
 
     @classmethod
     def of(cls, start: WorkflowCheckpoint) -> _Fold:
         return cls(
             start, start.step_index, dict(start.outputs), dict(start.step_usage),
             dict(start.failures), start.cost, dict(start.skipped), dict(start.durations),
-            dict(start.began),
+            dict(start.began), dict(start.compacted),
         )
+
+    def let_go(self, counts: Mapping[str, int]) -> None:
+        """A loop compacted its iterations up to ``counts[loop]`` (``keep_last``): their
+        entries go (a delta's ``compacted``), O(iterations let go of)."""
+        for loop, upto in counts.items():
+            for k in range(self.compacted.get(loop, 0) + 1, upto + 1):
+                name = iteration_name(loop, k)
+                for table in (self.outputs, self.step_usage, self.durations, self.began):
+                    table.pop(name, None)
+            self.compacted[loop] = upto
 
     def checkpoint(self) -> WorkflowCheckpoint:
         # Every part was parsed by WorkflowCheckpoint.from_dict (the full
@@ -190,6 +204,7 @@ class _Fold:
             skipped=MappingProxyType(self.skipped),
             durations=MappingProxyType(self.durations),
             began=MappingProxyType(self.began),
+            compacted=MappingProxyType(self.compacted) if self.compacted else self.start.compacted,
         )
 
 
@@ -344,7 +359,7 @@ class JournalStore:
         ``None`` if it needs a full record; an empty record if nothing changed.
         ``record["outputs"]`` is a placeholder for the encodings of the new outputs.
         """
-        delta = checkpoint.delta_since(previous)
+        delta = checkpoint.delta_compacting(previous)  # (keep_last: a loop lets go of entries)
         cost = delta.cost
         if (
             not delta.extends
@@ -369,6 +384,7 @@ class JournalStore:
             and not cleared
             and not delta.skipped
             and not new_durations
+            and not delta.compacted
             and delta.cost.is_zero()
             and checkpoint.step_index == previous.step_index
         ):
@@ -387,6 +403,8 @@ class JournalStore:
             record["cleared"] = cleared
         if delta.skipped:
             record["skipped"] = dict(delta.skipped)
+        if delta.compacted:
+            record["compacted"] = dict(delta.compacted)
         if new_durations:
             record["durations"] = dict(new_durations)
             if delta.began:
@@ -645,6 +663,13 @@ class JournalStore:
         cleared = record.get("cleared", [])
         if not isinstance(cleared, list) or not all(isinstance(k, str) for k in cleared):
             raise bad("'cleared' must be a list of step names")
+        compacted = record.get("compacted", {})
+        if not isinstance(compacted, dict) or not all(
+                isinstance(k, str) and type(n) is int and n >= folded.compacted.get(k, 0)
+                for k, n in compacted.items()):
+            raise bad("'compacted' must map loops to counts that only grow")
+        if compacted:  # (before the new entries: none of them is let go of)
+            folded.let_go(compacted)
         tables: tuple[tuple[str, dict[str, Any], Mapping[str, Any]], ...] = (
             ("outputs", folded.outputs, part.outputs),
             ("step_usage", folded.step_usage, part.step_usage),
@@ -711,7 +736,7 @@ class _History:
     new entry instead of a copy per line.
     """
 
-    __slots__ = ("began", "durations", "fold", "outputs", "skipped", "usage")
+    __slots__ = ("began", "compacted", "durations", "fold", "outputs", "skipped", "usage")
 
     def __init__(self, fold: _Fold) -> None:
         self.fold = fold
@@ -720,9 +745,14 @@ class _History:
         self.durations: Ledger[str, float] = Ledger(fold.durations.items())
         self.began: Ledger[str, float] = Ledger(fold.began.items())
         self.skipped = fold.start.skipped
+        self.compacted = fold.start.compacted
 
     def checkpoint(self) -> WorkflowCheckpoint:
         fold = self.fold
+        if fold.compacted != self.compacted:  # a line let go of entries: the views start again
+            self.compacted = MappingProxyType(dict(fold.compacted))
+            self.outputs, self.usage = Ledger(fold.outputs.items()), Ledger(fold.step_usage.items())
+            self.durations, self.began = Ledger(fold.durations.items()), Ledger(fold.began.items())
         # Entries only ever follow those before them (a delta that records a
         # step twice is refused), so the new ones are the last of each dict.
         for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage"),
@@ -754,7 +784,7 @@ class _History:
             asked=fold.start.asked,
             durations=self.durations,
             redone=fold.start.redone,
-            compacted=fold.start.compacted,
+            compacted=self.compacted,
             began=self.began,
             code_fingerprints=fold.start.code_fingerprints,
             cache_hits=fold.start.cache_hits,

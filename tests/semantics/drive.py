@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ekit_core import (
+    LoopError,
     RunSettled,
     StepDenied,
     StepExpanded,
@@ -89,9 +90,20 @@ class RunArgs:
     approval: bool = False
 
 
-# The four disagreements found so far (test_found_by_the_model.py) are fixed (issue 43):
-# none is tolerated here. One found next is written down there as xfail(strict=True), and
-# may be tolerated here meanwhile by raising KnownBug where it shows, so that the hunt goes on.
+# The disagreements found so far (test_found_by_the_model.py) are fixed but one: a loop's
+# compacted iteration that failed attempts before is sent again, after a bump, under the key
+# of one of them (test_a_bumped_loop_sends_no_compacted_iteration_under_a_spent_key, xfail):
+# compaction lets go of its failure record, which counted them. KNOWN_COMPACTED_FAILURES
+# steps around exactly that, so that the hunt goes on.
+
+
+def KNOWN_COMPACTED_FAILURES(plan: PlannedWorkflow, problems: list[str]) -> bool:
+    """Whether every problem is a key sent again for an iteration of a loop that compacts
+    (``keep_last``) and whose attempts may fail."""
+    risky = {s.name for s in plan.steps if s.repeat and s.keep_last and s.fails}
+    return bool(risky) and all(
+        p.startswith("attempt key ") and p.split("/", 2)[1].split("#", 1)[0] in risky
+        for p in problems)
 
 
 class KnownBug(Exception):
@@ -120,7 +132,9 @@ def _settled(events: list[tuple[Any, ...]], mapped: set[str]) -> list[tuple[Any,
     mapped steps) in one order: the docs say what one transition settles, not in which
     order it tells it."""
     def settling(e: tuple[Any, ...]) -> bool:
-        return e[0] in ("StepSkipped", "StepExpanded") or (e[0] == "StepFinished" and e[1] in mapped)
+        # (a loop's own StepFailed is its LoopError, told where a resume reads the loop)
+        return e[0] in ("StepSkipped", "StepExpanded") or (
+            e[0] in ("StepFinished", "StepFailed") and e[1] in mapped)
 
     def told(block: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         # (an item of a mapped step skipped in the same breath: told or not, see _dedupe)
@@ -154,7 +168,10 @@ def _dedupe(saves: list[model.Record]) -> list[model.Record]:
         # not say; a resume lets go of them either way)
         skipped = {u: _why(w) for u, w in r.skipped.items()
                    if u.split("[", 1)[0] == u or u.split("[", 1)[0] not in r.skipped}
-        r = dataclasses.replace(r, skipped=skipped, superseded={})
+        # (a LoopError's message names the loop, concepts.md; its words are the runtime's)
+        failures = {u: (t, f"names {u!r}" if t == "LoopError" and repr(u) in m else m, n)
+                    for u, (t, m, n) in r.failures.items()}
+        r = dataclasses.replace(r, skipped=skipped, superseded={}, failures=failures)
         if not kept or kept[-1] != r:
             kept.append(r)
     return kept
@@ -242,10 +259,10 @@ def _run(plan: PlannedWorkflow, workflow: Workflow, cp: WorkflowCheckpoint | Non
                           only=list(args.only) if args.only else None, trace=events.append,
                           approval=approval(world) if args.approval else None,
                           allow_graph_change=isinstance(plan, ReshapedWorkflow))
-    except (Crash, Transient, TimeoutError, RunHalted, asyncio.CancelledError) as exc:
+    except (Crash, Transient, TimeoutError, RunHalted, asyncio.CancelledError, LoopError) as exc:
         return type(exc).__name__
     except ExceptionGroup as group:
-        _, rest = group.split((Transient, TimeoutError))
+        _, rest = group.split((Transient, TimeoutError, LoopError))
         if rest is not None:
             raise
         return "Transient"
@@ -276,6 +293,10 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                 # (a reshaped step may record items its current code no longer maps:
                 # rewind knows only the current graph's names, and refuses the rest)
                 mapped = any(s.name == turn.rewind and s.map_over for s in workflow.steps)
+                if any(s.name == turn.rewind and s.repeat for s in workflow.steps):
+                    # an iteration of a loop, among those recorded (concepts.md, Loops)
+                    items = [n for n in cp.outputs if n.startswith(f"{turn.rewind}#")]
+                    mapped = True
                 if items and turn.rewind_item is not None and mapped:
                     target = items[turn.rewind_item % len(items)]
                 cp = rewind(workflow, cp, target)
@@ -295,6 +316,8 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             saver, events = Saver(store, turn.crash_at_save), list[Any]()
             ended = _run(plan, workflow, cp, saver, args, answers, events, world)
             history.extend(saver.saved)
+            if world.problems and KNOWN_COMPACTED_FAILURES(plan, world.problems):
+                raise KnownBug(f"turn {number}: {world.problems}")
             if world.problems:
                 raise Mismatch(f"turn {number}: {world.problems}")
             if not saver.saved:  # a resume numbers attempts from what was saved: the keys of
@@ -306,6 +329,10 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                                f"{[v.to_dict() for v in report.violations]}")
             if calm and ended == "finished" and predicted.outcome == "finished":
                 return number + 1
+            if calm and predicted.failed and all(
+                    (record_of(c, workflow).failures.get(u, ("",))[0] == "LoopError")
+                    for u in predicted.failed for c in saver.saved[-1:]):
+                return number + 1  # a loop at its cap fails again on every resume (concepts.md)
             if calm and predicted.outcome in ("failed",) and not args.isolate_failures:
                 continue
     raise Mismatch("the run never finished")
@@ -355,8 +382,8 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
 
 
 def model_steps_of(workflow: Workflow) -> list[Any]:
-    """The workflow's mapped steps."""
-    return [s for s in workflow.steps if s.map_over is not None]
+    """The workflow's mapped steps and loops (what they settle is told in one breath)."""
+    return [s for s in workflow.steps if s.map_over is not None or s.repeat is not None]
 
 
 def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowCheckpoint]) -> Any:
@@ -390,11 +417,12 @@ def _check_audit(workflow: Workflow, cp: WorkflowCheckpoint, steps: list[model.M
     report = audit(workflow, cp)
     listed = {row.name for row in report.steps}
     skips = {row.name for row in report.steps if row.action == "skip"}
-    # (audit lists no rows for the items of a skipped mapped step: the step's row says it)
-    kept = {u for u in kept if u in listed or u.split("[", 1)[0] not in skips}
+    # (audit lists no rows for the items of a skipped mapped step, nor for the first
+    # iteration of a skipped loop: the step's row says it)
+    kept = {u for u in kept if u in listed or probe._owner(u) not in skips}
     if skips != kept:
         raise Mismatch(f"turn {number}: audit skips {sorted(skips - kept)} the model runs, "
                        f"runs {sorted(kept - skips)} the model keeps")
 
 
-__all__ = ["DSN", "Mismatch", "RunArgs", "Turn", "drive", "questions"]
+__all__ = ["DSN", "KNOWN_COMPACTED_FAILURES", "Mismatch", "RunArgs", "Turn", "drive", "questions"]

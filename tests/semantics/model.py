@@ -41,6 +41,15 @@ Covered, each as the docs state it:
   diagnosis), unless it was skipped: a bumped step stays skipped, a reshaped
   one is decided again; every step and item whose work changed counts one more
   in ``redone``; attempt numbers count past recorded failures and ``redone``;
+- loops (``repeat``, concepts.md "Loops"): iteration ``k`` is a unit of its own,
+  ``loop#k``, needing the loop's dependencies and ``loop#(k-1)``, seeing its number
+  and the previous output; it ends the loop by ``Done`` (or ``until``), whose output
+  is then the loop's; an iteration at ``max_iterations`` that does not fails the loop
+  (``LoopError``, its iterations kept); ``keep_last`` lets go of older iterations'
+  outputs, usage, failure records and questions, counted in ``compacted``; a resume
+  reads a loop from its recorded outputs alone; a loop that runs again (a bump
+  upstream or of itself) starts from its first iteration, and the iteration it was
+  at, and its compacted ones, count in ``redone`` (new attempt numbers);
 - the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
   chain below it), unless the mapped step's own code or other inputs changed.
@@ -77,19 +86,24 @@ class ModelStep:
     join_any: bool = False
     max_attempts: int = 1
     version: str | None = None
+    repeat: int | None = None  # a loop: at most this many iterations
+    keep_last: int | None = None
 
     def shape(self) -> tuple[Any, ...]:
         """What the checkpoint records of its run-time shape (``()``: none)."""
-        shaped = (self.map_over, self.item_key, self.when, self.join_any)
-        return () if shaped == (None, None, False, False) else shaped
+        shaped = (self.map_over, self.item_key, self.when, self.join_any, self.repeat,
+                  self.keep_last)
+        return () if shaped == (None, None, False, False, None, None) else shaped
 
 
 @dataclass(frozen=True)
 class Succeed:
-    """The attempt returns ``value`` having spent ``usage`` (input, output tokens, calls)."""
+    """The attempt returns ``value`` having spent ``usage`` (input, output tokens, calls);
+    ``done``: an iteration that ends its loop (``Done(value)``, or its ``until`` holds)."""
 
     value: Any
     usage: tuple[int, int, int] = (0, 0, 0)
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,7 @@ class Record:
     redone: dict[str, int] = field(default_factory=dict)
     superseded: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # step -> shape()
+    compacted: dict[str, int] = field(default_factory=dict)  # loop -> iterations let go of
 
 
 class _NoAnswer:
@@ -225,6 +240,7 @@ class Run:
         self.selected = self._closure(options.only) if options.only else None
         self.ran_now: set[str] = set()  # units that succeeded in this run
         self.outdated: list[str] = []
+        self.told_at_start: list[tuple[Any, ...]] = []
 
     # -- what the docs call "need" --------------------------------------------------------
 
@@ -251,7 +267,17 @@ class Run:
         return gone
 
     def _owner(self, unit: str) -> str:
-        return unit.split("[", 1)[0] if unit not in self.steps else unit
+        if unit in self.steps:
+            return unit
+        return unit.split("[", 1)[0] if "[" in unit else unit.split("#", 1)[0]
+
+    def _iteration(self, unit: str) -> tuple[str, int] | None:
+        """``(loop, k)`` when ``unit`` is iteration ``k`` of a loop (``loop#k``), else ``None``."""
+        if unit in self.steps or "[" in unit or "#" not in unit:
+            return None
+        loop, k = unit.split("#", 1)
+        step = self.steps.get(loop)
+        return (loop, int(k)) if step is not None and step.repeat is not None else None
 
     # -- resume --------------------------------------------------------------------------
 
@@ -280,6 +306,10 @@ class Run:
             touched.extend(u for _, u in pairs if m in changed)
         # (an item known only by its ``redone`` count is not counted again: its last
         # number is unused, so new; the docs ask no more)
+        touched.extend(self._next_iterations(changed))
+        for loop, upto in rec.compacted.items():  # run again from the first: spent numbers
+            if loop in rerun:
+                touched.extend(f"{loop}#{k}" for k in range(1, upto + 1))
         for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
@@ -294,11 +324,31 @@ class Run:
                     self.out.let_go.append(unit)
                 for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
                     table.pop(unit, None)
+        for loop in list(rec.compacted):  # a loop that runs again starts from its first iteration
+            if loop in rerun:
+                del rec.compacted[loop]
         for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
-            if unit not in self.steps and self._owner(unit) in rec.skipped:
+            if "[" in unit and unit not in self.steps and self._owner(unit) in rec.skipped:
                 del rec.skipped[unit]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
+
+    def _next_iterations(self, changed: set[str]) -> list[str]:
+        """The iteration each unfinished loop whose work changed runs next: once its
+        dependencies are recorded it may have run with nothing saved (concepts.md: new
+        numbers "whether the checkpoint records ... or nothing at all")."""
+        rec, found = self.rec, []
+        for s in self.steps.values():
+            if (s.repeat is None or s.name not in changed or s.name in rec.outputs
+                    or s.name in rec.skipped or not all(d in rec.outputs for d in s.deps)):
+                continue
+            last = rec.compacted.get(s.name, 0)
+            while f"{s.name}#{last + 1}" in rec.outputs:
+                last += 1
+            shape = rec.shapes.get(s.name) or s.shape()
+            if last < shape[4]:
+                found.append(f"{s.name}#{last + 1}")
+        return found
 
     def _set_aside(self, roots: set[str], gone: set[str]) -> None:
         """The early cutoff: a mapped step whose mapped-over step runs again (and nothing
@@ -351,11 +401,14 @@ class Run:
 
     # -- growth -----------------------------------------------------------------------------
 
-    def grow(self) -> bool:
+    def grow(self, start: bool = False) -> bool:
         """Expand every mapped step whose input is recorded, and right after it the steps
-        chained to it, item-wise (depth first, each level in declaration order)."""
+        chained to it, item-wise (depth first, each level in declaration order); at the
+        ``start`` of a run, each loop's iterations too, in the same pass."""
         changed = False
         for over in self.steps.values():  # (by what they map over: a resume grows so)
+            if start and over.repeat is not None:
+                self._start_loop(over)
             if over.map_over is not None or over.name not in self.rec.outputs:
                 continue
             for m in self.steps.values():
@@ -457,8 +510,27 @@ class Run:
                     self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
                     changed = True
 
+    def _skip_needing_skipped(self) -> None:
+        """A resume skips the declared steps that need a skipped one before it grows anything:
+        a mapped step so skipped is not expanded, and no expansion of it is told
+        (concepts.md: "a step that needs both the bumped step and a step skipped elsewhere
+        stays skipped"; what a skip forces is settled as the run starts)."""
+        grew = True
+        while grew:
+            grew = False
+            for s in self.steps.values():
+                if s.name in self.rec.skipped or s.name in self.rec.outputs:
+                    continue
+                gone = [d for d in s.deps if d in self.rec.skipped]
+                if gone and (len(gone) == len(s.deps) if s.join_any else True):
+                    self._skip(s.name, f"it needs {gone[0]!r}, which was skipped")
+                    grew = True
+
     def _done(self, unit: str) -> bool:
-        return unit in self.rec.outputs or unit in self.rec.skipped
+        if unit in self.rec.outputs or unit in self.rec.skipped:
+            return True
+        it = self._iteration(unit)  # a compacted iteration is done, its output let go of
+        return it is not None and it[1] <= self.rec.compacted.get(it[0], 0)
 
     def _collectable(self, m: str) -> bool:
         if self.selected is not None and m not in self.selected:
@@ -488,6 +560,8 @@ class Run:
                 continue
             if step.map_over is not None and unit == step.name:
                 continue  # a mapped step never starts: it is collected
+            if step.repeat is not None and unit == step.name:
+                continue  # nor does a loop: its iterations do
             if self.selected is not None and step.name not in self.selected:
                 continue
             if self._waiting(unit):
@@ -516,6 +590,10 @@ class Run:
             found[step.map_over or ""] = self.rec.outputs[self.upstream[unit]]
         elif unit in self.piece:
             found[step.map_over or ""] = self.piece[unit]
+        it = self._iteration(unit)
+        if it is not None:  # its number and the previous iteration's output (None: the first)
+            loop, k = it
+            found[loop] = [k, self.rec.outputs[f"{loop}#{k - 1}"] if k > 1 else None]
         return found
 
     def number(self, unit: str) -> int:
@@ -579,6 +657,9 @@ class Run:
             self.rec.usage[unit] = outcome.usage
         self.rec.cost = _add(self.rec.cost, outcome.usage)
         self.out.events.append(("StepFinished", unit, number))
+        it = self._iteration(unit)
+        if it is not None:
+            self._iterated(*it, outcome.done)
         budget = self.options.budget_calls
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
@@ -603,6 +684,81 @@ class Run:
     def save(self) -> None:
         self.out.saves.append(copy.deepcopy(self.rec))
 
+    # -- loops: one iteration at a time (concepts.md, Loops) -----------------------------------
+
+    def _grow_iterations(self, loop: str, first: int, last: int) -> None:
+        """Iteration ``k`` is a unit of its own, ``loop#k``: it needs the loop's dependencies
+        and iteration ``k-1``."""
+        step = self.steps[loop]
+        for k in range(first, last + 1):
+            unit = f"{loop}#{k}"
+            self.order.append(unit)
+            self.unit_step[unit] = step
+            self.unit_deps[unit] = [*step.deps, *([f"{loop}#{k - 1}"] if k > 1 else [])]
+
+    def _start_loop(self, step: ModelStep) -> None:
+        """A run knows a loop's iterations from the recorded outputs alone: recorded (or
+        compacted) ones are done; the next one runs, unless the loop is recorded, or its
+        recorded iterations reach its cap (it fails again, at once)."""
+        rec = self.rec
+        loop, cap = step.name, step.repeat or 0
+        if loop in rec.skipped:  # its first iteration is skipped with it, selected or not
+            first = f"{loop}#1"
+            if first not in rec.skipped:  # (told, where a map's items are not: the docs
+                # leave open what a resume tells of the skips it finds; this is the runtime's)
+                rec.skipped[first] = rec.skipped[loop]
+                self.told_at_start.append(("StepSkipped", first))
+            self._grow_iterations(loop, 1, 1)
+            return
+        if self.selected is not None and loop not in self.selected:
+            return
+        last = rec.compacted.get(loop, 0)
+        while f"{loop}#{last + 1}" in rec.outputs:
+            last += 1
+        if loop in rec.outputs or last >= cap:
+            self._grow_iterations(loop, 1, last)
+            if loop not in rec.outputs:
+                self._loop_failed(loop, last)
+        else:
+            self._grow_iterations(loop, 1, last + 1)
+
+    def _iterated(self, loop: str, k: int, done: bool) -> None:
+        """Iteration ``k`` is recorded: with ``keep_last`` the older ones are let go of; if it
+        said it is done, its output is the loop's; at the cap the loop fails; else the next
+        iteration is grown (and told, as a growth of one)."""
+        step = self.steps[loop]
+        if step.keep_last is not None and k > step.keep_last:
+            self._compact(loop, k - step.keep_last)
+        if done:
+            self.rec.outputs[loop] = self.rec.outputs[f"{loop}#{k}"]
+            self.ran_now.add(loop)
+            self.out.events.append(("StepFinished", loop, 1))
+        elif k >= (step.repeat or 0):
+            self._loop_failed(loop, k)
+        else:
+            self._grow_iterations(loop, k + 1, k + 1)
+            self.out.events.append(("StepExpanded", loop))
+
+    def _compact(self, loop: str, upto: int) -> None:
+        """``keep_last``: the outputs of iterations up to ``upto`` are let go of and counted in
+        ``compacted`` (their usage, failure records and questions go with them)."""
+        rec = self.rec
+        for j in range(rec.compacted.get(loop, 0) + 1, upto + 1):
+            for table in (rec.outputs, rec.usage, rec.failures, rec.asked):
+                table.pop(f"{loop}#{j}", None)
+        rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))
+
+    def _loop_failed(self, loop: str, k: int) -> None:
+        """A loop whose iteration at its cap did not end it fails with ``LoopError`` naming it;
+        its iterations stay recorded."""
+        self.rec.failures[loop] = ("LoopError", f"step {loop!r} did not end within "
+                                   f"repeat={self.steps[loop].repeat}: iteration {k}", 1)
+        self.out.events.append(("StepFailed", loop, 1))
+        self.final_failed.add(loop)
+        self.out.failed.append(loop)
+        if not self.options.isolate_failures:
+            self.halted = "failed"
+
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> Prediction:
@@ -616,8 +772,11 @@ class Run:
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
         told = len(self.out.events)
+        self._skip_needing_skipped()
+        self.grow(start=True)  # (a loop's iterations are not told, as a map's items are not)
         self.settle()
         self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
+        self.out.events.extend(self.told_at_start)
         if self.options.answers:
             self.save()  # the answers are recorded before anything runs
         while True:

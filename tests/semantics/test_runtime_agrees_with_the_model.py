@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
 from tests.semantics.strategies import chained_workflows, reshaped_workflows
-from tests.support.strategies import PlannedWorkflow, combined_workflows
+from tests.support.strategies import Features, PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
 # EKIT_MODEL_SHRINK=0 reports the first disagreement as found (quicker while hunting).
@@ -66,7 +66,8 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES)
-@given(plan=st.one_of(combined_workflows(), combined_workflows(), chained_workflows(),
+@given(plan=st.one_of(combined_workflows(), combined_workflows(Features(loops=True)),
+                      combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any
 
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
-from ekit_runtime import Codec, PatternResult, Step, Workflow, ask, attempt_key
+from ekit_runtime import Codec, Done, Iteration, PatternResult, Repeat, Step, Workflow, ask, attempt_key
 from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
 from tests.semantics.strategies import steps_at
 from tests.support.strategies import PlannedStep, PlannedWorkflow
@@ -57,7 +57,8 @@ def digest(value: object) -> str:
 def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
     """The planned workflow's code in ``phase``, as the model reads it."""
     return [ModelStep(s.name, s.deps, s.map_over, s.item_key, s.when is not None, s.join_any,
-                      s.attempts, s.versions[phase]) for s in steps_at(plan, phase)]
+                      s.attempts, s.versions[phase], s.repeat, s.keep_last)
+            for s in steps_at(plan, phase)]
 
 
 class World:
@@ -93,10 +94,15 @@ class World:
                 return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
             return Fail("Transient", f"{unit} is overloaded")
         usage = (len(unit), 1, 1)
+        loop = planned.repeat is not None
+
+        def made(answer: Any) -> Succeed:
+            value = _output(planned, unit, inputs, work, answer, self.salt)
+            return Succeed(value, usage, loop and ends(value, self.salt))
+
         if planned.asks and troubled:
-            return AskFirst(f"{unit}?", lambda answer: Succeed(
-                _output(planned, unit, inputs, work, answer, self.salt), usage))
-        return Succeed(_output(planned, unit, inputs, work, None, self.salt), usage)
+            return AskFirst(f"{unit}?", made)
+        return made(None)
 
     def approve(self, unit: str) -> bool | Fail:
         """The run's approval callback: some units are refused, or it raises, the first time."""
@@ -122,6 +128,12 @@ TIMEOUT = 0.1
 that does not hang never yields, so it cannot time out however loaded the machine)."""
 
 
+def ends(output: Any, salt: int) -> bool:
+    """Whether an iteration whose output is ``output`` ends its loop (about one in three):
+    a function of the output alone, so that a loop's ``until`` can say it too."""
+    return int(digest(["ends", output, salt]), 16) % 3 == 0
+
+
 def hangs(unit: str, attempt: int, salt: int) -> bool:
     """Whether a failing attempt hangs (and times out) rather than raising."""
     return int(digest(["hang", unit, attempt, salt]), 16) % 3 == 0
@@ -145,17 +157,18 @@ def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, ans
     return Note(name, text) if step.kind == "typed" else text
 
 
-def _body(mstep: ModelStep, world: World) -> Any:
-    declared = set(mstep.deps)
+def _body(mstep: ModelStep, world: World, until: bool) -> Any:
+    declared = set(mstep.deps) | ({mstep.name} if mstep.repeat is not None else set())
 
     async def run(ctx: Any) -> Any:
         key = attempt_key()
         unit = key.step
         world.begun.append((unit, key.attempt))
-        work = digest([unit, mstep.version, {k: v for k, v in ctx.items() if k in declared}])
+        inputs = {k: [v.number, v.previous] if isinstance(v, Iteration) else v
+                  for k, v in ctx.items() if k in declared}
+        work = digest([unit, mstep.version, inputs])
         if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
             world.problems.append(f"attempt key {key} sent again for other work")
-        inputs = {k: v for k, v in ctx.items() if k in declared}
         outcome = world.attempt(unit, mstep, inputs)
         if isinstance(outcome, AskFirst):
             outcome = outcome.then(ask(outcome.prompt))
@@ -167,7 +180,8 @@ def _body(mstep: ModelStep, world: World) -> Any:
             raise Transient(outcome.message)
         assert isinstance(outcome, Succeed)
         world.paid.append((unit, key.attempt))
-        return PatternResult(outcome.value, cost=TokenUsage(*outcome.usage))
+        result = PatternResult(outcome.value, cost=TokenUsage(*outcome.usage))
+        return Done(result) if outcome.done and not until else result
 
     return run
 
@@ -201,8 +215,12 @@ def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     steps = []
     plan_fails = {s.name: s.fails for s in plan.steps}
     for m in model_steps(plan, phase):
+        planned = {s.name: s for s in steps_at(plan, phase)}[m.name]
+        repeat = None if m.repeat is None else Repeat(
+            m.repeat, (lambda out: ends(out, world.salt)) if planned.until else None, m.keep_last)
         steps.append(Step(
-            m.name, _body(m, world), m.deps, context="dependencies", version=m.version,
+            m.name, _body(m, world, planned.until), m.deps, repeat=repeat, context="dependencies",
+            version=m.version,
             map_over=m.map_over, item_key=m.item_key,
             when=_condition(m, world) if m.when else None, join="any" if m.join_any else "all",
             retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
@@ -225,8 +243,9 @@ def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
         asked={n: [[e.question.prompt, NO_ANSWER if e.answer is None else e.answer.value]
                    for e in ex] for n, ex in cp.asked.items()},
         versions=dict(cp.versions),
-        shapes={n: (s.map_over, s.item_key, s.when is not None, s.join == "any")
-                for n, s in cp.shapes.items()},
+        shapes={n: (s.map_over, s.item_key, s.when is not None, s.join == "any", s.repeat,
+                    s.keep_last) for n, s in cp.shapes.items()},
+        compacted=dict(cp.compacted),
         redone=dict(cp.redone),
         superseded=dict(cp.superseded),
     )

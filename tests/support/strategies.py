@@ -85,6 +85,8 @@ class Features:
     # Issue 42, item 11 (fixed): an attempt that asked a question, or was interrupted, under
     # the old code (or the old input) lent its key to the new work.
     attempt_keys_name_work: bool = True
+    # Loops (issue 44): off by default, since not every test that builds these knows them.
+    loops: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class PlannedStep:
     fails: int = 0
     attempts: int = 1
     versions: tuple[str, ...] = ("v0",)
+    repeat: int | None = None  # a loop of at most this many iterations
+    keep_last: int | None = None
+    until: bool = False  # the loop ends by its until (else its iterations return Done)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,8 @@ def combined_workflows(draw: st.DrawFn, features: Features = Features(),
         deps = tuple(draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=3, unique=True))
                      ) if earlier else ()
         over_choices = [d for d in deps if steps[d].kind in MAPPABLE or _is_mapped(steps, d)]
-        shape = draw(st.sampled_from(["plain", "map", "map", "map", "join"]), label="shape")
+        shape = draw(st.sampled_from(["plain", "map", "map", "map", "join"]
+                                     + ["loop", "loop"] * features.loops), label="shape")
         map_over = draw(st.sampled_from(over_choices)) if shape == "map" and over_choices else None
         join_any = shape == "join" and len(deps) >= 2
         kinds: list[OutputKind] = ["list", "text", "dict", "keyed"]
@@ -159,7 +165,14 @@ def combined_workflows(draw: st.DrawFn, features: Features = Features(),
         item_key = "id" if (map_over is not None and steps[map_over].kind == "keyed"
                             and not _is_mapped(steps, map_over)) else None
         when: Literal["some", "raises"] | None = None
-        if features.conditions and not join_any and draw(st.integers(0, 3)) == 0:
+        repeat = keep_last = None
+        until = False
+        if shape == "loop":  # (a loop is never mapped, conditional or a join: ekit_core.shapes)
+            map_over, item_key = None, None
+            repeat = draw(st.integers(1, 4), label="max_iterations")
+            keep_last = draw(st.none() | st.integers(1, 2), label="keep_last")
+            until = draw(st.booleans(), label="until")
+        if features.conditions and not join_any and repeat is None and draw(st.integers(0, 3)) == 0:
             when = "raises" if features.conditions_that_raise and draw(st.booleans()) else "some"
         asks = (asks_ok and (kind != "typed" or features.codec_with_questions)
                 and draw(st.integers(0, 4)) == 0)
@@ -170,7 +183,7 @@ def combined_workflows(draw: st.DrawFn, features: Features = Features(),
         for _ in range(1, phases):
             tags.append(tags[-1] + "+" if draw(st.booleans()) else tags[-1])
         steps[name] = PlannedStep(name, deps, kind, map_over, item_key, when, join_any, asks,
-                                  fails, attempts, tuple(tags))
+                                  fails, attempts, tuple(tags), repeat, keep_last, until)
         if kind == "typed":
             asks_ok = asks_ok and features.codec_with_questions
         if asks:
