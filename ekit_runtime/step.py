@@ -260,7 +260,7 @@ class Step:
     def __new__(
         cls,
         name: str,
-        run: StepFn,
+        run: StepFn | None = None,
         depends_on: tuple[str, ...] = (),
         metadata: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -279,22 +279,25 @@ class Step:
         repeat: Repeat | None = None,
         cache: bool = False,
         on_code_change: str | None = None,
+        child: Any = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
         # much), and the common shape (a tuple of
         # dependencies, every option at its default) passes one test.
         step = _StepDraft()
+        if run is None and child is not None:  # (Workflow puts the step that hands on its output)
+            run = _runs_a_child
         step.name, step.run, step.depends_on = name, run, depends_on
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
         if (map_over is None and item_key is None and when is None and join == "all" and resource is None
-                and repeat is None and cache is False and on_code_change is None):
+                and repeat is None and cache is False and on_code_change is None and child is None):
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         else:
             step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat, cache,
-                                    on_code_change)
+                                    on_code_change, child)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -363,9 +366,11 @@ class Step:
     def _check_shape(self, bad: Callable[[str], ValueError]) -> None:
         """The checks of the run-time shape, the loop, the resource and the cache options."""
         shaping = self.shaping
-        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 8):
-            raise bad("shaping must be None or "
-                      "(map_over, item_key, when, join, resource, repeat, cache, on_code_change)")
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) not in (8, 9)):
+            raise bad("shaping must be None or (map_over, item_key, when, join, resource, repeat, "
+                      "cache, on_code_change[, child])")
+        if self.child is not None:
+            self._check_child(bad)
         if self.repeat is not None and not isinstance(self.repeat, Repeat):
             raise bad(f"repeat must be a Repeat or None, got {type(self.repeat).__name__}")
         if self.repeat is not None and self.cache:
@@ -431,10 +436,43 @@ class Step:
         return None if self.shaping is None else self.shaping[7]
 
     @property
+    def child(self) -> Any:
+        """The child workflow the step runs (a ``Workflow`` or a :class:`~ekit_runtime.Child`;
+        once its workflow is built, the name of the child's output step), or ``None``."""
+        shaping = self.shaping
+        return None if shaping is None or len(shaping) < 9 else shaping[8]
+
+    def _check_child(self, bad: Callable[[str], ValueError]) -> None:
+        from ekit_runtime.children import Child
+        from ekit_runtime.workflow import Workflow
+
+        child = self.child
+        if not isinstance(child, Workflow | Child | str):
+            raise bad(f"child must be an ekit Workflow or a Child, got {type(child).__name__}")
+        if isinstance(child, str):
+            return  # (the step a built workflow puts in a child's place: checked by the core)
+        if self.run is not _runs_a_child:
+            raise bad("a step with a child workflow takes no run: the child's steps are its work")
+        given = [n for n, v in (("map_over", self.map_over), ("item_key", self.item_key),
+                                ("when", self.when), ("repeat", self.repeat),
+                                ("retry", self.retry), ("timeout", self.timeout),
+                                ("version", self.version), ("executor", self.executor),
+                                ("resource", self.resource), ("on_code_change", self.on_code_change))
+                 if v is not None]
+        given += ["join='any'"] if self.join == "any" else []
+        given += ["cache=True"] if self.cache else []
+        if given:
+            raise bad(f"a step with a child workflow cannot take {given[0]} (yet): give it to "
+                      "the child's steps (a child in a map or a loop is not supported yet)")
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
         if self.shaping is None:
             return None
+        child = self.child
+        if isinstance(child, str):
+            return Shape(child=child)
         map_over, item_key, when, join, _resource, repeat = self.shaping[:6]
         if map_over is None and item_key is None and when is None and join == "all" \
                 and repeat is None:
@@ -444,21 +482,19 @@ class Step:
                      None if repeat is None else repeat.keep_last)
 
 
-Shaping: TypeAlias = tuple[
-    str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None,
-    Repeat | None,
-    bool, Any,
-]
+Shaping: TypeAlias = tuple[Any, ...]
 """A step's run-time shape, resource, loop and cache options as it holds them:
-``(map_over, item_key, when, join, resource, repeat, cache, on_code_change)``."""
+``(map_over, item_key, when, join, resource, repeat, cache, on_code_change, child)``
+(a tuple of eight, without ``child``, is read as one without a child)."""
 
 
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
              when: Callable[[Any], Any] | None, join: Literal["all", "any"],
              resource: str | None, repeat: Repeat | None = None, cache: bool = False,
-             on_code_change: str | None = None) -> Shaping:
+             on_code_change: str | None = None, child: Any = None) -> Shaping:
     """The options given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
     old: Shaping = base if base is not None else (None, None, None, "all", None, None, False, None)
+    inner = child if child is not None else old[8] if len(old) > 8 else None
     return (map_over if map_over is not None else old[0],
             item_key if item_key is not None else old[1],
             when if when is not None else old[2],
@@ -466,7 +502,13 @@ def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
             resource if resource is not None else old[4],
             repeat if repeat is not None else old[5],
             cache if cache is not False else old[6],
-            on_code_change if on_code_change is not None else old[7])
+            on_code_change if on_code_change is not None else old[7],
+            inner)
+
+
+def _runs_a_child(context: Any) -> Any:
+    """What a step declared with a child runs, had its workflow not put the child in its place."""
+    raise RuntimeError("ekit: a step with a child workflow runs as part of a Workflow")
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:

@@ -29,11 +29,13 @@ from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, C
 from ekit_core.expansion import iteration_of, loops_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
+from ekit_core.shapes import Shape
 from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.cache.base import Cache, CachedStep
+from ekit_runtime.children import flatten
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
 from ekit_runtime.human import refuse_dropped_answers, with_answers
@@ -160,6 +162,10 @@ class Workflow:
     def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None,
                  on_code_change: CodePolicy | None = None) -> None:
         steps = tuple(steps)
+        moved: dict[str, Shape] = {}
+        if any(type(s) is not Step or s.shaping is not None for s in steps) \
+                and any(isinstance(s, Step) and s.child is not None for s in steps):
+            steps, moved = flatten(steps)  # each child's steps in its step's place
         # One loop finds a wrong item (before the graph is read) and the
         # steps with an option that start_state or the executors must see
         # (once here, not once per option per run). A plain loop: measured
@@ -180,6 +186,8 @@ class Workflow:
             with_options.append(step)  # a subclass's may have none: the readers check
         self._steps = steps
         shapes = {s.name: s.shape for s in with_options if s.shape is not None}
+        if moved:
+            shapes.update(moved)
         self._graph = GraphSpec.of_steps(steps, shapes)
         self._with_options = tuple(with_options)
         names = self._graph.names
