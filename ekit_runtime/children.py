@@ -7,8 +7,9 @@ holds what a user writes and the shell's two small parts of it:
 
 - :class:`Child`, given as ``Step("research", ("task",), child=Child(wf, output="draft"))``
   (or ``child=wf``, whose one last step is its output);
-- :func:`flatten`, which :class:`~ekit_runtime.Workflow` calls when it is
-  built: the declared steps with each child's steps in place;
+- :func:`in_child`, which wraps a child's step so that it reads its context
+  (:mod:`ekit_runtime.nesting` puts each child's steps in its step's place
+  when a :class:`~ekit_runtime.Workflow` is built);
 - :class:`ChildContext`, what a child's step receives as its context: the
   step's own, read with the child's names (``ctx["fetch"]`` is
   ``research/fetch``'s output), falling back on the names outside the child
@@ -20,18 +21,25 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ekit_core.children import check_names, nest
-from ekit_core.shapes import Shape
+from ekit_core.graph import GraphSpec
 
-if TYPE_CHECKING:
-    from ekit_runtime.step import Step
-    from ekit_runtime.workflow import Workflow
+__all__ = ["Child", "ChildContext", "Nestable", "handed_on", "in_child", "is_workflow", "unwrapped"]
 
-__all__ = ["Child", "ChildContext", "flatten"]
+
+class Nestable(Protocol):
+    """What a child is: an ekit ``Workflow`` (its validated graph and its steps)."""
+
+    @property
+    def graph(self) -> GraphSpec:
+        """The child's graph."""
+
+    @property
+    def steps(self) -> tuple[Any, ...]:
+        """The child's steps, in the order of its graph."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +47,11 @@ class Child:
     """A child workflow as a step runs it: ``workflow``, and which of its steps is its
     ``output`` (what the step's dependents see; ``None``: its one last step)."""
 
-    workflow: Workflow
+    workflow: Nestable
     output: str | None = None
 
     def __post_init__(self) -> None:
-        from ekit_runtime.workflow import Workflow  # (workflow imports this module)
-
-        if not isinstance(self.workflow, Workflow):
+        if not is_workflow(self.workflow):
             raise ValueError(f"Child.workflow must be an ekit Workflow, got "
                              f"{type(self.workflow).__name__}")
         if self.output is not None and (not isinstance(self.output, str) or not self.output):
@@ -104,7 +110,14 @@ async def _async_in_child(prefix: str, run: Callable[[Any], Any], context: Any) 
     return await run(ChildContext(context, prefix))
 
 
-def _handed_on(output: str, context: Mapping[str, Any]) -> Any:
+def is_workflow(value: object) -> bool:
+    """Whether ``value`` is a workflow a step can run as its child (an ekit ``Workflow``;
+    told by its graph, since the workflow's module imports this one)."""
+    return isinstance(getattr(value, "graph", None), GraphSpec) and isinstance(
+        getattr(value, "steps", None), tuple)
+
+
+def handed_on(output: str, context: Mapping[str, Any]) -> Any:
     """The parent step's work: the child's output, as its own."""
     return context[output]
 
@@ -121,52 +134,3 @@ def unwrapped(run: Any) -> Any:
     while isinstance(run, functools.partial) and run.func in (_sync_in_child, _async_in_child):
         run = run.args[1]
     return run
-
-
-def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
-    """``steps`` with each step that declares a child replaced by its child's steps (named
-    ``step/inner``) and by itself, handing on the child's output; and the shapes of the
-    steps moved into the graph (their conditions keep the names their child gave them)."""
-    from ekit_runtime.step import Step
-
-    out: list[Step] = []
-    shapes: dict[str, Shape] = {}
-    own: dict[str, set[str]] = {}
-    for step in steps:
-        child = step.child if isinstance(step, Step) else None
-        if child is None:
-            out.append(step)
-            continue
-        declared = child if isinstance(child, Child) else Child(child)
-        workflow = declared.workflow
-        name = step.name
-        nested = nest(name, step.depends_on, workflow.graph, declared.output)
-        prefix = f"{name}/"
-        for inner, (moved, deps) in zip(workflow.steps, nested.steps.items(), strict=True):
-            out.append(_moved(inner, moved, deps, prefix))
-        shapes.update(nested.shapes)
-        out.append(Step(name, functools.partial(_handed_on, nested.output), (nested.output,),
-                        metadata=step.metadata, inline=True, child=nested.output))
-        shapes[name] = Shape(child=nested.output)
-        own[name] = set(nested.steps)
-    if own:
-        check_names(own, [s.name for s in out], own)
-    return tuple(out), shapes
-
-
-def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str) -> Step:
-    """A child's ``step`` as the step ``name`` of the parent's graph."""
-    from ekit_runtime.step import Step
-
-    shaping = step.shaping
-    if shaping is not None:
-        over, when = shaping[0], shaping[2]
-        inner = shaping[8] if len(shaping) > 8 else None
-        shaping = (
-            None if over is None else prefix + over, shaping[1],
-            None if when is None else in_child(prefix, when), *shaping[3:8],
-            None if inner is None else prefix + inner,
-        )
-    return Step(name, in_child(prefix, step.run), deps, step.metadata, step.retry, step.timeout,
-                step.blocking, step.context, step.inline, step.executor, step.version,
-                shaping=shaping)

@@ -28,6 +28,7 @@ from ekit_core.code import POLICIES, CodePolicy
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
+from ekit_runtime.children import Child, is_workflow
 from ekit_runtime.loops import Repeat
 
 __all__ = [
@@ -443,11 +444,8 @@ class Step:
         return None if shaping is None or len(shaping) < 9 else shaping[8]
 
     def _check_child(self, bad: Callable[[str], ValueError]) -> None:
-        from ekit_runtime.children import Child
-        from ekit_runtime.workflow import Workflow
-
         child = self.child
-        if not isinstance(child, Workflow | Child | str):
+        if not (isinstance(child, Child | str) or is_workflow(child)):
             raise bad(f"child must be an ekit Workflow or a Child, got {type(child).__name__}")
         if isinstance(child, str):
             return  # (the step a built workflow puts in a child's place: checked by the core)

@@ -25,6 +25,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.children import rolled_up
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
 from ekit_core.expansion import iteration_of, loops_of
 from ekit_core.human import questions
@@ -35,10 +36,10 @@ from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
 from ekit_runtime.cache.base import Cache, CachedStep
-from ekit_runtime.children import flatten
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
 from ekit_runtime.human import refuse_dropped_answers, with_answers
+from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
@@ -68,6 +69,12 @@ class WorkflowResult:
     failed: Mapping[str, BaseException] = field(default_factory=lambda: MappingProxyType({}))
     not_started: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
+
+    def usage_of(self, step: str) -> TokenUsage:
+        """What step ``step`` used, with its child workflow's steps (``step/...``) when it has
+        one: their usage rolled up (what a person reads as what the step cost)."""
+        recorded = self.checkpoint.step_usage if self.checkpoint is not None else {}
+        return rolled_up(recorded, step)
 
     @property
     def ok(self) -> bool:
@@ -595,7 +602,10 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise ExceptionGroup(f"{len(errors)} steps failed: {names}", errors)
     halt, budget = state.halt, state.limits.budget
     if kind == "budget_exceeded" and budget is not None:
-        raise BudgetExceeded(checkpoint, budget, halt.step if halt is not None else None)
+        step = halt.step if halt is not None else None
+        shape = None if step is None else state.spec.declared_graph.shapes.get(step)
+        within = "child" if shape is not None and shape.child is not None else "loop"
+        raise BudgetExceeded(checkpoint, budget, step, within)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
     if kind == "waiting":
