@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.checkpoint import CheckpointError, given_began
 from ekit_core.ledger import Ledger
+from ekit_runtime.children import unwrapped
 from ekit_runtime.step import PatternResult, Step
 from ekit_runtime.stores.errors import UnencodableError
 
@@ -209,7 +210,7 @@ def _hints(obj: Any) -> dict[str, Any]:
 
 def _return_hint(run: Any) -> Any:
     """The return annotation of a step's ``run``, resolved, or ``None`` (none, or unresolvable)."""
-    fn = run
+    fn = unwrapped(run)  # (a child's step: its own function, not the wrapper that nests it)
     while isinstance(fn, functools.partial):
         fn = fn.func
     if not (inspect.isfunction(fn) or inspect.ismethod(fn)):

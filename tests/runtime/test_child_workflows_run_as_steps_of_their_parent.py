@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from ekit_core import GraphError
 from ekit_runtime import (
     BudgetExceeded,
     Child,
+    Codec,
     Done,
     PatternResult,
     Repeat,
@@ -29,6 +31,11 @@ from ekit_runtime import (
     Workflow,
     WorkflowCheckpoint,
 )
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
 
 
 def _json(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -198,3 +205,35 @@ def test_what_a_child_step_refuses_is_refused_when_built_naming_it() -> None:
         Step("research", lambda ctx: 0, child=Child(child, "x"))
     with pytest.raises(ValueError, match="child must be an ekit Workflow"):
         Step("research", child=[child])
+
+
+def test_a_childs_typed_output_comes_back_as_its_type_on_a_resume() -> None:
+    def write(ctx: Any) -> Note:
+        return Note(f"on {ctx['topic']}")
+
+    child = Workflow([Step("write", write)])
+    workflow = Workflow([Step("topic", lambda ctx: "cats"),
+                         Step("notes", depends_on=("topic",), child=child),
+                         Step("read", lambda ctx: ctx["notes"].text, ("notes",))],
+                        codec=Codec())
+    saved: list[WorkflowCheckpoint] = []
+    workflow.run_sync(checkpoint_fn=saved.append)
+    at = next(cp for cp in saved if "notes/write" in cp.outputs and "read" not in cp.outputs)
+    result = workflow.run_sync(resume_from=_json(at))
+    assert result.outputs["read"] == "on cats"
+
+
+def test_a_child_is_drawn_as_a_nested_box() -> None:
+    from ekit_runtime.cli import dot, mermaid
+
+    inner = Workflow([Step("draft", lambda ctx: "d")])
+    child = Workflow([Step("fetch", lambda ctx: 1), Step("write", depends_on=("fetch",), child=inner)])
+    workflow = Workflow([Step("research", child=child), Step("report", lambda ctx: 0, ("research",))])
+    text = mermaid(workflow.graph)
+    box = text.index('subgraph c0["research"]')
+    inner_box = text.index('subgraph c1["research/write"]')
+    assert box < text.index('"research/fetch"') < inner_box < text.index('"research/write/draft"')
+    assert text.count("end") == 2 and "research (child, output write)" in text
+    assert 'subgraph cluster_1 { label="research/write";' in dot(workflow.graph)
+    plain = Workflow([Step("a", lambda ctx: 0)])
+    assert "subgraph" not in mermaid(plain.graph) + dot(plain.graph)
