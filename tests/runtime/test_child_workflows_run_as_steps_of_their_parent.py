@@ -139,6 +139,8 @@ def test_a_child_sees_its_inputs_and_its_own_steps_by_their_names() -> None:
     child = Workflow([
         Step("fetch", lambda ctx: f"pages on {ctx['topic']}"),
         Step("parse", parse, ("fetch",), context="dependencies"),
+        Step("check", lambda ctx: seen.update(all_fetch=ctx["fetch"]), ("fetch",)),
+        Step("done", lambda ctx: ctx["parse"], ("parse", "check")),
     ])
     # The parent's workflow has a step named "fetch" too: the child's own wins inside it.
     workflow = Workflow([
@@ -147,10 +149,11 @@ def test_a_child_sees_its_inputs_and_its_own_steps_by_their_names() -> None:
         Step("research", depends_on=("topic",), child=child),
     ])
     result = workflow.run_sync()
-    assert seen == {"topic": "cats", "fetch": "pages on cats", "has": True}
+    assert seen == {"topic": "cats", "fetch": "pages on cats", "has": True,
+                    "all_fetch": "pages on cats"}
     assert result.outputs["research"] == "parsed pages on cats"
     # the same child runs alone, its inputs as the initial context
-    assert child.run_sync({"topic": "cats"}).outputs["parse"] == "parsed pages on cats"
+    assert child.run_sync({"topic": "cats"}).outputs["done"] == "parsed pages on cats"
 
 
 def test_maps_loops_and_children_inside_a_child() -> None:
