@@ -131,6 +131,30 @@ def _callable_or_none(value: object, name: str) -> None:
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
 
 
+def _with_options(steps: tuple[Step, ...]) -> list[Step]:
+    """The steps with an option that start_state or the executors must see; a wrong item
+    (not a Step) is refused, naming its position, before the graph is read.
+
+    Once per workflow, not once per option per run. A plain loop: measured
+    cheaper per step than a comprehension or a C pass for each.
+    """
+    with_options = []
+    for step in steps:
+        if (
+            type(step) is Step
+            and step.retry is None
+            and step.version is None
+            and step.executor is None
+            and step.shaping is None
+        ):
+            continue
+        if not isinstance(step, Step):
+            i = next(i for i, s in enumerate(steps) if s is step)
+            raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
+        with_options.append(step)  # a subclass's may have none: the readers check
+    return with_options
+
+
 class RunOptions(TypedDict, total=False):
     """The options of one run, declared once: see :meth:`Workflow.run` for each."""
 
@@ -169,28 +193,11 @@ class Workflow:
     def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None,
                  on_code_change: CodePolicy | None = None) -> None:
         steps = tuple(steps)
+        with_options = _with_options(steps)
         moved: dict[str, Shape] = {}
-        if any(type(s) is not Step or s.shaping is not None for s in steps) \
-                and any(isinstance(s, Step) and s.child is not None for s in steps):
+        if with_options and any(s.child is not None for s in with_options):
             steps, moved = flatten(steps)  # each child's steps in its step's place
-        # One loop finds a wrong item (before the graph is read) and the
-        # steps with an option that start_state or the executors must see
-        # (once here, not once per option per run). A plain loop: measured
-        # cheaper per step than a comprehension or a C pass for each.
-        with_options = []
-        for step in steps:
-            if (
-                type(step) is Step
-                and step.retry is None
-                and step.version is None
-                and step.executor is None
-                and step.shaping is None
-            ):
-                continue
-            if not isinstance(step, Step):
-                i = next(i for i, s in enumerate(steps) if s is step)
-                raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
-            with_options.append(step)  # a subclass's may have none: the readers check
+            with_options = _with_options(steps)
         self._steps = steps
         shapes = {s.name: s.shape for s in with_options if s.shape is not None}
         if moved:
