@@ -41,6 +41,10 @@ class Nestable(Protocol):
     def steps(self) -> tuple[Any, ...]:
         """The child's steps, in the order of its graph."""
 
+    @property
+    def code_policies(self) -> Mapping[str, str]:
+        """Step -> what a resume does when its code changed, for every fingerprinted step."""
+
 
 @dataclass(frozen=True, slots=True)
 class Child:

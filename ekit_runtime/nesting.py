@@ -39,7 +39,7 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
         nested = nest(name, step.depends_on, workflow.graph, declared.output)
         prefix = f"{name}/"
         for inner, (moved, deps) in zip(workflow.steps, nested.steps.items(), strict=True):
-            out.append(_moved(inner, moved, deps, prefix))
+            out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name)))
         shapes.update(nested.shapes)
         out.append(Step(name, functools.partial(handed_on, nested.output), (nested.output,),
                         metadata=step.metadata, inline=True, child=nested.output))
@@ -50,9 +50,13 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
     return tuple(out), shapes
 
 
-def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str) -> Step:
-    """A child's ``step`` as the step ``name`` of the parent's graph."""
+def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None) -> Step:
+    """A child's ``step`` as the step ``name`` of the parent's graph; ``policy``, what a
+    resume of the child does when the step's code changed, stays the step's own."""
     shaping = step.shaping
+    if policy is not None and (shaping is None or shaping[7] is None):
+        base = shaping or (None, None, None, "all", None, None, False, None)
+        shaping = (*base[:7], policy, *base[8:])
     if shaping is not None:
         over, when = shaping[0], shaping[2]
         inner = shaping[8] if len(shaping) > 8 else None

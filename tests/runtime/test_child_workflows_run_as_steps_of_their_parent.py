@@ -240,3 +240,46 @@ def test_a_child_is_drawn_as_a_nested_box() -> None:
     assert 'subgraph cluster_1 { label="research/write";' in dot(workflow.graph)
     plain = Workflow([Step("a", lambda ctx: 0)])
     assert "subgraph" not in mermaid(plain.graph) + dot(plain.graph)
+
+
+def test_progress_rolls_a_childs_tokens_up_to_its_step() -> None:
+    import io
+
+    from ekit_runtime import ProgressPrinter
+
+    calls: list[str] = []
+    inner = Workflow([Step("draft", lambda ctx: PatternResult("d", cost=TokenUsage(3, 1, 1)))])
+    child = Workflow([Step("s1", lambda ctx: PatternResult("x", cost=TokenUsage(5, 5, 1))),
+                      Step("write", depends_on=("s1",), child=inner)])
+    workflow = Workflow([Step("topic", lambda ctx: "cats"),
+                         Step("research", depends_on=("topic",), child=child)])
+    out = io.StringIO()
+    workflow.run_sync(trace=ProgressPrinter(out, graph=workflow, tty=False, tick=None))
+    text = out.getvalue()
+    assert "done research/write, its child workflow's output; 4 tokens in its steps this run" in text
+    assert "done research, its child workflow's output; 14 tokens in its steps this run" in text
+    assert not calls
+
+
+def test_the_fingerprint_covers_the_child_and_its_steps_travel_by_pickle() -> None:
+    import pickle
+
+    def make(extra: bool) -> Workflow:
+        steps = [Step("fetch", _fetch)] + ([Step("more", _fetch, ("fetch",))] if extra else [])
+        return Workflow([Step("topic", _fetch), Step("research", depends_on=("topic",),
+                                                     child=Workflow(steps))])
+
+    assert make(False).graph.fingerprint != make(True).graph.fingerprint
+    assert make(False).graph.fingerprint == make(False).graph.fingerprint
+    moved = make(False).steps[1]
+    assert moved.name == "research/fetch"
+    again = pickle.loads(pickle.dumps(moved))  # (what an executor in another process needs)
+    assert again.run({"topic": "cats"}) == "fetched"
+    # a child workflow's on_code_change stays its steps' own
+    child = Workflow([Step("fetch", _fetch)], on_code_change="refuse")
+    parent = Workflow([Step("research", child=child)])
+    assert parent.code_policies == {"research/fetch": "refuse"}
+
+
+def _fetch(ctx: Any) -> str:
+    return "fetched"
