@@ -180,6 +180,11 @@ class _NoMetadata(dict[str, Any]):
 _NO_METADATA = _NoMetadata()
 
 
+def _runs_a_child(context: Any) -> Any:
+    """What a step declared with a child runs, the default of run: had its workflow not put the child in its place."""
+    raise RuntimeError("ekit: a step with a child workflow runs as part of a Workflow")
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Step:
     """A named unit of work and the steps it depends on.
@@ -287,8 +292,6 @@ class Step:
         # much), and the common shape (a tuple of
         # dependencies, every option at its default) passes one test.
         step = _StepDraft()
-        if run is None and child is not None:  # (Workflow puts the step that hands on its output)
-            run = _runs_a_child
         step.name, step.run, step.depends_on = name, run, depends_on
         step.metadata = _NO_METADATA if metadata is None else metadata
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
@@ -329,6 +332,8 @@ class Step:
         def bad(problem: str) -> ValueError:
             return ValueError(f"step {self.name!r}: {problem}")
 
+        if self.run is None and self.child is not None:  # (its workflow puts the child in its place)
+            object.__setattr__(self, "run", _runs_a_child)
         if not callable(self.run):
             raise bad(f"run must be callable, got {type(self.run).__name__}")
         depends_on = self.depends_on
@@ -502,11 +507,6 @@ def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
             cache if cache is not False else old[6],
             on_code_change if on_code_change is not None else old[7],
             inner)
-
-
-def _runs_a_child(context: Any) -> Any:
-    """What a step declared with a child runs, had its workflow not put the child in its place."""
-    raise RuntimeError("ekit: a step with a child workflow runs as part of a Workflow")
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:
