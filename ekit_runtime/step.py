@@ -181,7 +181,7 @@ _NO_METADATA = _NoMetadata()
 
 
 def _runs_a_child(context: Any) -> Any:
-    """What a step declared with a child runs, the default of run: had its workflow not put the child in its place."""
+    """What a step declared with a child runs, had its workflow not put the child in its place."""
     raise RuntimeError("ekit: a step with a child workflow runs as part of a Workflow")
 
 

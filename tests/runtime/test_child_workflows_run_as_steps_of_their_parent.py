@@ -283,3 +283,10 @@ def test_the_fingerprint_covers_the_child_and_its_steps_travel_by_pickle() -> No
 
 def _fetch(ctx: Any) -> str:
     return "fetched"
+
+
+def test_a_step_with_a_child_cannot_be_added_to_a_running_graph() -> None:
+    child = Workflow([Step("x", _fetch)])
+    runner = Workflow([Step("a", _fetch)]).runner()
+    with pytest.raises(ValueError, match="step 'late': a step with a child workflow cannot be added"):
+        runner.add_steps([Step("late", child=child)])
