@@ -53,6 +53,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ekit_runtime.children import unwrapped
+
 __all__ = ["code_fingerprint"]
 
 _PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -67,6 +69,9 @@ def code_fingerprint(fn: Callable[..., Any]) -> str:
 
 
 def _unwrapped(fn: Any) -> Any:
+    # A child workflow's step is wrapped by ekit_runtime.children: its module is the
+    # step's own, not the wrapper's, or its same-module helpers would go unseen.
+    fn = unwrapped(fn)
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__func__", fn)
