@@ -322,6 +322,14 @@ class Codec:
         self._by_name[name] = entry
         return cls
 
+    def _adopt(self, other: Codec) -> None:
+        """Register every type ``other`` knows that this codec does not, under its name
+        there (a child workflow's codec, adopted by its parent's); a name taken by
+        another type is a ``ValueError``, as in :meth:`register`."""
+        for entry in list(other._by_type.values()):
+            if entry.cls not in self._by_type:
+                self.register(entry.cls, encode=entry.encode, decode=entry.decode, name=entry.name)
+
     # -- values ---------------------------------------------------------------
 
     def encode(self, value: Any) -> Any:

@@ -155,6 +155,18 @@ def _with_options(steps: tuple[Step, ...]) -> list[Step]:
     return with_options
 
 
+def _child_codecs(with_options: list[Step]) -> list[Codec]:
+    """The codecs of the child workflows the steps run (a child's own children's are in its)."""
+    found = []
+    for step in with_options:
+        child = step.child
+        if child is not None:
+            codec = getattr(getattr(child, "workflow", child), "codec", None)
+            if isinstance(codec, Codec):
+                found.append(codec)
+    return found
+
+
 class RunOptions(TypedDict, total=False):
     """The options of one run, declared once: see :meth:`Workflow.run` for each."""
 
@@ -195,7 +207,9 @@ class Workflow:
         steps = tuple(steps)
         with_options = _with_options(steps)
         moved: dict[str, Shape] = {}
+        adopted: list[Codec] = []
         if with_options and any(s.child is not None for s in with_options):
+            adopted = _child_codecs(with_options)
             steps, moved = flatten(steps)  # each child's steps in its step's place
             with_options = _with_options(steps)
         self._steps = steps
@@ -221,10 +235,14 @@ class Workflow:
             if policy is not None or step.cache:
                 policies[step.name] = policy or "again"
         self._code_policies = MappingProxyType(policies)
+        if codec is not None and not isinstance(codec, Codec):
+            raise ValueError(f"codec must be an ekit Codec or None, got {type(codec).__name__}")
+        if adopted:  # a child's steps store their types as the child alone would
+            codec = codec if codec is not None else Codec()
+            for child_codec in adopted:
+                codec._adopt(child_codec)
         self._codec = codec
         if codec is not None:
-            if not isinstance(codec, Codec):
-                raise ValueError(f"codec must be an ekit Codec or None, got {type(codec).__name__}")
             codec._bind(steps)  # the types the steps' return annotations name
 
     @property

@@ -11,10 +11,11 @@ as any step.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ekit_core import WorkflowCheckpoint, rewind
-from ekit_runtime import Step, Workflow
+from ekit_runtime import Codec, Step, Workflow
 
 
 def _json(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -66,3 +67,23 @@ def test_rewinding_the_step_whose_child_it_is_runs_its_child_again() -> None:
     calls.clear()
     workflow.run_sync(resume_from=_json(rewind(workflow, first, "P/b")))
     assert calls == ["b", "after"]
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+
+
+def test_a_childs_codec_stores_its_typed_outputs_under_a_parent_without_one() -> None:
+    # The child registers Note by hand (its step is not annotated): run alone, its
+    # checkpoints hold a Note as a tagged object, and a resume gives a Note back.
+    # Nested, the parent's checkpoints must do as much, or they hold what no store can.
+    child = Workflow([Step("write", lambda ctx: Note(f"on {ctx['topic']}")),
+                      Step("read", lambda ctx: ctx["write"].text, ("write",))], codec=Codec(Note))
+    for parent_codec in (None, Codec()):
+        workflow = Workflow([Step("topic", lambda ctx: "cats"),
+                             Step("P", depends_on=("topic",), child=child)], codec=parent_codec)
+        saved: list[WorkflowCheckpoint] = []
+        assert workflow.run_sync(checkpoint_fn=saved.append).outputs["P"] == "on cats"
+        at = next(cp for cp in saved if "P/write" in cp.outputs and "P/read" not in cp.outputs)
+        assert workflow.run_sync(resume_from=_json(at)).outputs["P"] == "on cats"
