@@ -30,7 +30,7 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
     own: dict[str, set[str]] = {}
     for step in steps:
         child = step.child if isinstance(step, Step) else None
-        if child is None:
+        if child is None or isinstance(child, str):  # (a str: a built workflow's, given again)
             out.append(step)
             continue
         declared = child if isinstance(child, Child) else Child(child)

@@ -28,7 +28,7 @@ from ekit_core.code import POLICIES, CodePolicy
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
-from ekit_runtime.children import Child, is_workflow
+from ekit_runtime.children import Child, is_workflow, unwrapped
 from ekit_runtime.loops import Repeat
 
 __all__ = [
@@ -510,7 +510,9 @@ def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:
-    """How the fingerprint names a condition: its qualified name (its type's, for an object)."""
+    """How the fingerprint names a condition: its qualified name (its type's, for an object);
+    a child workflow's condition by its own name, not by the wrapper that nests it."""
+    when = unwrapped(when)
     name = getattr(when, "__qualname__", None)
     return name if isinstance(name, str) and name else type(when).__qualname__
 

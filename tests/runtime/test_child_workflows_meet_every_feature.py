@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ekit_core import WorkflowCheckpoint, rewind
-from ekit_runtime import Codec, Step, Workflow
+from ekit_runtime import Child, Codec, Step, Workflow
 
 
 def _json(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -87,3 +87,22 @@ def test_a_childs_codec_stores_its_typed_outputs_under_a_parent_without_one() ->
         assert workflow.run_sync(checkpoint_fn=saved.append).outputs["P"] == "on cats"
         at = next(cp for cp in saved if "P/write" in cp.outputs and "P/read" not in cp.outputs)
         assert workflow.run_sync(resume_from=_json(at)).outputs["P"] == "on cats"
+
+
+def test_a_built_workflows_steps_build_the_same_workflow_again() -> None:
+    # docs/cache.md extends a workflow so: Workflow([*essay().steps, Step(...)])
+    def is_long(ctx: Any) -> bool:
+        return len(ctx["fetch"]) > 3
+
+    child = Workflow([Step("fetch", lambda ctx: ctx["topic"] * 2),
+                      Step("long", lambda ctx: "long", ("fetch",), when=is_long),
+                      Step("done", lambda ctx: ctx.get("long", "short"), ("long",))])
+    built = Workflow([Step("topic", lambda ctx: "cats"),
+                      Step("P", depends_on=("topic",), child=Child(child, "done"))])
+    again = Workflow([*built.steps])
+    assert again.graph.fingerprint == built.graph.fingerprint
+    assert again.graph.shapes == built.graph.shapes
+    recorded = built.run_sync().checkpoint
+    assert recorded is not None
+    more = Workflow([*built.steps, Step("after", lambda ctx: ctx["P"] + "!", ("P",))])
+    assert more.run_sync(resume_from=_json(recorded), allow_graph_change=True).outputs["after"] == "long!"
