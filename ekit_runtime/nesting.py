@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from ekit_core.children import check_names, nest
 from ekit_core.shapes import Shape
 from ekit_runtime.children import Child, handed_on, in_child
+from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.step import Step
 
 __all__ = ["flatten"]
@@ -41,8 +42,11 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
         for inner, (moved, deps) in zip(workflow.steps, nested.steps.items(), strict=True):
             out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name)))
         shapes.update(nested.shapes)
+        # Handing on is cheap work on the driver's loop: its own executor, whatever the run's
+        # (a DaskExecutor refuses inline steps, and a worker process has nothing to do here).
         out.append(Step(name, functools.partial(handed_on, nested.output), (nested.output,),
-                        metadata=step.metadata, inline=True, child=nested.output))
+                        metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR,
+                        child=nested.output))
         shapes[name] = Shape(child=nested.output)
         own[name] = set(nested.steps)
     if own:
