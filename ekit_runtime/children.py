@@ -19,6 +19,7 @@ holds what a user writes and the shell's two small parts of it:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
@@ -114,6 +115,15 @@ async def _async_in_child(prefix: str, run: Callable[[Any], Any], context: Any) 
     return await run(ChildContext(context, prefix))
 
 
+async def _stream_in_child(prefix: str, run: Callable[[Any], Any], context: Any) -> Any:
+    async with contextlib.aclosing(run(ChildContext(context, prefix))) as stream:
+        async for value in stream:
+            yield value
+
+
+_WRAPPERS = (_sync_in_child, _async_in_child, _stream_in_child)
+
+
 def is_workflow(value: object) -> bool:
     """Whether ``value`` is a workflow a step can run as its child (an ekit ``Workflow``;
     told by its graph, since the workflow's module imports this one)."""
@@ -128,13 +138,15 @@ def handed_on(output: str, context: Mapping[str, Any]) -> Any:
 
 def in_child(prefix: str, run: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``run`` called with its context seen from inside the child ``prefix`` names
-    (a partial of a module function: picklable, as Dask needs, and async when ``run`` is)."""
-    wrapper = _async_in_child if inspect.iscoroutinefunction(run) else _sync_in_child
+    (a partial of a module function: picklable, as Dask needs, and async, or an async
+    generator, when ``run`` is: what the executors tell a step's kind by)."""
+    wrapper = (_async_in_child if inspect.iscoroutinefunction(run)
+               else _stream_in_child if inspect.isasyncgenfunction(run) else _sync_in_child)
     return functools.partial(wrapper, prefix, run)
 
 
 def unwrapped(run: Any) -> Any:
     """The step's own function inside the wrappers :func:`in_child` put around it."""
-    while isinstance(run, functools.partial) and run.func in (_sync_in_child, _async_in_child):
+    while isinstance(run, functools.partial) and run.func in _WRAPPERS:
         run = run.args[1]
     return run

@@ -66,3 +66,16 @@ def test_a_child_workflow_runs_on_dask_workers_and_resumes(
         again = workflow.run_sync({"dir": str(tmp_path)}, executor=executor, resume_from=at)
     assert again.outputs["research"].startswith("PAGES ON CATS in ")
     assert len(list(tmp_path.glob("fetch.*"))) == 1, "a recorded child step ran again"
+
+
+async def _streaming(ctx: Any) -> Any:
+    yield "a"
+
+
+def test_a_streaming_step_in_a_child_is_refused_by_name_as_it_is_alone(
+        cluster: distributed.LocalCluster) -> None:
+    nested = Workflow([Step("research", child=Workflow([Step("s", _streaming)]))])
+    assert nested.run_sync().outputs["research"] == "a"  # (it streams, run locally)
+    with DaskExecutor(cluster.scheduler_address) as executor, \
+            pytest.raises(ValueError, match="step 'research/s' is an async generator"):
+        nested.run_sync(executor=executor)
