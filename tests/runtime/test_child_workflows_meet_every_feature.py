@@ -2,10 +2,11 @@
 
 Each test pins what a user relies on at one meeting point: a child step's code
 fingerprint follows its helpers (so a resume or a cache never takes old output
-for new code), rewinding the step whose child it is runs its child again, and
-the rest of the run's options (versions, answers, conditions, retries,
-timeouts, ``only=``, ``isolate_failures``, hostile names) treat a child's step
-as any step.
+for new code); rewinding the step whose child it is runs its child again; a
+child's codec keeps storing its typed outputs under a parent; a built
+workflow's steps build it again (``Workflow([*w.steps, ...])``, as
+docs/cache.md extends one); cancelling mid-child leaves no task behind; and
+versions, answers and ``isolate_failures`` treat a child's step as any step.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from ekit_core import WorkflowCheckpoint, rewind
 from ekit_runtime import Child, Codec, Step, Workflow
@@ -106,3 +109,85 @@ def test_a_built_workflows_steps_build_the_same_workflow_again() -> None:
     assert recorded is not None
     more = Workflow([*built.steps, Step("after", lambda ctx: ctx["P"] + "!", ("P",))])
     assert more.run_sync(resume_from=_json(recorded), allow_graph_change=True).outputs["after"] == "long!"
+
+
+def test_cancelling_a_run_mid_child_cancels_every_step_in_flight_and_leaves_no_task() -> None:
+    import asyncio
+    import contextlib
+
+    in_flight: list[str] = []
+    cancelled: list[str] = []
+    both = asyncio.Event()
+
+    def held(name: str) -> Any:
+        async def run(ctx: Any) -> Any:
+            in_flight.append(name)
+            if len(in_flight) == 3:
+                both.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(name)
+                raise
+        return run
+
+    inner = Workflow([Step("deep", held("deep"))])
+    child = Workflow([Step("a", held("a")), Step("c", child=inner),
+                      Step("o", lambda ctx: 0, ("a", "c"))])
+    workflow = Workflow([Step("P", child=child), Step("Q", held("Q"))])
+
+    async def main() -> set[asyncio.Task[Any]]:
+        before = asyncio.all_tasks()
+        run = asyncio.ensure_future(workflow.run())
+        await both.wait()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        return asyncio.all_tasks() - before - {run}
+
+    assert asyncio.run(main()) == set(), "a task of the run outlived it"
+    assert sorted(cancelled) == sorted(in_flight) == ["Q", "a", "deep"]
+
+
+def test_versions_answers_and_isolated_failures_treat_a_childs_step_as_any_step() -> None:
+    from ekit_runtime import RunWaiting, ask
+
+    calls: list[str] = []
+
+    def build(child_version: str | None = None, input_version: str | None = None,
+              fail: bool = False) -> Workflow:
+        def b(ctx: Any) -> str:
+            calls.append("b")
+            if fail:
+                raise RuntimeError("down")
+            return f"{ctx['a']}+{ask('how?')}"
+
+        child = Workflow([Step("a", lambda ctx: calls.append("a") or ctx["topic"]),
+                          Step("b", b, ("a",), version=child_version),
+                          Step("side", lambda ctx: calls.append("side") or 1, ("a",)),
+                          Step("o", lambda ctx: ctx["b"], ("b", "side"))])
+        return Workflow([Step("topic", lambda ctx: calls.append("topic") or "cats",
+                              version=input_version),
+                         Step("P", depends_on=("topic",), child=child),
+                         Step("Q", lambda ctx: calls.append("Q") or ctx["P"], ("P",)),
+                         Step("other", lambda ctx: calls.append("other") or 0, ("topic",))])
+
+    with pytest.raises(RunWaiting) as waiting:
+        build().run_sync()
+    assert list(waiting.value.questions) == ["P/b"]
+    asked = _json(waiting.value.checkpoint)
+    done = build().run_sync(resume_from=asked, answers={"P/b": "well"})
+    assert done.outputs["Q"] == "cats+well" and done.checkpoint is not None
+    recorded = _json(done.checkpoint)
+    calls.clear()  # a bumped child step runs again with what follows it, and asks again
+    with pytest.raises(RunWaiting):
+        build(child_version="2").run_sync(resume_from=recorded)
+    assert calls == ["b"]
+    calls.clear()  # a bumped input of the parent runs its whole child again
+    with pytest.raises(RunWaiting):
+        build(input_version="2").run_sync(resume_from=recorded)
+    assert sorted(calls) == ["a", "b", "other", "side", "topic"]
+    calls.clear()  # a failing child step: its siblings and the rest of the run go on
+    failed = build(fail=True).run_sync(isolate_failures=True)
+    assert list(failed.failed) == ["P/b"] and failed.not_started == ("P/o", "P", "Q")
+    assert sorted(calls) == ["a", "b", "other", "side", "topic"]
