@@ -463,6 +463,8 @@ class Step:
                                 ("resource", self.resource), ("on_code_change", self.on_code_change))
                  if v is not None]
         given += ["join='any'"] if self.join == "any" else []
+        given += ["context='dependencies'"] if self.context != "all" else []
+        given += ["inline=True"] if self.inline else []
         given += ["cache=True"] if self.cache else []
         if given:
             raise bad(f"a step with a child workflow cannot take {given[0]} (yet): give it to "

@@ -191,3 +191,12 @@ def test_versions_answers_and_isolated_failures_treat_a_childs_step_as_any_step(
     failed = build(fail=True).run_sync(isolate_failures=True)
     assert list(failed.failed) == ["P/b"] and failed.not_started == ("P/o", "P", "Q")
     assert sorted(calls) == ["a", "b", "other", "side", "topic"]
+
+
+@pytest.mark.parametrize("option", [{"context": "dependencies"}, {"inline": True}])
+def test_an_option_a_step_with_a_child_would_drop_is_refused_naming_it(option: dict[str, Any]) -> None:
+    # (give it to the child's steps: the parent step's work is its child's)
+    child = Workflow([Step("s", lambda ctx: 0)])
+    with pytest.raises(ValueError, match=f"step 'P': a step with a child workflow cannot take "
+                                         f"{next(iter(option))}"):
+        Step("P", child=child, **option)
