@@ -66,45 +66,61 @@ class Child:
 class ChildContext(MutableMapping[str, Any]):
     """A child step's view of its context: ``view[k]`` reads ``prefix + k`` (a step of the
     same child), else ``k`` (what the parent step's dependencies, or the run, gave it).
-    Writes are the step's own, as in any context. O(1) to build."""
+    Writes are the step's own, as in any context. O(1) to build.
 
-    __slots__ = ("_outer", "_prefix")
+    A view of a view (a step of a child's child) reads ``P/c/k``, then ``P/k``, then
+    ``k``: the innermost child's own first, then outward. It holds the run's context
+    and those prefixes, so a read costs one lookup per level, not two per level
+    compounded.
+    """
+
+    __slots__ = ("_outer", "_prefixes")
 
     def __init__(self, outer: MutableMapping[str, Any], prefix: str) -> None:
-        self._outer, self._prefix = outer, prefix
+        if isinstance(outer, ChildContext):
+            self._outer: MutableMapping[str, Any] = outer._outer
+            self._prefixes: tuple[str, ...] = (outer._prefixes[0] + prefix, *outer._prefixes)
+        else:
+            self._outer, self._prefixes = outer, (prefix,)
+
+    def _found(self, key: str) -> str | None:
+        """The name of the run's context ``key`` reads, or ``None``: it is nowhere."""
+        outer = self._outer
+        for prefix in self._prefixes:
+            if prefix + key in outer:
+                return prefix + key
+        return key if key in outer else None
 
     def __getitem__(self, key: str) -> Any:
-        outer = self._outer
         if isinstance(key, str):
-            inner = self._prefix + key
-            if inner in outer:
-                return outer[inner]
-        return outer[key]
+            found = self._found(key)
+            if found is not None:
+                return self._outer[found]
+        return self._outer[key]
 
     def __contains__(self, key: object) -> bool:
-        return (isinstance(key, str) and self._prefix + key in self._outer) or key in self._outer
+        return self._found(key) is not None if isinstance(key, str) else key in self._outer
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._outer[self._prefix + key] = value
+        self._outer[self._prefixes[0] + key] = value
 
     def __delitem__(self, key: str) -> None:
-        inner = self._prefix + key
-        del self._outer[inner if inner in self._outer else key]
+        found = self._found(key)
+        del self._outer[key if found is None else found]
 
     def __iter__(self) -> Iterator[str]:
-        prefix, outer = self._prefix, self._outer
-        cut = len(prefix)
-        for key in outer:
-            if key.startswith(prefix):
-                yield key[cut:]
-            elif prefix + key not in outer:
-                yield key
+        prefixes, seen = self._prefixes, set()
+        for key in self._outer:
+            name = next((key[len(p):] for p in prefixes if key.startswith(p)), key)
+            if name not in seen:  # (the first it reads, innermost first, hides the others)
+                seen.add(name)
+                yield name
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def __repr__(self) -> str:
-        return f"ChildContext({self._prefix!r}, {len(self)} entries)"
+        return f"ChildContext({self._prefixes[0]!r}, {len(self)} entries)"
 
 
 def _sync_in_child(prefix: str, run: Callable[[Any], Any], context: Any) -> Any:

@@ -200,3 +200,34 @@ def test_an_option_a_step_with_a_child_would_drop_is_refused_naming_it(option: d
     with pytest.raises(ValueError, match=f"step 'P': a step with a child workflow cannot take "
                                          f"{next(iter(option))}"):
         Step("P", child=child, **option)
+
+
+class _Counting(dict[str, Any]):
+    """A context that counts the lookups made of it."""
+
+    looked = 0
+
+    def __contains__(self, key: object) -> bool:
+        _Counting.looked += 1
+        return super().__contains__(key)
+
+
+def test_a_deeply_nested_childs_step_reads_its_context_in_lookups_linear_in_its_depth() -> None:
+    from ekit_runtime.children import ChildContext
+
+    depth = 20
+    base = _Counting({"topic": "cats", "c0/c1/x": "deep x", "c0/y": "y of c0"})
+    view: Any = base
+    for i in range(depth):  # (as a step of a child's child ... is handed its context)
+        view = ChildContext(view, f"c{i}/")
+    _Counting.looked = 0
+    assert view["topic"] == "cats"
+    assert "topic" in view and "nothing" not in view
+    assert _Counting.looked <= 3 * (depth + 1), f"{_Counting.looked} lookups for depth {depth}"
+    two = ChildContext(ChildContext(base, "c0/"), "c1/")  # the child's own first, then outward
+    assert (two["x"], two["y"], two["topic"]) == ("deep x", "y of c0", "cats")
+    assert sorted(two) == ["topic", "x", "y"]
+    two["z"] = 1
+    assert base["c0/c1/z"] == 1 and two["z"] == 1 and len(two) == 4
+    del two["z"]
+    assert "c0/c1/z" not in base
