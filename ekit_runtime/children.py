@@ -74,20 +74,25 @@ class ChildContext(MutableMapping[str, Any]):
     compounded.
     """
 
-    __slots__ = ("_outer", "_prefixes")
+    __slots__ = ("_names", "_outer", "_prefixes")
 
-    def __init__(self, outer: MutableMapping[str, Any], prefix: str) -> None:
+    def __init__(self, outer: MutableMapping[str, Any], prefix: str,
+                 names: frozenset[str] | None = None) -> None:
         if isinstance(outer, ChildContext):
             self._outer: MutableMapping[str, Any] = outer._outer
             self._prefixes: tuple[str, ...] = (outer._prefixes[0] + prefix, *outer._prefixes)
+            self._names: tuple[frozenset[str] | None, ...] = (names, *outer._names)
         else:
-            self._outer, self._prefixes = outer, (prefix,)
+            self._outer, self._prefixes, self._names = outer, (prefix,), (names,)
 
     def _found(self, key: str) -> str | None:
-        """The name of the run's context ``key`` reads, or ``None``: it is nowhere."""
+        """The name of the run's context ``key`` reads, or ``None``: it is nowhere. A
+        child's ``prefix + key`` only when ``key`` names one of its steps (or their items
+        or iterations), given ``names``: an output a changed graph left under the prefix
+        (a step the child no longer has) must not hide the child's input."""
         outer = self._outer
-        for prefix in self._prefixes:
-            if prefix + key in outer:
+        for prefix, names in zip(self._prefixes, self._names, strict=True):
+            if (names is None or _owned(key, names)) and prefix + key in outer:
                 return prefix + key
         return key if key in outer else None
 
@@ -123,16 +128,27 @@ class ChildContext(MutableMapping[str, Any]):
         return f"ChildContext({self._prefixes[0]!r}, {len(self)} entries)"
 
 
-def _sync_in_child(prefix: str, run: Callable[[Any], Any], context: Any) -> Any:
-    return run(ChildContext(context, prefix))
+def _owned(key: str, names: frozenset[str]) -> bool:
+    """Whether ``key`` is one of ``names``, or an item (``s[k]``) or iteration (``s#k``) of one."""
+    if key in names:
+        return True
+    cut = min((i for i in (key.find("["), key.find("#")) if i > 0), default=0)
+    return cut > 0 and key[:cut] in names
 
 
-async def _async_in_child(prefix: str, run: Callable[[Any], Any], context: Any) -> Any:
-    return await run(ChildContext(context, prefix))
+def _sync_in_child(prefix: str, run: Callable[[Any], Any], names: frozenset[str] | None,
+                   context: Any) -> Any:
+    return run(ChildContext(context, prefix, names))
 
 
-async def _stream_in_child(prefix: str, run: Callable[[Any], Any], context: Any) -> Any:
-    async with contextlib.aclosing(run(ChildContext(context, prefix))) as stream:
+async def _async_in_child(prefix: str, run: Callable[[Any], Any], names: frozenset[str] | None,
+                          context: Any) -> Any:
+    return await run(ChildContext(context, prefix, names))
+
+
+async def _stream_in_child(prefix: str, run: Callable[[Any], Any], names: frozenset[str] | None,
+                           context: Any) -> Any:
+    async with contextlib.aclosing(run(ChildContext(context, prefix, names))) as stream:
         async for value in stream:
             yield value
 
@@ -152,13 +168,15 @@ def handed_on(output: str, context: Mapping[str, Any]) -> Any:
     return context[output]
 
 
-def in_child(prefix: str, run: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``run`` called with its context seen from inside the child ``prefix`` names
+def in_child(prefix: str, run: Callable[[Any], Any],
+             names: frozenset[str] | None = None) -> Callable[[Any], Any]:
+    """``run`` called with its context seen from inside the child ``prefix`` names, whose
+    steps are ``names`` (``None``: any name under ``prefix`` is the child's)
     (a partial of a module function: picklable, as Dask needs, and async, or an async
     generator, when ``run`` is: what the executors tell a step's kind by)."""
     wrapper = (_async_in_child if inspect.iscoroutinefunction(run)
                else _stream_in_child if inspect.isasyncgenfunction(run) else _sync_in_child)
-    return functools.partial(wrapper, prefix, run)
+    return functools.partial(wrapper, prefix, run, names)
 
 
 def unwrapped(run: Any) -> Any:

@@ -64,14 +64,12 @@ _DEPTH = 40  # how deep a chain of helpers is followed (a guard, not a limit any
 def code_fingerprint(fn: Callable[..., Any]) -> str:
     """The fingerprint of ``fn``'s code: 32 hex digits (see the module for what it covers)."""
     digest = hashlib.sha256()
+    fn = unwrapped(fn)  # a child workflow's step: its own code, as when its child runs alone
     _Hasher(digest, getattr(_unwrapped(fn), "__module__", None)).callable(fn, 0)
     return digest.hexdigest()[:32]
 
 
 def _unwrapped(fn: Any) -> Any:
-    # A child workflow's step is wrapped by ekit_runtime.children: its module is the
-    # step's own, not the wrapper's, or its same-module helpers would go unseen.
-    fn = unwrapped(fn)
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__func__", fn)

@@ -39,8 +39,10 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
         name = step.name
         nested = nest(name, step.depends_on, workflow.graph, declared.output)
         prefix = f"{name}/"
+        names = frozenset(workflow.graph.names)  # (one set, shared by the child's steps)
         for inner, (moved, deps) in zip(workflow.steps, nested.steps.items(), strict=True):
-            out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name)))
+            out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name),
+                              names))
         shapes.update(nested.shapes)
         # Handing on is cheap work on the driver's loop: its own executor, whatever the run's
         # (a DaskExecutor refuses inline steps, and a worker process has nothing to do here).
@@ -54,7 +56,8 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
     return tuple(out), shapes
 
 
-def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None) -> Step:
+def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None,
+           names: frozenset[str]) -> Step:
     """A child's ``step`` as the step ``name`` of the parent's graph; ``policy``, what a
     resume of the child does when the step's code changed, stays the step's own."""
     shaping = step.shaping
@@ -66,9 +69,9 @@ def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: st
         inner = shaping[8] if len(shaping) > 8 else None
         shaping = (
             None if over is None else prefix + over, shaping[1],
-            None if when is None else in_child(prefix, when), *shaping[3:8],
+            None if when is None else in_child(prefix, when, names), *shaping[3:8],
             None if inner is None else prefix + inner,
         )
-    return Step(name, in_child(prefix, step.run), deps, step.metadata, step.retry, step.timeout,
+    return Step(name, in_child(prefix, step.run, names), deps, step.metadata, step.retry, step.timeout,
                 step.blocking, step.context, step.inline, step.executor, step.version,
                 shaping=shaping)

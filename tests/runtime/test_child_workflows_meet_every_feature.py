@@ -43,9 +43,12 @@ def test_editing_a_child_steps_helper_changes_its_fingerprint_and_a_resume_runs_
     before, after = parent("!"), parent("?")
     assert before.code_fingerprints()["P/fetch"] != after.code_fingerprints()["P/fetch"], \
         "a child step's helper is not part of its code"
-    # the same as the step run alone
-    alone = _child_with_helper("!").code_fingerprints()["fetch"]
-    assert alone != _child_with_helper("?").code_fingerprints()["fetch"]
+    # the same as the step's run alone, whatever else its child holds
+    alone = _child_with_helper("!")
+    assert before.code_fingerprints()["P/fetch"] == alone.code_fingerprints()["fetch"]
+    grown = Workflow([*alone.steps, Step("more", lambda ctx: 0, ("fetch",))], on_code_change="again")
+    assert Workflow([Step("P", child=grown)]).code_fingerprints()["P/fetch"] == \
+        before.code_fingerprints()["P/fetch"], "adding a step to a child changed its other steps' code"
     recorded = before.run_sync().checkpoint
     assert recorded is not None
     assert after.run_sync(resume_from=_json(recorded)).outputs["P"] == "cats?"
@@ -231,3 +234,18 @@ def test_a_deeply_nested_childs_step_reads_its_context_in_lookups_linear_in_its_
     assert base["c0/c1/z"] == 1 and two["z"] == 1 and len(two) == 4
     del two["z"]
     assert "c0/c1/z" not in base
+
+
+def test_an_output_left_by_a_childs_removed_step_does_not_shadow_the_childs_input() -> None:
+    # v1's child had a step "x"; v2's has none, and reads its input "x" (the parent's
+    # dependency). The old "P/x" a graph-changing resume keeps is no step of v2's child.
+    def build(child: Workflow) -> Workflow:
+        return Workflow([Step("x", lambda ctx: "the parent's x"),
+                         Step("P", depends_on=("x",), child=child)])
+
+    v1 = build(Workflow([Step("x", lambda ctx: "v1's own x"), Step("o", lambda ctx: ctx["x"], ("x",))]))
+    recorded = v1.run_sync().checkpoint
+    assert recorded is not None and recorded.outputs["P"] == "v1's own x"
+    v2 = build(Workflow([Step("o", lambda ctx: f"v2 reads {ctx['x']}", context="dependencies")]))
+    result = v2.run_sync(resume_from=_json(recorded), allow_graph_change=True)
+    assert result.outputs["P"] == "v2 reads the parent's x"
