@@ -14,7 +14,9 @@ mapped step's collected output; a step's are its declared dependents and
 the items of the steps mapped over it. So rewinding one item ``M[k]`` drops
 it, ``M``'s collected output, the items chained to it (``N[k]``, with
 ``N``'s collection) and what needs those; rewinding ``M`` drops every item
-of ``M`` too; rewinding what ``M`` maps over drops all of that. The steps
+of ``M`` too; rewinding what ``M`` maps over drops all of that. Rewinding a
+step that runs a child workflow (``P``) drops every step of its child
+(``P/...``) too: the step's work is its child's. The steps
 and items skipped downstream are dropped with them: their conditions are
 decided again.
 """
@@ -193,6 +195,7 @@ def rewind(
         raise ValueError(f"checkpoint must be a WorkflowCheckpoint, got {type(checkpoint).__name__}")
     wanted = list(dict.fromkeys(_step_names(steps)))
     if spec.shapes:
+        wanted = _with_children(spec, wanted)
         rewound, touched = _rewind_shaped(spec, checkpoint, wanted)
     else:
         unknown = [n for n in wanted if n not in spec.index]
@@ -204,6 +207,16 @@ def rewind(
         return checkpoint
     # What runs again, recorded or not (an attempt interrupted on the old input), is other work.
     return replace(rewound, redone=redone_after(checkpoint, rewound, touched))
+
+
+def _with_children(graph: GraphSpec, wanted: list[str]) -> list[str]:
+    """``wanted`` and, for each step in it that runs a child workflow, every step of its
+    child (``P/...``): the step's work is its child's, so rewinding it runs its child
+    again, as rewinding a mapped step runs its items again."""
+    prefixes = tuple(f"{n}/" for n in wanted if n in graph.shapes and graph.shapes[n].child)
+    if not prefixes:
+        return wanted
+    return [*wanted, *(n for n in graph.names if n.startswith(prefixes) and n not in wanted)]
 
 
 def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,

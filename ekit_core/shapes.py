@@ -40,6 +40,10 @@ A step may declare, beside its dependencies:
 ``keep_last=K`` a loop's checkpoints keep the outputs of its last ``K``
                 iterations only: older ones are compacted (dropped and
                 counted), so that a long loop's checkpoint stays bounded.
+``child=O``     the step runs a child workflow, whose steps are steps of
+                the graph named ``step/inner`` (see :mod:`ekit_core.children`);
+                ``O`` is the child's output step (``step/inner``), the step's
+                one dependency: its output is the step's own.
 =============== ============================================================
 
 Validity (a :class:`~ekit_core.GraphError` naming the step): ``map_over``
@@ -50,7 +54,8 @@ upstream's keys); ``join="any"`` needs dependencies and is not combined with
 item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape),
 nor like an iteration of one (``P#...`` beside ``P``); ``repeat`` is an int
 >= 1 and is not combined with ``map_over``, ``when`` or ``join="any"``;
-``keep_last`` is an int >= 1 and needs ``repeat``.
+``keep_last`` is an int >= 1 and needs ``repeat``; ``child`` names the
+step's one dependency, spelt ``step/...``, and is combined with no other shape.
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -67,7 +72,8 @@ from typing import Any, Literal
 
 from ekit_core.errors import GraphError
 
-__all__ = ["NO_SHAPES", "Shape", "check_shapes", "item_name", "iteration_name", "shapes_text"]
+__all__ = ["NO_SHAPES", "Shape", "check_shapes", "child_name", "item_name", "iteration_name",
+           "shapes_text"]
 
 Join = Literal["all", "any"]
 
@@ -82,6 +88,7 @@ class Shape:
     join: Join = "all"
     repeat: int | None = None
     keep_last: int | None = None
+    child: str | None = None
 
     def to_dict(self) -> dict[str, str | int]:
         """Plain data, the fields that are set only (what a checkpoint records)."""
@@ -93,6 +100,8 @@ class Shape:
             plain["repeat"] = self.repeat
         if self.keep_last is not None:
             plain["keep_last"] = self.keep_last
+        if self.child is not None:
+            plain["child"] = self.child
         return plain
 
     @classmethod
@@ -100,10 +109,11 @@ class Shape:
         """Rebuild from :meth:`to_dict`; anything else is a ``ValueError`` naming ``where``."""
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"map_over", "item_key", "when", "join", "repeat", "keep_last"})
+        unknown = sorted(set(data) - {"map_over", "item_key", "when", "join", "repeat", "keep_last",
+                                   "child"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s): {unknown}")
-        for key in ("map_over", "item_key", "when"):
+        for key in ("map_over", "item_key", "when", "child"):
             value = data.get(key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{where}.{key} must be a non-empty string")
@@ -115,13 +125,13 @@ class Shape:
             if value is not None and not _count(value):
                 raise ValueError(f"{where}.{key} must be an int >= 1, got {value!r:.80}")
         return cls(data.get("map_over"), data.get("item_key"), data.get("when"), join,
-                   data.get("repeat"), data.get("keep_last"))
+                   data.get("repeat"), data.get("keep_last"), data.get("child"))
 
     @property
     def plain(self) -> bool:
         """Whether this shape declares nothing (a step without one)."""
         return self.map_over is None and self.when is None and self.join == "all" \
-            and self.repeat is None
+            and self.repeat is None and self.child is None
 
 
 def _count(value: object) -> bool:
@@ -143,6 +153,11 @@ def iteration_name(step: str, k: int) -> str:
     return f"{step}#{k}"
 
 
+def child_name(step: str, inner: str) -> str:
+    """The name of step ``inner`` of the child workflow of step ``step``: ``step/inner``."""
+    return f"{step}/{inner}"
+
+
 def check_shapes(
     names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]], shapes: Mapping[str, Shape]
 ) -> MappingProxyType[str, Shape]:
@@ -153,7 +168,7 @@ def check_shapes(
             raise GraphError(f"shape given for unknown step {name!r}", [name])
         if not isinstance(shape, Shape):
             raise GraphError(f"step {name!r}: shape must be a Shape, got {type(shape).__name__}", [name])
-        for field_name in ("map_over", "item_key", "when"):
+        for field_name in ("map_over", "item_key", "when", "child"):
             value = getattr(shape, field_name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise GraphError(f"step {name!r}: {field_name} must be a non-empty string", [name])
@@ -213,6 +228,16 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
             raise GraphError(f"step {name!r}: repeat cannot be combined with {clash}", [name])
     elif shape.keep_last is not None:
         raise GraphError(f"step {name!r}: keep_last needs repeat", [name])
+    if shape.child is not None:
+        if deps[name] != (shape.child,) or not shape.child.startswith(f"{name}/"):
+            raise GraphError(f"step {name!r}: its child's output {shape.child!r} must be its one "
+                             f"dependency, a step named {name + '/...'!r}", [name])
+        clash = ("map_over" if over is not None else "when" if shape.when is not None
+                 else "join='any'" if shape.join == "any" else "repeat"
+                 if shape.repeat is not None else None)
+        if clash is not None:
+            raise GraphError(f"step {name!r}: a child workflow cannot be combined with {clash} "
+                             "(yet)", [name])
     if shape.join == "any":
         if not deps[name]:
             raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])

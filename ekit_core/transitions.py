@@ -89,6 +89,7 @@ from ekit_core.checkpoint import (
     describe_error,
     storable_text,
 )
+from ekit_core.children import parent_of
 from ekit_core.claims import check_claims, check_collections
 from ekit_core.code import code_changed
 from ekit_core.compat import GraphMismatchError, graph_changes, recorded_from, reshaped_steps
@@ -1220,9 +1221,13 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
 
 
 def _loop_of(spec: RunSpec, name: str) -> str | None:
-    """The loop ``name`` is an iteration of (``None``: no iteration), which a budget names."""
+    """The loop ``name`` is an iteration of, else the step whose child workflow it is a step
+    (or item) of, innermost first (``None``: neither), which a budget names."""
     ref = spec.shaped.items.get(name) if spec.shaped is not None else None
-    return ref.step if ref is not None and ref.iteration else None
+    if ref is not None and ref.iteration:
+        return ref.step
+    shapes = spec.declared_graph.shapes
+    return parent_of(name if ref is None else ref.step, shapes) if shapes else None
 
 
 _LONGEST = 2.0**53 / 1e6

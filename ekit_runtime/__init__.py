@@ -19,6 +19,7 @@ from ekit_core.code import CodeChangedError
 from ekit_runtime.approval import Approval
 from ekit_runtime.attempt import Attempt, AttemptKey, attempt_key
 from ekit_runtime.cache import Cache, DirectoryCache, SqliteCache
+from ekit_runtime.children import Child
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import (
     ApprovalDenied,
@@ -61,6 +62,7 @@ __all__ = [
     "BlockingStepWarning",
     "BudgetExceeded",
     "Cache",
+    "Child",
     "CodeChangedError",
     "Codec",
     "CorruptStoreError",

@@ -31,15 +31,17 @@ class BudgetExceeded(RunHalted):
 
     Resume ``checkpoint`` with a larger budget to finish the run without
     repeating any recorded step. ``step`` is the loop whose iteration reached
-    the budget (one that did not end, say), else ``None``.
+    the budget (one that did not end, say), or the step whose child workflow's
+    step did (``within="child"``), else ``None``.
     """
 
     def __init__(self, checkpoint: WorkflowCheckpoint, budget: TokenUsage,
-                 step: str | None = None) -> None:
+                 step: str | None = None, within: str = "loop") -> None:
+        where = "loop" if within == "loop" else "the child workflow of step"
         super().__init__(
             f"token budget reached: used {checkpoint.cost}, budget {budget}; "
             f"{checkpoint.step_index} step(s) completed"
-            + ("" if step is None else f"; reached in loop {step!r}"
+            + ("" if step is None else f"; reached in {where} {step!r}"
                + ("" if step in checkpoint.outputs else ", which has not ended")),
             checkpoint,
         )

@@ -53,6 +53,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ekit_runtime.children import unwrapped
+
 __all__ = ["code_fingerprint"]
 
 _PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -62,6 +64,7 @@ _DEPTH = 40  # how deep a chain of helpers is followed (a guard, not a limit any
 def code_fingerprint(fn: Callable[..., Any]) -> str:
     """The fingerprint of ``fn``'s code: 32 hex digits (see the module for what it covers)."""
     digest = hashlib.sha256()
+    fn = unwrapped(fn)  # a child workflow's step: its own code, as when its child runs alone
     _Hasher(digest, getattr(_unwrapped(fn), "__module__", None)).callable(fn, 0)
     return digest.hexdigest()[:32]
 

@@ -18,7 +18,9 @@ step's collected output counts once, when it is collected. A step (or item)
 skipped by a condition counts as done, and is marked so (``skipped NAME:
 reason`` in a log, ``N skipped by a condition`` at the end). Which names
 are items it reads from ``graph=`` when given (exact), else from their form
-``step[key]``; a graph without shapes prints as it always did.
+``step[key]``; a graph without shapes prints as it always did. With
+``graph=``, a step whose child workflow ends says so, with the tokens its
+child's steps used this run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from ekit_core import (
@@ -46,7 +48,9 @@ from ekit_core import (
     StepStarted,
     StepWaiting,
 )
+from ekit_core.children import parent_of
 from ekit_core.numbers import check_number
+from ekit_core.shapes import Shape
 from ekit_runtime.runner import SAVE_FAILED_NOTE
 
 __all__ = ["ProgressPrinter"]
@@ -75,6 +79,14 @@ def _ending(event: RunSettled) -> str:
         if any(isinstance(n, str) and n.startswith(SAVE_FAILED_NOTE) for n in notes):
             return f"stopped: its checkpoint could not be saved ({type(cause).__name__}: {cause})"
     return event.outcome
+
+
+def _with_children(graph: Any) -> Mapping[str, Shape] | None:
+    """The shapes of ``graph`` if it has a step with a child workflow, else ``None``."""
+    if graph is None:
+        return None
+    shapes = getattr(getattr(graph, "graph", graph), "shapes", None) or {}
+    return shapes if any(s.child is not None for s in shapes.values()) else None
 
 
 def _mapped_steps(graph: Any) -> frozenset[str] | None:
@@ -168,6 +180,7 @@ class ProgressPrinter:
         self._tty = tty
         self._interval = float(interval)
         self._mapped = _mapped_steps(graph)
+        self._shapes = _with_children(graph)
         self._reset()
 
     def _reset(self) -> None:
@@ -175,6 +188,8 @@ class ProgressPrinter:
         self._done = 0
         self._skipped = 0
         self._by_condition = 0
+        # Tokens of each child workflow's steps this run, by the step whose child it is.
+        self._child_tokens: dict[str, int] = {}
         # Items seen, by their mapped step (the total grows by each).
         self._items: dict[str, set[str]] = {}
         self._expanded: set[str] = set()  # mapped steps whose StepExpanded was seen
@@ -376,10 +391,19 @@ class ProgressPrinter:
         self._running.pop(event.name, None)
         self._done += 1
         self._tokens += event.usage.total_tokens
+        shapes = self._shapes
+        if shapes is not None:  # a graph with children: roll each step's tokens up to them
+            owner = parent_of(event.name, shapes)
+            while owner is not None:
+                self._child_tokens[owner] = self._child_tokens.get(owner, 0) + event.usage.total_tokens
+                owner = parent_of(owner, shapes)
         if not self._is_tty():
             items = self._items.get(event.name)
             if items is not None and event.duration is None:
                 self._line(f"{self._prefix()} collected {event.name} from {len(items):,} item(s)")
+            elif shapes is not None and event.name in shapes and shapes[event.name].child:
+                self._line(f"{self._prefix()} done {event.name}, its child workflow's output; "
+                           f"{self._child_tokens.get(event.name, 0):,} tokens in its steps this run")
             else:
                 took = "" if event.duration is None else f" in {_seconds(event.duration)}"
                 self._line(

@@ -292,6 +292,9 @@ class Runner:
         for i, step in enumerate(steps):
             if not isinstance(step, Step):
                 raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
+            if step.child is not None:  # (its steps are put in its place when a Workflow is built)
+                raise ValueError(f"step {step.name!r}: a step with a child workflow cannot be "
+                                 "added to a running graph (yet): declare it in the Workflow")
         self.state = add_steps(self.state, {s.name: s.depends_on for s in steps})
         self._added.update((s.name, s) for s in steps)
         return self.state

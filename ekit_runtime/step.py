@@ -28,6 +28,7 @@ from ekit_core.code import POLICIES, CodePolicy
 from ekit_core.numbers import check_number
 from ekit_core.shapes import Shape, item_name
 from ekit_core.usage import NO_USAGE, check_usage
+from ekit_runtime.children import Child, is_workflow, unwrapped
 from ekit_runtime.loops import Repeat
 
 __all__ = [
@@ -179,6 +180,11 @@ class _NoMetadata(dict[str, Any]):
 _NO_METADATA = _NoMetadata()
 
 
+def _runs_a_child(context: Any) -> Any:
+    """What a step declared with a child runs, had its workflow not put the child in its place."""
+    raise RuntimeError("ekit: a step with a child workflow runs as part of a Workflow")
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class Step:
     """A named unit of work and the steps it depends on.
@@ -260,7 +266,7 @@ class Step:
     def __new__(
         cls,
         name: str,
-        run: StepFn,
+        run: StepFn | None = None,
         depends_on: tuple[str, ...] = (),
         metadata: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -279,6 +285,7 @@ class Step:
         repeat: Repeat | None = None,
         cache: bool = False,
         on_code_change: str | None = None,
+        child: Any = None,
     ) -> Step:
         # A 10,000-step workflow builds 10,000 of these: built through
         # _StepDraft (a frozen dataclass's __init__ costs several times as
@@ -290,7 +297,7 @@ class Step:
         step.retry, step.timeout, step.blocking, step.context = retry, timeout, blocking, context
         step.inline, step.executor, step.version = inline, executor, version
         if (map_over is None and item_key is None and when is None and join == "all" and resource is None
-                and repeat is None and cache is False and on_code_change is None):
+                and repeat is None and cache is False and on_code_change is None and child is None):
             step.shaping = shaping  # (dataclasses.replace hands the shape back as shaping=)
         elif (cache is True and shaping is None and map_over is None and item_key is None
               and when is None and join == "all" and resource is None and repeat is None
@@ -298,7 +305,7 @@ class Step:
             step.shaping = _CACHED  # (checked already: passes the plain test below)
         else:
             step.shaping = _shaping(shaping, map_over, item_key, when, join, resource, repeat, cache,
-                                    on_code_change)
+                                    on_code_change, child)
         step.__class__ = cls
         if not (
             type(depends_on) is tuple
@@ -329,6 +336,8 @@ class Step:
         def bad(problem: str) -> ValueError:
             return ValueError(f"step {self.name!r}: {problem}")
 
+        if self.run is None and self.child is not None:  # (its workflow puts the child in its place)
+            object.__setattr__(self, "run", _runs_a_child)
         if not callable(self.run):
             raise bad(f"run must be callable, got {type(self.run).__name__}")
         depends_on = self.depends_on
@@ -367,9 +376,11 @@ class Step:
     def _check_shape(self, bad: Callable[[str], ValueError]) -> None:
         """The checks of the run-time shape, the loop, the resource and the cache options."""
         shaping = self.shaping
-        if shaping is not None and (type(shaping) is not tuple or len(shaping) != 8):
-            raise bad("shaping must be None or "
-                      "(map_over, item_key, when, join, resource, repeat, cache, on_code_change)")
+        if shaping is not None and (type(shaping) is not tuple or len(shaping) not in (8, 9)):
+            raise bad("shaping must be None or (map_over, item_key, when, join, resource, repeat, "
+                      "cache, on_code_change[, child])")
+        if self.child is not None:
+            self._check_child(bad)
         if self.repeat is not None and not isinstance(self.repeat, Repeat):
             raise bad(f"repeat must be a Repeat or None, got {type(self.repeat).__name__}")
         if self.repeat is not None and self.cache:
@@ -435,10 +446,42 @@ class Step:
         return None if self.shaping is None else self.shaping[7]
 
     @property
+    def child(self) -> Any:
+        """The child workflow the step runs (a ``Workflow`` or a :class:`~ekit_runtime.Child`;
+        once its workflow is built, the name of the child's output step), or ``None``."""
+        shaping = self.shaping
+        return None if shaping is None or len(shaping) < 9 else shaping[8]
+
+    def _check_child(self, bad: Callable[[str], ValueError]) -> None:
+        child = self.child
+        if not (isinstance(child, Child | str) or is_workflow(child)):
+            raise bad(f"child must be an ekit Workflow or a Child, got {type(child).__name__}")
+        if isinstance(child, str):
+            return  # (the step a built workflow puts in a child's place: checked by the core)
+        if self.run is not _runs_a_child:
+            raise bad("a step with a child workflow takes no run: the child's steps are its work")
+        given = [n for n, v in (("map_over", self.map_over), ("item_key", self.item_key),
+                                ("when", self.when), ("repeat", self.repeat),
+                                ("retry", self.retry), ("timeout", self.timeout),
+                                ("version", self.version), ("executor", self.executor),
+                                ("resource", self.resource), ("on_code_change", self.on_code_change))
+                 if v is not None]
+        given += ["join='any'"] if self.join == "any" else []
+        given += ["context='dependencies'"] if self.context != "all" else []
+        given += ["inline=True"] if self.inline else []
+        given += ["cache=True"] if self.cache else []
+        if given:
+            raise bad(f"a step with a child workflow cannot take {given[0]} (yet): give it to "
+                      "the child's steps (a child in a map or a loop is not supported yet)")
+
+    @property
     def shape(self) -> Shape | None:
         """The step's run-time shape, as the graph records it (``None`` for a plain step)."""
         if self.shaping is None:
             return None
+        child = self.child
+        if isinstance(child, str):
+            return Shape(child=child)
         map_over, item_key, when, join, _resource, repeat = self.shaping[:6]
         if map_over is None and item_key is None and when is None and join == "all" \
                 and repeat is None:
@@ -448,13 +491,10 @@ class Step:
                      None if repeat is None else repeat.keep_last)
 
 
-Shaping: TypeAlias = tuple[
-    str | None, str | None, Callable[[Any], Any] | None, Literal["all", "any"], str | None,
-    Repeat | None,
-    bool, Any,
-]
+Shaping: TypeAlias = tuple[Any, ...]
 """A step's run-time shape, resource, loop and cache options as it holds them:
-``(map_over, item_key, when, join, resource, repeat, cache, on_code_change)``."""
+``(map_over, item_key, when, join, resource, repeat, cache, on_code_change, child)``
+(a tuple of eight, without ``child``, is read as one without a child)."""
 
 
 _CACHED: Shaping = (None, None, None, "all", None, None, True, None)
@@ -464,9 +504,10 @@ _CACHED: Shaping = (None, None, None, "all", None, None, True, None)
 def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
              when: Callable[[Any], Any] | None, join: Literal["all", "any"],
              resource: str | None, repeat: Repeat | None = None, cache: bool = False,
-             on_code_change: str | None = None) -> Shaping:
+             on_code_change: str | None = None, child: Any = None) -> Shaping:
     """The options given as arguments, over ``base`` (what ``dataclasses.replace`` hands back)."""
     old: Shaping = base if base is not None else (None, None, None, "all", None, None, False, None)
+    inner = child if child is not None else old[8] if len(old) > 8 else None
     return (map_over if map_over is not None else old[0],
             item_key if item_key is not None else old[1],
             when if when is not None else old[2],
@@ -474,11 +515,14 @@ def _shaping(base: Shaping | None, map_over: str | None, item_key: str | None,
             resource if resource is not None else old[4],
             repeat if repeat is not None else old[5],
             cache if cache is not False else old[6],
-            on_code_change if on_code_change is not None else old[7])
+            on_code_change if on_code_change is not None else old[7],
+            inner)
 
 
 def condition_name(when: Callable[[Any], Any]) -> str:
-    """How the fingerprint names a condition: its qualified name (its type's, for an object)."""
+    """How the fingerprint names a condition: its qualified name (its type's, for an object);
+    a child workflow's condition by its own name, not by the wrapper that nests it."""
+    when = unwrapped(when)
     name = getattr(when, "__qualname__", None)
     return name if isinstance(name, str) and name else type(when).__qualname__
 

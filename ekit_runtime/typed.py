@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_core.checkpoint import CheckpointError, given_began
 from ekit_core.ledger import Ledger
+from ekit_runtime.children import unwrapped
 from ekit_runtime.step import PatternResult, Step
 from ekit_runtime.stores.errors import UnencodableError
 
@@ -209,7 +210,7 @@ def _hints(obj: Any) -> dict[str, Any]:
 
 def _return_hint(run: Any) -> Any:
     """The return annotation of a step's ``run``, resolved, or ``None`` (none, or unresolvable)."""
-    fn = run
+    fn = unwrapped(run)  # (a child's step: its own function, not the wrapper that nests it)
     while isinstance(fn, functools.partial):
         fn = fn.func
     if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
@@ -320,6 +321,14 @@ class Codec:
         self._by_type[cls] = entry
         self._by_name[name] = entry
         return cls
+
+    def _adopt(self, other: Codec) -> None:
+        """Register every type ``other`` knows that this codec does not, under its name
+        there (a child workflow's codec, adopted by its parent's); a name taken by
+        another type is a ``ValueError``, as in :meth:`register`."""
+        for entry in list(other._by_type.values()):
+            if entry.cls not in self._by_type:
+                self.register(entry.cls, encode=entry.encode, decode=entry.decode, name=entry.name)
 
     # -- values ---------------------------------------------------------------
 

@@ -26,10 +26,12 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.children import rolled_up
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
 from ekit_core.expansion import iteration_of, loops_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
+from ekit_core.shapes import Shape
 from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
@@ -39,6 +41,7 @@ from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
 from ekit_runtime.human import refuse_dropped_answers, with_answers
+from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
 from ekit_runtime.step import Step, unencodable
@@ -68,6 +71,12 @@ class WorkflowResult:
     failed: Mapping[str, BaseException] = field(default_factory=lambda: MappingProxyType({}))
     not_started: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
+
+    def usage_of(self, step: str) -> TokenUsage:
+        """What step ``step`` used, with its child workflow's steps (``step/...``) when it has
+        one: their usage rolled up (what a person reads as what the step cost)."""
+        recorded = self.checkpoint.step_usage if self.checkpoint is not None else {}
+        return rolled_up(recorded, step)
 
     @property
     def ok(self) -> bool:
@@ -124,6 +133,42 @@ def _callable_or_none(value: object, name: str) -> None:
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
 
 
+def _with_options(steps: tuple[Step, ...]) -> list[Step]:
+    """The steps with an option that start_state or the executors must see; a wrong item
+    (not a Step) is refused, naming its position, before the graph is read.
+
+    Once per workflow, not once per option per run. A plain loop: measured
+    cheaper per step than a comprehension or a C pass for each.
+    """
+    with_options = []
+    for step in steps:
+        if (
+            type(step) is Step
+            and step.retry is None
+            and step.version is None
+            and step.executor is None
+            and step.shaping is None
+        ):
+            continue
+        if not isinstance(step, Step):
+            i = next(i for i, s in enumerate(steps) if s is step)
+            raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
+        with_options.append(step)  # a subclass's may have none: the readers check
+    return with_options
+
+
+def _child_codecs(with_options: list[Step]) -> list[Codec]:
+    """The codecs of the child workflows the steps run (a child's own children's are in its)."""
+    found = []
+    for step in with_options:
+        child = step.child
+        if child is not None:
+            codec = getattr(getattr(child, "workflow", child), "codec", None)
+            if isinstance(codec, Codec):
+                found.append(codec)
+    return found
+
+
 class RunOptions(TypedDict, total=False):
     """The options of one run, declared once: see :meth:`Workflow.run` for each."""
 
@@ -162,26 +207,17 @@ class Workflow:
     def __init__(self, steps: Sequence[Step], *, codec: Codec | None = None,
                  on_code_change: CodePolicy | None = None) -> None:
         steps = tuple(steps)
-        # One loop finds a wrong item (before the graph is read) and the
-        # steps with an option that start_state or the executors must see
-        # (once here, not once per option per run). A plain loop: measured
-        # cheaper per step than a comprehension or a C pass for each.
-        with_options = []
-        for step in steps:
-            if (
-                type(step) is Step
-                and step.retry is None
-                and step.version is None
-                and step.executor is None
-                and step.shaping is None
-            ):
-                continue
-            if not isinstance(step, Step):
-                i = next(i for i, s in enumerate(steps) if s is step)
-                raise ValueError(f"steps[{i}] must be a Step, got {type(step).__name__}")
-            with_options.append(step)  # a subclass's may have none: the readers check
+        with_options = _with_options(steps)
+        moved: dict[str, Shape] = {}
+        adopted: list[Codec] = []
+        if with_options and any(s.child is not None for s in with_options):
+            adopted = _child_codecs(with_options)
+            steps, moved = flatten(steps)  # each child's steps in its step's place
+            with_options = _with_options(steps)
         self._steps = steps
         shapes = {s.name: s.shape for s in with_options if s.shape is not None}
+        if moved:
+            shapes.update(moved)
         self._graph = GraphSpec.of_steps(steps, shapes)
         self._with_options = tuple(with_options)
         names = self._graph.names
@@ -201,10 +237,14 @@ class Workflow:
             if policy is not None or step.cache:
                 policies[step.name] = policy or "again"
         self._code_policies = MappingProxyType(policies)
+        if codec is not None and not isinstance(codec, Codec):
+            raise ValueError(f"codec must be an ekit Codec or None, got {type(codec).__name__}")
+        if adopted:  # a child's steps store their types as the child alone would
+            codec = codec if codec is not None else Codec()
+            for child_codec in adopted:
+                codec._adopt(child_codec)
         self._codec = codec
         if codec is not None:
-            if not isinstance(codec, Codec):
-                raise ValueError(f"codec must be an ekit Codec or None, got {type(codec).__name__}")
             codec._bind(steps)  # the types the steps' return annotations name
 
     @property
@@ -601,7 +641,10 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
         raise ExceptionGroup(f"{len(errors)} steps failed: {names}", errors)
     halt, budget = state.halt, state.limits.budget
     if kind == "budget_exceeded" and budget is not None:
-        raise BudgetExceeded(checkpoint, budget, halt.step if halt is not None else None)
+        step = halt.step if halt is not None else None
+        shape = None if step is None else state.spec.declared_graph.shapes.get(step)
+        within = "child" if shape is not None and shape.child is not None else "loop"
+        raise BudgetExceeded(checkpoint, budget, step, within)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)
     if kind == "waiting":

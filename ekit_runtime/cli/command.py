@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
 from ekit_core import GraphSpec, TokenUsage, WorkflowCheckpoint, audit, replay, rewind
+from ekit_core.children import parent_of
 from ekit_core.graph_text import read
 from ekit_core.report import count, recorded_graph, table
 from ekit_core.rewind import grown
@@ -388,7 +389,33 @@ def _shape_note(graph: GraphSpec, name: str, items: Mapping[str, int] | None) ->
     if shape.repeat is not None:
         notes.append(f"repeat up to {count(shape.repeat)}"
                      + ("" if shape.keep_last is None else f", keep last {count(shape.keep_last)}"))
+    if shape.child is not None:
+        notes.append(f"child, output {shape.child[len(name) + 1:]}")
     return f" ({', '.join(notes)})" if notes else ""
+
+
+def _boxed(graph: GraphSpec, node: Callable[[str], str], box: Callable[[int, str], str],
+           end: str) -> list[str]:
+    """The node lines of ``graph`` with each child workflow's steps inside a box of its own
+    (nested as the children are), opened by ``box(i, step)`` and closed by ``end``, after
+    the line of the step whose child it is; a graph without children: its node lines."""
+    members: dict[str | None, list[str]] = {}
+    for n in graph.names:
+        members.setdefault(parent_of(n, graph.shapes) if graph.shapes else None, []).append(n)
+    lines: list[str] = []
+    boxes = iter(range(len(graph.names)))
+
+    def emit(owner: str | None, depth: int) -> None:
+        pad = "    " * depth
+        for n in members.get(owner, ()):
+            lines.append(pad + node(n))
+            if n in members:
+                lines.append(pad + box(next(boxes), n))
+                emit(n, depth + 1)
+                lines.append(pad + end)
+
+    emit(None, 1)
+    return lines
 
 
 def _loops(graph: GraphSpec) -> list[str]:
@@ -406,16 +433,20 @@ def mermaid(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
 
     A mapped step is a subroutine node (``[[...]]``) reached by a thick
     edge (``==>``) from what it maps over; a loop is a cycle, an edge to
-    itself labelled ``next``; shapes are noted in the label
+    itself labelled ``next``; a child workflow's steps are in a subgraph
+    box named after its step (nested as the children are); shapes are noted in the label
     (see :func:`_shape_note`), ``items`` giving each mapped step's item count.
     """
     lines = ["flowchart TD"]
     ids = {name: f"s{i}" for i, name in enumerate(graph.names)}
-    for n in graph.names:
+
+    def node(n: str) -> str:
         label = _mermaid_label(n + _shape_note(graph, n, items))
         shape = graph.shapes.get(n)
         mapped = shape is not None and shape.map_over is not None
-        lines.append(f'    {ids[n]}[["{label}"]]' if mapped else f'    {ids[n]}["{label}"]')
+        return f'{ids[n]}[["{label}"]]' if mapped else f'{ids[n]}["{label}"]'
+
+    lines += _boxed(graph, node, lambda i, n: f'subgraph c{i}["{_mermaid_label(n)}"]', "end")
     lines.extend(f"    {ids[d]} {'==>' if _mapped_over(graph, n, d) else '-->'} {ids[n]}"
                  for n in graph.names for d in graph.deps[n])
     lines.extend(f"    {ids[n]} -->|next| {ids[n]}" for n in _loops(graph))
@@ -435,17 +466,22 @@ def dot(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
 
     A mapped step is drawn with a double border (``peripheries=2``) and
     reached by a bold edge from what it maps over, a conditional step
-    dashed, a loop with an edge to itself labelled ``next``; shapes are
-    noted in the label, as in :func:`mermaid`.
+    dashed, a loop with an edge to itself labelled ``next``, a child
+    workflow's steps in a cluster named after its step; shapes are noted in
+    the label, as in :func:`mermaid`.
     """
     ids = {name: f"n{i}" for i, name in enumerate(graph.names)}
     lines = ["digraph workflow {", "    rankdir=TB;"]
-    for n in graph.names:
+
+    def node(n: str) -> str:
         shape = graph.shapes.get(n)
         extra = "" if shape is None else (
             ("" if shape.map_over is None else ", peripheries=2")
             + ("" if shape.when is None else ", style=dashed"))
-        lines.append(f'    {ids[n]} [label="{_dot_label(n + _shape_note(graph, n, items))}"{extra}];')
+        return f'{ids[n]} [label="{_dot_label(n + _shape_note(graph, n, items))}"{extra}];'
+
+    lines += _boxed(graph, node, lambda i, n: f'subgraph cluster_{i} {{ label="{_dot_label(n)}";',
+                    "}")
     lines.extend(f"    {ids[d]} -> {ids[n]}{' [style=bold]' if _mapped_over(graph, n, d) else ''};"
                  for n in graph.names for d in graph.deps[n])
     lines.extend(f'    {ids[n]} -> {ids[n]} [label="next"];' for n in _loops(graph))

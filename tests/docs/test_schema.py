@@ -279,3 +279,25 @@ def test_what_the_parser_refuses_the_schema_refuses(breakage: Any) -> None:
     assert list(VALIDATOR.iter_errors(data))
     with pytest.raises(ValueError):
         WorkflowCheckpoint.from_dict(data)
+
+
+def test_checkpoints_of_a_run_with_a_child_workflow_validate() -> None:
+    from ekit_runtime import Child
+
+    def fetch_list(context: dict[str, Any]) -> list[str]:
+        return ["a", "b"]
+
+    inner = Workflow([Step("polish", _llm("polish"))])
+    child = Workflow([Step("fetch", fetch_list),
+                      Step("tool", _llm("tool"), depends_on=("fetch",), map_over="fetch"),
+                      Step("write", depends_on=("tool",), child=inner)])
+    workflow = Workflow([Step("research", child=Child(child, output="write")),
+                         Step("report", _llm("report"), depends_on=("research",))])
+    saved: list[WorkflowCheckpoint] = []
+    workflow.run_sync({"topic": "tides"}, checkpoint_fn=saved.append)
+    for checkpoint in saved:
+        _valid(_json(checkpoint))
+    last = _json(saved[-1])
+    assert last["shapes"]["research"] == {"child": "research/write"}
+    assert last["shapes"]["research/write"] == {"child": "research/write/polish"}
+    assert "research/tool[1]" in last["outputs"]

@@ -64,7 +64,8 @@ class Point:
 
 CODEC = Codec(Point)
 PUBLIC = tuple(f.name for f in dataclasses.fields(WorkflowCheckpoint) if not f.name.startswith("_"))
-GRAPH = {"a": (), "m": ("a",), "b": ("m",), "c": ("a",), "d": ("b",), "loop": ("a",)}
+GRAPH = {"a": (), "m": ("a",), "b": ("m",), "c": ("a",), "d": ("b",), "loop": ("a",), "P/x": ("a",),
+         "P": ("P/x",)}
 
 # Every field, each away from its default, typed values where a codec encodes them.
 FIELDS: dict[str, Any] = {
@@ -82,7 +83,7 @@ FIELDS: dict[str, Any] = {
     "versions": {"b": "2"},
     "skipped": {"c": "condition wanted was false"},
     "shapes": {"m": Shape(map_over="a"), "c": Shape(when="wanted"),
-               "loop": Shape(repeat=9, keep_last=1)},
+               "loop": Shape(repeat=9, keep_last=1), "P": Shape(child="P/x")},
     "superseded": {"m": [Point(9, 9)]},
     "asked": {"b": (Exchange(Question("value", "Title?", {"words": 3}), Answer("Tides", "ann", 1.5)),
                     Exchange(Question("approval", "Send it?")))},

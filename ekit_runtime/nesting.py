@@ -1,0 +1,77 @@
+"""Each child workflow's steps in its step's place: what :class:`~ekit_runtime.Workflow`
+does with the steps it is given, when one of them declares ``child=``.
+
+The names, the wiring and the output are the core's rule
+(:func:`ekit_core.children.nest`); this module builds the shell's steps to
+match: each child step's work wrapped to read its context with the child's
+names (:func:`~ekit_runtime.children.in_child`), and the parent step, which
+hands on the child's output.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from ekit_core.children import check_names, nest
+from ekit_core.shapes import Shape
+from ekit_runtime.children import Child, handed_on, in_child
+from ekit_runtime.executors import DEFAULT_EXECUTOR
+from ekit_runtime.step import Step
+
+__all__ = ["flatten"]
+
+
+def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
+    """``steps`` with each step that declares a child replaced by its child's steps (named
+    ``step/inner``) and by itself, handing on the child's output; and the shapes of the
+    steps moved into the graph (their conditions keep the names their child gave them)."""
+    out: list[Step] = []
+    shapes: dict[str, Shape] = {}
+    own: dict[str, set[str]] = {}
+    for step in steps:
+        child = step.child if isinstance(step, Step) else None
+        if child is None or isinstance(child, str):  # (a str: a built workflow's, given again)
+            out.append(step)
+            continue
+        declared = child if isinstance(child, Child) else Child(child)
+        workflow = declared.workflow
+        name = step.name
+        nested = nest(name, step.depends_on, workflow.graph, declared.output)
+        prefix = f"{name}/"
+        names = frozenset(workflow.graph.names)  # (one set, shared by the child's steps)
+        for inner, (moved, deps) in zip(workflow.steps, nested.steps.items(), strict=True):
+            out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name),
+                              names))
+        shapes.update(nested.shapes)
+        # Handing on is cheap work on the driver's loop: its own executor, whatever the run's
+        # (a DaskExecutor refuses inline steps, and a worker process has nothing to do here).
+        out.append(Step(name, functools.partial(handed_on, nested.output), (nested.output,),
+                        metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR,
+                        child=nested.output))
+        shapes[name] = Shape(child=nested.output)
+        own[name] = set(nested.steps)
+    if own:
+        check_names(own, [s.name for s in out], own)
+    return tuple(out), shapes
+
+
+def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None,
+           names: frozenset[str]) -> Step:
+    """A child's ``step`` as the step ``name`` of the parent's graph; ``policy``, what a
+    resume of the child does when the step's code changed, stays the step's own."""
+    shaping = step.shaping
+    if policy is not None and (shaping is None or shaping[7] is None):
+        base = shaping or (None, None, None, "all", None, None, False, None)
+        shaping = (*base[:7], policy, *base[8:])
+    if shaping is not None:
+        over, when = shaping[0], shaping[2]
+        inner = shaping[8] if len(shaping) > 8 else None
+        shaping = (
+            None if over is None else prefix + over, shaping[1],
+            None if when is None else in_child(prefix, when, names), *shaping[3:8],
+            None if inner is None else prefix + inner,
+        )
+    return Step(name, in_child(prefix, step.run, names), deps, step.metadata, step.retry, step.timeout,
+                step.blocking, step.context, step.inline, step.executor, step.version,
+                shaping=shaping)
