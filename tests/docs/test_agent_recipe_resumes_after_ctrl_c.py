@@ -95,15 +95,17 @@ def _uninterrupted(tmp_path: Path) -> str:
 def test_a_ctrl_c_in_turn_k_resumes_at_turn_k_and_pays_no_recorded_turn_again(
     tmp_path: Path, k: int
 ) -> None:
-    expected = _uninterrupted(tmp_path)
     page = recipe_namespace(blocks=2)
     calls, server = _stand_in(page, cut_off_turn=k)
     checkpoint = tmp_path / "agent.json"
     try:
         first = _child(checkpoint, server)
+        # (A child that ends before turn k wakes the test too, which then shows its output.)
+        threading.Thread(target=lambda: (first.wait(), calls.arrived.set()), daemon=True).start()
         try:
             # Turn k's model call is in flight, its reply held: the child is mid-turn.
             assert calls.arrived.wait(120), "the child never reached turn k"
+            assert first.poll() is None, f"the child ended before turn {k}: {_finish(first)}"
             first.send_signal(signal.SIGINT)
             said = _finish(first)
         finally:
@@ -117,8 +119,8 @@ def test_a_ctrl_c_in_turn_k_resumes_at_turn_k_and_pays_no_recorded_turn_again(
     finally:
         server.shutdown()
         server.server_close()
-    assert resumed[-1] == "answer " + json.dumps(expected)
-    assert [*said, *resumed].count(QUESTION) == 1  # the person is asked once
     assert calls.answered == dict.fromkeys(range(1, TURNS + 1), 1)  # each turn paid once
     # Run 1 called turns 1..k (k cut off), the resume k..4: no recorded turn called again.
     assert calls.requested == [*range(1, k + 1), *range(k, TURNS + 1)]
+    assert [*said, *resumed].count(QUESTION) == 1  # the person is asked once
+    assert resumed[-1] == "answer " + json.dumps(_uninterrupted(tmp_path))
