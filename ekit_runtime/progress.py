@@ -372,8 +372,7 @@ class ProgressPrinter:
         self._draw()
 
     def _skip(self, event: StepSkipped) -> None:
-        if not event.reason:  # recorded: counted as done by RunStarted
-            self._skipped += 1
+        if not event.reason:  # recorded: counted as done, and as skipped, by RunStarted
             return
         step = _item_of(event.name, self._mapped)
         if step is not None and step not in self._expanded:
@@ -419,6 +418,9 @@ class ProgressPrinter:
         self._total = event.total
         # (Counted as ekit_core.progress counts: a resume's items and skips are in it.)
         self._done = self._done_at_start = event.recorded + event.skipped
+        # Every recorded step or item is skipped by this run, a loop's iterations too (only the
+        # declared steps among them are told one by one, as StepSkipped).
+        self._skipped = event.recorded
         self._start_ticking()
         if not self._is_tty():
             resumed = f", {event.recorded:,} recorded" if event.recorded else ""
