@@ -26,12 +26,34 @@ from typing import Any
 
 from ekit_core.ledger import Ledger
 
-__all__ = ["StepContext"]
+__all__ = ["DictLike", "StepContext"]
 
 _MISSING: Any = object()
 
 
-class StepContext(MutableMapping[str, Any]):
+class DictLike(MutableMapping[str, Any]):
+    """What a step's code calls on its ``ctx`` as on a ``dict`` beyond the mapping protocol:
+    ``copy()`` and ``|`` give plain dicts, built from ``items()`` (so a wrapper that records
+    what is read sees all of it read)."""
+
+    __slots__ = ()
+
+    def copy(self) -> dict[str, Any]:
+        """A plain ``dict`` of everything the context holds (O(size))."""
+        return dict(self.items())
+
+    def __or__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        merged = dict(other)
+        merged.update(self.items())
+        return merged
+
+
+class StepContext(DictLike):
     """The context of one step attempt: own writes over a snapshot of outputs and context."""
 
     __slots__ = ("_base", "_gone", "_outputs", "_own")
@@ -97,20 +119,6 @@ class StepContext(MutableMapping[str, Any]):
         if self._gone is None:
             self._gone = set()
         self._gone.add(key)
-
-    def copy(self) -> dict[str, Any]:
-        """A plain ``dict`` of everything this context holds (O(size))."""
-        return dict(self.items())
-
-    def __or__(self, other: Mapping[str, Any]) -> dict[str, Any]:
-        merged = self.copy()
-        merged.update(other)
-        return merged
-
-    def __ror__(self, other: Mapping[str, Any]) -> dict[str, Any]:
-        merged = dict(other)
-        merged.update(self.items())
-        return merged
 
     def __repr__(self) -> str:
         # Bounded: a long run's context holds thousands of outputs.

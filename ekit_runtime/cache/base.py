@@ -35,6 +35,7 @@ from ekit_core import TokenUsage
 from ekit_core.code import CacheHit
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import human
+from ekit_runtime.context import DictLike
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
 __all__ = ["Cache", "CacheEntry", "CacheHit", "CachedStep", "Reads", "entry_key", "head_of"]
@@ -170,7 +171,7 @@ class _Unencodable(Exception):
     """A value read that cannot be encoded: the attempt is neither looked up nor stored."""
 
 
-class Reads(MutableMapping[str, Any]):
+class Reads(DictLike):
     """A step's context that records what the step reads (see the module).
 
     Each key read is recorded once, with the hash of its value's encoding at
@@ -231,20 +232,6 @@ class Reads(MutableMapping[str, Any]):
     def __repr__(self) -> str:
         self._all()  # a prompt may hold the context's repr: all of it is an input then
         return f"Reads({self._context!r})"
-
-    def copy(self) -> dict[str, Any]:
-        """A plain ``dict`` of everything the context holds (all of it read)."""
-        return dict(self.items())
-
-    def __or__(self, other: Mapping[str, Any]) -> dict[str, Any]:
-        merged = self.copy()
-        merged.update(other)
-        return merged
-
-    def __ror__(self, other: Mapping[str, Any]) -> dict[str, Any]:
-        merged = dict(other)
-        merged.update(self.items())
-        return merged
 
     def __reduce__(self) -> tuple[Any, ...]:
         # copy.copy, copy.deepcopy and pickle go through here: they get a dict of

@@ -198,42 +198,34 @@ class PostgresQueue(RunQueue):
             self.set_limits(limits)
 
     def _build_pick_index(self) -> None:
-        """Build ``ekit_queue_runs_pick`` for a queue made before it, once, under the schema lock.
-
-        A role that does not own the table cannot: the queue opens all the
-        same, its claims then read every queued run (as before the index),
-        and a warning says so.
-        """
-        try:
-            with self.db.transaction() as conn:
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                conn.execute(_PICK_INDEX)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            log_event(
-                logs.WORKER, logging.WARNING, "index_missing",
-                "queue %s: cannot build index ekit_queue_runs_pick (%s); each claim reads every queued "
-                "run until the table's owner opens the queue once",
-                self.where, " ".join(str(exc).split()),
-            )
+        """Build ``ekit_queue_runs_pick`` for a queue made before it (see :meth:`_add_to_schema`):
+        a role that does not own the table leaves claims reading every queued run, as before it."""
+        self._add_to_schema(
+            _PICK_INDEX, "index_missing",
+            "queue %s: cannot build index ekit_queue_runs_pick (%s); each claim reads every queued "
+            "run until the table's owner opens the queue once",
+        )
 
     def _build_stream_table(self) -> None:
-        """Create ``ekit_queue_stream`` for a queue made before it, once, under the schema lock.
+        """Create ``ekit_queue_stream`` for a queue made before it (see :meth:`_add_to_schema`): a
+        role that may not create tables leaves its workers publishing nothing (each flush is
+        refused and logged) and reading a stream saying why."""
+        self._add_to_schema(
+            _STREAM_TABLE, "stream_table_missing",
+            "queue %s: cannot create table ekit_queue_stream (%s); runs publish no stream until "
+            "the owner of the queue's tables opens the queue once",
+        )
 
-        A role that may not create tables opens the queue all the same; its
-        workers then publish nothing (each flush is refused and logged) and
-        reading a stream says why, until the table's owner opens the queue once.
-        """
+    def _add_to_schema(self, statement: str, event: str, warning: str) -> None:
+        """Run ``statement`` once, under the schema lock. A role without the privilege opens the
+        queue all the same, and a warning (``event``) says what is missing until the table's
+        owner opens the queue once."""
         try:
             with self.db.transaction() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                conn.execute(_STREAM_TABLE)
+                conn.execute(statement)
         except psycopg.errors.InsufficientPrivilege as exc:
-            log_event(
-                logs.WORKER, logging.WARNING, "stream_table_missing",
-                "queue %s: cannot create table ekit_queue_stream (%s); runs publish no stream until "
-                "the owner of the queue's tables opens the queue once",
-                self.where, " ".join(str(exc).split()),
-            )
+            log_event(logs.WORKER, logging.WARNING, event, warning, self.where, " ".join(str(exc).split()))
 
     # -- submitting and asking ----------------------------------------------
 
