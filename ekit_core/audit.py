@@ -27,7 +27,7 @@ from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.code import CacheHit, CodeDecision, decide
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded, iteration_of
+from ekit_core.expansion import Expanded, compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -706,8 +706,8 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
     for name, deps in _recorded_needs(a):
         if name in outputs and not all(d in outputs for d in deps):
             # (a compacted iteration is recorded: its output let go of on purpose)
-            deps = tuple(d for d in deps if not (compacted and (at := iteration_of(d, compacted))
-                                                 and at[1] <= compacted[at[0]]))
+            deps = tuple(d for d in deps
+                         if not (compacted and compacted_iteration(d, compacted, a.cp.shapes)))
             had = recorded.get(name, deps)
             # (items are in no recorded graph: the expansion made them)
             missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)
@@ -724,8 +724,7 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
 def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     """Whether ``name`` is an iteration ``cp`` compacted (``keep_last``): recorded, its
     output let go of on purpose."""
-    at = iteration_of(name, cp.compacted) if cp.compacted else None
-    return at is not None and at[1] <= cp.compacted[at[0]]
+    return compacted_iteration(name, cp.compacted, cp.shapes) is not None
 
 
 def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:

@@ -13,6 +13,9 @@ run's graph by what they return.
 - :func:`loops_of` names the loops (``repeat=``): each grows one iteration,
   ``step#k``, at a time; the rules that grow and end them are in
   :mod:`ekit_core.transitions`.
+- :func:`bodies_of` names the steps of each loop whose body is a child
+  workflow (``repeat=`` with ``child=``): each body step ``L/s`` grows one
+  iteration ``L/s#k`` per iteration of ``L`` (:func:`body_iteration`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ekit_core._frozen import twin
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import item_name, items_of
+from ekit_core.shapes import item_name, items_of, iteration_name
 
 __all__ = [
     "Expanded",
@@ -33,11 +36,16 @@ __all__ = [
     "ItemRef",
     "LoopError",
     "MapError",
+    "bodies_of",
+    "body_iteration",
+    "body_step_iteration",
     "collected",
+    "compacted_iteration",
     "expand",
     "expanders",
     "item_input",
     "iteration_of",
+    "iterating",
     "loops_of",
     "mapped_children",
     "same_encoding",
@@ -139,6 +147,11 @@ class Expansion:
     ending: frozenset[str] = frozenset()
     # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
     compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # A loop whose body is a child workflow -> its body steps, dependencies first; and each
+    # body step -> its loop (fixed for the run: see bodies_of).
+    bodies: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    in_body: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -152,6 +165,8 @@ class Expansion:
             self.loops,
             self.ending,
             self.compacted,
+            self.bodies,
+            self.in_body,
         )
 
 
@@ -171,6 +186,60 @@ def loops_of(graph: GraphSpec) -> tuple[str, ...]:
     return tuple(n for n, s in graph.shapes.items() if s.repeat is not None)
 
 
+def bodies_of(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each loop whose body is a child workflow (``repeat=`` with ``child=``) -> its body's
+    steps (every step named ``loop/...``), each after its dependencies among them (then in
+    declaration order): the order one iteration grows them in. Empty for most graphs."""
+    found: dict[str, tuple[str, ...]] = {}
+    for loop, shape in graph.shapes.items():
+        if shape.repeat is None or shape.child is None:
+            continue
+        prefix = f"{loop}/"
+        body = [n for n in graph.names if n.startswith(prefix)]
+        inside = set(body)
+        placed: dict[str, None] = {}
+        while len(placed) < len(body):  # (a body is small, and acyclic: the graph is)
+            for name in body:
+                if name not in placed and all(d in placed for d in graph.deps[name] if d in inside):
+                    placed[name] = None
+        found[loop] = tuple(placed)
+    return found
+
+
+def iterating(graph: GraphSpec) -> dict[str, None]:
+    """The steps of ``graph`` whose iterations are named ``step#k``: its loops and the steps
+    of its loops' bodies (a table for :func:`iteration_of`)."""
+    table = dict.fromkeys(loops_of(graph))
+    for body in bodies_of(graph).values():
+        table.update(dict.fromkeys(body))
+    return table
+
+
+def body_iteration(graph: GraphSpec, loop: str, body: tuple[str, ...], k: int,
+                   into: Expanded) -> None:
+    """Add iteration ``k`` of ``loop``'s body (its steps ``body``, see :func:`bodies_of`) to
+    ``into``: ``L/s#k`` depends on ``L/d#k`` for each body dependency ``L/d`` of ``L/s``
+    and on the loop's inputs as ``L/s`` does; a body step with no dependency in the body
+    also on the previous iteration's output step (``L/o#(k-1)``: the state the loop
+    carries, its ``source``), so no step of iteration ``k`` starts before ``k-1`` ended."""
+    inside = frozenset(body)
+    for step in body:
+        body_step_iteration(graph, loop, inside, step, k, into)
+
+
+def body_step_iteration(graph: GraphSpec, loop: str, inside: frozenset[str], step: str, k: int,
+                        into: Expanded) -> None:
+    """Add iteration ``k`` of the body step ``step`` of ``loop`` (whose body steps are
+    ``inside``) to ``into``: see :func:`body_iteration`."""
+    before = iteration_name(cast(str, graph.shapes[loop].child), k - 1) if k > 1 else ""
+    deps = tuple(f"{d}#{k}" if d in inside else d for d in graph.deps[step])
+    if before and not any(d in inside for d in graph.deps[step]):
+        deps = (*deps, before)
+    name = iteration_name(step, k)
+    into.steps[name] = deps
+    into.items[name] = ItemRef(step, str(k), before, None, k)
+
+
 def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
     """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
     (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
@@ -181,6 +250,25 @@ def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
     if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
         return None
     return loop, int(number)
+
+
+def compacted_iteration(name: str, compacted: Mapping[str, int], shapes: Mapping[str, Any]
+                        ) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is iteration ``k`` of a loop ``compacted`` counts, or of a
+    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``), and ``k`` is at most
+    that count: recorded, its output let go of (``keep_last``). Else ``None``."""
+    if not compacted:
+        return None
+    at = iteration_of(name, compacted)
+    if at is None:
+        cut = name.rfind("#")
+        owner = name[:cut] if cut > 0 else ""
+        loop = next((n for n in compacted if owner.startswith(f"{n}/")
+                     and getattr(shapes.get(n), "child", None) is not None), None)
+        if loop is None:
+            return None
+        at = iteration_of(f"{loop}{name[cut:]}", compacted)
+    return at if at is not None and at[1] <= compacted[at[0]] else None
 
 
 def mapped_children(graph: GraphSpec, name: str) -> tuple[str, ...]:

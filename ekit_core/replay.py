@@ -82,7 +82,7 @@ from typing import Any, Literal
 
 from ekit_core.checkpoint import CheckpointDelta, CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
-from ekit_core.expansion import Expanded, iteration_of
+from ekit_core.expansion import Expanded, compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -400,8 +400,7 @@ def _rewound(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> dict[str, s
 
 def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     """Whether ``name`` is an iteration ``cp`` compacted (recorded, its output let go of)."""
-    at = iteration_of(name, cp.compacted) if cp.compacted else None
-    return at is not None and at[1] <= cp.compacted[at[0]]
+    return compacted_iteration(name, cp.compacted, cp.shapes) is not None
 
 
 def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[str]:
@@ -425,7 +424,7 @@ def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> Workfl
     if len(upto) != len(now) or any(loop not in now for loop in before):
         return earlier
     gone = {name for name in earlier.outputs
-            if (at := iteration_of(name, upto)) is not None and at[1] <= upto[at[0]]}
+            if compacted_iteration(name, upto, cp.shapes) is not None}
     outputs = {k: v for k, v in earlier.outputs.items() if k not in gone}
     dropped = _dropping(earlier, gone, outputs, earlier.step_index, skipped=earlier.skipped,
                         superseded=earlier.superseded)

@@ -32,7 +32,16 @@ from typing import Any, cast
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.code import code_changed
 from ekit_core.compat import reshaped_steps
-from ekit_core.expansion import Expanded, ItemRef, expand, expanders, iteration_of, loops_of
+from ekit_core.expansion import (
+    Expanded,
+    ItemRef,
+    bodies_of,
+    body_step_iteration,
+    expand,
+    expanders,
+    iteration_of,
+    loops_of,
+)
 from ekit_core.graph import GraphSpec
 from ekit_core.shapes import Shape, iteration_name
 
@@ -59,10 +68,18 @@ def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
             found.kinds.update(more.kinds)
     loops = dict.fromkeys(loops_of(graph)) if graph.shapes else {}
     if loops:  # and the recorded iterations of its loops, each after the one before it
+        bodies = bodies_of(graph)
+        inside = {step: (loop, frozenset(body)) for loop, body in bodies.items() for step in body}
+        table = {**loops, **inside}
         for name in outputs:
-            at = iteration_of(name, loops)
-            if at is not None:
-                loop, k = at
+            at = iteration_of(name, table)
+            if at is None:
+                continue
+            loop, k = at
+            if loop in inside:  # a step of a loop's body: iteration k of its loop's
+                owner, steps = inside[loop]
+                body_step_iteration(graph, owner, steps, loop, k, found)
+            elif loop not in bodies:
                 before = iteration_name(loop, k - 1) if k > 1 else ""
                 found.steps[name] = (*graph.deps[loop], before) if before else graph.deps[loop]
                 found.items[name] = ItemRef(loop, str(k), before, None, k)
@@ -84,6 +101,10 @@ def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
             consumers.setdefault(d, []).append(name)  # (a compacted iteration too)
     for name, ref in items.items.items():
         consumers[name].append(ref.step)
+    # A loop's body steps record their last iteration's outputs as the loop ends: they go
+    # with the loop's own output, whichever iteration is rewound.
+    for loop, body in bodies_of(graph).items():
+        consumers[loop] = [*consumers[loop], *body]
     return consumers
 
 
@@ -483,9 +504,12 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     gone = set(names)
     if gone and checkpoint.shapes:
         gone |= _unmapped_items(checkpoint, graph, gone)
-        # (a loop that runs again runs every iteration again)
-        gone |= iterations_of((n for n in gone if n in checkpoint.shapes
-                               and checkpoint.shapes[n].repeat is not None), checkpoint.outputs)
+        # (a loop that runs again runs every iteration again, of its body's steps too)
+        looped = [n for n in gone if n in checkpoint.shapes and checkpoint.shapes[n].repeat is not None]
+        bodies = bodies_of(graph) if looped else {}
+        body = [t for n in looped for t in bodies.get(n, ())]
+        gone |= iterations_of([*looped, *body], checkpoint.outputs)
+        gone.update(body)  # (they recorded its last iteration's outputs as it ended)
     if gone and checkpoint.asked:
         return _without_asking(checkpoint, graph, gone)
     if not gone & checkpoint.outputs.keys():

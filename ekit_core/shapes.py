@@ -43,7 +43,10 @@ A step may declare, beside its dependencies:
 ``child=O``     the step runs a child workflow, whose steps are steps of
                 the graph named ``step/inner`` (see :mod:`ekit_core.children`);
                 ``O`` is the child's output step (``step/inner``), the step's
-                one dependency: its output is the step's own.
+                one dependency: its output is the step's own. With
+                ``repeat``, the child is the loop's body: each iteration
+                ``k`` runs every body step as ``step/inner#k``, and
+                ``O#k``'s output is the iteration's (the state it carries).
 =============== ============================================================
 
 Validity (a :class:`~ekit_core.GraphError` naming the step): ``map_over``
@@ -55,7 +58,9 @@ item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape),
 nor like an iteration of one (``P#...`` beside ``P``); ``repeat`` is an int
 >= 1 and is not combined with ``map_over``, ``when`` or ``join="any"``;
 ``keep_last`` is an int >= 1 and needs ``repeat``; ``child`` names the
-step's one dependency, spelt ``step/...``, and is combined with no other shape.
+step's one dependency, spelt ``step/...``, and is combined with no other shape
+but ``repeat`` (and ``keep_last``); a loop's body ends in its output alone and
+its steps take no shape but a child.
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -233,16 +238,44 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
             raise GraphError(f"step {name!r}: its child's output {shape.child!r} must be its one "
                              f"dependency, a step named {name + '/...'!r}", [name])
         clash = ("map_over" if over is not None else "when" if shape.when is not None
-                 else "join='any'" if shape.join == "any" else "repeat"
-                 if shape.repeat is not None else None)
+                 else "join='any'" if shape.join == "any" else None)
         if clash is not None:
             raise GraphError(f"step {name!r}: a child workflow cannot be combined with {clash} "
                              "(yet)", [name])
+        if shape.repeat is not None:
+            _check_body(name, shape.child, deps, shapes)
     if shape.join == "any":
         if not deps[name]:
             raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])
         if over is not None:
             raise GraphError(f"step {name!r}: join='any' cannot be combined with map_over", [name])
+
+
+def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
+                shapes: Mapping[str, Shape]) -> None:
+    """A loop's body (its child's steps, ``loop/...``): its output is its one last step (what
+    ends an iteration: nothing of it may still run once the loop decides), and its steps
+    take no shape of their own but a child's (maps, conditions, joins and loops inside a
+    body are not grown per iteration yet)."""
+    prefix = f"{loop}/"
+    body = [n for n in deps if n.startswith(prefix)]
+    needed = {d for n in body for d in deps[n]}
+    last = [n for n in body if n not in needed]
+    if last != [output]:
+        others = ", ".join(repr(n) for n in last if n != output) or "none"
+        raise GraphError(f"step {loop!r}: the body of a loop must end in its output {output!r} "
+                         f"alone: every body step leads to it (last steps besides: {others})",
+                         [loop])
+    for name in body:
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        clash = ("map_over" if shape.map_over is not None else "when" if shape.when is not None
+                 else "join='any'" if shape.join == "any" else "repeat"
+                 if shape.repeat is not None else None)
+        if clash is not None:
+            raise GraphError(f"step {name!r} of the body of loop {loop!r} cannot take {clash} "
+                             "(yet)", [name, loop])
 
 
 _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True)

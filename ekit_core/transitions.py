@@ -117,10 +117,13 @@ from ekit_core.expansion import (
     ItemRef,
     LoopError,
     MapError,
+    bodies_of,
+    body_iteration,
     collected,
     expand,
     expanders,
     item_input,
+    iterating,
     iteration_of,
     loops_of,
     same_encoding,
@@ -209,12 +212,12 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
     """
     index = graph.index
     mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
-    loops = loops_of(graph) if graph.shapes else ()
+    loops = iterating(graph) if graph.shapes else {}
     if not mapped and not loops:
         return {k: v for k, v in outputs.items() if k not in index}
     return {k: v for k, v in outputs.items()
             if k not in index and not (mapped and k.startswith(mapped) and k.endswith("]"))
-            and not (loops and iteration_of(k, dict.fromkeys(loops)) is not None)}
+            and not (loops and iteration_of(k, loops) is not None)}
 
 
 def outcome_of(
@@ -642,7 +645,9 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
                                                 base.code_fingerprints), touched)
     base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
-    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    bodies = bodies_of(graph)
+    in_body = {t: loop for loop, body in bodies.items() for t in body}
+    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, in_body)
     held = 0
     if base.limits.only is not None:  # only the selection is ready, or made ready
         first, left, held = narrowed(graph.names, base.limits.only, first, left)
@@ -651,8 +656,10 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     if asked:  # steps and items that wait for an answer are not ready; a denial halts
         first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
-    spec = _replace(base, dependents=_lowered(graph, left), declared=graph,
-                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded), held=held)
+    spec = _replace(base, dependents=_lowered(graph, left, in_body), declared=graph,
+                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded,
+                                     bodies=MappingProxyType(bodies),
+                                     in_body=MappingProxyType(in_body)), held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
@@ -737,8 +744,11 @@ def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
             checkpoint = without(checkpoint, graph, steps)
     if not checkpoint.shapes:
         return checkpoint
-    table = {n: None for n in loops if n not in checkpoint.outputs}
-    started = {at[0] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
+    table = {n: n for n in loops if n not in checkpoint.outputs}
+    for loop, body in bodies_of(graph).items():  # (a body's loop started with its steps')
+        if loop in table:
+            table.update(dict.fromkeys(body, loop))
+    started = {table[at[0]] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
         if table else set()
     if not started:
         return checkpoint
@@ -912,7 +922,8 @@ def _still_aside(superseded: Mapping[str, Any], index: Mapping[str, int], prefix
 
 
 def _first_ready_shaped(
-    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str]
+    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str],
+    in_body: Mapping[str, str],
 ) -> tuple[list[int], dict[str, int], int, list[str]]:
     """:func:`_first_ready` with shapes: a mapped step is never ready by its dependencies, a
     skipped step never ready, a join over alternatives counts skipped dependencies as settled."""
@@ -932,7 +943,8 @@ def _first_ready_shaped(
         if gone and not joins_any:  # (a mapped step too: its items could never start)
             raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
                                              "which needs it")
-        if shape is not None and (shape.map_over is not None or shape.repeat is not None):
+        if (shape is not None and (shape.map_over is not None or shape.repeat is not None)) \
+                or (in_body and name in in_body):
             continue  # (expanded into its items, or grown into its iterations: never started)
         missing = sum(1 for d in parents if d not in outputs and d not in skipped)
         if not missing:
@@ -957,7 +969,8 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
                                              f"of {name!r}, which needs it")
 
 
-def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
+def _check_compacted(checkpoint: WorkflowCheckpoint, bodies: Mapping[str, tuple[str, ...]]
+                     ) -> None:
     """Every ``compacted`` count is of a loop (by the shapes the checkpoint records: the run
     that wrote it; its keep_last may since be gone, by a graph change), and ``outputs`` keeps
     no iteration it counts as compacted: else a resume would let go of, or keep, what no
@@ -968,18 +981,23 @@ def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
         if shape is None or shape.repeat is None:
             raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
                                                        "that is no loop")
+    upto = dict(compacted)
+    for loop in compacted:  # (a body's steps are compacted with their loop, iteration by iteration)
+        upto.update(dict.fromkeys(bodies.get(loop, ()), compacted[loop]))
     for name in checkpoint.outputs:
-        at = iteration_of(name, compacted)
-        if at is not None and at[1] <= compacted[at[0]]:
+        at = iteration_of(name, upto)
+        if at is not None and at[1] <= upto[at[0]]:
             raise CheckpointError(f"compacted.{at[0]}", f"counts {name!r} as compacted, yet "
                                                         "outputs keeps it")
 
 
-def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
+def _lowered(graph: GraphSpec, pending: list[str], in_body: Mapping[str, str]
+             ) -> MappingProxyType[str, tuple[str, ...]]:
     """The dependents the fold reads in a shaped run: no edge into a mapped step
     (it expands and collects; it is never made ready by its dependencies), nor into
-    a loop (its iterations wait for its dependencies instead)."""
+    a loop or a step of a loop's body (their iterations wait for its dependencies instead)."""
     mapped = {n for n, s in graph.shapes.items() if s.map_over is not None or s.repeat is not None}
+    mapped.update(in_body)
     among = graph.dependents_among(pending)
     return MappingProxyType({
         k: tuple(c for c in v if c not in mapped) if v else v for k, v in among.items()
@@ -990,9 +1008,12 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
     """Every recorded item and skip names an item the recorded outputs make, or a step."""
     index = w.spec.graph.index
     mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
-    loops = w.spec.shaped.loops  # type: ignore[union-attr]
+    shaped = cast(Expansion, w.spec.shaped)
+    loops: Mapping[str, Any] = shaped.loops
+    if shaped.in_body:
+        loops = {**loops, **shaped.in_body}
     if checkpoint.compacted:
-        _check_compacted(checkpoint)
+        _check_compacted(checkpoint, shaped.bodies)
     for name in checkpoint.outputs:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
@@ -1225,7 +1246,7 @@ def _loop_of(spec: RunSpec, name: str) -> str | None:
     (or item) of, innermost first (``None``: neither), which a budget names."""
     ref = spec.shaped.items.get(name) if spec.shaped is not None else None
     if ref is not None and ref.iteration:
-        return ref.step
+        return spec.shaped.in_body.get(ref.step, ref.step)  # type: ignore[union-attr]
     shapes = spec.declared_graph.shapes
     return parent_of(name if ref is None else ref.step, shapes) if shapes else None
 
@@ -1307,6 +1328,10 @@ def _ended(w: _Run, item: Ended) -> None:
     if shaped is None or ref is None or not ref.iteration:
         raise TransitionError(f"Ended for step {name!r}, which is no iteration of a loop: "
                               "report a Succeeded")
+    loop = shaped.in_body.get(ref.step) if shaped.in_body else None
+    if loop is not None and w.spec.declared_graph.shapes[loop].child != ref.step:
+        raise TransitionError(f"Ended for step {name!r}, an iteration of a step of the body of "
+                              f"loop {loop!r} that is not its output: report a Succeeded")
     w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending | {name}))
     _succeeded(w, item)
 
@@ -1715,14 +1740,18 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     recorded iterations reach its cap (it fails again)."""
     only = w.spec.limits.only
     skipped = w.setbacks.skipped
+    body = cast(Expansion, w.spec.shaped).bodies.get(loop)
     if loop in skipped:  # its first iteration, which waited for it, is skipped with it
-        first = iteration_name(loop, 1)
-        if first not in skipped:  # (a run that held the loop never grew it: as a run would)
-            gone = next((d for d in w.spec.declared_graph.deps[loop] if d in skipped), loop)
-            why = f"it needs {gone!r}, which was skipped"
-            w.setbacks = _replace(w.setbacks, skipped=MappingProxyType({**skipped, first: why}))
-            if w.record:
-                w.events.append(StepSkipped(first, why))
+        for step in body or (loop,):
+            first = iteration_name(step, 1)
+            skipped = w.setbacks.skipped
+            if first not in skipped:  # (a run that held the loop never grew it: as a run would)
+                deps = w.spec.declared_graph.deps[loop if body is None else step]
+                gone = next((d for d in deps if d in skipped), loop)
+                why = f"it needs {gone!r}, which was skipped"
+                w.setbacks = _replace(w.setbacks, skipped=MappingProxyType({**skipped, first: why}))
+                if w.record:
+                    w.events.append(StepSkipped(first, why))
         _grow_iterations(w, loop, 1, 1)
         return
     if only is not None and loop not in only:
@@ -1735,7 +1764,8 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
     last = compacted
-    while iteration_name(loop, last + 1) in outputs:
+    ends = _exit_of(w, loop)
+    while iteration_name(ends, last + 1) in outputs:
         last += 1
     if compacted:
         if last == compacted and loop not in outputs:
@@ -1751,31 +1781,47 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     _grow_iterations(w, loop, compacted + 1, last + 1)
 
 
-def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
-    """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
-    graph and counted, their outputs let go of (see ``_compact``); never started."""
-    deps = w.spec.declared_graph.deps[loop]
-    more = Expanded()
-    for k in range(1, upto + 1):
-        name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
-        more.steps[name] = (*deps, before) if before else deps
-        more.items[name] = ItemRef(loop, str(k), before, None, k)
-    shaped = cast(Expansion, w.spec.shaped).grown(more)
-    w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
-        shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
-        compacted=MappingProxyType({**shaped.compacted, loop: upto})))
-    w.completed += upto
+def _exit_of(w: _Run, loop: str) -> str:
+    """The step whose iterations decide ``loop``: itself, or its body's output step."""
+    shaped = cast(Expansion, w.spec.shaped)
+    if shaped.bodies and loop in shaped.bodies:
+        return cast(str, w.spec.declared_graph.shapes[loop].child)
+    return loop
 
 
-def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
-    """Grow the run by iterations ``first`` to ``last`` of ``loop``: each depends on the loop's
-    dependencies and on the one before it (one growth, however many: a resume's)."""
-    deps = w.spec.declared_graph.deps[loop]
+def _iterations(w: _Run, loop: str, first: int, last: int) -> Expanded:
+    """Iterations ``first`` to ``last`` of ``loop``: each of a one-step loop depends on the
+    loop's dependencies and on the one before it; a body's, see ``body_iteration``."""
+    graph = w.spec.declared_graph
     more = Expanded()
+    body = cast(Expansion, w.spec.shaped).bodies.get(loop)
+    if body is not None:
+        for k in range(first, last + 1):
+            body_iteration(graph, loop, body, k, more)
+        return more
+    deps = graph.deps[loop]
     for k in range(first, last + 1):
         name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
         more.steps[name] = (*deps, before) if before else deps
         more.items[name] = ItemRef(loop, str(k), before, None, k)
+    return more
+
+
+def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
+    """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
+    graph and counted, their outputs let go of (see ``_compact``); never started."""
+    more = _iterations(w, loop, 1, upto)
+    shaped = cast(Expansion, w.spec.shaped).grown(more)
+    w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
+        shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
+        compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+    w.completed += len(more.steps)
+
+
+def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
+    """Grow the run by iterations ``first`` to ``last`` of ``loop`` (one growth, however
+    many: a resume's)."""
+    more = _iterations(w, loop, first, last)
     shaped = cast(Expansion, w.spec.shaped)
     w.spec = _replace(w.spec, shaped=_replace(shaped, loops=MappingProxyType({**shaped.loops, loop: last})))
     _grow(w, more)
@@ -1786,6 +1832,12 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
     loop, k = ref.step, ref.iteration
     shaped = cast(Expansion, w.spec.shaped)
+    if shaped.in_body:
+        owner = shaped.in_body.get(loop)
+        if owner is not None:  # a body step: its loop decides once its output step is recorded
+            if w.spec.declared_graph.shapes[owner].child != loop:
+                return
+            loop = owner
     shape = w.spec.declared_graph.shapes[loop]
     if shape.keep_last is not None and k > shape.keep_last:
         _compact(w, loop, k - shape.keep_last)
@@ -1797,8 +1849,8 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
         _loop_failed(w, loop, k, k)
     else:
         _grow_iterations(w, loop, k + 1, k + 1)
-        if w.record:  # the run's total grows by one: what a progress display counts
-            w.events.append(StepExpanded(loop, 1))
+        if w.record:  # the run's total grows by one iteration: what a progress display counts
+            w.events.append(StepExpanded(loop, len(shaped.bodies.get(loop, (loop,)))))
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:
@@ -1810,7 +1862,8 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
     before = shaped.compacted.get(loop, 0)
     if upto <= before:
         return
-    gone = {iteration_name(loop, j) for j in range(before + 1, upto + 1)}
+    gone = {iteration_name(step, j) for step in shaped.bodies.get(loop, (loop,))
+            for j in range(before + 1, upto + 1)}
     w.outputs = Ledger({n: v for n, v in w.outputs.items() if n not in gone})
     if any(n in w.step_usage for n in gone):
         w.step_usage = Ledger({n: u for n, u in w.step_usage.items() if n not in gone})
@@ -1841,7 +1894,18 @@ def _timings_without(times: Timings, gone: set[str]) -> Timings | None:
 
 
 def _end_loop(w: _Run, loop: str, last: str) -> None:
-    """Record the loop's output, its last iteration's, and pass it on as any recorded output."""
+    """Record the loop's output, its last iteration's, and pass it on as any recorded output.
+    A body's steps record theirs too, their last iteration's (every one is recorded: each
+    leads to the output step), so that the declared graph is recorded whole."""
+    shaped = cast(Expansion, w.spec.shaped)
+    body = shaped.bodies.get(loop) if shaped.bodies else None
+    if body is not None:
+        k = shaped.items[last].iteration
+        for step in body:
+            w.outputs = w.outputs.with_item(step, w.outputs[iteration_name(step, k)])
+            w.completed += 1
+            if w.record:
+                w.events.append(StepFinished(step, 1, NO_USAGE, None))
     outputs = w.outputs = w.outputs.with_item(loop, w.outputs[last])
     w.completed += 1
     if w.record:

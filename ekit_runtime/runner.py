@@ -219,6 +219,10 @@ class Runner:
         # Which steps run as their own task, decided at each step's first
         # launch: a resume pays nothing for the steps it skips.
         self._own: dict[str, bool] = _loops_of(state)
+        # Each step of a loop's body -> its loop's Repeat for the body's output step (whose
+        # iteration tells Ended), None for the others: their items are iterations (L/s#k).
+        self._bodies: dict[str, Repeat | None] = self._body_steps(state)
+        self._own.update((n, False) for n, r in self._bodies.items() if r is not None)
         self._began: dict[asyncio.Task[Any], float] = {}
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
@@ -255,6 +259,14 @@ class Runner:
         )
         return own
 
+    def _body_steps(self, state: State) -> dict[str, Repeat | None]:
+        shaped = state.spec.shaped
+        if shaped is None or not shaped.in_body:
+            return {}
+        shapes = state.spec.declared_graph.shapes
+        return {step: self.step(loop).repeat if shapes[loop].child == step else None
+                for step, loop in shaped.in_body.items()}
+
     def _take_answers(self, state: State) -> None:
         """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
         those go through :meth:`_attempt`, which hands them their answers."""
@@ -268,6 +280,7 @@ class Runner:
         shapes = self.state.spec.declared_graph.shapes
         mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
         mapped += [f"{n}#" for n, s in shapes.items() if s.repeat is not None]
+        mapped += [f"{n}#" for n in self._bodies]
         return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
 
     @property
@@ -524,7 +537,18 @@ class Runner:
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
-            context[step.name] = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            loop = shaped.in_body.get(ref.step) if shaped.in_body else None  # type: ignore[union-attr]
+            if loop is None:
+                context[step.name] = carried
+                return step, ref.key, context
+            # A body step's iteration reads its body dependencies as the same iteration's,
+            # by the names the body's code knows them by (L/d: in_child strips L/).
+            context[loop] = carried
+            suffix = f"#{ref.iteration}"
+            for d in step.depends_on:
+                if d in self._bodies:
+                    context[d] = outputs[d + suffix]
             return step, ref.key, context
         over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
         assert over is not None
@@ -597,7 +621,9 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         iteration = item is not None and shaped.items[name].iteration > 0
-        return loops.enter(name, step.depends_on, step.name if iteration else None, self.state)
+        loop = (shaped.in_body.get(step.name, step.name) if shaped.in_body else step.name) \
+            if iteration else None
+        return loops.enter(name, step.depends_on, loop, self.state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
@@ -716,8 +742,12 @@ class Runner:
         ends, however it ends (see :data:`BeforeAttempt`).
         """
         repeat = None if item is None or step.shaping is None else step.shaping[5]
-        name = step.name if item is None else item_name(step.name, item) if repeat is None \
-            else iteration_name(step.name, int(item))
+        if item is not None and self._bodies and step.name in self._bodies:
+            repeat = self._bodies[step.name]  # (a body step's iteration: L/s#k)
+            name = iteration_name(step.name, int(item))
+        else:
+            name = step.name if item is None else item_name(step.name, item) if repeat is None \
+                else iteration_name(step.name, int(item))
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
         cached = self._cached.get(step.name) if self._cached else None
         if self.run_id is not None:

@@ -28,7 +28,7 @@ from ekit_core import (
 )
 from ekit_core.children import rolled_up
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
-from ekit_core.expansion import iteration_of, loops_of
+from ekit_core.expansion import iterating, iteration_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.shapes import Shape
@@ -600,7 +600,7 @@ def _outputs(state: State) -> MappingProxyType[str, Any]:
         items = shaped.items
         outputs = {k: v for k, v in outputs.items() if k not in items}
     if shaped is not None:  # (a loop ``only=`` holds is never grown: its iterations are no items)
-        loops = dict.fromkeys(loops_of(state.spec.declared_graph))
+        loops = iterating(state.spec.declared_graph)
         if loops:
             outputs = {k: v for k, v in outputs.items() if iteration_of(k, loops) is None}
     return MappingProxyType(outputs)

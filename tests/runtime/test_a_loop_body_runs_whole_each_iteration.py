@@ -1,0 +1,198 @@
+"""A loop whose body is a child workflow: ``Step("agent", child=body, repeat=Repeat(...))``.
+
+Each iteration ``k`` runs every step of the body as ``agent/s#k`` (the agent's
+shape: a model call, a tool, a fold), each an attempt unit of its own; the
+body's output step ends the loop (``Done``, ``until``) and carries the state
+the next iteration sees. A crash inside iteration 3's tool step resumes there;
+caps fail the loop by name; ``keep_last`` compacts whole iterations; a version
+bump of a body step runs the loop again from its first iteration; ``ekit graph``
+draws the cycle from the body's output to its first step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ekit_core import GraphError, LoopError
+from ekit_runtime import (
+    Child,
+    Done,
+    History,
+    Iteration,
+    Repeat,
+    Step,
+    Workflow,
+    WorkflowCheckpoint,
+    history,
+)
+from ekit_runtime.cli import dot, mermaid
+
+
+def _json(cp: WorkflowCheckpoint) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(json.dumps(cp.to_dict()))
+    return loaded
+
+
+class Agent:
+    """The body's steps, counting their calls; ``fail_tool_at`` raises once in that iteration."""
+
+    def __init__(self, ends_at: int | None = 3, fail_tool_at: int | None = None,
+                 tool_version: str | None = None) -> None:
+        self.calls: list[str] = []
+        self.ends_at, self.fail_tool_at = ends_at, fail_tool_at
+        self.tool_version = tool_version
+
+    def plan(self, ctx: Any) -> int:
+        it: Iteration = ctx["agent"]
+        self.calls.append(f"plan#{it.number}")
+        carried: int = ctx["task"] if it.previous is None else it.previous
+        return carried * 10 + it.number
+
+    def tool(self, ctx: Any) -> int:
+        k = ctx["agent"].number
+        self.calls.append(f"tool#{k}")
+        if k == self.fail_tool_at:
+            self.fail_tool_at = None
+            raise RuntimeError(f"tool failed in iteration {k}")
+        return int(ctx["plan"]) + 1
+
+    def fold(self, ctx: Any) -> Any:
+        k = ctx["agent"].number
+        self.calls.append(f"fold#{k}")
+        value = ctx["tool"] * 2
+        return Done(value) if k == self.ends_at else value
+
+    def workflow(self, repeat: Repeat | None = None) -> Workflow:
+        body = Workflow([
+            Step("plan", self.plan),
+            Step("tool", self.tool, ("plan",), version=self.tool_version),
+            Step("fold", self.fold, ("tool", "plan")),
+        ])
+        return Workflow([
+            Step("task", lambda ctx: 1),
+            Step("agent", depends_on=("task",), child=body,
+                 repeat=repeat or Repeat(max_iterations=5)),
+            Step("report", lambda ctx: ["saw", ctx["agent"]], ("agent",)),
+        ])
+
+
+def _expected(ends_at: int) -> int:
+    value = 1
+    for k in range(1, ends_at + 1):
+        value = ((value * 10 + k) + 1) * 2
+    return value
+
+
+def test_each_iteration_runs_the_body_whole_on_the_state_the_one_before_carried() -> None:
+    agent = Agent(ends_at=3)
+    saved: list[WorkflowCheckpoint] = []
+    result = agent.workflow().run_sync(checkpoint_fn=saved.append)
+    assert agent.calls == [f"{s}#{k}" for k in (1, 2, 3) for s in ("plan", "tool", "fold")]
+    assert result.outputs["agent"] == _expected(3)
+    assert result.outputs["report"] == ["saw", _expected(3)]
+    # the body's steps show their last iteration's outputs; iterations stay in the checkpoint
+    assert result.outputs["agent/fold"] == _expected(3)
+    assert not any("#" in n for n in result.outputs)
+    assert {f"agent/plan#{k}" for k in (1, 2, 3)} <= saved[-1].outputs.keys()
+
+
+def test_a_crash_in_iteration_3s_tool_step_resumes_there_paying_for_nothing_recorded() -> None:
+    agent = Agent(ends_at=4, fail_tool_at=3)
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(RuntimeError, match="tool failed in iteration 3"):
+        agent.workflow().run_sync(checkpoint_fn=saved.append)
+    assert agent.calls[-2:] == ["plan#3", "tool#3"]
+    last = _json(saved[-1])
+    assert "agent/plan#3" in last["outputs"] and "agent/tool#3" not in last["outputs"]
+    agent.calls.clear()
+    result = agent.workflow().run_sync(resume_from=last)
+    assert agent.calls == ["tool#3", "fold#3", "plan#4", "tool#4", "fold#4"]
+    assert result.outputs["report"] == ["saw", _expected(4)]
+
+
+def test_until_reads_the_bodys_output_and_a_cap_fails_the_loop_by_name() -> None:
+    agent = Agent(ends_at=None)
+    result = agent.workflow(Repeat(5, until=lambda out: out > 1000)).run_sync()
+    assert result.outputs["agent"] == _expected(3)  # 11*2=24 -> 243*2... the first above 1000
+    agent = Agent(ends_at=None)
+    with pytest.raises(LoopError, match=r"'agent' did not end within repeat=2 iterations"):
+        agent.workflow(Repeat(2)).run_sync()
+    assert agent.calls[-1] == "fold#2" and "plan#3" not in agent.calls
+
+
+def test_keep_last_compacts_whole_iterations_and_a_resume_still_ends_the_same() -> None:
+    agent = Agent(ends_at=6)
+    saved: list[WorkflowCheckpoint] = []
+    result = agent.workflow(Repeat(8, keep_last=2)).run_sync(checkpoint_fn=saved.append)
+    assert result.outputs["agent"] == _expected(6)
+    for cp in saved:
+        kept = {int(n.rsplit("#", 1)[1]) for n in cp.outputs if "#" in n}
+        assert len(kept) <= 3 and all(k > cp.compacted.get("agent", 0) for k in kept)
+    assert saved[-1].compacted == {"agent": 4}
+    middle = next(cp for cp in saved if cp.compacted.get("agent") == 1 and "agent/tool#4" in cp.outputs
+                  and "agent/fold#4" not in cp.outputs)
+    agent.calls.clear()
+    again = agent.workflow(Repeat(8, keep_last=2)).run_sync(resume_from=_json(middle))
+    assert agent.calls[0] == "fold#4" and again.outputs["agent"] == _expected(6)
+
+
+def test_a_body_step_reads_the_loops_history_and_a_dependent_reads_it_whole() -> None:
+    seen: list[Any] = []
+
+    def fold(ctx: Any) -> Any:
+        seen.append(list(history("agent").items()))
+        k = ctx["agent"].number
+        return Done(k) if k == 3 else k
+
+    body = Workflow([Step("plan", lambda ctx: ctx["agent"].number), Step("fold", fold, ("plan",))])
+
+    def report(ctx: Any) -> Any:
+        whole: History = history("agent")
+        return [whole[k] for k in range(1, len(whole) + 1)]
+
+    result = Workflow([
+        Step("agent", child=body, repeat=Repeat(5)),
+        Step("report", report, ("agent",)),
+    ]).run_sync()
+    assert seen == [[], [(1, 1)], [(1, 1), (2, 2)]]
+    assert result.outputs["report"] == [1, 2, 3]
+
+
+def test_a_version_bump_of_a_body_step_runs_the_loop_again_from_its_first_iteration() -> None:
+    agent = Agent(ends_at=2)
+    saved: list[WorkflowCheckpoint] = []
+    agent.workflow().run_sync(checkpoint_fn=saved.append)
+    for cp in (saved[-1], next(c for c in saved if "agent/tool#2" in c.outputs
+                                and "agent" not in c.outputs)):
+        bumped = Agent(ends_at=2, tool_version="2")
+        result = bumped.workflow().run_sync(resume_from=_json(cp))
+        # (the loop's work changed: it starts again, as a one-step loop does, plan#1 too)
+        assert bumped.calls == [f"{s}#{k}" for k in (1, 2) for s in ("plan", "tool", "fold")]
+        assert result.outputs["agent"] == _expected(2)
+
+
+def test_ekit_graph_draws_the_cycle_from_the_bodys_output_to_its_first_step() -> None:
+    graph = Agent().workflow(Repeat(5, keep_last=2)).graph
+    lines = mermaid(graph).splitlines()
+    ids = {line.split('["')[1].split(" (")[0].rstrip('"]'): line.split("[")[0].strip()
+           for line in lines if '["' in line}
+    assert f"    {ids['agent/fold']} -->|next| {ids['agent/plan']}" in lines
+    assert any('agent (repeat up to 5, keep last 2, child, output fold)' in line for line in lines)
+    assert sum(1 for line in dot(graph).splitlines() if 'label="next"' in line) == 1
+
+
+def test_what_a_loop_body_refuses_is_refused_when_built_naming_it() -> None:
+    two_ends = Workflow([Step("x", lambda ctx: 1), Step("y", lambda ctx: 2)])
+    with pytest.raises(GraphError, match=r"'agent'.*must end in its output 'agent/x' alone.*'agent/y'"):
+        Workflow([Step("agent", child=Child(two_ends, "x"), repeat=Repeat(3))])
+    mapped = Workflow([Step("plan", lambda ctx: [1, 2]),
+                       Step("each", lambda ctx: ctx["plan"], ("plan",), map_over="plan")])
+    with pytest.raises(GraphError, match=r"'agent/each' of the body of loop 'agent' cannot take "
+                                         r"map_over \(yet\)"):
+        Workflow([Step("agent", child=mapped, repeat=Repeat(3))])
+    cached = Workflow([Step("plan", lambda ctx: 1, cache=True)])
+    with pytest.raises(ValueError, match=r"'agent/plan' of the body of loop 'agent': cache=True"):
+        Workflow([Step("agent", child=cached, repeat=Repeat(3))])
