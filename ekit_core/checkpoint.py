@@ -23,6 +23,7 @@ from typing import Any, TypeAlias, cast
 from ekit_core._frozen import twin
 from ekit_core.code import CacheHit
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
+from ekit_core.expansion import compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
@@ -808,6 +809,10 @@ def _compacted_base(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> Wor
         return None
     gone = {iteration_name(loop, k) for loop, n in now.items()
             for k in range(before.get(loop, 0) + 1, n + 1)}
+    if any(s.child is not None and s.repeat is not None for s in cp.shapes.values()):
+        # (a body's steps, and the items of its maps, go with their loop's iterations)
+        gone.update(name for name in previous.outputs
+                    if compacted_iteration(name, now, cp.shapes) is not None)
     if not gone.isdisjoint(previous.asked):
         return None
 

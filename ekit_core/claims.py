@@ -34,7 +34,7 @@ from typing import Any
 from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
 from ekit_core.compat import recorded_from
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded
+from ekit_core.expansion import Expanded, bodies_of
 from ekit_core.graph import GraphSpec
 from ekit_core.rewind import grown
 
@@ -153,6 +153,9 @@ def check_collections(graph: GraphSpec, outputs: Mapping[str, Any], skipped: Map
     mapping).
     """
     recorded = [n for n, s in graph.shapes.items() if s.map_over is not None and n in outputs]
+    if recorded and any(s.child is not None and s.repeat is not None for s in graph.shapes.values()):
+        inside = {n for body in bodies_of(graph).values() for n in body}  # (they map per iteration)
+        recorded = [n for n in recorded if n not in inside]
     if any(n not in members for n in recorded):
         members = grown(graph, outputs).members
     for name in recorded:

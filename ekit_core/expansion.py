@@ -38,9 +38,11 @@ __all__ = [
     "MapError",
     "bodies_of",
     "body_iteration",
+    "body_maps",
     "body_step_iteration",
     "collected",
     "compacted_iteration",
+    "items_compacted",
     "expand",
     "expanders",
     "item_input",
@@ -152,6 +154,9 @@ class Expansion:
     bodies: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
     in_body: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # A body step that body steps map over -> those steps (see body_maps).
+    body_maps: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -167,16 +172,19 @@ class Expansion:
             self.compacted,
             self.bodies,
             self.in_body,
+            self.body_maps,
         )
 
 
 def expanders(graph: GraphSpec) -> MappingProxyType[str, tuple[str, ...]]:
-    """``U -> the steps mapped over U`` for every ``U`` that is not itself mapped."""
+    """``U -> the steps mapped over U`` for every ``U`` that is not itself mapped (nor a step
+    of a loop's body: its steps map per iteration, see :func:`body_maps`)."""
     shapes = graph.shapes
     found: dict[str, list[str]] = {}
+    inside = _in_bodies(graph)
     for name, shape in shapes.items():
         over = shape.map_over
-        if over is not None and not _is_mapped(graph, over):
+        if over is not None and not _is_mapped(graph, over) and name not in inside:
             found.setdefault(over, []).append(name)
     return MappingProxyType({k: tuple(v) for k, v in found.items()})
 
@@ -204,6 +212,26 @@ def bodies_of(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
                     placed[name] = None
         found[loop] = tuple(placed)
     return found
+
+
+def _in_bodies(graph: GraphSpec) -> frozenset[str]:
+    """The steps of ``graph``'s loops' bodies (none, at one test per shape, in most graphs)."""
+    if not any(s.repeat is not None and s.child is not None for s in graph.shapes.values()):
+        return frozenset()
+    return frozenset(n for body in bodies_of(graph).values() for n in body)
+
+
+def body_maps(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each step of a loop's body that body steps map over -> those steps: once its iteration
+    ``U#k`` is recorded, each such ``M`` expands into the items ``M#k[key]``, collected as
+    ``M#k`` (a map per iteration)."""
+    inside = _in_bodies(graph)
+    found: dict[str, list[str]] = {}
+    for name in inside:
+        over = graph.shapes[name].map_over if name in graph.shapes else None
+        if over is not None:
+            found.setdefault(over, []).append(name)
+    return {k: tuple(n for n in graph.names if n in v) for k, v in found.items()}
 
 
 def iterating(graph: GraphSpec) -> dict[str, None]:
@@ -252,16 +280,27 @@ def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
     return loop, int(number)
 
 
+def items_compacted(step: str) -> str:
+    """The key of ``compacted`` that counts the items a loop body's mapped step ``step`` let
+    go of with its compacted iterations (``step[]``: no step or item is named so), which a
+    resume counts as done, not knowing their names any more."""
+    return f"{step}[]"
+
+
 def compacted_iteration(name: str, compacted: Mapping[str, int], shapes: Mapping[str, Any]
                         ) -> tuple[str, int] | None:
     """``(loop, k)`` if ``name`` is iteration ``k`` of a loop ``compacted`` counts, or of a
-    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``), and ``k`` is at most
+    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``; or an item of one,
+    ``L/m#k[key]``), and ``k`` is at most
     that count: recorded, its output let go of (``keep_last``). Else ``None``."""
     if not compacted:
         return None
     at = iteration_of(name, compacted)
     if at is None:
         cut = name.rfind("#")
+        mark = name.find("[", cut)  # (an item of a body's map, L/m#k[key]: its iteration's)
+        if cut > 0 and mark > cut:
+            name = name[:mark]
         owner = name[:cut] if cut > 0 else ""
         loop = next((n for n in compacted if owner.startswith(f"{n}/")
                      and getattr(shapes.get(n), "child", None) is not None), None)

@@ -408,6 +408,7 @@ def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[
     no longer does: their loop starts again from its first iteration, so they run again,
     and what they record next is their first output."""
     return [iteration_name(loop, k) for loop, upto in earlier.compacted.items()
+            if not loop.endswith("[]")  # (a body map's items, counted)
             for k in range(base.compacted.get(loop, 0) + 1, upto + 1)]
 
 
@@ -419,9 +420,10 @@ def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> Workfl
     checkpoint's shapes, changes nothing, so what it dropped is a loss.
     """
     now, before = cp.compacted, earlier.compacted
-    upto = {loop: n for loop, n in now.items() if n >= before.get(loop, 0)
+    loops = {loop: n for loop, n in now.items() if not loop.endswith("[]")}  # (items counted)
+    upto = {loop: n for loop, n in loops.items() if n >= before.get(loop, 0)
             and loop in cp.shapes and cp.shapes[loop].keep_last is not None}
-    if len(upto) != len(now) or any(loop not in now for loop in before):
+    if len(upto) != len(loops) or any(loop not in now for loop in before):
         return earlier
     gone = {name for name in earlier.outputs
             if compacted_iteration(name, upto, cp.shapes) is not None}

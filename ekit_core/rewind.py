@@ -36,6 +36,7 @@ from ekit_core.expansion import (
     Expanded,
     ItemRef,
     bodies_of,
+    body_maps,
     body_step_iteration,
     expand,
     expanders,
@@ -43,7 +44,7 @@ from ekit_core.expansion import (
     loops_of,
 )
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import Shape, iteration_name
+from ekit_core.shapes import Shape, item_name, items_of, iteration_name
 
 __all__ = [
     "changed_steps", "downstream", "grown", "outdated_steps", "reached", "redone_after", "rewind",
@@ -83,7 +84,35 @@ def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
                 before = iteration_name(loop, k - 1) if k > 1 else ""
                 found.steps[name] = (*graph.deps[loop], before) if before else graph.deps[loop]
                 found.items[name] = ItemRef(loop, str(k), before, None, k)
+        if bodies:
+            _body_items(graph, outputs, inside, found)
     return found
+
+
+def _body_items(graph: GraphSpec, outputs: Mapping[str, Any],
+                inside: Mapping[str, tuple[str, frozenset[str]]], found: Expanded) -> None:
+    """The items of a loop body's maps that the recorded iterations they map over make
+    (``M#k[key]``, collected as ``M#k``), as a run expands them."""
+    maps = body_maps(graph)
+    for over in [n for n, ref in found.items.items() if ref.step in maps and n in outputs]:
+        k = found.items[over].iteration
+        items_out = outputs[over]
+        for step in maps[found.items[over].step]:
+            mapped = iteration_name(step, k)
+            if mapped not in found.steps:
+                owner, steps = inside[step]
+                body_step_iteration(graph, owner, steps, step, k, found)
+            items = items_of(items_out, graph.shapes[step].item_key)
+            if isinstance(items, str):
+                continue
+            names = []
+            for key, _value, pick in items:
+                item = item_name(mapped, key)
+                names.append(item)
+                found.steps[item] = found.steps[mapped]
+                found.items[item] = ItemRef(mapped, key, over, pick)
+            found.members[mapped] = tuple(names)
+            found.kinds[mapped] = "dict" if isinstance(items_out, Mapping) else "list"
 
 
 def iterations_of(loops: Iterable[str], names: Iterable[str]) -> set[str]:
@@ -254,7 +283,12 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
         # (a loop that starts again from its first iteration runs its compacted ones again:
         # their attempts were spent, as a recorded output's were)
         for loop, upto in before.compacted.items():
-            counted.update(iteration_name(loop, k)
+            if loop.endswith("[]"):  # (a body map's items, counted: their names are gone)
+                continue
+            shape = before.shapes.get(loop)
+            steps = [loop] if shape is None or shape.child is None else \
+                [n for n in (before.graph or {}) if n.startswith(f"{loop}/")]
+            counted.update(iteration_name(step, k) for step in steps
                            for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
     if not counted:
         return before.redone
@@ -372,6 +406,23 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _counts_kept(checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]
+                 ) -> MappingProxyType[str, int]:
+    """The ``compacted`` counts of the loops whose first kept iteration ``outputs`` still
+    holds (a body's: its output step's); the others start again from their first."""
+    shapes = checkpoint.shapes
+    kept = {}
+    for loop, n in checkpoint.compacted.items():
+        shape = shapes.get(loop)
+        exit_step = shape.child if shape is not None and shape.child is not None else loop
+        if not loop.endswith("[]") and iteration_name(exit_step, n + 1) in outputs:
+            kept[loop] = n
+    for key, n in checkpoint.compacted.items():  # (a body map's items: with their loop's count)
+        if key.endswith("[]") and any(key.startswith(f"{loop}/") for loop in kept):
+            kept[key] = n
+    return MappingProxyType(kept)
 
 
 def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
@@ -580,9 +631,7 @@ def _dropping(
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
         # (a loop none of whose kept iterations is left starts again from its first)
-        compacted=MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
-                                    if iteration_name(loop, n + 1) in outputs})
-        if checkpoint.compacted else checkpoint.compacted,
+        compacted=_counts_kept(checkpoint, outputs) if checkpoint.compacted else checkpoint.compacted,
         code_fingerprints=checkpoint.code_fingerprints,
         cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
         if checkpoint.cache_hits else checkpoint.cache_hits,

@@ -60,7 +60,8 @@ nor like an iteration of one (``P#...`` beside ``P``); ``repeat`` is an int
 ``keep_last`` is an int >= 1 and needs ``repeat``; ``child`` names the
 step's one dependency, spelt ``step/...``, and is combined with no other shape
 but ``repeat`` (and ``keep_last``); a loop's body ends in its output alone and
-its steps take no shape but a child.
+its steps take no shape but a child and a map over an unmapped body step
+(not on its output).
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -255,8 +256,9 @@ def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
                 shapes: Mapping[str, Shape]) -> None:
     """A loop's body (its child's steps, ``loop/...``): its output is its one last step (what
     ends an iteration: nothing of it may still run once the loop decides), and its steps
-    take no shape of their own but a child's (maps, conditions, joins and loops inside a
-    body are not grown per iteration yet)."""
+    take no shape of their own but a child's and a map over another (unmapped) body step
+    that is not the output (conditions, joins, chained maps and loops inside a body are
+    not grown per iteration yet)."""
     prefix = f"{loop}/"
     body = [n for n in deps if n.startswith(prefix)]
     needed = {d for n in body for d in deps[n]}
@@ -270,7 +272,13 @@ def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
         shape = shapes.get(name)
         if shape is None:
             continue
-        clash = ("map_over" if shape.map_over is not None else "when" if shape.when is not None
+        over = shape.map_over
+        clash = ("map_over on its output" if over is not None and name == output
+                 else "map_over a step outside the body" if over is not None
+                 and not over.startswith(prefix)
+                 else "map_over a mapped step" if over is not None and over in shapes
+                 and shapes[over].map_over is not None
+                 else "when" if shape.when is not None
                  else "join='any'" if shape.join == "any" else "repeat"
                  if shape.repeat is not None else None)
         if clash is not None:

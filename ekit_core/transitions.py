@@ -119,10 +119,12 @@ from ekit_core.expansion import (
     MapError,
     bodies_of,
     body_iteration,
+    body_maps,
     collected,
     expand,
     expanders,
     item_input,
+    items_compacted,
     iterating,
     iteration_of,
     loops_of,
@@ -162,7 +164,7 @@ from ekit_core.rewind import (
     without_questions,
 )
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
-from ekit_core.shapes import items_of, iteration_name
+from ekit_core.shapes import item_name, items_of, iteration_name
 from ekit_core.state import (
     NO_CODE,
     NO_SKIPS,
@@ -217,7 +219,7 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
         return {k: v for k, v in outputs.items() if k not in index}
     return {k: v for k, v in outputs.items()
             if k not in index and not (mapped and k.startswith(mapped) and k.endswith("]"))
-            and not (loops and iteration_of(k, loops) is not None)}
+            and not (loops and iteration_of(k.partition("[")[0], loops) is not None)}
 
 
 def outcome_of(
@@ -659,7 +661,9 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     spec = _replace(base, dependents=_lowered(graph, left, in_body), declared=graph,
                     shaped=Expansion(expanders(graph), superseded=checkpoint.superseded,
                                      bodies=MappingProxyType(bodies),
-                                     in_body=MappingProxyType(in_body)), held=held)
+                                     in_body=MappingProxyType(in_body),
+                                     body_maps=MappingProxyType(body_maps(graph) if bodies else {})),
+                    held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
@@ -976,13 +980,16 @@ def _check_compacted(checkpoint: WorkflowCheckpoint, bodies: Mapping[str, tuple[
     no iteration it counts as compacted: else a resume would let go of, or keep, what no
     run did."""
     shapes, compacted = checkpoint.shapes, checkpoint.compacted
+    inside = {items_compacted(step) for body in bodies.values() for step in body}
     for loop in compacted:
+        if loop in inside:  # (the items of a body's map, counted: see items_compacted)
+            continue
         shape = shapes.get(loop)
         if shape is None or shape.repeat is None:
             raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
                                                        "that is no loop")
-    upto = dict(compacted)
-    for loop in compacted:  # (a body's steps are compacted with their loop, iteration by iteration)
+    upto = {n: c for n, c in compacted.items() if n not in inside}
+    for loop in list(upto):  # (a body's steps are compacted with their loop, iteration by iteration)
         upto.update(dict.fromkeys(bodies.get(loop, ()), compacted[loop]))
     for name in checkpoint.outputs:
         at = iteration_of(name, upto)
@@ -1502,6 +1509,8 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
+            if shaped.body_maps and ref.step in shaped.body_maps:
+                _expand_in_body(w, name, ref)
             _iterated(w, name, ref)
         else:
             _item_settled(w, ref.step)
@@ -1626,12 +1635,14 @@ def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
     )
 
 
-def _grow(w: _Run, more: Expanded) -> None:
+def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset()) -> None:
     """Add the items of ``more`` to the graph; those whose dependencies are recorded are ready.
 
     An item waits on its dependencies as any step does (a countdown when it
     has several), so readiness stays O(1) per finished dependency; edges
     from recorded dependencies are not kept (those never finish again).
+    ``collected`` are grown steps that never start (a loop body's mapped step's
+    iteration, which expands into items and collects them): no edge into them.
     """
     spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
     graph = spec.graph.extended(more.steps)
@@ -1645,8 +1656,8 @@ def _grow(w: _Run, more: Expanded) -> None:
         if name in outputs:  # a resume: recorded already
             w.completed += 1
             continue
-        if name in skipped or name in held:  # (an item waiting for an answer never starts)
-            continue
+        if name in skipped or name in held or name in collected:  # (an item waiting for an
+            continue  # answer never starts, nor what collects its items)
         missing = [d for d in deps if d not in outputs]
         for d in missing:
             extra.setdefault(d, []).append(name)
@@ -1679,6 +1690,49 @@ def _grow_held(w: _Run, outside: Expanded) -> None:
                       shaped=spec.shaped.grown(outside), held=spec.held + held)
 
 
+def _expand_in_body(w: _Run, over: str, ref: ItemRef) -> None:
+    """Iteration ``over`` (``U#k``) of a loop body's step is recorded: grow the items of each
+    body step ``M`` mapped over ``U`` as ``M#k[key]``, collected as ``M#k`` (or fail ``M#k``
+    when ``over``'s output has no items), as a declared map over ``U`` would."""
+    shaped = cast(Expansion, w.spec.shaped)
+    shapes, deps = w.spec.declared_graph.shapes, w.spec.graph.deps
+    output, k = w.outputs[over], ref.iteration
+    more = Expanded()
+    for step in shaped.body_maps[ref.step]:
+        mapped = iteration_name(step, k)
+        if mapped in shaped.members:  # (a resume's, expanded already)
+            continue
+        items = items_of(output, shapes[step].item_key)
+        if isinstance(items, str):
+            _map_failed(w, mapped, f"step {mapped!r} maps over {over!r}, but {items}")
+            continue
+        needs, names = deps[mapped], []
+        for key, _value, pick in items:
+            name = item_name(mapped, key)
+            names.append(name)
+            more.steps[name] = needs
+            more.items[name] = ItemRef(mapped, key, over, pick)
+        more.members[mapped] = tuple(names)
+        more.kinds[mapped] = "dict" if isinstance(output, Mapping) else "list"
+    if not more.members:
+        return
+    _grow(w, more)
+    outputs, waiting = w.outputs, w.counts()
+    for mapped, members in more.members.items():
+        if w.record:
+            w.events.append(StepExpanded(mapped, len(members),
+                                         sum(1 for m in members if m in outputs)))
+        if mapped in outputs:  # a resume: collected already
+            continue
+        left = sum(1 for m in members if m not in outputs)
+        if not left:
+            left = _wait_for_dependencies(w, mapped, deps[mapped])
+        if left:
+            waiting[mapped] = left
+        else:
+            _collect(w, mapped)
+
+
 def _item_settled(w: _Run, mapped: str) -> None:
     """An item of ``mapped`` was recorded or skipped: at the last one, collect.
 
@@ -1696,7 +1750,7 @@ def _item_settled(w: _Run, mapped: str) -> None:
         # Its items are settled; it waits for its own dependencies too (a
         # chained step's items may be skipped before a dependency finishes),
         # so that a skip of one still skips it, in every order of events.
-        left = _wait_for_dependencies(w, mapped, w.spec.declared_graph.deps[mapped])
+        left = _wait_for_dependencies(w, mapped, w.spec.graph.deps[mapped])
     if left:
         waiting[mapped] = left
     else:
@@ -1771,7 +1825,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         if last == compacted and loop not in outputs:
             raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
                                                f"{loop!r}: the last one is always kept")
-        _grow_compacted(w, loop, compacted)
+        _grow_compacted(w, loop, compacted, checkpoint.compacted)
     if loop in outputs or last >= cap:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
@@ -1807,14 +1861,21 @@ def _iterations(w: _Run, loop: str, first: int, last: int) -> Expanded:
     return more
 
 
-def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
+def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) -> None:
     """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
-    graph and counted, their outputs let go of (see ``_compact``); never started."""
+    graph and counted, their outputs let go of (see ``_compact``); never started. The
+    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts)."""
     more = _iterations(w, loop, 1, upto)
     shaped = cast(Expansion, w.spec.shaped).grown(more)
+    counts = {**shaped.compacted, loop: upto}
+    for step in shaped.bodies.get(loop, ()) if shaped.body_maps else ():
+        key = items_compacted(step)
+        if key in recorded:
+            counts[key] = recorded[key]
+            w.completed += recorded[key]
     w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
         shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
-        compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+        compacted=MappingProxyType(counts)))
     w.completed += len(more.steps)
 
 
@@ -1824,7 +1885,16 @@ def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
     more = _iterations(w, loop, first, last)
     shaped = cast(Expansion, w.spec.shaped)
     w.spec = _replace(w.spec, shaped=_replace(shaped, loops=MappingProxyType({**shaped.loops, loop: last})))
-    _grow(w, more)
+    if not shaped.body_maps or loop not in shaped.bodies:
+        _grow(w, more)
+        return
+    maps = shaped.body_maps
+    mapped = frozenset(iteration_name(m, k) for over in maps for m in maps[over]
+                       for k in range(first, last + 1))
+    _grow(w, more, mapped)
+    for name, ref in more.items.items():  # (a resume's: what recorded iterations mapped over)
+        if ref.step in maps and name in w.outputs:
+            _expand_in_body(w, name, ref)
 
 
 def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
@@ -1864,6 +1934,14 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
         return
     gone = {iteration_name(step, j) for step in shaped.bodies.get(loop, (loop,))
             for j in range(before + 1, upto + 1)}
+    counts = {**shaped.compacted, loop: upto}
+    if shaped.body_maps and loop in shaped.bodies:  # (and the items of a body's maps, counted)
+        for name in list(gone):
+            members = shaped.members.get(name, ())
+            if members:
+                key = items_compacted(shaped.items[name].step)
+                counts[key] = counts.get(key, 0) + len(members)
+                gone.update(members)
     w.outputs = Ledger({n: v for n, v in w.outputs.items() if n not in gone})
     if any(n in w.step_usage for n in gone):
         w.step_usage = Ledger({n: u for n, u in w.step_usage.items() if n not in gone})
@@ -1876,8 +1954,7 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
         w.setbacks = _replace(
             inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
             asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))
-    w.spec = _replace(w.spec, shaped=_replace(
-        shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+    w.spec = _replace(w.spec, shaped=_replace(shaped, compacted=MappingProxyType(counts)))
 
 
 def _timings_without(times: Timings, gone: set[str]) -> Timings | None:

@@ -56,7 +56,7 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
-from ekit_core.expansion import item_input
+from ekit_core.expansion import Expansion, ItemRef, item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
 from ekit_core.ledger import Ledger
@@ -223,6 +223,7 @@ class Runner:
         # iteration tells Ended), None for the others: their items are iterations (L/s#k).
         self._bodies: dict[str, Repeat | None] = self._body_steps(state)
         self._own.update((n, False) for n, r in self._bodies.items() if r is not None)
+        self._mapped_in_body: dict[str, Step] = {}
         self._began: dict[asyncio.Task[Any], float] = {}
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
@@ -266,6 +267,28 @@ class Runner:
         shapes = state.spec.declared_graph.shapes
         return {step: self.step(loop).repeat if shapes[loop].child == step else None
                 for step, loop in shaped.in_body.items()}
+
+    def _in_iteration(self, context: Context, step: Step, ref: ItemRef) -> None:
+        """What iteration ``ref`` of a loop body's step sees besides its inputs: the loop's
+        ``Iteration`` under the loop's name, and its body dependencies as the same
+        iteration's outputs, by the names the body's code knows them by (``L/d``:
+        ``in_child`` strips ``L/``)."""
+        outputs, k = self.state.outputs, ref.iteration
+        shaped = cast(Expansion, self.state.spec.shaped)
+        context[shaped.in_body[ref.step]] = Iteration(k, outputs[ref.source] if ref.source else None)
+        suffix = f"#{k}"
+        for d in step.depends_on:
+            if d in self._bodies and d + suffix in outputs:
+                context[d] = outputs[d + suffix]
+
+    def _body_map(self, name: str) -> Step:
+        """The step iteration ``name`` (``M#k``) of a loop body's mapped step ``M`` runs
+        its items as: ``M``'s, named ``M#k`` (its items are ``M#k[key]``)."""
+        step = self._mapped_in_body.get(name)
+        if step is None:
+            step = self._mapped_in_body[name] = dataclasses.replace(
+                self.step(name.rpartition("#")[0]), name=name)
+        return step
 
     def _take_answers(self, state: State) -> None:
         """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
@@ -532,23 +555,20 @@ class Runner:
         if ref is None:
             raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
         i = self._index.get(ref.step)
-        step = self._declared[i] if i is not None else self._added[ref.step]
+        step = self._declared[i] if i is not None else self._added.get(ref.step) or \
+            self._body_map(ref.step)
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
+        if self._bodies and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
+            self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
             carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
             loop = shaped.in_body.get(ref.step) if shaped.in_body else None  # type: ignore[union-attr]
             if loop is None:
                 context[step.name] = carried
                 return step, ref.key, context
-            # A body step's iteration reads its body dependencies as the same iteration's,
-            # by the names the body's code knows them by (L/d: in_child strips L/).
-            context[loop] = carried
-            suffix = f"#{ref.iteration}"
-            for d in step.depends_on:
-                if d in self._bodies:
-                    context[d] = outputs[d + suffix]
+            self._in_iteration(context, step, ref)
             return step, ref.key, context
         over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
         assert over is not None

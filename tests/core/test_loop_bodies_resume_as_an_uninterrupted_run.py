@@ -2,8 +2,9 @@
 checkpoint ends as the uninterrupted run does.
 
 The body is the agent's shape: ``plan`` (the model call, reading the state the
-loop carries), ``tool`` (what it asked for), ``fold`` (the body's output, which
-ends the loop). Random caps, exit iterations (or none: the cap fails the loop),
+loop carries), ``tool`` (what it asked for: one step, or mapped over ``plan``'s
+list, zero to two items an iteration), ``fold`` (the body's output, which ends
+the loop). Random caps, exit iterations (or none: the cap fails the loop),
 ``keep_last``, interrupted attempts, and crashes at random points, each resume
 starting from the last checkpoint round tripped through JSON. Whatever the crashes:
 
@@ -44,49 +45,72 @@ BODY = ("agent/plan", "agent/tool", "agent/fold")
 TABLE = dict.fromkeys(BODY)
 
 
-def _graph(cap: int, keep: int | None) -> GraphSpec:
+def _graph(cap: int, keep: int | None, mapped: bool = False) -> GraphSpec:
+    shapes = {"agent": Shape(child="agent/fold", repeat=cap, keep_last=keep)}
+    if mapped:
+        shapes["agent/tool"] = Shape(map_over="agent/plan")
     return GraphSpec.of(
         {"a": [], "agent/plan": ["a"], "agent/tool": ["agent/plan", "a"],
          "agent/fold": ["agent/tool", "agent/plan", "a"], "agent": ["agent/fold"], "z": ["agent"]},
-        {"agent": Shape(child="agent/fold", repeat=cap, keep_last=keep)})
+        shapes)
+
+
+def _iteration(name: str) -> tuple[str, int] | None:
+    """``(body step, k)`` of a body step's iteration, or of an item of one (``agent/tool#k[i]``)."""
+    return iteration_of(name.partition("[")[0], TABLE)
+
+
+def _plan(carried: int, k: int, mapped: bool) -> Any:
+    p = carried * 10 + k
+    return [p + i for i in range(k % 3)] if mapped else p
+
+
+def _fold(tool: Any, mapped: bool, k: int) -> int:
+    return sum(tool) * 2 + k if mapped else int(tool) * 2
 
 
 def _result(state: State, name: str, ends_at: int) -> Any:
-    """plan: the carried state * 10 + k; tool: plan + 1; fold: tool * 2, ending at ``ends_at``."""
+    """plan: from the carried state; tool: plan + 1 (per item, mapped); fold: from tool,
+    ending at ``ends_at``."""
     outputs = state.outputs
     if name == "a":
         return Succeeded("a", 1)
     if name == "z":
         return Succeeded("z", ["saw", outputs["agent"]])
-    at = iteration_of(name, TABLE)
-    assert at is not None, name
-    step, k = at
+    mapped = "agent/tool" in state.spec.declared_graph.shapes
+    ref = state.spec.shaped.items[name]  # type: ignore[union-attr]
+    if not ref.iteration:  # an item of iteration k's tool step: plan#k's item
+        assert ref.step.startswith("agent/tool#") and ref.source == ref.step.replace("tool", "plan")
+        return Succeeded(name, outputs[ref.source][ref.pick] + 1)
+    step, k = ref.step, ref.iteration
     if step == "agent/plan":
-        carried = state.spec.shaped.items[name].source  # type: ignore[union-attr]
-        assert carried == ("" if k == 1 else f"agent/fold#{k - 1}")
-        return Succeeded(name, (outputs["a"] if k == 1 else outputs[carried]) * 10 + k)
+        assert ref.source == ("" if k == 1 else f"agent/fold#{k - 1}")
+        return Succeeded(name, _plan(outputs["a"] if k == 1 else outputs[ref.source], k, mapped))
     if step == "agent/tool":
         return Succeeded(name, outputs[f"agent/plan#{k}"] + 1)
-    value = outputs[f"agent/tool#{k}"] * 2
+    value = _fold(outputs[f"agent/tool#{k}"], mapped, k)
     return Ended(name, value) if k == ends_at else Succeeded(name, value)
 
 
-def _expected(ends_at: int) -> int:
+def _expected(ends_at: int, mapped: bool = False) -> int:
     value = 1
     for k in range(1, ends_at + 1):
-        value = ((value * 10 + k) + 1) * 2
+        plan = _plan(value, k, mapped)
+        value = _fold([p + 1 for p in plan] if mapped else plan + 1, mapped, k)
     return value
 
 
 def _check_start(state: State, name: str) -> None:
     """What a start may rely on: its iteration's body dependencies, and the one before it."""
-    at = iteration_of(name, TABLE)
+    at = _iteration(name)
     if at is None:
         return
     step, k = at
     compacted = state.spec.shaped.compacted.get("agent", 0)  # type: ignore[union-attr]
     needs = {"agent/plan": [], "agent/tool": ["agent/plan"],
              "agent/fold": ["agent/tool", "agent/plan"]}[step]
+    if name.endswith("]"):  # an item of tool#k: plan#k is recorded
+        needs = ["agent/plan"]
     for d in needs:
         assert f"{d}#{k}" in state.outputs, f"{name} started before {d}#{k} was recorded"
     if k > 1 and step == "agent/plan":
@@ -126,7 +150,7 @@ def _drive(graph: GraphSpec, ends_at: int, crashes: list[int] | None
 
 def _recorded(cp: WorkflowCheckpoint) -> set[str]:
     """The body iterations ``cp`` records: their outputs, and those compacted."""
-    names = {n for n in cp.outputs if iteration_of(n, TABLE)}
+    names = {n for n in cp.outputs if _iteration(n)}
     return names | {f"{s}#{k}" for s in BODY for k in range(1, cp.compacted.get("agent", 0) + 1)}
 
 
@@ -139,20 +163,19 @@ def _only_grow(graph: GraphSpec, checkpoints: list[WorkflowCheckpoint]) -> None:
             if name in after.outputs:
                 assert after.outputs[name] == value, name
             else:
-                at = iteration_of(name, TABLE)
+                at = _iteration(name)
                 assert at is not None and at[1] <= compacted, f"{name} dropped, not compacted"
-        kept = {iteration_of(n, TABLE)[1] for n in after.outputs  # type: ignore[index]
-                if iteration_of(n, TABLE)}
+        kept = {at[1] for n in after.outputs if (at := _iteration(n)) is not None}
         assert keep is None or len(kept) <= keep + 1  # (the next iteration may have begun)
         assert all(k > compacted for k in kept)
 
 
 @settings(max_examples=120, deadline=None)
 @given(cap=st.integers(1, 6), ends_at=st.integers(1, 7), keep=st.sampled_from([None, 1, 2]),
-       crashes=st.lists(st.integers(1, 30), max_size=6))
+       mapped=st.booleans(), crashes=st.lists(st.integers(1, 30), max_size=6))
 def test_a_loop_body_resumed_at_any_point_ends_as_the_uninterrupted_run(
-        cap: int, ends_at: int, keep: int | None, crashes: list[int]) -> None:
-    graph = _graph(cap, keep)
+        cap: int, ends_at: int, keep: int | None, mapped: bool, crashes: list[int]) -> None:
+    graph = _graph(cap, keep, mapped)
     plain, plain_cps, plain_started = _drive(graph, ends_at, None)
     state, checkpoints, started = _drive(graph, ends_at, sorted(set(crashes)))
     assert state.outcome == plain.outcome == ("finished" if ends_at <= cap else "failed")
@@ -160,15 +183,18 @@ def test_a_loop_body_resumed_at_any_point_ends_as_the_uninterrupted_run(
     assert state.outputs.get("z") == plain.outputs.get("z")
     last = min(ends_at, cap)
     if ends_at <= cap:
-        assert plain.outputs["z"] == ["saw", _expected(ends_at)]
+        assert plain.outputs["z"] == ["saw", _expected(ends_at, mapped)]
         # the body's steps record their last iteration's outputs: the declared graph is whole
         assert plain.outputs["agent/fold"] == plain.outputs["agent"]
     else:
         assert state.setbacks.halt is not None and state.setbacks.halt.step == "agent"
         assert "LoopError" in state.setbacks.halt.reason and f"repeat={cap}" in state.setbacks.halt.reason
         assert f"agent/plan#{cap + 1}" not in started
-    assert sorted(n for n in plain_started if "#" in n) == sorted(
-        f"{s}#{k}" for s in BODY for k in range(1, last + 1))
+    expected = [f"{s}#{k}" for s in BODY for k in range(1, last + 1)]
+    if mapped:  # tool#k runs as its items, one per element of plan#k's list
+        expected = [n for n in expected if not n.startswith("agent/tool#")] + [
+            f"agent/tool#{k}[{i}]" for k in range(1, last + 1) for i in range(k % 3)]
+    assert sorted(n for n in plain_started if "#" in n) == sorted(expected)
     _only_grow(graph, plain_cps)
     _only_grow(graph, checkpoints)
     for record in (plain_cps, checkpoints):
@@ -197,7 +223,7 @@ def test_a_rewind_to_a_body_step_of_iteration_k_keeps_what_came_before(
     assert [s.name for s in batch.starts] == [f"{step}#{k}"]
 
 
-def test_a_loop_body_must_end_in_its_output_and_take_no_map_yet() -> None:
+def test_a_loop_body_must_end_in_its_output_and_maps_only_over_an_unmapped_body_step() -> None:
     import pytest
 
     from ekit_core import GraphError
@@ -207,7 +233,17 @@ def test_a_loop_body_must_end_in_its_output_and_take_no_map_yet() -> None:
         GraphSpec.of({"agent/fold": [], "agent/side": [], "agent": ["agent/fold"]},
                      {"agent": Shape(child="agent/fold", repeat=3)})
     with pytest.raises(GraphError, match=r"step 'agent/each' of the body of loop 'agent' cannot "
-                                         r"take map_over \(yet\)"):
+                                         r"take map_over on its output \(yet\)"):
         GraphSpec.of({"agent/plan": [], "agent/each": ["agent/plan"], "agent": ["agent/each"]},
                      {"agent": Shape(child="agent/each", repeat=3),
                       "agent/each": Shape(map_over="agent/plan")})
+    chained = {"agent/plan": [], "agent/a": ["agent/plan"], "agent/b": ["agent/a"],
+               "agent/fold": ["agent/b"], "agent": ["agent/fold"]}
+    with pytest.raises(GraphError, match=r"'agent/b' of the body of loop 'agent' cannot take "
+                                         r"map_over a mapped step"):
+        GraphSpec.of(chained, {"agent": Shape(child="agent/fold", repeat=3),
+                               "agent/a": Shape(map_over="agent/plan"),
+                               "agent/b": Shape(map_over="agent/a")})
+    with pytest.raises(GraphError, match=r"'agent/a' of the body of loop 'agent' cannot take when"):
+        GraphSpec.of(chained, {"agent": Shape(child="agent/fold", repeat=3),
+                               "agent/a": Shape(when="urgent")})

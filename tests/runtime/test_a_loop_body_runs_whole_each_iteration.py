@@ -174,6 +174,49 @@ def test_a_version_bump_of_a_body_step_runs_the_loop_again_from_its_first_iterat
         assert result.outputs["agent"] == _expected(2)
 
 
+def test_tools_mapped_over_what_the_model_asked_run_per_iteration_and_resume_anywhere() -> None:
+    calls: list[str] = []
+
+    def model(ctx: Any) -> list[str]:
+        it: Iteration = ctx["agent"]
+        calls.append(f"model#{it.number}")
+        return [f"q{it.number}.{i}" for i in range(it.number % 3)]  # 1, 2, 0, 1 tool calls
+
+    def tool(ctx: Any) -> str:
+        calls.append(f"tool:{ctx['model']}")
+        return str(ctx["model"]).upper()
+
+    def fold(ctx: Any) -> Any:
+        it: Iteration = ctx["agent"]
+        calls.append(f"fold#{it.number}")
+        seen = [*(it.previous or []), *ctx["tool"]]
+        return Done(seen) if it.number == 4 else seen
+
+    body = Workflow([Step("model", model), Step("tool", tool, ("model",), map_over="model"),
+                     Step("fold", fold, ("tool", "model"))])
+    workflow = Workflow([Step("agent", child=body, repeat=Repeat(6, keep_last=2)),
+                         Step("report", lambda ctx: ctx["agent"], ("agent",))])
+    saved: list[WorkflowCheckpoint] = []
+    result = workflow.run_sync(checkpoint_fn=saved.append)
+    assert result.outputs["report"] == ["Q1.0", "Q2.0", "Q2.1", "Q4.0"]
+    assert calls == ["model#1", "tool:q1.0", "fold#1", "model#2", "tool:q2.0", "tool:q2.1",
+                     "fold#2", "model#3", "fold#3", "model#4", "tool:q4.0", "fold#4"]
+    assert saved[-1].compacted == {"agent": 2, "agent/tool[]": 3}  # (iterations 1, 2: 3 items)
+    for cp in saved:  # a resume from any checkpoint pays for nothing recorded
+        recorded = {n for n in cp.outputs if "#" in n}
+        calls.clear()
+        again = workflow.run_sync(resume_from=_json(cp))
+        assert again.outputs["report"] == result.outputs["report"]
+        for name in recorded:
+            step, _, k = name.partition("#")
+            short = step.removeprefix("agent/")
+            if "[" in k:  # an item: tool#k[i] ran on q{k}.{i}
+                number, _, i = k.rstrip("]").partition("[")
+                assert f"tool:q{number}.{i}" not in calls, (name, calls)
+            elif short != "tool":  # (tool#k is collected, never run)
+                assert f"{short}#{k}" not in calls, (name, calls)
+
+
 def test_ekit_graph_draws_the_cycle_from_the_bodys_output_to_its_first_step() -> None:
     graph = Agent().workflow(Repeat(5, keep_last=2)).graph
     lines = mermaid(graph).splitlines()
@@ -191,7 +234,7 @@ def test_what_a_loop_body_refuses_is_refused_when_built_naming_it() -> None:
     mapped = Workflow([Step("plan", lambda ctx: [1, 2]),
                        Step("each", lambda ctx: ctx["plan"], ("plan",), map_over="plan")])
     with pytest.raises(GraphError, match=r"'agent/each' of the body of loop 'agent' cannot take "
-                                         r"map_over \(yet\)"):
+                                         r"map_over on its output \(yet\)"):
         Workflow([Step("agent", child=mapped, repeat=Repeat(3))])
     cached = Workflow([Step("plan", lambda ctx: 1, cache=True)])
     with pytest.raises(ValueError, match=r"'agent/plan' of the body of loop 'agent': cache=True"):
