@@ -99,10 +99,17 @@ def check_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
 
 def _first_iteration_of(graph: GraphSpec, name: str) -> str | None:
     """The loop ``name`` is the first iteration of (``L#1``), which waits for the loop's
-    dependencies and is skipped with it; ``None`` for any other name."""
+    dependencies and is skipped with it, or the body step (``L/s#1``, skipped with its
+    loop); ``None`` for any other name."""
     loop = name[:-2] if name.endswith("#1") else None
     shape = graph.shapes.get(loop) if loop else None
-    return loop if shape is not None and shape.repeat is not None else None
+    if shape is not None and shape.repeat is not None:
+        return loop
+    if loop and loop in graph.index and any(
+            s.repeat is not None and s.child is not None and loop.startswith(f"{n}/")
+            for n, s in graph.shapes.items()):
+        return loop
+    return None
 
 
 def _check_needed(graph: GraphSpec, name: str, children: tuple[str, ...],

@@ -659,11 +659,7 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
     spec = _replace(base, dependents=_lowered(graph, left, in_body), declared=graph,
-                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded,
-                                     bodies=MappingProxyType(bodies),
-                                     in_body=MappingProxyType(in_body),
-                                     body_maps=MappingProxyType(body_maps(graph) if bodies else {})),
-                    held=held)
+                    shaped=_first_expansion(graph, checkpoint, bodies, in_body), held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
@@ -691,6 +687,15 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         raise CheckpointError("asked", f"records a question of {ghosts[0]!r}, which is no step "
                                        "or item of this run")
     return _freeze(w)
+
+
+def _first_expansion(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                     bodies: dict[str, tuple[str, ...]], in_body: dict[str, str]) -> Expansion:
+    """A shaped run's expansion before anything is expanded: what steps map over, what was
+    set aside for an early cutoff, and the loops' bodies (see ``bodies_of``)."""
+    return Expansion(expanders(graph), superseded=checkpoint.superseded,
+                     bodies=MappingProxyType(bodies), in_body=MappingProxyType(in_body),
+                     body_maps=MappingProxyType(body_maps(graph) if bodies else {}))
 
 
 def _counted_at_start(w: _Run) -> list[Event]:

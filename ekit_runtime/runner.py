@@ -219,11 +219,6 @@ class Runner:
         # Which steps run as their own task, decided at each step's first
         # launch: a resume pays nothing for the steps it skips.
         self._own: dict[str, bool] = _loops_of(state)
-        # Each step of a loop's body -> its loop's Repeat for the body's output step (whose
-        # iteration tells Ended), None for the others: their items are iterations (L/s#k).
-        self._bodies: dict[str, Repeat | None] = self._body_steps(state)
-        self._own.update((n, False) for n, r in self._bodies.items() if r is not None)
-        self._mapped_in_body: dict[str, Step] = {}
         self._began: dict[asyncio.Task[Any], float] = {}
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
@@ -260,14 +255,6 @@ class Runner:
         )
         return own
 
-    def _body_steps(self, state: State) -> dict[str, Repeat | None]:
-        shaped = state.spec.shaped
-        if shaped is None or not shaped.in_body:
-            return {}
-        shapes = state.spec.declared_graph.shapes
-        return {step: self.step(loop).repeat if shapes[loop].child == step else None
-                for step, loop in shaped.in_body.items()}
-
     def _in_iteration(self, context: Context, step: Step, ref: ItemRef) -> None:
         """What iteration ``ref`` of a loop body's step sees besides its inputs: the loop's
         ``Iteration`` under the loop's name, and its body dependencies as the same
@@ -278,17 +265,14 @@ class Runner:
         context[shaped.in_body[ref.step]] = Iteration(k, outputs[ref.source] if ref.source else None)
         suffix = f"#{k}"
         for d in step.depends_on:
-            if d in self._bodies and d + suffix in outputs:
+            if d in shaped.in_body and d + suffix in outputs:
                 context[d] = outputs[d + suffix]
 
     def _body_map(self, name: str) -> Step:
         """The step iteration ``name`` (``M#k``) of a loop body's mapped step ``M`` runs
-        its items as: ``M``'s, named ``M#k`` (its items are ``M#k[key]``)."""
-        step = self._mapped_in_body.get(name)
-        if step is None:
-            step = self._mapped_in_body[name] = dataclasses.replace(
-                self.step(name.rpartition("#")[0]), name=name)
-        return step
+        its items as: ``M``'s, named ``M#k`` (its items are ``M#k[key]``). Made per item,
+        not kept: a runner holds no attribute more (see docs/performance.md)."""
+        return dataclasses.replace(self.step(name.rpartition("#")[0]), name=name)
 
     def _take_answers(self, state: State) -> None:
         """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
@@ -303,7 +287,8 @@ class Runner:
         shapes = self.state.spec.declared_graph.shapes
         mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
         mapped += [f"{n}#" for n, s in shapes.items() if s.repeat is not None]
-        mapped += [f"{n}#" for n in self._bodies]
+        if self.state.spec.shaped is not None:  # (a loop body's steps: L/s#k)
+            mapped += [f"{n}#" for n in self.state.spec.shaped.in_body]
         return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
 
     @property
@@ -560,7 +545,7 @@ class Runner:
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
-        if self._bodies and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
+        if shaped.in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
             self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
             carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
@@ -761,13 +746,7 @@ class Runner:
         callable, is the attempt's release: called once when the attempt
         ends, however it ends (see :data:`BeforeAttempt`).
         """
-        repeat = None if item is None or step.shaping is None else step.shaping[5]
-        if item is not None and self._bodies and step.name in self._bodies:
-            repeat = self._bodies[step.name]  # (a body step's iteration: L/s#k)
-            name = iteration_name(step.name, int(item))
-        else:
-            name = step.name if item is None else item_name(step.name, item) if repeat is None \
-                else iteration_name(step.name, int(item))
+        name, repeat = (step.name, None) if item is None else self._unit(step, item)
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
         cached = self._cached.get(step.name) if self._cached else None
         if self.run_id is not None:
@@ -814,6 +793,19 @@ class Runner:
         finally:
             if release is not None:
                 await _give_back(release, name)
+
+    def _unit(self, step: Step, item: str) -> tuple[str, Repeat | None]:
+        """The name of ``step``'s attempt unit ``item`` (an item, an iteration) and the
+        ``Repeat`` whose ``until`` and ``Done`` its success is read by (``None``: none)."""
+        spec = self.state.spec
+        loop = spec.shaped.in_body.get(step.name) if spec.shaped is not None else None
+        if loop is not None:  # a body step's iteration, L/s#k: its output step's tells Ended
+            ends = spec.declared_graph.shapes[loop].child == step.name
+            return iteration_name(step.name, int(item)), self.step(loop).repeat if ends else None
+        repeat = None if step.shaping is None else step.shaping[5]
+        if repeat is None:
+            return item_name(step.name, item), None
+        return iteration_name(step.name, int(item)), repeat
 
     def _hit(self, name: str, cached: CachedStep, entry: CacheEntry, began: float) -> Input:
         """The outcome of an attempt the cache answered: its recorded output, no usage."""
@@ -1100,9 +1092,12 @@ class Runner:
 
 def _loops_of(state: State) -> dict[str, bool]:
     """Loop -> False: no loop's iteration runs as its own task (see Runner._runs_as_own_task); they
-    go through ``_attempt``, which tells ``Ended``. Decided once a run, so that a step that is
-    no loop does not ask."""
-    return {n: False for n, s in state.spec.declared_graph.shapes.items() if s.repeat is not None}
+    go through ``_attempt``, which tells ``Ended``; nor a loop body's output step's. Decided
+    once a run, so that a step that is no loop does not ask."""
+    shapes = state.spec.declared_graph.shapes
+    own = {n: False for n, s in shapes.items() if s.repeat is not None}
+    own.update([(cast(str, shapes[n].child), False) for n in own if shapes[n].child is not None])
+    return own
 
 
 def _with_hits(checkpoint: WorkflowCheckpoint, hits: Mapping[str, CacheHit]) -> None:

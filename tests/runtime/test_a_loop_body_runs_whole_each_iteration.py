@@ -239,3 +239,19 @@ def test_what_a_loop_body_refuses_is_refused_when_built_naming_it() -> None:
     cached = Workflow([Step("plan", lambda ctx: 1, cache=True)])
     with pytest.raises(ValueError, match=r"'agent/plan' of the body of loop 'agent': cache=True"):
         Workflow([Step("agent", child=cached, repeat=Repeat(3))])
+
+
+def test_a_skipped_loop_skips_its_body_and_its_checkpoint_resumes_audits_and_replays() -> None:
+    from ekit_core import audit, replay
+
+    body = Workflow([Step("plan", lambda ctx: 1), Step("fold", lambda ctx: Done(2), ("plan",))])
+    workflow = Workflow([Step("gate", lambda ctx: 1, when=lambda ctx: False),
+                         Step("agent", depends_on=("gate",), child=body, repeat=Repeat(3)),
+                         Step("report", lambda ctx: 3, ("agent",))])
+    saved: list[WorkflowCheckpoint] = []
+    result = workflow.run_sync(checkpoint_fn=saved.append)
+    assert result.outputs == {}
+    assert {"agent", "agent/plan", "agent/fold", "agent/plan#1", "agent/fold#1", "report"} <= \
+        result.checkpoint.skipped.keys()
+    assert workflow.run_sync(resume_from=_json(saved[-1])).outputs == {}
+    assert audit(workflow.graph, saved[-1]).clean and replay(workflow.graph, saved).ok
