@@ -23,12 +23,11 @@ from typing import Any, TypeAlias, cast
 from ekit_core._frozen import twin
 from ekit_core.code import CacheHit
 from ekit_core.exchanges import HUMAN_FORMAT_VERSION, NO_EXCHANGES, Answer, Exchange, Question
-from ekit_core.expansion import compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
-from ekit_core.shapes import Shape, iteration_name
+from ekit_core.shapes import Shape, compacted_iteration, iteration_name
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [

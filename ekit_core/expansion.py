@@ -28,7 +28,7 @@ from typing import Any, Literal, cast
 
 from ekit_core._frozen import twin
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import item_name, items_of, iteration_name
+from ekit_core.shapes import compacted_iteration, item_name, items_of, iteration_name, iteration_of
 
 __all__ = [
     "Expanded",
@@ -268,46 +268,11 @@ def body_step_iteration(graph: GraphSpec, loop: str, inside: frozenset[str], ste
     into.items[name] = ItemRef(step, str(k), before, None, k)
 
 
-def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
-    """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
-    (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
-    at = name.rfind("#")
-    if at <= 0:
-        return None
-    loop, number = name[:at], name[at + 1:]
-    if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
-        return None
-    return loop, int(number)
-
-
 def items_compacted(step: str) -> str:
     """The key of ``compacted`` that counts the items a loop body's mapped step ``step`` let
     go of with its compacted iterations (``step[]``: no step or item is named so), which a
     resume counts as done, not knowing their names any more."""
     return f"{step}[]"
-
-
-def compacted_iteration(name: str, compacted: Mapping[str, int], shapes: Mapping[str, Any]
-                        ) -> tuple[str, int] | None:
-    """``(loop, k)`` if ``name`` is iteration ``k`` of a loop ``compacted`` counts, or of a
-    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``; or an item of one,
-    ``L/m#k[key]``), and ``k`` is at most
-    that count: recorded, its output let go of (``keep_last``). Else ``None``."""
-    if not compacted:
-        return None
-    at = iteration_of(name, compacted)
-    if at is None:
-        cut = name.rfind("#")
-        mark = name.find("[", cut)  # (an item of a body's map, L/m#k[key]: its iteration's)
-        if cut > 0 and mark > cut:
-            name = name[:mark]
-        owner = name[:cut] if cut > 0 else ""
-        loop = next((n for n in compacted if owner.startswith(f"{n}/")
-                     and getattr(shapes.get(n), "child", None) is not None), None)
-        if loop is None:
-            return None
-        at = iteration_of(f"{loop}{name[cut:]}", compacted)
-    return at if at is not None and at[1] <= compacted[at[0]] else None
 
 
 def mapped_children(graph: GraphSpec, name: str) -> tuple[str, ...]:

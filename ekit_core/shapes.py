@@ -78,8 +78,8 @@ from typing import Any, Literal
 
 from ekit_core.errors import GraphError
 
-__all__ = ["NO_SHAPES", "Shape", "check_shapes", "child_name", "item_name", "iteration_name",
-           "shapes_text"]
+__all__ = ["NO_SHAPES", "Shape", "check_shapes", "child_name", "compacted_iteration", "item_name",
+           "iteration_name", "iteration_of", "shapes_text"]
 
 Join = Literal["all", "any"]
 
@@ -162,6 +162,41 @@ def iteration_name(step: str, k: int) -> str:
 def child_name(step: str, inner: str) -> str:
     """The name of step ``inner`` of the child workflow of step ``step``: ``step/inner``."""
     return f"{step}/{inner}"
+
+
+def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
+    (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
+    at = name.rfind("#")
+    if at <= 0:
+        return None
+    loop, number = name[:at], name[at + 1:]
+    if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
+        return None
+    return loop, int(number)
+
+
+def compacted_iteration(name: str, compacted: Mapping[str, int], shapes: Mapping[str, Any]
+                        ) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is iteration ``k`` of a loop ``compacted`` counts, or of a
+    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``; or an item of one,
+    ``L/m#k[key]``), and ``k`` is at most
+    that count: recorded, its output let go of (``keep_last``). Else ``None``."""
+    if not compacted:
+        return None
+    at = iteration_of(name, compacted)
+    if at is None:
+        cut = name.rfind("#")
+        mark = name.find("[", cut)  # (an item of a body's map, L/m#k[key]: its iteration's)
+        if cut > 0 and mark > cut:
+            name = name[:mark]
+        owner = name[:cut] if cut > 0 else ""
+        loop = next((n for n in compacted if owner.startswith(f"{n}/")
+                     and getattr(shapes.get(n), "child", None) is not None), None)
+        if loop is None:
+            return None
+        at = iteration_of(f"{loop}{name[cut:]}", compacted)
+    return at if at is not None and at[1] <= compacted[at[0]] else None
 
 
 def check_shapes(

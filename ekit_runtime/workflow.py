@@ -643,7 +643,8 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
     if kind == "budget_exceeded" and budget is not None:
         step = halt.step if halt is not None else None
         shape = None if step is None else state.spec.declared_graph.shapes.get(step)
-        within = "child" if shape is not None and shape.child is not None else "loop"
+        within = "child" if shape is not None and shape.child is not None \
+            and shape.repeat is None else "loop"  # (a loop whose body is a child: a loop)
         raise BudgetExceeded(checkpoint, budget, step, within)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)

@@ -255,3 +255,41 @@ def test_a_skipped_loop_skips_its_body_and_its_checkpoint_resumes_audits_and_rep
         result.checkpoint.skipped.keys()
     assert workflow.run_sync(resume_from=_json(saved[-1])).outputs == {}
     assert audit(workflow.graph, saved[-1]).clean and replay(workflow.graph, saved).ok
+
+
+def test_a_question_inside_an_iteration_waits_and_its_answer_resumes_there_usage_rolled_up() -> None:
+    from ekit_core import Answer, answer
+    from ekit_runtime import BudgetExceeded, PatternResult, RunWaiting, TokenUsage, ask
+
+    calls: list[str] = []
+
+    def plan(ctx: Any) -> Any:
+        k = ctx["agent"].number
+        calls.append(f"plan#{k}")
+        return PatternResult(k, cost=TokenUsage(10, 1, 1))
+
+    def approve(ctx: Any) -> Any:
+        k = ctx["agent"].number
+        calls.append(f"approve#{k}")
+        return ask(f"go on with {ctx['plan']}?") if k == 2 else "auto"
+
+    def fold(ctx: Any) -> Any:
+        k = ctx["agent"].number
+        return Done([k, ctx["approve"]]) if k == 3 else [k, ctx["approve"]]
+
+    body = Workflow([Step("plan", plan), Step("approve", approve, ("plan",)),
+                     Step("fold", fold, ("approve",))])
+    workflow = Workflow([Step("agent", child=body, repeat=Repeat(5))])
+    with pytest.raises(RunWaiting) as waiting:
+        workflow.run_sync()
+    assert list(waiting.value.questions) == ["agent/approve#2"]
+    calls.clear()
+    answered = answer(waiting.value.checkpoint, "agent/approve#2", Answer("yes"))
+    result = workflow.run_sync(resume_from=_json(answered))
+    assert calls == ["approve#2", "plan#3", "approve#3"]
+    assert result.outputs["agent"] == [3, "auto"]
+    assert result.usage_of("agent") == TokenUsage(30, 3, 3)
+    with pytest.raises(BudgetExceeded, match="loop 'agent'") as halted:
+        Workflow([Step("agent", child=Workflow([Step("plan", plan), Step("fold", lambda ctx: 0, ("plan",))]),
+                       repeat=Repeat(9))]).run_sync(budget=TokenUsage(llm_calls=2))
+    assert halted.value.step == "agent"
