@@ -218,7 +218,8 @@ def test_a_rewind_to_a_body_step_of_iteration_k_keeps_what_came_before(
         [f"{s}#{j}" for s in BODY for j in range(1, k)] + [f"{s}#{k}" for s in before])
     assert not {"agent", "z", *BODY} & rewound.outputs.keys()
     report = audit(graph, rewound)
-    assert report.clean
+    assert report.clean and [s.name for s in report.steps if s.reason == "ready"] == [f"{step}#{k}"]
+    assert [s.reason for s in report.steps if s.name in ("agent", *BODY)] == ["looping"] * 4
     _, batch = advance(initial_state(graph, json.loads(json.dumps(rewound.to_dict()))))
     assert [s.name for s in batch.starts] == [f"{step}#{k}"]
 
