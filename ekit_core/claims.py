@@ -159,7 +159,8 @@ def check_collections(graph: GraphSpec, outputs: Mapping[str, Any], skipped: Map
     was never expanded (what it maps over is not recorded, or is no list or
     mapping).
     """
-    recorded = [n for n, s in graph.shapes.items() if s.map_over is not None and n in outputs]
+    recorded = [n for n, s in graph.shapes.items()  # (a child per item: its steps collect)
+                if s.map_over is not None and s.child is None and n in outputs]
     if recorded and any(s.child is not None and s.repeat is not None for s in graph.shapes.values()):
         inside = {n for body in bodies_of(graph).values() for n in body}  # (they map per iteration)
         recorded = [n for n in recorded if n not in inside]

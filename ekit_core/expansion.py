@@ -40,6 +40,8 @@ __all__ = [
     "body_iteration",
     "body_maps",
     "body_step_iteration",
+    "child_items",
+    "children_per_item",
     "collected",
     "compacted_iteration",
     "items_compacted",
@@ -157,6 +159,12 @@ class Expansion:
     # A body step that body steps map over -> those steps (see body_maps).
     body_maps: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    # A step that runs a child per item -> its child's steps (see children_per_item); and
+    # what such steps map over -> them.
+    per_item: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    per_item_over: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -173,6 +181,8 @@ class Expansion:
             self.bodies,
             self.in_body,
             self.body_maps,
+            self.per_item,
+            self.per_item_over,
         )
 
 
@@ -184,7 +194,8 @@ def expanders(graph: GraphSpec) -> MappingProxyType[str, tuple[str, ...]]:
     inside = _in_bodies(graph)
     for name, shape in shapes.items():
         over = shape.map_over
-        if over is not None and not _is_mapped(graph, over) and name not in inside:
+        if over is not None and not _is_mapped(graph, over) and name not in inside \
+                and shape.child is None:  # (a child per item grows its own: see children_per_item)
             found.setdefault(over, []).append(name)
     return MappingProxyType({k: tuple(v) for k, v in found.items()})
 
@@ -232,6 +243,52 @@ def body_maps(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
         if over is not None:
             found.setdefault(over, []).append(name)
     return {k: tuple(n for n in graph.names if n in v) for k, v in found.items()}
+
+
+def children_per_item(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each step that runs a child per item (``child=`` with ``map_over=``) -> its child's
+    steps (``P/...``), each after its dependencies among them: once what it maps over is
+    recorded, item ``key`` runs every one as ``P/s[key]`` (:func:`child_items`)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for name, shape in graph.shapes.items():
+        if shape.child is None or shape.map_over is None:
+            continue
+        prefix = f"{name}/"
+        body = [n for n in graph.names if n.startswith(prefix)]
+        inside, placed = set(body), dict[str, None]()
+        while len(placed) < len(body):
+            for n in body:
+                if n not in placed and all(d in placed for d in graph.deps[n] if d in inside):
+                    placed[n] = None
+        found[name] = tuple(placed)
+    return found
+
+
+def child_items(graph: GraphSpec, parent: str, steps: tuple[str, ...], output: Any,
+                into: Expanded) -> str | None:
+    """Add to ``into`` the child of ``parent`` (its ``steps``) once per item of ``output``
+    (what it maps over): ``P/s[key]`` depends on ``P/d[key]`` for each of its child
+    dependencies ``P/d``, and on the parent's inputs as ``P/s`` does, and sees the item as
+    what ``parent`` maps over; each ``P/s`` collects its items as a mapped step does.
+    Returns why ``output`` has no items (then adds nothing), else ``None``."""
+    shape = graph.shapes[parent]
+    over = cast(str, shape.map_over)
+    items = items_of(output, shape.item_key)
+    if isinstance(items, str):
+        return f"step {parent!r} maps over {over!r}, but {items}"
+    inside = frozenset(steps)
+    kind: Literal["list", "dict"] = "dict" if isinstance(output, Mapping) else "list"
+    for step in steps:
+        names = []
+        for key, _value, pick in items:
+            name = item_name(step, key)
+            names.append(name)
+            into.steps[name] = tuple(item_name(d, key) if d in inside else d
+                                     for d in graph.deps[step])
+            into.items[name] = ItemRef(step, key, over, pick)
+        into.members[step] = tuple(names)
+        into.kinds[step] = kind
+    return None
 
 
 def iterating(graph: GraphSpec) -> dict[str, None]:

@@ -38,6 +38,8 @@ from ekit_core.expansion import (
     bodies_of,
     body_maps,
     body_step_iteration,
+    child_items,
+    children_per_item,
     expand,
     expanders,
     iteration_of,
@@ -67,6 +69,10 @@ def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
             found.items.update(more.items)
             found.members.update(more.members)
             found.kinds.update(more.kinds)
+    for parent, child_steps in children_per_item(graph).items() if graph.shapes else ():
+        over = cast(str, graph.shapes[parent].map_over)
+        if over in outputs:  # (a child per item: its steps once per item, as a run grows them)
+            child_items(graph, parent, child_steps, outputs[over], found)
     loops = dict.fromkeys(loops_of(graph)) if graph.shapes else {}
     if loops:  # and the recorded iterations of its loops, each after the one before it
         bodies = bodies_of(graph)

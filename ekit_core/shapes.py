@@ -270,16 +270,20 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
     elif shape.keep_last is not None:
         raise GraphError(f"step {name!r}: keep_last needs repeat", [name])
     if shape.child is not None:
-        if deps[name] != (shape.child,) or not shape.child.startswith(f"{name}/"):
+        own = (shape.child,) if over is None else (shape.child, over)  # (mapped: and its input)
+        if deps[name] != own or not shape.child.startswith(f"{name}/"):
             raise GraphError(f"step {name!r}: its child's output {shape.child!r} must be its one "
-                             f"dependency, a step named {name + '/...'!r}", [name])
-        clash = ("map_over" if over is not None else "when" if shape.when is not None
-                 else "join='any'" if shape.join == "any" else None)
+                             f"dependency (with what it maps over), a step named "
+                             f"{name + '/...'!r}", [name])
+        clash = ("when" if shape.when is not None else "join='any'" if shape.join == "any"
+                 else "map_over and repeat" if over is not None and shape.repeat is not None
+                 else "map_over over a mapped step" if over is not None and over in shapes
+                 and shapes[over].map_over is not None else None)
         if clash is not None:
             raise GraphError(f"step {name!r}: a child workflow cannot be combined with {clash} "
                              "(yet)", [name])
-        if shape.repeat is not None:
-            _check_body(name, shape.child, deps, shapes)
+        if shape.repeat is not None or over is not None:
+            _check_body(name, shape.child, deps, shapes, over is not None)
     if shape.join == "any":
         if not deps[name]:
             raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])
@@ -288,7 +292,7 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
 
 
 def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
-                shapes: Mapping[str, Shape]) -> None:
+                shapes: Mapping[str, Shape], per_item: bool = False) -> None:
     """A loop's body (its child's steps, ``loop/...``): its output is its one last step (what
     ends an iteration: nothing of it may still run once the loop decides), and its steps
     take no shape of their own but a child's and a map over another (unmapped) body step
@@ -296,6 +300,12 @@ def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
     not grown per iteration yet)."""
     prefix = f"{loop}/"
     body = [n for n in deps if n.startswith(prefix)]
+    if per_item:  # a child per item (map_over=): its steps take no shape of their own (yet)
+        shaped = next((n for n in body if n in shapes and not shapes[n].plain), None)
+        if shaped is not None:
+            raise GraphError(f"step {shaped!r} of the child of mapped step {loop!r} cannot take "
+                             "a shape of its own (yet)", [shaped, loop])
+        return
     needed = {d for n in body for d in deps[n]}
     last = [n for n in body if n not in needed]
     if last != [output]:

@@ -120,6 +120,8 @@ from ekit_core.expansion import (
     bodies_of,
     body_iteration,
     body_maps,
+    child_items,
+    children_per_item,
     collected,
     expand,
     expanders,
@@ -214,6 +216,8 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
     """
     index = graph.index
     mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
+    if mapped:  # (and the steps of a child per item: P/s[key])
+        mapped += tuple(f"{n}[" for steps in children_per_item(graph).values() for n in steps)
     loops = iterating(graph) if graph.shapes else {}
     if not mapped and not loops:
         return {k: v for k, v in outputs.items() if k not in index}
@@ -649,7 +653,9 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     skipped = checkpoint.skipped
     bodies = bodies_of(graph)
     in_body = {t: loop for loop, body in bodies.items() for t in body}
-    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, in_body)
+    per_item = children_per_item(graph)
+    grown_later = {**in_body, **{t: p for p, steps in per_item.items() for t in steps}}
+    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, grown_later)
     held = 0
     if base.limits.only is not None:  # only the selection is ready, or made ready
         first, left, held = narrowed(graph.names, base.limits.only, first, left)
@@ -658,8 +664,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     if asked:  # steps and items that wait for an answer are not ready; a denial halts
         first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
-    spec = _replace(base, dependents=_lowered(graph, left, in_body), declared=graph,
-                    shaped=_first_expansion(graph, checkpoint, bodies, in_body), held=held)
+    spec = _replace(base, dependents=_lowered(graph, left, grown_later), declared=graph,
+                    shaped=_first_expansion(graph, checkpoint, bodies, in_body, per_item), held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
@@ -677,6 +683,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     for name in graph.names:
         if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
             _expand(w, name)
+        if name in spec.shaped.per_item_over and name in outputs:  # type: ignore[union-attr]
+            _grow_children(w, name)
         if name in loops:
             _start_loop(w, name, checkpoint)
     _check_expansion(w, checkpoint)
@@ -690,12 +698,19 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
 
 
 def _first_expansion(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
-                     bodies: dict[str, tuple[str, ...]], in_body: dict[str, str]) -> Expansion:
+                     bodies: dict[str, tuple[str, ...]], in_body: dict[str, str],
+                     per_item: dict[str, tuple[str, ...]]) -> Expansion:
     """A shaped run's expansion before anything is expanded: what steps map over, what was
-    set aside for an early cutoff, and the loops' bodies (see ``bodies_of``)."""
+    set aside for an early cutoff, the loops' bodies (see ``bodies_of``) and the children
+    per item (see ``children_per_item``)."""
+    over: dict[str, tuple[str, ...]] = {}
+    for parent in per_item:
+        source = cast(str, graph.shapes[parent].map_over)
+        over[source] = (*over.get(source, ()), parent)
     return Expansion(expanders(graph), superseded=checkpoint.superseded,
                      bodies=MappingProxyType(bodies), in_body=MappingProxyType(in_body),
-                     body_maps=MappingProxyType(body_maps(graph) if bodies else {}))
+                     body_maps=MappingProxyType(body_maps(graph) if bodies else {}),
+                     per_item=MappingProxyType(per_item), per_item_over=MappingProxyType(over))
 
 
 def _counted_at_start(w: _Run) -> list[Event]:
@@ -1511,6 +1526,9 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     if name in shaped.expanders:
         _expand(w, name)
         shaped = cast(Expansion, w.spec.shaped)
+    if shaped.per_item_over and name in shaped.per_item_over:
+        _grow_children(w, name)
+        shaped = cast(Expansion, w.spec.shaped)
     ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
@@ -1738,6 +1756,35 @@ def _expand_in_body(w: _Run, over: str, ref: ItemRef) -> None:
             _collect(w, mapped)
 
 
+def _grow_children(w: _Run, over: str) -> None:
+    """``over`` is recorded: each step that runs a child per item of it grows its child once
+    per item (``P/s[key]``, see ``child_items``), each child step collecting its items as
+    a mapped step does; the parent records its child's output step's collected output."""
+    shaped = cast(Expansion, w.spec.shaped)
+    graph, deps = w.spec.declared_graph, w.spec.graph.deps
+    for parent in shaped.per_item_over[over]:
+        steps = shaped.per_item[parent]
+        if steps[0] in shaped.members or parent in w.setbacks.skipped:  # (grown, or skipped)
+            continue
+        more = Expanded()
+        why = child_items(graph, parent, steps, w.outputs[over], more)
+        if why is not None:
+            _map_failed(w, parent, why)
+            continue
+        _grow(w, more)
+        outputs, waiting = w.outputs, w.counts()
+        for step, members in more.members.items():
+            if step in outputs:  # a resume: collected already
+                continue
+            left = sum(1 for m in members if m not in outputs)
+            if not left:
+                left = _wait_for_dependencies(w, step, deps[step])
+            if left:
+                waiting[step] = left
+            else:
+                _collect(w, step)
+
+
 def _item_settled(w: _Run, mapped: str) -> None:
     """An item of ``mapped`` was recorded or skipped: at the last one, collect.
 
@@ -1775,6 +1822,30 @@ def _collect(w: _Run, mapped: str) -> None:
     if children:
         _count_down(w, children, outputs, w.spec.graph.index)
     for waiting in shaped.waits.get(mapped, ()):
+        _item_settled(w, waiting)
+    if shaped.per_item:  # a child per item's output step: its parent hands it on
+        parent = next((p for p in shaped.per_item
+                       if w.spec.declared_graph.shapes[p].child == mapped), None)
+        if parent is not None and parent not in w.outputs:
+            _hand_on(w, parent, output)
+
+
+def _hand_on(w: _Run, step: str, output: Any) -> None:
+    """Record ``output`` as ``step``'s own (a step that runs a child per item, once its
+    child's output step collected), and pass it on as any recorded output."""
+    outputs = w.outputs = w.outputs.with_item(step, output)
+    w.completed += 1
+    if w.record:
+        w.events.append(StepFinished(step, 1, NO_USAGE, None))
+    children = w.spec.dependents.get(step, ())
+    if children:
+        _count_down(w, children, outputs, w.spec.graph.index)
+    shaped = cast(Expansion, w.spec.shaped)
+    if step in shaped.expanders:
+        _expand(w, step)
+    if shaped.per_item_over and step in shaped.per_item_over:
+        _grow_children(w, step)
+    for waiting in shaped.waits.get(step, ()):
         _item_settled(w, waiting)
 
 

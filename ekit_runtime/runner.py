@@ -75,7 +75,7 @@ from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.loops import Done, Iteration, Repeat
-from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
+from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
 from ekit_runtime.stores.errors import UnencodableError
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn", "prepare_run_of"]
@@ -555,8 +555,13 @@ class Runner:
                 return step, ref.key, context
             self._in_iteration(context, step, ref)
             return step, ref.key, context
-        over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
-        assert over is not None
+        over = None if step.shaping is None else step.shaping[0]  # (a property: a call per item)
+        if over is None:  # a step of a child per item, P/s[key]: the item, and its child's items
+            context[ref.source] = item_input(ref, outputs)
+            for d in step.depends_on:
+                if (dep := item_name(d, ref.key)) in outputs:
+                    context[d] = outputs[dep]
+            return step, ref.key, context
         context[over] = item_input(ref, outputs)
         return step, ref.key, context
 
