@@ -651,10 +651,7 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
                                                 base.code_fingerprints), touched)
     base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
-    bodies = bodies_of(graph)
-    in_body = {t: loop for loop, body in bodies.items() for t in body}
-    per_item = children_per_item(graph)
-    grown_later = {**in_body, **{t: p for p, steps in per_item.items() for t in steps}}
+    bodies, in_body, per_item, grown_later = _grown_later(graph)
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, grown_later)
     held = 0
     if base.limits.only is not None:  # only the selection is ready, or made ready
@@ -695,6 +692,16 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         raise CheckpointError("asked", f"records a question of {ghosts[0]!r}, which is no step "
                                        "or item of this run")
     return _freeze(w)
+
+
+def _grown_later(graph: GraphSpec) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
+                                            dict[str, tuple[str, ...]], dict[str, str]]:
+    """The loops' bodies and each body step's loop; the children per item and each of their
+    steps' parent: never started themselves (they grow per iteration or per item)."""
+    bodies = bodies_of(graph)
+    in_body = {t: loop for loop, body in bodies.items() for t in body}
+    per_item = children_per_item(graph)
+    return bodies, in_body, per_item, {**in_body, **{t: p for p, ss in per_item.items() for t in ss}}
 
 
 def _first_expansion(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
