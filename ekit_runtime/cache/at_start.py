@@ -86,28 +86,43 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     hashed: dict[str, tuple[Any, Any, str | None]] = {}
     while ready:
         asked: dict[int, list[tuple[CachedStep, str, Hasher]]] = {}
-        answered: list[tuple[CachedStep, CacheEntry, Any]] = []
+        answered: list[tuple[str, CacheEntry, Any]] = []
         for step in ready:
-            one, head = cached[step.name], heads[step.name]
+            name = step.name
+            one, head = cached[name], heads[name]
             entries = few.get(head)
             if entries is None:  # (many entries, or a cache that cannot tell: asked below)
-                hasher = _hasher(one, _context(step, base, outputs), hashed)
-                asked.setdefault(id(one.cache), []).append((one, head, hasher))
-            elif entries:  # all its entries are read already: matched here, no query
-                hit = _matching(one, entries, lambda s=step: _context(s, base, outputs), hashed)
-                if hit is not None:
-                    answered.append((one, *hit))
+                asked.setdefault(id(one.cache), []).append(
+                    (one, head, _hasher(one, _context(step, base, outputs), hashed)))
+                continue
+            # All its entries are read already: matched here, no query; the newest whose every
+            # read matches the context (built only if an entry read anything) and which decodes.
+            hasher: Hasher | None = None
+            for entry in entries:
+                if entry.reads:
+                    if hasher is None:
+                        hasher = _hasher(one, _context(step, base, outputs), hashed)
+                    if not all(hasher(k) == h for k, h in entry.reads.items()):
+                        continue
+                try:
+                    output = one.decode(loads(entry.output))
+                except Exception as exc:
+                    _undecodable(one, entry, exc)
+                    continue
+                answered.append((name, entry, output))
+                break
         ready = []
         for wanted in asked.values():
             answered += _find(wanted)
-        for one, entry, output in answered:
-            name = one.step
+        for name, entry, output in answered:
             outputs[name] = output
             found[name] = (output, entry)
-            for after in waits.get(name, ()):
-                missing[after] -= 1
-                if not missing[after]:
-                    ready.append(waiting[after])
+            after = waits.get(name)
+            if after is not None:
+                for later in after:
+                    left = missing[later] = missing[later] - 1
+                    if not left:
+                        ready.append(waiting[later])
     return found
 
 
@@ -126,26 +141,7 @@ def _few(cached: Mapping[str, CachedStep], heads: Mapping[str, str]) -> dict[str
     return few
 
 
-def _matching(one: CachedStep, entries: list[CacheEntry], context: Any,
-              hashed: dict[str, tuple[Any, Any, str | None]]) -> tuple[CacheEntry, Any] | None:
-    """The newest of ``entries`` (all those under one head) whose every read matches the step's
-    context (``context()``, built only if an entry read anything) and whose output decodes,
-    with that output."""
-    hasher = None
-    for entry in entries:
-        reads = entry.reads
-        if reads:
-            if hasher is None:
-                hasher = _hasher(one, context(), hashed)
-            if not all(hasher(k) == h for k, h in reads.items()):
-                continue
-        decoded = _decoded(one, entry)
-        if decoded is not None:
-            return entry, decoded[0]
-    return None
-
-
-def _find(wanted: list[tuple[CachedStep, str, Hasher]]) -> list[tuple[CachedStep, CacheEntry, Any]]:
+def _find(wanted: list[tuple[CachedStep, str, Hasher]]) -> list[tuple[str, CacheEntry, Any]]:
     """The hits of ``wanted`` (one cache), in one :meth:`Cache.find`, with their outputs: as
     :func:`~ekit_runtime.cache.base.lookup_all` (a failing cache or entry is a miss)."""
     cache = wanted[0][0].cache
@@ -157,20 +153,18 @@ def _find(wanted: list[tuple[CachedStep, str, Hasher]]) -> list[tuple[CachedStep
         return []
     hits = []
     for (one, _, _), entry in zip(wanted, entries, strict=True):
-        decoded = None if entry is None else _decoded(one, entry)
-        if decoded is not None:
-            hits.append((one, entry, decoded[0]))
-    return hits  # type: ignore[return-value]
+        if entry is not None:
+            try:
+                hits.append((one.step, entry, one.decode(loads(entry.output))))
+            except Exception as exc:
+                _undecodable(one, entry, exc)
+    return hits
 
 
-def _decoded(one: CachedStep, entry: CacheEntry) -> tuple[Any] | None:
-    """``(output,)`` of ``entry`` decoded, or ``None`` (with a warning) when it no longer decodes."""
-    try:
-        return (one.decode(loads(entry.output)),)
-    except Exception as exc:
-        _warn(f"the entry {entry.key} of {one.step!r} in {one.cache!r} cannot be decoded; "
-              "passing over it", exc)
-        return None
+def _undecodable(one: CachedStep, entry: CacheEntry, exc: Exception) -> None:
+    """Warn that ``entry`` no longer decodes (damaged, or an output type changed since): a miss."""
+    _warn(f"the entry {entry.key} of {one.step!r} in {one.cache!r} cannot be decoded; "
+          "passing over it", exc)
 
 
 def _hasher(one: CachedStep, context: Mapping[str, Any], hashed: dict[str, tuple[Any, Any, str | None]]
