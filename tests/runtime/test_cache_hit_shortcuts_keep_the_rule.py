@@ -126,3 +126,24 @@ def test_a_value_many_cached_steps_read_is_hashed_once_as_the_run_starts(
         assert hashed == ["doc"]
         third = asyncio.run(flow.run({"doc": "another"}, cache=cache))  # and a new value misses, for all
         assert third.checkpoint is not None and not third.checkpoint.cache_hits
+
+
+TONE = "gentle"
+
+
+def review(ctx: Mapping[str, Any]) -> str:
+    return f"a {TONE} review of {ctx['draft']}" + "".join(c for c in "ok" if c)  # (nested code too)
+
+
+def test_a_fingerprint_replayed_for_known_code_is_the_one_computed_and_still_sees_its_globals(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ekit_runtime import fingerprints
+
+    monkeypatch.setattr(fingerprints, "_CODE_BYTES", {})
+    first = fingerprints.code_fingerprint(review)
+    assert fingerprints._CODE_BYTES  # the code's bytes are kept...
+    assert fingerprints.code_fingerprint(review) == first  # ...and replayed as the same fingerprint
+    monkeypatch.setattr(fingerprints, "_CODE_BYTES", {})
+    assert fingerprints.code_fingerprint(review) == first  # (computed afresh: the same)
+    monkeypatch.setitem(globals(), "TONE", "blunt")  # a global the code reads: never kept with it
+    assert fingerprints.code_fingerprint(review) != first
