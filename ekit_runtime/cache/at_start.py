@@ -56,28 +56,19 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     cache, every cached plain step not recorded whose dependencies are
     recorded or found, with the context it would be started with.
     """
+    found: Found = {}
     if state.spec.shaped is not None or state.settled or state.setbacks.asked:
-        return {}
+        return found
     limits = state.spec.limits
     if limits.only is not None or limits.approval:
-        return {}
+        return found
     outputs: dict[str, Any] = state.outputs.as_dict()
-    base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
-    base.update(state.context)
-    waiting = {s.name: s for s in steps if s.name in cached and s.name not in outputs
-               and s.shaping is not None and (s.shaping is _CACHED or s.shaping[:6] == _PLAIN)}
-    # Each waiting step's dependencies not known yet, and who waits on each: one pass, so that
-    # a chain of n cached steps (n rounds of one step) costs O(n), not O(n^2).
-    missing = {n: sum(1 for d in s.depends_on if d not in outputs) for n, s in waiting.items()}
-    waits: dict[str, list[str]] = {}
-    for name, step in waiting.items():
-        for dep in step.depends_on:
-            if dep in waiting:
-                waits.setdefault(dep, []).append(name)
+    waiting, missing, waits = _waiting(steps, cached, outputs)
     ready = [waiting[n] for n, m in missing.items() if not m]
-    found: Found = {}
     if not ready:
         return found
+    base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
+    base.update(state.context)
     heads = {n: cached[n].head(None) for n in waiting}
     few = _few(cached, heads)
     # Key -> (its value, the encoder, the hash): every step that reads a value hashes it once
@@ -111,19 +102,43 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
                     continue
                 answered.append((name, entry, output))
                 break
-        ready = []
         for wanted in asked.values():
             answered += _find(wanted)
-        for name, entry, output in answered:
-            outputs[name] = output
-            found[name] = (output, entry)
-            after = waits.get(name)
-            if after is not None:
-                for later in after:
-                    left = missing[later] = missing[later] - 1
-                    if not left:
-                        ready.append(waiting[later])
+        ready = _known(answered, outputs, found, waits, missing, waiting)
     return found
+
+
+def _known(answered: list[tuple[str, CacheEntry, Any]], outputs: dict[str, Any], found: Found,
+           waits: Mapping[str, list[str]], missing: dict[str, int], waiting: Mapping[str, Step]
+           ) -> list[Step]:
+    """Record the hits ``answered`` as known; the steps that makes ready (every dependency known)."""
+    ready = []
+    for name, entry, output in answered:
+        outputs[name] = output
+        found[name] = (output, entry)
+        after = waits.get(name)
+        if after is not None:
+            for later in after:
+                left = missing[later] = missing[later] - 1
+                if not left:
+                    ready.append(waiting[later])
+    return ready
+
+
+def _waiting(steps: Sequence[Step], cached: Mapping[str, CachedStep], outputs: Mapping[str, Any]
+             ) -> tuple[dict[str, Step], dict[str, int], dict[str, list[str]]]:
+    """The cached plain steps not recorded, how many of each one's dependencies are not known
+    yet, and who waits on each: one pass, so that a chain of n cached steps (n rounds of one
+    step) costs O(n), not O(n^2)."""
+    waiting = {s.name: s for s in steps if s.name in cached and s.name not in outputs
+               and s.shaping is not None and (s.shaping is _CACHED or s.shaping[:6] == _PLAIN)}
+    missing = {n: sum(1 for d in s.depends_on if d not in outputs) for n, s in waiting.items()}
+    waits: dict[str, list[str]] = {}
+    for name, step in waiting.items():
+        for dep in step.depends_on:
+            if dep in waiting:
+                waits.setdefault(dep, []).append(name)
+    return waiting, missing, waits
 
 
 def _few(cached: Mapping[str, CachedStep], heads: Mapping[str, str]) -> dict[str, list[CacheEntry] | None]:
