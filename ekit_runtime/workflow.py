@@ -44,7 +44,7 @@ from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
-from ekit_runtime.step import Step, unencodable
+from ekit_runtime.step import _CACHED, Step, unencodable
 from ekit_runtime.typed import Codec, final_checkpoint, run_options
 
 __all__ = ["RunOptions", "Workflow", "WorkflowResult"]
@@ -215,11 +215,18 @@ class Workflow:
             steps, moved = flatten(steps)  # each child's steps in its step's place
             with_options = _with_options(steps)
         self._steps = steps
-        shapes = {s.name: s.shape for s in with_options if s.shape is not None}
+        shapes: dict[str, Shape] = {}
+        for s in with_options:
+            if s.shaping is not _CACHED:  # (cached and no other option: no shape, no call to ask)
+                shape = s.shape
+                if shape is not None:
+                    shapes[s.name] = shape
         if moved:
             shapes.update(moved)
         self._graph = GraphSpec.of_steps(steps, shapes)
         self._with_options = tuple(with_options)
+        # The steps with a retry policy or a version tag, read at every run's start.
+        self._tagged = tuple(s for s in with_options if s.retry is not None or s.version is not None)
         names = self._graph.names
         if not "".join(names).isascii():  # one pass in C over every name (their dependencies too)
             for name in names:
@@ -269,9 +276,20 @@ class Workflow:
 
     def code_fingerprints(self) -> dict[str, str]:
         """Step -> the fingerprint of its code now, for every fingerprinted step."""
-        steps = {s.name: s for s in self._steps}
+        from ekit_runtime.fingerprints import code_fingerprint  # only where code is fingerprinted
+
+        policies = self._code_policies
         memo: dict[int, str] = {}  # a function many steps share is hashed once
-        return {name: _fingerprint_of(steps[name], memo) for name in self._code_policies}
+        prints: dict[str, str] = {}
+        for step in self._steps:  # (in the order of the policies: both the steps')
+            if step.name in policies:
+                run = step.run
+                key = id(run)
+                found = memo.get(key)
+                if found is None:
+                    found = memo[key] = code_fingerprint(run)
+                prints[step.name] = found
+        return prints
 
     def code_decision(self, resume_from: WorkflowCheckpoint | None,
                       current: Mapping[str, str] | None = None) -> CodeDecision:
@@ -322,11 +340,11 @@ class Workflow:
             context=initial_context,
             max_concurrency=max_concurrency,
             budget=budget,
-            policies={s.name: s.retry for s in self._with_options if s.retry is not None},
+            policies={s.name: s.retry for s in self._tagged if s.retry is not None},
             allow_graph_change=allow_graph_change,
             approval=approval,
             isolate_failures=isolate_failures,
-            versions={s.name: s.version for s in self._with_options if s.version is not None},
+            versions={s.name: s.version for s in self._tagged if s.version is not None},
             record_events=record_events,
             run_id=run_id,
             only=only,
@@ -580,16 +598,6 @@ def _recorded_hits(resume_from: object, state: State) -> MappingProxyType[str, C
 
 def _as_is(value: Any) -> Any:
     return value
-
-
-def _fingerprint_of(step: Step, memo: dict[int, str]) -> str:
-    """The fingerprint of ``step``'s code (``memo``: by function, within one call)."""
-    from ekit_runtime.fingerprints import code_fingerprint  # only where code is fingerprinted
-
-    key = id(step.run)
-    if key not in memo:
-        memo[key] = code_fingerprint(step.run)
-    return memo[key]
 
 
 def _outputs(state: State) -> MappingProxyType[str, Any]:

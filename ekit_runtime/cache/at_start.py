@@ -24,18 +24,29 @@ from types import MappingProxyType
 from typing import Any
 
 from ekit_core import State, WorkflowCheckpoint, checkpoint_of
-from ekit_core.ledger import Ledger
 from ekit_core.transitions import context_outputs
-from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, _warn, lookup_all
+from ekit_runtime.cache.base import (
+    ANSWERS,
+    KEYS,
+    CachedStep,
+    CacheEntry,
+    CacheHit,
+    Hasher,
+    _Unencodable,
+    _warn,
+    loads,
+    value_hash,
+)
 from ekit_runtime.context import StepContext
-from ekit_runtime.step import Step
+from ekit_runtime.step import _CACHED, Step
 
-__all__ = ["Found", "hits_at_start", "with_hits"]
+__all__ = ["Found", "hits_at_start", "hits_of", "with_hits"]
 
 Found = dict[str, tuple[Any, CacheEntry]]
 """Step -> (its output, decoded; the entry it came from)."""
 
 _PLAIN = (None, None, None, "all", None, None)  # Step.shaping[:6] of a step with no run-time shape
+_ABSENT = "-"  # (base.value_hash's mark of a key the context does not hold)
 
 
 def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, CachedStep]) -> Found:
@@ -45,58 +56,89 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     cache, every cached plain step not recorded whose dependencies are
     recorded or found, with the context it would be started with.
     """
+    found: Found = {}
     if state.spec.shaped is not None or state.settled or state.setbacks.asked:
-        return {}
+        return found
     limits = state.spec.limits
     if limits.only is not None or limits.approval:
-        return {}
-    outputs: dict[str, Any] = dict(state.outputs.items())
+        return found
+    outputs: dict[str, Any] = state.outputs.as_dict()
+    waiting, missing, waits = _waiting(steps, cached, outputs)
+    ready = [waiting[n] for n, m in missing.items() if not m]
+    if not ready:
+        return found
     base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
     base.update(state.context)
+    heads = {n: cached[n].head(None) for n in waiting}
+    few = _few(cached, heads)
+    # Key -> (its value, the encoder, the hash): every step that reads a value hashes it once
+    # (a fan-out of cached steps over one output). By the value's identity: nothing runs
+    # between the lookups here, and a value that is not the one hashed is hashed again.
+    hashed: dict[str, tuple[Any, Any, str | None]] = {}
+    while ready:
+        asked: dict[int, list[tuple[CachedStep, str, Hasher]]] = {}
+        answered: list[tuple[str, CacheEntry, Any]] = []
+        for step in ready:
+            name = step.name
+            one, head = cached[name], heads[name]
+            entries = few.get(head)
+            if entries is None:  # (many entries, or a cache that cannot tell: asked below)
+                asked.setdefault(id(one.cache), []).append(
+                    (one, head, _hasher(one, _context(step, base, outputs), hashed)))
+                continue
+            # All its entries are read already: matched here, no query; the newest whose every
+            # read matches the context (built only if an entry read anything) and which decodes.
+            hasher: Hasher | None = None
+            for entry in entries:
+                if entry.reads:
+                    if hasher is None:
+                        hasher = _hasher(one, _context(step, base, outputs), hashed)
+                    if not all(hasher(k) == h for k, h in entry.reads.items()):
+                        continue
+                try:
+                    output = one.decode(loads(entry.output))
+                except Exception as exc:
+                    _undecodable(one, entry, exc)
+                    continue
+                answered.append((name, entry, output))
+                break
+        for wanted in asked.values():
+            answered += _find(wanted)
+        ready = _known(answered, outputs, found, waits, missing, waiting)
+    return found
+
+
+def _known(answered: list[tuple[str, CacheEntry, Any]], outputs: dict[str, Any], found: Found,
+           waits: Mapping[str, list[str]], missing: dict[str, int], waiting: Mapping[str, Step]
+           ) -> list[Step]:
+    """Record the hits ``answered`` as known; the steps that makes ready (every dependency known)."""
+    ready = []
+    for name, entry, output in answered:
+        outputs[name] = output
+        found[name] = (output, entry)
+        after = waits.get(name)
+        if after is not None:
+            for later in after:
+                left = missing[later] = missing[later] - 1
+                if not left:
+                    ready.append(waiting[later])
+    return ready
+
+
+def _waiting(steps: Sequence[Step], cached: Mapping[str, CachedStep], outputs: Mapping[str, Any]
+             ) -> tuple[dict[str, Step], dict[str, int], dict[str, list[str]]]:
+    """The cached plain steps not recorded, how many of each one's dependencies are not known
+    yet, and who waits on each: one pass, so that a chain of n cached steps (n rounds of one
+    step) costs O(n), not O(n^2)."""
     waiting = {s.name: s for s in steps if s.name in cached and s.name not in outputs
-               and s.shaping is not None and s.shaping[:6] == _PLAIN}
-    # Each waiting step's dependencies not known yet, and who waits on each: one pass, so that
-    # a chain of n cached steps (n rounds of one step) costs O(n), not O(n^2).
+               and s.shaping is not None and (s.shaping is _CACHED or s.shaping[:6] == _PLAIN)}
     missing = {n: sum(1 for d in s.depends_on if d not in outputs) for n, s in waiting.items()}
     waits: dict[str, list[str]] = {}
     for name, step in waiting.items():
         for dep in step.depends_on:
             if dep in waiting:
                 waits.setdefault(dep, []).append(name)
-    ready = [waiting[n] for n, m in missing.items() if not m]
-    found: Found = {}
-    if not ready:
-        return found
-    heads = {n: cached[n].head(None) for n in waiting}
-    few = _few(cached, heads)
-    while ready:
-        by_cache: dict[int, list[tuple[CachedStep, str, Mapping[str, Any]]]] = {}
-        answered: list[tuple[CachedStep, CacheEntry | None]] = []
-        for step in ready:
-            one, head = cached[step.name], heads[step.name]
-            context = _context(step, base, outputs)
-            entries = few.get(head)
-            if entries is None:  # (many entries, or a cache that cannot tell: asked below)
-                by_cache.setdefault(id(one.cache), []).append((one, head, context))
-            else:  # all its entries are read already: matched here, no query
-                answered.append((one, _matching(one, entries, context)))
-        ready = []
-        for wanted in by_cache.values():
-            answered += zip((w[0] for w in wanted), lookup_all(wanted[0][0].cache, wanted), strict=True)
-        for one, entry in answered:
-            if entry is None:
-                continue
-            try:
-                output = one.output_of(entry)
-            except Exception:  # (decoded once already: see CachedStep._decodes) the step runs
-                continue
-            outputs[one.step] = output
-            found[one.step] = (output, entry)
-            for after in waits.get(one.step, ()):
-                missing[after] -= 1
-                if not missing[after]:
-                    ready.append(waiting[after])
-    return found
+    return waiting, missing, waits
 
 
 def _few(cached: Mapping[str, CachedStep], heads: Mapping[str, str]) -> dict[str, list[CacheEntry] | None]:
@@ -114,13 +156,57 @@ def _few(cached: Mapping[str, CachedStep], heads: Mapping[str, str]) -> dict[str
     return few
 
 
-def _matching(one: CachedStep, entries: list[CacheEntry], context: Mapping[str, Any]) -> CacheEntry | None:
-    """The newest of ``entries`` (all those under one head) whose every read matches ``context``."""
-    hasher = one.hasher(context)
-    for entry in entries:
-        if all(hasher(k) == h for k, h in entry.reads.items()) and one._decodes(entry):
-            return entry
-    return None
+def _find(wanted: list[tuple[CachedStep, str, Hasher]]) -> list[tuple[str, CacheEntry, Any]]:
+    """The hits of ``wanted`` (one cache), in one :meth:`Cache.find`, with their outputs: as
+    :func:`~ekit_runtime.cache.base.lookup_all` (a failing cache or entry is a miss)."""
+    cache = wanted[0][0].cache
+    try:
+        entries = cache.find([(head, hasher) for _, head, hasher in wanted])
+    except Exception as exc:  # a damaged or unreachable cache: the steps run, as on a miss
+        names = ", ".join(repr(one.step) for one, _, _ in wanted)
+        _warn(f"could not look up {names} in {cache!r}; running them", exc)
+        return []
+    hits = []
+    for (one, _, _), entry in zip(wanted, entries, strict=True):
+        if entry is not None:
+            try:
+                hits.append((one.step, entry, one.decode(loads(entry.output))))
+            except Exception as exc:
+                _undecodable(one, entry, exc)
+    return hits
+
+
+def _undecodable(one: CachedStep, entry: CacheEntry, exc: Exception) -> None:
+    """Warn that ``entry`` no longer decodes (damaged, or an output type changed since): a miss."""
+    _warn(f"the entry {entry.key} of {one.step!r} in {one.cache!r} cannot be decoded; "
+          "passing over it", exc)
+
+
+def _hasher(one: CachedStep, context: Mapping[str, Any], hashed: dict[str, tuple[Any, Any, str | None]]
+            ) -> Hasher:
+    """:meth:`CachedStep.hasher` of ``context``, sharing ``hashed`` with the other steps' hashers."""
+    encode = one.encode
+
+    def hasher(key: str) -> str | None:
+        if key in (KEYS, ANSWERS):  # (the key set is each context's own)
+            try:
+                return value_hash(context, key, encode)
+            except _Unencodable:
+                return None
+        try:
+            value = context[key]
+        except KeyError:
+            return _ABSENT
+        seen = hashed.get(key)
+        if seen is not None and seen[0] is value and seen[1] is encode:
+            return seen[2]
+        try:
+            digest: str | None = value_hash(context, key, encode)
+        except _Unencodable:
+            digest = None
+        hashed[key] = (value, encode, digest)
+        return digest
+    return hasher
 
 
 def _context(step: Step, base: dict[str, Any], outputs: dict[str, Any]) -> Mapping[str, Any]:
@@ -134,13 +220,21 @@ def _context(step: Step, base: dict[str, Any], outputs: dict[str, Any]) -> Mappi
 
 
 def with_hits(state: State, found: Found) -> WorkflowCheckpoint:
-    """The checkpoint of ``state`` with the outputs ``found``: what the run starts from, as a resume."""
+    """The checkpoint of ``state`` with the outputs ``found``: what the run starts from, as a resume.
+
+    Its outputs and usage are plain mappings, as a checkpoint read from a store
+    holds: the resume that reads them asks each step whether it is recorded.
+    """
     cp = checkpoint_of(state)
-    outputs = Ledger({**cp.outputs, **{name: output for name, (output, _) in found.items()}})
-    return WorkflowCheckpoint.of_ledgers(
-        outputs, Ledger(cp.step_usage), step_index=cp.step_index + len(found), cost=cp.cost,
-        context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
-        redone=cp.redone, code_fingerprints=cp.code_fingerprints)
+    outputs = state.outputs.as_dict()
+    for name, (output, _) in found.items():
+        outputs[name] = output
+    return WorkflowCheckpoint(
+        cp.step_index + len(found), MappingProxyType(outputs), cost=cp.cost, context=cp.context,
+        step_usage=MappingProxyType(state.step_usage.as_dict()), failures=cp.failures,
+        graph=cp.graph, format_version=cp.format_version, versions=cp.versions,
+        durations=cp.durations, redone=cp.redone, began=cp.began,
+        code_fingerprints=cp.code_fingerprints)
 
 
 def hits_of(found: Found) -> MappingProxyType[str, CacheHit]:

@@ -25,9 +25,10 @@ entry back, so two processes filling one key both go on with one value.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,56 @@ def head_of(step: str, fingerprint: str, version: str | None, item: str | None,
     return _hash(default_dumps(["ekit-cache-1", step, fingerprint, version, item, sorted(types)]))
 
 
+# The JSON text of a string, as default_dumps writes it (ensure_ascii off): the C encoder's.
+_quoted: Callable[[str], str] = json.encoder.encode_basestring
+
+
+_TYPES: dict[tuple[str, ...], str] = {}  # a codec's type names -> their text in a head (memo)
+
+
+def _head_text(step: str, fingerprint: str, version: str | None, item: str | None,
+               types: tuple[str, ...]) -> str | None:
+    """The text :func:`head_of` hashes, written directly: the same characters as ``default_dumps``
+    of its list (about a third of its cost). ``None`` for a value that is not a plain ``str``."""
+    text = _TYPES.get(types)
+    if text is None:
+        if not all(type(t) is str for t in types):
+            return None
+        text = _TYPES[types] = f",[{','.join(map(_quoted, sorted(types)))}]]"
+    if type(step) is not str or type(fingerprint) is not str or (
+            version is not None and type(version) is not str) or (item is not None and type(item) is not str):
+        return None
+    return (f'["ekit-cache-1",{_quoted(step)},{_quoted(fingerprint)},'
+            f'{"null" if version is None else _quoted(version)},'
+            f'{"null" if item is None else _quoted(item)}{text}')
+
+
+class _Constant(Exception):
+    """``NaN`` or an infinity in a stored text: :func:`loads` lets ``default_loads`` refuse it."""
+
+
+def _refuse(name: str) -> Any:
+    raise _Constant(name)
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(parse_constant=_refuse).scan_once  # type: ignore[attr-defined]
+
+
+def loads(text: str) -> Any:
+    """:func:`~ekit_runtime.stores.codec.default_loads` of a text a cache stored, by the C
+    scanner alone: a hit reads one or two small texts, and the decoder's Python around the
+    scan cost more than the parse. A text it does not read whole (whitespace around it, a
+    NaN, bad JSON) goes to ``default_loads``, which reads or refuses it as ever."""
+    if type(text) is str:
+        try:
+            value, end = _SCAN(text, 0)
+        except Exception:  # (StopIteration: no value at all)
+            return default_loads(text)
+        if end == len(text):
+            return value
+    return default_loads(text)
+
+
 def entry_key(head: str, reads: Mapping[str, str]) -> str:
     """An entry's key: its head and its reads, hashed (what a cache stores it under, once)."""
     return _hash(default_dumps([head, sorted(reads.items())]))
@@ -84,6 +135,21 @@ class CacheEntry:
     # The key a cache stored it under, as read back with it (``""``: computed when asked):
     # a hit's key is recorded, and hashing it again costs a hit as much as its lookup.
     stored_key: str = field(default="", repr=False, compare=False)
+
+    @classmethod
+    def _read_back(cls, head: str, reads: Mapping[str, str], output: str, usage: TokenUsage,
+                   created: float, step: str, key: str) -> CacheEntry:
+        """The entry a cache read back, every field given: built through its slots, not the
+        frozen ``__init__`` (one ``object.__setattr__`` a field: about half a hit's entry)."""
+        entry = _new(cls)
+        _SET_HEAD(entry, head)
+        _SET_READS(entry, reads)
+        _SET_OUTPUT(entry, output)
+        _SET_USAGE(entry, usage)
+        _SET_CREATED(entry, created)
+        _SET_STEP(entry, step)
+        _SET_KEY(entry, key)
+        return entry
 
     @property
     def key(self) -> str:
@@ -165,6 +231,49 @@ class Cache:
 
     def close(self) -> None:
         """Release what the cache holds open (a connection)."""
+
+
+_new = object.__new__
+(_SET_HEAD, _SET_READS, _SET_OUTPUT, _SET_USAGE, _SET_CREATED, _SET_STEP, _SET_KEY) = (
+    vars(CacheEntry)[name].__set__ for name in (
+        "head", "reads", "output", "usage", "created", "step", "stored_key"))
+
+
+def find_by_key_sets(wanted: Sequence[tuple[str, Hasher]], key_sets: Mapping[str, Sequence[Sequence[str]]],
+                     fetch: Callable[[list[tuple[str, str]]], Iterable[CacheEntry]]
+                     ) -> list[CacheEntry | None]:
+    """:meth:`Cache.find` of a cache that keeps, for each head, the sets of keys its entries
+    read (``key_sets``): each set's keys hashed as the asking step's context holds them now
+    make the key of the one entry that can match, and ``fetch(pairs)`` reads those entries
+    (the fresh ones of them) by ``(head, key)``. So a lookup reads no entry made from other inputs,
+    however many the cache holds. Each entry found is checked read by read all the same."""
+    asked: dict[tuple[str, str], list[int]] = {}  # (head, entry key) -> which of wanted would take it
+    for n, (head, hasher) in enumerate(wanted):
+        for keys in key_sets.get(head, ()):
+            reads = {}
+            for key in keys:
+                hashed = hasher(key)
+                if hashed is None:
+                    break
+                reads[key] = hashed
+            else:
+                asked.setdefault((head, entry_key(head, reads)), []).append(n)
+    found: list[CacheEntry | None] = [None] * len(wanted)
+    if not asked:
+        return found
+    for entry in fetch(list(asked)):
+        for n in asked.get((entry.head, entry.key), ()):
+            head, hasher = wanted[n]
+            best = found[n]
+            if entry.head == head and all(hasher(k) == h for k, h in entry.reads.items()) and (
+                    best is None or entry.created > best.created):
+                found[n] = entry
+    return found
+
+
+def key_set(reads: Iterable[str]) -> str:
+    """The set of keys an entry read, as the caches' indexes hold it (JSON of the sorted keys)."""
+    return default_dumps(sorted(reads))
 
 
 class _Unencodable(Exception):
@@ -314,10 +423,12 @@ class CachedStep:
     # id(entry) -> its output, decoded by lookup or store, handed on by output_of (a hit decodes
     # once; by id, not key: a key is a hash to compute, and the caller holds the entry meanwhile)
     _decoded: dict[int, Any] = field(default_factory=dict)
-
     def head(self, item: str | None) -> str:
-        """The head of the step, or of one of its items."""
-        return head_of(self.step, self.fingerprint, self.version, item, self.types)
+        """The head of the step, or of one of its items: :func:`head_of` of them."""
+        text = _head_text(self.step, self.fingerprint, self.version, item, self.types)
+        if text is None:
+            return head_of(self.step, self.fingerprint, self.version, item, self.types)
+        return _hash(text)
 
     def lookup(self, head: str, context: Mapping[str, Any]) -> CacheEntry | None:
         """The newest entry under ``head`` whose every read matches ``context`` now, or ``None``."""
@@ -340,13 +451,13 @@ class CachedStep:
     def output_of(self, entry: CacheEntry) -> Any:
         """The output an entry holds, decoded."""
         decoded = self._decoded.pop(id(entry), _NOTHING)
-        return self.decode(default_loads(entry.output)) if decoded is _NOTHING else decoded
+        return self.decode(loads(entry.output)) if decoded is _NOTHING else decoded
 
     def _decodes(self, entry: CacheEntry) -> bool:
         """Whether ``entry``'s output decodes (kept for :meth:`output_of`): one that no longer
         does (damaged, or made with an output type that changed since) is a miss, with a warning."""
         try:
-            self._decoded[id(entry)] = self.decode(default_loads(entry.output))
+            self._decoded[id(entry)] = self.decode(loads(entry.output))
         except Exception as exc:
             _warn(f"the entry {entry.key} of {self.step!r} in {self.cache!r} cannot be decoded; "
                   "passing over it", exc)

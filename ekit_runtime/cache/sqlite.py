@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ekit_core import TokenUsage
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.cache.base import Cache, CacheEntry, Hasher, entry_key
+from ekit_runtime.cache.base import Cache, CacheEntry, Hasher, find_by_key_sets, key_set, loads
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
 __all__ = ["SqliteCache"]
@@ -135,26 +136,33 @@ class SqliteCache(Cache):
     def few(self, heads: Sequence[str]) -> dict[str, list[CacheEntry] | None]:
         """See :meth:`Cache.few`: one query, reading at most ``FEW + 1`` entries a head."""
         unique = list(dict.fromkeys(heads))
-        rows: list[tuple[object, ...]] = []
+        by_head: dict[str, list[CacheEntry] | None] = {h: [] for h in unique}
+        fresh = self._fresh_after()
         with self._lock:
             for i in range(0, len(unique), _CHUNK):
                 part = unique[i:i + _CHUNK]
-                rows += self._conn.execute(
-                    f"WITH wanted(h) AS (VALUES {', '.join(['(?)'] * len(part))}) "
-                    f"SELECT {_E_COLUMNS} FROM wanted JOIN ekit_cache AS e ON e.key IN ("
-                    "SELECT c.key FROM ekit_cache AS c WHERE c.head = wanted.h AND c.created >= ? "
-                    f"ORDER BY c.created DESC LIMIT {FEW + 1})",
-                    (*part, self._fresh_after())).fetchall()
-        by_head: dict[str, list[CacheEntry] | None] = {h: [] for h in unique}
-        for row in rows:
-            listed = by_head[str(row[1])]
-            if listed is not None:
-                listed.append(_entry(row))
-                if len(listed) > FEW:
-                    by_head[str(row[1])] = None
+                marks = ", ".join("?" * len(part))
+                # Every entry of these heads, if they hold no more than FEW + 1 each on the
+                # whole: a plain indexed read, about half the cost of the bounded one below.
+                bound = (FEW + 1) * len(part)
+                rows = self._conn.execute(
+                    f"SELECT {_COLUMNS} FROM ekit_cache WHERE head IN ({marks}) AND created >= ? "
+                    "LIMIT ?", (*part, fresh, bound + 1)).fetchall()
+                if len(rows) > bound:  # some head holds more: at most FEW + 1 of each, newest first
+                    rows = self._conn.execute(
+                        f"WITH wanted(h) AS (VALUES {', '.join(['(?)'] * len(part))}) "
+                        f"SELECT {_E_COLUMNS} FROM wanted JOIN ekit_cache AS e ON e.key IN ("
+                        "SELECT c.key FROM ekit_cache AS c WHERE c.head = wanted.h AND c.created >= ? "
+                        f"ORDER BY c.created DESC LIMIT {FEW + 1})", (*part, fresh)).fetchall()
+                for row in rows:
+                    listed = by_head[row[1]]
+                    if listed is not None:
+                        listed.append(_entry(row))
+                        if len(listed) > FEW:
+                            by_head[row[1]] = None
         for listed in by_head.values():
-            if listed is not None:
-                listed.sort(key=lambda e: e.created, reverse=True)
+            if listed is not None and len(listed) > 1:
+                listed.sort(key=_created, reverse=True)
         return by_head
 
     def find(self, wanted: Sequence[tuple[str, Hasher]]) -> list[CacheEntry | None]:
@@ -169,37 +177,19 @@ class SqliteCache(Cache):
                         "SELECT head, keys FROM ekit_cache_reads WHERE head IN "
                         f"({', '.join('?' * len(part))})", part):
                     shapes.setdefault(head, []).append(default_loads(keys))
-        asked: dict[str, list[int]] = {}  # entry key -> which of wanted would take it
-        for n, (head, hasher) in enumerate(wanted):
-            for keys in shapes.get(head, ()):
-                reads = {}
-                for key in keys:
-                    hashed = hasher(key)
-                    if hashed is None:
-                        break
-                    reads[key] = hashed
-                else:
-                    asked.setdefault(entry_key(head, reads), []).append(n)
-        found: list[CacheEntry | None] = [None] * len(wanted)
-        if not asked:
-            return found
-        keys_asked = list(asked)
+        return find_by_key_sets(wanted, shapes, self._by_keys)
+
+    def _by_keys(self, pairs: list[tuple[str, str]]) -> list[CacheEntry]:
+        """The fresh entries stored under the keys of ``pairs`` (``(head, key)``)."""
+        keys = [key for _, key in pairs]
+        rows = []
         with self._lock:
-            rows = []
-            for i in range(0, len(keys_asked), _CHUNK):
-                part = keys_asked[i:i + _CHUNK]
+            for i in range(0, len(keys), _CHUNK):
+                part = keys[i:i + _CHUNK]
                 rows += self._conn.execute(
                     f"SELECT {_COLUMNS} FROM ekit_cache WHERE key IN ({', '.join('?' * len(part))}) "
                     "AND created >= ?", (*part, self._fresh_after())).fetchall()
-        for row in rows:
-            entry = _entry(row)
-            for n in asked[str(row[0])]:
-                hasher = wanted[n][1]
-                best = found[n]
-                if all(hasher(k) == h for k, h in entry.reads.items()) and (
-                        best is None or entry.created > best.created):
-                    found[n] = entry
-        return found
+        return [_entry(row) for row in rows]
 
     def put(self, entry: CacheEntry) -> CacheEntry:
         """Store ``entry`` unless its key is taken (then the stored one wins); the stored entry."""
@@ -269,13 +259,17 @@ class SqliteCache(Cache):
         return dropped
 
 
-def _entry(row: tuple[object, ...]) -> CacheEntry:
+def _entry(row: tuple[Any, ...]) -> CacheEntry:
     key, head, step, reads, output, i, o, calls, created = row
-    usage = TokenUsage(int(i), int(o), int(calls)) if i or o or calls else NO_USAGE  # type: ignore[call-overload]
-    return CacheEntry(str(head), default_loads(str(reads)), str(output), usage,
-                      float(created), str(step), str(key))  # type: ignore[arg-type]
+    usage = TokenUsage(int(i), int(o), int(calls)) if i or o or calls else NO_USAGE
+    return CacheEntry._read_back(str(head), {} if reads == "{}" else loads(str(reads)), str(output),
+                                 usage, float(created), str(step), str(key))
+
+
+def _created(entry: CacheEntry) -> float:
+    return entry.created
 
 
 def _keys(reads: object) -> str:
     """The set of keys ``reads`` recorded, as ``ekit_cache_reads`` holds it."""
-    return default_dumps(sorted(reads))  # type: ignore[call-overload]
+    return key_set(reads)  # type: ignore[arg-type]

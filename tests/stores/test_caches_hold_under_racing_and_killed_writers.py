@@ -59,7 +59,8 @@ def _put_after_barrier(kind: str, where: str, barrier: Any, me: int, rounds: int
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_two_processes_filling_one_key_leave_one_entry_and_read_the_same(kind: str, where: str) -> None:
-    open_cache(kind, where)  # (created once, before the race)
+    # (created once, before the race; opened before any entry, so it indexes none itself)
+    before = open_cache(kind, where)
     rounds = 20
     barrier, out = _SPAWN.Barrier(2), _SPAWN.Queue()
     procs = [_SPAWN.Process(target=_put_after_barrier, args=(kind, where, barrier, i, rounds, out))
@@ -71,9 +72,20 @@ def test_two_processes_filling_one_key_leave_one_entry_and_read_the_same(kind: s
         p.join(_DEADLINE)
         assert p.exitcode == 0
     assert results[0] == results[1]  # both went on with one value, round after round
-    entries = list(open_cache(kind, where).entries())
+    entries = list(before.entries())
     assert len(entries) == rounds
     assert {e.output for e in entries} <= {'"written by 0"', '"written by 1"'}
+    # and a lookup, through the index of the keys entries read, finds what both went on with
+    # (asked before any other open, which would index what the writers left unindexed)
+    in_rounds = sorted(entries, key=lambda e: int(e.head[4:]))
+    assert [found_by_lookup(before, e).output for e in in_rounds] == results[0]
+
+
+def found_by_lookup(cache: Cache, entry: CacheEntry) -> CacheEntry:
+    """What a lookup with ``entry``'s inputs finds (:meth:`Cache.find`, by key)."""
+    (found,) = cache.find([(entry.head, entry.reads.get)])
+    assert found is not None and found.key == entry.key
+    return found
 
 
 _STEP_BARRIER: Any = None
@@ -130,6 +142,7 @@ def _write_forever(kind: str, where: str, started: Any) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_writer_killed_mid_write_leaves_no_torn_entry(kind: str, where: str) -> None:
+    before = open_cache(kind, where)  # (opened before any entry: it indexes none itself)
     for _round in range(4):
         started = _SPAWN.Event()
         proc = _SPAWN.Process(target=_write_forever, args=(kind, where, started))
@@ -138,6 +151,8 @@ def test_a_writer_killed_mid_write_leaves_no_torn_entry(kind: str, where: str) -
         os.kill(proc.pid, signal.SIGKILL)  # while it writes: it does nothing else
         proc.join(_DEADLINE)
         assert proc.exitcode == -signal.SIGKILL
+        # each entry indexed (asked before any other open, which would index what it left unindexed)
+        assert all(_whole(found_by_lookup(before, e).output) for e in before.entries())
         cache = open_cache(kind, where)
         entries = list(cache.entries())
         assert len(entries) >= 3
