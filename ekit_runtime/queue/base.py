@@ -42,9 +42,15 @@ from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue.lifecycle import (
+    ABANDONED,
     HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
     LIVE,
     SLOT_HELD,
+    abandoned_as,
+    at_cap,
+    at_start_rate,
     follows,
     graph_change_allowed,
     held_status,
@@ -1125,7 +1131,8 @@ class RunQueue(ABC):
         key = (type(self), template)
         found = _RENDERED.get(key)
         if found is None:
-            found = _RENDERED[key] = _PLACEHOLDER.sub(lambda m: self._placeholder(m.group(1)), template)
+            text = template.replace(":since", "(:now - :window)")  # (a rate window's start)
+            found = _RENDERED[key] = _PLACEHOLDER.sub(lambda m: self._placeholder(m.group(1)), text)
         return found
 
     @abstractmethod
@@ -1214,6 +1221,47 @@ class RunQueue(ABC):
     @abstractmethod
     def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
         """Lease the next claimable run, or ``None``."""
+
+    # -- a claim in full's statements (the pick and the lease are each backend's) --
+
+    def _sweep_abandoned(self, tx: Any) -> None:
+        """End the runs whose lease expired after a cancel was asked (a claim's row for them: they
+        are not resumed, so that no worker starts paid work on a run someone cancelled)."""
+        sql = self._q(
+            "UPDATE ekit_queue_runs SET status = :status, epoch = epoch + 1, lease_until = NULL, "
+            f"updated_at = :now{self._fold} WHERE {ABANDONED}"
+        )
+        tx.execute(sql, {"status": abandoned_as(), "now": time.time()})
+
+    def _trim_usage(self, tx: Any, window: float) -> None:
+        """Delete the usage entries that left the fleet's rate window."""
+        sql = self._q(f"DELETE FROM ekit_queue_usage WHERE {LEFT_WINDOW}")
+        tx.execute(sql, {"now": time.time(), "window": window})
+
+    def _below_limits(self, tx: Any, limits: Limits) -> bool:
+        """Whether one more lease keeps the fleet within its cap and its start rate.
+
+        Starts are recorded (:meth:`_count_start`, their window trimmed here)
+        only while the fleet has a start rate: without one, a claim neither
+        writes nor scans that table.
+        """
+        args = {"now": time.time(), "window": limits.window}
+        if limits.max_in_flight is not None:
+            live = self._q(f"SELECT count(*) FROM ekit_queue_runs WHERE {LIVE}")
+            (leases,) = tx.execute(live, args).fetchone()
+            if at_cap(limits, leases):
+                return False
+        if limits.runs_per_minute is not None:
+            tx.execute(self._q(f"DELETE FROM ekit_queue_starts WHERE {LEFT_WINDOW}"), args)
+            count = self._q(f"SELECT count(*) FROM ekit_queue_starts WHERE {IN_WINDOW}")
+            (started,) = tx.execute(count, args).fetchone()
+            if at_start_rate(limits, started):
+                return False
+        return True
+
+    def _count_start(self, tx: Any) -> None:
+        """Record a lease granted in the start-rate window."""
+        tx.execute(self._q("INSERT INTO ekit_queue_starts (at) VALUES (:now)"), {"now": time.time()})
 
     def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
         """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""

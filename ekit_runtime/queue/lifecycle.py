@@ -151,6 +151,7 @@ __all__ = [
     "Transition",
     "UNCHANGED",
     "abandoned",
+    "abandoned_as",
     "at_cap",
     "at_start_rate",
     "cancel_effect",
@@ -206,8 +207,10 @@ class Transition:
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(None, "queued", "submitter", "submit", "the run id is new"),
     Transition("queued", "running", "anyone", "claim", "claimable; epoch + 1"),
-    Transition("running", "running", "anyone", "claim", "lease expired, no cancel asked; epoch + 1"),
-    Transition("running", "cancelled", "anyone", "claim", "lease expired with a cancel asked; epoch + 1"),
+    Transition("running", "running", "anyone", "claim", "lease expired, no cancel asked; epoch + 1",
+               cancel=False),
+    Transition("running", "cancelled", "anyone", "claim", "lease expired with a cancel asked; epoch + 1",
+               cancel=True),
     Transition("running", "running", "holder", "save", "fenced; lease extended"),
     Transition("running", "running", "holder", "renew", "fenced; lease extended"),
     Transition("running", "finished", "holder", "finish", "fenced"),
@@ -319,6 +322,15 @@ def submitted_as() -> RunStatus:
     if row is None:
         raise ValueError("the lifecycle table has no row for submit: no run can be queued")
     return row.target
+
+
+def abandoned_as() -> RunStatus:
+    """The status a claim leaves a run whose lease expired after a cancel was asked (:func:`abandoned`):
+    the target of the table's ``claim`` row from ``running`` with a cancel asked."""
+    for row in TRANSITIONS:
+        if (row.verb, row.source, row.cancel) == ("claim", "running", True):
+            return row.target
+    raise ValueError("the lifecycle table has no row for a claim of an abandoned run")
 
 
 def held_status(verb: str) -> str:

@@ -54,18 +54,13 @@ from ekit_runtime.queue.base import (
 from ekit_runtime.queue.lifecycle import (
     FINAL,
     REOPENED_AS,
-    at_cap,
-    at_start_rate,
 )
 from ekit_runtime.queue.postgres_loop import LoopSession
 from ekit_runtime.queue.postgres_sql import (
-    _ABANDONED,
     _BEFORE,
     _COLUMNS,
     _HELD,
     _INFO,
-    _LEFT_WINDOW,
-    _LIVE,
     _MAX_IDLE,
     _NOW,
     _PICK_INDEX,
@@ -421,15 +416,12 @@ class PostgresQueue(RunQueue):
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
     ) -> tuple[tuple[Any, ...], Limits] | None:
         """The claimed run's row (see :meth:`claim`) and the limits the claim read, or ``None``."""
-        conn.execute(
-            f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = {_NOW} WHERE {_ABANDONED}"
-        )
+        self._sweep_abandoned(conn)
         text, limits = self._read_limits_text(conn)
         # Later claims are quick (see _QUICK_CLAIM) while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted else (text, limits)
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
+        self._trim_usage(conn, limits.window)
         if limits.max_in_flight is not None or limits.runs_per_minute is not None:
             # Serialise the claims that count: without this, two claims could
             # both see one free slot and both take it.
@@ -448,23 +440,8 @@ class PostgresQueue(RunQueue):
         if claimed is None:
             return None
         if limits.runs_per_minute is not None:
-            conn.execute(f"INSERT INTO ekit_queue_starts (at) VALUES ({_NOW})")
+            self._count_start(conn)
         return claimed, limits
-
-    @staticmethod
-    def _below_limits(conn: psycopg.Connection[Any], limits: Limits) -> bool:
-        if limits.max_in_flight is not None:
-            row = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}"
-            ).fetchone()
-            if row is not None and at_cap(limits, row[0]):
-                return False
-        if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (limits.window,))
-            row = conn.execute("SELECT count(*) FROM ekit_queue_starts").fetchone()
-            if row is not None and at_start_rate(limits, row[0]):
-                return False
-        return True
 
     def _fenced(self, lease: Lease, row: tuple[Any, ...] | None) -> bool:
         if row is None:

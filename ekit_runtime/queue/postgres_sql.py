@@ -33,12 +33,10 @@ from ekit_runtime.queue.lifecycle import (
     CLAIMABLE,
     GRAPH_CHANGE_MARK,
     HELD,
-    IN_WINDOW,
     LEFT_WINDOW,
-    LIVE,
     MATCHES,
-    SLOT_HELD,
     UNCHANGED,
+    abandoned_as,
     render,
 )
 from ekit_runtime.queue.records import (
@@ -129,10 +127,8 @@ _DIALECT = {
     "epoch": "%s",
 }
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch
-_LIVE = render(LIVE, _DIALECT)
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)
 _ABANDONED = render(ABANDONED, _DIALECT)
-_IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 
 # Whether a run is of one of the claimer's workflows (args: the names, their
@@ -178,7 +174,7 @@ def _names(names: list[tuple[str, str | None]]) -> tuple[list[str], list[str | N
 # two updates of one statement must not touch the same row.
 _NOT_ABANDONED = f" AND NOT ({_ABANDONED})"
 _QUICK_CLAIM = (
-    "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+    "WITH swept AS (UPDATE ekit_queue_runs SET status = %s, epoch = epoch + 1, "
     f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
     f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
     "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
@@ -194,9 +190,6 @@ _QUICK_CLAIM = (
 )
 
 
-_SLOT_HELD = render(SLOT_HELD, _DIALECT)
-
-
 def _quick_args(
     quick: tuple[str | None, Limits],
     worker: str,
@@ -205,7 +198,7 @@ def _quick_args(
     limit: int,
 ) -> tuple[Any, ...]:
     """The arguments of ``_QUICK_CLAIM`` (``quick``: the limits' text as last read, and the limits)."""
-    return (quick[1].window, worker, seconds, *_names(names), limit, quick[0])
+    return (abandoned_as(), quick[1].window, worker, seconds, *_names(names), limit, quick[0])
 
 
 # The first key of the advisory lock a slot's take holds on its resource (the

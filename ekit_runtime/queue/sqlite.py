@@ -58,21 +58,14 @@ from ekit_runtime.queue.base import (
     schema_problem,
 )
 from ekit_runtime.queue.lifecycle import (
-    ABANDONED,
     CLAIM_ORDER,
     CLAIMABLE,
     FINAL,
     GRAPH_CHANGE_MARK,
     HELD,
-    IN_WINDOW,
-    LEFT_WINDOW,
-    LIVE,
     MATCHES,
     REOPENED_AS,
-    SLOT_HELD,
     UNCHANGED,
-    at_cap,
-    at_start_rate,
     render,
 )
 from ekit_runtime.queue.records import (
@@ -285,13 +278,8 @@ _DIALECT = {
     "graph_change": f"instr(options, '{GRAPH_CHANGE_MARK}') > 0",
 }
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch, now
-_LIVE = render(LIVE, _DIALECT)  # args: now
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)  # args: now
-_ABANDONED = render(ABANDONED, _DIALECT)  # args: now
 _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
-_IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
-_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
-_SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
 _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
 # What a write that takes a run out of ``running`` sets besides (an ending, a
@@ -1026,16 +1014,13 @@ class SqliteQueue(RunQueue):
         now = time.time()
         # A run whose cancel was asked while its worker was alive, and whose
         # worker then died, is cancelled here rather than resumed.
-        conn.execute(
-            "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
-            (now, now),
-        )
+        self._sweep_abandoned(conn)
         text, limits = self._read_limits_text(conn)
         # Later claims take the quick path while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted or not _RETURNING else (text, limits)
-        if not self._below_limits(conn, now, limits):
+        self._trim_usage(conn, limits.window)
+        if not self._below_limits(conn, limits):
             return None
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
@@ -1056,7 +1041,7 @@ class SqliteQueue(RunQueue):
             (epoch + 1, worker, until, now, run_id),
         )
         if limits.runs_per_minute is not None:
-            conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
+            self._count_start(conn)
         checkpoint, number = self._read_run(conn, run_id, missing_ok=True)
         return self._granted_numbered(
             number, run_id, epoch + 1, workflow, context, checkpoint, until, options, limits
@@ -1148,42 +1133,9 @@ class SqliteQueue(RunQueue):
         """At most once a second: cancel the abandoned runs and trim the usage window (a statement each)."""
         if time.monotonic() - self._tidied < 1.0:
             return
-        now = time.time()
-        self._tx(
-            lambda c: c.execute(
-                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-                f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
-                (now, now),
-            ),
-            begin=False,
-        )
-        self._tx(
-            lambda c: c.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (now - limits.window,)),
-            begin=False,
-        )
+        self._tx(self._sweep_abandoned, begin=False)
+        self._tx(lambda c: self._trim_usage(c, limits.window), begin=False)
         self._tidied = time.monotonic()
-
-    def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
-        """Whether one more lease keeps the fleet within its cap and its start rate.
-
-        Starts are recorded (and their window trimmed) only while the fleet
-        has a start rate, as on PostgreSQL: without one, a claim neither
-        writes nor scans that table.
-        """
-        if limits.max_in_flight is not None:
-            (leases,) = conn.execute(f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}", (now,)).fetchone()
-            if at_cap(limits, leases):
-                return False
-        start = now - limits.window
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (start,))
-        if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
-            (started,) = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_starts WHERE {_IN_WINDOW}", (start,)
-            ).fetchone()
-            if at_start_rate(limits, started):
-                return False
-        return True
 
     def _fence(self, conn: sqlite3.Connection, lease: Lease, updated: int) -> None:
         if updated != 1:

@@ -3,7 +3,8 @@
 Beside ``cancel`` (its own file), ``submit`` stores a new run in its row's
 target, a holder's ``finish`` writes only a status a ``finish`` row names,
 ``release`` and ``park`` write the target of the row for a cancel asked or
-not, and a cancel that ends a run ends it in its row's target. Each on
+not, a cancel that ends a run ends it in its row's target, and a claim
+ends a run abandoned after a cancel in its row's target. Each on
 SQLite and PostgreSQL alike: the statements are one text for both.
 """
 
@@ -16,7 +17,7 @@ import pytest
 from ekit_runtime.queue import Lease, RunQueue
 from ekit_runtime.queue import lifecycle as lc
 from ekit_runtime.queue.records import RunStatus
-from tests.support.queue_backends import queue, queue_url
+from tests.support.queue_backends import expire_lease, queue, queue_url
 
 __all__ = ["queue", "queue_url"]
 
@@ -104,3 +105,15 @@ def test_a_cancel_that_ends_a_run_ends_it_in_its_rows_target(
     assert queue.cancel("r") is True
     info = queue.status("r")
     assert info.status == "failed" and info.epoch == 1 and info.cancel_requested
+
+
+def test_a_claim_ends_an_abandoned_run_in_its_rows_target(
+    queue_url: str, queue: RunQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _claimed(queue)
+    assert queue.cancel("r") is True  # (a live lease: flagged)
+    expire_lease(queue_url, "r")  # its worker died
+    monkeypatch.setattr(lc, "TRANSITIONS", _retargeted("claim", "running", "failed", cancel=True))
+    assert queue.claim("w2", {"wf": None}, 600) is None
+    info = queue.status("r")
+    assert info.status == "failed" and info.lease_until is None
