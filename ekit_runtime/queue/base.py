@@ -1218,9 +1218,53 @@ class RunQueue(ABC):
         row = tx.execute(sql).fetchone()
         return (None if row is None else row[0]), self._limits_from(row)
 
-    @abstractmethod
     def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run, or ``None``."""
+        """Lease the next claimable run of one of ``workflows``, or ``None``.
+
+        ``workflows`` maps each workflow name the worker can drive to its
+        graph fingerprint; a run whose saved checkpoint has another
+        fingerprint is left for a worker that has that version. Claimable:
+        queued, or running with an expired lease. Each claim increments the
+        run's epoch. ``None`` also when the fleet is at a limit.
+
+        While the fleet has no limit a claim counts (:attr:`_quick`, as the
+        last claim in full read them), a claim is one statement; otherwise,
+        or when that statement leases nothing (nothing to claim, or the
+        limits changed), a claim in full says which.
+        """
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        who = self._worker_name(worker)
+        with self._lock:
+            quick = self._quick
+            if quick is not None:
+                rows = self._quick_claim(who, names, seconds, quick, 1)
+                if rows:
+                    return self._granted_quick(rows[0], quick[1])
+            return self._claim_in_full(who, names, seconds)
+
+    _quick: tuple[str | None, Limits] | None = None
+    """The limits' text and value as the last claim in full read them, while no limit a claim
+    counts is set (``None``: every claim is in full)."""
+
+    @abstractmethod
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        """Lease up to ``limit`` runs in one statement, guarded by ``quick``'s limits text; their
+        rows in claim order (each for :meth:`_granted_quick`)."""
+
+    @abstractmethod
+    def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
+        """The lease of a row :meth:`_quick_claim` leased, with the run's checkpoint."""
+
+    @abstractmethod
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        """A claim in one transaction: the sweep, the limits, the pick and lease, the checkpoint;
+        it sets :attr:`_quick` from the limits it read."""
 
     # -- a claim in full's statements (the pick and the lease are each backend's) --
 
@@ -1284,14 +1328,24 @@ class RunQueue(ABC):
         """Lease up to ``limit`` claimable runs at once, as that many calls of :meth:`claim` would.
 
         The runs are those the claims would take, in claim order; fewer (or
-        none) when fewer are claimable or the fleet reaches a limit. A
-        backend that can leases them in one statement and one commit (a
-        worker with several free places fills them in one go); this one
-        claims one by one. A claim that fails after others were granted
-        ends the call with those (the next call meets the error again), so
-        that no granted lease is dropped.
+        none) when fewer are claimable or the fleet reaches a limit. While
+        the fleet has no limit a claim counts, one statement leases them all
+        (one commit: a worker with several free places fills them in one
+        go); otherwise they are claimed one by one. A claim that fails after
+        others were granted ends the call with those (the next call meets
+        the error again), so that no granted lease is dropped.
         """
         limit = claim_limit(limit)
+        quick = self._quick
+        if limit > 1 and quick is not None:
+            names = self._workflows(workflows)
+            seconds = self._lease_seconds(lease_seconds)
+            who = self._worker_name(worker)
+            with self._lock:
+                rows = self._quick_claim(who, names, seconds, quick, limit)
+                if rows:
+                    return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
+            # Nothing to claim, or the limits changed: the claims in full say which.
         leases: list[Lease] = []
         while len(leases) < limit:
             try:

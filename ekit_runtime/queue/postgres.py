@@ -46,8 +46,6 @@ from ekit_runtime.queue.base import (
     RunQueue,
     Submission,
     check_one_per_run,
-    claim_limit,
-    handed_over,
     progress,
     schema_problem,
 )
@@ -342,8 +340,6 @@ class PostgresQueue(RunQueue):
             tx.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
         return True
 
-    _quick: tuple[str | None, Limits] | None = None
-
     def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
         """The lease a quick claim returned, with the run's checkpoint (its entries read now)."""
         run_id, epoch, workflow, context, until, options, *stored = row
@@ -364,19 +360,12 @@ class PostgresQueue(RunQueue):
 
     # -- the worker's side --------------------------------------------------
 
-    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run of one of ``workflows`` (see :meth:`SqliteQueue.claim`)."""
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        quick = self._quick
-        if quick is not None:
-            args = _quick_args(quick, who, seconds, names, 1)
-            row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
-            if row is not None:
-                return self._granted_quick(row, quick[1])
-            # Nothing to claim, or the limits changed: the claim in full says which.
-        return self._claim_in_full(who, names, seconds)
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        args = _quick_args(quick, worker, seconds, names, limit)
+        return self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
 
     def _claim_in_full(
         self, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -389,28 +378,6 @@ class PostgresQueue(RunQueue):
             (run_id, epoch, workflow, context, until, options), limits = claimed
             checkpoint = self._load(conn, run_id, missing_ok=True)
         return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
-
-    def claim_many(
-        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
-    ) -> list[Lease]:
-        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
-
-        While the fleet has no limit a claim counts, one statement leases
-        them all (one commit); otherwise each is a claim in full, one by one.
-        """
-        limit = claim_limit(limit)
-        quick = self._quick
-        if limit == 1 or quick is None:
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        args = _quick_args(quick, who, seconds, names, limit)
-        rows = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
-        if not rows:
-            # Nothing to claim, or the limits changed: the claims in full say which.
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
 
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float

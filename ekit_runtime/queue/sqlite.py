@@ -48,9 +48,7 @@ from ekit_runtime.queue.base import (
     RunQueue,
     Submission,
     check_one_per_run,
-    claim_limit,
     finish_alone,
-    handed_over,
     layout_before,
     progress,
     save_alone,
@@ -963,51 +961,6 @@ class SqliteQueue(RunQueue):
 
     # -- the worker's side --------------------------------------------------
 
-    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run of one of ``workflows``, or ``None``.
-
-        ``workflows`` maps each workflow name the worker can drive to its
-        graph fingerprint; a run whose saved checkpoint has another
-        fingerprint is left for a worker that has that version. Claimable:
-        queued, or running with an expired lease. Each claim increments the
-        run's epoch. ``None`` also when the fleet is at a limit.
-        """
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        with self._lock:
-            quick = self._quick
-            if quick is not None:
-                self._tidy(quick[1])
-                rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], 1), begin=False)
-                if rows:
-                    return self._granted_quick(rows[0], quick[1])
-                # Nothing to claim, or the limits changed: the claim in full says which.
-            return self._tx(lambda c: self._claim(c, who, names, seconds))
-
-    def claim_many(
-        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
-    ) -> list[Lease]:
-        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
-
-        While the fleet has no limit a claim counts, one statement leases
-        them all (one commit); otherwise each is a claim in full, one by one.
-        """
-        limit = claim_limit(limit)
-        quick = self._quick
-        if limit == 1 or quick is None:
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        with self._lock:
-            self._tidy(quick[1])
-            rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], limit), begin=False)
-            if not rows:
-                # Nothing to claim, or the limits changed: the claims in full say which.
-                return super().claim_many(worker, workflows, lease_seconds, limit)
-            return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
-
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
     ) -> Lease | None:
@@ -1080,8 +1033,19 @@ class SqliteQueue(RunQueue):
     # own; and the run's context and checkpoint are read after the commit
     # (the lease is held by then: no other writer may change them).
 
-    _quick: tuple[str | None, Limits] | None = None
     _tidied = -1e9
+
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        return self._tx(lambda c: self._claim(c, worker, names, seconds))
+
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        self._tidy(quick[1])
+        return self._tx(lambda c: self._claim_quick(c, worker, names, seconds, quick[0], limit), begin=False)
 
     def _claim_quick(
         self,
