@@ -77,6 +77,7 @@ from ekit_runtime.queue.postgres_sql import (
     _Batch,
     _columns,
     _columns_found,
+    _event_rows,
     _has_pick_index,
     _has_stream_table,
     _names,
@@ -600,10 +601,8 @@ class PostgresQueue(RunQueue):
                 for lease, events in checked:
                     run_id = lease.run_id
                     conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
-                    counted.append(conn.execute(_STREAM_APPEND, (
-                        run_id, run_id, lease.epoch, [e.kind for e in events], [e.step for e in events],
-                        [e.data for e in events], [e.at for e in events],
-                    )))
+                    args = (run_id, run_id, lease.epoch, _event_rows(events))
+                    counted.append(conn.execute(_STREAM_APPEND, args))
                     conn.execute(_STREAM_CAP, (run_id, run_id, cap))
             for (lease, _events), cur in zip(checked, counted, strict=True):
                 row = cur.fetchone()
