@@ -596,14 +596,17 @@ class PostgresQueue(RunQueue):
                 # A stream is not a checkpoint: its commit does not wait for the server's disk (a
                 # crash of the server may lose its last rows, never a save's; the server's next
                 # durable commit makes them durable).
-                conn.execute("SET LOCAL synchronous_commit TO off")
+                # (One cursor for the statements whose results are not read: a cursor costs
+                # psycopg a copy of its adapters.)
+                side = conn.cursor()
+                side.execute("SET LOCAL synchronous_commit TO off")
                 counted = []
                 for lease, events in checked:
                     run_id = lease.run_id
-                    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
+                    side.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
                     args = (run_id, run_id, lease.epoch, _event_rows(events))
                     counted.append(conn.execute(_STREAM_APPEND, args))
-                    conn.execute(_STREAM_CAP, (run_id, run_id, cap))
+                    side.execute(_STREAM_CAP, (run_id, run_id, cap))
             for (lease, _events), cur in zip(checked, counted, strict=True):
                 row = cur.fetchone()
                 if row is None or not row[0]:
