@@ -1328,24 +1328,14 @@ class RunQueue(ABC):
         """Lease up to ``limit`` claimable runs at once, as that many calls of :meth:`claim` would.
 
         The runs are those the claims would take, in claim order; fewer (or
-        none) when fewer are claimable or the fleet reaches a limit. While
-        the fleet has no limit a claim counts, one statement leases them all
-        (one commit: a worker with several free places fills them in one
-        go); otherwise they are claimed one by one. A claim that fails after
-        others were granted ends the call with those (the next call meets
-        the error again), so that no granted lease is dropped.
+        none) when fewer are claimable or the fleet reaches a limit. This one
+        claims one by one, each with ``self.claim`` (so a wrapper that borrows
+        it reaches its own ``claim``); the backends lease them at once
+        (:meth:`_claim_many_at_once`). A claim that fails after others were
+        granted ends the call with those (the next call meets the error
+        again), so that no granted lease is dropped.
         """
         limit = claim_limit(limit)
-        quick = self._quick
-        if limit > 1 and quick is not None:
-            names = self._workflows(workflows)
-            seconds = self._lease_seconds(lease_seconds)
-            who = self._worker_name(worker)
-            with self._lock:
-                rows = self._quick_claim(who, names, seconds, quick, limit)
-                if rows:
-                    return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
-            # Nothing to claim, or the limits changed: the claims in full say which.
         leases: list[Lease] = []
         while len(leases) < limit:
             try:
@@ -1358,6 +1348,29 @@ class RunQueue(ABC):
                 break
             leases.append(lease)
         return leases
+
+    def _claim_many_at_once(
+        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
+
+        While the fleet has no limit a claim counts, one statement leases them
+        all (one commit: a worker with several free places fills them in one
+        go); otherwise, or when it leases nothing, they are claimed one by
+        one (:meth:`RunQueue.claim_many`). A backend's ``claim_many``.
+        """
+        limit = claim_limit(limit)
+        quick = self._quick
+        if limit > 1 and quick is not None:
+            names = self._workflows(workflows)
+            seconds = self._lease_seconds(lease_seconds)
+            who = self._worker_name(worker)
+            with self._lock:
+                rows = self._quick_claim(who, names, seconds, quick, limit)
+                if rows:
+                    return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
+            # Nothing to claim, or the limits changed: the claims in full say which.
+        return RunQueue.claim_many(self, worker, workflows, lease_seconds, limit)
 
     def renew(self, lease: Lease, lease_seconds: float) -> bool:
         """Extend ``lease`` by ``lease_seconds`` from now; return whether a cancel was asked.

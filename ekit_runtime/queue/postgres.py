@@ -361,6 +361,8 @@ class PostgresQueue(RunQueue):
 
     # -- the worker's side --------------------------------------------------
 
+    claim_many = RunQueue._claim_many_at_once
+
     def _quick_claim(
         self, worker: str, names: list[tuple[str, str | None]], seconds: float,
         quick: tuple[str | None, Limits], limit: int,

@@ -1034,6 +1034,7 @@ class SqliteQueue(RunQueue):
     # (the lease is held by then: no other writer may change them).
 
     _tidied = -1e9
+    claim_many = RunQueue._claim_many_at_once
 
     def _claim_in_full(
         self, worker: str, names: list[tuple[str, str | None]], seconds: float
