@@ -41,7 +41,27 @@ from ekit_core.progress import run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.queue.lifecycle import cancel_effect, graph_change_allowed, reopen_refusal
+from ekit_runtime.queue.lifecycle import (
+    ABANDONED,
+    HELD,
+    IN_WINDOW,
+    LEFT_WINDOW,
+    LIVE,
+    SLOT_HELD,
+    abandoned_as,
+    at_cap,
+    at_start_rate,
+    follows,
+    graph_change_allowed,
+    held_status,
+    reopen_refusal,
+    slot_free,
+    submitted_as,
+    targets,
+    usage_limited,
+    usage_reason,
+    usage_wait,
+)
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -392,6 +412,37 @@ def finish_alone(queue: RunQueue, end: Ending) -> Exception | None:
     return None
 
 
+# Statements written once (``:name``: see RunQueue._q).
+_RENDERED: dict[tuple[type, str], str] = {}
+_PLACEHOLDER = re.compile(r"(?<![:\w]):([a-z_]\w*)")
+_SERVED = "SELECT workflows FROM ekit_queue_workers WHERE until > :now"
+# (Two subqueries: SQLite reads a min() or a max() off the index only when it is the query's one aggregate.)
+_STREAM_BOUNDS = (
+    "SELECT (SELECT min(pos) FROM ekit_queue_stream WHERE run_id = :run_id), "
+    "(SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = :run_id)"
+)
+_STREAM_PAGE = (
+    "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
+    "WHERE run_id = :run_id AND pos > :after ORDER BY pos LIMIT :limit"
+)
+_SLOT_READ = (
+    f"SELECT EXISTS (SELECT 1 FROM ekit_queue_runs WHERE {HELD}), "
+    f"(SELECT count(*) FROM ekit_queue_slots AS s WHERE s.resource = :resource AND {SLOT_HELD}), "
+    "(SELECT value FROM ekit_queue_config WHERE key = 'limits')"
+)
+_SLOT_SWEEP = f"DELETE FROM ekit_queue_slots AS s WHERE s.resource = :resource AND NOT {SLOT_HELD}"
+_SLOT_TAKE = (
+    "INSERT INTO ekit_queue_slots (resource, holder, run_id, epoch, at) "
+    "VALUES (:resource, :holder, :run_id, :epoch, :now)"
+)
+_ANNOUNCE = (
+    "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until, doing) "
+    "VALUES (:name, :workflows, :now, :now + :ttl, :doing) ON CONFLICT (name) DO UPDATE SET "
+    "workflows = excluded.workflows, last_seen = excluded.last_seen, until = excluded.until, "
+    "doing = excluded.doing"
+)
+
+
 class RunQueue(ABC):
     """What a worker and a caller need from a queue backend (see the module docstring).
 
@@ -608,9 +659,11 @@ class RunQueue(ABC):
 
     @staticmethod
     def _final(status: RunStatus, error: str | None) -> str | None:
-        """``error`` as stored, once ``status`` is known to be final."""
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"status must be one of finished, failed, cancelled; got {status!r}")
+        """``error`` as stored, once ``status`` is one the table lets a holder's ``finish`` write."""
+        allowed = targets("finish", "running")
+        if status not in allowed:
+            names = ", ".join(s for s in ("finished", "failed", "cancelled") if s in allowed)
+            raise ValueError(f"status must be one of {names}; got {status!r}")
         return _error_text(error)
 
     @staticmethod
@@ -878,9 +931,11 @@ class RunQueue(ABC):
     def _load(self, tx: Any, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
         """The run's checkpoint as stored, read in ``tx``."""
 
-    @abstractmethod
     def _reopen_read(self, tx: Any, run_id: str) -> tuple[RunStatus, int, bool] | None:
         """The run's status, epoch and whether its lease is live (``None``: no such run)."""
+        sql = self._q(f"SELECT status, epoch, {LIVE} FROM ekit_queue_runs WHERE run_id = :run_id")
+        row = tx.execute(sql, {"run_id": run_id, "now": time.time()}).fetchone()
+        return None if row is None else (row[0], int(row[1]), bool(row[2]))
 
     @abstractmethod
     def _reopen_write(
@@ -911,10 +966,16 @@ class RunQueue(ABC):
 
         self._transaction(body)
 
-    @abstractmethod
     def _fork_read(self, tx: Any, source: str, new_run_id: str) -> RunStatus | None:
-        """The source run's status (``None``: no such run); a backend that can tells a taken
-        ``new_run_id`` here, before the change is made (:meth:`_taken`)."""
+        """The source run's status (``None``: no such run); a taken ``new_run_id`` is told here,
+        before the change is made (:meth:`_taken`)."""
+        sql = self._q("SELECT status FROM ekit_queue_runs WHERE run_id = :run_id")
+        row = tx.execute(sql, {"run_id": source}).fetchone()
+        if row is None:
+            return None
+        if tx.execute(sql, {"run_id": new_run_id}).fetchone() is not None:
+            raise self._taken(new_run_id)
+        return cast(RunStatus, row[0])
 
     @abstractmethod
     def _fork_write(
@@ -944,7 +1005,6 @@ class RunQueue(ABC):
     regardless. A caller driving a lease by hand renews it with :meth:`renew`.
     """
 
-    @abstractmethod
     def submit(
         self,
         workflow: str,
@@ -954,19 +1014,68 @@ class RunQueue(ABC):
         priority: int = 0,
         options: Mapping[str, Any] | None = None,
     ) -> str:
-        """Queue a run (idempotent for a given ``run_id``) with its run ``options``; return its id."""
+        """Queue a run of ``workflow`` and return its run id.
+
+        With ``run_id`` the call is idempotent: submitting an id that is
+        already queued (a retried submit) changes nothing and returns it; a
+        different ``workflow`` for that id is a ``ValueError``. Higher
+        ``priority`` runs are claimed first, then the oldest. ``options`` are
+        the run's plain-data run options (:data:`~ekit_runtime.queue.options.RUN_OPTIONS`),
+        stored with it and applied by the worker that drives it. The new run's
+        status is the lifecycle table's (its ``submit`` row).
+        """
+        sub = self._submission(workflow, context, run_id, priority, options)
+        status = submitted_as()
+        stored_sql = self._q("SELECT workflow FROM ekit_queue_runs WHERE run_id = :run_id")
+
+        def body(tx: Any) -> str:
+            self._submit_write(tx, sub, status)
+            stored = tx.execute(stored_sql, {"run_id": sub.run_id}).fetchone()[0]
+            if stored != sub.workflow:
+                raise ValueError(
+                    f"run_id {sub.run_id!r} was already submitted for workflow {stored!r}, "
+                    f"not {sub.workflow!r}"
+                )
+            return sub.run_id
+
+        return self._transaction(body)
 
     @abstractmethod
+    def _submit_write(self, tx: Any, sub: Submission, status: RunStatus) -> None:
+        """Insert the run of ``sub`` in ``status`` unless its run id exists (then nothing)."""
+
     def status(self, run_id: str) -> RunInfo:
         """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
+        check_run_id(run_id)
+        where, args = "WHERE run_id = :run_id", {"run_id": run_id}
+        rows, served = self._snapshot(lambda tx: self._infos(tx, where, args))
+        if not rows:
+            raise UnknownRunError(run_id)
+        return self._run_info(rows[0], served)
 
-    @abstractmethod
     def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
         """Every run, or those with ``status``, in submission order."""
+        check_status(status)
+        where = "WHERE status = :status" if status is not None else ""
+        rows, served = self._snapshot(lambda tx: self._infos(tx, where, {"status": status}))
+        return [self._run_info(r, served) for r in rows]
+
+    def _infos(
+        self, tx: Any, where: str, args: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, set[str | None]]]:
+        """The rows of the runs ``where`` picks, in submission order, and what the live workers serve."""
+        rows = tx.execute(self._q(self._info_sql(where)), args).fetchall()
+        return rows, self._served(tx.execute(self._q(_SERVED), {"now": time.time()}).fetchall())
 
     @abstractmethod
+    def _info_sql(self, where: str, order: str = "ASC", tail: str = "") -> str:
+        """The SELECT of :meth:`_run_info`'s columns of the runs ``where`` picks, in ``seq`` ``order``
+        (``tail``: what follows the order, a LIMIT)."""
+
     def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
-        """The run's latest saved checkpoint, ``None`` before its first save."""
+        """The run's latest saved checkpoint (one snapshot), ``None`` before its first save."""
+        check_run_id(run_id)
+        return self._snapshot(lambda tx: self._load(tx, run_id, missing_ok=False))
 
     # -- the verbs, each once: read the run, ask the lifecycle table, write ----
     #
@@ -987,10 +1096,10 @@ class RunQueue(ABC):
             found = self._cancel_read(tx, run_id)
             if found is None:
                 raise UnknownRunError(run_id)
-            effect = cancel_effect(*found)
-            if effect == "ended":
-                return False
-            self._cancel_write(tx, run_id, flag=effect == "flag")
+            row = follows("cancel", *found)
+            if row is None:
+                return False  # (no row: a final run, already ended)
+            self._cancel_write(tx, run_id, None if row.target == found[0] else row.target)
             return True
 
         return self._transaction(body)
@@ -999,13 +1108,84 @@ class RunQueue(ABC):
     def _transaction(self, body: Callable[[Any], T]) -> T:
         """``body(tx)`` in one write transaction of the backend (``tx``: its connection)."""
 
-    @abstractmethod
-    def _cancel_read(self, tx: Any, run_id: str) -> tuple[str, bool] | None:
-        """The run's status and whether its lease is live, its row locked for ``tx`` (``None``: no run)."""
+    # -- the dialect: what each backend supplies to the statements written here once
+    #
+    # A statement is written once with ``:name`` placeholders (the lifecycle's
+    # own pieces, HELD and the like, are written so too), rendered by the
+    # backend's :meth:`_placeholder` (a parameter, or for ``:now`` PostgreSQL's
+    # clock) and run with a mapping of arguments.
+
+    _fold: str = ""
+    """SQL a write that takes a run out of ``running`` adds to its ``SET`` (SQLite folds the
+    counts of its newest entry into the run's row; PostgreSQL keeps them there)."""
+
+    _for_update: str = ""
+    """The clause that locks a row read for the transaction (``""`` where a write lock is held)."""
 
     @abstractmethod
-    def _cancel_write(self, tx: Any, run_id: str, *, flag: bool) -> None:
-        """Flag the run's cancel (``flag``), or end it ``cancelled``: epoch + 1, no lease, flag set."""
+    def _placeholder(self, name: str) -> str:
+        """The backend's SQL for the placeholder ``:name`` of a statement written once."""
+
+    def _q(self, template: str) -> str:
+        """``template`` in the backend's SQL (each ``:name`` by :meth:`_placeholder`), rendered once."""
+        key = (type(self), template)
+        found = _RENDERED.get(key)
+        if found is None:
+            text = template.replace(":since", "(:now - :window)")  # (a rate window's start)
+            found = _RENDERED[key] = _PLACEHOLDER.sub(lambda m: self._placeholder(m.group(1)), text)
+        return found
+
+    @abstractmethod
+    def _snapshot(self, body: Callable[[Any], T]) -> T:
+        """``body(tx)`` in one read-only transaction: every statement sees one snapshot."""
+
+    @abstractmethod
+    def _read(self, body: Callable[[Any], T]) -> T:
+        """``body(tx)``'s reads, the cheapest way the backend has (one statement needs no snapshot)."""
+
+    @abstractmethod
+    def _run(self, body: Callable[[Any], T]) -> T:
+        """``body(tx)``'s writes, the cheapest way the backend has (SQLite: one transaction, one
+        commit; PostgreSQL: each statement its own)."""
+
+    @abstractmethod
+    def _fenced_row(self, tx: Any, sql: str, args: Mapping[str, Any]) -> bool | None:
+        """Run the fenced ``UPDATE`` ``sql``: the run's cancel flag, or ``None`` if it matched no row."""
+
+    def _slot_lock(self, tx: Any, resource: str) -> None:  # noqa: B027 (SQLite's: none)
+        """Serialise the takers of ``resource`` to the end of ``tx`` (SQLite's write lock does)."""
+
+    def _held_write(self, lease: Lease, sets: str, **args: Any) -> bool:
+        """``UPDATE ... SET sets`` of the run under ``lease``, fenced (``lifecycle.HELD``), in one
+        statement; the run's cancel flag, or :class:`LeaseLostError` (nothing written)."""
+        if not isinstance(lease, Lease):
+            raise ValueError(f"lease must be a Lease, got {type(lease).__name__}")
+        sql = self._q(f"UPDATE ekit_queue_runs SET {sets} WHERE {HELD}")
+
+        def body(tx: Any) -> bool | None:
+            return self._fenced_row(tx, sql, {**args, "run_id": lease.run_id, "epoch": lease.epoch,
+                                               "now": time.time()})
+
+        cancel = self._run(body)
+        if cancel is None:
+            self._lost(lease)
+        return cancel
+
+    def _cancel_read(self, tx: Any, run_id: str) -> tuple[str, bool] | None:
+        """The run's status and whether its lease is live, its row locked for ``tx`` (``None``: no run)."""
+        sql = self._q(f"SELECT status, {LIVE} FROM ekit_queue_runs WHERE run_id = :run_id{self._for_update}")
+        row = tx.execute(sql, {"run_id": run_id, "now": time.time()}).fetchone()
+        return None if row is None else (row[0], bool(row[1]))
+
+    def _cancel_write(self, tx: Any, run_id: str, target: str | None) -> None:
+        """Flag the run's cancel (``target`` ``None``), or end it in ``target``: epoch + 1, no lease,
+        flag set."""
+        if target is None:
+            sql = "UPDATE ekit_queue_runs SET cancel_requested = TRUE WHERE run_id = :run_id"
+        else:
+            sql = ("UPDATE ekit_queue_runs SET status = :status, epoch = epoch + 1, lease_until = NULL, "
+                   f"cancel_requested = TRUE, updated_at = :now{self._fold} WHERE run_id = :run_id")
+        tx.execute(self._q(sql), {"run_id": run_id, "status": target, "now": time.time()})
 
     def prune(self, older_than: float) -> int:
         """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago; how many."""
@@ -1017,17 +1197,130 @@ class RunQueue(ABC):
         """Delete the final runs (:data:`~ekit_runtime.queue.lifecycle.FINAL`) last updated over
         ``age`` seconds ago, with their entries and stream; how many runs."""
 
-    @abstractmethod
     def limits(self) -> Limits:
-        """The fleet's limits."""
+        """The fleet's limits as stored in the database."""
+        return self._read(self._read_limits)
 
-    @abstractmethod
     def set_limits(self, limits: Limits) -> None:
-        """Store the fleet's limits."""
+        """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
+        text = self._limits_text(limits)
+        sql = self._q("INSERT INTO ekit_queue_config (key, value) VALUES ('limits', :value) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        self._run(lambda tx: tx.execute(sql, {"value": text}))
+
+    def _read_limits(self, tx: Any, *, lock: bool = False) -> Limits:
+        return self._read_limits_text(tx, lock=lock)[1]
+
+    def _read_limits_text(self, tx: Any, *, lock: bool = False) -> tuple[str | None, Limits]:
+        """The fleet's limits as stored (the text, ``None`` if none is) and as read (``lock``:
+        the row locked for the transaction, where the backend has row locks)."""
+        sql = "SELECT value FROM ekit_queue_config WHERE key = 'limits'" + (self._for_update if lock else "")
+        row = tx.execute(sql).fetchone()
+        return (None if row is None else row[0]), self._limits_from(row)
+
+    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
+        """Lease the next claimable run of one of ``workflows``, or ``None``.
+
+        ``workflows`` maps each workflow name the worker can drive to its
+        graph fingerprint; a run whose saved checkpoint has another
+        fingerprint is left for a worker that has that version. Claimable:
+        queued, or running with an expired lease. Each claim increments the
+        run's epoch. ``None`` also when the fleet is at a limit.
+
+        While the fleet has no limit a claim counts (:attr:`_quick`, as the
+        last claim in full read them), a claim is one statement; otherwise,
+        or when that statement leases nothing (nothing to claim, or the
+        limits changed), a claim in full says which.
+        """
+        names = self._workflows(workflows)
+        seconds = self._lease_seconds(lease_seconds)
+        who = self._worker_name(worker)
+        with self._lock:
+            quick = self._quick
+            if quick is not None:
+                rows = self._quick_claim(who, names, seconds, quick, 1)
+                if rows:
+                    return self._granted_quick(rows[0], quick[1])
+            return self._claim_in_full(who, names, seconds)
+
+    _quick: tuple[str | None, Limits] | None = None
+    """The limits' text and value as the last claim in full read them, while no limit a claim
+    counts is set (``None``: every claim is in full)."""
 
     @abstractmethod
-    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run, or ``None``."""
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        """Lease up to ``limit`` runs in one statement, guarded by ``quick``'s limits text; their
+        rows in claim order (each for :meth:`_granted_quick`)."""
+
+    @abstractmethod
+    def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
+        """The lease of a row :meth:`_quick_claim` leased, with the run's checkpoint."""
+
+    @abstractmethod
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        """A claim in one transaction: the sweep, the limits, the pick and lease, the checkpoint;
+        it sets :attr:`_quick` from the limits it read."""
+
+    # -- a claim in full's statements (the pick and the lease are each backend's) --
+
+    def _sweep_abandoned(self, tx: Any) -> None:
+        """End the runs whose lease expired after a cancel was asked (a claim's row for them: they
+        are not resumed, so that no worker starts paid work on a run someone cancelled)."""
+        sql = self._q(
+            "UPDATE ekit_queue_runs SET status = :status, epoch = epoch + 1, lease_until = NULL, "
+            f"updated_at = :now{self._fold} WHERE {ABANDONED}"
+        )
+        tx.execute(sql, {"status": abandoned_as(), "now": time.time()})
+
+    def _trim_usage(self, tx: Any, window: float) -> None:
+        """Delete the usage entries that left the fleet's rate window."""
+        sql = self._q(f"DELETE FROM ekit_queue_usage WHERE {LEFT_WINDOW}")
+        tx.execute(sql, {"now": time.time(), "window": window})
+
+    def _below_limits(self, tx: Any, limits: Limits) -> bool:
+        """Whether one more lease keeps the fleet within its cap and its start rate.
+
+        Starts are recorded (:meth:`_count_start`, their window trimmed here)
+        only while the fleet has a start rate: without one, a claim neither
+        writes nor scans that table.
+        """
+        args = {"now": time.time(), "window": limits.window}
+        if limits.max_in_flight is not None:
+            live = self._q(f"SELECT count(*) FROM ekit_queue_runs WHERE {LIVE}")
+            (leases,) = tx.execute(live, args).fetchone()
+            if at_cap(limits, leases):
+                return False
+        if limits.runs_per_minute is not None:
+            tx.execute(self._q(f"DELETE FROM ekit_queue_starts WHERE {LEFT_WINDOW}"), args)
+            count = self._q(f"SELECT count(*) FROM ekit_queue_starts WHERE {IN_WINDOW}")
+            (started,) = tx.execute(count, args).fetchone()
+            if at_start_rate(limits, started):
+                return False
+        return True
+
+    def _count_start(self, tx: Any) -> None:
+        """Record a lease granted in the start-rate window."""
+        tx.execute(self._q("INSERT INTO ekit_queue_starts (at) VALUES (:now)"), {"now": time.time()})
+
+    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
+        """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""
+        sql = self._q(
+            f"UPDATE ekit_queue_runs SET status = {held_status('release')}, lease_until = NULL, "
+            f"owner = NULL, updated_at = :now{self._fold} "
+            "WHERE run_id = :run_id AND epoch = :epoch AND status = 'running'"
+        )
+
+        def body(tx: Any) -> None:
+            now = time.time()
+            for row in leased:
+                tx.execute(sql, {"run_id": row[0], "epoch": row[1], "now": now})
+
+        self._run(body)
 
     def claim_many(
         self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
@@ -1035,12 +1328,12 @@ class RunQueue(ABC):
         """Lease up to ``limit`` claimable runs at once, as that many calls of :meth:`claim` would.
 
         The runs are those the claims would take, in claim order; fewer (or
-        none) when fewer are claimable or the fleet reaches a limit. A
-        backend that can leases them in one statement and one commit (a
-        worker with several free places fills them in one go); this one
-        claims one by one. A claim that fails after others were granted
-        ends the call with those (the next call meets the error again), so
-        that no granted lease is dropped.
+        none) when fewer are claimable or the fleet reaches a limit. This one
+        claims one by one, each with ``self.claim`` (so a wrapper that borrows
+        it reaches its own ``claim``); the backends lease them at once
+        (:meth:`_claim_many_at_once`). A claim that fails after others were
+        granted ends the call with those (the next call meets the error
+        again), so that no granted lease is dropped.
         """
         limit = claim_limit(limit)
         leases: list[Lease] = []
@@ -1056,9 +1349,38 @@ class RunQueue(ABC):
             leases.append(lease)
         return leases
 
-    @abstractmethod
+    def _claim_many_at_once(
+        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
+
+        While the fleet has no limit a claim counts, one statement leases them
+        all (one commit: a worker with several free places fills them in one
+        go); otherwise, or when it leases nothing, they are claimed one by
+        one (:meth:`RunQueue.claim_many`). A backend's ``claim_many``.
+        """
+        limit = claim_limit(limit)
+        quick = self._quick
+        if limit > 1 and quick is not None:
+            names = self._workflows(workflows)
+            seconds = self._lease_seconds(lease_seconds)
+            who = self._worker_name(worker)
+            with self._lock:
+                rows = self._quick_claim(who, names, seconds, quick, limit)
+                if rows:
+                    return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
+            # Nothing to claim, or the limits changed: the claims in full say which.
+        return RunQueue.claim_many(self, worker, workflows, lease_seconds, limit)
+
     def renew(self, lease: Lease, lease_seconds: float) -> bool:
-        """Extend a lease; return whether a cancel was asked."""
+        """Extend ``lease`` by ``lease_seconds`` from now; return whether a cancel was asked.
+
+        Raises :class:`LeaseLostError` if the lease expired or was taken over.
+        (``updated_at`` too: a save need not write the run's row, so this
+        keeps a running run's no older than a heartbeat.)
+        """
+        seconds = self._lease_seconds(lease_seconds)
+        return self._held_write(lease, "lease_until = :now + :seconds, updated_at = :now", seconds=seconds)
 
     @abstractmethod
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
@@ -1111,9 +1433,16 @@ class RunQueue(ABC):
         saved = self.save_many(saves, lease_seconds, more)
         return saved, [finish_alone(self, end) for end in endings]
 
-    @abstractmethod
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
-        """End the run under a lease as finished, failed or cancelled."""
+        """End the run under ``lease`` as ``finished``, ``failed`` or ``cancelled`` (a status the
+        lifecycle table lets a holder's finish write); :class:`LeaseLostError` if the lease is
+        no longer held."""
+        text = self._final(status, error)
+        self._held_write(
+            lease, f"status = :status, error = :error, lease_until = NULL, updated_at = :now{self._fold}",
+            status=status, error=text,
+        )
+        self._forget(lease.run_id)
 
     def release(self, lease: Lease) -> bool:
         """Give the run back to the queue (a worker shutting down); ``False`` if the lease was already lost.
@@ -1121,15 +1450,15 @@ class RunQueue(ABC):
         A run whose cancel was asked meanwhile is ended ``cancelled`` instead
         (:data:`~ekit_runtime.queue.lifecycle.RELEASED_AS`).
         """
-        released = self._release_write(lease)
-        self._forget(lease.run_id)
-        return released
+        sets = f"status = {held_status('release')}, lease_until = NULL, owner = NULL, updated_at = :now"
+        try:
+            self._held_write(lease, sets + self._fold)
+        except LeaseLostError:
+            return False
+        finally:
+            self._forget(lease.run_id)
+        return True
 
-    @abstractmethod
-    def _release_write(self, lease: Lease) -> bool:
-        """The fenced release, one statement (its status: ``RELEASE_STATUS``); whether it matched."""
-
-    @abstractmethod
     def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
         """Take a slot of ``resource`` for ``holder`` (an attempt's key) under ``lease``: was one free?
 
@@ -1139,20 +1468,45 @@ class RunQueue(ABC):
         is taken only below the resource's cap in ``Limits.resources`` (or
         always, if it has none). Fenced: :class:`LeaseLostError`, taking
         nothing, unless ``lease`` is live. ``False`` leaves nothing behind;
-        the caller asks again later.
+        the caller asks again later. The count and the insert are serialised
+        by :meth:`_slot_lock` within one transaction.
         """
+        resource, holder = self._slot(lease, resource, holder)
 
-    @abstractmethod
+        def body(tx: Any) -> bool:
+            self._slot_lock(tx, resource)
+            # A statement after the lock: it sees every slot committed before.
+            args = {"run_id": lease.run_id, "epoch": lease.epoch, "resource": resource, "holder": holder,
+                    "now": time.time()}
+            fenced, held, limits = tx.execute(self._q(_SLOT_READ), args).fetchone()
+            if not fenced:
+                self._lost(lease)
+            caps = self._limits_from(None if limits is None else (limits,)).resources
+            if not slot_free(caps.get(resource), held):
+                return False
+            tx.execute(self._q(_SLOT_SWEEP), args)
+            tx.execute(self._q(_SLOT_TAKE), args)
+            return True
+
+        return self._transaction(body)
+
     def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
         """Give back the slot ``holder`` took of ``resource`` under ``lease`` (nothing if it has none).
 
         Not fenced: a slot whose lease was lost stopped counting already, and
         deleting it is always safe.
         """
+        resource, holder = self._slot(lease, resource, holder)
+        sql = self._q("DELETE FROM ekit_queue_slots WHERE resource = :resource AND holder = :holder "
+                      "AND epoch = :epoch")
+        self._run(lambda tx: tx.execute(sql, {"resource": resource, "holder": holder, "epoch": lease.epoch}))
 
-    @abstractmethod
     def slots_held(self) -> dict[str, int]:
         """``resource -> slots held now`` across the fleet, for each resource with one held."""
+        sql = self._q(f"SELECT s.resource, count(*) FROM ekit_queue_slots AS s WHERE {SLOT_HELD} "
+                      "GROUP BY s.resource ORDER BY s.resource")
+        rows = self._read(lambda tx: tx.execute(sql, {"now": time.time()}).fetchall())
+        return {name: int(count) for name, count in rows}
 
     def park(self, lease: Lease, reason: str) -> None:
         """Park the run under ``lease``: it waits for a person (``waiting``), holding no lease.
@@ -1163,42 +1517,69 @@ class RunQueue(ABC):
         ``cancelled`` instead. Fenced like any holder's write:
         :class:`LeaseLostError`, writing nothing, unless the lease is live.
         """
-        self._park_write(lease, self._park_reason(reason))
-        self._forget(lease.run_id)
-
-    @abstractmethod
-    def _park_write(self, lease: Lease, reason: str) -> None:
-        """The fenced park, one statement (its status: ``PARK_STATUS``); refused: :class:`LeaseLostError`."""
+        text = self._park_reason(reason)
+        sets = (f"status = {held_status('park')}, lease_until = NULL, owner = NULL, reason = :reason, "
+                "updated_at = :now")
+        try:
+            self._held_write(lease, sets + self._fold, reason=text)
+        finally:
+            self._forget(lease.run_id)
 
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""
         return self.usage_hold()[0]
 
-    @abstractmethod
     def set_reason(self, lease: Lease, reason: str | None) -> None:
         """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
+        self._held_write(lease, "reason = :reason", reason=self._reason_text(reason))
 
-    @abstractmethod
     def announce(
         self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
     ) -> None:
         """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` more.
 
         ``doing`` is what it runs now, ``run id -> (epoch, {name: (began, attempt)})``,
-        read back by :meth:`in_flight`.
+        read back by :meth:`in_flight`. Workers gone for a day are forgotten:
+        the table stays as small as the fleet.
         """
+        name, served, ttl, doing_text = self._presence(worker, workflows, seconds, doing)
+        upsert = self._q(_ANNOUNCE)
+        sweep = self._q("DELETE FROM ekit_queue_workers WHERE until < :now - 86400")
 
-    @abstractmethod
+        def body(tx: Any) -> None:
+            args = {"name": name, "workflows": served, "ttl": ttl, "doing": doing_text, "now": time.time()}
+            tx.execute(upsert, args)
+            tx.execute(sweep, args)
+
+        self._run(body)
+
     def _doing_rows(self) -> list[tuple[str, str]]:
         """``(worker, doing as JSON)`` of each live worker that announced attempts in flight."""
+        sql = self._q("SELECT name, doing FROM ekit_queue_workers WHERE until > :now AND doing IS NOT NULL")
+        rows = self._read(lambda tx: tx.execute(sql, {"now": time.time()}).fetchall())
+        return [(str(name), str(text)) for name, text in rows]
 
-    @abstractmethod
     def retire(self, worker: str) -> None:
         """Forget a worker's :meth:`announce` (it stopped): its workflows are no longer served by it."""
+        name = self._worker_name(worker)
+        sql = self._q("DELETE FROM ekit_queue_workers WHERE name = :name")
+        self._run(lambda tx: tx.execute(sql, {"name": name}))
 
-    @abstractmethod
     def usage_hold(self) -> tuple[float, str | None]:
         """:meth:`usage_wait` and the reason for it: ``"rate limit llm_calls_per_minute"`` or ``None``."""
+        sql = self._q("SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), :now "
+                      "FROM ekit_queue_usage WHERE at > :now - :window")
+
+        def body(tx: Any) -> tuple[float, str | None]:
+            limits = self._read_limits(tx)
+            if not usage_limited(limits):
+                return 0.0, None
+            args = {"window": limits.window, "now": time.time()}
+            calls, tokens, oldest, now = tx.execute(sql, args).fetchone()
+            wait = usage_wait(limits, calls, tokens, oldest, now)
+            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
+
+        return self._read(body)
 
     @abstractmethod
     def close(self) -> None:
@@ -1259,7 +1640,19 @@ class RunQueue(ABC):
     def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
         """The run's state and up to ``limit`` stream rows after ``after``, in one snapshot;
         :class:`UnknownRunError` if there is no such run."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no run streams")
+        args = {"run_id": run_id, "after": after, "limit": limit}
+
+        def body(tx: Any) -> StreamRows:
+            run = self._q("SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = :run_id")
+            row = tx.execute(run, args).fetchone()
+            if row is None:
+                raise UnknownRunError(run_id)
+            first, last = tx.execute(self._q(_STREAM_BOUNDS), args).fetchone()
+            rows = tx.execute(self._q(_STREAM_PAGE), args).fetchall()
+            return StreamRows(row[0], row[1], int(row[2]), None if first is None else int(first), int(last),
+                              [(int(p), k, st, d, int(e), float(a)) for p, k, st, d, e, a in rows])
+
+        return self._snapshot(body)
 
     @staticmethod
     def _publishable(
@@ -1364,9 +1757,10 @@ class RunQueue(ABC):
         ``offset`` of them skipped, at most ``limit`` (``None``: every one
         after the offset). ``total`` counts every run the filters match, read
         in the same snapshot as the page. An offset past the end is an empty
-        page (``total`` still counts them). The backends filter, count and cut
-        in the database, so a page costs its own rows, not the queue's; this
-        default (for a backend that has not) filters :meth:`runs` in Python.
+        page (``total`` still counts them). One read-only snapshot: a
+        ``count(*)``, then the page (``ORDER BY seq LIMIT ... OFFSET ...``),
+        then the live workers for the queued runs' reasons; the database
+        filters, counts and cuts, so a page costs its own rows, not the queue's.
 
         Bad arguments are a ``ValueError`` naming the argument, before the
         database is read: a status not in ``STATUSES``, a workflow name no run
@@ -1374,15 +1768,39 @@ class RunQueue(ABC):
         ``offset`` that is not a whole number from 0.
         """
         status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
-        found = [r for r in self.runs(status) if workflow is None or r.workflow == workflow]
-        if newest_first:
-            found.reverse()
-        end = None if limit is None else offset + limit
-        return RunsPage(found[offset:end], len(found))
+        where, args = self._page_filter(status, workflow)
+        walk, _ = self._page_filter(status, workflow, self._status_walk)
+        order = "DESC" if newest_first else "ASC"
+        cut = "LIMIT CAST(:limit AS bigint) OFFSET CAST(:offset AS bigint)"
+        page = self._q(self._info_sql(walk, order, cut))
+        count = self._q(f"SELECT count(*) FROM ekit_queue_runs {where}")
+
+        def body(tx: Any) -> tuple[int, list[Any], list[Any]]:
+            total = int(tx.execute(count, args).fetchone()[0])
+            if offset >= total or limit == 0:
+                return total, [], []
+            more = {"limit": self._no_limit if limit is None else limit, "offset": offset}
+            rows = tx.execute(page, {**args, **more}).fetchall()
+            return total, rows, tx.execute(self._q(_SERVED), {"now": time.time()}).fetchall()
+
+        total, rows, workers = self._snapshot(body)
+        served = self._served(workers)
+        return RunsPage([self._run_info(r, served) for r in rows], total)
+
+    _status_walk = "status"
+    """How a page compares the status (SQLite: ``+status``, so that its planner walks the runs in
+    order rather than sort every run of that status off the claim index, per page)."""
+
+    _no_limit: int | None = None
+    """The LIMIT that is none."""
+
+    _code_points = ""
+    """What makes ``ORDER BY`` of text the code points' order (PostgreSQL: ``COLLATE "C"``)."""
 
     def workflow_names(self) -> list[str]:
-        """The workflow of every run the queue holds, each once, sorted (the backends ask for DISTINCT)."""
-        return sorted({r.workflow for r in self.runs()})
+        """The workflow of every run the queue holds, each once, in code point order (``SELECT DISTINCT``)."""
+        sql = f"SELECT DISTINCT workflow{self._code_points} AS w FROM ekit_queue_runs ORDER BY w"
+        return [name for (name,) in self._read(lambda tx: tx.execute(sql).fetchall())]
 
     @staticmethod
     def _page_args(
@@ -1398,13 +1816,13 @@ class RunQueue(ABC):
 
     @staticmethod
     def _page_filter(
-        status: str | None, workflow: str | None, mark: str, status_term: str = "status"
-    ) -> tuple[str, tuple[str, ...]]:
-        """``WHERE ...`` (or ``""``) matching ``status`` and ``workflow``; ``mark`` is the placeholder,
-        ``status_term`` what the status is compared as (``+status``: no index, for SQLite's planner)."""
-        terms = [(column, value) for column, value in ((status_term, status), ("workflow", workflow))
-                 if value is not None]
+        status: str | None, workflow: str | None, status_term: str = "status"
+    ) -> tuple[str, dict[str, str]]:
+        """``WHERE ...`` (or ``""``) matching ``status`` and ``workflow`` and its arguments;
+        ``status_term`` is what the status is compared as (see :attr:`_status_walk`)."""
+        terms = [(column, name, value) for column, name, value in
+                 ((status_term, "status", status), ("workflow", "workflow", workflow)) if value is not None]
         if not terms:
-            return "", ()
-        where = "WHERE " + " AND ".join(f"{column} = {mark}" for column, _ in terms)
-        return where, tuple(value for _, value in terms)
+            return "", {}
+        where = "WHERE " + " AND ".join(f"{column} = :{name}" for column, name, _ in terms)
+        return where, {name: value for _, name, value in terms}

@@ -151,6 +151,7 @@ __all__ = [
     "Transition",
     "UNCHANGED",
     "abandoned",
+    "abandoned_as",
     "at_cap",
     "at_start_rate",
     "cancel_effect",
@@ -160,6 +161,7 @@ __all__ = [
     "fenced",
     "follows",
     "graph_change_allowed",
+    "held_status",
     "live",
     "matches",
     "next_status",
@@ -167,6 +169,8 @@ __all__ = [
     "reopen_refusal",
     "slot_free",
     "slot_held",
+    "submitted_as",
+    "targets",
     "usage_limited",
     "usage_over",
     "usage_reason",
@@ -195,20 +199,25 @@ class Transition:
     condition: str
     lease: Literal["live", "expired"] | None = None
     """The row holds only while the run's lease is live, or only once it expired (``None``: either)."""
+    cancel: bool | None = None
+    """The row holds only if a cancel was asked (``True``), or only if none was (``False``; ``None``:
+    either)."""
 
 
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(None, "queued", "submitter", "submit", "the run id is new"),
     Transition("queued", "running", "anyone", "claim", "claimable; epoch + 1"),
-    Transition("running", "running", "anyone", "claim", "lease expired, no cancel asked; epoch + 1"),
-    Transition("running", "cancelled", "anyone", "claim", "lease expired with a cancel asked; epoch + 1"),
+    Transition("running", "running", "anyone", "claim", "lease expired, no cancel asked; epoch + 1",
+               cancel=False),
+    Transition("running", "cancelled", "anyone", "claim", "lease expired with a cancel asked; epoch + 1",
+               cancel=True),
     Transition("running", "running", "holder", "save", "fenced; lease extended"),
     Transition("running", "running", "holder", "renew", "fenced; lease extended"),
     Transition("running", "finished", "holder", "finish", "fenced"),
     Transition("running", "failed", "holder", "finish", "fenced"),
     Transition("running", "cancelled", "holder", "finish", "fenced"),
-    Transition("running", "queued", "holder", "release", "fenced, no cancel asked"),
-    Transition("running", "cancelled", "holder", "release", "fenced, a cancel asked"),
+    Transition("running", "queued", "holder", "release", "fenced, no cancel asked", cancel=False),
+    Transition("running", "cancelled", "holder", "release", "fenced, a cancel asked", cancel=True),
     Transition("queued", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
     Transition("running", "cancelled", "submitter", "cancel", "lease expired; epoch + 1", "expired"),
     Transition("running", "running", "submitter", "cancel", "lease live: cancel_requested set", "live"),
@@ -220,8 +229,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("failed", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
     Transition("cancelled", "queued", "submitter", "rewind", "epoch + 1; error, flag cleared"),
     Transition(None, "queued", "submitter", "fork", "a new run id; the source's checkpoint, rewound"),
-    Transition("running", "waiting", "holder", "park", "fenced, no cancel asked; lease cleared"),
-    Transition("running", "cancelled", "holder", "park", "fenced, a cancel asked"),
+    Transition("running", "waiting", "holder", "park", "fenced, no cancel asked; no lease", cancel=False),
+    Transition("running", "cancelled", "holder", "park", "fenced, a cancel asked", cancel=True),
     Transition("waiting", "cancelled", "submitter", "cancel", "at once; epoch + 1"),
     Transition("waiting", "queued", "submitter", "rewind", "epoch + 1; questions rewound too"),
     Transition("waiting", "queued", "submitter", "answer", "a question pending; epoch + 1"),
@@ -299,6 +308,52 @@ def follows(verb: str, status: str | None, lease_live: bool) -> Transition | Non
         ):
             return row
     return None
+
+
+def targets(verb: str, source: RunStatus | None) -> frozenset[RunStatus]:
+    """Every status ``verb`` may move a run in ``source`` to, by the rows of :data:`TRANSITIONS`
+    (read at each call: a holder's ``finish`` writes only a status a row names)."""
+    return frozenset(row.target for row in TRANSITIONS if row.verb == verb and row.source == source)
+
+
+def submitted_as() -> RunStatus:
+    """The status a ``submit`` stores a new run in: the target of the table's ``submit`` row."""
+    row = follows("submit", None, False)
+    if row is None:
+        raise ValueError("the lifecycle table has no row for submit: no run can be queued")
+    return row.target
+
+
+def abandoned_as() -> RunStatus:
+    """The status a claim leaves a run whose lease expired after a cancel was asked (:func:`abandoned`):
+    the target of the table's ``claim`` row from ``running`` with a cancel asked."""
+    for row in TRANSITIONS:
+        if (row.verb, row.source, row.cancel) == ("claim", "running", True):
+            return row.target
+    raise ValueError("the lifecycle table has no row for a claim of an abandoned run")
+
+
+def held_status(verb: str) -> str:
+    """SQL of the status a holder's ``release`` or ``park`` writes, for its ``SET status = ...``.
+
+    The run's ``cancel_requested`` column picks the row (a cancel asked or
+    not); each row's target, read from :data:`TRANSITIONS` at each call, is
+    the status written. A verb the table gives no such row is refused.
+    """
+    chosen = {}
+    for asked in (True, False):
+        row = next(
+            (t for t in TRANSITIONS
+             if t.verb == verb and t.source == "running" and t.cancel in (asked, None)),
+            None,
+        )
+        if row is None:
+            what = "a cancel asked" if asked else "no cancel asked"
+            raise ValueError(f"the lifecycle table has no row for {verb} of a running run with {what}")
+        chosen[asked] = row.target
+    if chosen[True] == chosen[False]:
+        return f"'{chosen[True]}'"
+    return f"CASE WHEN cancel_requested THEN '{chosen[True]}' ELSE '{chosen[False]}' END"
 
 
 def cancel_effect(status: str, lease_live: bool) -> CancelEffect:
@@ -400,13 +455,13 @@ def reopen_refusal(verb: str, status: str, lease_live: bool) -> str | None:
 RELEASED_AS: Mapping[bool, RunStatus] = {False: "queued", True: "cancelled"}
 """The status a release leaves a run in, by whether a cancel was asked."""
 
-RELEASE_STATUS = "CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END"
+RELEASE_STATUS = held_status("release")
 """SQL of :data:`RELEASED_AS`, for the release's ``SET status = ...``."""
 
 PARKED_AS: Mapping[bool, RunStatus] = {False: "waiting", True: "cancelled"}
 """The status a park leaves a run in, by whether a cancel was asked (a cancelled run is not parked)."""
 
-PARK_STATUS = "CASE WHEN cancel_requested THEN 'cancelled' ELSE 'waiting' END"
+PARK_STATUS = held_status("park")
 """SQL of :data:`PARKED_AS`, for the park's ``SET status = ...``."""
 
 

@@ -41,38 +41,24 @@ from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import logs
 from ekit_runtime.logs import log_event
 from ekit_runtime.queue.base import (
-    Doing,
     Ending,
     More,
     RunQueue,
+    Submission,
     check_one_per_run,
-    claim_limit,
-    handed_over,
     progress,
     schema_problem,
 )
 from ekit_runtime.queue.lifecycle import (
     FINAL,
-    PARK_STATUS,
-    RELEASE_STATUS,
     REOPENED_AS,
-    at_cap,
-    at_start_rate,
-    slot_free,
-    usage_limited,
-    usage_reason,
-    usage_wait,
 )
 from ekit_runtime.queue.postgres_loop import LoopSession
 from ekit_runtime.queue.postgres_sql import (
-    _ABANDONED,
     _BEFORE,
     _COLUMNS,
     _HELD,
-    _IN_WINDOW,
     _INFO,
-    _LEFT_WINDOW,
-    _LIVE,
     _MAX_IDLE,
     _NOW,
     _PICK_INDEX,
@@ -80,7 +66,6 @@ from ekit_runtime.queue.postgres_sql import (
     _ROWS,
     _SAVE_FULL,
     _SCHEMA,
-    _SLOT_HELD,
     _SLOT_LOCK,
     _STREAM_APPEND,
     _STREAM_CAP,
@@ -92,6 +77,7 @@ from ekit_runtime.queue.postgres_sql import (
     _Batch,
     _columns,
     _columns_found,
+    _event_rows,
     _has_pick_index,
     _has_stream_table,
     _names,
@@ -105,14 +91,10 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
-    RunsPage,
     RunStatus,
-    UnknownRunError,
-    check_run_id,
     check_seconds,
-    check_status,
 )
-from ekit_runtime.queue.streams import Published, StreamRows
+from ekit_runtime.queue.streams import Published
 from ekit_runtime.redaction import redacted, scrub
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
@@ -227,65 +209,41 @@ class PostgresQueue(RunQueue):
         except psycopg.errors.InsufficientPrivilege as exc:
             log_event(logs.WORKER, logging.WARNING, event, warning, self.where, " ".join(str(exc).split()))
 
-    # -- submitting and asking ----------------------------------------------
+    # -- the dialect of the statements RunQueue writes once -------------------
 
-    def submit(
-        self,
-        workflow: str,
-        context: Mapping[str, Any] | None = None,
-        *,
-        run_id: str | None = None,
-        priority: int = 0,
-        options: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Queue a run of ``workflow`` with its ``options``; idempotent by ``run_id`` (see SqliteQueue)."""
-        sub = self._submission(workflow, context, run_id, priority, options)
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
-                f"updated_at, options) VALUES (%s, %s, %s, %s, 'queued', {_NOW}, {_NOW}, %s) "
-                "ON CONFLICT (run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.context, sub.priority, sub.options),
-            )
-            row = conn.execute(
-                "SELECT workflow FROM ekit_queue_runs WHERE run_id = %s", (sub.run_id,)
-            ).fetchone()
-        if row is None or row[0] != sub.workflow:
-            raise ValueError(
-                f"run_id {sub.run_id!r} was already submitted for workflow {row and row[0]!r}, "
-                f"not {sub.workflow!r}"
-            )
-        return sub.run_id
+    _for_update = " FOR UPDATE"
+    _code_points = ' COLLATE "C"'
 
-    def status(self, run_id: str) -> RunInfo:
-        """The run's record; :class:`UnknownRunError` if there is none."""
-        check_run_id(run_id)
-        rows, served = self._infos("WHERE run_id = %s", (run_id,))
-        if not rows:
-            raise UnknownRunError(run_id)
-        return self._run_info(rows[0], served)
+    def _placeholder(self, name: str) -> str:
+        return _NOW if name == "now" else f"%({name})s"  # (the clock is the server's)
 
-    def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
-        """Every run (or those with ``status``), in submission order."""
-        check_status(status)
-        where, args = ("WHERE status = %s", (status,)) if status is not None else ("", ())
-        rows, served = self._infos(where, args)
-        return [self._run_info(r, served) for r in rows]
-
-    def _infos(self, where: str, args: tuple[Any, ...]) -> tuple[list[Any], dict[str, set[str | None]]]:
-        """The runs' rows and what the live workers serve, in one snapshot."""
+    def _snapshot(self, body: Callable[[psycopg.Connection[Any]], T]) -> T:
         with self.db.transaction(snapshot=True) as conn:
-            rows = conn.execute(f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq", args).fetchall()
-            workers = conn.execute(
-                f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
-            ).fetchall()
-        return rows, self._served(workers)
+            return body(conn)
 
-    def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
-        """The run's latest saved checkpoint (one snapshot), ``None`` before its first save."""
-        check_run_id(run_id)
-        with self.db.transaction(snapshot=True) as conn:
-            return self._load(conn, run_id, missing_ok=False)
+    def _read(self, body: Callable[[psycopg.Connection[Any]], T]) -> T:
+        return self.db.run(body)
+
+    _run = _read  # (autocommit: each statement its own transaction)
+
+    def _fenced_row(self, tx: psycopg.Connection[Any], sql: str, args: Mapping[str, Any]) -> bool | None:
+        row = tx.execute(sql + " RETURNING cancel_requested", args).fetchone()
+        return None if row is None else bool(row[0])
+
+    def _slot_lock(self, tx: psycopg.Connection[Any], resource: str) -> None:
+        # Held to the commit: takers of one resource count and insert in turn; others do not wait.
+        tx.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_SLOT_LOCK, resource))
+
+    def _submit_write(self, tx: psycopg.Connection[Any], sub: Submission, status: RunStatus) -> None:
+        tx.execute(
+            "INSERT INTO ekit_queue_runs (run_id, workflow, context, priority, status, created_at, "
+            f"updated_at, options) VALUES (%s, %s, %s, %s, %s, {_NOW}, {_NOW}, %s) "
+            "ON CONFLICT (run_id) DO NOTHING",
+            (sub.run_id, sub.workflow, sub.context, sub.priority, status, sub.options),
+        )
+
+    def _info_sql(self, where: str, order: str = "ASC", tail: str = "") -> str:
+        return f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq {order} {tail}"
 
     def _load(
         self, conn: psycopg.Connection[Any], run_id: str, *, missing_ok: bool
@@ -309,22 +267,6 @@ class PostgresQueue(RunQueue):
         with self.db.transaction() as conn:
             return body(conn)
 
-    def _cancel_read(self, tx: psycopg.Connection[Any], run_id: str) -> tuple[str, bool] | None:
-        row = tx.execute(
-            f"SELECT status, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s FOR UPDATE", (run_id,)
-        ).fetchone()
-        return None if row is None else (row[0], bool(row[1]))
-
-    def _cancel_write(self, tx: psycopg.Connection[Any], run_id: str, *, flag: bool) -> None:
-        if flag:
-            tx.execute("UPDATE ekit_queue_runs SET cancel_requested = true WHERE run_id = %s", (run_id,))
-        else:
-            tx.execute(
-                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-                f"cancel_requested = true, updated_at = {_NOW} WHERE run_id = %s",
-                (run_id,),
-            )
-
     def _prune_write(self, conn: psycopg.Connection[Any], age: float) -> int:
         final = f"{FINAL} AND updated_at < {_NOW} - %s"
         conn.execute(
@@ -346,12 +288,6 @@ class PostgresQueue(RunQueue):
     # that commits in between changes the epoch, so this UPDATE then matches
     # nothing (it waits for a concurrent writer's commit, then checks again)
     # and the call is refused, writing nothing.
-
-    def _reopen_read(self, tx: psycopg.Connection[Any], run_id: str) -> tuple[RunStatus, int, bool] | None:
-        row = tx.execute(
-            f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
-        ).fetchone()
-        return None if row is None else (row[0], row[1], bool(row[2]))
 
     def _reopen_write(
         self, tx: psycopg.Connection[Any], run_id: str, epoch: int, written: WorkflowCheckpoint | None
@@ -379,10 +315,6 @@ class PostgresQueue(RunQueue):
         workers = tx.execute(f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}").fetchall()
         return self._run_info(info, self._served(workers))
 
-    def _fork_read(self, tx: psycopg.Connection[Any], source: str, new_run_id: str) -> RunStatus | None:
-        row = tx.execute("SELECT status FROM ekit_queue_runs WHERE run_id = %s", (source,)).fetchone()
-        return None if row is None else row[0]  # (a taken id: told by the insert's ON CONFLICT)
-
     def _fork_write(
         self,
         tx: psycopg.Connection[Any],
@@ -409,31 +341,6 @@ class PostgresQueue(RunQueue):
             tx.execute(_WHOLE, (new_run_id, 0, *_columns(enc.rows)))
         return True
 
-    def limits(self) -> Limits:
-        """The fleet's limits as stored in the database."""
-        return self.db.run(self._read_limits)
-
-    def set_limits(self, limits: Limits) -> None:
-        """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
-        text = self._limits_text(limits)
-        self.db.run(
-            lambda c: c.execute("UPDATE ekit_queue_config SET value = %s WHERE key = 'limits'", (text,))
-        )
-
-    def _read_limits(self, conn: psycopg.Connection[Any], *, lock: bool = False) -> Limits:
-        return self._read_limits_text(conn, lock=lock)[1]
-
-    def _read_limits_text(
-        self, conn: psycopg.Connection[Any], *, lock: bool = False
-    ) -> tuple[str | None, Limits]:
-        """The fleet's limits as stored (the text, ``None`` if none is) and as read."""
-        row = conn.execute(
-            "SELECT value FROM ekit_queue_config WHERE key = 'limits'" + (" FOR UPDATE" if lock else "")
-        ).fetchone()
-        return (None if row is None else row[0]), self._limits_from(row)
-
-    _quick: tuple[str | None, Limits] | None = None
-
     def _granted_quick(self, row: tuple[Any, ...], limits: Limits) -> Lease:
         """The lease a quick claim returned, with the run's checkpoint (its entries read now)."""
         run_id, epoch, workflow, context, until, options, *stored = row
@@ -454,19 +361,14 @@ class PostgresQueue(RunQueue):
 
     # -- the worker's side --------------------------------------------------
 
-    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run of one of ``workflows`` (see :meth:`SqliteQueue.claim`)."""
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        quick = self._quick
-        if quick is not None:
-            args = _quick_args(quick, who, seconds, names, 1)
-            row = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchone())
-            if row is not None:
-                return self._granted_quick(row, quick[1])
-            # Nothing to claim, or the limits changed: the claim in full says which.
-        return self._claim_in_full(who, names, seconds)
+    claim_many = RunQueue._claim_many_at_once
+
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        args = _quick_args(quick, worker, seconds, names, limit)
+        return self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
 
     def _claim_in_full(
         self, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -480,52 +382,16 @@ class PostgresQueue(RunQueue):
             checkpoint = self._load(conn, run_id, missing_ok=True)
         return self._granted(run_id, epoch, workflow, context, checkpoint, until, options, limits)
 
-    def claim_many(
-        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
-    ) -> list[Lease]:
-        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
-
-        While the fleet has no limit a claim counts, one statement leases
-        them all (one commit); otherwise each is a claim in full, one by one.
-        """
-        limit = claim_limit(limit)
-        quick = self._quick
-        if limit == 1 or quick is None:
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        args = _quick_args(quick, who, seconds, names, limit)
-        rows = self.db.run(lambda c: c.execute(_QUICK_CLAIM, args).fetchall())
-        if not rows:
-            # Nothing to claim, or the limits changed: the claims in full say which.
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
-
-    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
-        """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""
-        self.db.run(
-            lambda c: c.execute(
-                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, owner = NULL, "
-                f"updated_at = {_NOW} FROM unnest(%s::text[], %s::bigint[]) AS x(rid, ep) "
-                "WHERE run_id = x.rid AND epoch = x.ep AND status = 'running'",
-                ([row[0] for row in leased], [row[1] for row in leased]),
-            )
-        )
-
     def _claim(
         self, conn: psycopg.Connection[Any], worker: str, names: list[tuple[str, str | None]], seconds: float
     ) -> tuple[tuple[Any, ...], Limits] | None:
         """The claimed run's row (see :meth:`claim`) and the limits the claim read, or ``None``."""
-        conn.execute(
-            f"UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = {_NOW} WHERE {_ABANDONED}"
-        )
+        self._sweep_abandoned(conn)
         text, limits = self._read_limits_text(conn)
         # Later claims are quick (see _QUICK_CLAIM) while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted else (text, limits)
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (limits.window,))
+        self._trim_usage(conn, limits.window)
         if limits.max_in_flight is not None or limits.runs_per_minute is not None:
             # Serialise the claims that count: without this, two claims could
             # both see one free slot and both take it.
@@ -544,35 +410,8 @@ class PostgresQueue(RunQueue):
         if claimed is None:
             return None
         if limits.runs_per_minute is not None:
-            conn.execute(f"INSERT INTO ekit_queue_starts (at) VALUES ({_NOW})")
+            self._count_start(conn)
         return claimed, limits
-
-    @staticmethod
-    def _below_limits(conn: psycopg.Connection[Any], limits: Limits) -> bool:
-        if limits.max_in_flight is not None:
-            row = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}"
-            ).fetchone()
-            if row is not None and at_cap(limits, row[0]):
-                return False
-        if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (limits.window,))
-            row = conn.execute("SELECT count(*) FROM ekit_queue_starts").fetchone()
-            if row is not None and at_start_rate(limits, row[0]):
-                return False
-        return True
-
-    def renew(self, lease: Lease, lease_seconds: float) -> bool:
-        """Extend ``lease``; return whether a cancel was asked. :class:`LeaseLostError` if lost."""
-        seconds = self._lease_seconds(lease_seconds)
-        row = self.db.run(
-            lambda c: c.execute(
-                f"UPDATE ekit_queue_runs SET lease_until = {_NOW} + %s "
-                f"WHERE {_HELD} RETURNING cancel_requested",
-                (seconds, lease.run_id, lease.epoch),
-            ).fetchone()
-        )
-        return self._fenced(lease, row)
 
     def _fenced(self, lease: Lease, row: tuple[Any, ...] | None) -> bool:
         if row is None:
@@ -730,161 +569,6 @@ class PostgresQueue(RunQueue):
         row = self.db.run(lambda c: c.execute(_SAVE_FULL, args).fetchone())
         return self._fenced(lease, row)
 
-    def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
-        """End the run under ``lease``; :class:`LeaseLostError` if the lease is no longer held."""
-        error = self._final(status, error)
-        row = self.db.run(
-            lambda c: c.execute(
-                "UPDATE ekit_queue_runs SET status = %s, error = %s, lease_until = NULL, "
-                f"updated_at = {_NOW} "
-                f"WHERE {_HELD} RETURNING cancel_requested",
-                (status, error, lease.run_id, lease.epoch),
-            ).fetchone()
-        )
-        self._fenced(lease, row)
-        self._forget(lease.run_id)
-
-    def _release_write(self, lease: Lease) -> bool:
-        row = self.db.run(
-            lambda c: c.execute(
-                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
-                f"owner = NULL, updated_at = {_NOW} WHERE {_HELD} RETURNING run_id",
-                (lease.run_id, lease.epoch),
-            ).fetchone()
-        )
-        return row is not None
-
-    def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
-        """Take a slot of ``resource`` for ``holder`` under ``lease`` if one is free (see ``RunQueue``).
-
-        One short transaction that first takes an advisory lock on the
-        resource (``pg_advisory_xact_lock``, held to its commit): takers of one
-        resource count and insert in turn, each counting in a snapshot taken
-        after the previous taker committed, so two never share the last slot.
-        Takers of other resources, and every other call, do not wait for it.
-        """
-        resource, holder = self._slot(lease, resource, holder)
-        with self.db.transaction() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_SLOT_LOCK, resource))
-            # A statement after the lock: its snapshot sees every slot committed before.
-            row = conn.execute(
-                f"SELECT EXISTS (SELECT 1 FROM ekit_queue_runs WHERE {_HELD}), "
-                f"(SELECT count(*) FROM ekit_queue_slots s WHERE s.resource = %s AND {_SLOT_HELD}), "
-                "(SELECT value FROM ekit_queue_config WHERE key = 'limits')",
-                (lease.run_id, lease.epoch, resource),
-            ).fetchone()
-            assert row is not None
-            fenced, held, limits = row
-            if not fenced:
-                self._lost(lease)
-            caps = self._limits_from(None if limits is None else (limits,)).resources
-            if not slot_free(caps.get(resource), held):
-                return False
-            conn.execute(
-                f"DELETE FROM ekit_queue_slots s WHERE s.resource = %s AND NOT {_SLOT_HELD}", (resource,)
-            )
-            conn.execute(
-                "INSERT INTO ekit_queue_slots (resource, holder, run_id, epoch, at) "
-                f"VALUES (%s, %s, %s, %s, {_NOW})",
-                (resource, holder, lease.run_id, lease.epoch),
-            )
-        return True
-
-    def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
-        """Give back the slot ``holder`` took of ``resource`` under ``lease`` (see ``RunQueue``)."""
-        resource, holder = self._slot(lease, resource, holder)
-        self.db.run(
-            lambda c: c.execute(
-                "DELETE FROM ekit_queue_slots WHERE resource = %s AND holder = %s AND epoch = %s",
-                (resource, holder, lease.epoch),
-            )
-        )
-
-    def slots_held(self) -> dict[str, int]:
-        """``resource -> slots held now`` across the fleet (see ``RunQueue``)."""
-        rows = self.db.run(
-            lambda c: c.execute(
-                f"SELECT s.resource, count(*) FROM ekit_queue_slots s WHERE {_SLOT_HELD} "
-                "GROUP BY s.resource ORDER BY s.resource"
-            ).fetchall()
-        )
-        return {name: int(count) for name, count in rows}
-
-    def _park_write(self, lease: Lease, text: str) -> None:
-        row = self.db.run(
-            lambda c: c.execute(
-                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
-                f"reason = %s, updated_at = {_NOW} WHERE {_HELD} RETURNING cancel_requested",
-                (text, lease.run_id, lease.epoch),
-            ).fetchone()
-        )
-        self._fenced(lease, row)
-
-    def usage_hold(self) -> tuple[float, str | None]:
-        """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
-
-        def body(conn: psycopg.Connection[Any]) -> tuple[float, str | None]:
-            limits = self._read_limits(conn)
-            if not usage_limited(limits):
-                return 0.0, None
-            row = conn.execute(
-                f"SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at), {_NOW} "
-                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
-                (limits.window,),
-            ).fetchone()
-            assert row is not None
-            calls, tokens, oldest, now = row
-            wait = usage_wait(limits, calls, tokens, oldest, now)
-            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
-
-        return self.db.run(body)
-
-    # -- why a run waits, and who serves what --------------------------------
-
-    def set_reason(self, lease: Lease, reason: str | None) -> None:
-        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
-        text = self._reason_text(reason)
-        row = self.db.run(
-            lambda c: c.execute(
-                f"UPDATE ekit_queue_runs SET reason = %s WHERE {_HELD} RETURNING cancel_requested",
-                (text, lease.run_id, lease.epoch),
-            ).fetchone()
-        )
-        self._fenced(lease, row)
-
-    def announce(
-        self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
-    ) -> None:
-        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
-        name, served, ttl, doing_text = self._presence(worker, workflows, seconds, doing)
-        sql = (
-            "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until, doing) "
-            f"VALUES (%s, %s, {_NOW}, {_NOW} + %s, %s) ON CONFLICT (name) DO UPDATE SET "
-            "workflows = excluded.workflows, last_seen = excluded.last_seen, until = excluded.until, "
-            "doing = excluded.doing"
-        )
-
-        def body(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(sql, (name, served, ttl, doing_text))
-            # Workers gone for a day are forgotten: the table stays as small as the fleet.
-            conn.execute(f"DELETE FROM ekit_queue_workers WHERE until < {_NOW} - 86400")
-
-        self.db.run(body)
-
-    def retire(self, worker: str) -> None:
-        """Forget ``worker``'s announcement (it stopped)."""
-        name = self._worker_name(worker)
-        self.db.run(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = %s", (name,)))
-
-    def _doing_rows(self) -> list[tuple[str, str]]:
-        """``(worker, doing)`` of the live workers that announced attempts in flight."""
-        rows = self.db.run(
-            lambda c: c.execute(
-                f"SELECT name, doing FROM ekit_queue_workers WHERE until > {_NOW} AND doing IS NOT NULL"
-            ).fetchall()
-        )
-        return [(str(name), str(text)) for name, text in rows]
-
     # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
 
     def publish_many(
@@ -914,16 +598,17 @@ class PostgresQueue(RunQueue):
                 # A stream is not a checkpoint: its commit does not wait for the server's disk (a
                 # crash of the server may lose its last rows, never a save's; the server's next
                 # durable commit makes them durable).
-                conn.execute("SET LOCAL synchronous_commit TO off")
+                # (One cursor for the statements whose results are not read: a cursor costs
+                # psycopg a copy of its adapters.)
+                side = conn.cursor()
+                side.execute("SET LOCAL synchronous_commit TO off")
                 counted = []
                 for lease, events in checked:
                     run_id = lease.run_id
-                    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
-                    counted.append(conn.execute(_STREAM_APPEND, (
-                        run_id, run_id, lease.epoch, [e.kind for e in events], [e.step for e in events],
-                        [e.data for e in events], [e.at for e in events],
-                    )))
-                    conn.execute(_STREAM_CAP, (run_id, run_id, cap))
+                    side.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
+                    args = (run_id, run_id, lease.epoch, _event_rows(events))
+                    counted.append(conn.execute(_STREAM_APPEND, args))
+                    side.execute(_STREAM_CAP, (run_id, run_id, cap))
             for (lease, _events), cur in zip(checked, counted, strict=True):
                 row = cur.fetchone()
                 if row is None or not row[0]:
@@ -931,24 +616,6 @@ class PostgresQueue(RunQueue):
                 else:
                     done[lease.run_id] = int(row[1])
         return [done[lease.run_id] for lease, _events in given]
-
-    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
-        with self.db.transaction(snapshot=True) as conn:
-            row = conn.execute(
-                "SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = %s", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            bounds = conn.execute(
-                "SELECT min(pos), coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s", (run_id,)
-            ).fetchone()
-            rows = conn.execute(
-                "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
-                "WHERE run_id = %s AND pos > %s ORDER BY pos LIMIT %s", (run_id, after, limit)
-            ).fetchall()
-        first, last = (None, 0) if bounds is None else (bounds[0], int(bounds[1]))
-        return StreamRows(row[0], row[1], int(row[2]), None if first is None else int(first), last,
-                          [(int(p), k, st, d, int(e), float(a)) for p, k, st, d, e, a in rows])
 
     def close(self) -> None:
         """Close the connection."""
@@ -958,46 +625,3 @@ class PostgresQueue(RunQueue):
         return "PostgresQueue(...)"
 
     # -- one page of runs, filtered and counted in SQL (the dashboard) ------------
-
-    def runs_page(
-        self,
-        status: RunStatus | None = None,
-        *,
-        workflow: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        newest_first: bool = False,
-    ) -> RunsPage:
-        """One page of the matching runs and how many match in all (see :meth:`RunQueue.runs_page`).
-
-        One read-only REPEATABLE READ snapshot: a ``count(*)``, then ``ORDER
-        BY seq LIMIT ... OFFSET ...``, then the live workers for the queued
-        runs' reasons.
-        """
-        status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
-        where, args = self._page_filter(status, workflow, "%s")
-        order = "DESC" if newest_first else "ASC"
-        rows: list[Any] = []
-        workers: list[Any] = []
-        with self.db.transaction(snapshot=True) as conn:
-            row = conn.execute(f"SELECT count(*) FROM ekit_queue_runs {where}", args).fetchone()
-            total = 0 if row is None else int(row[0])
-            if offset < total and limit != 0:
-                rows = conn.execute(
-                    f"SELECT {_INFO} FROM ekit_queue_runs {where} ORDER BY seq {order} "
-                    "LIMIT %s::bigint OFFSET %s::bigint",
-                    (*args, limit, offset),
-                ).fetchall()
-                workers = conn.execute(
-                    f"SELECT workflows FROM ekit_queue_workers WHERE until > {_NOW}"
-                ).fetchall()
-        served = self._served(workers)
-        return RunsPage([self._run_info(r, served) for r in rows], total)
-
-    def workflow_names(self) -> list[str]:
-        """The workflow of every run the queue holds, each once, in code point order (``SELECT DISTINCT``)."""
-        with self.db.transaction(snapshot=True) as conn:
-            rows = conn.execute(
-                'SELECT DISTINCT workflow COLLATE "C" AS w FROM ekit_queue_runs ORDER BY w'
-            ).fetchall()
-        return [name for (name,) in rows]

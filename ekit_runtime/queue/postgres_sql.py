@@ -33,12 +33,10 @@ from ekit_runtime.queue.lifecycle import (
     CLAIMABLE,
     GRAPH_CHANGE_MARK,
     HELD,
-    IN_WINDOW,
     LEFT_WINDOW,
-    LIVE,
     MATCHES,
-    SLOT_HELD,
     UNCHANGED,
+    abandoned_as,
     render,
 )
 from ekit_runtime.queue.records import (
@@ -46,6 +44,7 @@ from ekit_runtime.queue.records import (
     LeaseLostError,
     Limits,
 )
+from ekit_runtime.queue.streams import Published
 from ekit_runtime.stores.pg import PgConnection, psycopg
 from ekit_runtime.stores.rows import EncodedCheckpoint
 
@@ -129,10 +128,8 @@ _DIALECT = {
     "epoch": "%s",
 }
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch
-_LIVE = render(LIVE, _DIALECT)
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)
 _ABANDONED = render(ABANDONED, _DIALECT)
-_IN_WINDOW = render(IN_WINDOW, _DIALECT)
 _LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)
 
 # Whether a run is of one of the claimer's workflows (args: the names, their
@@ -178,7 +175,7 @@ def _names(names: list[tuple[str, str | None]]) -> tuple[list[str], list[str | N
 # two updates of one statement must not touch the same row.
 _NOT_ABANDONED = f" AND NOT ({_ABANDONED})"
 _QUICK_CLAIM = (
-    "WITH swept AS (UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
+    "WITH swept AS (UPDATE ekit_queue_runs SET status = %s, epoch = epoch + 1, "
     f"lease_until = NULL, updated_at = {_NOW} WHERE {_ABANDONED} RETURNING 1), "
     f"trimmed AS (DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW} RETURNING 1), "
     "leased AS (UPDATE ekit_queue_runs SET status = 'running', epoch = epoch + 1, owner = %s, "
@@ -194,9 +191,6 @@ _QUICK_CLAIM = (
 )
 
 
-_SLOT_HELD = render(SLOT_HELD, _DIALECT)
-
-
 def _quick_args(
     quick: tuple[str | None, Limits],
     worker: str,
@@ -205,7 +199,7 @@ def _quick_args(
     limit: int,
 ) -> tuple[Any, ...]:
     """The arguments of ``_QUICK_CLAIM`` (``quick``: the limits' text as last read, and the limits)."""
-    return (quick[1].window, worker, seconds, *_names(names), limit, quick[0])
+    return (abandoned_as(), quick[1].window, worker, seconds, *_names(names), limit, quick[0])
 
 
 # The first key of the advisory lock a slot's take holds on its resource (the
@@ -350,9 +344,10 @@ _STREAM_LOCK = 0x656B7374  # "ekst"
 # A publisher's fence and the stream's newest offset (args: run_id, then _HELD's): the clock
 # is read when the statement runs (clock_timestamp), not when its transaction began (now()),
 # since the statement follows a wait for the run's advisory lock.
-# One run's events appended under its fence (args: run_id, then _HELD's, then the events'
-# kinds, steps, data and times as arrays): how many went in (0: the lease is lost) and the
-# stream's newest offset. Then the cap (args: run_id, run_id, cap).
+# One run's events appended under its fence (args: run_id, then _HELD's, then the events as
+# one JSON array of [kind, step, data, at] rows: _event_rows): how many went in (0: the lease is
+# lost) and the stream's newest offset. Then the cap (args: run_id, run_id, cap). (One JSON
+# text, not four arrays: psycopg dumps an array element by element in Python.)
 _CLOCK_HELD = _HELD.replace(_NOW, "extract(epoch from clock_timestamp())::float8")
 _STREAM_APPEND = (
     "WITH ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
@@ -360,9 +355,16 @@ _STREAM_APPEND = (
     "(SELECT run_id, epoch, (SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s) "
     "AS last "
     f"FROM ekit_queue_runs WHERE {_CLOCK_HELD}) AS r, "
-    "unnest(%s::text[], %s::text[], %s::text[], %s::float8[]) WITH ORDINALITY AS e(kind, step, data, at, n) "
+    "(SELECT x.v ->> 0 AS kind, x.v ->> 1 AS step, x.v ->> 2 AS data, (x.v ->> 3)::float8 AS at, x.n "
+    "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(v, n)) AS e "
     "RETURNING pos) SELECT count(*), coalesce(max(pos), 0) FROM ins"
 )
+_events_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+
+
+def _event_rows(events: Sequence[Published]) -> str:
+    """A run's events as _STREAM_APPEND's JSON rows, in order."""
+    return _events_json([[e.kind, e.step, e.data, e.at] for e in events])
 _STREAM_CAP = (
     "DELETE FROM ekit_queue_stream WHERE run_id = %s "
     "AND pos <= (SELECT max(pos) FROM ekit_queue_stream WHERE run_id = %s) - %s"

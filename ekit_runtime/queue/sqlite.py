@@ -43,14 +43,12 @@ from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
-    Doing,
     Ending,
     More,
     RunQueue,
+    Submission,
     check_one_per_run,
-    claim_limit,
     finish_alone,
-    handed_over,
     layout_before,
     progress,
     save_alone,
@@ -58,29 +56,15 @@ from ekit_runtime.queue.base import (
     schema_problem,
 )
 from ekit_runtime.queue.lifecycle import (
-    ABANDONED,
     CLAIM_ORDER,
     CLAIMABLE,
     FINAL,
     GRAPH_CHANGE_MARK,
     HELD,
-    IN_WINDOW,
-    LEFT_WINDOW,
-    LIVE,
     MATCHES,
-    PARK_STATUS,
-    RELEASE_STATUS,
     REOPENED_AS,
-    SLOT_HELD,
     UNCHANGED,
-    at_cap,
-    at_start_rate,
-    live,
     render,
-    slot_free,
-    usage_limited,
-    usage_reason,
-    usage_wait,
 )
 from ekit_runtime.queue.records import (
     Lease,
@@ -88,13 +72,9 @@ from ekit_runtime.queue.records import (
     Limits,
     QueueUnavailableError,
     RunInfo,
-    RunsPage,
     RunStatus,
-    UnknownRunError,
-    check_run_id,
-    check_status,
 )
-from ekit_runtime.queue.streams import Published, StreamRows
+from ekit_runtime.queue.streams import Published
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.stores.codec import Dumps, Loads
 from ekit_runtime.stores.errors import CorruptStoreError
@@ -296,13 +276,8 @@ _DIALECT = {
     "graph_change": f"instr(options, '{GRAPH_CHANGE_MARK}') > 0",
 }
 _HELD = render(HELD, _DIALECT)  # args: run_id, epoch, now
-_LIVE = render(LIVE, _DIALECT)  # args: now
 _CLAIMABLE = render(CLAIMABLE, _DIALECT)  # args: now
-_ABANDONED = render(ABANDONED, _DIALECT)  # args: now
 _MATCHES = render(MATCHES, _DIALECT)  # args: workflow, fingerprint
-_IN_WINDOW = render(IN_WINDOW, _DIALECT)  # args: now - window
-_LEFT_WINDOW = render(LEFT_WINDOW, _DIALECT)  # args: now - window
-_SLOT_HELD = render(SLOT_HELD, _DIALECT)  # args: now
 _UNCHANGED = render(UNCHANGED, _DIALECT)  # args: run_id, epoch, now
 _COUNTS = "step_index = ?, input_tokens = ?, output_tokens = ?, llm_calls = ?, failures = ?"
 # What a write that takes a run out of ``running`` sets besides (an ending, a
@@ -789,82 +764,46 @@ class SqliteQueue(RunQueue):
 
     # -- submitting and asking ----------------------------------------------
 
-    def submit(
-        self,
-        workflow: str,
-        context: Mapping[str, Any] | None = None,
-        *,
-        run_id: str | None = None,
-        priority: int = 0,
-        options: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Queue a run of ``workflow`` and return its run id.
+    # -- the dialect of the statements RunQueue writes once -------------------
 
-        With ``run_id`` the call is idempotent: submitting an id that is
-        already queued (a retried submit) changes nothing and returns it; a
-        different ``workflow`` for that id is a ``ValueError``. Higher
-        ``priority`` runs are claimed first, then the oldest. ``options`` are
-        the run's plain-data run options (:data:`~ekit_runtime.queue.options.RUN_OPTIONS`),
-        stored with it and applied by the worker that drives it.
-        """
-        sub = self._submission(workflow, context, run_id, priority, options)
-        now = time.time()
+    _fold = f", {_FOLD}"
+    _status_walk = "+status"  # (see RunQueue._status_walk)
+    _no_limit = -1
 
-        def body(conn: sqlite3.Connection) -> str:
-            added = conn.execute(
-                "INSERT INTO ekit_queue_runs (run_id, workflow, priority, status, "
-                "created_at, updated_at, options) VALUES (?, ?, ?, 'queued', ?, ?, ?) "
-                "ON CONFLICT(run_id) DO NOTHING",
-                (sub.run_id, sub.workflow, sub.priority, now, now, sub.options),
-            )
-            if added.rowcount == 1:
-                conn.execute(
-                    "INSERT INTO ekit_queue_headers (seq, context) VALUES (?, ?)",
-                    (added.lastrowid, sub.context),
-                )
-            stored = conn.execute(
-                "SELECT workflow FROM ekit_queue_runs WHERE run_id = ?", (sub.run_id,)
-            ).fetchone()[0]
-            if stored != sub.workflow:
-                raise ValueError(
-                    f"run_id {sub.run_id!r} was already submitted for workflow {stored!r}, "
-                    f"not {sub.workflow!r}"
-                )
-            return sub.run_id
+    def _placeholder(self, name: str) -> str:
+        return f":{name}"  # (a named parameter, the clock too: time.time(), shared by every process)
 
+    def _snapshot(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        return self._tx(body, write=False)
+
+    _read = _snapshot
+
+    def _run(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._tx(body)
 
-    def status(self, run_id: str) -> RunInfo:
-        """The run's record; :class:`UnknownRunError` (a ``LookupError``) if there is none."""
-        check_run_id(run_id)
-        rows, served = self._tx(
-            lambda c: self._infos(c, "WHERE run_id = ?", (run_id,)), write=False
+    def _fenced_row(self, tx: sqlite3.Connection, sql: str, args: Mapping[str, Any]) -> bool | None:
+        if _RETURNING:
+            rows = tx.execute(sql + " RETURNING cancel_requested", args).fetchall()
+            return bool(rows[0][0]) if len(rows) == 1 else None
+        if tx.execute(sql, args).rowcount != 1:
+            return None
+        return self._cancel_asked(tx, args["run_id"])
+
+    def _submit_write(self, tx: sqlite3.Connection, sub: Submission, status: RunStatus) -> None:
+        now = time.time()
+        added = tx.execute(
+            "INSERT INTO ekit_queue_runs (run_id, workflow, priority, status, "
+            "created_at, updated_at, options) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(run_id) DO NOTHING",
+            (sub.run_id, sub.workflow, sub.priority, status, now, now, sub.options),
         )
-        if not rows:
-            raise UnknownRunError(run_id)
-        return self._run_info(rows[0], served)
+        if added.rowcount == 1:
+            tx.execute(
+                "INSERT INTO ekit_queue_headers (seq, context) VALUES (?, ?)", (added.lastrowid, sub.context)
+            )
 
-    def runs(self, status: RunStatus | None = None) -> list[RunInfo]:
-        """Every run (or those with ``status``), in submission order."""
-        check_status(status)
-        where, args = ("WHERE status = ?", (status,)) if status is not None else ("", ())
-        rows, served = self._tx(lambda c: self._infos(c, where, args), write=False)
-        return [self._run_info(r, served) for r in rows]
-
-    def _infos(
-        self, conn: sqlite3.Connection, where: str, args: tuple[Any, ...]
-    ) -> tuple[list[Any], dict[str, set[str | None]]]:
-        """The runs' rows and what the live workers serve, in one snapshot."""
-        rows = conn.execute(_info_select(f"{where} ORDER BY seq"), args).fetchall()
-        workers = conn.execute(
-            "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
-        ).fetchall()
-        return rows, self._served(workers)
-
-    def checkpoint(self, run_id: str) -> WorkflowCheckpoint | None:
-        """The run's latest saved checkpoint, ``None`` before its first save."""
-        check_run_id(run_id)
-        return self._tx(lambda c: self._load(c, run_id, missing_ok=False), write=False)
+    def _info_sql(self, where: str, order: str = "ASC", tail: str = "") -> str:
+        return _info_select(f"{where} ORDER BY seq {order} {tail}", order)
 
     def _load(self, conn: sqlite3.Connection, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
         return self._read_run(conn, run_id, missing_ok=missing_ok)[0]
@@ -923,23 +862,6 @@ class SqliteQueue(RunQueue):
     def _transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._tx(body)
 
-    def _cancel_read(self, tx: sqlite3.Connection, run_id: str) -> tuple[str, bool] | None:
-        # The write lock (BEGIN IMMEDIATE) is held: no other writer until the commit.
-        row = tx.execute(
-            "SELECT status, lease_until FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        return None if row is None else (row[0], live(row[0], row[1], time.time()))
-
-    def _cancel_write(self, tx: sqlite3.Connection, run_id: str, *, flag: bool) -> None:
-        if flag:
-            tx.execute("UPDATE ekit_queue_runs SET cancel_requested = 1 WHERE run_id = ?", (run_id,))
-        else:
-            tx.execute(
-                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, "
-                f"lease_until = NULL, cancel_requested = 1, updated_at = ?, {_FOLD} WHERE run_id = ?",
-                (time.time(), run_id),
-            )
-
     def _prune_write(self, conn: sqlite3.Connection, age: float) -> int:
         cutoff = time.time() - age
         final = f"{FINAL} AND updated_at < ?"
@@ -962,12 +884,6 @@ class SqliteQueue(RunQueue):
 
     # -- a person's verbs: retry, rewind, fork (RunQueue's docstrings) ------
 
-    def _reopen_read(self, tx: sqlite3.Connection, run_id: str) -> tuple[RunStatus, int, bool] | None:
-        row = tx.execute(
-            f"SELECT status, epoch, {_LIVE} FROM ekit_queue_runs WHERE run_id = ?", (time.time(), run_id)
-        ).fetchone()
-        return None if row is None else (row[0], row[1], bool(row[2]))
-
     def _reopen_write(
         self, tx: sqlite3.Connection, run_id: str, epoch: int, written: WorkflowCheckpoint | None
     ) -> RunInfo | None:
@@ -989,16 +905,8 @@ class SqliteQueue(RunQueue):
         if written is not None:
             self._write_header(tx, run_id, enc.header)
             self._write_entries(tx, run_id, enc, epoch + 1)
-        rows, served = self._infos(tx, "WHERE run_id = ?", (run_id,))
+        rows, served = self._infos(tx, "WHERE run_id = :run_id", {"run_id": run_id})
         return self._run_info(rows[0], served)
-
-    def _fork_read(self, tx: sqlite3.Connection, source: str, new_run_id: str) -> RunStatus | None:
-        row = tx.execute("SELECT status FROM ekit_queue_runs WHERE run_id = ?", (source,)).fetchone()
-        if row is None:
-            return None
-        if tx.execute("SELECT 1 FROM ekit_queue_runs WHERE run_id = ?", (new_run_id,)).fetchone():
-            raise self._taken(new_run_id)
-        return row[0]  # type: ignore[no-any-return]
 
     def _fork_write(
         self,
@@ -1051,86 +959,7 @@ class SqliteQueue(RunQueue):
             (header, run_id),
         )
 
-    def limits(self) -> Limits:
-        """The fleet's limits as stored in the database."""
-        return self._tx(self._read_limits, write=False)
-
-    def set_limits(self, limits: Limits) -> None:
-        """Store ``limits`` for every worker of this queue (they apply at the next claim)."""
-        text = self._limits_text(limits)
-        self._tx(
-            lambda c: c.execute(
-                "INSERT INTO ekit_queue_config (key, value) VALUES ('limits', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (text,),
-            )
-        )
-
-    def _read_limits(self, conn: sqlite3.Connection) -> Limits:
-        return self._read_limits_text(conn)[1]
-
-    def _read_limits_text(self, conn: sqlite3.Connection) -> tuple[str | None, Limits]:
-        """The fleet's limits as stored (the text, ``None`` if none is) and as read."""
-        row = conn.execute("SELECT value FROM ekit_queue_config WHERE key = 'limits'").fetchone()
-        return (None if row is None else row[0]), self._limits_from(row)
-
     # -- the worker's side --------------------------------------------------
-
-    def claim(self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float) -> Lease | None:
-        """Lease the next claimable run of one of ``workflows``, or ``None``.
-
-        ``workflows`` maps each workflow name the worker can drive to its
-        graph fingerprint; a run whose saved checkpoint has another
-        fingerprint is left for a worker that has that version. Claimable:
-        queued, or running with an expired lease. Each claim increments the
-        run's epoch. ``None`` also when the fleet is at a limit.
-        """
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        with self._lock:
-            quick = self._quick
-            if quick is not None:
-                self._tidy(quick[1])
-                rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], 1), begin=False)
-                if rows:
-                    return self._granted_quick(rows[0], quick[1])
-                # Nothing to claim, or the limits changed: the claim in full says which.
-            return self._tx(lambda c: self._claim(c, who, names, seconds))
-
-    def claim_many(
-        self, worker: str, workflows: Mapping[str, str | None], lease_seconds: float, limit: int
-    ) -> list[Lease]:
-        """Lease up to ``limit`` claimable runs, as that many calls of :meth:`claim` would.
-
-        While the fleet has no limit a claim counts, one statement leases
-        them all (one commit); otherwise each is a claim in full, one by one.
-        """
-        limit = claim_limit(limit)
-        quick = self._quick
-        if limit == 1 or quick is None:
-            return super().claim_many(worker, workflows, lease_seconds, limit)
-        names = self._workflows(workflows)
-        seconds = self._lease_seconds(lease_seconds)
-        who = self._worker_name(worker)
-        with self._lock:
-            self._tidy(quick[1])
-            rows = self._tx(lambda c: self._claim_quick(c, who, names, seconds, quick[0], limit), begin=False)
-            if not rows:
-                # Nothing to claim, or the limits changed: the claims in full say which.
-                return super().claim_many(worker, workflows, lease_seconds, limit)
-            return handed_over(rows, lambda row: self._granted_quick(row, quick[1]), self._give_back)
-
-    def _give_back(self, leased: Sequence[tuple[Any, ...]]) -> None:
-        """Release runs a claim leased but could not hand over (their rows: run id, epoch first)."""
-        now = time.time()
-        self._tx(
-            lambda c: c.executemany(
-                f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, owner = NULL, "
-                f"updated_at = ?, {_FOLD} WHERE run_id = ? AND epoch = ? AND status = 'running'",
-                [(now, row[0], row[1]) for row in leased],
-            )
-        )
 
     def _claim(
         self, conn: sqlite3.Connection, worker: str, names: list[tuple[str, str | None]], seconds: float
@@ -1138,16 +967,13 @@ class SqliteQueue(RunQueue):
         now = time.time()
         # A run whose cancel was asked while its worker was alive, and whose
         # worker then died, is cancelled here rather than resumed.
-        conn.execute(
-            "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-            f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
-            (now, now),
-        )
+        self._sweep_abandoned(conn)
         text, limits = self._read_limits_text(conn)
         # Later claims take the quick path while the fleet has no limit a claim counts.
         counted = limits.max_in_flight is not None or limits.runs_per_minute is not None
         self._quick = None if counted or not _RETURNING else (text, limits)
-        if not self._below_limits(conn, now, limits):
+        self._trim_usage(conn, limits.window)
+        if not self._below_limits(conn, limits):
             return None
         args = (now, *[v for pair in names for v in pair])
         row = conn.execute(
@@ -1168,7 +994,7 @@ class SqliteQueue(RunQueue):
             (epoch + 1, worker, until, now, run_id),
         )
         if limits.runs_per_minute is not None:
-            conn.execute("INSERT INTO ekit_queue_starts (at) VALUES (?)", (now,))
+            self._count_start(conn)
         checkpoint, number = self._read_run(conn, run_id, missing_ok=True)
         return self._granted_numbered(
             number, run_id, epoch + 1, workflow, context, checkpoint, until, options, limits
@@ -1207,8 +1033,20 @@ class SqliteQueue(RunQueue):
     # own; and the run's context and checkpoint are read after the commit
     # (the lease is held by then: no other writer may change them).
 
-    _quick: tuple[str | None, Limits] | None = None
     _tidied = -1e9
+    claim_many = RunQueue._claim_many_at_once
+
+    def _claim_in_full(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float
+    ) -> Lease | None:
+        return self._tx(lambda c: self._claim(c, worker, names, seconds))
+
+    def _quick_claim(
+        self, worker: str, names: list[tuple[str, str | None]], seconds: float,
+        quick: tuple[str | None, Limits], limit: int,
+    ) -> list[tuple[Any, ...]]:
+        self._tidy(quick[1])
+        return self._tx(lambda c: self._claim_quick(c, worker, names, seconds, quick[0], limit), begin=False)
 
     def _claim_quick(
         self,
@@ -1260,62 +1098,9 @@ class SqliteQueue(RunQueue):
         """At most once a second: cancel the abandoned runs and trim the usage window (a statement each)."""
         if time.monotonic() - self._tidied < 1.0:
             return
-        now = time.time()
-        self._tx(
-            lambda c: c.execute(
-                "UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL, "
-                f"updated_at = ?, {_FOLD} WHERE {_ABANDONED}",
-                (now, now),
-            ),
-            begin=False,
-        )
-        self._tx(
-            lambda c: c.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (now - limits.window,)),
-            begin=False,
-        )
+        self._tx(self._sweep_abandoned, begin=False)
+        self._tx(lambda c: self._trim_usage(c, limits.window), begin=False)
         self._tidied = time.monotonic()
-
-    def _below_limits(self, conn: sqlite3.Connection, now: float, limits: Limits) -> bool:
-        """Whether one more lease keeps the fleet within its cap and its start rate.
-
-        Starts are recorded (and their window trimmed) only while the fleet
-        has a start rate, as on PostgreSQL: without one, a claim neither
-        writes nor scans that table.
-        """
-        if limits.max_in_flight is not None:
-            (leases,) = conn.execute(f"SELECT count(*) FROM ekit_queue_runs WHERE {_LIVE}", (now,)).fetchone()
-            if at_cap(limits, leases):
-                return False
-        start = now - limits.window
-        conn.execute(f"DELETE FROM ekit_queue_usage WHERE {_LEFT_WINDOW}", (start,))
-        if limits.runs_per_minute is not None:
-            conn.execute(f"DELETE FROM ekit_queue_starts WHERE {_LEFT_WINDOW}", (start,))
-            (started,) = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_starts WHERE {_IN_WINDOW}", (start,)
-            ).fetchone()
-            if at_start_rate(limits, started):
-                return False
-        return True
-
-    def renew(self, lease: Lease, lease_seconds: float) -> bool:
-        """Extend ``lease`` by ``lease_seconds`` from now; return whether a cancel was asked.
-
-        Raises :class:`LeaseLostError` if the lease expired or was taken over.
-        """
-        seconds = self._lease_seconds(lease_seconds)
-
-        def body(conn: sqlite3.Connection) -> bool:
-            now = time.time()
-            return self._fenced_update(
-                conn,
-                lease,
-                # (updated_at too: the usual save leaves the row alone, so this
-                # keeps a running run's no older than a heartbeat.)
-                f"UPDATE ekit_queue_runs SET lease_until = ?, updated_at = ? WHERE {_HELD}",
-                (now + seconds, now, lease.run_id, lease.epoch, now),
-            )
-
-        return self._tx(body)
 
     def _fence(self, conn: sqlite3.Connection, lease: Lease, updated: int) -> None:
         if updated != 1:
@@ -1655,180 +1440,7 @@ class SqliteQueue(RunQueue):
             )
         return cancel
 
-    def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
-        """End the run under ``lease`` as ``finished``, ``failed`` or ``cancelled``.
-
-        Raises :class:`LeaseLostError` if the lease is no longer held.
-        """
-        error = self._final(status, error)
-
-        def body(conn: sqlite3.Connection) -> None:
-            now = time.time()
-            updated = conn.execute(
-                f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, updated_at = ?, "
-                f"{_FOLD} WHERE {_HELD}",
-                (status, error, now, lease.run_id, lease.epoch, now),
-            ).rowcount
-            self._fence(conn, lease, updated)
-
-        self._tx(body, begin=False)  # (one statement: its own transaction)
-        self._forget(lease.run_id)
-
-    def _release_write(self, lease: Lease) -> bool:
-        def body(conn: sqlite3.Connection) -> bool:
-            now = time.time()
-            return (
-                conn.execute(
-                    f"UPDATE ekit_queue_runs SET status = {RELEASE_STATUS}, lease_until = NULL, "
-                    f"owner = NULL, updated_at = ?, {_FOLD} WHERE {_HELD}",
-                    (now, lease.run_id, lease.epoch, now),
-                ).rowcount
-                == 1
-            )
-
-        return self._tx(body)
-
-    def acquire_slot(self, lease: Lease, resource: str, holder: str) -> bool:
-        """Take a slot of ``resource`` for ``holder`` under ``lease`` if one is free (see ``RunQueue``).
-
-        One ``BEGIN IMMEDIATE`` transaction: the fence, the count of the
-        slots held and the insert commit together, so two takers never share
-        the last slot. The slots that stopped counting are deleted first.
-        """
-        resource, holder = self._slot(lease, resource, holder)
-
-        def body(conn: sqlite3.Connection) -> bool:
-            now = time.time()
-            fenced = conn.execute(
-                f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD}", (lease.run_id, lease.epoch, now)
-            ).fetchone()
-            if fenced is None:
-                self._lost(lease)
-            conn.execute(
-                f"DELETE FROM ekit_queue_slots AS s WHERE s.resource = ? AND NOT {_SLOT_HELD}",
-                (resource, now),
-            )
-            (held,) = conn.execute(
-                f"SELECT count(*) FROM ekit_queue_slots AS s WHERE s.resource = ? AND {_SLOT_HELD}",
-                (resource, now),
-            ).fetchone()
-            if not slot_free(self._read_limits(conn).resources.get(resource), held):
-                return False
-            conn.execute(
-                "INSERT INTO ekit_queue_slots (resource, holder, run_id, epoch, at) VALUES (?, ?, ?, ?, ?)",
-                (resource, holder, lease.run_id, lease.epoch, now),
-            )
-            return True
-
-        return self._tx(body)
-
-    def release_slot(self, lease: Lease, resource: str, holder: str) -> None:
-        """Give back the slot ``holder`` took of ``resource`` under ``lease`` (see ``RunQueue``)."""
-        resource, holder = self._slot(lease, resource, holder)
-        self._tx(
-            lambda c: c.execute(
-                "DELETE FROM ekit_queue_slots WHERE resource = ? AND holder = ? AND epoch = ?",
-                (resource, holder, lease.epoch),
-            )
-        )
-
-    def slots_held(self) -> dict[str, int]:
-        """``resource -> slots held now`` across the fleet (see ``RunQueue``)."""
-        rows = self._tx(
-            lambda c: c.execute(
-                f"SELECT s.resource, count(*) FROM ekit_queue_slots AS s WHERE {_SLOT_HELD} "
-                "GROUP BY s.resource ORDER BY s.resource",
-                (time.time(),),
-            ).fetchall(),
-            write=False,
-        )
-        return dict(rows)
-
-    def _park_write(self, lease: Lease, text: str) -> None:
-        def body(conn: sqlite3.Connection) -> None:
-            now = time.time()
-            updated = conn.execute(
-                f"UPDATE ekit_queue_runs SET status = {PARK_STATUS}, lease_until = NULL, owner = NULL, "
-                f"reason = ?, updated_at = ?, {_FOLD} WHERE {_HELD}",
-                (text, now, lease.run_id, lease.epoch, now),
-            ).rowcount
-            self._fence(conn, lease, updated)
-
-        self._tx(body, begin=False)  # (one statement: its own transaction)
-
-    def usage_hold(self) -> tuple[float, str | None]:
-        """:meth:`usage_wait`, and which limit holds (``"rate limit llm_calls_per_minute"``), or ``None``."""
-
-        def body(conn: sqlite3.Connection) -> tuple[float, str | None]:
-            limits = self._read_limits(conn)
-            if not usage_limited(limits):
-                return 0.0, None
-            now = time.time()
-            start = now - limits.window
-            calls, tokens, oldest = conn.execute(
-                "SELECT coalesce(sum(llm_calls), 0), coalesce(sum(tokens), 0), min(at) "
-                f"FROM ekit_queue_usage WHERE {_IN_WINDOW}",
-                (start,),
-            ).fetchone()
-            wait = usage_wait(limits, calls, tokens, oldest, now)
-            return wait, usage_reason(limits, calls, tokens) if wait > 0 else None
-
-        return self._tx(body, write=False)
-
     # -- why a run waits, and who serves what --------------------------------
-
-    def set_reason(self, lease: Lease, reason: str | None) -> None:
-        """Record why the run under ``lease`` waits (``None``: it goes on); fenced like a save."""
-        text = self._reason_text(reason)
-
-        def body(conn: sqlite3.Connection) -> None:
-            now = time.time()
-            self._fence(
-                conn,
-                lease,
-                conn.execute(
-                    f"UPDATE ekit_queue_runs SET reason = ? WHERE {_HELD}",
-                    (text, lease.run_id, lease.epoch, now),
-                ).rowcount,
-            )
-
-        self._tx(body)
-
-    def announce(
-        self, worker: str, workflows: Mapping[str, str | None], seconds: float, doing: Doing | None = None
-    ) -> None:
-        """Record that ``worker`` serves ``workflows`` (name -> fingerprint) for ``seconds`` from now."""
-        name, served, ttl, doing_text = self._presence(worker, workflows, seconds, doing)
-
-        def body(conn: sqlite3.Connection) -> None:
-            now = time.time()
-            conn.execute(
-                "INSERT INTO ekit_queue_workers (name, workflows, last_seen, until, doing) "
-                "VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET workflows = excluded.workflows, "
-                "last_seen = excluded.last_seen, until = excluded.until, doing = excluded.doing",
-                (name, served, now, now + ttl, doing_text),
-            )
-            # Workers gone for a day are forgotten: the table stays as small as the fleet.
-            conn.execute("DELETE FROM ekit_queue_workers WHERE until < ?", (now - 86_400,))
-
-        self._tx(body)
-
-    def retire(self, worker: str) -> None:
-        """Forget ``worker``'s announcement (it stopped)."""
-        name = self._worker_name(worker)
-        self._tx(lambda c: c.execute("DELETE FROM ekit_queue_workers WHERE name = ?", (name,)))
-
-    def _doing_rows(self) -> list[tuple[str, str]]:
-        """``(worker, doing)`` of the live workers that announced attempts in flight."""
-        rows = self._tx(
-            lambda c: c.execute(
-                "SELECT name, doing FROM ekit_queue_workers WHERE until > ? AND doing IS NOT NULL",
-                (time.time(),),
-            ).fetchall(),
-            write=False,
-        )
-        return [(str(name), str(text)) for name, text in rows]
 
     # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
 
@@ -1886,25 +1498,6 @@ class SqliteQueue(RunQueue):
                             self.conn.execute("ROLLBACK")
                     self.conn.execute("PRAGMA synchronous=FULL")
 
-    def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:
-        def body(conn: sqlite3.Connection) -> StreamRows:
-            row = conn.execute(
-                "SELECT status, error, epoch FROM ekit_queue_runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(run_id)
-            first, last = conn.execute(
-                "SELECT (SELECT min(pos) FROM ekit_queue_stream WHERE run_id = ?), "
-                "(SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = ?)", (run_id, run_id)
-            ).fetchone()
-            rows = conn.execute(
-                "SELECT pos, kind, step, data, epoch, at FROM ekit_queue_stream "
-                "WHERE run_id = ? AND pos > ? ORDER BY pos LIMIT ?", (run_id, after, limit)
-            ).fetchall()
-            return StreamRows(row[0], row[1], row[2], first, last, rows)
-
-        return self._tx(body, write=False)
-
     def close(self) -> None:
         """Close the database connection."""
         self.conn.close()
@@ -1913,52 +1506,3 @@ class SqliteQueue(RunQueue):
         return f"SqliteQueue({self.path!r})"
 
     # -- one page of runs, filtered and counted in SQL (the dashboard) ------------
-
-    def runs_page(
-        self,
-        status: RunStatus | None = None,
-        *,
-        workflow: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        newest_first: bool = False,
-    ) -> RunsPage:
-        """One page of the matching runs and how many match in all (see :meth:`RunQueue.runs_page`).
-
-        One read transaction: a ``count(*)`` (a status alone is counted on the
-        claim index), then ``ORDER BY seq LIMIT ... OFFSET ...``, then the
-        live workers for the queued runs' reasons. The page walks the primary
-        key in order and stops at its last row: the status is compared as
-        ``+status`` so that SQLite does not take the claim index instead,
-        which would sort every run of that status for each page (113 ms for
-        the first page of 250,000 failed runs of 1,000,000, against 0.1 ms).
-        """
-        status, workflow, limit, offset = self._page_args(status, workflow, limit, offset, newest_first)
-        where, args = self._page_filter(status, workflow, "?")
-        walk, _ = self._page_filter(status, workflow, "?", "+status")
-        order = "DESC" if newest_first else "ASC"
-
-        def body(conn: sqlite3.Connection) -> tuple[int, list[Any], list[Any]]:
-            total = conn.execute(f"SELECT count(*) FROM ekit_queue_runs {where}", args).fetchone()[0]
-            if offset >= total or limit == 0:
-                return total, [], []
-            rows = conn.execute(
-                _info_select(f"{walk} ORDER BY seq {order} LIMIT ? OFFSET ?", order),
-                (*args, -1 if limit is None else limit, offset),
-            ).fetchall()
-            workers = conn.execute(
-                "SELECT workflows FROM ekit_queue_workers WHERE until > ?", (time.time(),)
-            ).fetchall()
-            return total, rows, workers
-
-        total, rows, workers = self._tx(body, write=False)
-        served = self._served(workers)
-        return RunsPage([self._run_info(r, served) for r in rows], total)
-
-    def workflow_names(self) -> list[str]:
-        """The workflow of every run the queue holds, each once, sorted (``SELECT DISTINCT``)."""
-        rows = self._tx(
-            lambda c: c.execute("SELECT DISTINCT workflow FROM ekit_queue_runs ORDER BY workflow").fetchall(),
-            write=False,
-        )
-        return [name for (name,) in rows]
