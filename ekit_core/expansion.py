@@ -139,6 +139,10 @@ class Expansion:
     ending: frozenset[str] = frozenset()
     # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
     compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # Loop -> the most failed attempts of its compacted iterations (see
+    # WorkflowCheckpoint.compacted_retries); only for loops one of which had failed.
+    compacted_retries: MappingProxyType[str, int] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -152,6 +156,7 @@ class Expansion:
             self.loops,
             self.ending,
             self.compacted,
+            self.compacted_retries,
         )
 
 

@@ -229,17 +229,23 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
     counted = set(touched)
     if not (after.outputs is before.outputs or len(after.outputs) == len(before.outputs)):
         counted.update(n for n in before.outputs if n not in after.outputs)
+    # A compacted iteration's failed attempts went with its failure record, the most of
+    # any of its loop's with compacted_retries: a run of it again numbers past them too.
+    retried: dict[str, int] = {}
     if before.compacted and after.compacted != before.compacted:
         # (a loop that starts again from its first iteration runs its compacted ones again:
         # their attempts were spent, as a recorded output's were)
         for loop, upto in before.compacted.items():
-            counted.update(iteration_name(loop, k)
-                           for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
+            again = [iteration_name(loop, k) for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
+            counted.update(again)
+            spent = before.compacted_retries.get(loop, 0)
+            if spent:
+                retried.update(dict.fromkeys(again, spent))
     if not counted:
         return before.redone
     redone = dict(before.redone)
     for name in counted:
-        redone[name] = redone.get(name, 0) + 1
+        redone[name] = redone.get(name, 0) + 1 + retried.get(name, 0)
     return MappingProxyType(redone)
 
 
@@ -556,9 +562,12 @@ def _dropping(
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
         # (a loop none of whose kept iterations is left starts again from its first)
-        compacted=MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
-                                    if iteration_name(loop, n + 1) in outputs})
-        if checkpoint.compacted else checkpoint.compacted,
+        compacted=(compacted := MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
+                                                  if iteration_name(loop, n + 1) in outputs})
+                   if checkpoint.compacted else checkpoint.compacted),
+        compacted_retries=MappingProxyType({loop: n for loop, n in checkpoint.compacted_retries.items()
+                                            if loop in compacted})
+        if checkpoint.compacted_retries else checkpoint.compacted_retries,
         code_fingerprints=checkpoint.code_fingerprints,
         cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
         if checkpoint.cache_hits else checkpoint.cache_hits,

@@ -22,6 +22,7 @@ from ekit_core.checkpoint import (
     Timings,
     WorkflowCheckpoint,
     fast_checkpoint,
+    with_retries,
     with_tables,
 )
 from ekit_core.events import Event, Outcome
@@ -384,5 +385,6 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
+        with_retries(cp, shaped.compacted_retries)
     code = spec.code_fingerprints
     return cp if code is NO_CODE else with_tables(cp, code)

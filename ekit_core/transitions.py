@@ -1729,8 +1729,9 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         held = checkpoint.compacted.get(loop, 0)
         if held:  # (never grown, its count is carried: else its own checkpoint is refused)
             shaped = cast(Expansion, w.spec.shaped)
-            w.spec = _replace(w.spec, shaped=_replace(
-                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})))
+            w.spec = _replace(w.spec, shaped=_retried(_replace(
+                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})),
+                checkpoint, loop))
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
@@ -1742,6 +1743,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
             raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
                                                f"{loop!r}: the last one is always kept")
         _grow_compacted(w, loop, compacted)
+        w.spec = _replace(w.spec, shaped=_retried(cast(Expansion, w.spec.shaped), checkpoint, loop))
     if loop in outputs or last >= cap:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
@@ -1749,6 +1751,14 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
             _loop_failed(w, loop, last, cap)
         return
     _grow_iterations(w, loop, compacted + 1, last + 1)
+
+
+def _retried(shaped: Expansion, checkpoint: WorkflowCheckpoint, loop: str) -> Expansion:
+    """``shaped`` carrying ``loop``'s ``compacted_retries`` from the resumed ``checkpoint``."""
+    spent = checkpoint.compacted_retries.get(loop)
+    if not spent:
+        return shaped
+    return _replace(shaped, compacted_retries=MappingProxyType({**shaped.compacted_retries, loop: spent}))
 
 
 def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
@@ -1820,6 +1830,11 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
             w.times = kept
     inc = w.setbacks  # (their failure records and questions too: history kept per iteration)
     if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
+        # (the most failed attempts of one is kept: a later run of them numbers past it)
+        spent = max((inc.failures[n].attempts for n in gone if n in inc.failures), default=0)
+        if spent > shaped.compacted_retries.get(loop, 0):
+            shaped = _replace(shaped, compacted_retries=MappingProxyType(
+                {**shaped.compacted_retries, loop: spent}))
         w.setbacks = _replace(
             inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
             asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))

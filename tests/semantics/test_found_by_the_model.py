@@ -228,14 +228,13 @@ def test_replay_accepts_a_compacted_iteration_run_again_after_a_bump() -> None:
     assert report.ok, [v.to_dict() for v in report.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="keep_last lets go of a compacted iteration's failure "
-                                       "record, which counted its spent attempt numbers")
 def test_a_bumped_loop_sends_no_compacted_iteration_under_a_spent_key() -> None:
     """"Every step whose work changed ... and every step and item downstream of it gets a new
     attempt number" (docs/concepts.md). ``agent#1`` failed once and succeeded on attempt 2
     (key ``r/agent#1/2``); ``keep_last=1`` then compacted it, and with it its failure record,
-    the only count of its failed attempt. A bump runs it again as attempt 1 + redone = 2:
-    the key its old code's work was sent with."""
+    the only count of its failed attempt. A bump ran it again as attempt 1 + redone = 2:
+    the key its old code's work was sent with. The checkpoint now keeps the most failed
+    attempts of a loop's compacted iterations (``compacted_retries``)."""
     keys: list[str] = []
     failed: set[str] = set()
 

@@ -182,7 +182,12 @@ def test_the_journal_folds_back_to_every_checkpoint_a_compacting_loop_saved(
     store.close()
     assert dict(saved[-1].compacted) == {"agent": 12 - keep}
     lines = (tmp_path / "cp.jsonl").read_text().splitlines()
-    assert sum('"kind":"full"' in line for line in lines) == 1, lines[:3]  # every save after: a delta
+    # Every save after the first is a delta, but the one whose compacted_retries grew (from
+    # none to one failed attempt: at most a retry policy's attempts, however long the loop).
+    assert [dict(cp.compacted_retries) for cp in saved[-1:]] == [{"agent": 1}]
+    grew = sum(a.compacted_retries != b.compacted_retries for b, a in pairwise(saved))
+    assert grew == 1
+    assert sum('"kind":"full"' in line for line in lines) == 1 + grew, lines[:3]
     reader = JournalStore(tmp_path / "cp.jsonl")
     assert reader.load() == saved[-1]
     history = list(reader.history())
@@ -201,7 +206,8 @@ def test_a_delta_compacting_is_a_plain_delta_without_keep_last() -> None:
 def test_a_delta_compacting_names_the_new_count_and_adds_only_the_new_iteration() -> None:
     saved: list[WorkflowCheckpoint] = []
     _flaky_agent(2).run_sync(checkpoint_fn=saved.append)
-    grew = [(b, a) for b, a in pairwise(saved) if a.compacted != b.compacted]
+    grew = [(b, a) for b, a in pairwise(saved)
+            if a.compacted != b.compacted and a.compacted_retries == b.compacted_retries]
     assert grew
     for before, after in grew:
         delta = after.delta_compacting(before)
