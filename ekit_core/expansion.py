@@ -143,6 +143,9 @@ class Expansion:
     # WorkflowCheckpoint.compacted_retries); only for loops one of which had failed.
     compacted_retries: MappingProxyType[str, int] = field(
         default_factory=lambda: MappingProxyType({}))
+    # The iterations (recorded or compacted) of the loops a run with ``only`` holds: done,
+    # so counted in the checkpoints' step_index, but never grown into the run's graph.
+    held_iterations: int = 0
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -157,6 +160,7 @@ class Expansion:
             self.ending,
             self.compacted,
             self.compacted_retries,
+            self.held_iterations,
         )
 
 

@@ -352,8 +352,13 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     if untouched and not seen & checkpoint.skipped.keys() and not (
             checkpoint.asked and seen & checkpoint.asked.keys()):
         return checkpoint, seen
+    # (a compacted iteration is done, counted in step_index as a recorded one is, while its
+    # loop keeps its count: while the iteration after the last compacted one stays)
+    compacted = sum(n for loop, n in checkpoint.compacted.items()
+                    if iteration_name(loop, n + 1) in outputs) if checkpoint.compacted else 0
     return _dropping(
-        checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
+        checkpoint, seen, outputs,
+        sum(1 for n in outputs if n in graph.index or n in items.items) + compacted,
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen

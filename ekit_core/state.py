@@ -378,7 +378,8 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         )
     else:
         cp = fast_checkpoint(
-            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
+            state.outputs, state.step_usage, state._times,
+            step_index=state.completed + shaped.held_iterations, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
             skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,

@@ -1727,11 +1727,16 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         return
     if only is not None and loop not in only:
         held = checkpoint.compacted.get(loop, 0)
+        last = held
+        while iteration_name(loop, last + 1) in checkpoint.outputs:
+            last += 1
+        shaped = cast(Expansion, w.spec.shaped)
+        if last:  # (never grown, yet done: step_index counts them, as the run that did them)
+            shaped = _replace(shaped, held_iterations=shaped.held_iterations + last)
         if held:  # (never grown, its count is carried: else its own checkpoint is refused)
-            shaped = cast(Expansion, w.spec.shaped)
-            w.spec = _replace(w.spec, shaped=_retried(_replace(
-                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})),
-                checkpoint, loop))
+            shaped = _retried(_replace(
+                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})), checkpoint, loop)
+        w.spec = _replace(w.spec, shaped=shaped)
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
