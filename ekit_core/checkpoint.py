@@ -526,10 +526,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
         if self.redone:
             data["redone"] = dict(self.redone)
-        if self.compacted:
-            data["compacted"] = dict(self.compacted)
-        if self.compacted_retries:
-            data["compacted_retries"] = dict(self.compacted_retries)
+        data.update((key, dict(table)) for key, table in (
+            ("compacted", self.compacted), ("compacted_retries", self.compacted_retries)) if table)
         if self.code_fingerprints:
             data["code_fingerprints"] = dict(self.code_fingerprints)
         if self.cache_hits:
@@ -587,8 +585,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
             durations=check_durations(data.get("durations")),
-            redone=_redone(data.get("redone", {})), compacted=_compacted(data.get("compacted", {})),
-            compacted_retries=_counts(data.get("compacted_retries", {}), "compacted_retries"),
+            redone=_redone(data.get("redone", {})), **_loop_tables(data),
             began=check_began(data.get("began")),
             **_issue_45_tables(data),
         )
@@ -1155,6 +1152,12 @@ def _redone(value: object) -> MappingProxyType[str, int]:
 def _counts(value: object, name: str) -> MappingProxyType[str, int]:
     """A table of counts (``name``: the field, for the error)."""
     return MappingProxyType({k: _count(n, f"{name}.{k}") for k, n in _table(value, name).items()})
+
+
+def _loop_tables(data: dict[Any, Any]) -> dict[str, Any]:
+    """``compacted`` and ``compacted_retries`` as read from ``data`` (loops' counts)."""
+    return {"compacted": _compacted(data.get("compacted", {})),
+            "compacted_retries": _counts(data.get("compacted_retries", {}), "compacted_retries")}
 
 
 def _compacted(value: object) -> MappingProxyType[str, int]:
