@@ -139,13 +139,6 @@ class Expansion:
     ending: frozenset[str] = frozenset()
     # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
     compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    # Loop -> the most failed attempts of its compacted iterations (see
-    # WorkflowCheckpoint.compacted_retries); only for loops one of which had failed.
-    compacted_retries: MappingProxyType[str, int] = field(
-        default_factory=lambda: MappingProxyType({}))
-    # The iterations (recorded or compacted) of the loops a run with ``only`` holds: done,
-    # so counted in the checkpoints' step_index, but never grown into the run's graph.
-    held_iterations: int = 0
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -159,8 +152,6 @@ class Expansion:
             self.loops,
             self.ending,
             self.compacted,
-            self.compacted_retries,
-            self.held_iterations,
         )
 
 

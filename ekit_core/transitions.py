@@ -1730,13 +1730,13 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         last = held
         while iteration_name(loop, last + 1) in checkpoint.outputs:
             last += 1
-        shaped = cast(Expansion, w.spec.shaped)
         if last:  # (never grown, yet done: step_index counts them, as the run that did them)
-            shaped = _replace(shaped, held_iterations=shaped.held_iterations + last)
+            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + last)
         if held:  # (never grown, its count is carried: else its own checkpoint is refused)
-            shaped = _retried(_replace(
-                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})), checkpoint, loop)
-        w.spec = _replace(w.spec, shaped=shaped)
+            shaped = cast(Expansion, w.spec.shaped)
+            w.spec = _replace(w.spec, shaped=_replace(
+                shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})))
+            _retried(w, checkpoint, loop)
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
@@ -1748,7 +1748,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
             raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
                                                f"{loop!r}: the last one is always kept")
         _grow_compacted(w, loop, compacted)
-        w.spec = _replace(w.spec, shaped=_retried(cast(Expansion, w.spec.shaped), checkpoint, loop))
+        _retried(w, checkpoint, loop)
     if loop in outputs or last >= cap:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
@@ -1758,12 +1758,12 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     _grow_iterations(w, loop, compacted + 1, last + 1)
 
 
-def _retried(shaped: Expansion, checkpoint: WorkflowCheckpoint, loop: str) -> Expansion:
-    """``shaped`` carrying ``loop``'s ``compacted_retries`` from the resumed ``checkpoint``."""
+def _retried(w: _Run, checkpoint: WorkflowCheckpoint, loop: str) -> None:
+    """A resume carries ``loop``'s ``compacted_retries`` from ``checkpoint`` (when it has any)."""
     spent = checkpoint.compacted_retries.get(loop)
-    if not spent:
-        return shaped
-    return _replace(shaped, compacted_retries=MappingProxyType({**shaped.compacted_retries, loop: spent}))
+    if spent:
+        inc = w.setbacks
+        w.setbacks = _replace(inc, compacted_retries=MappingProxyType({**inc.compacted_retries, loop: spent}))
 
 
 def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
@@ -1837,12 +1837,13 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
     if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
         # (the most failed attempts of one is kept: a later run of them numbers past it)
         spent = max((inc.failures[n].attempts for n in gone if n in inc.failures), default=0)
-        if spent > shaped.compacted_retries.get(loop, 0):
-            shaped = _replace(shaped, compacted_retries=MappingProxyType(
-                {**shaped.compacted_retries, loop: spent}))
+        retries = inc.compacted_retries
+        if spent > retries.get(loop, 0):
+            retries = MappingProxyType({**retries, loop: spent})
         w.setbacks = _replace(
             inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
-            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))
+            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}),
+            compacted_retries=retries)
     w.spec = _replace(w.spec, shaped=_replace(
         shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
 
