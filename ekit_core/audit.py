@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.code import CacheHit, CodeDecision, decide
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded, iteration_of
+from ekit_core.expansion import Expanded, bodies_of, body_iteration, compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -552,6 +552,7 @@ def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
     before its own row (what a resume expands them into, from the outputs it keeps)."""
     rows = []
     members, skips = a.items.members, a.skips
+    bodies = bodies_of(a.graph)
     for name in a.graph.names:
         for member in members.get(name, ()):
             if name not in skips or member in a.kept or member in skips:
@@ -559,14 +560,36 @@ def _shaped_rows(a: _Audited) -> tuple[StepAudit, ...]:
                 rows.append(_shaped_row(a, member, a.items.steps[member], ref.step))
         shape = a.graph.shapes.get(name)
         if shape is not None and shape.repeat is not None:
-            rows.extend(_loop_rows(a, name, shape.repeat))
+            loop_rows = _loop_rows(a, name, shape.repeat, bodies.get(name))
+            if name in bodies:  # (its body's own rows: each records its last iteration's)
+                loop_rows[-1:-1] = [_body_row(a, t) for t in bodies[name]]
+            rows.extend(loop_rows)
             continue
+        if name in a.items.items or any(name in body for body in bodies.values()):
+            continue  # (a body step: told with its loop, above)
         rows.append(_shaped_row(a, name, a.graph.deps[name], None))
     return tuple(rows)
 
 
-def _loop_rows(a: _Audited, loop: str, cap: int) -> list[StepAudit]:
-    """A loop's rows: each iteration a resume keeps, the one it runs next, the loop's own."""
+def _iteration_rows(a: _Audited, loop: str, body: tuple[str, ...], k: int) -> list[StepAudit]:
+    """The rows of iteration ``k`` of a loop whose body is a child: each body step's
+    iteration, the items of a body map's before it."""
+    grown_k = Expanded()
+    body_iteration(a.graph, loop, body, k, grown_k)
+    rows = []
+    for name, deps in grown_k.steps.items():
+        for member in a.items.members.get(name, ()):
+            rows.append(_shaped_row(a, member, a.items.steps[member], name))
+        rows.append(_shaped_row(a, name, deps, grown_k.items[name].step))
+    return rows
+
+
+def _loop_rows(a: _Audited, loop: str, cap: int, body: tuple[str, ...] | None = None
+               ) -> list[StepAudit]:
+    """A loop's rows: each iteration a resume keeps, the one it runs next, the loop's own
+    (a body's iterations: every body step's, see ``_iteration_rows``)."""
+    if body is not None:
+        return _body_loop_rows(a, loop, cap, body)
     deps = a.graph.deps[loop]
     compacted = a.cp.compacted.get(loop, 0) if loop in a.cp.compacted and loop not in a.outdated \
         else 0
@@ -585,6 +608,34 @@ def _loop_rows(a: _Audited, loop: str, cap: int) -> list[StepAudit]:
             rows.append(_shaped_row(a, nxt, (*deps, iteration_name(loop, done)) if done else deps,
                                     loop))
             own = replace(own, reason="looping", items=cap, items_recorded=done, failure=None)
+        else:
+            own = replace(own, reason="failed", failure=a.cp.failures.get(loop))
+    return [*rows, own]
+
+
+def _body_row(a: _Audited, step: str) -> StepAudit:
+    """A body step's own row: recorded, or it runs as its iterations (``looping``) with its loop."""
+    row = _shaped_row(a, step, a.graph.deps[step], None)
+    if row.action == "run" and row.reason in ("ready", "waiting", "mapped"):
+        return replace(row, reason="looping", waiting_on=(), items=None, items_recorded=0)
+    return row
+
+
+def _body_loop_rows(a: _Audited, loop: str, cap: int, body: tuple[str, ...]) -> list[StepAudit]:
+    """:func:`_loop_rows` of a loop whose body is a child: told by its output step's iterations."""
+    exit_step = cast(str, a.graph.shapes[loop].child)
+    compacted = a.cp.compacted.get(loop, 0) if loop in a.cp.compacted and loop not in a.outdated \
+        else 0
+    done = compacted
+    while iteration_name(exit_step, done + 1) in a.kept:
+        done += 1
+    rows = [row for k in range(compacted + 1, done + 1) for row in _iteration_rows(a, loop, body, k)]
+    own = _shaped_row(a, loop, a.graph.deps[loop], None)
+    if own.action == "run" and loop not in a.skips:
+        if done < cap:
+            rows += _iteration_rows(a, loop, body, done + 1)
+            own = replace(own, reason="looping", waiting_on=(), items=cap, items_recorded=done,
+                          failure=None)
         else:
             own = replace(own, reason="failed", failure=a.cp.failures.get(loop))
     return [*rows, own]
@@ -706,8 +757,8 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
     for name, deps in _recorded_needs(a):
         if name in outputs and not all(d in outputs for d in deps):
             # (a compacted iteration is recorded: its output let go of on purpose)
-            deps = tuple(d for d in deps if not (compacted and (at := iteration_of(d, compacted))
-                                                 and at[1] <= compacted[at[0]]))
+            deps = tuple(d for d in deps
+                         if not (compacted and compacted_iteration(d, compacted, a.cp.shapes)))
             had = recorded.get(name, deps)
             # (items are in no recorded graph: the expansion made them)
             missing = [d for d in deps if d not in outputs and (d in had or d not in a.graph.index)
@@ -724,8 +775,7 @@ def _dependencies_recorded_first(a: _Audited) -> Iterator[Anomaly]:
 def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     """Whether ``name`` is an iteration ``cp`` compacted (``keep_last``): recorded, its
     output let go of on purpose."""
-    at = iteration_of(name, cp.compacted) if cp.compacted else None
-    return at is not None and at[1] <= cp.compacted[at[0]]
+    return compacted_iteration(name, cp.compacted, cp.shapes) is not None
 
 
 def _recorded_needs(a: _Audited) -> Iterator[tuple[str, tuple[str, ...]]]:

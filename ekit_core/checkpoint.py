@@ -27,7 +27,7 @@ from ekit_core.graph import GraphSpec
 from ekit_core.graph_text import GraphTextError, check, read, spell
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
-from ekit_core.shapes import Shape, iteration_name
+from ekit_core.shapes import Shape, compacted_iteration, iteration_name
 from ekit_core.usage import NO_USAGE, TokenUsage
 
 __all__ = [
@@ -818,6 +818,10 @@ def _compacted_base(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> Wor
         return None
     gone = {iteration_name(loop, k) for loop, n in now.items()
             for k in range(before.get(loop, 0) + 1, n + 1)}
+    if any(s.child is not None and s.repeat is not None for s in cp.shapes.values()):
+        # (a body's steps, and the items of its maps, go with their loop's iterations)
+        gone.update(name for name in previous.outputs
+                    if compacted_iteration(name, now, cp.shapes) is not None)
     if not gone.isdisjoint(previous.asked):
         return None
 

@@ -34,7 +34,7 @@ from typing import Any
 from ekit_core.checkpoint import CheckpointError, WorkflowCheckpoint
 from ekit_core.compat import recorded_from
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded
+from ekit_core.expansion import Expanded, bodies_of
 from ekit_core.graph import GraphSpec
 from ekit_core.rewind import grown
 
@@ -99,10 +99,17 @@ def check_skips(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> None:
 
 def _first_iteration_of(graph: GraphSpec, name: str) -> str | None:
     """The loop ``name`` is the first iteration of (``L#1``), which waits for the loop's
-    dependencies and is skipped with it; ``None`` for any other name."""
+    dependencies and is skipped with it, or the body step (``L/s#1``, skipped with its
+    loop); ``None`` for any other name."""
     loop = name[:-2] if name.endswith("#1") else None
     shape = graph.shapes.get(loop) if loop else None
-    return loop if shape is not None and shape.repeat is not None else None
+    if shape is not None and shape.repeat is not None:
+        return loop
+    if loop and loop in graph.index and any(
+            s.repeat is not None and s.child is not None and loop.startswith(f"{n}/")
+            for n, s in graph.shapes.items()):
+        return loop
+    return None
 
 
 def _check_needed(graph: GraphSpec, name: str, children: tuple[str, ...],
@@ -152,7 +159,11 @@ def check_collections(graph: GraphSpec, outputs: Mapping[str, Any], skipped: Map
     was never expanded (what it maps over is not recorded, or is no list or
     mapping).
     """
-    recorded = [n for n, s in graph.shapes.items() if s.map_over is not None and n in outputs]
+    recorded = [n for n, s in graph.shapes.items()  # (a child per item: its steps collect)
+                if s.map_over is not None and s.child is None and n in outputs]
+    if recorded and any(s.child is not None and s.repeat is not None for s in graph.shapes.values()):
+        inside = {n for body in bodies_of(graph).values() for n in body}  # (they map per iteration)
+        recorded = [n for n in recorded if n not in inside]
     if any(n not in members for n in recorded):
         members = grown(graph, outputs).members
     for name in recorded:

@@ -13,6 +13,9 @@ run's graph by what they return.
 - :func:`loops_of` names the loops (``repeat=``): each grows one iteration,
   ``step#k``, at a time; the rules that grow and end them are in
   :mod:`ekit_core.transitions`.
+- :func:`bodies_of` names the steps of each loop whose body is a child
+  workflow (``repeat=`` with ``child=``): each body step ``L/s`` grows one
+  iteration ``L/s#k`` per iteration of ``L`` (:func:`body_iteration`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ekit_core._frozen import twin
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import item_name, items_of
+from ekit_core.shapes import compacted_iteration, item_name, items_of, iteration_name, iteration_of
 
 __all__ = [
     "Expanded",
@@ -33,11 +36,20 @@ __all__ = [
     "ItemRef",
     "LoopError",
     "MapError",
+    "bodies_of",
+    "body_iteration",
+    "body_maps",
+    "body_step_iteration",
+    "child_items",
+    "children_per_item",
     "collected",
+    "compacted_iteration",
+    "items_compacted",
     "expand",
     "expanders",
     "item_input",
     "iteration_of",
+    "iterating",
     "loops_of",
     "mapped_children",
     "same_encoding",
@@ -139,6 +151,20 @@ class Expansion:
     ending: frozenset[str] = frozenset()
     # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
     compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # A loop whose body is a child workflow -> its body steps, dependencies first; and each
+    # body step -> its loop (fixed for the run: see bodies_of).
+    bodies: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    in_body: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # A body step that body steps map over -> those steps (see body_maps).
+    body_maps: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    # A step that runs a child per item -> its child's steps (see children_per_item); and
+    # what such steps map over -> them.
+    per_item: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    per_item_over: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -152,16 +178,24 @@ class Expansion:
             self.loops,
             self.ending,
             self.compacted,
+            self.bodies,
+            self.in_body,
+            self.body_maps,
+            self.per_item,
+            self.per_item_over,
         )
 
 
 def expanders(graph: GraphSpec) -> MappingProxyType[str, tuple[str, ...]]:
-    """``U -> the steps mapped over U`` for every ``U`` that is not itself mapped."""
+    """``U -> the steps mapped over U`` for every ``U`` that is not itself mapped (nor a step
+    of a loop's body: its steps map per iteration, see :func:`body_maps`)."""
     shapes = graph.shapes
     found: dict[str, list[str]] = {}
+    inside = _in_bodies(graph)
     for name, shape in shapes.items():
         over = shape.map_over
-        if over is not None and not _is_mapped(graph, over):
+        if over is not None and not _is_mapped(graph, over) and name not in inside \
+                and shape.child is None:  # (a child per item grows its own: see children_per_item)
             found.setdefault(over, []).append(name)
     return MappingProxyType({k: tuple(v) for k, v in found.items()})
 
@@ -171,16 +205,131 @@ def loops_of(graph: GraphSpec) -> tuple[str, ...]:
     return tuple(n for n, s in graph.shapes.items() if s.repeat is not None)
 
 
-def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
-    """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
-    (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
-    at = name.rfind("#")
-    if at <= 0:
-        return None
-    loop, number = name[:at], name[at + 1:]
-    if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
-        return None
-    return loop, int(number)
+def bodies_of(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each loop whose body is a child workflow (``repeat=`` with ``child=``) -> its body's
+    steps (every step named ``loop/...``), each after its dependencies among them (then in
+    declaration order): the order one iteration grows them in. Empty for most graphs."""
+    found: dict[str, tuple[str, ...]] = {}
+    for loop, shape in graph.shapes.items():
+        if shape.repeat is None or shape.child is None:
+            continue
+        prefix = f"{loop}/"
+        body = [n for n in graph.names if n.startswith(prefix)]
+        inside = set(body)
+        placed: dict[str, None] = {}
+        while len(placed) < len(body):  # (a body is small, and acyclic: the graph is)
+            for name in body:
+                if name not in placed and all(d in placed for d in graph.deps[name] if d in inside):
+                    placed[name] = None
+        found[loop] = tuple(placed)
+    return found
+
+
+def _in_bodies(graph: GraphSpec) -> frozenset[str]:
+    """The steps of ``graph``'s loops' bodies (none, at one test per shape, in most graphs)."""
+    if not any(s.repeat is not None and s.child is not None for s in graph.shapes.values()):
+        return frozenset()
+    return frozenset(n for body in bodies_of(graph).values() for n in body)
+
+
+def body_maps(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each step of a loop's body that body steps map over -> those steps: once its iteration
+    ``U#k`` is recorded, each such ``M`` expands into the items ``M#k[key]``, collected as
+    ``M#k`` (a map per iteration)."""
+    inside = _in_bodies(graph)
+    found: dict[str, list[str]] = {}
+    for name in inside:
+        over = graph.shapes[name].map_over if name in graph.shapes else None
+        if over is not None:
+            found.setdefault(over, []).append(name)
+    return {k: tuple(n for n in graph.names if n in v) for k, v in found.items()}
+
+
+def children_per_item(graph: GraphSpec) -> dict[str, tuple[str, ...]]:
+    """Each step that runs a child per item (``child=`` with ``map_over=``) -> its child's
+    steps (``P/...``), each after its dependencies among them: once what it maps over is
+    recorded, item ``key`` runs every one as ``P/s[key]`` (:func:`child_items`)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for name, shape in graph.shapes.items():
+        if shape.child is None or shape.map_over is None:
+            continue
+        prefix = f"{name}/"
+        body = [n for n in graph.names if n.startswith(prefix)]
+        inside, placed = set(body), dict[str, None]()
+        while len(placed) < len(body):
+            for n in body:
+                if n not in placed and all(d in placed for d in graph.deps[n] if d in inside):
+                    placed[n] = None
+        found[name] = tuple(placed)
+    return found
+
+
+def child_items(graph: GraphSpec, parent: str, steps: tuple[str, ...], output: Any,
+                into: Expanded) -> str | None:
+    """Add to ``into`` the child of ``parent`` (its ``steps``) once per item of ``output``
+    (what it maps over): ``P/s[key]`` depends on ``P/d[key]`` for each of its child
+    dependencies ``P/d``, and on the parent's inputs as ``P/s`` does, and sees the item as
+    what ``parent`` maps over; each ``P/s`` collects its items as a mapped step does.
+    Returns why ``output`` has no items (then adds nothing), else ``None``."""
+    shape = graph.shapes[parent]
+    over = cast(str, shape.map_over)
+    items = items_of(output, shape.item_key)
+    if isinstance(items, str):
+        return f"step {parent!r} maps over {over!r}, but {items}"
+    inside = frozenset(steps)
+    kind: Literal["list", "dict"] = "dict" if isinstance(output, Mapping) else "list"
+    for step in steps:
+        names = []
+        for key, _value, pick in items:
+            name = item_name(step, key)
+            names.append(name)
+            into.steps[name] = tuple(item_name(d, key) if d in inside else d
+                                     for d in graph.deps[step])
+            into.items[name] = ItemRef(step, key, over, pick)
+        into.members[step] = tuple(names)
+        into.kinds[step] = kind
+    return None
+
+
+def iterating(graph: GraphSpec) -> dict[str, None]:
+    """The steps of ``graph`` whose iterations are named ``step#k``: its loops and the steps
+    of its loops' bodies (a table for :func:`iteration_of`)."""
+    table = dict.fromkeys(loops_of(graph))
+    for body in bodies_of(graph).values():
+        table.update(dict.fromkeys(body))
+    return table
+
+
+def body_iteration(graph: GraphSpec, loop: str, body: tuple[str, ...], k: int,
+                   into: Expanded) -> None:
+    """Add iteration ``k`` of ``loop``'s body (its steps ``body``, see :func:`bodies_of`) to
+    ``into``: ``L/s#k`` depends on ``L/d#k`` for each body dependency ``L/d`` of ``L/s``
+    and on the loop's inputs as ``L/s`` does; a body step with no dependency in the body
+    also on the previous iteration's output step (``L/o#(k-1)``: the state the loop
+    carries, its ``source``), so no step of iteration ``k`` starts before ``k-1`` ended."""
+    inside = frozenset(body)
+    for step in body:
+        body_step_iteration(graph, loop, inside, step, k, into)
+
+
+def body_step_iteration(graph: GraphSpec, loop: str, inside: frozenset[str], step: str, k: int,
+                        into: Expanded) -> None:
+    """Add iteration ``k`` of the body step ``step`` of ``loop`` (whose body steps are
+    ``inside``) to ``into``: see :func:`body_iteration`."""
+    before = iteration_name(cast(str, graph.shapes[loop].child), k - 1) if k > 1 else ""
+    deps = tuple(f"{d}#{k}" if d in inside else d for d in graph.deps[step])
+    if before and not any(d in inside for d in graph.deps[step]):
+        deps = (*deps, before)
+    name = iteration_name(step, k)
+    into.steps[name] = deps
+    into.items[name] = ItemRef(step, str(k), before, None, k)
+
+
+def items_compacted(step: str) -> str:
+    """The key of ``compacted`` that counts the items a loop body's mapped step ``step`` let
+    go of with its compacted iterations (``step[]``: no step or item is named so), which a
+    resume counts as done, not knowing their names any more."""
+    return f"{step}[]"
 
 
 def mapped_children(graph: GraphSpec, name: str) -> tuple[str, ...]:

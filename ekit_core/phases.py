@@ -174,7 +174,10 @@ def _reading(spec: RunSpec, outputs: Mapping[str, Any], setbacks: Setbacks,
         if name in shaped.loops:
             return Phase.LOOPING
         ref = shaped.items.get(name)
-        if ref is not None and ref.iteration and ref.iteration <= shaped.compacted.get(ref.step, 0):
+        if ref is not None and not ref.iteration and shaped.body_maps:
+            ref = shaped.items.get(ref.step, ref)  # (an item of a body's map: its iteration's)
+        if ref is not None and ref.iteration and ref.iteration <= shaped.compacted.get(
+                shaped.in_body.get(ref.step, ref.step), 0):
             return Phase.RECORDED  # (its output compacted: ``keep_last``)
     return Phase.WAITING
 

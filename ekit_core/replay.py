@@ -82,7 +82,7 @@ from typing import Any, Literal
 
 from ekit_core.checkpoint import CheckpointDelta, CheckpointError, WorkflowCheckpoint, same_output
 from ekit_core.compat import graph_changes
-from ekit_core.expansion import Expanded, iteration_of
+from ekit_core.expansion import Expanded, compacted_iteration
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -400,8 +400,7 @@ def _rewound(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> dict[str, s
 
 def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     """Whether ``name`` is an iteration ``cp`` compacted (recorded, its output let go of)."""
-    at = iteration_of(name, cp.compacted) if cp.compacted else None
-    return at is not None and at[1] <= cp.compacted[at[0]]
+    return compacted_iteration(name, cp.compacted, cp.shapes) is not None
 
 
 def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[str]:
@@ -409,6 +408,7 @@ def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[
     no longer does: their loop starts again from its first iteration, so they run again,
     and what they record next is their first output."""
     return [iteration_name(loop, k) for loop, upto in earlier.compacted.items()
+            if not loop.endswith("[]")  # (a body map's items, counted)
             for k in range(base.compacted.get(loop, 0) + 1, upto + 1)]
 
 
@@ -420,12 +420,13 @@ def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> Workfl
     checkpoint's shapes, changes nothing, so what it dropped is a loss.
     """
     now, before = cp.compacted, earlier.compacted
-    upto = {loop: n for loop, n in now.items() if n >= before.get(loop, 0)
+    loops = {loop: n for loop, n in now.items() if not loop.endswith("[]")}  # (items counted)
+    upto = {loop: n for loop, n in loops.items() if n >= before.get(loop, 0)
             and loop in cp.shapes and cp.shapes[loop].keep_last is not None}
-    if len(upto) != len(now) or any(loop not in now for loop in before):
+    if len(upto) != len(loops) or any(loop not in now for loop in before):
         return earlier
     gone = {name for name in earlier.outputs
-            if (at := iteration_of(name, upto)) is not None and at[1] <= upto[at[0]]}
+            if compacted_iteration(name, upto, cp.shapes) is not None}
     outputs = {k: v for k, v in earlier.outputs.items() if k not in gone}
     dropped = _dropping(earlier, gone, outputs, earlier.step_index, skipped=earlier.skipped,
                         superseded=earlier.superseded)

@@ -32,9 +32,21 @@ from typing import Any, cast
 from ekit_core.checkpoint import WorkflowCheckpoint
 from ekit_core.code import code_changed
 from ekit_core.compat import reshaped_steps
-from ekit_core.expansion import Expanded, ItemRef, expand, expanders, iteration_of, loops_of
+from ekit_core.expansion import (
+    Expanded,
+    ItemRef,
+    bodies_of,
+    body_maps,
+    body_step_iteration,
+    child_items,
+    children_per_item,
+    expand,
+    expanders,
+    iteration_of,
+    loops_of,
+)
 from ekit_core.graph import GraphSpec
-from ekit_core.shapes import Shape, iteration_name
+from ekit_core.shapes import Shape, item_name, items_of, iteration_name
 
 __all__ = [
     "changed_steps", "downstream", "grown", "outdated_steps", "reached", "redone_after", "rewind",
@@ -57,16 +69,56 @@ def grown(graph: GraphSpec, outputs: Mapping[str, Any]) -> Expanded:
             found.items.update(more.items)
             found.members.update(more.members)
             found.kinds.update(more.kinds)
+    for parent, child_steps in children_per_item(graph).items() if graph.shapes else ():
+        over = cast(str, graph.shapes[parent].map_over)
+        if over in outputs:  # (a child per item: its steps once per item, as a run grows them)
+            child_items(graph, parent, child_steps, outputs[over], found)
     loops = dict.fromkeys(loops_of(graph)) if graph.shapes else {}
     if loops:  # and the recorded iterations of its loops, each after the one before it
+        bodies = bodies_of(graph)
+        inside = {step: (loop, frozenset(body)) for loop, body in bodies.items() for step in body}
+        table = {**loops, **inside}
         for name in outputs:
-            at = iteration_of(name, loops)
-            if at is not None:
-                loop, k = at
+            at = iteration_of(name, table)
+            if at is None:
+                continue
+            loop, k = at
+            if loop in inside:  # a step of a loop's body: iteration k of its loop's
+                owner, steps = inside[loop]
+                body_step_iteration(graph, owner, steps, loop, k, found)
+            elif loop not in bodies:
                 before = iteration_name(loop, k - 1) if k > 1 else ""
                 found.steps[name] = (*graph.deps[loop], before) if before else graph.deps[loop]
                 found.items[name] = ItemRef(loop, str(k), before, None, k)
+        if bodies:
+            _body_items(graph, outputs, inside, found)
     return found
+
+
+def _body_items(graph: GraphSpec, outputs: Mapping[str, Any],
+                inside: Mapping[str, tuple[str, frozenset[str]]], found: Expanded) -> None:
+    """The items of a loop body's maps that the recorded iterations they map over make
+    (``M#k[key]``, collected as ``M#k``), as a run expands them."""
+    maps = body_maps(graph)
+    for over in [n for n, ref in found.items.items() if ref.step in maps and n in outputs]:
+        k = found.items[over].iteration
+        items_out = outputs[over]
+        for step in maps[found.items[over].step]:
+            mapped = iteration_name(step, k)
+            if mapped not in found.steps:
+                owner, steps = inside[step]
+                body_step_iteration(graph, owner, steps, step, k, found)
+            items = items_of(items_out, graph.shapes[step].item_key)
+            if isinstance(items, str):
+                continue
+            names = []
+            for key, _value, pick in items:
+                item = item_name(mapped, key)
+                names.append(item)
+                found.steps[item] = found.steps[mapped]
+                found.items[item] = ItemRef(mapped, key, over, pick)
+            found.members[mapped] = tuple(names)
+            found.kinds[mapped] = "dict" if isinstance(items_out, Mapping) else "list"
 
 
 def iterations_of(loops: Iterable[str], names: Iterable[str]) -> set[str]:
@@ -84,6 +136,10 @@ def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
             consumers.setdefault(d, []).append(name)  # (a compacted iteration too)
     for name, ref in items.items.items():
         consumers[name].append(ref.step)
+    # A loop's body steps record their last iteration's outputs as the loop ends: they go
+    # with the loop's own output, whichever iteration is rewound.
+    for loop, body in bodies_of(graph).items():
+        consumers[loop] = [*consumers[loop], *body]
     return consumers
 
 
@@ -236,7 +292,13 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
         # (a loop that starts again from its first iteration runs its compacted ones again:
         # their attempts were spent, as a recorded output's were)
         for loop, upto in before.compacted.items():
-            again = [iteration_name(loop, k) for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
+            if loop.endswith("[]"):  # (a body map's items, counted: their names are gone)
+                continue
+            shape = before.shapes.get(loop)
+            steps = [loop] if shape is None or shape.child is None else \
+                [n for n in (before.graph or {}) if n.startswith(f"{loop}/")]
+            again = [iteration_name(step, k) for step in steps
+                     for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
             counted.update(again)
             spent = before.compacted_retries.get(loop, 0)
             if spent:
@@ -354,14 +416,45 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         return checkpoint, seen
     # (a compacted iteration is done, counted in step_index as a recorded one is, while its
     # loop keeps its count: while the iteration after the last compacted one stays)
-    compacted = sum(n for loop, n in checkpoint.compacted.items()
-                    if iteration_name(loop, n + 1) in outputs) if checkpoint.compacted else 0
+    compacted = compacted_done(checkpoint, _counts_kept(checkpoint, outputs)) \
+        if checkpoint.compacted else 0
     return _dropping(
         checkpoint, seen, outputs,
         sum(1 for n in outputs if n in graph.index or n in items.items) + compacted,
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _counts_kept(checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]
+                 ) -> MappingProxyType[str, int]:
+    """The ``compacted`` counts of the loops whose first kept iteration ``outputs`` still
+    holds (a body's: its output step's); the others start again from their first."""
+    shapes = checkpoint.shapes
+    kept = {}
+    for loop, n in checkpoint.compacted.items():
+        shape = shapes.get(loop)
+        exit_step = shape.child if shape is not None and shape.child is not None else loop
+        if not loop.endswith("[]") and iteration_name(exit_step, n + 1) in outputs:
+            kept[loop] = n
+    for key, n in checkpoint.compacted.items():  # (a body map's items: with their loop's count)
+        if key.endswith("[]") and any(key.startswith(f"{loop}/") for loop in kept):
+            kept[key] = n
+    return MappingProxyType(kept)
+
+
+def compacted_done(checkpoint: WorkflowCheckpoint, counts: Mapping[str, int]) -> int:
+    """How many done steps and items the ``compacted`` ``counts`` stand for: a compacted
+    iteration of a one-step loop is one, of a body one per body step, and a body map's
+    count (``step[]``) is its items'."""
+    done = 0
+    for loop, n in counts.items():
+        shape = checkpoint.shapes.get(loop)
+        if loop.endswith("[]") or shape is None or shape.child is None:
+            done += n
+        else:
+            done += n * sum(1 for step in (checkpoint.graph or {}) if step.startswith(f"{loop}/"))
+    return done
 
 
 def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
@@ -494,9 +587,12 @@ def without(checkpoint: WorkflowCheckpoint, graph: GraphSpec, names: Iterable[st
     gone = set(names)
     if gone and checkpoint.shapes:
         gone |= _unmapped_items(checkpoint, graph, gone)
-        # (a loop that runs again runs every iteration again)
-        gone |= iterations_of((n for n in gone if n in checkpoint.shapes
-                               and checkpoint.shapes[n].repeat is not None), checkpoint.outputs)
+        # (a loop that runs again runs every iteration again, of its body's steps too)
+        looped = [n for n in gone if n in checkpoint.shapes and checkpoint.shapes[n].repeat is not None]
+        bodies = bodies_of(graph) if looped else {}
+        body = [t for n in looped for t in bodies.get(n, ())]
+        gone |= iterations_of([*looped, *body], checkpoint.outputs)
+        gone.update(body)  # (they recorded its last iteration's outputs as it ended)
     if gone and checkpoint.asked:
         return _without_asking(checkpoint, graph, gone)
     if not gone & checkpoint.outputs.keys():
@@ -547,6 +643,8 @@ def _dropping(
     carry over the ledgers a core-made checkpoint shares with its run, and
     with them a delta the new outputs do not extend.
     """
+    # (a loop none of whose kept iterations is left starts again from its first)
+    compacted = _counts_kept(checkpoint, outputs) if checkpoint.compacted else checkpoint.compacted
     return WorkflowCheckpoint(
         step_index=step_index,
         outputs=MappingProxyType(outputs),
@@ -566,10 +664,7 @@ def _dropping(
         asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
-        # (a loop none of whose kept iterations is left starts again from its first)
-        compacted=(compacted := MappingProxyType({loop: n for loop, n in checkpoint.compacted.items()
-                                                  if iteration_name(loop, n + 1) in outputs})
-                   if checkpoint.compacted else checkpoint.compacted),
+        compacted=compacted,
         compacted_retries=MappingProxyType({loop: n for loop, n in checkpoint.compacted_retries.items()
                                             if loop in compacted})
         if checkpoint.compacted_retries else checkpoint.compacted_retries,

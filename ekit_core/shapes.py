@@ -43,7 +43,10 @@ A step may declare, beside its dependencies:
 ``child=O``     the step runs a child workflow, whose steps are steps of
                 the graph named ``step/inner`` (see :mod:`ekit_core.children`);
                 ``O`` is the child's output step (``step/inner``), the step's
-                one dependency: its output is the step's own.
+                one dependency: its output is the step's own. With
+                ``repeat``, the child is the loop's body: each iteration
+                ``k`` runs every body step as ``step/inner#k``, and
+                ``O#k``'s output is the iteration's (the state it carries).
 =============== ============================================================
 
 Validity (a :class:`~ekit_core.GraphError` naming the step): ``map_over``
@@ -55,7 +58,10 @@ item of another declared step (``P[...]`` beside ``P``, whatever ``P``'s shape),
 nor like an iteration of one (``P#...`` beside ``P``); ``repeat`` is an int
 >= 1 and is not combined with ``map_over``, ``when`` or ``join="any"``;
 ``keep_last`` is an int >= 1 and needs ``repeat``; ``child`` names the
-step's one dependency, spelt ``step/...``, and is combined with no other shape.
+step's one dependency, spelt ``step/...``, and is combined with no other shape
+but ``repeat`` (and ``keep_last``); a loop's body ends in its output alone and
+its steps take no shape but a child and a map over an unmapped body step
+(not on its output).
 
 The fingerprint of a graph with shapes covers them (which steps map, over
 what, keyed how; conditions by name; joins); a graph without any keeps the
@@ -72,8 +78,8 @@ from typing import Any, Literal
 
 from ekit_core.errors import GraphError
 
-__all__ = ["NO_SHAPES", "Shape", "check_shapes", "child_name", "item_name", "iteration_name",
-           "shapes_text"]
+__all__ = ["NO_SHAPES", "Shape", "check_shapes", "child_name", "compacted_iteration", "item_name",
+           "iteration_name", "iteration_of", "shapes_text"]
 
 Join = Literal["all", "any"]
 
@@ -158,6 +164,41 @@ def child_name(step: str, inner: str) -> str:
     return f"{step}/{inner}"
 
 
+def iteration_of(name: str, loops: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is spelt as iteration ``k`` of one of ``loops``
+    (``loop#k``, ``k`` a decimal int >= 1 without a leading zero), else ``None``."""
+    at = name.rfind("#")
+    if at <= 0:
+        return None
+    loop, number = name[:at], name[at + 1:]
+    if loop not in loops or not number.isdigit() or not number.isascii() or number[0] == "0":
+        return None
+    return loop, int(number)
+
+
+def compacted_iteration(name: str, compacted: Mapping[str, int], shapes: Mapping[str, Any]
+                        ) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is iteration ``k`` of a loop ``compacted`` counts, or of a
+    step of its body (``L/s#k``, by ``shapes``: the loop's ``child``; or an item of one,
+    ``L/m#k[key]``), and ``k`` is at most
+    that count: recorded, its output let go of (``keep_last``). Else ``None``."""
+    if not compacted:
+        return None
+    at = iteration_of(name, compacted)
+    if at is None:
+        cut = name.rfind("#")
+        mark = name.find("[", cut)  # (an item of a body's map, L/m#k[key]: its iteration's)
+        if cut > 0 and mark > cut:
+            name = name[:mark]
+        owner = name[:cut] if cut > 0 else ""
+        loop = next((n for n in compacted if owner.startswith(f"{n}/")
+                     and getattr(shapes.get(n), "child", None) is not None), None)
+        if loop is None:
+            return None
+        at = iteration_of(f"{loop}{name[cut:]}", compacted)
+    return at if at is not None and at[1] <= compacted[at[0]] else None
+
+
 def check_shapes(
     names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]], shapes: Mapping[str, Shape]
 ) -> MappingProxyType[str, Shape]:
@@ -229,20 +270,65 @@ def _check_one(name: str, shape: Shape, deps: Mapping[str, tuple[str, ...]],
     elif shape.keep_last is not None:
         raise GraphError(f"step {name!r}: keep_last needs repeat", [name])
     if shape.child is not None:
-        if deps[name] != (shape.child,) or not shape.child.startswith(f"{name}/"):
+        own = (shape.child,) if over is None else (shape.child, over)  # (mapped: and its input)
+        if deps[name] != own or not shape.child.startswith(f"{name}/"):
             raise GraphError(f"step {name!r}: its child's output {shape.child!r} must be its one "
-                             f"dependency, a step named {name + '/...'!r}", [name])
-        clash = ("map_over" if over is not None else "when" if shape.when is not None
-                 else "join='any'" if shape.join == "any" else "repeat"
-                 if shape.repeat is not None else None)
+                             f"dependency (with what it maps over), a step named "
+                             f"{name + '/...'!r}", [name])
+        clash = ("when" if shape.when is not None else "join='any'" if shape.join == "any"
+                 else "map_over and repeat" if over is not None and shape.repeat is not None
+                 else "map_over over a mapped step" if over is not None and over in shapes
+                 and shapes[over].map_over is not None else None)
         if clash is not None:
             raise GraphError(f"step {name!r}: a child workflow cannot be combined with {clash} "
                              "(yet)", [name])
+        if shape.repeat is not None or over is not None:
+            _check_body(name, shape.child, deps, shapes, over is not None)
     if shape.join == "any":
         if not deps[name]:
             raise GraphError(f"step {name!r}: join='any' needs dependencies", [name])
         if over is not None:
             raise GraphError(f"step {name!r}: join='any' cannot be combined with map_over", [name])
+
+
+def _check_body(loop: str, output: str, deps: Mapping[str, tuple[str, ...]],
+                shapes: Mapping[str, Shape], per_item: bool = False) -> None:
+    """A loop's body (its child's steps, ``loop/...``): its output is its one last step (what
+    ends an iteration: nothing of it may still run once the loop decides), and its steps
+    take no shape of their own but a child's and a map over another (unmapped) body step
+    that is not the output (conditions, joins, chained maps and loops inside a body are
+    not grown per iteration yet)."""
+    prefix = f"{loop}/"
+    body = [n for n in deps if n.startswith(prefix)]
+    if per_item:  # a child per item (map_over=): its steps take no shape of their own (yet)
+        shaped = next((n for n in body if n in shapes and not shapes[n].plain), None)
+        if shaped is not None:
+            raise GraphError(f"step {shaped!r} of the child of mapped step {loop!r} cannot take "
+                             "a shape of its own (yet)", [shaped, loop])
+        return
+    needed = {d for n in body for d in deps[n]}
+    last = [n for n in body if n not in needed]
+    if last != [output]:
+        others = ", ".join(repr(n) for n in last if n != output) or "none"
+        raise GraphError(f"step {loop!r}: the body of a loop must end in its output {output!r} "
+                         f"alone: every body step leads to it (last steps besides: {others})",
+                         [loop])
+    for name in body:
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        over = shape.map_over
+        clash = ("map_over on its output" if over is not None and name == output
+                 else "map_over a step outside the body" if over is not None
+                 and not over.startswith(prefix)
+                 else "map_over a mapped step" if over is not None and over in shapes
+                 and shapes[over].map_over is not None
+                 else "when" if shape.when is not None
+                 else "join='any'" if shape.join == "any" else "repeat"
+                 if shape.repeat is not None else None)
+        if clash is not None:
+            raise GraphError(f"step {name!r} of the body of loop {loop!r} cannot take {clash} "
+                             "(yet)", [name, loop])
 
 
 _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True)

@@ -117,10 +117,17 @@ from ekit_core.expansion import (
     ItemRef,
     LoopError,
     MapError,
+    bodies_of,
+    body_iteration,
+    body_maps,
+    child_items,
+    children_per_item,
     collected,
     expand,
     expanders,
     item_input,
+    items_compacted,
+    iterating,
     iteration_of,
     loops_of,
     same_encoding,
@@ -149,6 +156,7 @@ from ekit_core.results import (
 )
 from ekit_core.rewind import (
     changed_steps,
+    compacted_done,
     downstream,
     grown,
     keep_forced_skips,
@@ -159,7 +167,7 @@ from ekit_core.rewind import (
     without_questions,
 )
 from ekit_core.selection import check_only, closure, held_chained, narrowed, selected, split
-from ekit_core.shapes import items_of, iteration_name
+from ekit_core.shapes import item_name, items_of, iteration_name
 from ekit_core.state import (
     NO_CODE,
     NO_SKIPS,
@@ -209,12 +217,14 @@ def context_outputs(graph: GraphSpec, outputs: Mapping[str, Any]) -> dict[str, A
     """
     index = graph.index
     mapped = tuple(f"{n}[" for n, s in graph.shapes.items() if s.map_over is not None)
-    loops = loops_of(graph) if graph.shapes else ()
+    if mapped:  # (and the steps of a child per item: P/s[key])
+        mapped += tuple(f"{n}[" for steps in children_per_item(graph).values() for n in steps)
+    loops = iterating(graph) if graph.shapes else {}
     if not mapped and not loops:
         return {k: v for k, v in outputs.items() if k not in index}
     return {k: v for k, v in outputs.items()
             if k not in index and not (mapped and k.startswith(mapped) and k.endswith("]"))
-            and not (loops and iteration_of(k, dict.fromkeys(loops)) is not None)}
+            and not (loops and iteration_of(k.partition("[")[0], loops) is not None)}
 
 
 def outcome_of(
@@ -642,7 +652,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
                                                 base.code_fingerprints), touched)
     base, checkpoint = _replace(base, redone=redone_after(checkpoint, resumed, touched)), resumed
     skipped = checkpoint.skipped
-    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped)
+    bodies, in_body, per_item, grown_later = _grown_later(graph)
+    first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, grown_later)
     held = 0
     if base.limits.only is not None:  # only the selection is ready, or made ready
         first, left, held = narrowed(graph.names, base.limits.only, first, left)
@@ -651,8 +662,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     if asked:  # steps and items that wait for an answer are not ready; a denial halts
         first, denied = _held(graph, checkpoint, first, True)
     offset, ready = window.start(first)
-    spec = _replace(base, dependents=_lowered(graph, left), declared=graph,
-                    shaped=Expansion(expanders(graph), superseded=checkpoint.superseded), held=held)
+    spec = _replace(base, dependents=_lowered(graph, left, grown_later), declared=graph,
+                    shaped=_first_expansion(graph, checkpoint, bodies, in_body, per_item), held=held)
     halt = denied or _recorded_halt(spec.limits, checkpoint, len(graph) - done - held)
     outputs, step_usage, durations = _ledgers(checkpoint, graph)
     setbacks = Setbacks(failures=checkpoint.failures, halt=halt, skipped=skipped,
@@ -670,6 +681,8 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     for name in graph.names:
         if name in spec.shaped.expanders and name in outputs:  # type: ignore[union-attr]
             _expand(w, name)
+        if name in spec.shaped.per_item_over and name in outputs:  # type: ignore[union-attr]
+            _grow_children(w, name)
         if name in loops:
             _start_loop(w, name, checkpoint)
     _check_expansion(w, checkpoint)
@@ -680,6 +693,32 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
         raise CheckpointError("asked", f"records a question of {ghosts[0]!r}, which is no step "
                                        "or item of this run")
     return _freeze(w)
+
+
+def _grown_later(graph: GraphSpec) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
+                                            dict[str, tuple[str, ...]], dict[str, str]]:
+    """The loops' bodies and each body step's loop; the children per item and each of their
+    steps' parent: never started themselves (they grow per iteration or per item)."""
+    bodies = bodies_of(graph)
+    in_body = {t: loop for loop, body in bodies.items() for t in body}
+    per_item = children_per_item(graph)
+    return bodies, in_body, per_item, {**in_body, **{t: p for p, ss in per_item.items() for t in ss}}
+
+
+def _first_expansion(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
+                     bodies: dict[str, tuple[str, ...]], in_body: dict[str, str],
+                     per_item: dict[str, tuple[str, ...]]) -> Expansion:
+    """A shaped run's expansion before anything is expanded: what steps map over, what was
+    set aside for an early cutoff, the loops' bodies (see ``bodies_of``) and the children
+    per item (see ``children_per_item``)."""
+    over: dict[str, tuple[str, ...]] = {}
+    for parent in per_item:
+        source = cast(str, graph.shapes[parent].map_over)
+        over[source] = (*over.get(source, ()), parent)
+    return Expansion(expanders(graph), superseded=checkpoint.superseded,
+                     bodies=MappingProxyType(bodies), in_body=MappingProxyType(in_body),
+                     body_maps=MappingProxyType(body_maps(graph) if bodies else {}),
+                     per_item=MappingProxyType(per_item), per_item_over=MappingProxyType(over))
 
 
 def _counted_at_start(w: _Run) -> list[Event]:
@@ -737,8 +776,11 @@ def _without_stale_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
             checkpoint = without(checkpoint, graph, steps)
     if not checkpoint.shapes:
         return checkpoint
-    table = {n: None for n in loops if n not in checkpoint.outputs}
-    started = {at[0] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
+    table = {n: n for n in loops if n not in checkpoint.outputs}
+    for loop, body in bodies_of(graph).items():  # (a body's loop started with its steps')
+        if loop in table:
+            table.update(dict.fromkeys(body, loop))
+    started = {table[at[0]] for n in checkpoint.outputs if (at := iteration_of(n, table)) is not None} \
         if table else set()
     if not started:
         return checkpoint
@@ -912,7 +954,8 @@ def _still_aside(superseded: Mapping[str, Any], index: Mapping[str, int], prefix
 
 
 def _first_ready_shaped(
-    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str]
+    graph: GraphSpec, outputs: Mapping[str, Any], skipped: Mapping[str, str],
+    in_body: Mapping[str, str],
 ) -> tuple[list[int], dict[str, int], int, list[str]]:
     """:func:`_first_ready` with shapes: a mapped step is never ready by its dependencies, a
     skipped step never ready, a join over alternatives counts skipped dependencies as settled."""
@@ -932,7 +975,8 @@ def _first_ready_shaped(
         if gone and not joins_any:  # (a mapped step too: its items could never start)
             raise CheckpointError("skipped", f"records {gone[0]!r} as skipped, yet not {name!r}, "
                                              "which needs it")
-        if shape is not None and (shape.map_over is not None or shape.repeat is not None):
+        if (shape is not None and (shape.map_over is not None or shape.repeat is not None)) \
+                or (in_body and name in in_body):
             continue  # (expanded into its items, or grown into its iterations: never started)
         missing = sum(1 for d in parents if d not in outputs and d not in skipped)
         if not missing:
@@ -957,29 +1001,38 @@ def _check_skips_agree(name: str, parents: tuple[str, ...], outputs: Mapping[str
                                              f"of {name!r}, which needs it")
 
 
-def _check_compacted(checkpoint: WorkflowCheckpoint) -> None:
+def _check_compacted(checkpoint: WorkflowCheckpoint, bodies: Mapping[str, tuple[str, ...]]
+                     ) -> None:
     """Every ``compacted`` count is of a loop (by the shapes the checkpoint records: the run
     that wrote it; its keep_last may since be gone, by a graph change), and ``outputs`` keeps
     no iteration it counts as compacted: else a resume would let go of, or keep, what no
     run did."""
     shapes, compacted = checkpoint.shapes, checkpoint.compacted
+    inside = {items_compacted(step) for body in bodies.values() for step in body}
     for loop in compacted:
+        if loop in inside:  # (the items of a body's map, counted: see items_compacted)
+            continue
         shape = shapes.get(loop)
         if shape is None or shape.repeat is None:
             raise CheckpointError(f"compacted.{loop}", "counts compacted iterations of a step "
                                                        "that is no loop")
+    upto = {n: c for n, c in compacted.items() if n not in inside}
+    for loop in list(upto):  # (a body's steps are compacted with their loop, iteration by iteration)
+        upto.update(dict.fromkeys(bodies.get(loop, ()), compacted[loop]))
     for name in checkpoint.outputs:
-        at = iteration_of(name, compacted)
-        if at is not None and at[1] <= compacted[at[0]]:
+        at = iteration_of(name, upto)
+        if at is not None and at[1] <= upto[at[0]]:
             raise CheckpointError(f"compacted.{at[0]}", f"counts {name!r} as compacted, yet "
                                                         "outputs keeps it")
 
 
-def _lowered(graph: GraphSpec, pending: list[str]) -> MappingProxyType[str, tuple[str, ...]]:
+def _lowered(graph: GraphSpec, pending: list[str], in_body: Mapping[str, str]
+             ) -> MappingProxyType[str, tuple[str, ...]]:
     """The dependents the fold reads in a shaped run: no edge into a mapped step
     (it expands and collects; it is never made ready by its dependencies), nor into
-    a loop (its iterations wait for its dependencies instead)."""
+    a loop or a step of a loop's body (their iterations wait for its dependencies instead)."""
     mapped = {n for n, s in graph.shapes.items() if s.map_over is not None or s.repeat is not None}
+    mapped.update(in_body)
     among = graph.dependents_among(pending)
     return MappingProxyType({
         k: tuple(c for c in v if c not in mapped) if v else v for k, v in among.items()
@@ -990,9 +1043,12 @@ def _check_expansion(w: _Run, checkpoint: WorkflowCheckpoint) -> None:
     """Every recorded item and skip names an item the recorded outputs make, or a step."""
     index = w.spec.graph.index
     mapped = tuple(f"{n}[" for n, s in w.spec.declared_graph.shapes.items() if s.map_over)
-    loops = w.spec.shaped.loops  # type: ignore[union-attr]
+    shaped = cast(Expansion, w.spec.shaped)
+    loops: Mapping[str, Any] = shaped.loops
+    if shaped.in_body:
+        loops = {**loops, **shaped.in_body}
     if checkpoint.compacted:
-        _check_compacted(checkpoint)
+        _check_compacted(checkpoint, shaped.bodies)
     for name in checkpoint.outputs:
         if name not in index and name.startswith(mapped):
             raise CheckpointError("outputs", f"records item {name!r}, which the recorded output "
@@ -1225,7 +1281,7 @@ def _loop_of(spec: RunSpec, name: str) -> str | None:
     (or item) of, innermost first (``None``: neither), which a budget names."""
     ref = spec.shaped.items.get(name) if spec.shaped is not None else None
     if ref is not None and ref.iteration:
-        return ref.step
+        return spec.shaped.in_body.get(ref.step, ref.step)  # type: ignore[union-attr]
     shapes = spec.declared_graph.shapes
     return parent_of(name if ref is None else ref.step, shapes) if shapes else None
 
@@ -1307,6 +1363,10 @@ def _ended(w: _Run, item: Ended) -> None:
     if shaped is None or ref is None or not ref.iteration:
         raise TransitionError(f"Ended for step {name!r}, which is no iteration of a loop: "
                               "report a Succeeded")
+    loop = shaped.in_body.get(ref.step) if shaped.in_body else None
+    if loop is not None and w.spec.declared_graph.shapes[loop].child != ref.step:
+        raise TransitionError(f"Ended for step {name!r}, an iteration of a step of the body of "
+                              f"loop {loop!r} that is not its output: report a Succeeded")
     w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending | {name}))
     _succeeded(w, item)
 
@@ -1474,9 +1534,14 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     if name in shaped.expanders:
         _expand(w, name)
         shaped = cast(Expansion, w.spec.shaped)
+    if shaped.per_item_over and name in shaped.per_item_over:
+        _grow_children(w, name)
+        shaped = cast(Expansion, w.spec.shaped)
     ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
+            if shaped.body_maps and ref.step in shaped.body_maps:
+                _expand_in_body(w, name, ref)
             _iterated(w, name, ref)
         else:
             _item_settled(w, ref.step)
@@ -1601,12 +1666,14 @@ def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
     )
 
 
-def _grow(w: _Run, more: Expanded) -> None:
+def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset()) -> None:
     """Add the items of ``more`` to the graph; those whose dependencies are recorded are ready.
 
     An item waits on its dependencies as any step does (a countdown when it
     has several), so readiness stays O(1) per finished dependency; edges
     from recorded dependencies are not kept (those never finish again).
+    ``collected`` are grown steps that never start (a loop body's mapped step's
+    iteration, which expands into items and collects them): no edge into them.
     """
     spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
     graph = spec.graph.extended(more.steps)
@@ -1620,8 +1687,8 @@ def _grow(w: _Run, more: Expanded) -> None:
         if name in outputs:  # a resume: recorded already
             w.completed += 1
             continue
-        if name in skipped or name in held:  # (an item waiting for an answer never starts)
-            continue
+        if name in skipped or name in held or name in collected:  # (an item waiting for an
+            continue  # answer never starts, nor what collects its items)
         missing = [d for d in deps if d not in outputs]
         for d in missing:
             extra.setdefault(d, []).append(name)
@@ -1654,6 +1721,78 @@ def _grow_held(w: _Run, outside: Expanded) -> None:
                       shaped=spec.shaped.grown(outside), held=spec.held + held)
 
 
+def _expand_in_body(w: _Run, over: str, ref: ItemRef) -> None:
+    """Iteration ``over`` (``U#k``) of a loop body's step is recorded: grow the items of each
+    body step ``M`` mapped over ``U`` as ``M#k[key]``, collected as ``M#k`` (or fail ``M#k``
+    when ``over``'s output has no items), as a declared map over ``U`` would."""
+    shaped = cast(Expansion, w.spec.shaped)
+    shapes, deps = w.spec.declared_graph.shapes, w.spec.graph.deps
+    output, k = w.outputs[over], ref.iteration
+    more = Expanded()
+    for step in shaped.body_maps[ref.step]:
+        mapped = iteration_name(step, k)
+        if mapped in shaped.members:  # (a resume's, expanded already)
+            continue
+        items = items_of(output, shapes[step].item_key)
+        if isinstance(items, str):
+            _map_failed(w, mapped, f"step {mapped!r} maps over {over!r}, but {items}")
+            continue
+        needs, names = deps[mapped], []
+        for key, _value, pick in items:
+            name = item_name(mapped, key)
+            names.append(name)
+            more.steps[name] = needs
+            more.items[name] = ItemRef(mapped, key, over, pick)
+        more.members[mapped] = tuple(names)
+        more.kinds[mapped] = "dict" if isinstance(output, Mapping) else "list"
+    if not more.members:
+        return
+    _grow(w, more)
+    outputs, waiting = w.outputs, w.counts()
+    for mapped, members in more.members.items():
+        if w.record:
+            w.events.append(StepExpanded(mapped, len(members),
+                                         sum(1 for m in members if m in outputs)))
+        if mapped in outputs:  # a resume: collected already
+            continue
+        left = sum(1 for m in members if m not in outputs)
+        if not left:
+            left = _wait_for_dependencies(w, mapped, deps[mapped])
+        if left:
+            waiting[mapped] = left
+        else:
+            _collect(w, mapped)
+
+
+def _grow_children(w: _Run, over: str) -> None:
+    """``over`` is recorded: each step that runs a child per item of it grows its child once
+    per item (``P/s[key]``, see ``child_items``), each child step collecting its items as
+    a mapped step does; the parent records its child's output step's collected output."""
+    shaped = cast(Expansion, w.spec.shaped)
+    graph, deps = w.spec.declared_graph, w.spec.graph.deps
+    for parent in shaped.per_item_over[over]:
+        steps = shaped.per_item[parent]
+        if steps[0] in shaped.members or parent in w.setbacks.skipped:  # (grown, or skipped)
+            continue
+        more = Expanded()
+        why = child_items(graph, parent, steps, w.outputs[over], more)
+        if why is not None:
+            _map_failed(w, parent, why)
+            continue
+        _grow(w, more)
+        outputs, waiting = w.outputs, w.counts()
+        for step, members in more.members.items():
+            if step in outputs:  # a resume: collected already
+                continue
+            left = sum(1 for m in members if m not in outputs)
+            if not left:
+                left = _wait_for_dependencies(w, step, deps[step])
+            if left:
+                waiting[step] = left
+            else:
+                _collect(w, step)
+
+
 def _item_settled(w: _Run, mapped: str) -> None:
     """An item of ``mapped`` was recorded or skipped: at the last one, collect.
 
@@ -1671,7 +1810,7 @@ def _item_settled(w: _Run, mapped: str) -> None:
         # Its items are settled; it waits for its own dependencies too (a
         # chained step's items may be skipped before a dependency finishes),
         # so that a skip of one still skips it, in every order of events.
-        left = _wait_for_dependencies(w, mapped, w.spec.declared_graph.deps[mapped])
+        left = _wait_for_dependencies(w, mapped, w.spec.graph.deps[mapped])
     if left:
         waiting[mapped] = left
     else:
@@ -1691,6 +1830,30 @@ def _collect(w: _Run, mapped: str) -> None:
     if children:
         _count_down(w, children, outputs, w.spec.graph.index)
     for waiting in shaped.waits.get(mapped, ()):
+        _item_settled(w, waiting)
+    if shaped.per_item:  # a child per item's output step: its parent hands it on
+        parent = next((p for p in shaped.per_item
+                       if w.spec.declared_graph.shapes[p].child == mapped), None)
+        if parent is not None and parent not in w.outputs:
+            _hand_on(w, parent, output)
+
+
+def _hand_on(w: _Run, step: str, output: Any) -> None:
+    """Record ``output`` as ``step``'s own (a step that runs a child per item, once its
+    child's output step collected), and pass it on as any recorded output."""
+    outputs = w.outputs = w.outputs.with_item(step, output)
+    w.completed += 1
+    if w.record:
+        w.events.append(StepFinished(step, 1, NO_USAGE, None))
+    children = w.spec.dependents.get(step, ())
+    if children:
+        _count_down(w, children, outputs, w.spec.graph.index)
+    shaped = cast(Expansion, w.spec.shaped)
+    if step in shaped.expanders:
+        _expand(w, step)
+    if shaped.per_item_over and step in shaped.per_item_over:
+        _grow_children(w, step)
+    for waiting in shaped.waits.get(step, ()):
         _item_settled(w, waiting)
 
 
@@ -1715,23 +1878,25 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     recorded iterations reach its cap (it fails again)."""
     only = w.spec.limits.only
     skipped = w.setbacks.skipped
+    body = cast(Expansion, w.spec.shaped).bodies.get(loop)
     if loop in skipped:  # its first iteration, which waited for it, is skipped with it
-        first = iteration_name(loop, 1)
-        if first not in skipped:  # (a run that held the loop never grew it: as a run would)
-            gone = next((d for d in w.spec.declared_graph.deps[loop] if d in skipped), loop)
-            why = f"it needs {gone!r}, which was skipped"
-            w.setbacks = _replace(w.setbacks, skipped=MappingProxyType({**skipped, first: why}))
-            if w.record:
-                w.events.append(StepSkipped(first, why))
+        for step in body or (loop,):
+            first = iteration_name(step, 1)
+            skipped = w.setbacks.skipped
+            if first not in skipped:  # (a run that held the loop never grew it: as a run would)
+                deps = w.spec.declared_graph.deps[loop if body is None else step]
+                gone = next((d for d in deps if d in skipped), loop)
+                why = f"it needs {gone!r}, which was skipped"
+                w.setbacks = _replace(w.setbacks, skipped=MappingProxyType({**skipped, first: why}))
+                if w.record:
+                    w.events.append(StepSkipped(first, why))
         _grow_iterations(w, loop, 1, 1)
         return
     if only is not None and loop not in only:
         held = checkpoint.compacted.get(loop, 0)
-        last = held
-        while iteration_name(loop, last + 1) in checkpoint.outputs:
-            last += 1
-        if last:  # (never grown, yet done: step_index counts them, as the run that did them)
-            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + last)
+        done = _held_done(checkpoint, loop, body is not None)
+        if done:  # (never grown, yet done: step_index counts them, as the run that did them)
+            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + done)
         if held:  # (never grown, its count is carried: else its own checkpoint is refused)
             shaped = cast(Expansion, w.spec.shaped)
             w.spec = _replace(w.spec, shaped=_replace(
@@ -1741,13 +1906,14 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
     last = compacted
-    while iteration_name(loop, last + 1) in outputs:
+    ends = _exit_of(w, loop)
+    while iteration_name(ends, last + 1) in outputs:
         last += 1
     if compacted:
         if last == compacted and loop not in outputs:
             raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
                                                f"{loop!r}: the last one is always kept")
-        _grow_compacted(w, loop, compacted)
+        _grow_compacted(w, loop, compacted, checkpoint.compacted)
         _retried(w, checkpoint, loop)
     if loop in outputs or last >= cap:
         if last > compacted:
@@ -1758,6 +1924,16 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
     _grow_iterations(w, loop, compacted + 1, last + 1)
 
 
+def _held_done(checkpoint: WorkflowCheckpoint, loop: str, body: bool) -> int:
+    """How many done steps and items ``loop``'s iterations (kept, or compacted) stand for
+    in ``checkpoint``: what its step_index counts of a loop a run with ``only`` holds."""
+    inside = (f"{loop}#",) if not body else (f"{loop}/",)
+    kept = sum(1 for n in checkpoint.outputs if n.startswith(inside) and (not body or "#" in n))
+    counts = {k: c for k, c in checkpoint.compacted.items()
+              if k == loop or (k.endswith("[]") and k.startswith(f"{loop}/"))}
+    return kept + (compacted_done(checkpoint, counts) if counts else 0)
+
+
 def _retried(w: _Run, checkpoint: WorkflowCheckpoint, loop: str) -> None:
     """A resume carries ``loop``'s ``compacted_retries`` from ``checkpoint`` (when it has any)."""
     spent = checkpoint.compacted_retries.get(loop)
@@ -1766,34 +1942,66 @@ def _retried(w: _Run, checkpoint: WorkflowCheckpoint, loop: str) -> None:
         w.setbacks = _replace(inc, compacted_retries=MappingProxyType({**inc.compacted_retries, loop: spent}))
 
 
-def _grow_compacted(w: _Run, loop: str, upto: int) -> None:
-    """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
-    graph and counted, their outputs let go of (see ``_compact``); never started."""
-    deps = w.spec.declared_graph.deps[loop]
-    more = Expanded()
-    for k in range(1, upto + 1):
-        name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
-        more.steps[name] = (*deps, before) if before else deps
-        more.items[name] = ItemRef(loop, str(k), before, None, k)
-    shaped = cast(Expansion, w.spec.shaped).grown(more)
-    w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
-        shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
-        compacted=MappingProxyType({**shaped.compacted, loop: upto})))
-    w.completed += upto
+def _exit_of(w: _Run, loop: str) -> str:
+    """The step whose iterations decide ``loop``: itself, or its body's output step."""
+    shaped = cast(Expansion, w.spec.shaped)
+    if shaped.bodies and loop in shaped.bodies:
+        return cast(str, w.spec.declared_graph.shapes[loop].child)
+    return loop
 
 
-def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
-    """Grow the run by iterations ``first`` to ``last`` of ``loop``: each depends on the loop's
-    dependencies and on the one before it (one growth, however many: a resume's)."""
-    deps = w.spec.declared_graph.deps[loop]
+def _iterations(w: _Run, loop: str, first: int, last: int) -> Expanded:
+    """Iterations ``first`` to ``last`` of ``loop``: each of a one-step loop depends on the
+    loop's dependencies and on the one before it; a body's, see ``body_iteration``."""
+    graph = w.spec.declared_graph
     more = Expanded()
+    body = cast(Expansion, w.spec.shaped).bodies.get(loop)
+    if body is not None:
+        for k in range(first, last + 1):
+            body_iteration(graph, loop, body, k, more)
+        return more
+    deps = graph.deps[loop]
     for k in range(first, last + 1):
         name, before = iteration_name(loop, k), iteration_name(loop, k - 1) if k > 1 else ""
         more.steps[name] = (*deps, before) if before else deps
         more.items[name] = ItemRef(loop, str(k), before, None, k)
+    return more
+
+
+def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) -> None:
+    """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
+    graph and counted, their outputs let go of (see ``_compact``); never started. The
+    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts)."""
+    more = _iterations(w, loop, 1, upto)
+    shaped = cast(Expansion, w.spec.shaped).grown(more)
+    counts = {**shaped.compacted, loop: upto}
+    for step in shaped.bodies.get(loop, ()) if shaped.body_maps else ():
+        key = items_compacted(step)
+        if key in recorded:
+            counts[key] = recorded[key]
+            w.completed += recorded[key]
+    w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
+        shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
+        compacted=MappingProxyType(counts)))
+    w.completed += len(more.steps)
+
+
+def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
+    """Grow the run by iterations ``first`` to ``last`` of ``loop`` (one growth, however
+    many: a resume's)."""
+    more = _iterations(w, loop, first, last)
     shaped = cast(Expansion, w.spec.shaped)
     w.spec = _replace(w.spec, shaped=_replace(shaped, loops=MappingProxyType({**shaped.loops, loop: last})))
-    _grow(w, more)
+    if not shaped.body_maps or loop not in shaped.bodies:
+        _grow(w, more)
+        return
+    maps = shaped.body_maps
+    mapped = frozenset(iteration_name(m, k) for over in maps for m in maps[over]
+                       for k in range(first, last + 1))
+    _grow(w, more, mapped)
+    for name, ref in more.items.items():  # (a resume's: what recorded iterations mapped over)
+        if ref.step in maps and name in w.outputs:
+            _expand_in_body(w, name, ref)
 
 
 def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
@@ -1801,6 +2009,12 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
     loop, k = ref.step, ref.iteration
     shaped = cast(Expansion, w.spec.shaped)
+    if shaped.in_body:
+        owner = shaped.in_body.get(loop)
+        if owner is not None:  # a body step: its loop decides once its output step is recorded
+            if w.spec.declared_graph.shapes[owner].child != loop:
+                return
+            loop = owner
     shape = w.spec.declared_graph.shapes[loop]
     if shape.keep_last is not None and k > shape.keep_last:
         _compact(w, loop, k - shape.keep_last)
@@ -1812,8 +2026,8 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
         _loop_failed(w, loop, k, k)
     else:
         _grow_iterations(w, loop, k + 1, k + 1)
-        if w.record:  # the run's total grows by one: what a progress display counts
-            w.events.append(StepExpanded(loop, 1))
+        if w.record:  # the run's total grows by one iteration: what a progress display counts
+            w.events.append(StepExpanded(loop, len(shaped.bodies.get(loop, (loop,)))))
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:
@@ -1825,7 +2039,16 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
     before = shaped.compacted.get(loop, 0)
     if upto <= before:
         return
-    gone = {iteration_name(loop, j) for j in range(before + 1, upto + 1)}
+    gone = {iteration_name(step, j) for step in shaped.bodies.get(loop, (loop,))
+            for j in range(before + 1, upto + 1)}
+    counts = {**shaped.compacted, loop: upto}
+    if shaped.body_maps and loop in shaped.bodies:  # (and the items of a body's maps, counted)
+        for name in list(gone):
+            members = shaped.members.get(name, ())
+            if members:
+                key = items_compacted(shaped.items[name].step)
+                counts[key] = counts.get(key, 0) + len(members)
+                gone.update(members)
     w.outputs = Ledger({n: v for n, v in w.outputs.items() if n not in gone})
     if any(n in w.step_usage for n in gone):
         w.step_usage = Ledger({n: u for n, u in w.step_usage.items() if n not in gone})
@@ -1844,8 +2067,7 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
             inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
             asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}),
             compacted_retries=retries)
-    w.spec = _replace(w.spec, shaped=_replace(
-        shaped, compacted=MappingProxyType({**shaped.compacted, loop: upto})))
+    w.spec = _replace(w.spec, shaped=_replace(shaped, compacted=MappingProxyType(counts)))
 
 
 def _timings_without(times: Timings, gone: set[str]) -> Timings | None:
@@ -1862,7 +2084,18 @@ def _timings_without(times: Timings, gone: set[str]) -> Timings | None:
 
 
 def _end_loop(w: _Run, loop: str, last: str) -> None:
-    """Record the loop's output, its last iteration's, and pass it on as any recorded output."""
+    """Record the loop's output, its last iteration's, and pass it on as any recorded output.
+    A body's steps record theirs too, their last iteration's (every one is recorded: each
+    leads to the output step), so that the declared graph is recorded whole."""
+    shaped = cast(Expansion, w.spec.shaped)
+    body = shaped.bodies.get(loop) if shaped.bodies else None
+    if body is not None:
+        k = shaped.items[last].iteration
+        for step in body:
+            w.outputs = w.outputs.with_item(step, w.outputs[iteration_name(step, k)])
+            w.completed += 1
+            if w.record:
+                w.events.append(StepFinished(step, 1, NO_USAGE, None))
     outputs = w.outputs = w.outputs.with_item(loop, w.outputs[last])
     w.completed += 1
     if w.record:

@@ -186,7 +186,9 @@ def history(loop: str) -> History:
     compacted = shaped.compacted.get(loop, 0) if shaped is not None else 0
     outputs, kept = state.outputs, []
     k = compacted + 1
-    while (name := iteration_name(loop, k)) in outputs:
+    shape = state.spec.declared_graph.shapes.get(loop)
+    exit_step = loop if shape is None or shape.child is None else shape.child  # (a body's output)
+    while (name := iteration_name(exit_step, k)) in outputs:
         kept.append(outputs[name])
         k += 1
     return History(loop, compacted, tuple(kept))

@@ -44,12 +44,24 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
             out.append(_moved(inner, moved, deps, prefix, workflow.code_policies.get(inner.name),
                               names))
         shapes.update(nested.shapes)
+        repeat = step.repeat
+        if repeat is not None:  # a loop whose body is the child: each iteration runs it whole
+            cached = next((s.name for s in workflow.steps if s.cache), None)
+            if cached is not None:
+                raise ValueError(f"step {name + '/' + cached!r} of the body of loop {name!r}: "
+                                 "cache=True is not supported in a loop's body (yet)")
         # Handing on is cheap work on the driver's loop: its own executor, whatever the run's
         # (a DaskExecutor refuses inline steps, and a worker process has nothing to do here).
-        out.append(Step(name, functools.partial(handed_on, nested.output), (nested.output,),
+        # A loop never runs it: the core records the loop's output as its last iteration's.
+        # A child per item (map_over=): the core records the parent's output as its child's
+        # output step's collected items'; it also depends on what it maps over.
+        over = step.map_over
+        out.append(Step(name, functools.partial(handed_on, nested.output),
+                        (nested.output,) if over is None else (nested.output, over),
                         metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR,
-                        child=nested.output))
-        shapes[name] = Shape(child=nested.output)
+                        child=nested.output, repeat=repeat, map_over=over, item_key=step.item_key))
+        shapes[name] = Shape(over, step.item_key, child=nested.output) if repeat is None else Shape(
+            child=nested.output, repeat=repeat.max_iterations, keep_last=repeat.keep_last)
         own[name] = set(nested.steps)
     if own:
         check_names(own, [s.name for s in out], own)

@@ -56,7 +56,7 @@ from ekit_core import (
     apply,
     checkpoint_of,
 )
-from ekit_core.expansion import item_input
+from ekit_core.expansion import Expansion, ItemRef, item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
 from ekit_core.ledger import Ledger
@@ -75,7 +75,7 @@ from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
 from ekit_runtime.loops import Done, Iteration, Repeat
-from ekit_runtime.step import PLAIN_OUTPUTS, Shaping, Step, condition_name, split_result
+from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
 from ekit_runtime.stores.errors import UnencodableError
 
 __all__ = ["BeforeAttempt", "CheckpointFn", "Clock", "Runner", "Sleep", "TraceFn", "prepare_run_of"]
@@ -255,6 +255,25 @@ class Runner:
         )
         return own
 
+    def _in_iteration(self, context: Context, step: Step, ref: ItemRef) -> None:
+        """What iteration ``ref`` of a loop body's step sees besides its inputs: the loop's
+        ``Iteration`` under the loop's name, and its body dependencies as the same
+        iteration's outputs, by the names the body's code knows them by (``L/d``:
+        ``in_child`` strips ``L/``)."""
+        outputs, k = self.state.outputs, ref.iteration
+        shaped = cast(Expansion, self.state.spec.shaped)
+        context[shaped.in_body[ref.step]] = Iteration(k, outputs[ref.source] if ref.source else None)
+        suffix = f"#{k}"
+        for d in step.depends_on:
+            if d in shaped.in_body and d + suffix in outputs:
+                context[d] = outputs[d + suffix]
+
+    def _body_map(self, name: str) -> Step:
+        """The step iteration ``name`` (``M#k``) of a loop body's mapped step ``M`` runs
+        its items as: ``M``'s, named ``M#k`` (its items are ``M#k[key]``). Made per item,
+        not kept: a runner holds no attribute more (see docs/performance.md)."""
+        return dataclasses.replace(self.step(name.rpartition("#")[0]), name=name)
+
     def _take_answers(self, state: State) -> None:
         """Hold the answers recorded in ``state`` for the attempts of the steps that asked:
         those go through :meth:`_attempt`, which hands them their answers."""
@@ -268,6 +287,8 @@ class Runner:
         shapes = self.state.spec.declared_graph.shapes
         mapped = [f"{n}[" for n, s in shapes.items() if s.map_over is not None]
         mapped += [f"{n}#" for n, s in shapes.items() if s.repeat is not None]
+        if self.state.spec.shaped is not None:  # (a loop body's steps: L/s#k)
+            mapped += [f"{n}#" for n in self.state.spec.shaped.in_body]
         return {next((m[:-1] for m in mapped if name.startswith(m)), name) for name in names}
 
     @property
@@ -519,15 +540,28 @@ class Runner:
         if ref is None:
             raise InternalError(f"ekit: the core started {name!r}, which is no step of this run")
         i = self._index.get(ref.step)
-        step = self._declared[i] if i is not None else self._added[ref.step]
+        step = self._declared[i] if i is not None else self._added.get(ref.step) or \
+            self._body_map(ref.step)
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
+        if shaped.in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
+            self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
-            context[step.name] = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            loop = shaped.in_body.get(ref.step) if shaped.in_body else None  # type: ignore[union-attr]
+            if loop is None:
+                context[step.name] = carried
+                return step, ref.key, context
+            self._in_iteration(context, step, ref)
             return step, ref.key, context
-        over = cast(Shaping, step.shaping)[0]  # (a property would cost a call per item)
-        assert over is not None
+        over = None if step.shaping is None else step.shaping[0]  # (a property: a call per item)
+        if over is None:  # a step of a child per item, P/s[key]: the item, and its child's items
+            context[ref.source] = item_input(ref, outputs)
+            for d in step.depends_on:
+                if (dep := item_name(d, ref.key)) in outputs:
+                    context[d] = outputs[dep]
+            return step, ref.key, context
         context[over] = item_input(ref, outputs)
         return step, ref.key, context
 
@@ -597,7 +631,9 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         iteration = item is not None and shaped.items[name].iteration > 0
-        return loops.enter(name, step.depends_on, step.name if iteration else None, self.state)
+        loop = (shaped.in_body.get(step.name, step.name) if shaped.in_body else step.name) \
+            if iteration else None
+        return loops.enter(name, step.depends_on, loop, self.state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
@@ -715,9 +751,7 @@ class Runner:
         callable, is the attempt's release: called once when the attempt
         ends, however it ends (see :data:`BeforeAttempt`).
         """
-        repeat = None if item is None or step.shaping is None else step.shaping[5]
-        name = step.name if item is None else item_name(step.name, item) if repeat is None \
-            else iteration_name(step.name, int(item))
+        name, repeat = (step.name, None) if item is None else self._unit(step, item)
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)
         cached = self._cached.get(step.name) if self._cached else None
         if self.run_id is not None:
@@ -764,6 +798,19 @@ class Runner:
         finally:
             if release is not None:
                 await _give_back(release, name)
+
+    def _unit(self, step: Step, item: str) -> tuple[str, Repeat | None]:
+        """The name of ``step``'s attempt unit ``item`` (an item, an iteration) and the
+        ``Repeat`` whose ``until`` and ``Done`` its success is read by (``None``: none)."""
+        spec = self.state.spec
+        loop = spec.shaped.in_body.get(step.name) if spec.shaped is not None else None
+        if loop is not None:  # a body step's iteration, L/s#k: its output step's tells Ended
+            ends = spec.declared_graph.shapes[loop].child == step.name
+            return iteration_name(step.name, int(item)), self.step(loop).repeat if ends else None
+        repeat = None if step.shaping is None else step.shaping[5]
+        if repeat is None:
+            return item_name(step.name, item), None
+        return iteration_name(step.name, int(item)), repeat
 
     def _hit(self, name: str, cached: CachedStep, entry: CacheEntry, began: float) -> Input:
         """The outcome of an attempt the cache answered: its recorded output, no usage."""
@@ -1050,9 +1097,12 @@ class Runner:
 
 def _loops_of(state: State) -> dict[str, bool]:
     """Loop -> False: no loop's iteration runs as its own task (see Runner._runs_as_own_task); they
-    go through ``_attempt``, which tells ``Ended``. Decided once a run, so that a step that is
-    no loop does not ask."""
-    return {n: False for n, s in state.spec.declared_graph.shapes.items() if s.repeat is not None}
+    go through ``_attempt``, which tells ``Ended``; nor a loop body's output step's. Decided
+    once a run, so that a step that is no loop does not ask."""
+    shapes = state.spec.declared_graph.shapes
+    own = {n: False for n, s in shapes.items() if s.repeat is not None}
+    own.update([(cast(str, shapes[n].child), False) for n in own if shapes[n].child is not None])
+    return own
 
 
 def _with_hits(checkpoint: WorkflowCheckpoint, hits: Mapping[str, CacheHit]) -> None:

@@ -460,9 +460,7 @@ class Step:
             return  # (the step a built workflow puts in a child's place: checked by the core)
         if self.run is not _runs_a_child:
             raise bad("a step with a child workflow takes no run: the child's steps are its work")
-        given = [n for n, v in (("map_over", self.map_over), ("item_key", self.item_key),
-                                ("when", self.when), ("repeat", self.repeat),
-                                ("retry", self.retry), ("timeout", self.timeout),
+        given = [n for n, v in (("when", self.when), ("retry", self.retry), ("timeout", self.timeout),
                                 ("version", self.version), ("executor", self.executor),
                                 ("resource", self.resource), ("on_code_change", self.on_code_change))
                  if v is not None]
@@ -472,7 +470,9 @@ class Step:
         given += ["cache=True"] if self.cache else []
         if given:
             raise bad(f"a step with a child workflow cannot take {given[0]} (yet): give it to "
-                      "the child's steps (a child in a map or a loop is not supported yet)")
+                      "the child's steps")
+        if self.map_over is not None and self.repeat is not None:
+            raise bad("a step with a child workflow cannot take both map_over and repeat (yet)")
 
     @property
     def shape(self) -> Shape | None:
@@ -481,7 +481,9 @@ class Step:
             return None
         child = self.child
         if isinstance(child, str):
-            return Shape(child=child)
+            repeat = self.shaping[5]  # (a loop whose body is its child; or a child per item)
+            return Shape(self.shaping[0], self.shaping[1], child=child) if repeat is None else Shape(
+                child=child, repeat=repeat.max_iterations, keep_last=repeat.keep_last)
         map_over, item_key, when, join, _resource, repeat = self.shaping[:6]
         if map_over is None and item_key is None and when is None and join == "all" \
                 and repeat is None:

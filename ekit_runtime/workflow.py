@@ -28,7 +28,7 @@ from ekit_core import (
 )
 from ekit_core.children import rolled_up
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
-from ekit_core.expansion import iteration_of, loops_of
+from ekit_core.expansion import iterating, iteration_of
 from ekit_core.human import questions
 from ekit_core.selection import left_out, selected
 from ekit_core.shapes import Shape
@@ -600,7 +600,7 @@ def _outputs(state: State) -> MappingProxyType[str, Any]:
         items = shaped.items
         outputs = {k: v for k, v in outputs.items() if k not in items}
     if shaped is not None:  # (a loop ``only=`` holds is never grown: its iterations are no items)
-        loops = dict.fromkeys(loops_of(state.spec.declared_graph))
+        loops = iterating(state.spec.declared_graph)
         if loops:
             outputs = {k: v for k, v in outputs.items() if iteration_of(k, loops) is None}
     return MappingProxyType(outputs)
@@ -643,7 +643,8 @@ def outcome(state: State, last: WorkflowCheckpoint | None = None) -> WorkflowRes
     if kind == "budget_exceeded" and budget is not None:
         step = halt.step if halt is not None else None
         shape = None if step is None else state.spec.declared_graph.shapes.get(step)
-        within = "child" if shape is not None and shape.child is not None else "loop"
+        within = "child" if shape is not None and shape.child is not None \
+            and shape.repeat is None else "loop"  # (a loop whose body is a child: a loop)
         raise BudgetExceeded(checkpoint, budget, step, within)
     if kind == "denied" and halt is not None and halt.step is not None:
         raise ApprovalDenied(halt.step, halt.reason, checkpoint)

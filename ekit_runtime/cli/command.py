@@ -418,9 +418,21 @@ def _boxed(graph: GraphSpec, node: Callable[[str], str], box: Callable[[int, str
     return lines
 
 
-def _loops(graph: GraphSpec) -> list[str]:
-    """The loops of ``graph`` (``repeat=``), each drawn with an edge to itself: its iterations."""
-    return [n for n, s in graph.shapes.items() if s.repeat is not None]
+def _loops(graph: GraphSpec) -> list[tuple[str, str]]:
+    """The ``next`` edges of ``graph``'s loops (``repeat=``): a loop's to itself, its
+    iterations; a loop whose body is a child, from the body's output to each first step of
+    the body (an iteration starts once the one before it ended)."""
+    edges: list[tuple[str, str]] = []
+    for n, s in graph.shapes.items():
+        if s.repeat is None:
+            continue
+        if s.child is None:
+            edges.append((n, n))
+            continue
+        prefix = f"{n}/"
+        edges.extend((s.child, b) for b in graph.names if b.startswith(prefix)
+                     and not any(d.startswith(prefix) for d in graph.deps[b]))
+    return edges
 
 
 def _mapped_over(graph: GraphSpec, name: str, dep: str) -> bool:
@@ -449,7 +461,7 @@ def mermaid(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
     lines += _boxed(graph, node, lambda i, n: f'subgraph c{i}["{_mermaid_label(n)}"]', "end")
     lines.extend(f"    {ids[d]} {'==>' if _mapped_over(graph, n, d) else '-->'} {ids[n]}"
                  for n in graph.names for d in graph.deps[n])
-    lines.extend(f"    {ids[n]} -->|next| {ids[n]}" for n in _loops(graph))
+    lines.extend(f"    {ids[a]} -->|next| {ids[b]}" for a, b in _loops(graph))
     return "\n".join(lines)
 
 
@@ -484,7 +496,7 @@ def dot(graph: GraphSpec, items: Mapping[str, int] | None = None) -> str:
                     "}")
     lines.extend(f"    {ids[d]} -> {ids[n]}{' [style=bold]' if _mapped_over(graph, n, d) else ''};"
                  for n in graph.names for d in graph.deps[n])
-    lines.extend(f'    {ids[n]} -> {ids[n]} [label="next"];' for n in _loops(graph))
+    lines.extend(f'    {ids[a]} -> {ids[b]} [label="next"];' for a, b in _loops(graph))
     lines.append("}")
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ from typing import Any, TypeAlias
 
 from ekit_core import CheckpointError, FailureRecord, TokenUsage, WorkflowCheckpoint
 from ekit_core.ledger import Ledger
-from ekit_core.shapes import iteration_name
+from ekit_core.shapes import compacted_iteration, iteration_name
 from ekit_runtime.stores.base import require_checkpoint
 from ekit_runtime.stores.codec import Dumps, Loads, OutputEncodings, codec, same_run
 from ekit_runtime.stores.errors import CorruptStoreError, StoreLockedError
@@ -184,12 +184,25 @@ class _Fold:
     def let_go(self, counts: Mapping[str, int]) -> None:
         """A loop compacted its iterations up to ``counts[loop]`` (``keep_last``): their
         entries go (a delta's ``compacted``), O(iterations let go of)."""
+        shapes = self.start.shapes
         for loop, upto in counts.items():
-            for k in range(self.compacted.get(loop, 0) + 1, upto + 1):
-                name = iteration_name(loop, k)
-                for table in (self.outputs, self.step_usage, self.durations, self.began):
-                    table.pop(name, None)
+            shape = shapes.get(loop)
+            if shape is not None and shape.child is not None:  # a loop body: its steps' too
+                self._let_go_of_body(loop, upto)
+            elif not loop.endswith("[]"):  # (a body map's items: counted, let go with its loop)
+                for k in range(self.compacted.get(loop, 0) + 1, upto + 1):
+                    name = iteration_name(loop, k)
+                    for table in (self.outputs, self.step_usage, self.durations, self.began):
+                        table.pop(name, None)
             self.compacted[loop] = upto
+
+    def _let_go_of_body(self, loop: str, upto: int) -> None:
+        """:meth:`let_go` of a loop whose body is a child: every body step's iterations up to
+        ``upto`` and the items of its maps (O(entries): their names are not all known)."""
+        shapes, counts = self.start.shapes, {loop: upto}
+        for table in (self.outputs, self.step_usage, self.durations, self.began):
+            for name in [n for n in table if compacted_iteration(n, counts, shapes) is not None]:
+                del table[name]
 
     def checkpoint(self) -> WorkflowCheckpoint:
         # Every part was parsed by WorkflowCheckpoint.from_dict (the full

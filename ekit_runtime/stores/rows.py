@@ -26,11 +26,10 @@ untrusted-input parser: nothing read is ever executed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_core.shapes import iteration_name
 from ekit_runtime.stores.base import require_checkpoint
 from ekit_runtime.stores.codec import (
     Dumps,
@@ -279,8 +278,7 @@ def encode_checkpoint(
             if delta.skipped:
                 rows += _skip_rows(delta.skipped.items())
             if delta.compacted:
-                return _compacting(checkpoint, previous, delta.compacted, rows, failures, counts,
-                                   dumps, texts, engine)
+                return _compacting(checkpoint, previous, rows, failures, counts, dumps, texts, engine)
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
@@ -296,7 +294,6 @@ def encode_checkpoint(
 def _compacting(
     checkpoint: WorkflowCheckpoint,
     previous: WorkflowCheckpoint,
-    grown: Mapping[str, int],
     rows: list[Row],
     failures: str,
     counts: tuple[int, int, int, int],
@@ -304,11 +301,15 @@ def _compacting(
     texts: OutputTexts,
     engine: str,
 ) -> EncodedCheckpoint:
-    """The delta of a save whose loops compacted up to ``grown`` (new counts): the rows of
-    the iterations let go of go, and the header is written again (it holds the counts)."""
-    before = previous.compacted
-    gone = tuple(iteration_name(loop, k) for loop, upto in grown.items()
-                 for k in range(before.get(loop, 0) + 1, upto + 1))
+    """The delta of a save whose loops compacted more iterations: the rows of the entries it
+    let go of go (an extending delta drops nothing else: a loop's iterations, a body's
+    steps, their map items), and the header is written again (it holds the counts).
+    O(what ``previous`` records), as ``delta_compacting`` is when it compacts."""
+    gone = tuple(dict.fromkeys(
+        n for table, now in ((previous.outputs, checkpoint.outputs),
+                             (previous.step_usage, checkpoint.step_usage),
+                             (previous.durations, checkpoint.durations))
+        for n in table if n not in now))
     header = _header(checkpoint, dumps)
     if engine == "PostgreSQL":
         _check_pg(rows, header)

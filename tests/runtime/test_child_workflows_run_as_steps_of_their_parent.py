@@ -200,10 +200,10 @@ def test_what_a_child_step_refuses_is_refused_when_built_naming_it() -> None:
     with pytest.raises(GraphError, match="output 'nope' is no step"):
         Workflow([Step("research", child=Child(child, "nope"))])
     with pytest.raises(ValueError, match="step 'research': a step with a child workflow cannot take "
-                                         "map_over"):
-        Step("research", depends_on=("a",), child=Child(child, "x"), map_over="a")
-    with pytest.raises(ValueError, match="cannot take repeat"):
-        Step("research", child=Child(child, "x"), repeat=Repeat(3))
+                                         "when"):
+        Step("research", depends_on=("a",), child=Child(child, "x"), when=lambda ctx: True)
+    with pytest.raises(GraphError, match="the body of a loop must end in its output"):
+        Workflow([Step("research", child=Child(child, "x"), repeat=Repeat(3))])
     with pytest.raises(ValueError, match="takes no run"):
         Step("research", lambda ctx: 0, child=Child(child, "x"))
     with pytest.raises(ValueError, match="child must be an ekit Workflow"):

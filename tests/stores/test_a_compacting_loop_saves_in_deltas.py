@@ -214,3 +214,46 @@ def test_a_delta_compacting_names_the_new_count_and_adds_only_the_new_iteration(
         assert delta.extends and dict(delta.compacted) == dict(after.compacted)
         assert [name for name, _ in delta.outputs] == [n for n in after.outputs if n not in before.outputs]
         assert not after.delta_since(before).extends  # (what every other writer reads: in full)
+
+
+def _body_agent() -> Workflow:
+    """A loop whose body (a model call, tools mapped over what it asked, a fold) compacts."""
+    def model(ctx: Any) -> list[str]:
+        return [f"q{ctx['agent'].number}.{i}" for i in range(ctx["agent"].number % 3)]
+
+    def fold(ctx: Any) -> Any:
+        seen = [*(ctx["agent"].previous or []), *ctx["tool"]]
+        return Done(seen) if ctx["agent"].number == 6 else seen
+
+    body = Workflow([Step("model", model),
+                     Step("tool", lambda ctx: str(ctx["model"]).upper(), ("model",), map_over="model"),
+                     Step("fold", fold, ("tool", "model"))])
+    return Workflow([Step("agent", child=body, repeat=Repeat(9, keep_last=2))])
+
+
+@pytest.mark.parametrize("kind", ROW_STORES)
+def test_a_row_store_deletes_a_compacting_loop_bodys_steps_and_items(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = ekit_runtime.stores.sqlite if kind == "sqlite" else ekit_runtime.stores.postgres
+    written: list[EncodedCheckpoint] = []
+    real = module.encode_checkpoint
+    monkeypatch.setattr(module, "encode_checkpoint",
+                        lambda *a, **kw: written.append(real(*a, **kw)) or written[-1])
+    with _row_store(kind, tmp_path, "body") as make:
+        store, reader = make(), make()
+        seen: list[WorkflowCheckpoint] = []
+
+        def save(cp: WorkflowCheckpoint) -> None:
+            store.save(cp)
+            seen.append(cp)
+            assert reader.load() == cp, len(seen)
+
+        _body_agent().run_sync(checkpoint_fn=save)
+        assert dict(seen[-1].compacted) == {"agent": 4, "agent/tool[]": 4}
+        assert _stored_rows(store) == len(seen[-1].outputs) + len(seen[-1].step_usage) + sum(
+            1 for n in seen[-1].durations if n not in seen[-1].step_usage)
+        store.close()
+        reader.close()
+    compacting = [e for e in written if e.gone]
+    assert compacting and not any(e.full for e in compacting)
+    assert any("[" in name for e in compacting for name in e.gone)  # (a body map's items too)
