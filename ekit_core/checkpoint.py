@@ -198,6 +198,11 @@ class _CheckpointFields:
     # their outputs compacted: dropped from the checkpoint on purpose, counted here.
     # Empty unless a loop keeps its last iterations only.
     compacted: MappingProxyType[str, int] = field(default_factory=_empty)
+    # Loop -> the most failed attempts any of its compacted iterations made: their
+    # failure records, which counted them, go with their outputs, and a resume that
+    # runs them again (the loop's work changed) numbers its attempts past these, so
+    # that no attempt key names two pieces of work. Empty unless one had failed.
+    compacted_retries: MappingProxyType[str, int] = field(default_factory=_empty)
     # Issue 45: step -> the fingerprint of the code that made its recorded
     # outputs (and its items'), for the steps whose workflow asked for
     # fingerprints; see ekit_core.code for what a resume does when it changed.
@@ -212,6 +217,7 @@ _STORED_DURATIONS: Any = vars(_CheckpointFields)["durations"]
 _STORED_BEGAN: Any = vars(_CheckpointFields)["began"]
 _STORED_CODE: Any = vars(_CheckpointFields)["code_fingerprints"]
 _STORED_HITS: Any = vars(_CheckpointFields)["cache_hits"]
+_STORED_RETRIES: Any = vars(_CheckpointFields)["compacted_retries"]
 
 Timings: TypeAlias = (
     "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
@@ -342,6 +348,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
         code_fingerprints: MappingProxyType[str, str] = _NOTHING,
         cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
+        compacted_retries: MappingProxyType[str, int] = _NOTHING_REDONE,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -366,6 +373,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             superseded=superseded, asked=asked, redone=redone, compacted=compacted,
         )
         with_tables(cp, code_fingerprints, cache_hits)
+        with_retries(cp, compacted_retries)
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
         return cp
@@ -518,8 +526,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["asked"] = {k: [e.to_dict() for e in ex] for k, ex in self.asked.items()}
         if self.redone:
             data["redone"] = dict(self.redone)
-        if self.compacted:
-            data["compacted"] = dict(self.compacted)
+        data.update((key, dict(table)) for key, table in (
+            ("compacted", self.compacted), ("compacted_retries", self.compacted_retries)) if table)
         if self.code_fingerprints:
             data["code_fingerprints"] = dict(self.code_fingerprints)
         if self.cache_hits:
@@ -577,7 +585,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             superseded=MappingProxyType(_table(data.get("superseded", {}), "superseded")),
             asked=_asked(data.get("asked")),
             durations=check_durations(data.get("durations")),
-            redone=_redone(data.get("redone", {})), compacted=_compacted(data.get("compacted", {})),
+            redone=_redone(data.get("redone", {})), **_loop_tables(data),
             began=check_began(data.get("began")),
             **_issue_45_tables(data),
         )
@@ -721,6 +729,7 @@ def fast_checkpoint(
     cp.format_version, cp.versions = format_version, versions
     cp.skipped, cp.shapes, cp.superseded, cp.redone, cp.compacted = (
         skipped, shapes, superseded, redone, compacted)
+    cp.compacted_retries = _NOTHING_REDONE  # (set by with_retries where a loop's has any)
     # (issue 45's tables: empty here, set by with_tables where a run has them; no
     # keyword of their own, whose default is a dict lookup on every call)
     cp.code_fingerprints = cp.cache_hits = _NOTHING
@@ -802,7 +811,8 @@ def _compacted_base(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> Wor
     """``previous`` as a writer holds it once it let go of the iterations ``cp`` newly counts as
     compacted, with ``cp``'s counts; ``None`` when a count does not only grow, or a
     question of one of those iterations goes with it (written in full, as any change of
-    the questions is)."""
+    the questions is). (A save whose ``compacted_retries`` grew, rare, does not extend it:
+    ``delta_since`` of the result compares them.)"""
     now, before = cp.compacted, previous.compacted
     if any(loop not in now or now[loop] < n for loop, n in before.items()):
         return None
@@ -856,7 +866,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.context is not previous.context or cp.asked is not previous.asked
         or cp.shapes is not previous.shapes or cp.superseded is not previous.superseded
         or cp.versions is not previous.versions or cp.redone is not previous.redone
-        or cp.compacted is not previous.compacted
+        or cp.compacted is not previous.compacted or cp.compacted_retries is not previous.compacted_retries
         or cp.code_fingerprints is not previous.code_fingerprints or cp.cache_hits is not previous.cache_hits
     ):
         return None
@@ -1092,12 +1102,20 @@ def with_tables(cp: WorkflowCheckpoint, code_fingerprints: Mapping[str, str],
     return cp
 
 
+def with_retries(cp: WorkflowCheckpoint, retries: MappingProxyType[str, int]) -> WorkflowCheckpoint:
+    """``cp``, just made by :func:`fast_checkpoint` and not yet handed out, with its
+    ``compacted_retries`` (when non-empty): O(1)."""
+    if retries:
+        _STORED_RETRIES.__set__(cp, retries)
+    return cp
+
+
 def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
     """Whether the tables a run changes only when it starts (versions, redone) or rarely (a loop's
     compacted count, code fingerprints, cache hits) are the same in both checkpoints (shared, or equal)."""
     return all(a is b or a == b for a, b in (
         (cp.versions, previous.versions), (cp.redone, previous.redone),
-        (cp.compacted, previous.compacted),
+        (cp.compacted, previous.compacted), (cp.compacted_retries, previous.compacted_retries),
         (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits)))
 
 
@@ -1133,6 +1151,17 @@ def _cache_hits(value: object) -> MappingProxyType[str, CacheHit]:
 def _redone(value: object) -> MappingProxyType[str, int]:
     """The ``redone`` field: step (or item) name -> a count (see WorkflowCheckpoint.redone)."""
     return MappingProxyType({k: _count(n, f"redone.{k}") for k, n in _table(value, "redone").items()})
+
+
+def _counts(value: object, name: str) -> MappingProxyType[str, int]:
+    """A table of counts (``name``: the field, for the error)."""
+    return MappingProxyType({k: _count(n, f"{name}.{k}") for k, n in _table(value, name).items()})
+
+
+def _loop_tables(data: dict[Any, Any]) -> dict[str, Any]:
+    """``compacted`` and ``compacted_retries`` as read from ``data`` (loops' counts)."""
+    return {"compacted": _compacted(data.get("compacted", {})),
+            "compacted_retries": _counts(data.get("compacted_retries", {}), "compacted_retries")}
 
 
 def _compacted(value: object) -> MappingProxyType[str, int]:

@@ -285,6 +285,9 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
     counted = set(touched)
     if not (after.outputs is before.outputs or len(after.outputs) == len(before.outputs)):
         counted.update(n for n in before.outputs if n not in after.outputs)
+    # A compacted iteration's failed attempts went with its failure record, the most of
+    # any of its loop's with compacted_retries: a run of it again numbers past them too.
+    retried: dict[str, int] = {}
     if before.compacted and after.compacted != before.compacted:
         # (a loop that starts again from its first iteration runs its compacted ones again:
         # their attempts were spent, as a recorded output's were)
@@ -294,13 +297,17 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
             shape = before.shapes.get(loop)
             steps = [loop] if shape is None or shape.child is None else \
                 [n for n in (before.graph or {}) if n.startswith(f"{loop}/")]
-            counted.update(iteration_name(step, k) for step in steps
-                           for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
+            again = [iteration_name(step, k) for step in steps
+                     for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
+            counted.update(again)
+            spent = before.compacted_retries.get(loop, 0)
+            if spent:
+                retried.update(dict.fromkeys(again, spent))
     if not counted:
         return before.redone
     redone = dict(before.redone)
     for name in counted:
-        redone[name] = redone.get(name, 0) + 1
+        redone[name] = redone.get(name, 0) + 1 + retried.get(name, 0)
     return MappingProxyType(redone)
 
 
@@ -407,8 +414,13 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     if untouched and not seen & checkpoint.skipped.keys() and not (
             checkpoint.asked and seen & checkpoint.asked.keys()):
         return checkpoint, seen
+    # (a compacted iteration is done, counted in step_index as a recorded one is, while its
+    # loop keeps its count: while the iteration after the last compacted one stays)
+    compacted = compacted_done(checkpoint, _counts_kept(checkpoint, outputs)) \
+        if checkpoint.compacted else 0
     return _dropping(
-        checkpoint, seen, outputs, sum(1 for n in outputs if n in graph.index or n in items.items),
+        checkpoint, seen, outputs,
+        sum(1 for n in outputs if n in graph.index or n in items.items) + compacted,
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
@@ -429,6 +441,20 @@ def _counts_kept(checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]
         if key.endswith("[]") and any(key.startswith(f"{loop}/") for loop in kept):
             kept[key] = n
     return MappingProxyType(kept)
+
+
+def compacted_done(checkpoint: WorkflowCheckpoint, counts: Mapping[str, int]) -> int:
+    """How many done steps and items the ``compacted`` ``counts`` stand for: a compacted
+    iteration of a one-step loop is one, of a body one per body step, and a body map's
+    count (``step[]``) is its items'."""
+    done = 0
+    for loop, n in counts.items():
+        shape = checkpoint.shapes.get(loop)
+        if loop.endswith("[]") or shape is None or shape.child is None:
+            done += n
+        else:
+            done += n * sum(1 for step in (checkpoint.graph or {}) if step.startswith(f"{loop}/"))
+    return done
 
 
 def _refuse_compacted(compacted: Mapping[str, int], wanted: list[str]) -> None:
@@ -617,6 +643,8 @@ def _dropping(
     carry over the ledgers a core-made checkpoint shares with its run, and
     with them a delta the new outputs do not extend.
     """
+    # (a loop none of whose kept iterations is left starts again from its first)
+    compacted = _counts_kept(checkpoint, outputs) if checkpoint.compacted else checkpoint.compacted
     return WorkflowCheckpoint(
         step_index=step_index,
         outputs=MappingProxyType(outputs),
@@ -636,8 +664,10 @@ def _dropping(
         asked=MappingProxyType({k: v for k, v in checkpoint.asked.items() if k not in gone})
         if checkpoint.asked else checkpoint.asked,
         redone=checkpoint.redone,
-        # (a loop none of whose kept iterations is left starts again from its first)
-        compacted=_counts_kept(checkpoint, outputs) if checkpoint.compacted else checkpoint.compacted,
+        compacted=compacted,
+        compacted_retries=MappingProxyType({loop: n for loop, n in checkpoint.compacted_retries.items()
+                                            if loop in compacted})
+        if checkpoint.compacted_retries else checkpoint.compacted_retries,
         code_fingerprints=checkpoint.code_fingerprints,
         cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
         if checkpoint.cache_hits else checkpoint.cache_hits,

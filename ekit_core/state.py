@@ -22,6 +22,7 @@ from ekit_core.checkpoint import (
     Timings,
     WorkflowCheckpoint,
     fast_checkpoint,
+    with_retries,
     with_tables,
 )
 from ekit_core.events import Event, Outcome
@@ -164,6 +165,10 @@ class RunSpec:
         return self.declared if self.declared is not None else self.graph
 
 
+NO_RETRIES: MappingProxyType[str, int] = MappingProxyType({})
+"""The ``compacted_retries`` of a run none of whose compacted iterations had failed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Setbacks:
     """What held the run back so far, and whether it is halting.
@@ -199,6 +204,13 @@ class Setbacks:
     # Those of ``unanswered`` whose condition held, their approval then
     # raised (``Failed.gate``): their next attempt asks the approval only.
     held: frozenset[str] = frozenset()
+    # Loop -> the most failed attempts of its compacted iterations, whose failure
+    # records went with them (WorkflowCheckpoint.compacted_retries): durable.
+    # (Here, not in the Expansion copied at every iteration: it changes rarely.)
+    compacted_retries: MappingProxyType[str, int] = field(default_factory=lambda: NO_RETRIES)
+    # The iterations (recorded or compacted) of the loops a run with ``only`` holds:
+    # done, so counted in the checkpoints' step_index, but never grown into its graph.
+    held_done: int = 0
 
 
 Incidents = Setbacks
@@ -377,12 +389,14 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
         )
     else:
         cp = fast_checkpoint(
-            state.outputs, state.step_usage, state._times, step_index=state.completed, cost=state.cost,
+            state.outputs, state.step_usage, state._times,
+            step_index=state.completed + setbacks.held_done, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
             skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
             superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
+        with_retries(cp, setbacks.compacted_retries)
     code = spec.code_fingerprints
     return cp if code is NO_CODE else with_tables(cp, code)

@@ -156,6 +156,7 @@ from ekit_core.results import (
 )
 from ekit_core.rewind import (
     changed_steps,
+    compacted_done,
     downstream,
     grown,
     keep_forced_skips,
@@ -1893,10 +1894,14 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
         return
     if only is not None and loop not in only:
         held = checkpoint.compacted.get(loop, 0)
+        done = _held_done(checkpoint, loop, body is not None)
+        if done:  # (never grown, yet done: step_index counts them, as the run that did them)
+            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + done)
         if held:  # (never grown, its count is carried: else its own checkpoint is refused)
             shaped = cast(Expansion, w.spec.shaped)
             w.spec = _replace(w.spec, shaped=_replace(
                 shaped, compacted=MappingProxyType({**shaped.compacted, loop: held})))
+            _retried(w, checkpoint, loop)
         return
     outputs, cap = w.outputs, cast(int, w.spec.declared_graph.shapes[loop].repeat)
     compacted = checkpoint.compacted.get(loop, 0)
@@ -1909,6 +1914,7 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
             raise CheckpointError("compacted", f"compacts every recorded iteration of loop "
                                                f"{loop!r}: the last one is always kept")
         _grow_compacted(w, loop, compacted, checkpoint.compacted)
+        _retried(w, checkpoint, loop)
     if loop in outputs or last >= cap:
         if last > compacted:
             _grow_iterations(w, loop, compacted + 1, last)
@@ -1916,6 +1922,24 @@ def _start_loop(w: _Run, loop: str, checkpoint: WorkflowCheckpoint) -> None:
             _loop_failed(w, loop, last, cap)
         return
     _grow_iterations(w, loop, compacted + 1, last + 1)
+
+
+def _held_done(checkpoint: WorkflowCheckpoint, loop: str, body: bool) -> int:
+    """How many done steps and items ``loop``'s iterations (kept, or compacted) stand for
+    in ``checkpoint``: what its step_index counts of a loop a run with ``only`` holds."""
+    inside = (f"{loop}#",) if not body else (f"{loop}/",)
+    kept = sum(1 for n in checkpoint.outputs if n.startswith(inside) and (not body or "#" in n))
+    counts = {k: c for k, c in checkpoint.compacted.items()
+              if k == loop or (k.endswith("[]") and k.startswith(f"{loop}/"))}
+    return kept + (compacted_done(checkpoint, counts) if counts else 0)
+
+
+def _retried(w: _Run, checkpoint: WorkflowCheckpoint, loop: str) -> None:
+    """A resume carries ``loop``'s ``compacted_retries`` from ``checkpoint`` (when it has any)."""
+    spent = checkpoint.compacted_retries.get(loop)
+    if spent:
+        inc = w.setbacks
+        w.setbacks = _replace(inc, compacted_retries=MappingProxyType({**inc.compacted_retries, loop: spent}))
 
 
 def _exit_of(w: _Run, loop: str) -> str:
@@ -2034,9 +2058,15 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
             w.times = kept
     inc = w.setbacks  # (their failure records and questions too: history kept per iteration)
     if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
+        # (the most failed attempts of one is kept: a later run of them numbers past it)
+        spent = max((inc.failures[n].attempts for n in gone if n in inc.failures), default=0)
+        retries = inc.compacted_retries
+        if spent > retries.get(loop, 0):
+            retries = MappingProxyType({**retries, loop: spent})
         w.setbacks = _replace(
             inc, failures=MappingProxyType({n: r for n, r in inc.failures.items() if n not in gone}),
-            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}))
+            asked=MappingProxyType({n: q for n, q in inc.asked.items() if n not in gone}),
+            compacted_retries=retries)
     w.spec = _replace(w.spec, shaped=_replace(shaped, compacted=MappingProxyType(counts)))
 
 

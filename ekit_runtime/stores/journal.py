@@ -801,4 +801,5 @@ class _History:
             began=self.began,
             code_fingerprints=fold.start.code_fingerprints,
             cache_hits=fold.start.cache_hits,
+            compacted_retries=fold.start.compacted_retries,
         )

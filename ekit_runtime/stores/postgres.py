@@ -5,7 +5,9 @@ This module owns the store's schema: ``ekit_runs`` holds one row per run id
 the writer that holds the run) and ``ekit_entries`` one row per recorded
 output, per-step usage and skipped step (kind ``skip``). A save that extends the previous one is a single
 statement that updates the run row and inserts only the new entries, so it
-costs O(that step's output). Reads take one REPEATABLE READ snapshot.
+costs O(that step's output); a loop compacting its iterations (``keep_last``)
+also deletes, in that statement, the rows of those it lets go of and writes
+the header again (its counts): O(one iteration) per iteration. Reads take one REPEATABLE READ snapshot.
 
 One writer per run id, by fencing: the first save of a store object claims
 the run, giving its row a new writer epoch (from the sequence
@@ -81,6 +83,20 @@ _DELTA = (
     "WITH run AS (UPDATE ekit_runs SET step_index = %s, input_tokens = %s, output_tokens = %s, "
     "llm_calls = %s, failures = %s, saves = saves + 1, writer = {writer}, updated_at = now() "
     "WHERE run_id = %s AND {cond} = %s RETURNING run_id, saves, writer), "
+    "added AS (" + _INSERT.format(source="run.run_id", origin="run, ") + ") "
+    "SELECT saves, writer FROM run"
+)
+
+# A compacting delta (keep_last): as _DELTA, and the header (its compacted
+# counts) written again and the rows of the iterations let go of deleted, in
+# the same statement. (Those names and the new entries' never meet: a
+# statement's sub-statements must not change one row twice.)
+_COMPACTING = (
+    "WITH run AS (UPDATE ekit_runs SET header = %s, step_index = %s, input_tokens = %s, "
+    "output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, writer = {writer}, "
+    "updated_at = now() WHERE run_id = %s AND {cond} = %s RETURNING run_id, saves, writer), "
+    "gone AS (DELETE FROM ekit_entries USING run WHERE ekit_entries.run_id = run.run_id "
+    "AND ekit_entries.kind IN ('output', 'usage') AND ekit_entries.name = ANY(%s::text[])), "
     "added AS (" + _INSERT.format(source="run.run_id", origin="run, ") + ") "
     "SELECT saves, writer FROM run"
 )
@@ -178,7 +194,8 @@ class PostgresStore(Store):
         if self._fenced:
             raise self._refusal(None)
         previous = self._last if self._saves else None
-        encoded = encode_checkpoint(checkpoint, previous, self.dumps, self._texts, engine="PostgreSQL")
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps, self._texts, engine="PostgreSQL",
+                                    compacting=True)
         self._last = None  # unknown until the write commits
         row = None if encoded.full else self._delta(encoded)
         if row is None and self._epoch is not None and not encoded.full:
@@ -212,13 +229,17 @@ class PostgresStore(Store):
         this store loaded (else the run is rewritten whole, see :meth:`_full`).
         """
         kinds, names, values = ([r[i] for r in enc.rows] for i in range(3))
+        template = _DELTA if enc.recount is None else _COMPACTING
         if self._epoch is None:
-            sql = _DELTA.format(writer="nextval('ekit_run_writers')", cond="saves")
+            sql = template.format(writer="nextval('ekit_run_writers')", cond="saves")
             expected = self._saves
         else:
-            sql = _DELTA.format(writer="writer", cond="writer")
+            sql = template.format(writer="writer", cond="writer")
             expected = self._epoch
-        args = (*enc.counts, enc.failures, self.run_id, expected, kinds, names, values)
+        args: tuple[Any, ...] = (*enc.counts, enc.failures, self.run_id, expected)
+        if enc.recount is not None:
+            args = (enc.recount, *args, list(enc.gone))
+        args = (*args, kinds, names, values)
         row = self.db.run(lambda c: c.execute(sql, args).fetchone())
         return None if row is None else (int(row[0]), int(row[1]))
 

@@ -4,7 +4,12 @@ Shared by the stores and queue backends that keep checkpoints in SQL tables
 (:class:`~ekit_runtime.stores.postgres.PostgresStore`, the run queues). A
 save writes the header only when the run is new or changed shape, and
 otherwise only the rows of the outputs that are new since the previous save,
-so it costs O(that step's output). Steps skipped by a condition are rows too
+so it costs O(that step's output). A store that can let go of rows (SQLite,
+PostgreSQL: ``encode_checkpoint(..., compacting=True)``) also writes a
+compacting loop's save (``keep_last``) as a delta: the rows of the
+iterations it lets go of are deleted (``gone``) and the header, whose
+``compacted`` counts changed, is written again (``recount``), so the run's
+rows grow, and a save writes, by one iteration per iteration. Steps skipped by a condition are rows too
 (kind ``"skip"``, the reason as JSON text), not part of the header: skips
 grow during a run, and a save adds only the new ones. A step's duration (the
 seconds its recorded output's attempt took) rides in its usage row, as
@@ -109,6 +114,11 @@ class EncodedCheckpoint(NamedTuple):
     rows: list[Row]
     failures: str
     counts: tuple[int, int, int, int]
+    # A compacting delta (only with ``compacting=True``): the steps whose
+    # output and usage rows go before ``rows`` are added, and the header to
+    # write in place of the stored one (its ``compacted`` counts grew).
+    gone: tuple[str, ...] = ()
+    recount: str | None = None
 
     @property
     def full(self) -> bool:
@@ -176,6 +186,12 @@ class OutputTexts:
         """Remember loaded ``outputs`` as stored in ``texts``: later rows of theirs reuse it."""
         self._texts = {name: (value, texts[name]) for name, value in outputs.items()}
 
+    def forget(self, names: Iterable[str]) -> None:
+        """Let go of the texts of these steps (compacted iterations: their rows are gone)."""
+        texts = self._texts
+        for name in names:
+            texts.pop(name, None)
+
     def clear(self) -> None:
         """Forget every text (nothing is stored, or what is stored is unknown)."""
         self._texts = {}
@@ -228,6 +244,7 @@ def encode_checkpoint(
     texts: OutputTexts | None = None,
     *,
     engine: str = "SQL",
+    compacting: bool = False,
 ) -> EncodedCheckpoint:
     """Encode ``checkpoint`` as a delta on ``previous`` (the stored one) when it extends it.
 
@@ -235,7 +252,11 @@ def encode_checkpoint(
     ``texts``, when given, supplies (and learns) each output's first text;
     ``engine`` names the database in the error for a count beyond 64 bits;
     ``"PostgreSQL"`` also refuses the step names and text that PostgreSQL
-    cannot hold (see :func:`pg_text_problem`). Raises
+    cannot hold (see :func:`pg_text_problem`). ``compacting=True`` (a
+    writer that applies ``gone`` and ``recount``) makes a save whose loops
+    compacted more iterations a delta too (see
+    :meth:`WorkflowCheckpoint.delta_compacting`); without it such a save is
+    a full rewrite, as a writer that ignores those fields needs. Raises
     :class:`UnencodableError` naming the step before anything is written.
     """
     require_checkpoint(checkpoint)
@@ -248,7 +269,7 @@ def encode_checkpoint(
     )
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
-        delta = checkpoint.delta_since(previous)
+        delta = checkpoint.delta_compacting(previous) if compacting else checkpoint.delta_since(previous)
         if delta.extends and not delta.context_changed and not delta.asked_changed and (
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
@@ -256,6 +277,8 @@ def encode_checkpoint(
                               began=delta.began)
             if delta.skipped:
                 rows += _skip_rows(delta.skipped.items())
+            if delta.compacted:
+                return _compacting(checkpoint, previous, rows, failures, counts, dumps, texts, engine)
             if engine == "PostgreSQL":
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
@@ -266,6 +289,32 @@ def encode_checkpoint(
     if engine == "PostgreSQL":
         _check_pg(rows, header)
     return EncodedCheckpoint(header, rows, failures, counts)
+
+
+def _compacting(
+    checkpoint: WorkflowCheckpoint,
+    previous: WorkflowCheckpoint,
+    rows: list[Row],
+    failures: str,
+    counts: tuple[int, int, int, int],
+    dumps: Dumps,
+    texts: OutputTexts,
+    engine: str,
+) -> EncodedCheckpoint:
+    """The delta of a save whose loops compacted more iterations: the rows of the entries it
+    let go of go (an extending delta drops nothing else: a loop's iterations, a body's
+    steps, their map items), and the header is written again (it holds the counts).
+    O(what ``previous`` records), as ``delta_compacting`` is when it compacts."""
+    gone = tuple(dict.fromkeys(
+        n for table, now in ((previous.outputs, checkpoint.outputs),
+                             (previous.step_usage, checkpoint.step_usage),
+                             (previous.durations, checkpoint.durations))
+        for n in table if n not in now))
+    header = _header(checkpoint, dumps)
+    if engine == "PostgreSQL":
+        _check_pg(rows, header)
+    texts.forget(gone)
+    return EncodedCheckpoint(None, rows, failures, counts, gone, header)
 
 
 def _decode(text: str, loads: Loads, where: str, what: str) -> Any:

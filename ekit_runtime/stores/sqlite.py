@@ -10,7 +10,9 @@ one row per step skipped by a condition, with why (a table of its own:
 table's constraint in place; a database made before it gains it when
 opened). A save is one
 transaction that inserts only the new rows and updates the run's row, so it
-costs O(that step's output); the first save of a store object, or a
+costs O(that step's output) (a loop compacting its iterations, ``keep_last``,
+also deletes the rows of those it lets go of and writes the header again:
+O(one iteration) per iteration); the first save of a store object, or a
 checkpoint that does not extend the previous one, rewrites the run in full,
 with each output's first text (the mutation rule). Reads take a deferred
 transaction: one consistent snapshot without the write lock.
@@ -351,7 +353,7 @@ class SqliteStore(Store):
         with self._lock, self._named():
             self._writer.hold()
             encoded = encode_checkpoint(
-                checkpoint, self._last, self.dumps, self._texts, engine="SQLite"
+                checkpoint, self._last, self.dumps, self._texts, engine="SQLite", compacting=True
             )
             # Unknown until the transaction commits: if it fails, save in full next time.
             self._last = None
@@ -419,14 +421,22 @@ class SqliteStore(Store):
         counts, failures, header = encoded.counts, encoded.failures, encoded.header
         now = time.time()
         if header is None:
+            # (A compacting delta writes the header too: it holds the compacted counts.)
+            recount = "" if encoded.recount is None else "header=?, "
             updated = conn.execute(
-                "UPDATE ekit_runs SET step_index=?, input_tokens=?, output_tokens=?, "
+                f"UPDATE ekit_runs SET {recount}step_index=?, input_tokens=?, output_tokens=?, "
                 "llm_calls=?, failures=?, saves=saves+1, updated_at=? "
                 "WHERE run_id=? AND saves=?",
-                (*counts, failures, now, run_id, self._saves),
+                (*(() if encoded.recount is None else (encoded.recount,)), *counts, failures, now,
+                 run_id, self._saves),
             ).rowcount
             if updated != 1:
                 raise _Stale
+            if encoded.gone:
+                conn.executemany(
+                    "DELETE FROM ekit_entries WHERE run_id=? AND kind=? AND name=?",
+                    [(run_id, kind, name) for name in encoded.gone for kind in ("output", "usage")],
+                )
         else:
             if self._saves is not None and self._saves_of(run_id) != self._saves:
                 raise _Stale

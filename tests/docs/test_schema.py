@@ -76,9 +76,10 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     # with run-time shapes writes (see the shaped test below), and the one that
     # only a run whose steps asked a person writes (tests/runtime/test_human_input.py),
     # the two that only a run with fingerprints or a cache writes (the test below), and
-    # the one only a loop that keeps its last iterations writes (see the loop's test below).
+    # the two only a loop that keeps its last iterations writes (see the loop's test below).
     assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {
-        "graph", "skipped", "shapes", "asked", "code_fingerprints", "cache_hits", "compacted"}
+        "graph", "skipped", "shapes", "asked", "code_fingerprints", "cache_hits", "compacted",
+        "compacted_retries"}
 
 
 def test_checkpoints_of_a_fingerprinted_run_with_cache_hits_validate(tmp_path: Path) -> None:
@@ -198,23 +199,29 @@ def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     assert last["shapes"]["any"] == {"join": "any"}
     assert set(last) <= set(SCHEMA["properties"])
     assert set(last) | {"versions"} == set(SCHEMA["properties"]) - {
-        "graph", "asked", "code_fingerprints", "cache_hits", "compacted"}
+        "graph", "asked", "code_fingerprints", "cache_hits", "compacted", "compacted_retries"}
     assert WorkflowCheckpoint.from_dict(last) == saved[-1]
 
 
 def test_checkpoints_of_a_loop_that_keeps_its_last_iterations_validate() -> None:
+    failed: set[int] = set()
+
     def turn(ctx: Any) -> Any:
         it = ctx["agent"]
+        if it.number == 2 and it.number not in failed:  # one failed attempt, compacted later
+            failed.add(it.number)
+            raise ConnectionError("overloaded")
         return Done(it.number) if it.number == 6 else it.number
 
     saved: list[WorkflowCheckpoint] = []
-    Workflow([Step("agent", turn, repeat=Repeat(max_iterations=8, keep_last=2))]).run_sync(
+    Workflow([Step("agent", turn, repeat=Repeat(max_iterations=8, keep_last=2),
+                   retry=RetryPolicy(max_attempts=2, backoff_base=0))]).run_sync(
         checkpoint_fn=saved.append)
     for checkpoint in saved:
         _valid(_json(checkpoint))
     last = _json(saved[-1])
     assert last["shapes"] == {"agent": {"repeat": 8, "keep_last": 2}}
-    assert last["compacted"] == {"agent": 4}
+    assert last["compacted"] == {"agent": 4} and last["compacted_retries"] == {"agent": 1}
     assert set(last) <= set(SCHEMA["properties"])
     assert WorkflowCheckpoint.from_dict(last) == saved[-1]
 

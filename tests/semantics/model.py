@@ -49,7 +49,9 @@ Covered, each as the docs state it:
   outputs, usage, failure records and questions, counted in ``compacted``; a resume
   reads a loop from its recorded outputs alone; a loop that runs again (a bump
   upstream or of itself) starts from its first iteration, and the iteration it was
-  at, and its compacted ones, count in ``redone`` (new attempt numbers);
+  at, and its compacted ones, count in ``redone`` (new attempt numbers), a compacted one
+  also the most failed attempts of its loop's compacted iterations, which
+  ``compacted_retries`` keeps when their failure records go (docs/checkpoint-format.md);
 - the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
   chain below it), unless the mapped step's own code or other inputs changed.
@@ -160,6 +162,8 @@ class Record:
     superseded: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # step -> shape()
     compacted: dict[str, int] = field(default_factory=dict)  # loop -> iterations let go of
+    # loop -> the most failed attempts of its compacted iterations (their records are gone)
+    compacted_retries: dict[str, int] = field(default_factory=dict)
 
 
 class _NoAnswer:
@@ -307,16 +311,19 @@ class Run:
         # (an item known only by its ``redone`` count is not counted again: its last
         # number is unused, so new; the docs ask no more)
         touched.extend(self._next_iterations(changed))
+        spent: dict[str, int] = {}
         for loop, upto in rec.compacted.items():  # run again from the first: spent numbers
             if loop in rerun:
                 touched.extend(f"{loop}#{k}" for k in range(1, upto + 1))
+                spent.update(dict.fromkeys((f"{loop}#{k}" for k in range(1, upto + 1)),
+                                           rec.compacted_retries.get(loop, 0)))
         for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
         self._let_go(roots, changed)
         self._set_aside(roots - (set(rec.skipped) - reshaped), rerun)
         for unit in touched:
-            rec.redone[unit] = rec.redone.get(unit, 0) + 1
+            rec.redone[unit] = rec.redone.get(unit, 0) + 1 + spent.get(unit, 0)
             if self._owner(unit) in changed:
                 rec.asked.pop(unit, None)  # the old code's question is not the new one's
             if self._owner(unit) in rerun:
@@ -327,6 +334,7 @@ class Run:
         for loop in list(rec.compacted):  # a loop that runs again starts from its first iteration
             if loop in rerun:
                 del rec.compacted[loop]
+                rec.compacted_retries.pop(loop, None)
         for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
             if "[" in unit and unit not in self.steps and self._owner(unit) in rec.skipped:
                 del rec.skipped[unit]
@@ -744,6 +752,9 @@ class Run:
         ``compacted`` (their usage, failure records and questions go with them)."""
         rec = self.rec
         for j in range(rec.compacted.get(loop, 0) + 1, upto + 1):
+            failed = rec.failures.get(f"{loop}#{j}", ("", "", 0))[2]
+            if failed > rec.compacted_retries.get(loop, 0):
+                rec.compacted_retries[loop] = failed
             for table in (rec.outputs, rec.usage, rec.failures, rec.asked):
                 table.pop(f"{loop}#{j}", None)
         rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ekit_core import TokenUsage, WorkflowCheckpoint, replay
+from ekit_core import TokenUsage, WorkflowCheckpoint, replay, rewind
 from ekit_runtime import (
     BudgetExceeded,
     Done,
@@ -228,14 +228,13 @@ def test_replay_accepts_a_compacted_iteration_run_again_after_a_bump() -> None:
     assert report.ok, [v.to_dict() for v in report.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="keep_last lets go of a compacted iteration's failure "
-                                       "record, which counted its spent attempt numbers")
 def test_a_bumped_loop_sends_no_compacted_iteration_under_a_spent_key() -> None:
     """"Every step whose work changed ... and every step and item downstream of it gets a new
     attempt number" (docs/concepts.md). ``agent#1`` failed once and succeeded on attempt 2
     (key ``r/agent#1/2``); ``keep_last=1`` then compacted it, and with it its failure record,
-    the only count of its failed attempt. A bump runs it again as attempt 1 + redone = 2:
-    the key its old code's work was sent with."""
+    the only count of its failed attempt. A bump ran it again as attempt 1 + redone = 2:
+    the key its old code's work was sent with. The checkpoint now keeps the most failed
+    attempts of a loop's compacted iterations (``compacted_retries``)."""
     keys: list[str] = []
     failed: set[str] = set()
 
@@ -257,3 +256,35 @@ def test_a_bumped_loop_sends_no_compacted_iteration_under_a_spent_key() -> None:
     keys.clear()
     workflow("v1").run_sync(resume_from=first.checkpoint, run_id="r", max_concurrency=1)
     assert not {"r/agent#1/1", "r/agent#1/2"} & set(keys), keys
+
+
+def _beside_a_loop(keep_last: int | None) -> Workflow:
+    """``agent`` loops until its 4th iteration beside ``b``; ``c`` needs both."""
+    def agent(ctx: dict[str, Any]) -> Any:
+        return Done("done") if ctx["agent"].number == 4 else ctx["agent"].number
+
+    return Workflow([Step("a", lambda ctx: "a"), Step("b", lambda ctx: "b"),
+                     Step("agent", agent, ("a",), repeat=Repeat(6, keep_last=keep_last)),
+                     Step("c", lambda ctx: "c", ("agent", "b"))])
+
+
+@pytest.mark.parametrize("keep_last", [None, 1, 2])
+def test_replay_accepts_a_rewind_beside_a_loop_resumed_with_only_the_rewound_step(
+        keep_last: int | None) -> None:
+    """``step_index`` says "how many steps have finished" (docs/checkpoint-format.md), a
+    compacted iteration included ("still done"), and replay holds that it never goes down.
+    Rewinding ``b`` beside a compacting loop counted the loop's compacted iterations out of
+    the rewound checkpoint's ``step_index``; and a resume with ``only=("b",)``, which holds
+    the loop, counted none of its iterations: 8, then 3 after the resume's save."""
+    workflow = _beside_a_loop(keep_last)
+    saved: list[WorkflowCheckpoint] = []
+    workflow.run_sync(checkpoint_fn=saved.append, run_id="r", max_concurrency=1)
+    assert saved[-1].step_index == 8  # a, b, c, the loop and its 4 iterations
+    rewound = rewind(workflow, saved[-1], "b")
+    assert rewound.step_index == 6  # b and c let go of
+    resumed: list[WorkflowCheckpoint] = []
+    workflow.run_sync(resume_from=rewound, checkpoint_fn=resumed.append, run_id="r",
+                      max_concurrency=1, only=("b",))
+    assert [cp.step_index for cp in resumed] == [7]
+    report = replay(workflow, [*saved, rewound, *resumed])
+    assert report.ok, [v.to_dict() for v in report.violations]

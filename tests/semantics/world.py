@@ -246,6 +246,7 @@ def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
         shapes={n: (s.map_over, s.item_key, s.when is not None, s.join == "any", s.repeat,
                     s.keep_last) for n, s in cp.shapes.items()},
         compacted=dict(cp.compacted),
+        compacted_retries=dict(cp.compacted_retries),
         redone=dict(cp.redone),
         superseded=dict(cp.superseded),
     )

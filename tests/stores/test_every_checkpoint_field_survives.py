@@ -91,6 +91,7 @@ FIELDS: dict[str, Any] = {
     "redone": {"b": 1, "m[0]": 2},
     "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
     "compacted": {"loop": 3},
+    "compacted_retries": {"loop": 2},
     "code_fingerprints": {"a": "0f" * 16, "m": "1e" * 16, "b": "2d" * 16},
     "cache_hits": {"m[1]": CacheHit("4b" * 32, TokenUsage(30, 4, 1)), "b": CacheHit("5a" * 32)},
 }
@@ -110,7 +111,7 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         cost=cp.cost, context=cp.context, failures=cp.failures, graph=cp.graph, versions=cp.versions,
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
-        redone=cp.redone, began=cp.began, compacted=cp.compacted,
+        redone=cp.redone, began=cp.began, compacted=cp.compacted, compacted_retries=cp.compacted_retries,
         code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits)
 
 
@@ -209,6 +210,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "asked": MappingProxyType({"b": cp.asked["b"][:1]}),
         "redone": MappingProxyType({"b": 1}),
         "compacted": MappingProxyType({"loop": 2}),
+        "compacted_retries": MappingProxyType({"loop": 1}),
         "code_fingerprints": MappingProxyType({"a": "0f" * 16, "b": "3c" * 16}),
         "cache_hits": MappingProxyType({"b": CacheHit("5a" * 32)}),
     }
@@ -223,7 +225,7 @@ def test_each_store_carries_every_field_written_whole(opener: Callable[[], Any])
 
 
 CHANGING = ("cost", "context", "failures", "versions", "skipped", "superseded", "asked", "redone",
-            "compacted", "code_fingerprints", "cache_hits")
+            "compacted", "compacted_retries", "code_fingerprints", "cache_hits")
 
 
 @pytest.mark.parametrize("opener", STORES, indirect=True)
