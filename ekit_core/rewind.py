@@ -42,6 +42,7 @@ from ekit_core.expansion import (
     children_per_item,
     expand,
     expanders,
+    items_compacted,
     iteration_of,
     loops_of,
 )
@@ -295,6 +296,11 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
             steps = [loop] if shape is None or shape.child is None else \
                 [n for n in (before.graph or {}) if n.startswith(f"{loop}/")]
             counted.update(iteration_name(step, k) for step in steps
+                           for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
+            # (and the items of their maps, by the only name left: one per iteration, which
+            # attempt_number adds to each item's count)
+            counted.update(items_compacted(iteration_name(step, k)) for step in steps
+                           if items_compacted(step) in before.compacted
                            for k in range(after.compacted.get(loop, 0) + 1, upto + 1))
     if not counted:
         return before.redone
