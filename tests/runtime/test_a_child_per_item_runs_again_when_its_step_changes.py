@@ -63,3 +63,16 @@ def test_a_bump_of_the_childs_last_step_keeps_the_items_before_it() -> None:
     result = _build(again, pick="2").run_sync(run_id="r", resume_from=_json(done.checkpoint))
     assert sorted(c.split()[0] for c in again) == ["pick", "pick", "report"]
     assert result.outputs["report"] == ["a@1/2", "b@1/2"]
+
+
+def test_a_change_upstream_of_the_map_runs_the_child_on_the_new_items() -> None:
+    def build(items: tuple[str, ...], version: str) -> Workflow:
+        child = Workflow([Step("fetch", lambda ctx: f"{ctx['topics']}!")])
+        return Workflow([
+            Step("topics", lambda ctx: list(items), version=version),
+            Step("research", depends_on=("topics",), child=child, map_over="topics"),
+        ])
+
+    done = build(("a", "b"), "1").run_sync()
+    again = build(("a", "c"), "2").run_sync(resume_from=_json(done.checkpoint))
+    assert again.outputs["research"] == ["a!", "c!"]  # (it was ["a!", "b!"]: the old items')
