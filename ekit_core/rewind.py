@@ -42,6 +42,7 @@ from ekit_core.expansion import (
     children_per_item,
     expand,
     expanders,
+    items_compacted,
     iteration_of,
     loops_of,
 )
@@ -299,6 +300,11 @@ def redone_after(before: WorkflowCheckpoint, after: WorkflowCheckpoint,
                 [n for n in (before.graph or {}) if n.startswith(f"{loop}/")]
             again = [iteration_name(step, k) for step in steps
                      for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
+            # (and the items of their maps, by the only name left: one per iteration, which
+            # attempt_number adds to each item's count)
+            again += [items_compacted(iteration_name(step, k)) for step in steps
+                      if items_compacted(step) in before.compacted
+                      for k in range(after.compacted.get(loop, 0) + 1, upto + 1)]
             counted.update(again)
             spent = before.compacted_retries.get(loop, 0)
             if spent:

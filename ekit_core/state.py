@@ -358,7 +358,13 @@ def attempt_number(state: State, name: str) -> int:
     rewind or a changed version has a new one (other work).
     """
     spec, recorded = state.spec, state.setbacks.failures.get(name)
-    return (0 if recorded is None else recorded.attempts) + spec.redone.get(name, 0) + 1
+    redone = spec.redone
+    spent = redone.get(name, 0) if redone else 0
+    if redone and name.endswith("]"):
+        # An item of a loop body's map whose iteration keep_last compacted is counted under
+        # its iteration's ``P/m#k[]`` (expansion.items_compacted), its own name being gone.
+        spent += redone.get(f"{name[:name.rfind('[')]}[]", 0)
+    return (0 if recorded is None else recorded.attempts) + spent + 1
 
 
 def checkpoint_of(state: State) -> WorkflowCheckpoint:

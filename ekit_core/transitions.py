@@ -842,6 +842,8 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outdated: Mappi
     chained to) are dropped: their code is not the code that made them.
     """
     mapped = {n: s.map_over for n, s in graph.shapes.items() if s.map_over is not None}
+    for parent, steps in children_per_item(graph).items():  # (a child per item: its steps map too)
+        mapped.update(dict.fromkeys(steps, cast(str, graph.shapes[parent].map_over)))
     reshaped = reshaped_steps(graph, checkpoint)  # (mapped then or now: their items go too)
     if not (outdated or checkpoint.versions or versions or checkpoint.superseded or reshaped):
         return checkpoint
