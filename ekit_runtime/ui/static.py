@@ -114,7 +114,7 @@ APP_JS = r"""'use strict';
       box.dataset.last = ev.lastEventId;
       box.dataset.events = String(seen);
     }
-    source.addEventListener('partial', function (ev) {
+    function partial(ev, rewritten) {
       var e = JSON.parse(ev.data);
       if (!open || open.dataset.step !== e.step) {
         var block = document.createElement('div');
@@ -129,9 +129,12 @@ APP_JS = r"""'use strict';
         block.appendChild(open);
         log.appendChild(block);
       }
-      open.textContent += typeof e.data === 'string' ? e.data : JSON.stringify(e.data) + '\n';
+      var text = typeof e.data === 'string' ? e.data : JSON.stringify(e.data) + '\n';
+      if (rewritten) { open.textContent = text; } else { open.textContent += text; }
       took(ev);
-    });
+    }
+    source.addEventListener('partial', function (ev) { partial(ev, false); });
+    source.addEventListener('rewritten', function (ev) { partial(ev, true); });
     ['claimed', 'started', 'finished', 'retried', 'failed', 'waiting', 'dropped', 'gap', 'end']
       .forEach(function (kind) {
         source.addEventListener(kind, function (ev) {
