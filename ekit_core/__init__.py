@@ -10,7 +10,7 @@ call :func:`advance`, which does both in one transition.
 recorded checkpoints. Every rule lives in :mod:`ekit_core.transitions`.
 """
 
-from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
+from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit, changed_since_recorded
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
     SHAPED_FORMAT_VERSION,
@@ -138,6 +138,7 @@ __all__ = [
     "answer",
     "apply",
     "audit",
+    "changed_since_recorded",
     "checkpoint_of",
     "initial_state",
     "phase_of",

@@ -225,6 +225,7 @@ def steps_tbody(view: RunView) -> str:
     out = []
     item_times = _item_times(report.steps)
     item_usage = _item_usage(report.steps)
+    changed = view.changed or {}
     for row in report.steps:
         if row.item_of is not None and row.action != "wait" and row.reason != "failed":
             continue
@@ -235,9 +236,15 @@ def steps_tbody(view: RunView) -> str:
         message = "" if failure is None else f"{failure.error_type}: {failure.message}"
         items = view.items.get(row.name)
         shown = "" if items is None else f"{items[0]:,}/{'?' if items[1] is None else f'{items[1]:,}'}"
+        how = changed.get(row.name)
+        mark = cls = ""
+        if how is not None:
+            mark = f' <span class="changed-mark" title="{esc(how)}">changed since recorded</span>'
+            cls = ' class="changed"'
         out.append(
-            f'<tr data-step="{esc(row.name)}"><td class="step">{esc(row.name)}</td>'
-            f'<td class="state state-{esc(state)}">{esc(state)}</td>'
+            f'<tr data-step="{esc(row.name)}"{cls}>'
+            f'<td class="step">{esc(row.name)}</td>'
+            f'<td class="state state-{esc(state)}">{esc(state)}{mark}</td>'
             f'<td class="action">{esc(row.action)}</td>'
             f'<td class="num items">{esc(shown)}</td>'
             f'<td class="num attempts">{esc(attempts)}</td>'
@@ -355,6 +362,26 @@ def _gantt(view: RunView) -> str:
             f'<div class="chart-box">{chart}</div></section>')
 
 
+def _changed(view: RunView) -> str:
+    """Which recorded steps' version or code changed since (issue 45), or why it cannot be told."""
+    if view.checkpoint is None:
+        return ""
+    head = '<section id="changed"><h2>Changed since recorded</h2>'
+    if view.changed is None:
+        how = ("start the dashboard with <code>--workflows MODULE:ATTR</code>, the workers' registry"
+               if view.info is not None else "start the dashboard with <code>--workflow MODULE:ATTR</code>")
+        return (f'{head}<p class="hint" id="changed-unknown">Not known: the dashboard compares a run\'s '
+                "recorded steps with its workflow's code and versions only when it knows the workflow "
+                f"({how}).</p></section>")
+    if not view.changed:
+        return (f'{head}<p class="none">nothing: each recorded step\'s version and code are the '
+                "workflow's now.</p></section>")
+    rows = "".join(f'<li data-step="{esc(name)}"><b>{esc(name)}</b>: {esc(how)}</li>'
+                   for name, how in view.changed.items())
+    return (f"{head}<p>A resume meets each step's <code>on_code_change</code> policy (a changed "
+            f"version runs it again): see what a resume would do, below.</p><ul>{rows}</ul></section>")
+
+
 def _explanation(view: RunView) -> str:
     report = view.report
     if report is None:
@@ -427,7 +454,8 @@ def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dic
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
         "run-problem": problem, "run-questions": _questions(view, token),
         "run-answers": "" if cp is None else answers_html(cp.asked, view.run_id), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(rows), "run-attempts": _gantt(view),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-changed": _changed(view),
+        "run-attempts": _gantt(view),
         "run-usage": usage_html(cp),
         "run-outputs": outputs_html(cp, view.run_id), "run-audit": _explanation(view),
         "run-timeline": _timeline(view),
