@@ -350,9 +350,9 @@ def _gantt(view: RunView) -> str:
     chart = timeline_svg(cp, worker or None, time.time())
     if not chart:
         return ('<section id="attempts"><h2>Attempts over time</h2><p class="hint">No attempt '
-                "times recorded: run with <code>durations=True</code> (a queue: <code>ekit queue "
-                "submit --durations</code> or a worker's <code>--durations</code>) to draw "
-                "each attempt here.</p></section>")
+                "times recorded: run with <code>durations=True</code> (queued runs record them "
+                "unless their <code>durations</code> option or their worker's "
+                "<code>--no-durations</code> says not to) to draw each attempt here.</p></section>")
     legend = "".join(f'<li class="outcome-{o}">{o}</li>' for o in OUTCOMES)
     owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
     return ('<section id="attempts"><h2>Attempts over time</h2>'
