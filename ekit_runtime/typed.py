@@ -723,6 +723,7 @@ def _with_stored(
         format_version=cp.format_version, skipped=cp.skipped, shapes=cp.shapes,
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone, compacted=cp.compacted,
         began=given_began(cp), code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits,
+        drives=cp.drives,
     )
 
 

@@ -788,4 +788,5 @@ class _History:
             began=self.began,
             code_fingerprints=fold.start.code_fingerprints,
             cache_hits=fold.start.cache_hits,
+            drives=fold.start.drives,
         )

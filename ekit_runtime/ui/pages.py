@@ -24,7 +24,7 @@ from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
 from ekit_runtime.ui.sources import RunView, view_progress
-from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg
+from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg, utc_text
 
 __all__ = [
     "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
@@ -354,7 +354,12 @@ def _gantt(view: RunView) -> str:
                 "unless their <code>durations</code> option or their worker's "
                 "<code>--no-durations</code> says not to) to draw each attempt here.</p></section>")
     legend = "".join(f'<li class="outcome-{o}">{o}</li>' for o in OUTCOMES)
-    owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
+    if cp.drives:
+        drives = ", ".join(f"<b>{esc(d.worker)}</b> from {esc(utc_text(d.began))}" for d in cp.drives)
+        owner = (f' <span id="drives">Driven by {drives}</span>: each attempt ran on the worker of '
+                 "the drive it began in.")
+    else:
+        owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
     return ('<section id="attempts"><h2>Attempts over time</h2>'
             f'<ul class="legend chart-legend">{legend}</ul>'
             "<p class=\"hint\">One row per step (its items under it), one bar per attempt; hover a bar "
