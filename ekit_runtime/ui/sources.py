@@ -157,7 +157,7 @@ def step_states(
 def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool, flying: bool) -> str:
     if row is None:
         return "not-started"
-    if row.reason == "recorded":
+    if row.reason in ("recorded", "outdated"):  # (outdated: recorded, though a resume redoes it)
         return "recorded"
     if row.reason == "skipped":
         return "skipped"

@@ -68,6 +68,8 @@ def test_a_queued_runs_page_lists_what_changed_against_the_registered_workflow(t
     assert list(view.changed) == ["plan", "draft"]  # publish runs again, but only for draft's sake
     assert view.changed["plan"] == "its version changed from '1' to '2'"
     assert view.changed["draft"].startswith("its code changed (fingerprint ")
+    # A finished run's steps stay drawn as recorded, though a resume by the workflow would redo them.
+    assert view.states == {"plan": "recorded", "draft": "recorded", "publish": "recorded"}
     html = unescape(run_page("q", view, None))
     section = html[html.index('<section id="changed">'):]
     section = section[:section.index("</section>")]
