@@ -220,6 +220,7 @@ svg.timeline rect.attempt { stroke: #0003; }
 .outcome-failed { fill: #ea868f; background: #ea868f; }
 .outcome-waiting { fill: #ffda6a; background: #ffda6a; }
 .outcome-skipped { fill: #adb5bd; background: #adb5bd; }
+.outcome-held { fill: #f5c2a0; background: #f5c2a0; }
 .changed-mark { font-size: 0.8em; color: #8a5300; background: #fff3cd; border-radius: 3px; padding: 0 4px; }
 #changed li b { font-family: monospace; }
 td.output { max-width: 60em; }

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
@@ -31,10 +31,14 @@ from ekit_core import DriveRecord, WorkflowCheckpoint
 
 __all__ = ["OUTCOMES", "Bar", "bars", "timeline_svg", "utc_text", "worker_at"]
 
-OUTCOMES = ("recorded", "failed", "waiting", "skipped")
+OUTCOMES = ("recorded", "failed", "waiting", "held", "skipped")
 """The outcomes a bar is coloured by (class ``outcome-<outcome>``)."""
 
 _W, _LABEL, _RIGHT, _ROW, _TOP, _AXIS = 960, 170, 16, 18, 8, 24
+
+HELD_MIN = 0.05
+"""Seconds an attempt must have been held back before it began for a ``held`` bar: below
+that, the gap is the run's own dispatch, not a limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,8 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
         known = [ends[d] for d in deps if d in ends]
         return max(known) if known else first
 
+    answered: dict[str, float] = {}
+
     for name, exchanges in cp.asked.items():
         start: float | None = ready(name)
         for i, exchange in enumerate(exchanges, 1):
@@ -126,10 +132,46 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
             out.append(Bar(_step_of(name, graph), name, "waiting", start, end, note))
             if end is not None:
                 start = end
+                answered[name] = end
+    out += _held(cp, out, ready, answered)
     for name, why in cp.skipped.items():
         at = ready(name)
         if at is not None:
             out.append(Bar(_step_of(name, graph), name, "skipped", at, at, f"skipped: {why}"))
+    return out
+
+
+def _held(cp: WorkflowCheckpoint, found: list[Bar], ready: Callable[[str], float | None],
+          answered: Mapping[str, float]) -> list[Bar]:
+    """A ``held`` bar before each recorded attempt that began well after it could: from when
+    it could (its dependencies recorded, its failed attempt or its wait for a person over, its
+    drive begun) to when it began. Recorded times cannot tell why (a fleet limit: a usage
+    limit or a resource's slots; ``max_concurrency``; a retry's delay): the title says so.
+    Only with ``drives``: without them, when a resume began is unknown, and the time between
+    two runs would pass for a hold."""
+    drives = cp.drives
+    if not drives:
+        return []
+    starts = [d.began for d in drives]
+    out = []
+    for b in found:
+        if b.outcome != "recorded":
+            continue
+        since = ready(b.name)
+        failure = cp.failures.get(b.name)
+        moments = [m for m in (since, answered.get(b.name),
+                               None if failure is None else failure.ended) if m is not None]
+        i = bisect.bisect_right(starts, b.began)
+        if i:
+            moments.append(starts[i - 1])
+        if not moments:
+            continue
+        since = max(moments)
+        if b.began - since >= HELD_MIN:
+            out.append(Bar(b.step, b.name, "held", since, b.began,
+                           "held back before it began, though it could start: a limit (the fleet's "
+                           "usage limits or a resource's slots, the run's max_concurrency) or a "
+                           "retry's delay"))
     return out
 
 
