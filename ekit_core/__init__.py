@@ -10,12 +10,13 @@ call :func:`advance`, which does both in one transition.
 recorded checkpoints. Every rule lives in :mod:`ekit_core.transitions`.
 """
 
-from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit
+from ekit_core.audit import Anomaly, AuditReport, StepAudit, audit, changed_since_recorded
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
     SHAPED_FORMAT_VERSION,
     CheckpointDelta,
     CheckpointError,
+    DriveRecord,
     FailureRecord,
     UnsupportedFormatError,
     WorkflowCheckpoint,
@@ -83,6 +84,7 @@ __all__ = [
     "CheckpointSaved",
     "CycleError",
     "Denied",
+    "DriveRecord",
     "Ended",
     "Event",
     "Exchange",
@@ -138,6 +140,7 @@ __all__ = [
     "answer",
     "apply",
     "audit",
+    "changed_since_recorded",
     "checkpoint_of",
     "initial_state",
     "phase_of",

@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 
 from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
-from ekit_core.code import CacheHit, CodeDecision, decide
+from ekit_core.code import CacheHit, CodeDecision, code_changed, decide
 from ekit_core.exchanges import Exchange
 from ekit_core.expansion import Expanded, bodies_of, body_iteration, compacted_iteration
 from ekit_core.graph import GraphSpec
@@ -48,7 +48,7 @@ from ekit_core.times import when
 from ekit_core.transitions import context_outputs, dependencies_recorded, initial_state
 from ekit_core.usage import TokenUsage
 
-__all__ = ["Anomaly", "AuditReport", "StepAudit", "audit"]
+__all__ = ["Anomaly", "AuditReport", "StepAudit", "audit", "changed_since_recorded"]
 
 _NO_CODE = CodeDecision(MappingProxyType({}))
 
@@ -490,12 +490,58 @@ def _with_hits(rows: tuple[StepAudit, ...], hits: Mapping[str, CacheHit]) -> tup
 
 
 def _with_code(rows: tuple[StepAudit, ...], code: CodeDecision) -> tuple[StepAudit, ...]:
-    """The rows of the steps a resume keeps although their code changed, saying so."""
+    """The rows of the steps whose policy keeps them although their code changed, saying so
+    (one that runs again all the same, with a dependency, says its code changed too)."""
     if not code.kept:
         return rows
     kept = set(code.kept)
-    return tuple(replace(row, code="kept although the code changed since recorded")
+    return tuple(replace(row, code="kept although the code changed since recorded" if row.action == "skip"
+                         else "its code changed since recorded too (on_code_change='keep')")
                  if row.name in kept else row for row in rows)
+
+
+def changed_since_recorded(
+    graph_or_workflow: GraphSpec | object, checkpoint: WorkflowCheckpoint | Mapping[str, Any],
+    *, versions: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Each step with something recorded whose work changed since, and how, in declaration order.
+
+    A step changed when the ``version`` tag it declares now differs from the
+    one recorded, or, for a ``Workflow`` that fingerprints code (anything with
+    ``code_fingerprints()``), when its code's fingerprint differs from the
+    recorded one (:mod:`ekit_core.code`: a fingerprint on one side only claims
+    nothing). A step counts as recorded with its own output or an item's. Only
+    the step's own work is compared: a step that runs again because a
+    dependency changed is not listed (:func:`audit` says why it runs).
+    ``versions`` overrides the tags, as :func:`audit`'s does. Pure: the
+    workflow's fingerprints are what it computes from its code now.
+    """
+    cp = load_checkpoint(checkpoint)
+    subject = subject_of(graph_or_workflow, cp, versions)
+    tags = subject.versions if subject.versions is not None else {}
+    prints = getattr(graph_or_workflow, "code_fingerprints", None)
+    current: Mapping[str, str] = prints() if callable(prints) and cp.code_fingerprints else {}
+    found: dict[str, str] = {}
+    # A step with an item recorded: each output's name read once (not once per step).
+    owners = {k[:k.index("[")] for k in cp.outputs if "[" in k}
+    for name in subject.graph.names:
+        if name not in cp.outputs and name not in owners and not _recorded(name, cp.outputs):
+            continue
+        old, new = cp.versions.get(name), tags.get(name)
+        if old != new:
+            found[name] = f"its version changed from {old!r} to {new!r}"
+        elif current and code_changed(cp.code_fingerprints, current, name):
+            found[name] = (f"its code changed (fingerprint {cp.code_fingerprints[name][:12]} "
+                           f"is now {current[name][:12]})")
+    return found
+
+
+def _recorded(name: str, outputs: Mapping[str, object]) -> bool:
+    """Whether an item of ``name`` is recorded (a name holding ``[`` itself: read in full)."""
+    if "[" not in name:
+        return False
+    prefix = f"{name}["
+    return any(k.startswith(prefix) for k in outputs)
 
 
 def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, Any],

@@ -37,6 +37,7 @@ __all__ = [
     "SHAPED_FORMAT_VERSION",
     "CheckpointDelta",
     "CheckpointError",
+    "DriveRecord",
     "FailureRecord",
     "RecordedGraph",
     "UnsupportedFormatError",
@@ -91,6 +92,28 @@ class FailureRecord:
         if self.began is not None and self.ended is not None:
             data["began"], data["ended"] = self.began, self.ended
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class DriveRecord:
+    """One drive of a run: ``worker`` (who drove it, as it names itself) from ``began``.
+
+    ``began`` is when that drive started, UTC epoch seconds, by the driver's
+    clock. A run started with ``worker=`` (every run a queue's worker drives)
+    appends one to the checkpoint's ``drives``: the attempts that began from
+    then until the next drive's ``began`` ran there (one driver at a time:
+    invariant 8).
+    """
+
+    worker: str
+    began: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the checkpoint."""
+        return {"worker": self.worker, "began": self.began}
+
+
+NO_DRIVES: tuple[DriveRecord, ...] = ()
 
 
 def storable_text(text: str) -> str:
@@ -210,6 +233,9 @@ class _CheckpointFields:
     # Step (or item) -> the cache hit its recorded output came from (issue 45:
     # docs/cache.md), kept while that output stays recorded.
     cache_hits: MappingProxyType[str, CacheHit] = field(default_factory=_empty, repr=False)
+    # Issue 47: the run's drives, oldest first, each a worker and when it began
+    # (see DriveRecord): one entry per drive, none per step.
+    drives: tuple[DriveRecord, ...] = field(default=NO_DRIVES, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -218,6 +244,7 @@ _STORED_BEGAN: Any = vars(_CheckpointFields)["began"]
 _STORED_CODE: Any = vars(_CheckpointFields)["code_fingerprints"]
 _STORED_HITS: Any = vars(_CheckpointFields)["cache_hits"]
 _STORED_RETRIES: Any = vars(_CheckpointFields)["compacted_retries"]
+_STORED_DRIVES: Any = vars(_CheckpointFields)["drives"]
 
 Timings: TypeAlias = (
     "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
@@ -349,6 +376,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         code_fingerprints: MappingProxyType[str, str] = _NOTHING,
         cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
         compacted_retries: MappingProxyType[str, int] = _NOTHING_REDONE,
+        drives: tuple[DriveRecord, ...] = NO_DRIVES,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -372,7 +400,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             format_version=format_version, kind=cls, skipped=skipped, shapes=shapes,
             superseded=superseded, asked=asked, redone=redone, compacted=compacted,
         )
-        with_tables(cp, code_fingerprints, cache_hits)
+        with_tables(cp, code_fingerprints, cache_hits, drives)
         with_retries(cp, compacted_retries)
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
@@ -528,10 +556,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["redone"] = dict(self.redone)
         data.update((key, dict(table)) for key, table in (
             ("compacted", self.compacted), ("compacted_retries", self.compacted_retries)) if table)
-        if self.code_fingerprints:
-            data["code_fingerprints"] = dict(self.code_fingerprints)
-        if self.cache_hits:
-            data["cache_hits"] = {k: h.to_dict() for k, h in self.cache_hits.items()}
+        _tables_into(self, data)
         if per_step and has_durations(self):
             data["durations"] = dict(self.durations)
             if self.began:
@@ -733,6 +758,7 @@ def fast_checkpoint(
     # (issue 45's tables: empty here, set by with_tables where a run has them; no
     # keyword of their own, whose default is a dict lookup on every call)
     cp.code_fingerprints = cp.cache_hits = _NOTHING
+    cp.drives = NO_DRIVES
     # (durations left unset: built from the timings when first read)
     cp.asked, cp._times = asked, times
     cp._outputs_ledger, cp._usage_ledger = outputs, step_usage
@@ -868,6 +894,7 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
         or cp.versions is not previous.versions or cp.redone is not previous.redone
         or cp.compacted is not previous.compacted or cp.compacted_retries is not previous.compacted_retries
         or cp.code_fingerprints is not previous.code_fingerprints or cp.cache_hits is not previous.cache_hits
+        or cp.drives is not previous.drives
     ):
         return None
     # None: not one storage, or an earlier state of the run (not a prefix).
@@ -1092,13 +1119,17 @@ def _format_version(data: dict[Any, Any]) -> int:
 
 
 def with_tables(cp: WorkflowCheckpoint, code_fingerprints: Mapping[str, str],
-                cache_hits: Mapping[str, CacheHit] = _NO_HITS) -> WorkflowCheckpoint:
+                cache_hits: Mapping[str, CacheHit] = _NO_HITS,
+                drives: tuple[DriveRecord, ...] = NO_DRIVES) -> WorkflowCheckpoint:
     """``cp``, just made by :func:`fast_checkpoint` and not yet handed out, with issue 45's
-    tables (``code_fingerprints``, ``cache_hits``) set where non-empty: O(1)."""
+    tables (``code_fingerprints``, ``cache_hits``) and issue 47's ``drives`` set where
+    non-empty: O(1)."""
     if code_fingerprints:
         _STORED_CODE.__set__(cp, code_fingerprints)
     if cache_hits:
         _STORED_HITS.__set__(cp, cache_hits)
+    if drives:
+        _STORED_DRIVES.__set__(cp, drives)
     return cp
 
 
@@ -1110,19 +1141,45 @@ def with_retries(cp: WorkflowCheckpoint, retries: MappingProxyType[str, int]) ->
     return cp
 
 
+def _tables_into(cp: WorkflowCheckpoint, data: dict[str, Any]) -> None:
+    """Write issue 45's tables and issue 47's ``drives`` into ``data`` (``to_dict``), where non-empty."""
+    if cp.code_fingerprints:
+        data["code_fingerprints"] = dict(cp.code_fingerprints)
+    if cp.cache_hits:
+        data["cache_hits"] = {k: h.to_dict() for k, h in cp.cache_hits.items()}
+    if cp.drives:
+        data["drives"] = [d.to_dict() for d in cp.drives]
+
+
 def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
     """Whether the tables a run changes only when it starts (versions, redone) or rarely (a loop's
     compacted count, code fingerprints, cache hits) are the same in both checkpoints (shared, or equal)."""
     return all(a is b or a == b for a, b in (
         (cp.versions, previous.versions), (cp.redone, previous.redone),
         (cp.compacted, previous.compacted), (cp.compacted_retries, previous.compacted_retries),
-        (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits)))
+        (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits),
+        (cp.drives, previous.drives)))
 
 
 def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:
     """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md)."""
     return {"code_fingerprints": _code_fingerprints(data.get("code_fingerprints", {})),
-            "cache_hits": _cache_hits(data.get("cache_hits", {}))}
+            "cache_hits": _cache_hits(data.get("cache_hits", {})),
+            "drives": _drives(data.get("drives", []))}
+
+
+def _drives(value: object) -> tuple[DriveRecord, ...]:
+    """The ``drives`` field: a list of ``{"worker": str, "began": epoch seconds}``, oldest first."""
+    if not isinstance(value, list):
+        raise CheckpointError("drives", f"must be a list, got {type(value).__name__}")
+    found = []
+    for i, entry in enumerate(value):
+        table = _table(entry, f"drives.{i}")
+        worker = table.get("worker")
+        if not isinstance(worker, str) or not worker:
+            raise CheckpointError(f"drives.{i}.worker", f"must be a non-empty string, got {worker!r:.80}")
+        found.append(DriveRecord(worker, _moment(table.get("began"), f"drives.{i}.began")))
+    return tuple(found)
 
 
 def _code_fingerprints(value: object) -> MappingProxyType[str, str]:

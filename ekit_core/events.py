@@ -191,6 +191,19 @@ class StepPartial:
     name: str
     value: object
     index: int
+    delta: str | None = None
+    """What an async generator step's text yield adds to its text so far, ``None`` otherwise.
+
+    The convention of such a step is to yield its text so far, so ``value``
+    grows with each yield, and a reader that keeps the text needs only
+    ``delta``: the new end (``value`` minus the previous yield; the first
+    yield extends ``""``), or, when ``replaces`` is true (a yield that does
+    not start with the previous one), all of ``value``, in place of the text.
+    A :func:`~ekit_runtime.partial` call, and a yield that is not a ``str``,
+    have ``None``: their ``value`` stands alone.
+    """
+    replaces: bool = False
+    """``delta`` replaces the text so far rather than extends it (see ``delta``)."""
 
 
 @dataclass(frozen=True, slots=True)

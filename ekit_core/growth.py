@@ -53,7 +53,7 @@ def add_steps(state: State, steps: Mapping[str, Iterable[str]]) -> State:
     if state.limits.only is not None:  # outside the selection: known, never ready
         spec = RunSpec(grown, state.spec.limits, state.spec.context, state.spec.versions,
                        state.spec.dependents, held=state.spec.held + len(added),
-                       code_fingerprints=state.spec.code_fingerprints)
+                       code_fingerprints=state.spec.code_fingerprints, drives=state.spec.drives)
         return replace(state, spec=spec, events=())
     outputs = state.outputs
     ready, offset, waiting = state._ready, state._offset, dict(state._waiting)
@@ -68,7 +68,7 @@ def add_steps(state: State, steps: Mapping[str, Iterable[str]]) -> State:
     offset, ready, running = window.anchor(offset, ready, state._running)
     spec = RunSpec(grown, state.spec.limits, state.spec.context, state.spec.versions,
                    _grown_dependents(state.spec, added),
-                   code_fingerprints=state.spec.code_fingerprints)
+                   code_fingerprints=state.spec.code_fingerprints, drives=state.spec.drives)
     return replace(state, spec=spec, events=(), _offset=offset, _ready=ready, _running=running,
                    _waiting=MappingProxyType(waiting))
 

@@ -677,4 +677,5 @@ def _dropping(
         code_fingerprints=checkpoint.code_fingerprints,
         cache_hits=MappingProxyType({k: h for k, h in checkpoint.cache_hits.items() if k not in gone})
         if checkpoint.cache_hits else checkpoint.cache_hits,
+        drives=checkpoint.drives,
     )

@@ -16,7 +16,9 @@ from typing import Any, Literal, TypeAlias
 
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
+    NO_DRIVES,
     SHAPED_FORMAT_VERSION,
+    DriveRecord,
     FailureRecord,
     RecordedGraph,
     Timings,
@@ -141,6 +143,9 @@ class RunSpec:
     # Step -> the fingerprint of its code, as the run's checkpoints record it
     # (see ekit_core.code): empty unless the workflow asked for fingerprints.
     code_fingerprints: MappingProxyType[str, str] = field(default_factory=lambda: NO_CODE, repr=False)
+    # The run's drives as its checkpoints record them (the recorded ones, and this
+    # run's, when the shell said who drives it): see WorkflowCheckpoint.drives.
+    drives: tuple[DriveRecord, ...] = field(default=NO_DRIVES, repr=False)
     # The graph as the run's checkpoints record it: one value for all of them.
     recorded_graph: RecordedGraph = field(init=False, repr=False, compare=False)
     # Whether a declared step of this shaped run has a condition (``when``), so
@@ -377,7 +382,8 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
     spec = state.spec
     shaped = spec.shaped
     setbacks = state.setbacks
-    if shaped is None and setbacks.asked is NO_EXCHANGES and spec.code_fingerprints is NO_CODE:
+    if (shaped is None and setbacks.asked is NO_EXCHANGES and spec.code_fingerprints is NO_CODE
+            and spec.drives is NO_DRIVES):
         # A static graph that asked no one: no skips, no shapes, nothing set
         # aside, no questions, no code fingerprints (once per step).
         return fast_checkpoint(
@@ -404,5 +410,5 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
         with_retries(cp, setbacks.compacted_retries)
-    code = spec.code_fingerprints
-    return cp if code is NO_CODE else with_tables(cp, code)
+    code, drives = spec.code_fingerprints, spec.drives
+    return cp if code is NO_CODE and drives is NO_DRIVES else with_tables(cp, code, drives=drives)

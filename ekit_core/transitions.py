@@ -79,6 +79,7 @@ from ekit_core import window
 from ekit_core._frozen import twin
 from ekit_core.checkpoint import (
     CheckpointError,
+    DriveRecord,
     FailureRecord,
     Timings,
     WorkflowCheckpoint,
@@ -526,6 +527,15 @@ def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
     return Ledger(recorded), Ledger(usage), times
 
 
+def _drives(recorded: tuple[DriveRecord, ...], drive: DriveRecord | None) -> tuple[DriveRecord, ...]:
+    """The drives a run's checkpoints record: the recorded ones, then this run's (if given)."""
+    if drive is None:
+        return recorded
+    if not isinstance(drive, DriveRecord) or not isinstance(drive.worker, str) or not drive.worker:
+        raise ValueError(f"drive must be a DriveRecord naming its worker, got {drive!r:.80}")
+    return (*recorded, drive)
+
+
 def _check_timed_names(graph: GraphSpec, names: list[str]) -> None:
     """Refuse a duration naming no step of ``graph`` nor an item of one of its mapped steps."""
     mapped = tuple(f"{name}[" for name, shape in graph.shapes.items() if shape.map_over is not None)
@@ -553,6 +563,7 @@ def initial_state(
     only: object = None,
     durations: bool = False,
     code_fingerprints: Mapping[str, str] | None = None,
+    drive: DriveRecord | None = None,
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -569,9 +580,8 @@ def initial_state(
     (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names)
     makes the run start only those steps and what they need, and end once they are recorded
     (see :mod:`ekit_core.selection`). ``durations`` records each ``Succeeded.duration`` (a
-    resumed checkpoint's are kept either way). Every argument is checked first, before any
-    step could run: ``ValueError`` naming it.
-    """
+    resumed checkpoint's are kept either way); ``drive`` is added to the recorded ``drives``.
+    Every argument is checked first, before any step runs: ``ValueError`` naming it."""
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     limits = _of_this_run(graph, limits, run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
@@ -582,7 +592,7 @@ def initial_state(
     # Its dependents come from each path below (a whole index: an entry per recorded step).
     base = RunSpec(graph, limits, MappingProxyType(
         _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET,
-        code_fingerprints=code)
+        code_fingerprints=code, drives=_drives(checkpoint.drives, drive))
     if graph.shapes:  # (it sets aside what an early cutoff may keep before dropping it)
         return _initial_shaped(graph, checkpoint, base, outdated, record_events, touched)
     return _initial_static(graph, checkpoint, base, outdated, record_events, touched)

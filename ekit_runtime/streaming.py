@@ -5,7 +5,10 @@ has so far in one of two ways:
 
 - it is an ``async def`` with ``yield``: every value it yields is reported,
   and its output is the *last* value it yielded (so yield the text so far,
-  as it grows: the last yield is the whole text);
+  as it grows: the last yield is the whole text). Each report of a ``str``
+  yield also says what it added to the previous one
+  (:attr:`~ekit_core.events.StepPartial.delta`), which is all a queue's
+  stream publishes: n tokens cost O(n) bytes there, not O(n^2);
 - it calls :func:`partial` with each piece, from an async or a sync step,
   and returns its output as usual.
 
@@ -74,18 +77,19 @@ class PartialSink:
         """
         self._open = False
 
-    def send(self, value: object) -> None:
-        """Report ``value`` (from any thread: another one's report is handed to the loop)."""
+    def send(self, value: object, delta: str | None = None, replaces: bool = False) -> None:
+        """Report ``value`` (from any thread: another one's report is handed to the loop);
+        ``delta`` and ``replaces``: see :class:`~ekit_core.events.StepPartial`."""
         if threading.get_ident() == self._thread:
-            self._deliver(value)
+            self._deliver(value, delta, replaces)
         else:
             with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
-                self._loop.call_soon_threadsafe(self._deliver, value)
+                self._loop.call_soon_threadsafe(self._deliver, value, delta, replaces)
 
-    def _deliver(self, value: object) -> None:
+    def _deliver(self, value: object, delta: str | None = None, replaces: bool = False) -> None:
         if not self._open:
             return
-        event = StepPartial(self.name, value, self._count)
+        event = StepPartial(self.name, value, self._count, delta, replaces)
         self._count += 1
         for callback in self._callbacks:
             try:
@@ -138,10 +142,22 @@ async def drain_stream(stream: AsyncGenerator[Any, Any]) -> Any:
 
     ``None`` if it yielded nothing. Cancelling the awaiting task closes the
     generator (its ``finally`` blocks run), as leaving an ``async for`` early does.
+    A ``str`` yield is reported with what it adds to the previous ``str`` yield
+    (its ``delta``), so that a reader keeping the text never copies it whole.
     """
     last: Any = None
+    text = ""  # the previous str yield: what the next one is expected to extend
     async with contextlib.aclosing(stream):
         async for value in stream:
-            partial(value)
+            sink = SINK.get()
+            if sink is not None:
+                if isinstance(value, str):
+                    if value.startswith(text):
+                        sink.send(value, value[len(text):])
+                    else:
+                        sink.send(value, value, True)
+                    text = value
+                else:
+                    sink.send(value)
             last = value
     return last

@@ -724,6 +724,7 @@ def _with_stored(
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone, compacted=cp.compacted,
         began=given_began(cp), code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits,
         compacted_retries=cp.compacted_retries,
+        drives=cp.drives,
     )
 
 

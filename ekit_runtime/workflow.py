@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from time import perf_counter
+from time import perf_counter, time
 from types import MappingProxyType
 from typing import Any, TypedDict, Unpack, cast
 
@@ -26,6 +26,7 @@ from ekit_core import (
     checkpoint_of,
     initial_state,
 )
+from ekit_core.checkpoint import DriveRecord
 from ekit_core.children import rolled_up
 from ekit_core.code import POLICIES, CacheHit, CodeChangedError, CodeDecision, CodePolicy, decide
 from ekit_core.expansion import iterating, iteration_of
@@ -126,6 +127,14 @@ def _check_options(options: Mapping[str, object]) -> None:
     answers = options.get("answers")
     if answers is not None and not isinstance(answers, Mapping):
         raise ValueError(f"answers must be a mapping of step -> answer, got {type(answers).__name__}")
+    worker = options.get("worker")
+    if worker is not None and (not isinstance(worker, str) or not worker):
+        raise ValueError(f"worker must be a non-empty string or None, got {worker!r:.80}")
+
+
+def _drive(worker: str | None) -> DriveRecord | None:
+    """This run's drive: ``worker`` from now (the wall clock, read once per run)."""
+    return None if worker is None else DriveRecord(worker, round(time(), 6))
 
 
 def _callable_or_none(value: object, name: str) -> None:
@@ -187,6 +196,7 @@ class RunOptions(TypedDict, total=False):
     only: list[str] | tuple[str, ...] | None
     durations: bool
     cache: Cache | None
+    worker: str | None
 
 
 class Workflow:
@@ -316,6 +326,7 @@ class Workflow:
         only: list[str] | tuple[str, ...] | None = None,
         durations: bool = False,
         _current_code: Mapping[str, str] | None = None,
+        drive: DriveRecord | None = None,
     ) -> State:
         """The core state a run with these arguments starts from (validates them all).
 
@@ -350,6 +361,7 @@ class Workflow:
             only=only,
             durations=durations,
             code_fingerprints=code,
+            drive=drive,
         )
 
     def runner(
@@ -386,7 +398,7 @@ class Workflow:
             isolate_failures=options.get("isolate_failures", False),
             record_events=trace is not None if record_events is None else record_events,
             run_id=run_id, only=options.get("only"), durations=options.get("durations", False),
-            _current_code=prints,
+            _current_code=prints, drive=_drive(options.get("worker")),
         )
         state = self.start_state(initial_context, resume_from=resume_from, **starting)
         if answers:  # an answer to a question the resume dropped (its work changed) is refused
@@ -417,7 +429,9 @@ class Workflow:
                     starting: Mapping[str, Any]) -> State:
         """The run's first state with the hits ``found`` as it starts (ekit_runtime.cache.at_start):
         from them, as a resume starts from recorded outputs."""
-        return self.start_state(initial_context, resume_from=with_hits(state, found), **starting)
+        # (The state's checkpoint records this run's drive already: not added twice.)
+        return self.start_state(initial_context, resume_from=with_hits(state, found),
+                                **{**starting, "drive": None})
 
     def _bind_cache(self, runner: Runner, cached: Mapping[str, CachedStep], resume_from: object,
                     found: Found) -> None:
@@ -497,9 +511,8 @@ class Workflow:
         - ``allow_graph_change``: resume a checkpoint recorded from another graph.
         - ``executor``: where steps run unless they name their own (default:
           async steps on the loop, sync steps in a worker thread).
-        - ``isolate_failures``: a failed step (after its retries) stops only
-          the steps that depend on it; the rest run to completion, and the
-          result lists ``failed`` and ``not_started`` steps instead of
+        - ``isolate_failures``: a failed step (after its retries) stops only its dependants;
+          the rest run, and the result lists ``failed`` and ``not_started`` steps instead of
           raising. A resume runs just those.
         - ``run_id``: the run's id. Each attempt then has an idempotency key,
           ``run_id/step/number`` (the number counts attempts across runs),
@@ -521,6 +534,7 @@ class Workflow:
         - ``only``: step names to run, with what they need, and none else: :mod:`ekit_core.selection`.
         - ``durations``: record how long each step took in the checkpoints (off by default).
         - ``cache``: a :class:`~ekit_runtime.cache.Cache` for steps with ``cache=True`` (docs/cache.md).
+        - ``worker``: who drives this run, recorded in the checkpoints' ``drives`` (docs/api.md).
 
         A step that fails (after its retries) stops new starts; steps in flight
         finish, a final checkpoint is saved, and its own exception is raised

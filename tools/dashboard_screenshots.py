@@ -10,9 +10,13 @@ its ``created_at`` column, so that the chart has a shape), serves it with
 - ``docs/dashboard-runs.png``: the runs page (the runs waiting for you
   first, with their forms; the chart of the fleet; the table);
 - ``docs/dashboard-run.png``: the page of a finished ``report`` run (its
-  graph, steps, usage, outputs and the answer a person gave);
+  graph, steps, usage, outputs and the answer a person gave; served with
+  ``--workflows`` naming :data:`CHANGED`, whose ``outline`` is at version 2,
+  so the page lists it as changed since recorded);
 - ``docs/dashboard-timeline.png``: that page's timeline (each attempt on a
-  time axis: the wait for the title's answer, the mapped step's items).
+  time axis: the wait for the title's answer, the mapped step's items, and
+  the two workers that drove the run: ``worker-a`` until it parked, waiting
+  for the title, and ``worker-b``, which resumed it once answered).
 
 Needs Chromium and chromedriver (Debian: ``apt-get install chromium
 chromium-driver``) and selenium (``pip install -e '.[test]'``). Not run in CI;
@@ -43,7 +47,7 @@ class Outline:
     sections: list[str]
 
 
-def _report() -> Any:
+def _report(outline_version: str | None = None) -> Any:
     from ekit_runtime import Codec, PatternResult, Step, TokenUsage, Workflow, ask
 
     async def outline(ctx: Any) -> PatternResult[Outline]:
@@ -66,10 +70,18 @@ def _report() -> Any:
     codec = Codec()
     codec.register(Outline, name="reports:Outline")
     return Workflow([
-        Step("outline", outline), Step("sections", sections, ("outline",)),
+        Step("outline", outline, version=outline_version), Step("sections", sections, ("outline",)),
         Step("write", write, ("sections",), map_over="sections"),
         Step("title", title, ("write", "outline")),
     ], codec=codec)
+
+
+def __getattr__(name: str) -> Any:
+    """``CHANGED``: the report workflow as the dashboard's ``--workflows`` knows it now (built on
+    first use: importing this module runs no workflow code)."""
+    if name == "CHANGED":
+        return {"report": _report(outline_version="2")}
+    raise AttributeError(name)
 
 
 def _spread(db: Path, hours: float = 6.0) -> None:
@@ -99,17 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         for i, topic in enumerate(("tides", "storms", "reefs", "currents", "dunes", "glaciers")):
             queue.submit("report", {"topic": topic}, run_id=f"report-{topic}")
             if i % 2:
-                asyncio.run(Worker(queue, report, poll=0.05, defaults=ui_flows.TIMED).run_until_idle())
-        asyncio.run(Worker(queue, report, poll=0.05, defaults=ui_flows.TIMED).run_until_idle())
+                asyncio.run(Worker(queue, report, poll=0.05, name="worker-a").run_until_idle())
+        asyncio.run(Worker(queue, report, poll=0.05, name="worker-a").run_until_idle())
         for topic in ("tides", "reefs", "dunes"):
             queue.answer(f"report-{topic}", "title", f"The {topic}, explained", by="ann")
-        asyncio.run(Worker(queue, report, poll=0.05, defaults=ui_flows.TIMED).run_until_idle())
+        asyncio.run(Worker(queue, report, poll=0.05, name="worker-b").run_until_idle())
         ui_flows.populate(queue)
         queue.close()
         _spread(db)
         queue = SqliteQueue(str(db))
         shown = "report-tides"
-        server_args = ["--queue", "runs.db", "--allow-actions", "--port", "0"]  # shown as the source
+        server_args = ["--queue", "runs.db", "--allow-actions", "--port", "0",  # shown as the source
+                       "--workflows", "tools.dashboard_screenshots:CHANGED"]
         with UiServer(server_args, cwd=Path(tmp)) as server, chrome(1280, 1500) as driver:
             driver.get(server.url + "/")
             wait_until(driver, lambda d: d.find_elements("css selector", "#runs tr[data-run-id]"), 20)

@@ -233,8 +233,8 @@ def _worker_defaults(args: argparse.Namespace) -> dict[str, Any]:
         defaults["budget"] = budget
     if args.isolate_failures:
         defaults["isolate_failures"] = True
-    if args.durations:
-        defaults["durations"] = True
+    if args.no_durations:
+        defaults["durations"] = False
     return defaults
 
 
@@ -757,9 +757,11 @@ def _add_run_settings(p: argparse.ArgumentParser) -> None:
     g.add_argument("--isolate-failures", action="store_true",
                    help="a failed step stops only the steps that depend on it; the rest run to completion "
                    "and the run ends failed naming the failed steps")
+    g.add_argument("--no-durations", action="store_true",
+                   help="do not record how long each step took, nor when it began (recorded by default: "
+                   "the dashboard's durations and timeline); a run's own durations option overrides this")
     g.add_argument("--durations", action="store_true",
-                   help="record how long each step took in the runs' checkpoints (the dashboard shows "
-                   "them); a run's own durations option overrides this")
+                   help="the default (kept so that scripts that pass it go on working)")
     g.add_argument("--executor", metavar="MODULE:ATTR",
                    help="an ekit Executor every run's steps run on, unless a step names its own")
     g.add_argument("--trace", metavar="otel|progress|MODULE:ATTR",

@@ -20,7 +20,12 @@ def add_parser(sub: Any) -> None:
                    help="a store file to show (instead of --queue)")
     p.add_argument("--queue", metavar="URL", help="sqlite:///PATH, a file path, or postgresql://...")
     p.add_argument("--workflow", metavar="MODULE:ATTR",
-                   help="with STORE_FILE: audit against this workflow's graph (default: the recorded one)")
+                   help="with STORE_FILE: audit against this workflow (default: the recorded graph), "
+                   "and show which recorded steps changed since (version, code)")
+    p.add_argument("--workflows", metavar="MODULE:ATTR",
+                   help="with --queue: the workflows its workers serve (as ekit worker --workflows): "
+                   "a run of one of them is audited against it and shows which recorded steps "
+                   "changed since (version, code)")
     p.add_argument("--run-id", metavar="RUN",
                    help="with a STORE_FILE that is a database (a SqliteStore file): the run to show")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -31,7 +36,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from ekit_runtime.cli.common import InputError, import_graph
+    from ekit_runtime.cli.common import InputError, import_graph, import_workflow
     from ekit_runtime.redaction import redacted
     from ekit_runtime.sources import SourceError, read_checkpoints
     from ekit_runtime.ui.server import make_server, serve
@@ -42,23 +47,32 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     source: Source
     if args.queue is not None:
         if args.workflow is not None or args.run_id is not None:
-            raise InputError("ui: --workflow and --run-id go with a STORE_FILE, not --queue")
+            raise InputError("ui: --workflow and --run-id go with a STORE_FILE, not --queue "
+                             "(a queue's: --workflows)")
         from ekit_runtime.queue import open_queue
 
         try:
             queue = open_queue(args.queue)
         except ValueError as exc:
             raise InputError(f"ui: {exc}") from None
-        source = QueueSource(queue, redacted(args.queue))
+        registry = None
+        if args.workflows is not None:
+            from ekit_runtime.cli.queue import _registry
+
+            registry = _registry(args.workflows)
+        source = QueueSource(queue, redacted(args.queue), registry)
     else:
+        if args.workflows is not None:
+            raise InputError("ui: --workflows goes with --queue (a STORE_FILE's: --workflow)")
         try:
             recorded = read_checkpoints(args.source, run_id=args.run_id)
         except SourceError as exc:
             raise InputError(str(exc)) from None
-        graph, versions = (None, None)
+        graph, versions, workflow = (None, None, None)
         if args.workflow:  # (a dict of workflows: the one whose graph the file records)
             graph, versions = import_graph(args.workflow, recorded.checkpoints)
-        source = FileSource(args.source, graph, versions, run_id=args.run_id)
+            workflow = import_workflow(args.workflow, recorded.checkpoints)
+        source = FileSource(args.source, graph, versions, run_id=args.run_id, workflow=workflow)
     try:
         server = make_server(source, args.host, args.port, allow_actions=args.allow_actions)
     except OSError as exc:

@@ -66,8 +66,9 @@ def watch(events: Iterable[StreamEvent], out: TextIO, *, as_json: bool = False) 
     for event in events:
         if as_json:
             out.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
-        elif event.kind == "partial" and isinstance(event.data, str):
-            if mid_line != event.step:
+        elif event.kind in ("partial", "rewritten") and isinstance(event.data, str):
+            # A rewritten text starts a line of its own: a terminal cannot take back what it printed.
+            if mid_line != event.step or event.kind == "rewritten":
                 if mid_line is not None:
                     out.write("\n")
                 out.write(_shown(f"{event.step}: "))

@@ -119,7 +119,11 @@ class RunStream:
     def __call__(self, event: Any) -> None:
         kind = type(event)
         if kind is StepPartial:
-            self.add("partial", event.name, event.value)
+            delta = event.delta
+            if delta is None:
+                self.add("partial", event.name, event.value)
+            else:  # an async generator's text: only what it adds (docs/streams.md)
+                self.add("rewritten" if event.replaces else "partial", event.name, delta)
         elif kind is StepStarted:
             self.add("started", event.name, {"attempt": event.attempt})
         elif kind is CheckpointSaved:

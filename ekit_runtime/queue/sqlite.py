@@ -1343,7 +1343,8 @@ class SqliteQueue(RunQueue):
         until = now + seconds
         steps = self._step_args(conn, rows, now, until)
         if steps is not None:
-            return self._told_by(conn.execute(_steps_statement(len(rows)), steps).fetchall(), rows)
+            statement = _steps_statement(len(steps) // len(_STEP_COLUMNS))
+            return self._told_by(conn.execute(statement, steps).fetchall(), rows)
         args: list[Any] = []
         for row in rows:
             if isinstance(row, Ending):
@@ -1369,23 +1370,32 @@ class SqliteQueue(RunQueue):
         self, conn: sqlite3.Connection, rows: list[_Row], now: float, until: float
     ) -> list[Any] | None:
         """The arguments of ``rows`` in ``ekit_queue_steps_v2``; ``None`` unless every one is a
-        save of a step's output alone (see ``_STEP_COLUMNS``)."""
+        save of a step's output alone (see ``_STEP_COLUMNS``), or of the output and the usage row
+        that holds only its time (a run that records durations: each entry a row of the view,
+        with the same counts and number)."""
         args: list[Any] = []
+        sizes: list[int] = []
         for row in rows:
             if isinstance(row, Ending):
                 return None
             lease, checkpoint, enc, added = row
             entries = enc.rows
-            if enc.header is not None or len(entries) != 1 or self._uses(added):
+            if enc.header is not None or not 0 < len(entries) <= 2 or self._uses(added) or (
+                    len(entries) == 2 and entries[1][0] != "usage"):
                 return None
-            args += (
-                lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
-                None, *entries[0],
-            )
+            head = (lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
+                    None)
+            for entry in entries:
+                args += (*head, *entry)
+            sizes.append(len(entries))
         # Numbered once the statement is known to be this one (a number skipped
         # would do no harm, but there is no need to).
-        for i, row in enumerate(rows):
-            args[i * len(_STEP_COLUMNS) + _STEP_SAVED] = self._number(conn, row[0])
+        width, at = len(_STEP_COLUMNS), _STEP_SAVED
+        for row, size in zip(rows, sizes, strict=True):
+            number = self._number(conn, row[0])
+            for _ in range(size):
+                args[at] = number
+                at += width
         return args
 
     @staticmethod

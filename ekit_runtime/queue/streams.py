@@ -53,7 +53,10 @@ __all__ = [
 KINDS: dict[str, str] = {
     "claimed": "a worker took the run (data: worker, resumed); a new epoch begins",
     "started": "an attempt of a step began (data: attempt)",
-    "partial": "a piece of a running step's output, as partial() reported it (data: the value)",
+    "partial": "a piece of a running step's output, as partial() reported it (data: the value), or "
+               "what an async generator step's text yield added to its previous one (data: that text)",
+    "rewritten": "an async generator step yielded text that does not extend its previous yield "
+                 "(data: the whole text, replacing what the step's partial events built)",
     "finished": "a step's output was saved (data: attempt, usage)",
     "retried": "an attempt failed and will be retried (data: attempt, error, delay)",
     "failed": "a step failed for good (data: attempt, error)",

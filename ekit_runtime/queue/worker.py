@@ -139,9 +139,10 @@ class Worker(Claiming):
       trace callback, a list of them, or ``None`` (an ``OtelTracer()``, a
       ``ProgressPrinter``, ...).
     - ``defaults``: run options (plain data, as ``submit(options=...)``
-      takes) for every run; a run's own options override them, name by name
-      (``{"durations": True}`` records how long each step took, which the
-      dashboard shows).
+      takes) for every run; a run's own options override them, name by name.
+      ``durations`` is on unless they say ``False``: each run's checkpoints
+      record how long each step took and when it began, which the
+      dashboard's step table and timeline show.
     - ``stream``: publish each run's events and its steps' ``partial()``
       output to the run's stream in the queue (default ``True``), which
       ``queue.stream(run_id)``, ``ekit queue watch`` and the dashboard read
@@ -194,7 +195,9 @@ class Worker(Claiming):
         self.executor = executor
         self.cache = cache
         self.trace = trace
-        self.defaults = check_run_options(defaults, "defaults")
+        # Queued runs record their times unless told not to: the dashboard's timeline and step
+        # durations need them, and a timed save costs the queue no more pages (docs/queue.md).
+        self.defaults = {"durations": True, **check_run_options(defaults, "defaults")}
         self.stream, self.stream_cap, self.stream_every = _stream_settings(
             queue, stream, stream_cap, stream_every
         )

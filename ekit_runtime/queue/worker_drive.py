@@ -66,6 +66,7 @@ class Driving(Admission):
             resume_from=lease.checkpoint,
             run_id=lease.run_id,
             before_attempt=functools.partial(self._admit, drive, gate),
+            worker=self.name,  # recorded in the checkpoint's drives: who ran each attempt
             **self._run_options(lease, drive),
         )
         if not result.ok:

@@ -802,4 +802,5 @@ class _History:
             code_fingerprints=fold.start.code_fingerprints,
             cache_hits=fold.start.cache_hits,
             compacted_retries=fold.start.compacted_retries,
+            drives=fold.start.drives,
         )

@@ -24,7 +24,7 @@ from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
 from ekit_runtime.ui.sources import RunView, view_progress
-from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg
+from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg, utc_text
 
 __all__ = [
     "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
@@ -225,6 +225,7 @@ def steps_tbody(view: RunView) -> str:
     out = []
     item_times = _item_times(report.steps)
     item_usage = _item_usage(report.steps)
+    changed = view.changed or {}
     for row in report.steps:
         if row.item_of is not None and row.action != "wait" and row.reason != "failed":
             continue
@@ -235,9 +236,15 @@ def steps_tbody(view: RunView) -> str:
         message = "" if failure is None else f"{failure.error_type}: {failure.message}"
         items = view.items.get(row.name)
         shown = "" if items is None else f"{items[0]:,}/{'?' if items[1] is None else f'{items[1]:,}'}"
+        how = changed.get(row.name)
+        mark = cls = ""
+        if how is not None:
+            mark = f' <span class="changed-mark" title="{esc(how)}">changed since recorded</span>'
+            cls = ' class="changed"'
         out.append(
-            f'<tr data-step="{esc(row.name)}"><td class="step">{esc(row.name)}</td>'
-            f'<td class="state state-{esc(state)}">{esc(state)}</td>'
+            f'<tr data-step="{esc(row.name)}"{cls}>'
+            f'<td class="step">{esc(row.name)}</td>'
+            f'<td class="state state-{esc(state)}">{esc(state)}{mark}</td>'
             f'<td class="action">{esc(row.action)}</td>'
             f'<td class="num items">{esc(shown)}</td>'
             f'<td class="num attempts">{esc(attempts)}</td>'
@@ -343,16 +350,41 @@ def _gantt(view: RunView) -> str:
     chart = timeline_svg(cp, worker or None, time.time())
     if not chart:
         return ('<section id="attempts"><h2>Attempts over time</h2><p class="hint">No attempt '
-                "times recorded: run with <code>durations=True</code> (a queue: <code>ekit queue "
-                "submit --durations</code> or a worker's <code>--durations</code>) to draw "
-                "each attempt here.</p></section>")
+                "times recorded: run with <code>durations=True</code> (queued runs record them "
+                "unless their <code>durations</code> option or their worker's "
+                "<code>--no-durations</code> says not to) to draw each attempt here.</p></section>")
     legend = "".join(f'<li class="outcome-{o}">{o}</li>' for o in OUTCOMES)
-    owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
+    if cp.drives:
+        drives = ", ".join(f"<b>{esc(d.worker)}</b> from {esc(utc_text(d.began))}" for d in cp.drives)
+        owner = (f' <span id="drives">Driven by {drives}</span>: each attempt ran on the worker of '
+                 "the drive it began in.")
+    else:
+        owner = f" Attempts ran on worker <b>{esc(worker)}</b> (the run's owner)." if worker else ""
     return ('<section id="attempts"><h2>Attempts over time</h2>'
             f'<ul class="legend chart-legend">{legend}</ul>'
             "<p class=\"hint\">One row per step (its items under it), one bar per attempt; hover a bar "
             f"for its times.{owner}</p>"
             f'<div class="chart-box">{chart}</div></section>')
+
+
+def _changed(view: RunView) -> str:
+    """Which recorded steps' version or code changed since (issue 45), or why it cannot be told."""
+    if view.checkpoint is None:
+        return ""
+    head = '<section id="changed"><h2>Changed since recorded</h2>'
+    if view.changed is None:
+        how = ("start the dashboard with <code>--workflows MODULE:ATTR</code>, the workers' registry"
+               if view.info is not None else "start the dashboard with <code>--workflow MODULE:ATTR</code>")
+        return (f'{head}<p class="hint" id="changed-unknown">Not known: the dashboard compares a run\'s '
+                "recorded steps with its workflow's code and versions only when it knows the workflow "
+                f"({how}).</p></section>")
+    if not view.changed:
+        return (f'{head}<p class="none">nothing: each recorded step\'s version and code are the '
+                "workflow's now.</p></section>")
+    rows = "".join(f'<li data-step="{esc(name)}"><b>{esc(name)}</b>: {esc(how)}</li>'
+                   for name, how in view.changed.items())
+    return (f"{head}<p>A resume meets each step's <code>on_code_change</code> policy (a changed "
+            f"version runs it again): see what a resume would do, below.</p><ul>{rows}</ul></section>")
 
 
 def _explanation(view: RunView) -> str:
@@ -427,7 +459,8 @@ def run_parts(view: RunView, token: str | None, tbody: str | None = None) -> dic
         "run-heading": _heading(view), "run-actions": _actions(view, token), "run-facts": _facts(view),
         "run-problem": problem, "run-questions": _questions(view, token),
         "run-answers": "" if cp is None else answers_html(cp.asked, view.run_id), "run-graph": _graph(view),
-        "run-now": _running_now(view), "run-steps": _steps(rows), "run-attempts": _gantt(view),
+        "run-now": _running_now(view), "run-steps": _steps(rows), "run-changed": _changed(view),
+        "run-attempts": _gantt(view),
         "run-usage": usage_html(cp),
         "run-outputs": outputs_html(cp, view.run_id), "run-audit": _explanation(view),
         "run-timeline": _timeline(view),

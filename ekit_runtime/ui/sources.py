@@ -17,11 +17,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ekit_core import GraphSpec, WorkflowCheckpoint, audit
+from ekit_core import GraphSpec, WorkflowCheckpoint, audit, changed_since_recorded
 from ekit_core.audit import AuditReport, StepAudit
 from ekit_core.human import Question, questions
 from ekit_core.progress import Progress, items_progress, run_progress
-from ekit_core.report import recorded_graph
+from ekit_core.report import graph_of, recorded_graph
 from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import STATUSES, InFlight, RunInfo, RunQueue, RunStatus
 from ekit_runtime.sources import read_checkpoints
@@ -48,7 +48,10 @@ class RunView:
     is no checkpoint, or ``problem`` says why the audit could not be made);
     ``timeline`` the checkpoints of a journal, oldest first (empty otherwise);
     ``in_flight`` the attempts a live worker says it runs now (a queue's
-    running run only, see ``RunQueue.in_flight``).
+    running run only, see ``RunQueue.in_flight``); ``changed`` each recorded
+    step whose version or code changed since, and how
+    (:func:`~ekit_core.changed_since_recorded`), ``None`` when the dashboard
+    does not know the run's workflow (so cannot compare).
     """
 
     run_id: str
@@ -63,6 +66,7 @@ class RunView:
     states: dict[str, str] = field(default_factory=dict)
     items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     in_flight: Mapping[str, InFlight] = field(default_factory=dict)
+    changed: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,7 @@ def step_states(
 def _state(row: StepAudit | None, its: Sequence[StepAudit], running: bool, flying: bool) -> str:
     if row is None:
         return "not-started"
-    if row.reason == "recorded":
+    if row.reason in ("recorded", "outdated"):  # (outdated: recorded, though a resume redoes it)
         return "recorded"
     if row.reason == "skipped":
         return "skipped"
@@ -178,13 +182,22 @@ def _view(
     versions: Mapping[str, str] | None = None,
     timeline: tuple[WorkflowCheckpoint, ...] = (),
     in_flight: Mapping[str, InFlight] | None = None,
+    workflow: object | None = None,
 ) -> RunView:
     if checkpoint is None:
         return RunView(run_id, status, info, None, None, given, {}, "no checkpoint saved yet",
                        timeline)
+    changed = None
+    subject: object | None = given
     try:
-        graph = given if given is not None else recorded_graph(checkpoint)
-        report = audit(given, checkpoint, versions=versions)
+        if workflow is not None:
+            changed = changed_since_recorded(workflow, checkpoint, versions=versions)
+            # Audited as the workflow (its code's fingerprints too: what a resume by it does)
+            # where its graph is the one given, or the one recorded.
+            if given is not None or graph_of(workflow).fingerprint in (checkpoint.fingerprint, None):
+                subject = workflow
+        graph = graph_of(subject) if subject is not None else recorded_graph(checkpoint)
+        report = audit(subject, checkpoint, versions=versions)
     except ValueError as exc:
         return RunView(run_id, status, info, checkpoint, None, None, questions(checkpoint),
                        f"cannot audit the checkpoint: {exc}", timeline)
@@ -193,7 +206,7 @@ def _view(
     flying = {name: f for name, f in (in_flight or {}).items() if name not in checkpoint.outputs}
     states, items = step_states(report, graph, status, flying, items_progress(graph, checkpoint))
     return RunView(run_id, status, info, checkpoint, report, graph, questions(checkpoint), None,
-                   timeline, states, items, flying)
+                   timeline, states, items, flying, changed)
 
 
 class Source:
@@ -246,13 +259,17 @@ class QueueSource(Source):
     """A run queue: every run it holds; actions go to its ``cancel``, ``retry``, ``answer`` ...
 
     Calls are serialised with a lock: the server answers requests on threads.
+    ``workflows`` (``ekit ui --workflows``, as a worker's registry: name ->
+    workflow), when given, is what a run of a registered workflow is
+    compared with (:attr:`RunView.changed`) and audited as.
     """
 
     can_act = True
 
-    def __init__(self, queue: RunQueue, label: str) -> None:
+    def __init__(self, queue: RunQueue, label: str, workflows: Mapping[str, object] | None = None) -> None:
         self.queue = queue
         self.label = label
+        self.registry = workflows
         self._lock = threading.Lock()
         # The questions of the runs the runs page shows waiting, by run, with the record they were read
         # under: a waiting run's checkpoint does not change until its record does (an answer, a rewind).
@@ -337,7 +354,8 @@ class QueueSource(Source):
             except (LookupError, ValueError):
                 return None
             in_flight = self.queue.in_flight(run_id) if info.status == "running" else {}
-        return _view(run_id, info.status, info, checkpoint, None, in_flight=in_flight)
+        workflow = None if self.registry is None else self.registry.get(info.workflow)
+        return _view(run_id, info.status, info, checkpoint, None, in_flight=in_flight, workflow=workflow)
 
     def _reading(self, run_id: str, tries: int = 20) -> tuple[RunInfo, WorkflowCheckpoint | None]:
         """The run's record and checkpoint as of one moment (a worker saves between any two reads).
@@ -367,11 +385,14 @@ class FileSource(Source):
 
     Its one run is named after the file (a SQLite database: ``run_id``,
     its run to show); ``graph`` (from ``--workflow``) is audited against,
-    else the graph the checkpoint records.
+    else the graph the checkpoint records; ``workflow``, the object behind
+    ``graph`` when known, is audited as such and compared with the record
+    (:attr:`RunView.changed`).
     """
 
     def __init__(self, path: str, graph: GraphSpec | None = None,
-                 versions: Mapping[str, str] | None = None, *, run_id: str | None = None) -> None:
+                 versions: Mapping[str, str] | None = None, *, run_id: str | None = None,
+                 workflow: object | None = None) -> None:
         self.path = path
         self.label = path
         # A database (a SqliteStore file) holds many runs: ``run_id`` picks one, and names it here.
@@ -379,6 +400,7 @@ class FileSource(Source):
         self.run_id = run_id if run_id is not None else (os.path.basename(path) or path)
         self.graph = graph
         self.versions = versions
+        self.workflow = workflow
 
     def read(self) -> RunView:
         """The file's latest checkpoint, audited; a :class:`SourceError` if unreadable."""
@@ -386,7 +408,8 @@ class FileSource(Source):
         timeline = recorded.checkpoints if recorded.kind in ("journal", "jsonl") else ()
         latest = recorded.latest
         waiting = bool(questions(latest))
-        view = _view(self.run_id, "", None, latest, self.graph, self.versions, timeline)
+        view = _view(self.run_id, "", None, latest, self.graph, self.versions, timeline,
+                     workflow=self.workflow)
         report = view.report
         if waiting:
             status = "waiting"
@@ -397,7 +420,8 @@ class FileSource(Source):
         else:
             status = "incomplete"
         return RunView(view.run_id, status, None, view.checkpoint, view.report, view.graph,
-                       view.questions, view.problem, view.timeline, view.states, view.items)
+                       view.questions, view.problem, view.timeline, view.states, view.items,
+                       changed=view.changed)
 
     def runs(self) -> list[RunInfo]:
         """The file's one run, as a record (status from its audit); a :class:`SourceError` if unreadable."""

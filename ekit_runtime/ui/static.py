@@ -114,7 +114,7 @@ APP_JS = r"""'use strict';
       box.dataset.last = ev.lastEventId;
       box.dataset.events = String(seen);
     }
-    source.addEventListener('partial', function (ev) {
+    function partial(ev, rewritten) {
       var e = JSON.parse(ev.data);
       if (!open || open.dataset.step !== e.step) {
         var block = document.createElement('div');
@@ -129,9 +129,12 @@ APP_JS = r"""'use strict';
         block.appendChild(open);
         log.appendChild(block);
       }
-      open.textContent += typeof e.data === 'string' ? e.data : JSON.stringify(e.data) + '\n';
+      var text = typeof e.data === 'string' ? e.data : JSON.stringify(e.data) + '\n';
+      if (rewritten) { open.textContent = text; } else { open.textContent += text; }
       took(ev);
-    });
+    }
+    source.addEventListener('partial', function (ev) { partial(ev, false); });
+    source.addEventListener('rewritten', function (ev) { partial(ev, true); });
     ['claimed', 'started', 'finished', 'retried', 'failed', 'waiting', 'dropped', 'gap', 'end']
       .forEach(function (kind) {
         source.addEventListener(kind, function (ev) {
@@ -217,6 +220,9 @@ svg.timeline rect.attempt { stroke: #0003; }
 .outcome-failed { fill: #ea868f; background: #ea868f; }
 .outcome-waiting { fill: #ffda6a; background: #ffda6a; }
 .outcome-skipped { fill: #adb5bd; background: #adb5bd; }
+.outcome-held { fill: #f5c2a0; background: #f5c2a0; }
+.changed-mark { font-size: 0.8em; color: #8a5300; background: #fff3cd; border-radius: 3px; padding: 0 4px; }
+#changed li b { font-family: monospace; }
 td.output { max-width: 60em; }
 code.output-line { white-space: pre-wrap; word-break: break-all; }
 pre.output-full { max-height: 30em; overflow: auto; background: #f8f8f8; padding: 0.5em; }

@@ -11,26 +11,34 @@ answer: from when the step could ask, the end of its dependencies' recorded
 attempts, or the previous answer, to the answer's time, or to the chart's
 end while none is given) and ``skipped`` (a mark where the step was
 decided). Only runs that record durations have times; the chart then
-says how to have them. Every text is escaped; each bar's ``data-`` fields
-hold its figures for tests and tools.
+says how to have them. Each attempt names the worker that ran it: the
+checkpoint's ``drives`` (one per drive: a worker and when it began) give
+the drive an attempt began in; a checkpoint without them, the run's owner.
+Every text is escaped; each bar's ``data-`` fields hold its figures for
+tests and tools.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 
-from ekit_core import WorkflowCheckpoint
+from ekit_core import DriveRecord, WorkflowCheckpoint
 
-__all__ = ["OUTCOMES", "Bar", "bars", "timeline_svg"]
+__all__ = ["OUTCOMES", "Bar", "bars", "timeline_svg", "utc_text", "worker_at"]
 
-OUTCOMES = ("recorded", "failed", "waiting", "skipped")
+OUTCOMES = ("recorded", "failed", "waiting", "held", "skipped")
 """The outcomes a bar is coloured by (class ``outcome-<outcome>``)."""
 
 _W, _LABEL, _RIGHT, _ROW, _TOP, _AXIS = 960, 170, 16, 18, 8, 24
+
+HELD_MIN = 0.05
+"""Seconds an attempt must have been held back before it began for a ``held`` bar: below
+that, the gap is the run's own dispatch, not a limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,13 @@ class Bar:
     began: float
     ended: float | None
     note: str = ""
+
+
+def worker_at(drives: Sequence[DriveRecord], at: float) -> str | None:
+    """The worker of the drive that ``at`` falls in: the last one to begin at or before it
+    (drives never overlap: one driver at a time); ``None`` before the first."""
+    i = bisect.bisect_right([d.began for d in drives], at)
+    return drives[i - 1].worker if i else None
 
 
 def _step_of(name: str, graph: Mapping[str, object]) -> str:
@@ -98,6 +113,8 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
         known = [ends[d] for d in deps if d in ends]
         return max(known) if known else first
 
+    answered: dict[str, float] = {}
+
     for name, exchanges in cp.asked.items():
         start: float | None = ready(name)
         for i, exchange in enumerate(exchanges, 1):
@@ -115,10 +132,46 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
             out.append(Bar(_step_of(name, graph), name, "waiting", start, end, note))
             if end is not None:
                 start = end
+                answered[name] = end
+    out += _held(cp, out, ready, answered)
     for name, why in cp.skipped.items():
         at = ready(name)
         if at is not None:
             out.append(Bar(_step_of(name, graph), name, "skipped", at, at, f"skipped: {why}"))
+    return out
+
+
+def _held(cp: WorkflowCheckpoint, found: list[Bar], ready: Callable[[str], float | None],
+          answered: Mapping[str, float]) -> list[Bar]:
+    """A ``held`` bar before each recorded attempt that began well after it could: from when
+    it could (its dependencies recorded, its failed attempt or its wait for a person over, its
+    drive begun) to when it began. Recorded times cannot tell why (a fleet limit: a usage
+    limit or a resource's slots; ``max_concurrency``; a retry's delay): the title says so.
+    Only with ``drives``: without them, when a resume began is unknown, and the time between
+    two runs would pass for a hold."""
+    drives = cp.drives
+    if not drives:
+        return []
+    starts = [d.began for d in drives]
+    out = []
+    for b in found:
+        if b.outcome != "recorded":
+            continue
+        since = ready(b.name)
+        failure = cp.failures.get(b.name)
+        moments = [m for m in (since, answered.get(b.name),
+                               None if failure is None else failure.ended) if m is not None]
+        i = bisect.bisect_right(starts, b.began)
+        if i:
+            moments.append(starts[i - 1])
+        if not moments:
+            continue
+        since = max(moments)
+        if b.began - since >= HELD_MIN:
+            out.append(Bar(b.step, b.name, "held", since, b.began,
+                           "held back before it began, though it could start: a limit (the fleet's "
+                           "usage limits or a resource's slots, the run's max_concurrency) or a "
+                           "retry's delay"))
     return out
 
 
@@ -132,6 +185,11 @@ def _clock(at: float, start: float, span: float) -> str:
         return time.strftime("%H:%M:%S UTC" if span < 86400 else "%m-%d %H:%M UTC", time.gmtime(at))
     except (OverflowError, OSError, ValueError):
         return "?"
+
+
+def utc_text(at: float) -> str:
+    """``at`` (UTC epoch seconds) as ``2026-12-07 18:20:01.250 UTC``."""
+    return _utc(at)
 
 
 def _utc(at: float) -> str:
@@ -158,7 +216,10 @@ def _rows(found: list[Bar], graph: Mapping[str, object]) -> list[tuple[str, str]
 
 
 def _bar(b: Bar, x0: float, y: float, width: float, worker: str | None) -> str:
-    """One bar's ``<rect>``, its figures in ``data-`` fields and its ``<title>``, escaped."""
+    """One bar's ``<rect>``, its figures in ``data-`` fields and its ``<title>``, escaped
+    (``worker``: who ran it, for an attempt; a wait or a skip names none)."""
+    if b.outcome not in ("recorded", "failed"):
+        worker = None
     on = f" on worker {worker}" if worker else ""
     until = "now (still waiting)" if b.ended is None else _utc(b.ended)
     title = f"{b.name}: {b.note}; {_utc(b.began)} to {until}{on}"
@@ -171,9 +232,10 @@ def _bar(b: Bar, x0: float, y: float, width: float, worker: str | None) -> str:
 
 
 def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float | None = None) -> str:
-    """The SVG text of ``cp``'s timeline (``""`` when it records no time); ``worker`` is who ran
-    the attempts, where known (a queue's run: its owner)."""
+    """The SVG text of ``cp``'s timeline (``""`` when it records no time); each attempt's worker
+    is read off the checkpoint's ``drives``, else ``worker`` (a queue's run: its owner)."""
     found = bars(cp)
+    drives = cp.drives
     if not found:
         return ""
     graph: Mapping[str, object] = cp.graph or {}
@@ -217,7 +279,8 @@ def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float |
         for b in sorted(by_step[step], key=lambda b: (index[b.name], b.began)):
             x0 = x(b.began)
             width = max(2.0, x(end if b.ended is None else b.ended) - x0)
-            group.append(_bar(b, x0, _TOP + index[b.name] * _ROW, width, worker))
+            ran_on = (worker_at(drives, b.began) or worker) if drives else worker
+            group.append(_bar(b, x0, _TOP + index[b.name] * _ROW, width, ran_on))
         group.append("</g>")
         out.append("".join(group))
     out.append("</svg>")

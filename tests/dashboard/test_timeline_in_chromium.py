@@ -68,7 +68,8 @@ def _check(bars: list[dict[str, Any]], cp: WorkflowCheckpoint) -> None:
     for b in bars:
         assert b["width"] >= 1 and b["height"] >= 1, b  # drawn, not merely in the document
         assert b["step"] == ("check" if b["name"].startswith("check[") else b["name"])
-        assert b["worker"] == "worker-7"
+        # An attempt names its worker (the owner: the checkpoint records no drives); a wait none.
+        assert b["worker"] == ("worker-7" if b["outcome"] in ("recorded", "failed") else "")
     fills = {b["outcome"]: b["fill"] for b in bars}
     assert len(set(fills.values())) == 3, fills  # coloured by outcome
 

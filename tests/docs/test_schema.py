@@ -64,13 +64,14 @@ def test_the_schema_is_a_valid_draft_2020_12_schema() -> None:
 
 def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     saved: list[WorkflowCheckpoint] = []
-    _workflow().run_sync({"topic": "tides"}, checkpoint_fn=saved.append, durations=True)
+    _workflow().run_sync({"topic": "tides"}, checkpoint_fn=saved.append, durations=True, worker="host:1")
     assert saved and saved[-1].context == {"topic": "tides"}
     for checkpoint in saved:
         data = _json(checkpoint)
         _valid(data)
         # Every key the writer emits is one the schema describes.
         assert set(data) <= set(SCHEMA["properties"])
+    assert _json(saved[-1])["drives"][0]["worker"] == "host:1"
     # All of them but "graph", which files written before graph_steps and
     # graph_needs hold (read, no longer written), and the two that only a run
     # with run-time shapes writes (see the shaped test below), and the one that
@@ -190,7 +191,8 @@ def _shaped() -> Workflow:
 
 def test_checkpoints_of_a_shaped_run_with_items_and_skips_validate() -> None:
     saved: list[WorkflowCheckpoint] = []
-    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1, durations=True)
+    _shaped().run_sync({"topic": "t"}, checkpoint_fn=saved.append, max_concurrency=1, durations=True,
+                       worker="host:2")
     for checkpoint in saved:
         _valid(_json(checkpoint))
     last = _json(saved[-1])

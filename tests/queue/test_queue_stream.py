@@ -72,6 +72,28 @@ def test_ten_thousand_tokens_are_read_live_in_order_with_none_lost(queue: RunQue
     assert not {"gap", "dropped"} & set(kinds)
 
 
+def test_a_generator_steps_text_costs_the_stream_linear_bytes_and_rebuilds_whole(
+    queue: RunQueue, queue_url: str
+) -> None:
+    n = 3000
+    run_id = queue.submit("grow", {"n": n})
+    proc = worker_process(queue_url)
+    try:
+        events = list(queue.stream(run_id, poll=0.01))
+    finally:
+        finished(proc)
+    texts = [e for e in events if e.kind in ("partial", "rewritten")]
+    # Each event holds what its yield added: the bytes are the text's, not n times it (O(n), not O(n^2)).
+    assert sum(len(e.data) for e in texts) == len(tokens(n)) + len("revised!")
+    assert [e.kind for e in texts[-2:]] == ["rewritten", "partial"]
+    text = ""
+    for e in texts:
+        text = e.data if e.kind == "rewritten" else text + e.data
+        if e is texts[n - 1]:
+            assert text == tokens(n)
+    assert text == "revised!" == queue.checkpoint(run_id).outputs["grow"]
+
+
 def test_a_reader_that_disconnects_anywhere_resumes_without_gap_or_repeat(
     queue: RunQueue, queue_url: str
 ) -> None:

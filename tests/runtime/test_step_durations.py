@@ -412,30 +412,31 @@ def test_a_durations_option_that_is_no_bool_is_refused_before_any_step(value: An
     assert ran == []
 
 
-def test_queue_workers_record_durations_when_a_run_or_their_defaults_ask(tmp_path: Path) -> None:
+def test_queue_workers_record_durations_unless_a_run_or_their_defaults_say_not(tmp_path: Path) -> None:
     from ekit_runtime.queue import Worker, open_queue
 
     flows = {"chain": Workflow([Step("a", lambda ctx: "A"), Step("b", lambda ctx: "B", ("a",))])}
     with open_queue(str(tmp_path / "q.db")) as q:
-        q.submit("chain", run_id="timed", options={"durations": True})
-        q.submit("chain", run_id="untimed")
+        q.submit("chain", run_id="timed")
+        q.submit("chain", run_id="untimed", options={"durations": False})
         assert asyncio.run(Worker(q, flows, poll=0.01).run_until_idle()) == 2
         timed, untimed = q.checkpoint("timed"), q.checkpoint("untimed")
-        assert timed is not None and set(timed.durations) == {"a", "b"}
+        assert timed is not None and set(timed.durations) == {"a", "b"} == set(timed.began)
         assert all(0 <= s < 60 for s in timed.durations.values())
         assert untimed is not None and dict(untimed.durations) == {}
         q.submit("chain", run_id="fleet")
-        q.submit("chain", run_id="own", options={"durations": False})
-        worker = Worker(q, flows, poll=0.01, defaults={"durations": True})
+        q.submit("chain", run_id="own", options={"durations": True})
+        worker = Worker(q, flows, poll=0.01, defaults={"durations": False})
         assert asyncio.run(worker.run_until_idle()) == 2
-        assert set(q.checkpoint("fleet").durations) == {"a", "b"}  # type: ignore[union-attr]
-        assert dict(q.checkpoint("own").durations) == {}  # type: ignore[union-attr]  # the run's own wins
+        assert dict(q.checkpoint("fleet").durations) == {}  # type: ignore[union-attr]
+        assert set(q.checkpoint("own").durations) == {"a", "b"}  # type: ignore[union-attr]  # the run's own wins
         with pytest.raises(ValueError, match="'durations'"):
             q.submit("chain", run_id="bad", options={"durations": "yes"})
 
 
 @pytest.mark.timeout(120)
-def test_ekit_worker_durations_records_them_for_every_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--durations", None, "--no-durations"])
+def test_ekit_worker_records_them_for_every_run_unless_told_not_to(tmp_path: Path, flag: str | None) -> None:
     import os
     import subprocess
     import sys
@@ -448,13 +449,17 @@ def test_ekit_worker_durations_records_them_for_every_run(tmp_path: Path) -> Non
         q.submit("mapped", {}, run_id="m")
     done = subprocess.run(
         [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows",
-         "tests.support.queue_options_child:REGISTRY", "--until-idle", "--durations"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120,
+         "tests.support.queue_options_child:REGISTRY", "--until-idle", *([flag] if flag else [])],
+        cwd=root, env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(root))},
+        capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
     with open_queue(url) as q:
         final = q.checkpoint("m")
         assert q.status("m").status == "finished"
-    assert final is not None and final.durations
+    assert final is not None
+    if flag == "--no-durations":
+        assert dict(final.durations) == {} and dict(final.began) == {}
+        return
     # Every step that ran has one (a mapped step's collected output never runs).
-    assert set(final.durations) == set(final.outputs) - {"each"}
+    assert set(final.durations) == set(final.outputs) - {"each"} == set(final.began)

@@ -49,6 +49,40 @@ def test_an_async_generator_step_reports_each_yield_and_outputs_the_last() -> No
     assert all(cp.outputs.get("write") in (None, "tides rise twice") for cp in saved)
 
 
+async def revise(ctx: dict[str, Any]) -> Any:
+    yield "tides"
+    yield "tides rise"
+    yield "tidal"  # does not extend "tides rise": replaces it
+    yield {"not": "text"}
+    yield "tidal bore"
+
+
+def test_each_text_yield_carries_what_it_adds_and_the_text_rebuilds_from_those_alone() -> None:
+    events: list[Any] = []
+    Workflow([Step("write", revise)]).run_sync(trace=events.append)
+    partials = [e for e in events if isinstance(e, StepPartial)]
+    assert [(e.delta, e.replaces) for e in partials] == [
+        ("tides", False), (" rise", False), ("tidal", True), (None, False), (" bore", False)]
+    text = ""
+    for e in partials:
+        if e.delta is not None:
+            text = e.delta if e.replaces else text + e.delta
+            assert text == e.value  # the old field, whole, for callbacks that read it
+    assert text == "tidal bore"
+
+
+def test_partial_calls_carry_no_delta() -> None:
+    events: list[Any] = []
+
+    async def pieces(ctx: dict[str, Any]) -> str:
+        partial("a")
+        partial("ab")
+        return "aab"
+
+    Workflow([Step("s", pieces)]).run_sync(trace=events.append)
+    assert [(e.value, e.delta) for e in events if isinstance(e, StepPartial)] == [("a", None), ("ab", None)]
+
+
 def test_partial_from_a_sync_step_reaches_the_callbacks_on_the_loops_thread() -> None:
     seen: list[tuple[object, int]] = []
 

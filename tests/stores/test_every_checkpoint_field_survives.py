@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from ekit_core import (
     Answer,
+    DriveRecord,
     Exchange,
     FailureRecord,
     Question,
@@ -94,6 +95,7 @@ FIELDS: dict[str, Any] = {
     "compacted_retries": {"loop": 2},
     "code_fingerprints": {"a": "0f" * 16, "m": "1e" * 16, "b": "2d" * 16},
     "cache_hits": {"m[1]": CacheHit("4b" * 32, TokenUsage(30, 4, 1)), "b": CacheHit("5a" * 32)},
+    "drives": (DriveRecord("host-a:41", 1_796_599_989.5), DriveRecord("host-b:7", 1_796_599_994.25)),
 }
 
 
@@ -112,7 +114,7 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
         redone=cp.redone, began=cp.began, compacted=cp.compacted, compacted_retries=cp.compacted_retries,
-        code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits)
+        code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits, drives=cp.drives)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:

@@ -279,7 +279,7 @@ def test_a_worker_saves_a_shaped_run_on_each_queue_backend_in_deltas(
     queue_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written = _spied(monkeypatch, ekit_runtime.queue.base)
-    reference = shaped([]).run_sync({"n": N}).checkpoint
+    reference = shaped([]).run_sync({"n": N}, durations=True).checkpoint  # (as a queued run records)
     q = open_queue(queue_url)
     try:
         run_id = q.submit("shaped", {"n": N})

@@ -63,7 +63,8 @@ def with_recorded_graph(data: Mapping[str, Any], graph: Mapping[str, Sequence[st
 
 
 def untimed(checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
-    """``checkpoint`` without its ``durations``: what two runs of one workflow agree on.
+    """``checkpoint`` without its ``durations`` (``began``, ``drives``): what two runs of one workflow
+    agree on.
 
     Durations are clock readings, so checkpoints of separate runs differ in
     them alone; compare these, and the durations' names with
@@ -72,7 +73,8 @@ def untimed(checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
     import dataclasses
     from types import MappingProxyType
 
-    return dataclasses.replace(checkpoint, durations=MappingProxyType({}), _times=None)
+    return dataclasses.replace(checkpoint, durations=MappingProxyType({}), began=MappingProxyType({}),
+                               drives=(), _times=None)
 
 
 def timed_alike(a: WorkflowCheckpoint | None, b: WorkflowCheckpoint | None) -> bool:

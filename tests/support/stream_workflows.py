@@ -5,6 +5,9 @@
   model's next chunk does; it returns ``n``.
 - ``fail``: a step that reports one token, then raises.
 - ``slow``: ``n`` tokens, one every 10 ms.
+- ``grow``: an async generator step yielding its text so far, ``n`` tokens
+  (the text ``tokens(n)``), then a revision that does not extend it
+  (``"revised"``), then ``"revised!"``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ async def slow(ctx: Any) -> int:
     return n
 
 
+async def grow(ctx: Any) -> Any:
+    n = int(ctx.get("n", 100))
+    text = ""
+    for i in range(n):
+        text += f"t{i} "
+        yield text
+        if i % 100 == 99:
+            await asyncio.sleep(0)
+    yield "revised"
+    yield "revised!"
+
+
 def fail(ctx: Any) -> None:
     partial("before the failure")
     raise ValueError("the step failed on purpose")
@@ -47,4 +62,5 @@ WORKFLOWS = {
     "talk": Workflow([Step("talk", talk)]),
     "fail": Workflow([Step("fail", fail)]),
     "slow": Workflow([Step("slow", slow)]),
+    "grow": Workflow([Step("grow", grow)]),
 }
