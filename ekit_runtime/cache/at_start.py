@@ -234,7 +234,8 @@ def with_hits(state: State, found: Found) -> WorkflowCheckpoint:
         step_usage=MappingProxyType(state.step_usage.as_dict()), failures=cp.failures,
         graph=cp.graph, format_version=cp.format_version, versions=cp.versions,
         durations=cp.durations, redone=cp.redone, began=cp.began,
-        code_fingerprints=cp.code_fingerprints)
+        code_fingerprints=cp.code_fingerprints, compacted=cp.compacted,
+        compacted_retries=cp.compacted_retries, drives=cp.drives)
 
 
 def hits_of(found: Found) -> MappingProxyType[str, CacheHit]:
