@@ -511,9 +511,12 @@ _AS_SAVED = {
         "FROM cur.ekit_queue_entries AS e WHERE e.run_id = r.run_id), 0))"
     ),
 }
+# (one entry: a timed save writes its output and its time's usage row under one number,
+# both with the save's counts, as SqliteQueue._read_run reads them)
 _NEWEST = (
     "LEFT JOIN cur.ekit_queue_entries AS n ON n.run_id = r.run_id "
-    "AND n.saved = (SELECT max(saved) FROM cur.ekit_queue_entries WHERE run_id = r.run_id)"
+    "AND (n.kind, n.name) = (SELECT kind, name FROM cur.ekit_queue_entries WHERE run_id = r.run_id "
+    "AND saved IS NOT NULL ORDER BY saved DESC, kind, name LIMIT 1)"
 )
 LAYOUTS = ("rowid entries", "saves counted")
 
