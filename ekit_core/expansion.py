@@ -121,6 +121,27 @@ class Expanded:
 
 
 @dataclass(frozen=True, slots=True)
+class Nesting:
+    """The tables of a run's loop bodies and children per item (see :func:`bodies_of` and
+    ``children_per_item``), fixed when the run starts.
+
+    Kept apart from :class:`Expansion` as one field: a loop copies its expansion at every
+    iteration it grows, and each field copied costs every iteration of every loop (five
+    fields here cost a one-step loop about 29k instructions an iteration).
+    """
+
+    bodies: MappingProxyType[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    in_body: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    body_maps: MappingProxyType[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    per_item: MappingProxyType[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    per_item_over: MappingProxyType[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+
+
+NO_NESTING = Nesting()
+
+
+@dataclass(frozen=True, slots=True)
 class Expansion:
     """What a shaped run's mapped steps have become so far (held by its ``RunSpec``).
 
@@ -151,20 +172,34 @@ class Expansion:
     ending: frozenset[str] = frozenset()
     # Loop -> how many of its first iterations' outputs were compacted (``keep_last``).
     compacted: MappingProxyType[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    # A loop whose body is a child workflow -> its body steps, dependencies first; and each
-    # body step -> its loop (fixed for the run: see bodies_of).
-    bodies: MappingProxyType[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({}))
-    in_body: MappingProxyType[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # A body step that body steps map over -> those steps (see body_maps).
-    body_maps: MappingProxyType[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({}))
-    # A step that runs a child per item -> its child's steps (see children_per_item); and
-    # what such steps map over -> them.
-    per_item: MappingProxyType[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({}))
-    per_item_over: MappingProxyType[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({}))
+    # The loops' bodies and the children per item: fixed for the run, so one field (each
+    # field of this class is copied at every iteration a loop grows: see Nesting).
+    nesting: Nesting = field(default_factory=lambda: NO_NESTING)
+
+    @property
+    def bodies(self) -> MappingProxyType[str, tuple[str, ...]]:
+        """A loop whose body is a child workflow -> its body steps, dependencies first."""
+        return self.nesting.bodies
+
+    @property
+    def in_body(self) -> MappingProxyType[str, str]:
+        """Each body step -> its loop."""
+        return self.nesting.in_body
+
+    @property
+    def body_maps(self) -> MappingProxyType[str, tuple[str, ...]]:
+        """A body step that body steps map over -> those steps (see :func:`body_maps`)."""
+        return self.nesting.body_maps
+
+    @property
+    def per_item(self) -> MappingProxyType[str, tuple[str, ...]]:
+        """A step that runs a child per item -> its child's steps."""
+        return self.nesting.per_item
+
+    @property
+    def per_item_over(self) -> MappingProxyType[str, tuple[str, ...]]:
+        """What steps running a child per item map over -> those steps."""
+        return self.nesting.per_item_over
 
     def grown(self, more: Expanded) -> Expansion:
         """This expansion with ``more`` added."""
@@ -178,11 +213,7 @@ class Expansion:
             self.loops,
             self.ending,
             self.compacted,
-            self.bodies,
-            self.in_body,
-            self.body_maps,
-            self.per_item,
-            self.per_item_over,
+            self.nesting,
         )
 
 

@@ -113,11 +113,13 @@ from ekit_core.events import (
 from ekit_core.exchanges import NO_EXCHANGES, Exchange, denial_of
 from ekit_core.exchanges import pending as waiting_on
 from ekit_core.expansion import (
+    NO_NESTING,
     Expanded,
     Expansion,
     ItemRef,
     LoopError,
     MapError,
+    Nesting,
     bodies_of,
     body_iteration,
     body_maps,
@@ -725,10 +727,11 @@ def _first_expansion(graph: GraphSpec, checkpoint: WorkflowCheckpoint,
     for parent in per_item:
         source = cast(str, graph.shapes[parent].map_over)
         over[source] = (*over.get(source, ()), parent)
-    return Expansion(expanders(graph), superseded=checkpoint.superseded,
-                     bodies=MappingProxyType(bodies), in_body=MappingProxyType(in_body),
-                     body_maps=MappingProxyType(body_maps(graph) if bodies else {}),
-                     per_item=MappingProxyType(per_item), per_item_over=MappingProxyType(over))
+    nesting = Nesting(MappingProxyType(bodies), MappingProxyType(in_body),
+                      MappingProxyType(body_maps(graph) if bodies else {}),
+                      MappingProxyType(per_item), MappingProxyType(over)) \
+        if bodies or per_item else NO_NESTING
+    return Expansion(expanders(graph), superseded=checkpoint.superseded, nesting=nesting)
 
 
 def _counted_at_start(w: _Run) -> list[Event]:
