@@ -51,8 +51,8 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from benchmarks.queue_cost import cost_child, measure_cost, report_cost
-from ekit_runtime import Step, Workflow, WorkflowCheckpoint
+from benchmarks.queue_cost import chain, cost_child, measure_cost, report_cost
+from ekit_runtime import WorkflowCheckpoint
 from ekit_runtime.queue import RunQueue, Worker, open_queue
 
 # The issue's targets: (backend, figure, comparison, threshold, what it says).
@@ -61,15 +61,6 @@ TARGETS = (
     ("sqlite", "save_over_insert", "<=", 1.3, "SQLite: a fenced save within 1.3x a bare insert"),
     ("postgres", "workers_2_over_1", ">=", 1.7, "PostgreSQL: 2 workers drain at least 1.7x the runs/s of 1"),
 )
-
-
-def chain(steps: int) -> Workflow:
-    """A chain of ``steps`` no-op async steps."""
-
-    async def noop(ctx: dict[str, Any]) -> str:
-        return "ok"
-
-    return Workflow([Step(f"s{i}", noop, (f"s{i - 1}",) if i else ()) for i in range(steps)])
 
 
 def _child(url: str, go: str, steps: int) -> None:

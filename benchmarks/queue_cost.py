@@ -49,6 +49,17 @@ TARGET = 1.5
 """The issue's target: a queued run's worker instructions at most this times the in-process run's."""
 
 
+def chain(steps: int) -> Any:
+    """A chain of ``steps`` no-op async steps (a ``Workflow``; imported here, as every
+    ekit import of this module is, inside what a measured child runs)."""
+    from ekit_runtime import Step, Workflow
+
+    async def noop(ctx: dict[str, Any]) -> str:
+        return "ok"
+
+    return Workflow([Step(f"s{i}", noop, (f"s{i - 1}",) if i else ()) for i in range(steps)])
+
+
 def _env() -> dict[str, str]:
     names = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
     env = {name: os.environ[name] for name in names if name in os.environ}
@@ -59,7 +70,6 @@ def _env() -> dict[str, str]:
 
 def worker_child(url: str, steps: int) -> None:
     """Drain the queue at ``url`` with one default worker (the process counted)."""
-    from benchmarks.queue import chain
     from ekit_runtime.queue import Worker, open_queue
 
     queue = open_queue(url)
@@ -102,7 +112,6 @@ def session_ticks(queue: Any) -> dict[int, int]:
 
 def local_child(path: str, runs: int, steps: int) -> None:
     """Run the chain ``runs`` times in-process, each saved by a ``SqliteStore`` in ``path``."""
-    from benchmarks.queue import chain
     from ekit_runtime import SqliteStore
 
     workflow = chain(steps)
