@@ -1763,9 +1763,35 @@ def _expand_in_body(w: _Run, over: str, ref: ItemRef) -> None:
     if not more.members:
         return
     _grow(w, more)
-    outputs, waiting = w.outputs, w.counts()
+    _await_members(w, more, told=True)
+
+
+def _grow_children(w: _Run, over: str) -> None:
+    """``over`` is recorded: each step that runs a child per item of it grows its child once
+    per item (``P/s[key]``, see ``child_items``), each child step collecting its items as
+    a mapped step does; the parent records its child's output step's collected output."""
+    shaped = cast(Expansion, w.spec.shaped)
+    graph = w.spec.declared_graph
+    for parent in shaped.per_item_over[over]:
+        steps = shaped.per_item[parent]
+        if steps[0] in shaped.members or parent in w.setbacks.skipped:  # (grown, or skipped)
+            continue
+        more = Expanded()
+        why = child_items(graph, parent, steps, w.outputs[over], more)
+        if why is not None:
+            _map_failed(w, parent, why)
+            continue
+        _grow(w, more)
+        _await_members(w, more, told=False)
+
+
+def _await_members(w: _Run, more: Expanded, *, told: bool) -> None:
+    """Each step ``more`` grew items of waits for those not recorded yet (and, with none
+    left, for its own dependencies), or is collected now; ``told``: a ``StepExpanded``
+    for each (a body map's; a child per item's steps are not told apart)."""
+    outputs, waiting, deps = w.outputs, w.counts(), w.spec.graph.deps
     for mapped, members in more.members.items():
-        if w.record:
+        if told and w.record:
             w.events.append(StepExpanded(mapped, len(members),
                                          sum(1 for m in members if m in outputs)))
         if mapped in outputs:  # a resume: collected already
@@ -1777,35 +1803,6 @@ def _expand_in_body(w: _Run, over: str, ref: ItemRef) -> None:
             waiting[mapped] = left
         else:
             _collect(w, mapped)
-
-
-def _grow_children(w: _Run, over: str) -> None:
-    """``over`` is recorded: each step that runs a child per item of it grows its child once
-    per item (``P/s[key]``, see ``child_items``), each child step collecting its items as
-    a mapped step does; the parent records its child's output step's collected output."""
-    shaped = cast(Expansion, w.spec.shaped)
-    graph, deps = w.spec.declared_graph, w.spec.graph.deps
-    for parent in shaped.per_item_over[over]:
-        steps = shaped.per_item[parent]
-        if steps[0] in shaped.members or parent in w.setbacks.skipped:  # (grown, or skipped)
-            continue
-        more = Expanded()
-        why = child_items(graph, parent, steps, w.outputs[over], more)
-        if why is not None:
-            _map_failed(w, parent, why)
-            continue
-        _grow(w, more)
-        outputs, waiting = w.outputs, w.counts()
-        for step, members in more.members.items():
-            if step in outputs:  # a resume: collected already
-                continue
-            left = sum(1 for m in members if m not in outputs)
-            if not left:
-                left = _wait_for_dependencies(w, step, deps[step])
-            if left:
-                waiting[step] = left
-            else:
-                _collect(w, step)
 
 
 def _item_settled(w: _Run, mapped: str) -> None:
