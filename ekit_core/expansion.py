@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any, Literal, cast
 
 from ekit_core._frozen import twin
+from ekit_core.appending import grown_table
 from ekit_core.graph import GraphSpec
 from ekit_core.shapes import compacted_iteration, item_name, items_of, iteration_name, iteration_of
 
@@ -94,15 +95,17 @@ class ItemRef:
 _ItemRefTwin = twin(ItemRef)
 
 
-def item_ref(step: str, key: str, source: str, pick: int | str | None = None) -> ItemRef:
-    """``ItemRef(step, key, source, pick)``, built fast: a map builds one per item (see ``_frozen``).
+def item_ref(step: str, key: str, source: str, pick: int | str | None = None,
+             iteration: int = 0) -> ItemRef:
+    """``ItemRef(step, key, source, pick, iteration)``, built fast: a map builds one per item,
+    a loop one per iteration (see ``_frozen``).
 
     The frozen ``__init__`` sets each field through ``object.__setattr__``:
-    the fifth field, ``iteration`` (loops', 0 here), cost every item of a
+    the fifth field, ``iteration`` (loops', 0 for an item), cost every item of a
     plain map about 1k instructions more; through the twin, no field costs that.
     """
     ref = _ItemRefTwin()
-    ref.step, ref.key, ref.source, ref.pick, ref.iteration = step, key, source, pick, 0
+    ref.step, ref.key, ref.source, ref.pick, ref.iteration = step, key, source, pick, iteration
     ref.__class__ = ItemRef
     made: ItemRef = ref  # (not typing.cast: a Python call per value built; see _frozen)
     return made
@@ -153,7 +156,8 @@ class Expansion:
     """
 
     expanders: MappingProxyType[str, tuple[str, ...]]
-    items: MappingProxyType[str, ItemRef] = field(default_factory=lambda: MappingProxyType({}))
+    # (A Ledger once large and grown by few: see ekit_core.appending.)
+    items: Mapping[str, ItemRef] = field(default_factory=lambda: MappingProxyType({}))
     members: MappingProxyType[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -201,20 +205,39 @@ class Expansion:
         """What steps running a child per item map over -> those steps."""
         return self.nesting.per_item_over
 
-    def grown(self, more: Expanded) -> Expansion:
-        """This expansion with ``more`` added."""
-        return Expansion(
-            self.expanders,
-            MappingProxyType({**self.items, **more.items}),
-            MappingProxyType({**self.members, **more.members}) if more.members else self.members,
-            MappingProxyType({**self.kinds, **more.kinds}) if more.kinds else self.kinds,
-            self.waits,
-            self.superseded,
-            self.loops,
-            self.ending,
-            self.compacted,
-            self.nesting,
-        )
+    def grown(self, more: Expanded,
+              loops: MappingProxyType[str, int] | None = None) -> Expansion:
+        """This expansion with ``more`` added (and ``loops``, the loops' newest iterations, when given)."""
+        return grown_expansion(self, more.items, more.members, more.kinds,
+                               self.loops if loops is None else loops)
+
+
+_ExpansionTwin = twin(Expansion)  # (see ekit_core._frozen)
+
+
+def grown_expansion(e: Expansion, items: Mapping[str, ItemRef],
+                    members: Mapping[str, tuple[str, ...]] | None,
+                    kinds: Mapping[str, Literal["list", "dict"]] | None,
+                    loops: MappingProxyType[str, int]) -> Expansion:
+    """``e`` grown by ``items`` (and the ``members`` and ``kinds`` of steps they are items
+    of), ``loops`` its loops' newest iterations: equal to ``Expansion(...)`` of those
+    fields, built through a twin (see :mod:`ekit_core._frozen`), once per growth (each
+    iteration of a loop). The items grow by :func:`~ekit_core.appending.grown_table`:
+    O(what is added), not O(the items so far)."""
+    made = _ExpansionTwin()
+    made.expanders = e.expanders
+    made.items = grown_table(e.items, items)
+    made.members = MappingProxyType({**e.members, **members}) if members else e.members
+    made.kinds = MappingProxyType({**e.kinds, **kinds}) if kinds else e.kinds
+    made.waits = e.waits
+    made.superseded = e.superseded
+    made.loops = loops
+    made.ending = e.ending
+    made.compacted = e.compacted
+    made.nesting = e.nesting
+    made.__class__ = Expansion
+    grown: Expansion = made  # (not typing.cast: a Python call per value built; see _frozen)
+    return grown
 
 
 def expanders(graph: GraphSpec) -> MappingProxyType[str, tuple[str, ...]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from ekit_core.appending import grown_names, grown_table
 from ekit_core.errors import GraphError
 from ekit_core.graph_text import spell
 from ekit_core.shapes import NO_SHAPES, Shape, check_shapes, shapes_text
@@ -202,7 +203,7 @@ def _in_order(steps: Sequence[Any]) -> tuple[dict[str, int], dict[str, tuple[str
 
 
 def _dependents(
-    names: tuple[str, ...], deps: Mapping[str, tuple[str, ...]]
+    names: Sequence[str], deps: Mapping[str, tuple[str, ...]]
 ) -> dict[str, tuple[str, ...]]:
     """Each name's dependents, in declaration order (``()`` for none)."""
     # Most steps have at most one dependent: a 1-tuple, made a list only
@@ -235,9 +236,11 @@ class GraphSpec:
     ready steps in.
     """
 
-    names: tuple[str, ...]
-    deps: MappingProxyType[str, tuple[str, ...]]
-    index: MappingProxyType[str, int] = field(repr=False)
+    # A tuple and read-only dicts, but for a large graph grown a few steps at a time (a
+    # loop's): then tables appended to, shared with the graph before (ekit_core.appending).
+    names: Sequence[str]
+    deps: Mapping[str, tuple[str, ...]]
+    index: Mapping[str, int] = field(repr=False)
     # The steps that declare a run-time shape (see ekit_core.shapes), in
     # declaration order; empty for a static graph.
     shapes: MappingProxyType[str, Shape] = field(
@@ -277,7 +280,7 @@ class GraphSpec:
         """This graph with ``shapes``, checked (itself when there are none)."""
         if not shapes:
             return self
-        checked = check_shapes(self.names, self.deps, shapes)
+        checked = check_shapes(tuple(self.names), self.deps, shapes)
         if not checked:
             return self
         return GraphSpec(self.names, self.deps, self.index, shapes=checked)
@@ -343,19 +346,21 @@ class GraphSpec:
     def extended(self, added: Mapping[str, tuple[str, ...]]) -> GraphSpec:
         """This graph and ``added`` (name -> dependencies), appended in order.
 
-        For steps the core derives (the items of a mapped step), whose
-        dependencies are steps of this graph or earlier added ones, so no
-        cycle can form: only the names are checked (new, non-empty
-        strings, each once), in O(added) beyond copying this graph's tables.
+        For steps the core derives (the items of a mapped step, a loop's
+        iterations), whose dependencies are steps of this graph or earlier
+        added ones, so no cycle can form: only the names are checked (new,
+        non-empty strings, each once). O(added), amortized: a large graph
+        grown by a few steps shares its tables with this one and appends to
+        them (see :mod:`ekit_core.appending`), so a loop's iteration does not
+        copy the graph.
         """
-        index = dict(self.index)
-        deps = dict(self.deps)
-        for name, parents in added.items():
+        index = self.index
+        for name in added:
             if not isinstance(name, str) or not name or name in index:
                 raise GraphError(f"cannot add step {name!r}: empty, not a string, or known", [str(name)])
-            index[name] = len(index)
-            deps[name] = parents
-        return GraphSpec(tuple(index), MappingProxyType(deps), MappingProxyType(index))
+        n = len(self.names)
+        return GraphSpec(grown_names(self.names, tuple(added)), grown_table(self.deps, added),
+                         grown_table(index, dict(zip(added, range(n, n + len(added)), strict=True))))
 
     def dependents_among(self, names: Iterable[str]) -> MappingProxyType[str, tuple[str, ...]]:
         """The dependents index cut down to ``names``: steps of this graph,

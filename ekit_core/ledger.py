@@ -207,3 +207,11 @@ class Ledger(Mapping[K, V]):
         view._b = backing
         view._n = n + 1
         return view
+
+    def with_items(self, added: Mapping[K, V]) -> Ledger[K, V]:
+        """:meth:`with_item` for each entry of ``added``, in order (a growing graph's
+        tables, see :mod:`ekit_core.appending`): O(len(added))."""
+        view: Ledger[K, V] = self
+        for key, value in added.items():
+            view = view.with_item(key, value)
+        return view

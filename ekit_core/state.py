@@ -10,10 +10,11 @@ run included) lives in :mod:`ekit_core.transitions`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
+from ekit_core._frozen import twin
 from ekit_core.checkpoint import (
     FORMAT_VERSION,
     NO_DRIVES,
@@ -50,6 +51,7 @@ __all__ = [
     "attempt_number",
     "bit_indices",
     "checkpoint_of",
+    "grown_spec",
 ]
 
 _NO_COUNTS: MappingProxyType[str, int] = MappingProxyType({})
@@ -168,6 +170,40 @@ class RunSpec:
     def declared_graph(self) -> GraphSpec:
         """The graph as declared: what the run's checkpoints record."""
         return self.declared if self.declared is not None else self.graph
+
+
+_RunSpecTwin = twin(RunSpec)  # (see ekit_core._frozen)
+
+
+def grown_spec(spec: RunSpec, graph: GraphSpec, dependents: Mapping[str, tuple[str, ...]],
+               shaped: Expansion, held: int) -> RunSpec:
+    """``spec`` with its running ``graph``, ``dependents``, ``shaped`` and ``held`` grown:
+    equal to ``dataclasses.replace(spec, ...)`` of them, built through a twin (see
+    :mod:`ekit_core._frozen`), once per growth of a shaped run (each loop iteration).
+
+    The derived fields are the same: ``recorded_graph`` and ``conditional`` read the
+    declared graph, which growing does not change (``replace`` cost a loop about 12k
+    instructions an iteration, two a growth).
+    """
+    if spec.declared is None:  # (its derived fields read the graph itself: built anew)
+        return replace(spec, graph=graph, dependents=dependents, shaped=shaped, held=held)
+    made = _RunSpecTwin()
+    made.graph = graph
+    made.limits = spec.limits
+    made.context = spec.context
+    made.versions = spec.versions
+    made.dependents = dependents
+    made.declared = spec.declared
+    made.shaped = shaped
+    made.held = held
+    made.redone = spec.redone
+    made.code_fingerprints = spec.code_fingerprints
+    made.drives = spec.drives
+    made.recorded_graph = spec.recorded_graph
+    made.conditional = spec.conditional
+    made.__class__ = RunSpec
+    grown: RunSpec = made  # (not typing.cast: a Python call per value built; see _frozen)
+    return grown
 
 
 NO_RETRIES: MappingProxyType[str, int] = MappingProxyType({})

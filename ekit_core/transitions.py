@@ -77,6 +77,7 @@ from typing import Any, cast
 
 from ekit_core import window
 from ekit_core._frozen import twin
+from ekit_core.appending import grown_table
 from ekit_core.checkpoint import (
     CheckpointError,
     DriveRecord,
@@ -128,7 +129,9 @@ from ekit_core.expansion import (
     collected,
     expand,
     expanders,
+    grown_expansion,
     item_input,
+    item_ref,
     items_compacted,
     iterating,
     iteration_of,
@@ -180,6 +183,7 @@ from ekit_core.state import (
     RunSpec,
     Setbacks,
     State,
+    grown_spec,
 )
 from ekit_core.usage import NO_USAGE, TokenUsage, check_usage
 
@@ -633,7 +637,7 @@ def _initial_static(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     held = 0
     if limits.only is not None:  # only the selection is ready, or made ready
         recorded = checkpoint.outputs
-        first, kept, held = narrowed(graph.names, limits.only, first,
+        first, kept, held = narrowed(tuple(graph.names), limits.only, first,
                                      [n for n in graph.names if n not in recorded])
         dependents = graph.dependents_among(kept)
     asked = checkpoint.asked
@@ -668,7 +672,7 @@ def _initial_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, base: RunS
     first, waiting, done, left = _first_ready_shaped(graph, checkpoint.outputs, skipped, grown_later)
     held = 0
     if base.limits.only is not None:  # only the selection is ready, or made ready
-        first, left, held = narrowed(graph.names, base.limits.only, first, left)
+        first, left, held = narrowed(tuple(graph.names), base.limits.only, first, left)
     asked = checkpoint.asked
     denied = None
     if asked:  # steps and items that wait for an answer are not ready; a denial halts
@@ -1681,7 +1685,8 @@ def _without_skipped(more: Expanded, skipped: Mapping[str, str]) -> Expanded:
     )
 
 
-def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset()) -> None:
+def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset(),
+          loops: MappingProxyType[str, int] | None = None) -> None:
     """Add the items of ``more`` to the graph; those whose dependencies are recorded are ready.
 
     An item waits on its dependencies as any step does (a countdown when it
@@ -1689,16 +1694,19 @@ def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset()) -> N
     from recorded dependencies are not kept (those never finish again).
     ``collected`` are grown steps that never start (a loop body's mapped step's
     iteration, which expands into items and collects them): no edge into them.
+    ``loops``: the loops' newest iterations, when this growth grows one.
+    O(what ``more`` adds): the tables grow by appending (see ``ekit_core.appending``),
+    except the rare edge into a step grown before (a first iteration waiting for the
+    loop's inputs), which copies the dependents.
     """
     spec, outputs, skipped = w.spec, w.outputs, w.setbacks.skipped
     graph = spec.graph.extended(more.steps)
-    dependents = dict(spec.dependents)
+    added: dict[str, tuple[str, ...]] = dict.fromkeys(more.steps, ())
     extra: dict[str, list[str]] = {}
     waiting = w.counts()
     index = graph.index
     held = waiting_on(w.setbacks.asked) if w.setbacks.asked else {}
     for name, deps in more.steps.items():
-        dependents[name] = ()
         if name in outputs:  # a resume: recorded already
             w.completed += 1
             continue
@@ -1711,11 +1719,17 @@ def _grow(w: _Run, more: Expanded, collected: frozenset[str] = frozenset()) -> N
             w.ready_later(index[name])
         elif len(deps) > 1:
             waiting[name] = len(missing)
+    before: dict[str, tuple[str, ...]] = {}
     for d, names in extra.items():
-        dependents[d] = (*dependents.get(d, ()), *names)
+        if d in added:
+            added[d] = (*added[d], *names)
+        else:
+            before[d] = (*spec.dependents.get(d, ()), *names)
+    dependents = grown_table(spec.dependents, added)
+    if before:  # (an edge into an older step: its entry changes, so the table is copied)
+        dependents = MappingProxyType({**dependents, **before})
     assert spec.shaped is not None
-    w.spec = _replace(spec, graph=graph, dependents=MappingProxyType(dependents),
-                      shaped=spec.shaped.grown(more))
+    w.spec = grown_spec(spec, graph, dependents, spec.shaped.grown(more, loops), spec.held)
 
 
 def _grow_held(w: _Run, outside: Expanded) -> None:
@@ -2003,14 +2017,14 @@ def _grow_iterations(w: _Run, loop: str, first: int, last: int) -> None:
     many: a resume's)."""
     more = _iterations(w, loop, first, last)
     shaped = cast(Expansion, w.spec.shaped)
-    w.spec = _replace(w.spec, shaped=_replace(shaped, loops=MappingProxyType({**shaped.loops, loop: last})))
+    loops = MappingProxyType({**shaped.loops, loop: last})
     if not shaped.body_maps or loop not in shaped.bodies:
-        _grow(w, more)
+        _grow(w, more, loops=loops)
         return
     maps = shaped.body_maps
     mapped = frozenset(iteration_name(m, k) for over in maps for m in maps[over]
                        for k in range(first, last + 1))
-    _grow(w, more, mapped)
+    _grow(w, more, mapped, loops)
     for name, ref in more.items.items():  # (a resume's: what recorded iterations mapped over)
         if ref.step in maps and name in w.outputs:
             _expand_in_body(w, name, ref)
@@ -2037,9 +2051,34 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     elif k >= cast(int, shape.repeat):
         _loop_failed(w, loop, k, k)
     else:
-        _grow_iterations(w, loop, k + 1, k + 1)
+        if (shaped.bodies and loop in shaped.bodies) or not _grow_next(w, loop, name, k + 1):
+            _grow_iterations(w, loop, k + 1, k + 1)
         if w.record:  # the run's total grows by one iteration: what a progress display counts
             w.events.append(StepExpanded(loop, len(shaped.bodies.get(loop, (loop,)))))
+
+
+def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
+    """Grow iteration ``k`` of the one-step ``loop``, whose iteration ``before`` (``k-1``) was
+    just recorded, as ``_grow_iterations`` does, in O(1): the usual growth of every
+    iteration after the first, ready at once (its inputs are recorded: ``before`` and the
+    loop's own), with one entry for each table. ``False`` (nothing done) for any other
+    case, which ``_grow_iterations`` handles: an input not recorded, or the name recorded,
+    skipped or asked about already."""
+    spec, outputs = w.spec, w.outputs
+    inputs = spec.declared_graph.deps[loop]
+    name = f"{loop}#{k}"
+    if name in outputs or (inputs and any(d not in outputs for d in inputs)) \
+            or w.setbacks.asked or name in w.setbacks.skipped:
+        return False
+    shaped = cast(Expansion, spec.shaped)
+    graph = spec.graph.extended({name: (*inputs, before)})
+    w.ready_later(len(graph.names) - 1)
+    w.spec = grown_spec(
+        spec, graph, grown_table(spec.dependents, {name: ()}),
+        grown_expansion(shaped, {name: item_ref(loop, str(k), before, None, k)}, None, None,
+                        MappingProxyType({**shaped.loops, loop: k})),
+        spec.held)
+    return True
 
 
 def _compact(w: _Run, loop: str, upto: int) -> None:

@@ -37,7 +37,8 @@ from ekit_core.ledger import Ledger
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "ekit_core"
 THE_MODULE = CORE / "_frozen.py"
-BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta", "ItemRef"}
+BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta", "ItemRef",
+              "RunSpec", "Expansion"}
 
 
 def trick_sites(source: str) -> list[str]:
