@@ -44,6 +44,8 @@ where the fields are declared), and nowhere else:
   plain first attempt;
 - :class:`~ekit_core.Batch`, by :func:`ekit_core.results.batch`: a batch of
   starts and nothing to withdraw;
+- :class:`~ekit_core.GraphSpec`, by :func:`ekit_core.graph.grown_graph`: a loop's
+  running graph, grown by its next iteration;
 - :class:`~ekit_core.RunSpec`, by :func:`ekit_core.state.grown_spec`: a shaped run's
   spec, once its graph grows (each iteration of a loop: ``dataclasses.replace`` cost
   about 12k instructions an iteration, two a growth, through ``__init__`` and

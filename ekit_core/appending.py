@@ -28,7 +28,7 @@ from typing import Any, TypeVar, overload
 
 from ekit_core.ledger import Ledger
 
-__all__ = ["SMALL", "Appended", "grown_names", "grown_table"]
+__all__ = ["SMALL", "Appended", "grown_names", "grown_table", "with_one"]
 
 SMALL = 128
 """Tables up to this size are copied to grow (measured: a one-step loop's iteration in a
@@ -57,6 +57,16 @@ def grown_table(table: Mapping[K, V], added: Mapping[K, V]) -> Mapping[K, V]:
     else:
         merged = dict(table)
     merged.update(added)
+    return MappingProxyType(merged)
+
+
+def with_one(table: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
+    """:func:`grown_table` for one entry (a loop's iteration grows each table by one)."""
+    if len(table) > SMALL:
+        ledger = table if type(table) is Ledger else Ledger(table)
+        return ledger.with_item(key, value)
+    merged = table.copy() if type(table) is MappingProxyType or type(table) is dict else dict(table)
+    merged[key] = value
     return MappingProxyType(merged)
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from ekit_core.appending import grown_names, grown_table
+from ekit_core._frozen import twin
+from ekit_core.appending import grown_names, grown_table, with_one
 from ekit_core.errors import GraphError
 from ekit_core.graph_text import spell
 from ekit_core.shapes import NO_SHAPES, Shape, check_shapes, shapes_text
 
-__all__ = ["CycleError", "GraphError", "GraphSpec"]
+__all__ = ["CycleError", "GraphError", "GraphSpec", "grown_graph"]
 
 
 _SHOWN = 5
@@ -444,6 +445,28 @@ class GraphSpec:
                 except ValueError as exc:
                     raise GraphError(f"graph field {exc}") from None
         return cls.of(pairs, shapes)
+
+
+_GraphSpecTwin = twin(GraphSpec)  # (see ekit_core._frozen)
+
+
+def grown_graph(graph: GraphSpec, name: str, deps: tuple[str, ...]) -> GraphSpec:
+    """``graph.extended({name: deps})`` for one step the core derives (a loop's next
+    iteration, once per iteration): the same graph, built through a twin (see
+    :mod:`ekit_core._frozen`), each table grown by :func:`~ekit_core.appending.with_one`."""
+    index = graph.index
+    if not name or name in index:
+        raise GraphError(f"cannot add step {name!r}: empty, or known", [name])
+    names = graph.names
+    made = _GraphSpecTwin()
+    made.names = grown_names(names, (name,))
+    made.deps = with_one(graph.deps, name, deps)
+    made.index = with_one(index, name, len(names))
+    made.shapes = NO_SHAPES
+    made._dependents = made._fingerprint = made._texts = None
+    made.__class__ = GraphSpec
+    grown: GraphSpec = made  # (not typing.cast: a Python call per value built; see _frozen)
+    return grown
 
 
 _CANONICAL = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False)

@@ -77,7 +77,7 @@ from typing import Any, cast
 
 from ekit_core import window
 from ekit_core._frozen import twin
-from ekit_core.appending import grown_table
+from ekit_core.appending import grown_table, with_one
 from ekit_core.checkpoint import (
     CheckpointError,
     DriveRecord,
@@ -138,7 +138,7 @@ from ekit_core.expansion import (
     loops_of,
     same_encoding,
 )
-from ekit_core.graph import GraphSpec
+from ekit_core.graph import GraphSpec, grown_graph
 from ekit_core.ledger import Ledger
 from ekit_core.numbers import check_number
 from ekit_core.phases import Phase, Row, Trigger, _reading
@@ -2065,16 +2065,23 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
     case, which ``_grow_iterations`` handles: an input not recorded, or the name recorded,
     skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
-    inputs = spec.declared_graph.deps[loop]
+    inputs = cast(GraphSpec, spec.declared).deps[loop]  # (a shaped run's: declared is set)
     name = f"{loop}#{k}"
     if name in outputs or (inputs and any(d not in outputs for d in inputs)) \
             or w.setbacks.asked or name in w.setbacks.skipped:
         return False
     shaped = cast(Expansion, spec.shaped)
-    graph = spec.graph.extended({name: (*inputs, before)})
-    w.ready_later(len(graph.names) - 1)
+    graph = grown_graph(spec.graph, name, (*inputs, before) if inputs else (before,))
+    i = len(graph.names) - 1
+    ready, offset = w.ready, w.offset  # ready at once: as _count_down makes a step ready
+    if not (ready or w.running):
+        w.offset, w.ready = i, 1
+    elif ready < window.NARROW and offset <= i < offset + window.WIDTH:
+        w.ready = ready | 1 << (i - offset)
+    else:
+        w.ready_later(i)
     w.spec = grown_spec(
-        spec, graph, grown_table(spec.dependents, {name: ()}),
+        spec, graph, with_one(spec.dependents, name, ()),
         grown_expansion(shaped, {name: item_ref(loop, str(k), before, None, k)}, None, None,
                         MappingProxyType({**shaped.loops, loop: k})),
         spec.held)

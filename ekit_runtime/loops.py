@@ -133,14 +133,16 @@ class History:
         return enumerate(self.kept, self.compacted + 1)
 
 
-@dataclass(frozen=True, slots=True)
 class _Reading:
     """What the attempt running in this context may read: its name, the loops it needs (or
-    whose iteration it is), and the run's state as it started."""
+    whose iteration it is), and the run's state as it started. (A plain class, read-only
+    by convention: built once per attempt of a run with loops, a frozen dataclass's
+    ``__init__`` cost an iteration 1.5k instructions.)"""
 
-    unit: str
-    loops: tuple[str, ...]
-    state: State
+    __slots__ = ("loops", "state", "unit")
+
+    def __init__(self, unit: str, loops: tuple[str, ...], state: State) -> None:
+        self.unit, self.loops, self.state = unit, loops, state
 
 
 _READING: ContextVar[_Reading] = ContextVar("ekit_loop_history")
@@ -151,9 +153,11 @@ def enter(unit: str, needs: tuple[str, ...], loop: str | None, state: State) -> 
     is then told so by name). The runner calls it only in a run that has loops, and
     resets it once the attempt's task is made (the task keeps its own copy). ``needs``:
     its step's dependencies; ``loop``: the loop it is an iteration of, if it is one."""
-    shapes = state.spec.declared_graph.shapes
-    readable = tuple(d for d in needs
-                     if (shape := shapes.get(d)) is not None and shape.repeat is not None)
+    readable: tuple[str, ...] = ()
+    if needs:
+        shapes = state.spec.declared_graph.shapes
+        readable = tuple(d for d in needs
+                         if (shape := shapes.get(d)) is not None and shape.repeat is not None)
     if loop is not None:
         readable += (loop,)
     return _READING.set(_Reading(unit, readable, state))

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "ekit_core"
 THE_MODULE = CORE / "_frozen.py"
 BUILT_FAST = {"State", "WorkflowCheckpoint", "Succeeded", "Start", "Batch", "CheckpointDelta", "ItemRef",
-              "RunSpec", "Expansion"}
+              "RunSpec", "Expansion", "GraphSpec"}
 
 
 def trick_sites(source: str) -> list[str]:
