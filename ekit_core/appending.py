@@ -62,10 +62,13 @@ def grown_table(table: Mapping[K, V], added: Mapping[K, V]) -> Mapping[K, V]:
 
 def with_one(table: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
     """:func:`grown_table` for one entry (a loop's iteration grows each table by one)."""
-    if len(table) > SMALL:
+    if len(table) <= SMALL and type(table) is MappingProxyType:  # (a loop in a small graph)
+        merged = table.copy()
+    elif len(table) > SMALL:
         ledger = table if type(table) is Ledger else Ledger(table)
         return ledger.with_item(key, value)
-    merged = table.copy() if type(table) is MappingProxyType or type(table) is dict else dict(table)
+    else:
+        merged = table.copy() if type(table) is dict else dict(table)
     merged[key] = value
     return MappingProxyType(merged)
 

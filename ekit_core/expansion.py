@@ -208,7 +208,7 @@ class Expansion:
     def grown(self, more: Expanded,
               loops: MappingProxyType[str, int] | None = None) -> Expansion:
         """This expansion with ``more`` added (and ``loops``, the loops' newest iterations, when given)."""
-        return grown_expansion(self, more.items, more.members, more.kinds,
+        return grown_expansion(self, grown_table(self.items, more.items), more.members, more.kinds,
                                self.loops if loops is None else loops)
 
 
@@ -219,14 +219,14 @@ def grown_expansion(e: Expansion, items: Mapping[str, ItemRef],
                     members: Mapping[str, tuple[str, ...]] | None,
                     kinds: Mapping[str, Literal["list", "dict"]] | None,
                     loops: MappingProxyType[str, int]) -> Expansion:
-    """``e`` grown by ``items`` (and the ``members`` and ``kinds`` of steps they are items
-    of), ``loops`` its loops' newest iterations: equal to ``Expansion(...)`` of those
+    """``e`` with its ``items`` grown (by :mod:`ekit_core.appending`: O(what is added), not
+    O(the items so far)), the ``members`` and ``kinds`` of the steps they are items of
+    added, ``loops`` its loops' newest iterations: equal to ``Expansion(...)`` of those
     fields, built through a twin (see :mod:`ekit_core._frozen`), once per growth (each
-    iteration of a loop). The items grow by :func:`~ekit_core.appending.grown_table`:
-    O(what is added), not O(the items so far)."""
+    iteration of a loop)."""
     made = _ExpansionTwin()
     made.expanders = e.expanders
-    made.items = grown_table(e.items, items)
+    made.items = items
     made.members = MappingProxyType({**e.members, **members}) if members else e.members
     made.kinds = MappingProxyType({**e.kinds, **kinds}) if kinds else e.kinds
     made.waits = e.waits

@@ -2034,27 +2034,31 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     """Iteration ``name`` of a loop is recorded: the loop records its output if it ended
     (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
     loop, k = ref.step, ref.iteration
-    shaped = cast(Expansion, w.spec.shaped)
-    if shaped.in_body:
-        owner = shaped.in_body.get(loop)
+    # (Annotated locals, not typing.cast, and the nesting's tables read as fields, not
+    # through properties: this runs once per iteration.)
+    shaped: Expansion = w.spec.shaped  # type: ignore[assignment]
+    shapes = w.spec.declared_graph.shapes
+    bodies = shaped.nesting.bodies
+    if bodies:
+        owner = shaped.nesting.in_body.get(loop)
         if owner is not None:  # a body step: its loop decides once its output step is recorded
-            if w.spec.declared_graph.shapes[owner].child != loop:
+            if shapes[owner].child != loop:
                 return
             loop = owner
-    shape = w.spec.declared_graph.shapes[loop]
+    shape = shapes[loop]
     if shape.keep_last is not None and k > shape.keep_last:
         _compact(w, loop, k - shape.keep_last)
-        shaped = cast(Expansion, w.spec.shaped)
+        shaped = w.spec.shaped  # type: ignore[assignment]
     if name in shaped.ending:
         w.spec = _replace(w.spec, shaped=_replace(shaped, ending=shaped.ending - {name}))
         _end_loop(w, loop, name)
-    elif k >= cast(int, shape.repeat):
+    elif k >= shape.repeat:  # type: ignore[operator]
         _loop_failed(w, loop, k, k)
     else:
-        if (shaped.bodies and loop in shaped.bodies) or not _grow_next(w, loop, name, k + 1):
+        if (bodies and loop in bodies) or not _grow_next(w, loop, name, k + 1):
             _grow_iterations(w, loop, k + 1, k + 1)
         if w.record:  # the run's total grows by one iteration: what a progress display counts
-            w.events.append(StepExpanded(loop, len(shaped.bodies.get(loop, (loop,)))))
+            w.events.append(StepExpanded(loop, len(bodies.get(loop, (loop,)))))
 
 
 def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
@@ -2065,12 +2069,13 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
     case, which ``_grow_iterations`` handles: an input not recorded, or the name recorded,
     skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
-    inputs = cast(GraphSpec, spec.declared).deps[loop]  # (a shaped run's: declared is set)
+    declared: GraphSpec = spec.declared  # type: ignore[assignment]  # (a shaped run's: set)
+    inputs = declared.deps[loop]
     name = f"{loop}#{k}"
     if name in outputs or (inputs and any(d not in outputs for d in inputs)) \
             or w.setbacks.asked or name in w.setbacks.skipped:
         return False
-    shaped = cast(Expansion, spec.shaped)
+    shaped: Expansion = spec.shaped  # type: ignore[assignment]
     graph = grown_graph(spec.graph, name, (*inputs, before) if inputs else (before,))
     i = len(graph.names) - 1
     ready, offset = w.ready, w.offset  # ready at once: as _count_down makes a step ready
@@ -2082,8 +2087,8 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
         w.ready_later(i)
     w.spec = grown_spec(
         spec, graph, with_one(spec.dependents, name, ()),
-        grown_expansion(shaped, {name: item_ref(loop, str(k), before, None, k)}, None, None,
-                        MappingProxyType({**shaped.loops, loop: k})),
+        grown_expansion(shaped, with_one(shaped.items, name, item_ref(loop, str(k), before, None, k)),
+                        None, None, MappingProxyType({**shaped.loops, loop: k})),
         spec.held)
     return True
 

@@ -545,11 +545,12 @@ class Runner:
         outputs = self.state.outputs
         context: Context = StepContext(self._base, outputs) if step.context == "all" else {
             **self._base, **{d: outputs[d] for d in step.depends_on if d in outputs}}
-        if shaped.in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
+        in_body = shaped.nesting.in_body  # type: ignore[union-attr]  # (a field: no property call)
+        if in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
             self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
             carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
-            loop = shaped.in_body.get(ref.step) if shaped.in_body else None  # type: ignore[union-attr]
+            loop = in_body.get(ref.step) if in_body else None
             if loop is None:
                 context[step.name] = carried
                 return step, ref.key, context
@@ -631,8 +632,8 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         iteration = item is not None and shaped.items[name].iteration > 0
-        loop = (shaped.in_body.get(step.name, step.name) if shaped.in_body else step.name) \
-            if iteration else None
+        in_body = shaped.nesting.in_body
+        loop = (in_body.get(step.name, step.name) if in_body else step.name) if iteration else None
         return loops.enter(name, step.depends_on, loop, self.state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
