@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from ekit_core import appending
 from ekit_core._frozen import twin
 from ekit_core.appending import grown_names, grown_table, with_one
 from ekit_core.errors import GraphError
@@ -459,9 +460,15 @@ def grown_graph(graph: GraphSpec, name: str, deps: tuple[str, ...]) -> GraphSpec
         raise GraphError(f"cannot add step {name!r}: empty, or known", [name])
     names = graph.names
     made = _GraphSpecTwin()
-    made.names = grown_names(names, (name,))
-    made.deps = with_one(graph.deps, name, deps)
-    made.index = with_one(index, name, len(names))
+    if type(names) is tuple and len(names) < appending.SMALL and type(index) is MappingProxyType:
+        # (with_one's copies, inline: a loop in a small graph, once per iteration)
+        more, at = graph.deps.copy(), index.copy()  # type: ignore[attr-defined]
+        more[name], at[name] = deps, len(names)
+        made.names, made.deps, made.index = (*names, name), MappingProxyType(more), MappingProxyType(at)
+    else:
+        made.names = grown_names(names, (name,))
+        made.deps = with_one(graph.deps, name, deps)
+        made.index = with_one(index, name, len(names))
     made.shapes = NO_SHAPES
     made._dependents = made._fingerprint = made._texts = None
     made.__class__ = GraphSpec

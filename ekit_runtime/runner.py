@@ -628,13 +628,15 @@ class Runner:
     def _reading(self, name: str, step: Step, item: str | None) -> Token[Any] | None:
         """In a run with loops, what the attempt of ``name`` may read with ``history()``
         (set for its task to copy; ``_launch`` resets it once the task is made)."""
-        shaped = self.state.spec.shaped
+        state = self.state
+        shaped = state.spec.shaped
         if shaped is None or not shaped.loops:
             return None
-        iteration = item is not None and shaped.items[name].iteration > 0
-        in_body = shaped.nesting.in_body
-        loop = (in_body.get(step.name, step.name) if in_body else step.name) if iteration else None
-        return loops.enter(name, step.depends_on, loop, self.state)
+        loop = None
+        if item is not None and shaped.items[name].iteration:
+            in_body = shaped.nesting.in_body
+            loop = in_body.get(step.name, step.name) if in_body else step.name
+        return loops.enter(name, step.depends_on, loop, state)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)

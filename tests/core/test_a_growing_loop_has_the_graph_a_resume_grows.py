@@ -14,13 +14,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ekit_core import Ended, GraphSpec, Shape, State, Succeeded, advance, checkpoint_of, initial_state
-from ekit_core import appending
+from ekit_core import (
+    Ended,
+    GraphSpec,
+    Shape,
+    State,
+    Succeeded,
+    advance,
+    appending,
+    checkpoint_of,
+    initial_state,
+)
 from ekit_core.appending import Appended, grown_names, grown_table, with_one
 from ekit_core.ledger import Ledger
 
@@ -96,7 +106,7 @@ def test_grown_tables_read_as_copies_whatever_version_is_grown(growths: list[tup
     copy would have made, and the versions before it are unchanged."""
     with small(size):
         tables: list[tuple[Any, Any, dict[str, int], tuple[str, ...]]] = [
-            (MappingProxy({"s": 0}), ("s",), {"s": 0}, ("s",))]
+            (MappingProxyType({"s": 0}), ("s",), {"s": 0}, ("s",))]
         fresh = 0
         for pick, count in growths:
             table, names, model, model_names = tables[pick % len(tables)]
@@ -114,8 +124,3 @@ def test_grown_tables_read_as_copies_whatever_version_is_grown(growths: list[tup
             assert all(table[k] == v and k in table for k, v in model.items())
             assert tuple(names) == model_names and names == model_names and len(names) == len(model_names)
             assert [names[i] for i in range(len(names))] == list(model_names)
-
-
-def MappingProxy(d: dict[str, int]) -> Any:  # noqa: N802 (the read-only mapping of a graph)
-    from types import MappingProxyType
-    return MappingProxyType(d)
