@@ -441,10 +441,11 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             step_index=state.completed + setbacks.held_done, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-            skipped=setbacks.skipped, shapes=spec.declared_graph.shapes,
+            skipped=setbacks.skipped, shapes=(spec.graph if spec.declared is None else spec.declared).shapes,
             superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
-        with_retries(cp, setbacks.compacted_retries)
+        if setbacks.compacted_retries:  # (a call less per save of a loop that never failed)
+            with_retries(cp, setbacks.compacted_retries)
     code, drives = spec.code_fingerprints, spec.drives
     return cp if code is NO_CODE and drives is NO_DRIVES else with_tables(cp, code, drives=drives)

@@ -1552,14 +1552,17 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     step down, and so does a dependency an empty mapped step waits for."""
     if name in shaped.expanders:
         _expand(w, name)
-        shaped = cast(Expansion, w.spec.shaped)
-    if shaped.per_item_over and name in shaped.per_item_over:
+        shaped = w.spec.shaped  # type: ignore[assignment]
+    # (The nesting's tables read as fields, not through properties: once per item and iteration.)
+    per_item_over = shaped.nesting.per_item_over
+    if per_item_over and name in per_item_over:
         _grow_children(w, name)
-        shaped = cast(Expansion, w.spec.shaped)
+        shaped = w.spec.shaped  # type: ignore[assignment]
     ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
-            if shaped.body_maps and ref.step in shaped.body_maps:
+            body_maps = shaped.nesting.body_maps
+            if body_maps and ref.step in body_maps:
                 _expand_in_body(w, name, ref)
             _iterated(w, name, ref)
         else:
