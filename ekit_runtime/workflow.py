@@ -45,6 +45,7 @@ from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
+from ekit_runtime.held import HoldingRunner
 from ekit_runtime.step import _CACHED, Step, unencodable
 from ekit_runtime.typed import Codec, final_checkpoint, run_options
 
@@ -408,7 +409,9 @@ class Workflow:
             cache, executor, prints or {})
         found = hits_at_start(self._steps, state, cached) if cached and not answers else {}
         state = self._start_with(found, state, initial_context, starting) if found else state
-        runner = Runner(
+        # (a run that records times under max_concurrency: one that times what that holds back)
+        kind = HoldingRunner if state.limits.durations and state.limits.max_concurrency else Runner
+        runner = kind(
             self.steps,
             state,
             checkpoint_fn=checkpoint_fn,
