@@ -24,7 +24,17 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ekit_core.results import Asked, Denied, Ended, Failed, HeldSucceeded, Input, Interrupted, Start, Succeeded
+from ekit_core.results import (
+    Asked,
+    Denied,
+    Ended,
+    Failed,
+    HeldSucceeded,
+    Input,
+    Interrupted,
+    Start,
+    Succeeded,
+)
 from ekit_core.window import names_of
 from ekit_runtime.runner import Runner
 

@@ -41,11 +41,11 @@ from ekit_runtime.cache.at_start import Found, hits_at_start, hits_of, with_hits
 from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
+from ekit_runtime.held import HoldingRunner
 from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
 from ekit_runtime.runner import BeforeAttempt, CheckpointFn, Clock, Runner, Sleep, TraceFn
-from ekit_runtime.held import HoldingRunner
 from ekit_runtime.step import _CACHED, Step, unencodable
 from ekit_runtime.typed import Codec, final_checkpoint, run_options
 
