@@ -81,7 +81,8 @@ def test_a_step_waiting_for_a_resource_slot_is_drawn_held_by_that_resource(tmp_p
     assert f"held {seconds:,.3f} s by resource:api" in bar["title"] and bar["label"] == "resource:api"
     # The step table says it too, under the step's duration.
     row = page[page.index(f'<tr data-step="{second}"'):]
-    assert f'data-limits="resource:api">held {seconds:,.3f} s by resource:api</small>' in row[:row.index("</tr>")]
+    note = f'data-limits="resource:api">held {seconds:,.3f} s by resource:api</small>'
+    assert note in row[:row.index("</tr>")]
     queue.close()
 
 
