@@ -101,3 +101,28 @@ def test_a_checkpoint_without_held_draws_the_wait_naming_no_limit(tmp_path: Path
     assert "no limit was recorded holding it" in bar["title"]
     assert MappingProxyType(cp.held) != older.held
     queue.close()
+
+
+async def _items(ctx: Any) -> list[str]:
+    return ["x", "y", "z"]
+
+
+def test_a_mapped_steps_row_counts_its_items_a_limit_held(tmp_path: Path) -> None:
+    queue = SqliteQueue(str(tmp_path / "q.db"), limits=Limits(resources={"api": 1}))
+    flows = {"fan": Workflow([Step("items", _items),
+                              Step("call", _call, ("items",), map_over="items", resource="api")])}
+    run_id = queue.submit("fan", {})
+    asyncio.run(Worker(queue, flows, poll=0.01).run_until_idle())
+    view = QueueSource(queue, "q").view(run_id)
+    assert view is not None and view.checkpoint is not None
+    held = view.checkpoint.held
+    # Two of the three items waited for the one slot, each for the items before it.
+    assert len(held) == 2 and all(name.startswith("call[") for name in held)
+    longest = max(held, key=lambda name: held[name]["resource:api"])
+    page = run_page("q", view, None)
+    row = page[page.index('<tr data-step="call"'):]
+    row = row[:row.index("</tr>")]
+    seconds = held[longest]["resource:api"]
+    assert (f'data-limits="resource:api">2 items held; longest {longest}: '
+            f"held {seconds:,.3f} s by resource:api</small>") in row
+    queue.close()
