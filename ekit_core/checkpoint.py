@@ -647,7 +647,6 @@ class WorkflowCheckpoint(_CheckpointFields):
             redone=_redone(data.get("redone", {})), **_loop_tables(data),
             began=check_began(data.get("began")),
             **_issue_45_tables(data),
-            held=check_held(data.get("held")),
         )
 
 
@@ -1258,10 +1257,11 @@ def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
 
 
 def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:
-    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md)."""
+    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md), and
+    issue 47's ``drives`` and ``held``."""
     return {"code_fingerprints": _code_fingerprints(data.get("code_fingerprints", {})),
             "cache_hits": _cache_hits(data.get("cache_hits", {})),
-            "drives": _drives(data.get("drives", []))}
+            "drives": _drives(data.get("drives", [])), "held": check_held(data.get("held"))}
 
 
 def _drives(value: object) -> tuple[DriveRecord, ...]:

@@ -1279,15 +1279,7 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     duration = item.duration
     # Else (not asked for, not timed, a bad clock) none.
     if duration is not None and spec.limits.durations and 0 <= duration < _LONGEST:
-        began = item.began
-        # one tuple: see Timings (four fields when the shell said when it began, five
-        # when a limit held it first: the shell reports it as HeldSucceeded, not Succeeded)
-        if began is None or not 0 <= began < _LONGEST:
-            w.times = (name, duration, w.times)
-        elif type(item) is HeldSucceeded:
-            w.times = (name, duration, w.times, began, item.held)
-        else:
-            w.times = (name, duration, w.times, began)
+        w.times = _timed_node(w.times, name, duration, item)
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
     children = spec.dependents[name]
@@ -1301,6 +1293,17 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if budget is not None and w.setbacks.halt is None and w.completed < len(w.spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", _loop_of(w.spec, name), f"usage reached {budget}"))
+
+
+def _timed_node(times: Timings, name: str, duration: float, item: Succeeded) -> Timings:
+    """The run's timings with ``item``'s duration: one tuple (see Timings), four fields when the
+    shell said when it began, five when a limit held it first (the shell reports it so)."""
+    began = item.began
+    if began is None or not 0 <= began < _LONGEST:
+        return (name, duration, times)
+    if type(item) is HeldSucceeded:
+        return (name, duration, times, began, item.held)
+    return (name, duration, times, began)
 
 
 def _loop_of(spec: RunSpec, name: str) -> str | None:

@@ -30,7 +30,7 @@ from contextvars import ContextVar
 
 from ekit_runtime.step import Attempt, AttemptKey
 
-__all__ = ["Attempt", "AttemptKey", "attempt_key", "note_hold"]
+__all__ = ["Attempt", "AttemptKey", "attempt_key", "holding", "note_hold"]
 
 
 CURRENT: ContextVar[AttemptKey] = ContextVar("ekit_attempt_key")
@@ -40,6 +40,16 @@ HOLDS: ContextVar[dict[str, float] | None] = ContextVar("ekit_attempt_holds", de
 """The limits that held the attempt running in this context before it began, each with the
 seconds it did (see :func:`note_hold`): set by the runner, in a run that records times, in
 each attempt's own task before its gates and ``before_attempt``; ``None`` elsewhere."""
+
+
+def holding() -> dict[str, float]:
+    """The holds of the attempt running in this context, made empty (and set) if none are yet:
+    the runner's, in a run that records times (a retry's delay may have set them already)."""
+    holds = HOLDS.get()
+    if holds is None:
+        holds = {}
+        HOLDS.set(holds)
+    return holds
 
 
 def note_hold(limit: str, seconds: float) -> None:

@@ -35,13 +35,20 @@ from ekit_core.results import (
     Start,
     Succeeded,
 )
+from ekit_core.state import RunLimits
 from ekit_core.window import names_of
 from ekit_runtime.runner import Runner
 
-__all__ = ["MAX_CONCURRENCY", "HoldingRunner"]
+__all__ = ["MAX_CONCURRENCY", "HoldingRunner", "runner_class"]
 
 MAX_CONCURRENCY = "max_concurrency"
 """The name a hold by the run's own ``max_concurrency`` is recorded under."""
+
+
+def runner_class(limits: RunLimits) -> type[Runner]:
+    """The runner a run with ``limits`` is driven by: :class:`HoldingRunner` for one that records
+    times under a ``max_concurrency``, the plain :class:`~ekit_runtime.runner.Runner` otherwise."""
+    return HoldingRunner if limits.durations and limits.max_concurrency else Runner
 
 
 class HoldingRunner(Runner):

@@ -761,12 +761,8 @@ class Runner:
         release = None
         if self._answers:
             human.enter(self._answers.get(name, ()))
-        holds = None
-        if self._epoch:  # a run that records times records what held its attempts (note_hold)
-            holds = attempts.HOLDS.get()
-            if holds is None:
-                holds = {}
-                attempts.HOLDS.set(holds)
+        # A run that records times records what held its attempts (attempt.note_hold).
+        holds = attempts.holding() if self._epoch else None
         if self.before_attempt is not None:
             try:
                 admitted = self.before_attempt(attempt)
@@ -802,10 +798,8 @@ class Runner:
             output, usage = split_result(returned)
             if cached is not None and reads is not None and head is not None:
                 output = await _stored(cached, head, reads, name, output, usage)
-            if holds:
-                return HeldSucceeded(name, output, usage, self.clock() - began, began + self._epoch,
-                                     dict(holds))
-            return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
+            return (HeldSucceeded(name, output, usage, self.clock() - began, began + self._epoch, dict(holds))
+                    if holds else Succeeded(name, output, usage, self.clock() - began, began + self._epoch))
         finally:
             if release is not None:
                 await _give_back(release, name)

@@ -360,9 +360,7 @@ def decode_checkpoint(
     data["failures"] = _decode(failures, default_loads, where, "failures")
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
-    durations: dict[str, Any] = {}
-    began: dict[str, Any] = {}
-    held: dict[str, Any] = {}
+    timed: dict[str, dict[str, Any]] = {"durations": {}, "began": {}, "held": {}}
     skipped: dict[str, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
@@ -374,15 +372,14 @@ def decode_checkpoint(
         else:
             spent = _decode(value, default_loads, where, f"usage of step {name!r}")
             if type(spent) is dict and "seconds" in spent:  # its duration: see the module
-                durations[name] = spent.pop("seconds")
-                began.update({name: spent.pop("began")} if "began" in spent else ())
-                held.update({name: spent.pop("held")} if "held" in spent else ())
+                timed["durations"][name] = spent.pop("seconds")
+                for key in ("began", "held"):  # (when its attempt began; the limits that held it)
+                    timed[key].update({name: spent.pop(key)} if key in spent else ())
                 if spent == _NO_COUNTS:
                     continue  # timed, spent nothing: no usage entry
             usage[name] = spent
     data["outputs"], data["step_usage"] = outputs, usage
-    data.update((k, table) for k, table in (("durations", durations), ("began", began), ("held", held))
-                if table)
+    data.update((k, table) for k, table in timed.items() if table)
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})
