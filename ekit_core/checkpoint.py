@@ -236,6 +236,11 @@ class _CheckpointFields:
     # Issue 47: the run's drives, oldest first, each a worker and when it began
     # (see DriveRecord): one entry per drive, none per step.
     drives: tuple[DriveRecord, ...] = field(default=NO_DRIVES, repr=False)
+    # Issue 47: step (or item) -> the limits that held the attempt behind its
+    # ``began`` before it began, each with the seconds it held it, in the order
+    # they held it: sparse (only attempts a limit held), beside ``began``.
+    # Read through a property, as ``began``: built from the run's timings.
+    held: Mapping[str, Mapping[str, float]] = field(default_factory=_empty, repr=False)
 
 
 _STORED_FINGERPRINT: Any = vars(_CheckpointFields)["fingerprint"]  # the slot under the property
@@ -245,13 +250,17 @@ _STORED_CODE: Any = vars(_CheckpointFields)["code_fingerprints"]
 _STORED_HITS: Any = vars(_CheckpointFields)["cache_hits"]
 _STORED_RETRIES: Any = vars(_CheckpointFields)["compacted_retries"]
 _STORED_DRIVES: Any = vars(_CheckpointFields)["drives"]
+_STORED_HELD: Any = vars(_CheckpointFields)["held"]
 
 Timings: TypeAlias = (
-    "tuple[str, float, Timings] | tuple[str, float, Timings, float] | Mapping[str, float] | None")
+    "tuple[str, float, Timings] | tuple[str, float, Timings, float] "
+    "| tuple[str, float, Timings, float, Mapping[str, float]] | Mapping[str, float] | None")
 """A run's durations as the core records them, one tuple per timed success.
 
 ``(name, seconds, before)``, or ``(name, seconds, before, began)`` when the
-shell said when the attempt began (the checkpoint's ``began``), ``before``
+shell said when the attempt began (the checkpoint's ``began``), or
+``(name, seconds, before, began, held)`` when a limit held the attempt before
+it began (the checkpoint's ``held``: limit -> seconds), ``before``
 the timings up to then, down to the
 mapping the run started from (the recorded durations of a resume), or
 ``None`` when it started from none (a fresh run: the tuples then hold no
@@ -358,6 +367,25 @@ class WorkflowCheckpoint(_CheckpointFields):
     def began(self, value: Mapping[str, float]) -> None:
         _STORED_BEGAN.__set__(self, value)
 
+    @property
+    def held(self) -> Mapping[str, Mapping[str, float]]:
+        """Recorded step (or item) -> the limits that held its output's attempt before it began,
+        each with the seconds it held it (``{"max_concurrency": 1.5}``), in the order they held it.
+
+        Only attempts a limit held have an entry (see docs/checkpoint-format.md); built
+        from the run's timings when first read, as :attr:`began` is.
+        """
+        try:
+            table: Mapping[str, Mapping[str, float]] = _STORED_HELD.__get__(self, WorkflowCheckpoint)
+        except AttributeError:
+            table = _held_table(self._times)
+            _STORED_HELD.__set__(self, table)
+        return table
+
+    @held.setter
+    def held(self, value: Mapping[str, Mapping[str, float]]) -> None:
+        _STORED_HELD.__set__(self, value)
+
     @classmethod
     def of_ledgers(
         cls, outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], *,
@@ -377,6 +405,7 @@ class WorkflowCheckpoint(_CheckpointFields):
         cache_hits: MappingProxyType[str, CacheHit] = _NO_HITS,
         compacted_retries: MappingProxyType[str, int] = _NOTHING_REDONE,
         drives: tuple[DriveRecord, ...] = NO_DRIVES,
+        held: Mapping[str, Mapping[str, float]] | None = None,
     ) -> WorkflowCheckpoint:
         """The checkpoint whose outputs and usage are those of two append-only ledgers
         (and whose ``durations`` those ``durations`` timings hold, a mapping or the core's;
@@ -404,6 +433,8 @@ class WorkflowCheckpoint(_CheckpointFields):
         with_retries(cp, compacted_retries)
         if began is not None:
             _STORED_BEGAN.__set__(cp, began)
+        if held is not None:
+            _STORED_HELD.__set__(cp, held)
         return cp
 
     def _records_graph(self, spec: GraphSpec) -> bool:
@@ -482,6 +513,7 @@ class WorkflowCheckpoint(_CheckpointFields):
             step_usage=tuple(new_usage),
             durations=new_durations,
             began=_new_began(self, new_durations) if new_durations else (),
+            held=_new_held(self, new_durations) if new_durations else (),
             failures=MappingProxyType(failures),
             cost=self.cost - previous.cost,
             context_changed=self.context is not previous.context
@@ -561,6 +593,8 @@ class WorkflowCheckpoint(_CheckpointFields):
             data["durations"] = dict(self.durations)
             if self.began:
                 data["began"] = dict(self.began)
+            if self.held:
+                data["held"] = {k: dict(h) for k, h in self.held.items()}
         return data
 
     @classmethod
@@ -716,6 +750,8 @@ class CheckpointDelta:
     # When the new durations' attempts began (a subset of their names).
     began: tuple[tuple[str, float], ...] = ()
     compacted: MappingProxyType[str, int] = field(default_factory=_empty)
+    # The limits that held the new durations' attempts (a subset of their names).
+    held: tuple[tuple[str, Mapping[str, float]], ...] = ()
 
 
 # -- built fast (see ekit_core._frozen): once per checkpoint, once per save ------------
@@ -771,6 +807,7 @@ def fast_delta(
     outputs: tuple[tuple[str, Any], ...], step_usage: tuple[tuple[str, TokenUsage], ...],
     cost: TokenUsage, durations: tuple[tuple[str, float], ...],
     began: tuple[tuple[str, float], ...] = (),
+    held: tuple[tuple[str, Mapping[str, float]], ...] = (),
 ) -> CheckpointDelta:
     """The delta of the usual save: ``CheckpointDelta(True, outputs, step_usage, no failures,
     cost, False, no skips, False, durations)`` (a prefix extended, nothing else changed)."""
@@ -786,6 +823,7 @@ def fast_delta(
     value.durations = durations
     value.began = began
     value.compacted = _NOTHING_REDONE
+    value.held = held
     value.__class__ = CheckpointDelta
     made: CheckpointDelta = value  # (not typing.cast: a Python call per value built; see _frozen)
     return made
@@ -856,7 +894,7 @@ def _compacted_base(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> Wor
 
     return replace(previous, outputs=kept(previous.outputs), step_usage=kept(previous.step_usage),
                    durations=kept(previous.durations), began=kept(previous.began),
-                   failures=kept(previous.failures), compacted=now)
+                   held=kept(previous.held), failures=kept(previous.failures), compacted=now)
 
 
 def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
@@ -871,6 +909,7 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         asked_changed=bool(cp.asked),
         durations=tuple(cp.durations.items()) if has_durations(cp) else (),
         began=tuple(cp.began.items()) if has_durations(cp) else (),
+        held=tuple(cp.held.items()) if has_durations(cp) else (),
     )
 
 
@@ -910,7 +949,8 @@ def _grown(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> CheckpointDe
     added = NO_USAGE if cost is previous.cost else cost - previous.cost
     if not durations:
         return fast_delta(outputs, usage, added, durations)
-    return fast_delta(outputs, usage, added, durations, _new_began(cp, durations))
+    return fast_delta(outputs, usage, added, durations, _new_began(cp, durations),
+                      _new_held(cp, durations))
 
 
 _NO_FAILURES: MappingProxyType[str, FailureRecord] = MappingProxyType({})
@@ -978,12 +1018,57 @@ def _begun(times: Timings | None) -> Mapping[str, float]:
     """
     new = []
     while type(times) is tuple:
-        if len(times) == 4:
+        if len(times) >= 4:
             new.append(times)
         times = times[2]
     if not new:
         return _NO_TIMES
     return MappingProxyType({node[0]: _micro(node[3]) for node in reversed(new)})
+
+
+_NO_HOLDS: Mapping[str, Mapping[str, float]] = MappingProxyType({})
+
+
+def _held_table(times: Timings | None) -> Mapping[str, Mapping[str, float]]:
+    """The ``held`` mapping of the core's timings: the five-field tuples' (see :data:`Timings`).
+
+    A resume puts the holds it read back into five-field tuples over the mapping it
+    starts from, as it does the began times, so the walk ends at the mapping."""
+    new = []
+    while type(times) is tuple:
+        if len(times) == 5:
+            new.append(times)
+        times = times[2]
+    if not new:
+        return _NO_HOLDS
+    return MappingProxyType({node[0]: _held_seconds(node[4]) for node in reversed(new)})
+
+
+def _held_seconds(held: Mapping[str, float]) -> Mapping[str, float]:
+    """One attempt's holds, each in whole microseconds (as durations are)."""
+    return MappingProxyType({limit: _micro(s) for limit, s in held.items()})
+
+
+def _new_held(cp: WorkflowCheckpoint, durations: tuple[tuple[str, float], ...]
+              ) -> tuple[tuple[str, Mapping[str, float]], ...]:
+    """The holds of the attempts behind ``durations`` (new in ``cp``), where a limit held one.
+
+    O(new) for the core's checkpoints, as :func:`_new_began` is; else read from ``cp.held``."""
+    times, wanted = cp._times, len(durations)
+    walked: list[str] = []
+    found: list[tuple[str, Mapping[str, float]]] = []
+    while type(times) is tuple and len(walked) < wanted:
+        walked.append(times[0])
+        if len(times) == 5:
+            found.append((times[0], _held_seconds(times[4])))
+        times = times[2]
+    if len(walked) == wanted and set(walked) == {k for k, _ in durations}:
+        found.reverse()
+        return tuple(found)
+    held = cp.held
+    if not held:
+        return ()
+    return tuple((k, held[k]) for k, _ in durations if k in held)
 
 
 def _new_began(cp: WorkflowCheckpoint, durations: tuple[tuple[str, float], ...]
@@ -997,7 +1082,7 @@ def _new_began(cp: WorkflowCheckpoint, durations: tuple[tuple[str, float], ...]
     found: list[tuple[str, float]] = []
     while type(times) is tuple and len(walked) < wanted:
         walked.append(times[0])
-        if len(times) == 4:
+        if len(times) >= 4:
             found.append((times[0], _micro(times[3])))
         times = times[2]
     if len(walked) == wanted and set(walked) == {k for k, _ in durations}:
@@ -1012,6 +1097,16 @@ def given_began(cp: WorkflowCheckpoint) -> Mapping[str, float] | None:
     off the timings: what a copy made by ``of_ledgers`` over the same timings passes on."""
     try:
         table: Mapping[str, float] = _STORED_BEGAN.__get__(cp, WorkflowCheckpoint)
+    except AttributeError:
+        return None
+    return table
+
+
+def given_held(cp: WorkflowCheckpoint) -> Mapping[str, Mapping[str, float]] | None:
+    """``cp.held`` when it was given (or read already), ``None`` when it is to be read off
+    the timings: what a copy made by ``of_ledgers`` passes on (see :func:`given_began`)."""
+    try:
+        table: Mapping[str, Mapping[str, float]] = _STORED_HELD.__get__(cp, WorkflowCheckpoint)
     except AttributeError:
         return None
     return table
@@ -1162,10 +1257,11 @@ def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
 
 
 def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:
-    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md)."""
+    """``code_fingerprints`` and ``cache_hits`` as read from ``data`` (see docs/cache.md), and
+    issue 47's ``drives`` and ``held``."""
     return {"code_fingerprints": _code_fingerprints(data.get("code_fingerprints", {})),
             "cache_hits": _cache_hits(data.get("cache_hits", {})),
-            "drives": _drives(data.get("drives", []))}
+            "drives": _drives(data.get("drives", [])), "held": check_held(data.get("held"))}
 
 
 def _drives(value: object) -> tuple[DriveRecord, ...]:
@@ -1421,6 +1517,39 @@ def check_began(value: object) -> MappingProxyType[str, float]:
             raise CheckpointError("began", "holds an empty step name")
         _moment(moment, f"began.{name}")
     return MappingProxyType({k: float(v) for k, v in table.items()})
+
+
+HOLD_NAME_LIMIT = 200
+"""The longest limit name (in characters) a ``held`` entry may carry."""
+
+
+def check_held(value: object) -> MappingProxyType[str, Mapping[str, float]]:
+    """The ``held`` field: step (or item) -> limit name -> seconds it held the attempt.
+
+    Each limit a non-empty string of at most :data:`HOLD_NAME_LIMIT` characters
+    (``max_concurrency``, ``resource:gpu``, ...), each hold a finite number of
+    seconds >= 0; a step with no limit is refused, naming ``held.<step>``."""
+    if value is None:
+        return _empty()
+    found: dict[str, Mapping[str, float]] = {}
+    for name, limits in _table(value, "held").items():
+        if not name:
+            raise CheckpointError("held", "holds an empty step name")
+        where = f"held.{name}"
+        table = _table(limits, where)
+        if not table:
+            raise CheckpointError(where, "names no limit")
+        for limit, seconds in table.items():
+            if not limit or len(limit) > HOLD_NAME_LIMIT:
+                raise CheckpointError(where, f"names a limit of {len(limit)} characters "
+                                             f"(1 to {HOLD_NAME_LIMIT})")
+            try:
+                check_number(seconds, f"{where}.{limit}", high=_LATEST)
+            except ValueError as err:
+                raise CheckpointError(f"{where}.{limit}",
+                                      str(err).removeprefix(f"{where}.{limit} ")) from None
+        found[name] = MappingProxyType({k: float(v) for k, v in table.items()})
+    return MappingProxyType(found)
 
 
 def _asked(value: object) -> MappingProxyType[str, tuple[Exchange, ...]]:

@@ -11,8 +11,8 @@ condition being false; ``Cancelled`` that the whole run is being cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from ekit_core._frozen import twin
@@ -33,6 +33,7 @@ __all__ = [
     "Denied",
     "Failed",
     "Gate",
+    "HeldSucceeded",
     "Input",
     "Interrupted",
     "Skipped",
@@ -142,6 +143,21 @@ class Succeeded:
     usage: TokenUsage = NO_USAGE
     duration: float | None = None
     began: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldSucceeded(Succeeded):
+    """A :class:`Succeeded` whose attempt a limit held before it began.
+
+    ``held`` names each limit that held it (``"max_concurrency"``,
+    ``"resource:gpu"``, ``"limit:tokens_per_minute"``, ``"retry_delay"``) with
+    the seconds it did, in the order they held it. Folded as a success; a run
+    that records durations also records the holds beside ``began`` (the
+    checkpoint's ``held``). A class of its own, not a field of every success:
+    the usual attempt, which nothing held, costs nothing more.
+    """
+
+    held: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

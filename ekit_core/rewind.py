@@ -659,6 +659,7 @@ def _dropping(
         step_usage=MappingProxyType({k: u for k, u in checkpoint.step_usage.items() if k not in gone}),
         durations=MappingProxyType({k: d for k, d in checkpoint.durations.items() if k not in gone}),
         began=MappingProxyType({k: b for k, b in checkpoint.began.items() if k not in gone}),
+        held=MappingProxyType({k: h for k, h in checkpoint.held.items() if k not in gone}),
         failures=checkpoint.failures,
         fingerprint=checkpoint.fingerprint,
         graph=checkpoint.graph,

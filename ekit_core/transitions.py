@@ -85,6 +85,7 @@ from ekit_core.checkpoint import (
     Timings,
     WorkflowCheckpoint,
     _begun,
+    _held_table,
     _timed,
     check_began,
     check_durations,
@@ -152,6 +153,7 @@ from ekit_core.results import (
     Denied,
     Ended,
     Failed,
+    HeldSucceeded,
     Input,
     Interrupted,
     Skipped,
@@ -500,7 +502,7 @@ def _recorded_halt(limits: RunLimits, checkpoint: WorkflowCheckpoint, left: int)
     return None
 
 
-def _kept(table: Mapping[str, float], drop: set[str] | frozenset[str]) -> MappingProxyType[str, float]:
+def _kept(table: Mapping[str, Any], drop: set[str] | frozenset[str]) -> MappingProxyType[str, Any]:
     return MappingProxyType({k: v for k, v in table.items() if k not in drop})
 
 
@@ -526,10 +528,14 @@ def _ledgers(checkpoint: WorkflowCheckpoint, graph: GraphSpec
     times: Timings = durations
     if durations and checkpoint.began:
         # When the recorded attempts began, as the run records it: four-field
-        # tuples over the durations (O(timed) once per resume; see Timings).
+        # tuples over the durations (O(timed) once per resume; see Timings),
+        # five-field where a limit held the attempt (``held``).
+        held = checkpoint.held
         for name, began in checkpoint.began.items():
             if name in durations:
-                times = (name, durations[name], times, began)
+                holds = held.get(name) if held else None
+                times = (name, durations[name], times, began) if holds is None \
+                    else (name, durations[name], times, began, holds)
     return Ledger(recorded), Ledger(usage), times
 
 
@@ -907,6 +913,7 @@ def _dropped(checkpoint: WorkflowCheckpoint, drop: set[str], forced: dict[str, s
         outputs=MappingProxyType({k: v for k, v in outputs.items() if k not in drop}),
         step_usage=MappingProxyType({k: v for k, v in checkpoint.step_usage.items() if k not in drop}),
         durations=_kept(checkpoint.durations, drop), began=_kept(checkpoint.began, drop),
+        held=_kept(checkpoint.held, drop),
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in drop} | forced),
         superseded=MappingProxyType(aside),
     )
@@ -1276,10 +1283,7 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     duration = item.duration
     # Else (not asked for, not timed, a bad clock) none.
     if duration is not None and spec.limits.durations and 0 <= duration < _LONGEST:
-        began = item.began
-        # one tuple: see Timings (four fields when the shell said when it began)
-        w.times = (name, duration, w.times) if began is None or not 0 <= began < _LONGEST \
-            else (name, duration, w.times, began)
+        w.times = _timed_node(w.times, name, duration, item)
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
     children = spec.dependents[name]
@@ -1293,6 +1297,17 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
     if budget is not None and w.setbacks.halt is None and w.completed < len(w.spec.graph.names) \
             and budget.reached(w.cost):
         w.halt(Halt("budget_exceeded", _loop_of(w.spec, name), f"usage reached {budget}"))
+
+
+def _timed_node(times: Timings, name: str, duration: float, item: Succeeded) -> Timings:
+    """The run's timings with ``item``'s duration: one tuple (see Timings), four fields when the
+    shell said when it began, five when a limit held it first (the shell reports it so)."""
+    began = item.began
+    if began is None or not 0 <= began < _LONGEST:
+        return (name, duration, times)
+    if type(item) is HeldSucceeded:
+        return (name, duration, times, began, item.held)
+    return (name, duration, times, began)
 
 
 def _loop_of(spec: RunSpec, name: str) -> str | None:
@@ -2141,11 +2156,13 @@ def _timings_without(times: Timings, gone: set[str]) -> Timings | None:
     durations = _timed(times)
     if not gone & durations.keys():
         return None
-    began = _begun(times)
+    began, held = _begun(times), _held_table(times)
     kept: Timings = MappingProxyType({n: d for n, d in durations.items() if n not in gone})
     for name, at in began.items():
         if name not in gone and name in durations:
-            kept = (name, durations[name], kept, at)
+            holds = held.get(name)
+            kept = (name, durations[name], kept, at) if holds is None \
+                else (name, durations[name], kept, at, holds)
     return kept
 
 

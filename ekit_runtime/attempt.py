@@ -30,11 +30,41 @@ from contextvars import ContextVar
 
 from ekit_runtime.step import Attempt, AttemptKey
 
-__all__ = ["Attempt", "AttemptKey", "attempt_key"]
+__all__ = ["Attempt", "AttemptKey", "attempt_key", "holding", "note_hold"]
 
 
 CURRENT: ContextVar[AttemptKey] = ContextVar("ekit_attempt_key")
 """The key of the attempt running in this context: set by the runner and the executors."""
+
+HOLDS: ContextVar[dict[str, float] | None] = ContextVar("ekit_attempt_holds", default=None)
+"""The limits that held the attempt running in this context before it began, each with the
+seconds it did (see :func:`note_hold`): set by the runner, in a run that records times, in
+each attempt's own task before its gates and ``before_attempt``; ``None`` elsewhere."""
+
+
+def holding() -> dict[str, float]:
+    """The holds of the attempt running in this context, made empty (and set) if none are yet:
+    the runner's, in a run that records times (a retry's delay may have set them already)."""
+    holds = HOLDS.get()
+    if holds is None:
+        holds = {}
+        HOLDS.set(holds)
+    return holds
+
+
+def note_hold(limit: str, seconds: float) -> None:
+    """Say that ``limit`` held the calling attempt back ``seconds`` before it began.
+
+    For a ``before_attempt`` hook (a queue's worker calls it for its fleet
+    limits: ``"limit:tokens_per_minute"``, ``"resource:gpu"``): in a run that
+    records durations, the attempt's checkpoint entry then says which limit
+    held it, and how long (the checkpoint's ``held``, shown on the
+    dashboard's timeline). Seconds told twice for one limit add up. Does
+    nothing outside an attempt of such a run, or for a hold of no time.
+    """
+    holds = HOLDS.get()
+    if holds is not None and seconds > 0:
+        holds[limit] = holds.get(limit, 0.0) + seconds
 
 
 def attempt_key() -> AttemptKey:

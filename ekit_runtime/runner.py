@@ -60,7 +60,7 @@ from ekit_core.expansion import Expansion, ItemRef, item_input
 from ekit_core.growth import add_steps
 from ekit_core.human import Answer, answers_of
 from ekit_core.ledger import Ledger
-from ekit_core.results import APPROVAL, CONDITION, DELAY, Ended, Gate, succeeded
+from ekit_core.results import APPROVAL, CONDITION, DELAY, Ended, Gate, HeldSucceeded, succeeded
 from ekit_core.rewind import rewind
 from ekit_core.shapes import item_name, iteration_name
 from ekit_core.state import attempt_number
@@ -728,6 +728,8 @@ class Runner:
             for gate in gates:
                 if gate == DELAY:
                     await self.sleep(start.delay)
+                    if self._epoch and start.delay > 0:  # (a run that records times: see _attempt)
+                        attempts.HOLDS.set({"retry_delay": start.delay})
                 elif gate == CONDITION:
                     decided = _decided(step, name, context)
                     if decided is not None:
@@ -765,6 +767,8 @@ class Runner:
         release = None
         if self._answers:
             human.enter(self._answers.get(name, ()))
+        # A run that records times records what held its attempts (attempt.note_hold).
+        holds = attempts.holding() if self._epoch else None
         if self.before_attempt is not None:
             try:
                 admitted = self.before_attempt(attempt)
@@ -800,7 +804,8 @@ class Runner:
             output, usage = split_result(returned)
             if cached is not None and reads is not None and head is not None:
                 output = await _stored(cached, head, reads, name, output, usage)
-            return Succeeded(name, output, usage, self.clock() - began, began + self._epoch)
+            return (HeldSucceeded(name, output, usage, self.clock() - began, began + self._epoch, dict(holds))
+                    if holds else Succeeded(name, output, usage, self.clock() - began, began + self._epoch))
         finally:
             if release is not None:
                 await _give_back(release, name)

@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ekit_core import TokenUsage, WorkflowCheckpoint
-from ekit_core.checkpoint import CheckpointError, given_began
+from ekit_core.checkpoint import CheckpointError, given_began, given_held
 from ekit_core.ledger import Ledger
 from ekit_runtime.children import unwrapped
 from ekit_runtime.step import PatternResult, Step
@@ -724,7 +724,7 @@ def _with_stored(
         superseded=superseded, asked=cp.asked, durations=cp._times, redone=cp.redone, compacted=cp.compacted,
         began=given_began(cp), code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits,
         compacted_retries=cp.compacted_retries,
-        drives=cp.drives,
+        drives=cp.drives, held=given_held(cp),
     )
 
 

@@ -41,6 +41,7 @@ from ekit_runtime.cache.at_start import Found, hits_at_start, hits_of, with_hits
 from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
+from ekit_runtime.held import runner_class
 from ekit_runtime.human import refuse_dropped_answers, with_answers
 from ekit_runtime.nesting import flatten
 from ekit_runtime.run_ids import check_run_id
@@ -408,7 +409,7 @@ class Workflow:
             cache, executor, prints or {})
         found = hits_at_start(self._steps, state, cached) if cached and not answers else {}
         state = self._start_with(found, state, initial_context, starting) if found else state
-        runner = Runner(
+        runner = runner_class(state.limits)(
             self.steps,
             state,
             checkpoint_fn=checkpoint_fn,

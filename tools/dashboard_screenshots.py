@@ -14,9 +14,11 @@ its ``created_at`` column, so that the chart has a shape), serves it with
   ``--workflows`` naming :data:`CHANGED`, whose ``outline`` is at version 2,
   so the page lists it as changed since recorded);
 - ``docs/dashboard-timeline.png``: that page's timeline (each attempt on a
-  time axis: the wait for the title's answer, the mapped step's items, and
-  the two workers that drove the run: ``worker-a`` until it parked, waiting
-  for the title, and ``worker-b``, which resumed it once answered).
+  time axis: the wait for the title's answer, the mapped step's items, each
+  held by the fleet's one slot of the ``llm`` resource while the one before
+  it wrote, a labelled ``held`` bar, and the two workers that drove the run:
+  ``worker-a`` until it parked, waiting for the title, and ``worker-b``,
+  which resumed it once answered).
 
 Needs Chromium and chromedriver (Debian: ``apt-get install chromium
 chromium-driver``) and selenium (``pip install -e '.[test]'``). Not run in CI;
@@ -59,6 +61,7 @@ def _report(outline_version: str | None = None) -> Any:
         return {name: name for name in ctx["outline"].sections}
 
     async def write(ctx: Any) -> PatternResult[str]:
+        await asyncio.sleep(0.4)  # (a provider's call: the next item waits for the llm slot)
         name = ctx["sections"]
         text = (f"The {name} of the tides, in plain words. " * 12).strip()
         return PatternResult(text, cost=TokenUsage(900 + 150 * len(name), 700, 1))
@@ -71,7 +74,7 @@ def _report(outline_version: str | None = None) -> Any:
     codec.register(Outline, name="reports:Outline")
     return Workflow([
         Step("outline", outline, version=outline_version), Step("sections", sections, ("outline",)),
-        Step("write", write, ("sections",), map_over="sections"),
+        Step("write", write, ("sections",), map_over="sections", resource="llm"),
         Step("title", title, ("write", "outline")),
     ], codec=codec)
 
@@ -100,20 +103,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from ekit_runtime.queue import SqliteQueue, Worker
+    from ekit_runtime.queue import Limits, SqliteQueue, Worker
     from tests.support import ui_flows
     from tests.support.browser import UiServer, chrome, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "runs.db"
-        queue = SqliteQueue(str(db))
+        queue = SqliteQueue(str(db), limits=Limits(resources={"llm": 1}))
         report = {"report": _report()}
-        for i, topic in enumerate(("tides", "storms", "reefs", "currents", "dunes", "glaciers")):
+        # The run shown first, alone, answered as soon as it parks: its timeline spans its own
+        # work (the other runs' would stretch its wait for the answer over all of theirs).
+        queue.submit("report", {"topic": "tides"}, run_id="report-tides")
+        asyncio.run(Worker(queue, report, poll=0.05, name="worker-a").run_until_idle())
+        queue.answer("report-tides", "title", "The tides, explained", by="ann")
+        asyncio.run(Worker(queue, report, poll=0.05, name="worker-b").run_until_idle())
+        for i, topic in enumerate(("storms", "reefs", "currents", "dunes", "glaciers")):
             queue.submit("report", {"topic": topic}, run_id=f"report-{topic}")
-            if i % 2:
+            if not i % 2:
                 asyncio.run(Worker(queue, report, poll=0.05, name="worker-a").run_until_idle())
         asyncio.run(Worker(queue, report, poll=0.05, name="worker-a").run_until_idle())
-        for topic in ("tides", "reefs", "dunes"):
+        for topic in ("reefs", "dunes"):
             queue.answer(f"report-{topic}", "title", f"The {topic}, explained", by="ann")
         asyncio.run(Worker(queue, report, poll=0.05, name="worker-b").run_until_idle())
         ui_flows.populate(queue)

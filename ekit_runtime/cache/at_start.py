@@ -233,7 +233,7 @@ def with_hits(state: State, found: Found) -> WorkflowCheckpoint:
         cp.step_index + len(found), MappingProxyType(outputs), cost=cp.cost, context=cp.context,
         step_usage=MappingProxyType(state.step_usage.as_dict()), failures=cp.failures,
         graph=cp.graph, format_version=cp.format_version, versions=cp.versions,
-        durations=cp.durations, redone=cp.redone, began=cp.began,
+        durations=cp.durations, redone=cp.redone, began=cp.began, held=cp.held,
         code_fingerprints=cp.code_fingerprints, compacted=cp.compacted,
         compacted_retries=cp.compacted_retries, drives=cp.drives)
 

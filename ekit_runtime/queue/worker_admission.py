@@ -2,7 +2,10 @@
 
 Runs as the run's ``before_attempt``: it waits (usage limits, a full
 resource) holding nothing, writes why the run waits while it does, and
-renews the lease first when little of it is left.
+renews the lease first when little of it is left. How long each limit held
+the attempt is told to the run (:func:`~ekit_runtime.attempt.note_hold`:
+``limit:<name>`` for a usage limit, ``resource:<name>`` for a resource's
+slots), which records it beside when the attempt began.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
-from ekit_runtime.attempt import Attempt
+from ekit_runtime.attempt import Attempt, note_hold
 from ekit_runtime.queue.records import LeaseLostError
 from ekit_runtime.queue.transient import is_transient
 from ekit_runtime.queue.worker_parts import _Drive, log
@@ -97,9 +100,12 @@ class Admission(Saving):
         resource, lease = cast(str, attempt.step.resource), drive.lease
         holder = str(attempt.key)
         wait, waited = _SLOT_POLL, False
+        asked = time.monotonic()
         while True:
             try:
                 if await self._db(self.queue.acquire_slot, lease, resource, holder):
+                    if waited:
+                        note_hold(f"resource:{resource}", time.monotonic() - asked)
                     return functools.partial(self._give_slot, drive, resource, holder)
             except LeaseLostError:
                 self._lose(drive)
@@ -155,7 +161,9 @@ class Admission(Saving):
                         held = True
                         drive.held += 1
                     await self._say(drive, reason)
+                    slept = time.monotonic()
                     await asyncio.sleep(min(wait, self.heartbeat))
+                    note_hold(_limit_named(reason), time.monotonic() - slept)
             finally:
                 if held:
                     drive.held -= 1
@@ -176,3 +184,11 @@ class Admission(Saving):
         except Exception as exc:  # a reason is for people: never the run's failure
             log.warning("worker %s: recording why run %r waits failed (%s: %s)", self.name,
                         drive.lease.run_id, type(exc).__name__, exc)
+
+
+def _limit_named(reason: str | None) -> str:
+    """The hold's name of a usage limit's reason: ``"rate limit tokens_per_minute"`` ->
+    ``"limit:tokens_per_minute"`` (``"limit:usage"`` when none is said)."""
+    if not reason:
+        return "limit:usage"
+    return "limit:" + reason.removeprefix("rate limit ").strip()

@@ -361,6 +361,8 @@ class OutputEncodings:
                 record["began"] = None
             elif not self._json and checkpoint.began:
                 record["began"] = dict(checkpoint.began)
+            if checkpoint.held:  # (sparse: the attempts a limit held; written whole, as it is small)
+                record["held"] = {k: dict(h) for k, h in checkpoint.held.items()}
         return self.document(record, chosen, checkpoint.context, usage, durations, began)
 
     def document(

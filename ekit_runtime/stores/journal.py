@@ -74,7 +74,7 @@ _FRAME_START = _HEAD + b"0" * 8 + _MID
 _HEX = frozenset(b"0123456789abcdef")
 # The keys of a delta record that have the shape of checkpoint fields.
 _DELTA_FIELDS = ("step_index", "outputs", "cost", "step_usage", "failures", "skipped", "durations",
-                 "began")
+                 "began", "held")
 # Sentinel inodes: the file's content is unknown to this store / there was no file.
 _UNKNOWN = -1
 _ABSENT = -2
@@ -172,13 +172,14 @@ class _Fold:
     durations: dict[str, float]
     began: dict[str, float]
     compacted: dict[str, int]
+    held: dict[str, Mapping[str, float]]
 
     @classmethod
     def of(cls, start: WorkflowCheckpoint) -> _Fold:
         return cls(
             start, start.step_index, dict(start.outputs), dict(start.step_usage),
             dict(start.failures), start.cost, dict(start.skipped), dict(start.durations),
-            dict(start.began), dict(start.compacted),
+            dict(start.began), dict(start.compacted), dict(start.held),
         )
 
     def let_go(self, counts: Mapping[str, int]) -> None:
@@ -192,7 +193,8 @@ class _Fold:
             elif not loop.endswith("[]"):  # (a body map's items: counted, let go with its loop)
                 for k in range(self.compacted.get(loop, 0) + 1, upto + 1):
                     name = iteration_name(loop, k)
-                    for table in (self.outputs, self.step_usage, self.durations, self.began):
+                    for table in (self.outputs, self.step_usage, self.durations, self.began,
+                                  self.held):
                         table.pop(name, None)
             self.compacted[loop] = upto
 
@@ -200,7 +202,7 @@ class _Fold:
         """:meth:`let_go` of a loop whose body is a child: every body step's iterations up to
         ``upto`` and the items of its maps (O(entries): their names are not all known)."""
         shapes, counts = self.start.shapes, {loop: upto}
-        for table in (self.outputs, self.step_usage, self.durations, self.began):
+        for table in (self.outputs, self.step_usage, self.durations, self.began, self.held):
             for name in [n for n in table if compacted_iteration(n, counts, shapes) is not None]:
                 del table[name]
 
@@ -217,6 +219,7 @@ class _Fold:
             skipped=MappingProxyType(self.skipped),
             durations=MappingProxyType(self.durations),
             began=MappingProxyType(self.began),
+            held=MappingProxyType(self.held),
             compacted=MappingProxyType(self.compacted) if self.compacted else self.start.compacted,
         )
 
@@ -422,6 +425,8 @@ class JournalStore:
             record["durations"] = dict(new_durations)
             if delta.began:
                 record["began"] = dict(delta.began)
+            if delta.held:
+                record["held"] = {k: dict(h) for k, h in delta.held}
         return record, delta.outputs
 
     def _open_known(self) -> tuple[int, int] | None:
@@ -688,6 +693,7 @@ class JournalStore:
             ("step_usage", folded.step_usage, part.step_usage),
             ("durations", folded.durations, part.durations),
             ("began", folded.began, part.began),
+            ("held", folded.held, part.held),
         )
         for key, target, new in tables:
             for name, value in new.items():
@@ -749,7 +755,7 @@ class _History:
     new entry instead of a copy per line.
     """
 
-    __slots__ = ("began", "compacted", "durations", "fold", "outputs", "skipped", "usage")
+    __slots__ = ("began", "compacted", "durations", "fold", "held", "outputs", "skipped", "usage")
 
     def __init__(self, fold: _Fold) -> None:
         self.fold = fold
@@ -757,6 +763,7 @@ class _History:
         self.usage: Ledger[str, TokenUsage] = Ledger(fold.step_usage.items())
         self.durations: Ledger[str, float] = Ledger(fold.durations.items())
         self.began: Ledger[str, float] = Ledger(fold.began.items())
+        self.held: Ledger[str, Mapping[str, float]] = Ledger(fold.held.items())
         self.skipped = fold.start.skipped
         self.compacted = fold.start.compacted
 
@@ -766,10 +773,11 @@ class _History:
             self.compacted = MappingProxyType(dict(fold.compacted))
             self.outputs, self.usage = Ledger(fold.outputs.items()), Ledger(fold.step_usage.items())
             self.durations, self.began = Ledger(fold.durations.items()), Ledger(fold.began.items())
+            self.held = Ledger(fold.held.items())
         # Entries only ever follow those before them (a delta that records a
         # step twice is refused), so the new ones are the last of each dict.
         for table, attr in ((fold.outputs, "outputs"), (fold.step_usage, "usage"),
-                            (fold.durations, "durations"), (fold.began, "began")):
+                            (fold.durations, "durations"), (fold.began, "began"), (fold.held, "held")):
             ledger = getattr(self, attr)
             added = len(table) - len(ledger)
             if added:
@@ -799,6 +807,7 @@ class _History:
             redone=fold.start.redone,
             compacted=self.compacted,
             began=self.began,
+            held=self.held,
             code_fingerprints=fold.start.code_fingerprints,
             cache_hits=fold.start.cache_hits,
             compacted_retries=fold.start.compacted_retries,

@@ -16,7 +16,8 @@ seconds its recorded output's attempt took) rides in its usage row, as
 ``"seconds"`` beside the three counts, so that the tables and a reader
 that knows no durations are unchanged (that reader takes the counts and
 ignores the rest), and when that attempt began (``"began"``, epoch
-seconds) beside them; a step that spent nothing but was timed has a usage row
+seconds) beside them, and the limits that held that attempt (``"held"``); a
+step that spent nothing but was timed has a usage row
 of zeros with its seconds, read back as no usage (usage is sparse).
 :class:`OutputTexts` keeps each output's
 first text (the mutation rule of docs/stores.md). Loading folds the rows back
@@ -150,6 +151,7 @@ class OutputTexts:
         every: bool = False,
         durations: Iterable[tuple[str, float]] = (),
         began: Iterable[tuple[str, float]] = (),
+        held: Iterable[tuple[str, Any]] = (),
     ) -> list[Row]:
         """The rows of these outputs, usage, durations and began times (each in the usage
         row of its step: see the module); ``every=True``: they are all the run's outputs."""
@@ -167,17 +169,22 @@ class OutputTexts:
             rows += [("usage", k, default_dumps(u.to_dict())) for k, u in usage]
         else:
             moments = dict(began) if began else {}
+            holds = dict(held) if held else {}
             for k, u in usage:
                 spent: dict[str, Any] = u.to_dict()
                 if k in seconds:
                     spent["seconds"] = seconds.pop(k)
                     if k in moments:
                         spent["began"] = moments[k]
+                    if k in holds:
+                        spent["held"] = dict(holds[k])
                 rows.append(("usage", k, default_dumps(spent)))
             for k, d in seconds.items():
                 timed: dict[str, Any] = {**_NO_COUNTS, "seconds": d}
                 if k in moments:
                     timed["began"] = moments[k]
+                if k in holds:
+                    timed["held"] = dict(holds[k])
                 rows.append(("usage", k, default_dumps(timed)))
         self._texts = texts
         return rows
@@ -274,7 +281,7 @@ def encode_checkpoint(
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
             rows = texts.rows(delta.outputs, delta.step_usage, dumps, durations=delta.durations,
-                              began=delta.began)
+                              began=delta.began, held=delta.held)
             if delta.skipped:
                 rows += _skip_rows(delta.skipped.items())
             if delta.compacted:
@@ -283,7 +290,8 @@ def encode_checkpoint(
                 _check_pg(rows, None)
             return EncodedCheckpoint(None, rows, failures, counts)
     rows = texts.rows(checkpoint.outputs.items(), checkpoint.step_usage.items(), dumps, every=True,
-                      durations=checkpoint.durations.items(), began=checkpoint.began.items())
+                      durations=checkpoint.durations.items(), began=checkpoint.began.items(),
+                      held=checkpoint.held.items())
     rows += _skip_rows(checkpoint.skipped.items())
     header = _header(checkpoint, dumps)
     if engine == "PostgreSQL":
@@ -352,8 +360,7 @@ def decode_checkpoint(
     data["failures"] = _decode(failures, default_loads, where, "failures")
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
-    durations: dict[str, Any] = {}
-    began: dict[str, Any] = {}
+    timed: dict[str, dict[str, Any]] = {"durations": {}, "began": {}, "held": {}}
     skipped: dict[str, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
@@ -365,13 +372,14 @@ def decode_checkpoint(
         else:
             spent = _decode(value, default_loads, where, f"usage of step {name!r}")
             if type(spent) is dict and "seconds" in spent:  # its duration: see the module
-                durations[name] = spent.pop("seconds")
-                began.update({name: spent.pop("began")} if "began" in spent else ())
+                timed["durations"][name] = spent.pop("seconds")
+                for key in ("began", "held"):  # (when its attempt began; the limits that held it)
+                    timed[key].update({name: spent.pop(key)} if key in spent else ())
                 if spent == _NO_COUNTS:
                     continue  # timed, spent nothing: no usage entry
             usage[name] = spent
     data["outputs"], data["step_usage"] = outputs, usage
-    data.update((k, table) for k, table in (("durations", durations), ("began", began)) if table)
+    data.update((k, table) for k, table in timed.items() if table)
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})

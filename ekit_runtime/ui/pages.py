@@ -24,7 +24,7 @@ from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
 from ekit_runtime.ui.sources import RunView, view_progress
-from ekit_runtime.ui.timeline_svg import OUTCOMES, timeline_svg, utc_text
+from ekit_runtime.ui.timeline_svg import OUTCOMES, held_text, timeline_svg, utc_text
 
 __all__ = [
     "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
@@ -201,12 +201,48 @@ def _usage_cell(row: StepAudit, item_usage: dict[str, tuple[TokenUsage, int]]) -
             f"<small>({esc(f'{count:,}')} item{'s' if count != 1 else ''})</small></td>")
 
 
-def _duration_cell(row: StepAudit, item_times: dict[str, list[tuple[float, str]]]) -> str:
-    """The step table's duration: the recorded output's attempt's; a mapped step's
-    items' total and the slowest; ``-`` when none is recorded."""
+def _held_note(holds: Mapping[str, float] | None) -> str:
+    """What held a recorded attempt before it began (the checkpoint's ``held``), under its duration."""
+    if not holds:
+        return ""
+    return (f'<small class="held" data-limits="{esc(" ".join(holds))}">'
+            f'{esc("; ".join(held_text(limit, s) for limit, s in holds.items()))}</small>')
+
+
+def _items_held(rows: Sequence[StepAudit], held: Mapping[str, Mapping[str, float]]
+                ) -> dict[str, list[tuple[float, str]]]:
+    """Mapped step -> ``(seconds held, item)`` of each of its items a limit held."""
+    found: dict[str, list[tuple[float, str]]] = {}
+    if held:
+        for row in rows:
+            holds = held.get(row.name) if row.item_of is not None else None
+            if holds:
+                found.setdefault(row.item_of, []).append((sum(holds.values()), row.name))  # type: ignore[arg-type]
+    return found
+
+
+def _items_held_note(name: str, items_held: dict[str, list[tuple[float, str]]],
+                     held: Mapping[str, Mapping[str, float]]) -> str:
+    """A mapped step's items that a limit held: how many, and the longest hold's limits."""
+    found = items_held.get(name)
+    if not found:
+        return ""
+    _, which = max(found)
+    holds = held[which]
+    return (f'<small class="held" data-limits="{esc(" ".join(holds))}">'
+            f"{esc(f'{len(found):,}')} item{'s' if len(found) != 1 else ''} held; longest "
+            f'{esc(which)}: {esc("; ".join(held_text(lim, s) for lim, s in holds.items()))}</small>')
+
+
+def _duration_cell(row: StepAudit, item_times: dict[str, list[tuple[float, str]]],
+                   held: Mapping[str, Mapping[str, float]],
+                   items_held: dict[str, list[tuple[float, str]]]) -> str:
+    """The step table's duration: the recorded output's attempt's (and what held it before it
+    began); a mapped step's items' total and the slowest (and how many a limit held); ``-``
+    when none is recorded."""
     if row.duration is not None:
         return (f'<td class="num duration" data-seconds="{esc(repr(row.duration))}">'
-                f"{esc(seconds_text(row.duration))}</td>")
+                f"{esc(seconds_text(row.duration))}{_held_note(held.get(row.name))}</td>")
     timed = item_times.get(row.name)
     if not timed:
         return '<td class="num duration">-</td>'
@@ -214,7 +250,8 @@ def _duration_cell(row: StepAudit, item_times: dict[str, list[tuple[float, str]]
     slowest, which = max(timed)
     return (f'<td class="num duration" data-seconds="{esc(repr(total))}">'
             f"{esc(seconds_text(total))} <small>({esc(f'{len(timed):,}')} items; slowest "
-            f"{esc(which)}: {esc(seconds_text(slowest))})</small></td>")
+            f"{esc(which)}: {esc(seconds_text(slowest))})</small>"
+            f"{_items_held_note(row.name, items_held, held)}</td>")
 
 
 def steps_tbody(view: RunView) -> str:
@@ -226,6 +263,8 @@ def steps_tbody(view: RunView) -> str:
     item_times = _item_times(report.steps)
     item_usage = _item_usage(report.steps)
     changed = view.changed or {}
+    held = view.checkpoint.held if view.checkpoint is not None else {}
+    items_held = _items_held(report.steps, held)
     for row in report.steps:
         if row.item_of is not None and row.action != "wait" and row.reason != "failed":
             continue
@@ -249,7 +288,7 @@ def steps_tbody(view: RunView) -> str:
             f'<td class="num items">{esc(shown)}</td>'
             f'<td class="num attempts">{esc(attempts)}</td>'
             f"{_usage_cell(row, item_usage)}"
-            f"{_duration_cell(row, item_times)}"
+            f"{_duration_cell(row, item_times, held, items_held)}"
             f'<td class="failure error">{text_html(message)}</td>'
             f'<td class="why">{esc(row.why)}</td></tr>'
         )

@@ -221,6 +221,8 @@ svg.timeline rect.attempt { stroke: #0003; }
 .outcome-waiting { fill: #ffda6a; background: #ffda6a; }
 .outcome-skipped { fill: #adb5bd; background: #adb5bd; }
 .outcome-held { fill: #f5c2a0; background: #f5c2a0; }
+svg.timeline text.held-label { font-size: 10px; fill: #6b2f0a; pointer-events: none; }
+td.duration small.held { display: block; color: #8a4a1a; }
 .changed-mark { font-size: 0.8em; color: #8a5300; background: #fff3cd; border-radius: 3px; padding: 0 4px; }
 #changed li b { font-family: monospace; }
 td.output { max-width: 60em; }

@@ -9,8 +9,10 @@ its failure record's ``began`` and ``ended``; earlier failed attempts keep
 no times, their count is in the bar's title), ``waiting`` (a person's
 answer: from when the step could ask, the end of its dependencies' recorded
 attempts, or the previous answer, to the answer's time, or to the chart's
-end while none is given) and ``skipped`` (a mark where the step was
-decided). Only runs that record durations have times; the chart then
+end while none is given), ``held`` (before a recorded attempt, each limit
+that held it, named: the checkpoint's ``held``; and, in a run with
+``drives``, a wait no limit was recorded for) and ``skipped`` (a mark
+where the step was decided). Only runs that record durations have times; the chart then
 says how to have them. Each attempt names the worker that ran it: the
 checkpoint's ``drives`` (one per drive: a worker and when it began) give
 the drive an attempt began in; a checkpoint without them, the run's owner.
@@ -29,12 +31,14 @@ from html import escape
 
 from ekit_core import DriveRecord, WorkflowCheckpoint
 
-__all__ = ["OUTCOMES", "Bar", "bars", "timeline_svg", "utc_text", "worker_at"]
+__all__ = ["OUTCOMES", "Bar", "bars", "held_text", "timeline_svg", "utc_text", "worker_at"]
 
 OUTCOMES = ("recorded", "failed", "waiting", "held", "skipped")
 """The outcomes a bar is coloured by (class ``outcome-<outcome>``)."""
 
 _W, _LABEL, _RIGHT, _ROW, _TOP, _AXIS = 960, 170, 16, 18, 8, 24
+
+_CHAR = 6.2  # the width of a character of a held bar's label, in the chart's units
 
 HELD_MIN = 0.05
 """Seconds an attempt must have been held back before it began for a ``held`` bar: below
@@ -52,6 +56,7 @@ class Bar:
     began: float
     ended: float | None
     note: str = ""
+    limit: str = ""  # a held bar's: the limit that held the attempt ("" when none is recorded)
 
 
 def worker_at(drives: Sequence[DriveRecord], at: float) -> str | None:
@@ -141,21 +146,38 @@ def bars(cp: WorkflowCheckpoint) -> list[Bar]:
     return out
 
 
+def held_text(limit: str, seconds: float) -> str:
+    """``held 1.25 s by resource:gpu``: one recorded hold, as the timeline and the step table say it."""
+    return f"held {seconds:,.3f} s by {limit}"
+
+
 def _held(cp: WorkflowCheckpoint, found: list[Bar], ready: Callable[[str], float | None],
           answered: Mapping[str, float]) -> list[Bar]:
-    """A ``held`` bar before each recorded attempt that began well after it could: from when
-    it could (its dependencies recorded, its failed attempt or its wait for a person over, its
-    drive begun) to when it began. Recorded times cannot tell why (a fleet limit: a usage
-    limit or a resource's slots; ``max_concurrency``; a retry's delay): the title says so.
-    Only with ``drives``: without them, when a resume began is unknown, and the time between
-    two runs would pass for a hold."""
-    drives = cp.drives
-    if not drives:
+    """``held`` bars before each recorded attempt that a limit held, or that began well after
+    it could.
+
+    The checkpoint's ``held`` names each limit that held the attempt and for how long: one
+    bar each, named, back to back up to when it began, in the order they held it. Before
+    them (or, with none recorded, up to when it began), a bar with no limit for the rest of
+    the wait since it could begin (its dependencies recorded, its failed attempt or its wait
+    for a person over, its drive begun) when that is at least :data:`HELD_MIN`: a checkpoint
+    written before limits were recorded, or the worker's own dispatch. That one only with
+    ``drives``: without them, when a resume began is unknown, and the time between two runs
+    would pass for a hold."""
+    drives, recorded = cp.drives, cp.held
+    if not drives and not recorded:
         return []
     starts = [d.began for d in drives]
     out = []
     for b in found:
         if b.outcome != "recorded":
+            continue
+        end = b.began
+        for limit, seconds in reversed(tuple(recorded.get(b.name, {}).items())):
+            out.append(Bar(b.step, b.name, "held", end - seconds, end,
+                           f"{held_text(limit, seconds)} before it began", limit))
+            end -= seconds
+        if not drives:
             continue
         since = ready(b.name)
         failure = cp.failures.get(b.name)
@@ -167,11 +189,12 @@ def _held(cp: WorkflowCheckpoint, found: list[Bar], ready: Callable[[str], float
         if not moments:
             continue
         since = max(moments)
-        if b.began - since >= HELD_MIN:
-            out.append(Bar(b.step, b.name, "held", since, b.began,
-                           "held back before it began, though it could start: a limit (the fleet's "
-                           "usage limits or a resource's slots, the run's max_concurrency) or a "
-                           "retry's delay"))
+        if end - since >= HELD_MIN:
+            out.append(Bar(b.step, b.name, "held", since, end,
+                           f"waited {end - since:,.3f} s before it began, though it could start; "
+                           "no limit was recorded holding it (the worker's own dispatch: a save "
+                           "it waited for, a lease renewal; or a checkpoint written before ekit "
+                           "recorded which limit held an attempt)"))
     return out
 
 
@@ -225,10 +248,21 @@ def _bar(b: Bar, x0: float, y: float, width: float, worker: str | None) -> str:
     title = f"{b.name}: {b.note}; {_utc(b.began)} to {until}{on}"
     attrs = (f'data-name="{escape(b.name, quote=True)}" data-outcome="{b.outcome}" '
              f'data-began="{b.began!r}" data-ended="{"" if b.ended is None else repr(b.ended)}"'
-             + (f' data-worker="{escape(worker, quote=True)}"' if worker else ""))
-    return (f'<rect class="attempt outcome-{b.outcome}" x="{x0:.1f}" y="{y + 3}" '
+             + (f' data-worker="{escape(worker, quote=True)}"' if worker else "")
+             + (f' data-limit="{escape(b.limit, quote=True)}"' if b.limit else ""))
+    rect = (f'<rect class="attempt outcome-{b.outcome}" x="{x0:.1f}" y="{y + 3}" '
             f'width="{width:.1f}" height="{_ROW - 6}" {attrs}>'
             f"<title>{escape(title, quote=True)}</title></rect>")
+    if not b.limit:
+        return rect
+    # The limit's name on the bar, cut to what fits (the title has it whole).
+    fits = int((width - 4) // _CHAR)
+    if fits < 3:
+        return rect
+    shown = b.limit if len(b.limit) <= fits else b.limit[:fits - 1] + "\u2026"
+    return (rect + f'<text class="held-label" x="{x0 + 2:.1f}" y="{y + _ROW - 6}" '
+            f'data-name="{escape(b.name, quote=True)}" data-limit="{escape(b.limit, quote=True)}">'
+            f"{escape(shown)}</text>")
 
 
 def timeline_svg(cp: WorkflowCheckpoint, worker: str | None = None, now: float | None = None) -> str:

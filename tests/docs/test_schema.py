@@ -76,11 +76,26 @@ def test_checkpoints_of_a_fresh_run_with_context_validate() -> None:
     # graph_needs hold (read, no longer written), and the two that only a run
     # with run-time shapes writes (see the shaped test below), and the one that
     # only a run whose steps asked a person writes (tests/runtime/test_human_input.py),
-    # the two that only a run with fingerprints or a cache writes (the test below), and
-    # the two only a loop that keeps its last iterations writes (see the loop's test below).
+    # the two that only a run with fingerprints or a cache writes (the test below),
+    # the two only a loop that keeps its last iterations writes (see the loop's test below),
+    # and the one only a run whose attempts a limit held writes (the test after this one).
     assert set(_json(saved[-1])) == set(SCHEMA["properties"]) - {
         "graph", "skipped", "shapes", "asked", "code_fingerprints", "cache_hits", "compacted",
-        "compacted_retries"}
+        "compacted_retries", "held"}
+
+
+def test_checkpoints_naming_the_limit_that_held_an_attempt_validate() -> None:
+    async def slow(ctx: Any) -> str:
+        await asyncio.sleep(0.05)
+        return "done"
+
+    saved: list[WorkflowCheckpoint] = []
+    Workflow([Step(n, slow) for n in ("a", "b", "c")]).run_sync(
+        checkpoint_fn=saved.append, durations=True, max_concurrency=1)
+    for checkpoint in saved:
+        _valid(_json(checkpoint))
+    assert set(_json(saved[-1])["held"]) == {"b", "c"}
+    assert list(VALIDATOR.iter_errors({**_json(saved[-1]), "held": {"b": {}}}))  # a hold names its limit
 
 
 def test_checkpoints_of_a_fingerprinted_run_with_cache_hits_validate(tmp_path: Path) -> None:

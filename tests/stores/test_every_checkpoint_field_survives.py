@@ -91,6 +91,7 @@ FIELDS: dict[str, Any] = {
     "durations": {"a": 0.5, "m[0]": 1.25, "b": 2.0},
     "redone": {"b": 1, "m[0]": 2},
     "began": {"a": 1_796_599_990.125, "m[0]": 1_796_599_991.0, "b": 1_796_599_995.5},
+    "held": {"m[0]": {"max_concurrency": 0.5, "resource:gpu": 0.25}, "b": {"limit:tokens_per_minute": 3.0}},
     "compacted": {"loop": 3},
     "compacted_retries": {"loop": 2},
     "code_fingerprints": {"a": "0f" * 16, "m": "1e" * 16, "b": "2d" * 16},
@@ -114,7 +115,8 @@ def core_made(cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
         fingerprint=cp.fingerprint, format_version=cp.format_version, skipped=cp.skipped,
         shapes=cp.shapes, superseded=cp.superseded, asked=cp.asked, durations=cp.durations,
         redone=cp.redone, began=cp.began, compacted=cp.compacted, compacted_retries=cp.compacted_retries,
-        code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits, drives=cp.drives)
+        code_fingerprints=cp.code_fingerprints, cache_hits=cp.cache_hits, drives=cp.drives,
+        held=cp.held)
 
 
 def parts(cp: WorkflowCheckpoint) -> dict[str, Any]:
@@ -201,6 +203,7 @@ def earlier(cp: WorkflowCheckpoint, differ: frozenset[str], keep: int) -> Workfl
         "step_usage": MappingProxyType({k: u for k, u in cp.step_usage.items() if k in outputs}),
         "durations": MappingProxyType({k: d for k, d in cp.durations.items() if k in outputs}),
         "began": MappingProxyType({k: b for k, b in cp.began.items() if k in outputs}),
+        "held": MappingProxyType({k: h for k, h in cp.held.items() if k in outputs}),
     }
     older: dict[str, Any] = {
         "cost": TokenUsage(1, 1, 1),
