@@ -122,8 +122,9 @@ def _check_queued_children(registry: Mapping[str, Workflow]) -> None:
     for key, workflow in registry.items():
         for step in workflow.steps:
             run = step.run
-            queued = isinstance(run, functools.partial) and run.func is run_queued_child
-            if queued and id(run.args[0].workflow) not in known:
+            if not (isinstance(run, functools.partial) and run.func is run_queued_child):
+                continue
+            if id(run.args[0].workflow) not in known:
                 raise ValueError(
                     f"registry[{key!r}]: step {step.name!r} runs its child as a queued run, and no "
                     "registry entry is that child's Workflow: register it under a name"
