@@ -1713,6 +1713,16 @@ class RunQueue(ABC):
 
         return self._snapshot(body)
 
+    def parents(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """``child run id -> its parent's`` for each of ``run_ids`` that is a child run (one read)."""
+        ids = [check_run_id(r, "run_ids") for r in run_ids]
+        if not ids:
+            return {}
+        marks = ", ".join(f":c{i}" for i in range(len(ids)))
+        sql = self._q(f"SELECT child, parent FROM ekit_queue_children WHERE child IN ({marks})")
+        rows = self._read(lambda tx: tx.execute(sql, {f"c{i}": c for i, c in enumerate(ids)}).fetchall())
+        return {str(c): str(p) for c, p in rows}
+
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""
         return self.usage_hold()[0]

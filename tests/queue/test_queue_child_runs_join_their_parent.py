@@ -13,6 +13,11 @@ retry takes the failed children along, a prune keeps a family together.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +264,24 @@ def test_no_person_answers_a_wait_for_a_child(queue: RunQueue) -> None:
     with pytest.raises(RunStateError, match="'write' waits for its child run 'p/write', not for a person"):
         queue.answer("p", "write", "a forged draft")
     assert queue.status("p").status == "waiting"
+
+
+def _ekit(*args: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "ekit_runtime", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_ekit_queue_status_and_list_show_the_link_both_ways(queue: RunQueue, queue_url: str) -> None:
+    _parked(queue, ("p/a",))
+    queue.submit("wf", run_id="alone")
+    status = json.loads(_ekit("queue", "--queue", queue_url, "status", "p"))
+    assert status["children"] == {"a": "p/a"} and "parent" not in status
+    assert json.loads(_ekit("queue", "--queue", queue_url, "status", "p/a"))["parent"] == "p"
+    listed = json.loads(_ekit("queue", "--queue", queue_url, "list", "--json"))
+    assert [r.get("parent") for r in listed] == [None, "p", None]
+    table = _ekit("queue", "--queue", queue_url, "list").splitlines()
+    assert table[0].split()[:3] == ["RUN", "PARENT", "WORKFLOW"]
+    assert [line.split()[:2] for line in table[1:]] == [["p", "-"], ["p/a", "p"], ["alone", "-"]]
