@@ -12,6 +12,7 @@ fsynced to a side file, so the counts survive the kills.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -126,16 +127,17 @@ def _workers(tmp_path: Path, url: str, count: int, mode: str = "", *flags: str) 
            "CHILD_MARK": str(tmp_path / "killed")}
     argv = [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", "flows:WORKFLOWS",
             "--lease", "2", "--heartbeat", "0.3", "--max-runs", "1", *flags]
-    procs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                              stderr=open(tmp_path / f"stderr-{mode}-{i}", "w"), text=True)
-             for i in range(count)]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+    with contextlib.ExitStack() as files:
+        errs = [files.enter_context(open(tmp_path / f"stderr-{mode}-{i}", "w")) for i in range(count)]
+        procs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                  text=True) for err in errs]
+        try:
+            yield procs
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
 
 
 def _starts(tmp_path: Path) -> Counter[str]:
