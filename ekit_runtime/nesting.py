@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from ekit_core.children import check_names, nest, output_of
 from ekit_core.shapes import Shape
-from ekit_runtime.children import Child, QueuedChild, handed_on, in_child, run_queued_child
+from ekit_runtime.child_runs import QueuedChild, run_queued_child
+from ekit_runtime.children import Child, handed_on, in_child
 from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.step import Step
 
@@ -73,7 +74,7 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
 
 def _queued(step: Step, declared: Child) -> Step:
     """The step whose child is a queued run of its own: one plain step of the parent's graph,
-    whose work submits the child and waits for it (:func:`~ekit_runtime.children.run_queued_child`).
+    whose work submits the child and waits for it (:func:`~ekit_runtime.child_runs.run_queued_child`).
     Async on the driver's loop, whatever the run's executor: it only reads and writes the queue."""
     if step.map_over is not None or step.repeat is not None:
         what = "map_over" if step.map_over is not None else "repeat"

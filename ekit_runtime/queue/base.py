@@ -41,7 +41,7 @@ from ekit_core.progress import run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
-from ekit_runtime.children import ChildState, child_run_of
+from ekit_runtime.child_runs import ChildState, child_run_of
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
     FINAL,

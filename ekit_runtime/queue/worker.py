@@ -64,7 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.cache.base import Cache
-from ekit_runtime.children import run_queued_child
+from ekit_runtime.child_runs import run_queued_child
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.base import claim_limit
 from ekit_runtime.queue.contract import RunQueue

@@ -11,7 +11,7 @@ from ekit_core import WorkflowCheckpoint
 from ekit_core.human import Answer, questions
 from ekit_core.human import answer as answered
 from ekit_runtime import logs
-from ekit_runtime.children import SPAWNER, ChildState, child_run_of
+from ekit_runtime.child_runs import SPAWNER, ChildState, child_run_of
 from ekit_runtime.queue.links import child_run_id
 from ekit_runtime.queue.options import run_arguments
 from ekit_runtime.queue.records import FINAL_STATUSES, Lease, LeaseLostError

@@ -16,7 +16,7 @@ from typing import Any
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import logs
-from ekit_runtime.children import child_run_of
+from ekit_runtime.child_runs import child_run_of
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue.lifecycle import drive_ending, waiting_reason
 from ekit_runtime.queue.records import (

@@ -24,7 +24,8 @@ import pytest
 
 from ekit_core import TokenUsage
 from ekit_runtime import PatternResult, RunWaiting, Step, Workflow
-from ekit_runtime.children import SPAWNER, Child
+from ekit_runtime.child_runs import SPAWNER
+from ekit_runtime.children import Child
 from ekit_runtime.queue import Ending, Lease, LeaseLostError, RunQueue, RunStateError, Worker
 from tests.support.queue_backends import expire_lease, live_leases, queue, queue_url
 
