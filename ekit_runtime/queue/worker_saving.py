@@ -200,8 +200,8 @@ class Saving(LeaseKeeping):
         try:
             if children and None not in children:
                 joined = await self._db(self.queue.join, drive.lease, [c for c in children if c])
-                drive.outcome = "parked" if joined == "waiting" else "released" if joined == "queued" \
-                    else joined
+                # (queued: a child ended meanwhile, and any worker resumes it)
+                drive.outcome = {"waiting": "parked", "queued": "released"}.get(joined, joined)
                 return
             await self._db(self.queue.park, drive.lease, waiting_reason(waiting.questions))
         except LeaseLostError:
