@@ -14,7 +14,9 @@ holds what a user writes and the shell's two small parts of it:
   step's own, read with the child's names (``ctx["fetch"]`` is
   ``research/fetch``'s output), falling back on the names outside the child
   (the parent's inputs), so the child's code runs unchanged as a step of its
-  own workflow or of another's.
+  own workflow or of another's;
+- ``Child(wf, queued=True)``, whose step runs the child as a queued run of its own
+  (:mod:`ekit_runtime.child_runs`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class Child:
 
     workflow: Nestable
     output: str | None = None
+    queued: bool = False
+    """In a queued run, run the child as a run of its own (its own id, status, lease and
+    checkpoint; the parent parks holding no worker until it ends). Without a queue, the
+    child runs inline, as one run inside the step. ``False``: its steps are the parent's."""
 
     def __post_init__(self) -> None:
         if not is_workflow(self.workflow):
@@ -61,6 +67,8 @@ class Child:
                              f"{type(self.workflow).__name__}")
         if self.output is not None and (not isinstance(self.output, str) or not self.output):
             raise ValueError("Child.output must be a non-empty string or None")
+        if not isinstance(self.queued, bool):
+            raise ValueError(f"Child.queued must be True or False, got {self.queued!r:.80}")
 
 
 class ChildContext(MutableMapping[str, Any]):
@@ -184,3 +192,4 @@ def unwrapped(run: Any) -> Any:
     while isinstance(run, functools.partial) and run.func in _WRAPPERS:
         run = run.args[1]
     return run
+

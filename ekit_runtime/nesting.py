@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from ekit_core.children import check_names, nest
+from ekit_core.children import check_names, nest, output_of
 from ekit_core.shapes import Shape
+from ekit_runtime.child_runs import QueuedChild, run_queued_child
 from ekit_runtime.children import Child, handed_on, in_child
 from ekit_runtime.executors import DEFAULT_EXECUTOR
 from ekit_runtime.step import Step
@@ -37,6 +38,9 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
         declared = child if isinstance(child, Child) else Child(child)
         workflow = declared.workflow
         name = step.name
+        if declared.queued:
+            out.append(_queued(step, declared))
+            continue
         nested = nest(name, step.depends_on, workflow.graph, declared.output)
         prefix = f"{name}/"
         names = frozenset(workflow.graph.names)  # (one set, shared by the child's steps)
@@ -66,6 +70,18 @@ def flatten(steps: Sequence[Step]) -> tuple[tuple[Step, ...], dict[str, Shape]]:
     if own:
         check_names(own, [s.name for s in out], own)
     return tuple(out), shapes
+
+
+def _queued(step: Step, declared: Child) -> Step:
+    """The step whose child is a queued run of its own: one plain step of the parent's graph,
+    whose work submits the child and waits for it (:func:`~ekit_runtime.child_runs.run_queued_child`).
+    Async on the driver's loop, whatever the run's executor: it only reads and writes the queue."""
+    if step.map_over is not None or step.repeat is not None:
+        what = "map_over" if step.map_over is not None else "repeat"
+        raise ValueError(f"step {step.name!r}: a queued child cannot take {what} (yet)")
+    output = output_of(step.name, declared.workflow.graph, declared.output)
+    return Step(step.name, functools.partial(run_queued_child, QueuedChild(declared.workflow, output)),
+                step.depends_on, metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR)
 
 
 def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None,

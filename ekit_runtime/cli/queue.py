@@ -513,8 +513,13 @@ def age_text(seconds: float) -> str:
 _COLUMNS = ("RUN", "WORKFLOW", "STATUS", "STEPS", "CALLS", "TOKENS", "AGE", "OWNER", "REASON")
 
 
-def runs_table(runs: list[RunInfo], now: float) -> str:
-    """The table ``ekit queue list`` prints: a header, then one line per run, columns aligned."""
+def runs_table(runs: list[RunInfo], now: float, parents: Mapping[str, str] | None = None) -> str:
+    """The table ``ekit queue list`` prints: a header, then one line per run, columns aligned.
+
+    ``parents`` (child run id -> its parent's): when a listed run is a child run, a PARENT
+    column follows RUN (``-`` for the runs that are none).
+    """
+    parents = parents or {}
     rows = [list(_COLUMNS)]
     for r in runs:
         total = "?" if r.steps_total is None else str(r.steps_total)
@@ -525,7 +530,10 @@ def runs_table(runs: list[RunInfo], now: float) -> str:
             f"{r.steps_done}/{total}", str(r.cost.llm_calls), str(r.cost.total_tokens),
             age_text(now - r.created_at), r.owner or "-", " ".join(reason.split())[:120] or "-",
         ])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    if parents:
+        for row, run in zip(rows, [None, *runs], strict=True):
+            row.insert(1, "PARENT" if run is None else parents.get(run.run_id, "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
              for row in rows]
     if len(rows) == 1:
@@ -580,6 +588,11 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
     if action == "status":
         info = queue.status(args.run_id)
         data = _info(info)
+        parent, children = queue.family(args.run_id)
+        if parent is not None:
+            data["parent"] = parent
+        if children:
+            data["children"] = {step: child for child, step in children}
         if info.status == "waiting":  # what the person is asked, step by step
             data["questions"] = {k: q.to_dict() for k, q in queue.questions(args.run_id).items()}
         return data
@@ -592,9 +605,11 @@ def _queue_action(queue: RunQueue, args: argparse.Namespace) -> Any:
         ).runs
         if args.last is not None:
             runs.reverse()  # the newest N, listed oldest first like the rest
+        parents = queue.parents([r.run_id for r in runs])
         if args.json:
-            return [_info(r) for r in runs]
-        return _Table(runs_table(runs, time.time()))
+            return [{**_info(r), **({"parent": parents[r.run_id]} if r.run_id in parents else {})}
+                    for r in runs]
+        return _Table(runs_table(runs, time.time(), parents))
     if action == "cancel":
         return {"run_id": args.run_id, "cancelled": queue.cancel(args.run_id)}
     if action == "prune":

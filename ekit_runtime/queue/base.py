@@ -41,8 +41,10 @@ from ekit_core.progress import run_progress
 from ekit_core.report import recorded_graph
 from ekit_core.rewind import rewind as rewind_checkpoint
 from ekit_core.usage import NO_USAGE
+from ekit_runtime.child_runs import ChildState, child_run_of
 from ekit_runtime.queue.lifecycle import (
     ABANDONED,
+    FINAL,
     HELD,
     IN_WINDOW,
     LEFT_WINDOW,
@@ -51,9 +53,11 @@ from ekit_runtime.queue.lifecycle import (
     abandoned_as,
     at_cap,
     at_start_rate,
+    children_reason,
     follows,
     graph_change_allowed,
     held_status,
+    join_status,
     reopen_refusal,
     slot_free,
     submitted_as,
@@ -62,6 +66,7 @@ from ekit_runtime.queue.lifecycle import (
     usage_reason,
     usage_wait,
 )
+from ekit_runtime.queue.links import DESCENDANTS, FORGOTTEN_LINKS
 from ekit_runtime.queue.options import check_run_options
 from ekit_runtime.queue.records import (
     FINAL_STATUSES,
@@ -825,6 +830,11 @@ class RunQueue(ABC):
             if checkpoint is None:
                 problem = "it has no checkpoint: no question to answer"
                 raise RunStateError(rid, status, verb, problem, step=name)
+            asked = pending_questions(checkpoint).get(name)
+            child = None if asked is None else child_run_of(asked.details)
+            if child is not None:
+                problem = f"step {name!r} waits for its child run {child!r}, not for a person"
+                raise RunStateError(rid, status, verb, problem, step=name)
             try:
                 return answer_checkpoint(checkpoint, name, given)
             except ValueError as exc:
@@ -917,6 +927,8 @@ class RunQueue(ABC):
                 raise UnknownRunError(run_id)
             status, epoch, lease_live = found
             self._refuse_reopening(run_id, verb, status, lease_live, step)
+            if verb == "retry":
+                self._retry_children(tx, run_id)
             written = None if change is None else change(status, self._load(tx, run_id, missing_ok=False))
             info = self._reopen_write(tx, run_id, epoch, written)
             if info is None:
@@ -926,6 +938,17 @@ class RunQueue(ABC):
         reopened = self._transaction(body)
         self._forget(run_id)
         return reopened
+
+    def _retry_children(self, tx: Any, run_id: str) -> None:
+        """Queue again, with the run a ``retry`` reopens, each of its child runs (and theirs) that
+        failed or was cancelled: its parent's step waits for it again, and no step it recorded
+        runs again. Those still going, or finished, are left as they are."""
+        for child, _depth in tx.execute(self._q(DESCENDANTS), {"run_id": run_id}).fetchall():
+            found = self._reopen_read(tx, child)
+            if found is None or reopen_refusal("retry", found[0], found[2]) is not None:
+                continue
+            if self._reopen_write(tx, child, found[1], None) is None:
+                self._changed(child, found[0], "retry")
 
     @abstractmethod
     def _load(self, tx: Any, run_id: str, *, missing_ok: bool) -> WorkflowCheckpoint | None:
@@ -1088,11 +1111,20 @@ class RunQueue(ABC):
 
         A queued or waiting run (or one whose lease expired) is cancelled at
         once; a running one is flagged, and its worker stops it at its next
-        heartbeat or save, saving a final checkpoint first.
+        heartbeat or save, saving a final checkpoint first. The run's child
+        runs (and theirs) are cancelled alike, in the same transaction, even
+        when the run itself had ended.
         """
         check_run_id(run_id)
 
         def body(tx: Any) -> bool:
+            # Its child runs first, deepest first (their rows are locked before their parents',
+            # as a child's end locks them): each by its own row of the table.
+            for child, _depth in tx.execute(self._q(DESCENDANTS), {"run_id": run_id}).fetchall():
+                below = self._cancel_read(tx, child)
+                row = None if below is None else follows("cancel", *below)
+                if below is not None and row is not None:
+                    self._cancel_write(tx, child, None if row.target == below[0] else row.target)
             found = self._cancel_read(tx, run_id)
             if found is None:
                 raise UnknownRunError(run_id)
@@ -1188,9 +1220,23 @@ class RunQueue(ABC):
         tx.execute(self._q(sql), {"run_id": run_id, "status": target, "now": time.time()})
 
     def prune(self, older_than: float) -> int:
-        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago; how many."""
+        """Delete finished, failed and cancelled runs last updated over ``older_than`` s ago; how many.
+
+        A child run (``Child(wf, queued=True)``) is kept while its parent is, and pruned with it.
+        """
         age = check_age(older_than)
-        return self._transaction(lambda tx: self._prune_write(tx, age))
+
+        def body(tx: Any) -> int:
+            # A child is kept while its parent is; each round takes the children of the runs the
+            # round before took (as old as asked), so a family goes together.
+            pruned = more = self._prune_write(tx, age)
+            while more:
+                more = self._prune_write(tx, age)
+                pruned += more
+            tx.execute(FORGOTTEN_LINKS)
+            return pruned
+
+        return self._transaction(body)
 
     @abstractmethod
     def _prune_write(self, tx: Any, age: float) -> int:
@@ -1524,6 +1570,158 @@ class RunQueue(ABC):
             self._held_write(lease, sets + self._fold, reason=text)
         finally:
             self._forget(lease.run_id)
+
+    # -- children: a step's child as a run of its own (lifecycle's CHILDREN; queue.links) --
+
+    def spawn(
+        self,
+        lease: Lease,
+        workflow: str,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str,
+        step: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Submit ``run_id``, a run of ``workflow``, as the child of the run under ``lease`` (for its
+        step ``step``); whether it was new.
+
+        One transaction, fenced by the parent's lease (:class:`LeaseLostError`,
+        nothing written, unless it is live): the child is queued at the
+        parent's priority and linked to it. An id that exists already as
+        this parent's child changes nothing (a worker that died after the
+        submit and before saving submits it again); one that exists and is
+        not is a ``ValueError``.
+        """
+        sub = self._submission(workflow, context, run_id, 0, options)
+        name = check_step_name(step)
+        status = submitted_as()
+        held = self._q(f"SELECT priority FROM ekit_queue_runs WHERE {HELD}{self._for_update}")
+        linked = self._q("SELECT parent FROM ekit_queue_children WHERE child = :child")
+        exists = self._q("SELECT 1 FROM ekit_queue_runs WHERE run_id = :child")
+        link = self._q(
+            "INSERT INTO ekit_queue_children (child, parent, step) VALUES (:child, :parent, :step)"
+        )
+
+        def body(tx: Any) -> bool:
+            args = {"run_id": lease.run_id, "epoch": lease.epoch, "now": time.time(), "child": sub.run_id,
+                    "parent": lease.run_id, "step": name}
+            row = tx.execute(held, args).fetchone()
+            if row is None:
+                self._lost(lease)
+            if tx.execute(exists, args).fetchone() is not None:
+                parent = tx.execute(linked, args).fetchone()
+                if parent is None or parent[0] != lease.run_id:
+                    raise ValueError(f"run id {sub.run_id!r} is a run the queue has, not a child of run "
+                                     f"{lease.run_id!r}: its step {name!r} cannot submit it")
+                return False
+            sub.priority = int(row[0])
+            self._submit_write(tx, sub, status)
+            tx.execute(link, args)
+            return True
+
+        return self._transaction(body)
+
+    def join(self, lease: Lease, children: Sequence[str]) -> RunStatus:
+        """Park the run under ``lease`` until one of ``children`` (its child runs it waits for) ends.
+
+        One transaction: the run's row is locked (fenced: :class:`LeaseLostError`,
+        nothing written, unless the lease is live), then the children are
+        read. The status written is the table's ``join`` row
+        (:func:`~ekit_runtime.queue.lifecycle.join_status`): ``cancelled`` if a
+        cancel was asked, ``queued`` if a child ended already (any worker resumes
+        it), else ``waiting`` with no lease, no owner and a reason naming the
+        children; a child's end queues it then. Returns the status written.
+        """
+        ids = [check_run_id(c, "children") for c in children]
+        if not ids:
+            raise ValueError("join: children must name at least one child run")
+        reason = self._park_reason(children_reason(ids))
+        marks = ", ".join(f":c{i}" for i in range(len(ids)))
+        lock = self._q(f"SELECT cancel_requested FROM ekit_queue_runs WHERE {HELD}{self._for_update}")
+        ended = self._q(f"SELECT count(*) FROM ekit_queue_runs WHERE run_id IN ({marks}) AND {FINAL}")
+        write = self._q(
+            "UPDATE ekit_queue_runs SET status = :status, lease_until = NULL, owner = NULL, "
+            f"reason = :reason, updated_at = :now{self._fold} WHERE {HELD}"
+        )
+
+        def body(tx: Any) -> RunStatus:
+            args: dict[str, Any] = {"run_id": lease.run_id, "epoch": lease.epoch, "now": time.time(),
+                                    **{f"c{i}": c for i, c in enumerate(ids)}}
+            row = tx.execute(lock, args).fetchone()
+            if row is None:
+                self._lost(lease)
+            # A statement after the lock: it sees every child's end committed before it.
+            (count,) = tx.execute(ended, args).fetchone()
+            target = join_status(bool(row[0]), int(count) > 0)
+            args.update(status=target, reason=reason if target == "waiting" else None)
+            if self._fenced_row(tx, write, args) is None:
+                self._lost(lease)
+            return target
+
+        try:
+            return self._transaction(body)
+        finally:
+            self._forget(lease.run_id)
+
+    def child_statuses(self, run_ids: Sequence[str]) -> dict[str, RunStatus]:
+        """``run id -> status`` of each of ``run_ids`` the queue has (one read)."""
+        ids = [check_run_id(r, "run_ids") for r in run_ids]
+        if not ids:
+            return {}
+        marks = ", ".join(f":c{i}" for i in range(len(ids)))
+        sql = self._q(f"SELECT run_id, status FROM ekit_queue_runs WHERE run_id IN ({marks})")
+        rows = self._read(lambda tx: tx.execute(sql, {f"c{i}": c for i, c in enumerate(ids)}).fetchall())
+        return {str(r): cast(RunStatus, st) for r, st in rows}
+
+    def child_state(self, run_id: str, output: str) -> ChildState | None:
+        """The child run ``run_id`` as its parent's step reads it (``output``: its step whose output
+        the parent hands on, read once it finished), or ``None`` if there is no such run."""
+        rid = check_run_id(run_id)
+        sql = self._q("SELECT status, error FROM ekit_queue_runs WHERE run_id = :run_id")
+
+        def body(tx: Any) -> ChildState | None:
+            row = tx.execute(sql, {"run_id": rid}).fetchone()
+            if row is None:
+                return None
+            status, error = row
+            if status not in FINAL_STATUSES:
+                return ChildState(status, error, None, NO_USAGE)
+            checkpoint = self._load(tx, rid, missing_ok=True)
+            if checkpoint is None:
+                return ChildState(status, error, None, NO_USAGE)
+            if status == "finished" and output not in checkpoint.outputs:
+                error = f"it finished without an output for its step {output!r}"
+                return ChildState("failed", error, None, checkpoint.cost)
+            return ChildState(status, error, checkpoint.outputs.get(output), checkpoint.cost)
+
+        return self._snapshot(body)
+
+    def family(self, run_id: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """The run's parent run (``None``: it is no child) and its child runs, as
+        ``(child run id, the parent's step)`` in step order."""
+        rid = check_run_id(run_id)
+        up = self._q("SELECT parent FROM ekit_queue_children WHERE child = :run_id")
+        down = self._q(
+            "SELECT child, step FROM ekit_queue_children WHERE parent = :run_id ORDER BY step, child"
+        )
+
+        def body(tx: Any) -> tuple[str | None, list[tuple[str, str]]]:
+            parent = tx.execute(up, {"run_id": rid}).fetchone()
+            children = tx.execute(down, {"run_id": rid}).fetchall()
+            return (None if parent is None else str(parent[0])), [(str(c), str(s)) for c, s in children]
+
+        return self._snapshot(body)
+
+    def parents(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """``child run id -> its parent's`` for each of ``run_ids`` that is a child run (one read)."""
+        ids = [check_run_id(r, "run_ids") for r in run_ids]
+        if not ids:
+            return {}
+        marks = ", ".join(f":c{i}" for i in range(len(ids)))
+        sql = self._q(f"SELECT child, parent FROM ekit_queue_children WHERE child IN ({marks})")
+        rows = self._read(lambda tx: tx.execute(sql, {f"c{i}": c for i, c in enumerate(ids)}).fetchall())
+        return {str(c): str(p) for c, p in rows}
 
     def usage_wait(self) -> float:
         """Seconds before the fleet's call and token limits let a step start (0: go)."""

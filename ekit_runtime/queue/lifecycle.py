@@ -48,6 +48,11 @@ only they may be pruned.
     waiting    queued     submitter  approve  an approval pending at the step; recorded; epoch + 1
     waiting    queued     submitter  deny     an approval pending at the step; recorded; epoch + 1
     (none)     queued     submitter  fork     a new run id: the source's run, checkpoint rewound
+    (none)     queued     holder     spawn    the parent's lease is live; a new child id (else nothing)
+    running    waiting    holder     join     fenced, no cancel asked, no child it waits for ended
+    running    queued     holder     join     fenced, no cancel asked, a child it waits for ended
+    running    cancelled  holder     join     fenced, a cancel asked
+    waiting    queued     anyone     wake     a child ended while it waited for children; epoch + 1
 
 WAITING: a run whose every runnable step is done and some step waits for a
 person's answer (``workflow.run`` raised ``RunWaiting`` after its final
@@ -90,6 +95,21 @@ HOW A DRIVE ENDED (:func:`drive_ending`, from what the worker knows):
     the run returned                                               -> finished
     otherwise (it raised)                                          -> failed
 
+CHILDREN (a step's child as a run of its own, ``Child(wf, queued=True)``):
+the parent's holder submits the child (``spawn``, fenced by the parent's lease,
+under an id derived from the parent's, idempotent) and links it to the parent
+in the same transaction. When the parent has nothing left to run but its
+children, its holder ``join``s: in one transaction it locks the parent's row,
+then reads the children it waits for; if one of them ended already, the parent
+goes back to ``queued`` (any worker resumes it), else it parks ``waiting``
+(no lease, no worker; ``reason`` starts with :data:`CHILDREN_REASON`). A
+child's end, whichever verb writes it, ``wake``s a parent waiting for its
+children in the same transaction (a trigger: :mod:`~ekit_runtime.queue.links`).
+The claim that resumes the parent records each ended child's answer in its
+checkpoint, and the parent's step hands on the child's output. A ``cancel``
+applies its rows to the run's descendants first (deepest first), then to the
+run; a ``retry`` queues its failed or cancelled descendants again with it.
+
 RATE WINDOWS: a claim is refused while ``max_in_flight`` live leases exist or
 ``runs_per_minute`` leases were granted in the trailing window; no step
 starts while the calls or tokens recorded in the trailing window reached
@@ -131,6 +151,7 @@ __all__ = [
     "Actor",
     "CLAIMABLE",
     "CLAIM_ORDER",
+    "CHILDREN_REASON",
     "CancelEffect",
     "Ending",
     "FINAL",
@@ -155,6 +176,8 @@ __all__ = [
     "at_cap",
     "at_start_rate",
     "cancel_effect",
+    "children_reason",
+    "join_status",
     "claimable",
     "drive_ending",
     "expired",
@@ -236,6 +259,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("waiting", "queued", "submitter", "answer", "a question pending; epoch + 1"),
     Transition("waiting", "queued", "submitter", "approve", "an approval pending; epoch + 1"),
     Transition("waiting", "queued", "submitter", "deny", "an approval pending; epoch + 1"),
+    Transition(None, "queued", "holder", "spawn", "the parent's lease is live; a new child id"),
+    Transition("running", "waiting", "holder", "join", "fenced, no cancel asked, no child ended",
+               cancel=False),
+    Transition("running", "queued", "holder", "join", "fenced, no cancel asked, a child ended",
+               cancel=False),
+    Transition("running", "cancelled", "holder", "join", "fenced, a cancel asked", cancel=True),
+    Transition("waiting", "queued", "anyone", "wake", "a child ended; epoch + 1"),
 )
 """Every legal status change (the table in this module's docstring)."""
 
@@ -377,12 +407,14 @@ def next_status(
     *,
     fenced_ok: bool = True,
     final: RunStatus = "finished",
+    child_ended: bool = False,
 ) -> RunStatus | None:
     """The status ``verb`` leaves a run in, or ``None`` when it changes nothing (or is refused).
 
     ``fenced_ok``: for a holder's verb (save, renew, finish, release), whether
     the lease's epoch is the run's (:func:`fenced` checks the rest); ``final``:
-    the status a finish writes. Every change it allows is a row of
+    the status a finish writes; ``child_ended``: for a ``join``, whether a
+    child it waits for ended already. Every change it allows is a row of
     :data:`TRANSITIONS`, made by that row's ``who``.
     """
     if verb == "claim":
@@ -394,6 +426,10 @@ def next_status(
         return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
     if verb in _REOPENING_VERBS:
         return None if reopen_refusal(verb, status, live(status, lease_until, now)) else REOPENED_AS
+    if verb == "wake":
+        return "queued" if status == "waiting" else None
+    if verb == "spawn":
+        return None  # (a new run's status: submitted_as(); an id that exists changes nothing)
     if verb not in _HOLDER_VERBS:
         raise ValueError(f"not a verb of a run's lifecycle: {verb!r}")
     if not (fenced_ok and live(status, lease_until, now)):
@@ -402,10 +438,12 @@ def next_status(
         return RELEASED_AS[cancel_requested]
     if verb == "park":
         return PARKED_AS[cancel_requested]
+    if verb == "join":
+        return join_status(cancel_requested, child_ended)
     return {"save": status, "renew": status, "finish": final}[verb]
 
 
-_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release", "park"})
+_HOLDER_VERBS = frozenset({"save", "renew", "finish", "release", "park", "join"})
 _REOPENING_VERBS = frozenset({"retry", "rewind", "answer", "approve", "deny"})
 ANSWERING_VERBS: frozenset[str] = frozenset({"answer", "approve", "deny"})
 """A person's verbs that answer the question a waiting run's step asked."""
@@ -463,6 +501,28 @@ PARKED_AS: Mapping[bool, RunStatus] = {False: "waiting", True: "cancelled"}
 
 PARK_STATUS = held_status("park")
 """SQL of :data:`PARKED_AS`, for the park's ``SET status = ...``."""
+
+
+CHILDREN_REASON = "waiting for child run"
+"""How the reason of a parent parked for its children begins (what a child's end looks for)."""
+
+
+def children_reason(children: list[str] | tuple[str, ...]) -> str:
+    """The reason a parent parked for its children shows: which child runs it waits for."""
+    if len(children) == 1:
+        return f"{CHILDREN_REASON} {children[0]!r}"
+    return f"{CHILDREN_REASON}s {', '.join(map(repr, children))}"
+
+
+def join_status(cancel_requested: bool, child_ended: bool) -> RunStatus:
+    """The status a holder's ``join`` leaves its run in, by the table's ``join`` rows: ``cancelled``
+    if a cancel was asked, else ``queued`` if a child it waits for ended already, else ``waiting``."""
+    for row in TRANSITIONS:
+        if row.verb != "join" or row.source != "running" or row.cancel not in (cancel_requested, None):
+            continue
+        if cancel_requested or (row.target == "queued") == child_ended:
+            return row.target
+    raise ValueError("the lifecycle table has no row for a join of a running run")
 
 
 def drive_ending(

@@ -53,6 +53,7 @@ from ekit_runtime.queue.lifecycle import (
     FINAL,
     REOPENED_AS,
 )
+from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, POSTGRES_LINKS
 from ekit_runtime.queue.postgres_loop import LoopSession
 from ekit_runtime.queue.postgres_sql import (
     _BEFORE,
@@ -104,6 +105,15 @@ from ekit_runtime.stores.rows import EncodedCheckpoint
 __all__ = ["PostgresQueue"]
 
 T = TypeVar("T")
+
+
+def _has_links(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the child runs' link table and the join's trigger exist (``queue.links``)."""
+    row = conn.execute(
+        "SELECT to_regclass('ekit_queue_children') IS NOT NULL AND EXISTS "
+        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_wake_parent')"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 class PostgresQueue(RunQueue):
@@ -166,6 +176,12 @@ class PostgresQueue(RunQueue):
                 self._build_pick_index()
             if problem is None and not self.db.run(_has_stream_table):
                 self._build_stream_table()
+            if problem is None and not self.db.run(_has_links):
+                self._add_to_schema(
+                    POSTGRES_LINKS, "links_missing",
+                    "queue %s: cannot create table ekit_queue_children and its trigger (%s); no "
+                    "run can run a queued child until the owner of the queue's tables opens it once",
+                )
         except psycopg.Error as exc:
             said = " ".join(str(exc).split())
             if isinstance(dsn, str):
@@ -268,7 +284,7 @@ class PostgresQueue(RunQueue):
             return body(conn)
 
     def _prune_write(self, conn: psycopg.Connection[Any], age: float) -> int:
-        final = f"{FINAL} AND updated_at < {_NOW} - %s"
+        final = f"{FINAL} AND updated_at < {_NOW} - %s AND {NOT_A_KEPT_CHILD}"
         conn.execute(
             "DELETE FROM ekit_queue_stream WHERE run_id IN "
             f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",

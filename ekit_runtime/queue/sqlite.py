@@ -66,6 +66,7 @@ from ekit_runtime.queue.lifecycle import (
     UNCHANGED,
     render,
 )
+from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, SQLITE_LINKS
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
@@ -579,6 +580,7 @@ class SqliteQueue(RunQueue):
         else:
             conn.executescript(_SCHEMA)
         conn.execute(_STREAM_TABLE)
+        conn.executescript(SQLITE_LINKS)  # (child runs: their links and the durable join's trigger)
         self._one_statement = _RETURNING and self._json_functions(conn)
         if self._one_statement:
             conn.executescript(_PROCEDURES)
@@ -864,7 +866,7 @@ class SqliteQueue(RunQueue):
 
     def _prune_write(self, conn: sqlite3.Connection, age: float) -> int:
         cutoff = time.time() - age
-        final = f"{FINAL} AND updated_at < ?"
+        final = f"{FINAL} AND updated_at < ? AND {NOT_A_KEPT_CHILD}"
         conn.execute(
             f"DELETE FROM ekit_queue_stream WHERE run_id IN "
             f"(SELECT run_id FROM ekit_queue_runs WHERE {final})",

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Mapping
@@ -63,6 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ekit_runtime.cache.base import Cache
+from ekit_runtime.child_runs import run_queued_child
 from ekit_runtime.executors import Executor
 from ekit_runtime.queue.base import claim_limit
 from ekit_runtime.queue.contract import RunQueue
@@ -110,6 +112,23 @@ def _check_registry(registry: object) -> None:
         check_workflow_name(key, "registry key")
         for step in workflow.graph.names:
             check_step_name(step)
+    _check_queued_children(registry)
+
+
+def _check_queued_children(registry: Mapping[str, Workflow]) -> None:
+    """Refuse, naming the step, a queued child whose workflow the registry lacks: the child run
+    is submitted under its registry name, which must be this worker's and its fleet's."""
+    known = {id(w) for w in registry.values()}
+    for key, workflow in registry.items():
+        for step in workflow.steps:
+            run = step.run
+            if not (isinstance(run, functools.partial) and run.func is run_queued_child):
+                continue
+            if id(run.args[0].workflow) not in known:
+                raise ValueError(
+                    f"registry[{key!r}]: step {step.name!r} runs its child as a queued run, and no "
+                    "registry entry is that child's Workflow: register it under a name"
+                )
 
 
 def _stream_settings(queue: RunQueue, stream: object, cap: object, every: object) -> tuple[bool, int, float]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ekit_core import WorkflowCheckpoint
 from ekit_runtime import logs
+from ekit_runtime.child_runs import child_run_of
 from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue.lifecycle import drive_ending, waiting_reason
 from ekit_runtime.queue.records import (
@@ -189,9 +190,19 @@ class Saving(LeaseKeeping):
         )
 
     async def _park(self, drive: _Drive, waiting: RunWaiting) -> None:
-        """Park a run that waits for a person: no lease, no worker, until someone answers."""
+        """Park a run that waits for a person: no lease, no worker, until someone answers.
+
+        A run that waits only for its child runs joins them instead: parked until one ends,
+        or queued at once if one ended meanwhile (the queue decides, in one transaction).
+        """
         await drive.saved.wait()  # the final checkpoint, with the questions, is stored first
+        children = [child_run_of(q.details) for q in waiting.questions.values()]
         try:
+            if children and None not in children:
+                joined = await self._db(self.queue.join, drive.lease, [c for c in children if c])
+                # (queued: a child ended meanwhile, and any worker resumes it)
+                drive.outcome = {"waiting": "parked", "queued": "released"}.get(joined, joined)
+                return
             await self._db(self.queue.park, drive.lease, waiting_reason(waiting.questions))
         except LeaseLostError:
             self._lost_before(drive, "parked")

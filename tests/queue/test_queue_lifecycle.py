@@ -27,7 +27,7 @@ from ekit_runtime.stores.codec import default_dumps
 
 NOW = 1000.0
 LEASES = {"none": None, "live": NOW + 5.0, "expired": NOW - 5.0, "edge": NOW}
-HOLDER_VERBS = {"save", "renew", "finish", "release", "park"}
+HOLDER_VERBS = {"save", "renew", "finish", "release", "park", "join"}
 ANSWERING_VERBS = {"answer", "approve", "deny"}
 REOPENING_VERBS = {"retry", "rewind", *ANSWERING_VERBS}
 
@@ -75,6 +75,8 @@ def test_the_transition_table_is_coherent() -> None:
         "fork": {"submitter"},
         "claim": {"anyone"},
         "cancel": {"submitter"},
+        "spawn": {"holder"},
+        "wake": {"anyone"},
         **{v: {"holder"} for v in HOLDER_VERBS},
         **{v: {"submitter"} for v in REOPENING_VERBS},
     }
@@ -88,8 +90,12 @@ def test_the_transition_table_is_coherent() -> None:
     # Only a holder parks a run (never a claim or a person); a parked run holds no lease: no claim takes it.
     assert {(t.source, t.who) for t in rows if t.target == "waiting"} == {("running", "holder")}
     assert not [t for t in rows if t.source == "waiting" and t.verb == "claim"]
-    # A holder acts only on a running run; every final status is reached by finish.
-    assert all(t.source == "running" for t in rows if t.who == "holder")
+    # A holder acts only on a running run (a spawn: its own, making a child run); every final
+    # status is reached by finish.
+    assert all(t.source == "running" for t in rows if t.who == "holder" and t.verb != "spawn")
+    assert [(t.source, t.target) for t in rows if t.verb == "spawn"] == [(None, "queued")]
+    # A child's end wakes only a parent that waits, and only back to queued (a claim takes it next).
+    assert [(t.source, t.target) for t in rows if t.verb == "wake"] == [("waiting", "queued")]
     assert {t.target for t in rows if t.verb == "finish"} == FINAL_STATUSES
     assert {t.source for t in rows} - {None} | {t.target for t in rows} == set(STATUSES)
 
@@ -114,9 +120,11 @@ def test_the_pure_rules_only_make_transitions_of_the_table(status: str, lease: s
             assert (status, "queued", verb) in table
 
 
-VERBS = ("claim", "cancel", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
+VERBS = ("claim", "cancel", "spawn", "wake", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
 WHO = {
     "claim": "anyone",
+    "spawn": "holder",
+    "wake": "anyone",
     "cancel": "submitter",
     **{v: "holder" for v in HOLDER_VERBS},
     **{v: "submitter" for v in REOPENING_VERBS},
@@ -142,7 +150,7 @@ def test_who_may_make_each_transition(verb: str, status: str, lease: str, cancel
         if target is None:
             continue
         assert (status, target, WHO[verb], verb) in table
-        if WHO[verb] == "holder":
+        if WHO[verb] == "holder" and verb != "spawn":
             assert delta == 0 and lc.live(status, until, NOW)
     # No one but a verb's actor appears in the table for it.
     assert {t.who for t in lc.TRANSITIONS if t.verb == verb} == {WHO[verb]}
@@ -182,6 +190,17 @@ def test_the_reason_a_parked_run_shows_names_the_step_and_its_question() -> None
         "waiting for an answer to step 'pay' (approve or deny): Pay $3?"
     )
     assert lc.waiting_reason({"a": value, "b[2]": approval}) == "waiting for answers to steps 'a', 'b[2]'"
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+@pytest.mark.parametrize("ended", [False, True])
+def test_a_join_parks_unless_a_child_ended_or_a_cancel_was_asked(cancel: bool, ended: bool) -> None:
+    target = lc.next_status("join", "running", NOW + 5, cancel, NOW, child_ended=ended)
+    assert target == ("cancelled" if cancel else "queued" if ended else "waiting")
+    rows = {(t.source, t.target, t.who, t.verb) for t in lc.TRANSITIONS}
+    assert ("running", target, "holder", "join") in rows
+    assert lc.children_reason(["p/a"]) == "waiting for child run 'p/a'"
+    assert lc.children_reason(["p/a", "p/b"]).startswith(lc.CHILDREN_REASON)
 
 
 def test_next_status_refuses_an_unknown_verb() -> None:

@@ -4,7 +4,8 @@ Beside ``cancel`` (its own file), ``submit`` stores a new run in its row's
 target, a holder's ``finish`` writes only a status a ``finish`` row names,
 ``release`` and ``park`` write the target of the row for a cancel asked or
 not, a cancel that ends a run ends it in its row's target, and a claim
-ends a run abandoned after a cancel in its row's target. Each on
+ends a run abandoned after a cancel in its row's target, and a ``join``
+writes the target of its row for a child ended or not. Each on
 SQLite and PostgreSQL alike: the statements are one text for both.
 """
 
@@ -117,3 +118,30 @@ def test_a_claim_ends_an_abandoned_run_in_its_rows_target(
     assert queue.claim("w2", {"wf": None}, 600) is None
     info = queue.status("r")
     assert info.status == "failed" and info.lease_until is None
+
+
+def test_a_join_writes_the_target_of_its_row_for_a_child_ended_or_not(
+    queue: RunQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = _claimed(queue)
+    queue.spawn(lease, "kid", run_id="r/a", step="a")
+    changed = tuple(
+        dataclasses.replace(t, target="failed") if (t.verb, t.target) == ("join", "waiting") else t
+        for t in lc.TRANSITIONS
+    )
+    monkeypatch.setattr(lc, "TRANSITIONS", changed)
+    assert queue.join(lease, ["r/a"]) == "failed"
+    assert queue.status("r").status == "failed"
+    # Without its rows a join cannot decide: refused, nothing written.
+    monkeypatch.setattr(lc, "TRANSITIONS", tuple(t for t in lc.TRANSITIONS if t.verb != "join"))
+    queue.submit("wf", run_id="r2")
+    other = queue.claim("w", {"wf": None}, 600)
+    assert other is not None
+    with pytest.raises(ValueError, match="no row for a join"):
+        queue.join(other, ["r/a"])
+    monkeypatch.undo()
+    assert queue.status("r2").status == "running"
+    child = queue.claim("w", {"kid": None}, 600)
+    assert child is not None
+    queue.finish(child, "finished")
+    assert queue.join(other, ["r/a"]) == "queued"  # (r/a ended: the row for a child ended)
