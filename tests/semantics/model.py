@@ -69,6 +69,7 @@ step are recorded skipped), the test compares both sides without it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -90,12 +91,15 @@ class ModelStep:
     version: str | None = None
     repeat: int | None = None  # a loop: at most this many iterations
     keep_last: int | None = None
+    child: tuple[ModelStep, ...] = ()  # a child workflow's steps, by their own names
+    output: str | None = None  # the child's output step
+    relay: bool = False  # (flattened) a parent: it hands its child's output step's on
 
     def shape(self) -> tuple[Any, ...]:
         """What the checkpoint records of its run-time shape (``()``: none)."""
         shaped = (self.map_over, self.item_key, self.when, self.join_any, self.repeat,
-                  self.keep_last)
-        return () if shaped == (None, None, False, False, None, None) else shaped
+                  self.keep_last, self.relay)
+        return () if shaped == (None, None, False, False, None, None, False) else shaped[:6]
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,40 @@ class Prediction:
         return self.saves[-1] if self.saves else None
 
 
+# -- child workflows (concepts.md, "Loops and child workflows") ---------------------------------
+
+
+def flatten(steps: list[ModelStep]) -> list[ModelStep]:
+    """A child's steps are steps of the run: step ``s`` of the child of ``P`` is ``P/s``, in
+    ``P``'s place, needing ``P``'s dependencies and its child dependencies (``P/d``); ``P``
+    then needs the child's output step alone and hands its output on (a child's child
+    nests: ``P/c/s``)."""
+    flat: list[ModelStep] = []
+    for s in steps:
+        if not s.child:
+            flat.append(s)
+            continue
+        p = f"{s.name}/"
+        for c in flatten(list(s.child)):
+            own = tuple(p + d for d in c.deps)  # (a parent's first is its output step)
+            flat.append(dataclasses.replace(
+                c, name=p + c.name, deps=(*own, *s.deps) if c.relay else (*s.deps, *own),
+                map_over=None if c.map_over is None else p + c.map_over))
+        flat.append(ModelStep(s.name, (p + (s.output or ""),), relay=True))
+    return flat
+
+
+def seen(unit: str, dep: str) -> str:
+    """The name under which a step of a child sees ``dep``: its child's steps by their own
+    names (``P/c/k``, then ``P/k``, then ``k``: the innermost child first), the parent's
+    inputs by theirs."""
+    cut = [i + 1 for i, ch in enumerate(unit) if ch == "/"]
+    for i in reversed(cut):
+        if dep.startswith(unit[:i]):
+            return dep[i:]
+    return dep
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -223,6 +261,7 @@ class Run:
 
     def __init__(self, steps: list[ModelStep], record: Record | None, script: Script,
                  options: Options) -> None:
+        steps = flatten(steps)
         self.steps = {s.name: s for s in steps}
         self.script = script
         self.options = options
@@ -602,7 +641,7 @@ class Run:
         if it is not None:  # its number and the previous iteration's output (None: the first)
             loop, k = it
             found[loop] = [k, self.rec.outputs[f"{loop}#{k - 1}"] if k > 1 else None]
-        return found
+        return {seen(step.name, d): v for d, v in found.items()}
 
     def number(self, unit: str) -> int:
         """The attempt's number: past the recorded failures and the outputs let go of."""
@@ -637,8 +676,12 @@ class Run:
             self.approved.add(unit)
         tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
         self.out.events.append(("StepStarted", unit, tried))
-        self.out.begun.append((unit, number))
-        outcome = self.script.attempt(unit, step, inputs)
+        outcome: Outcome
+        if step.relay:  # a parent hands its child's output on: no call, nothing paid
+            outcome = Succeed(self.rec.outputs[self.unit_deps[unit][0]])
+        else:
+            self.out.begun.append((unit, number))
+            outcome = self.script.attempt(unit, step, inputs)
         if isinstance(outcome, AskFirst):
             answers = [a for _, a in self.rec.asked.get(unit, []) if a is not NO_ANSWER]
             if not answers:
@@ -657,7 +700,8 @@ class Run:
             self._failed(unit, tried, outcome)
             return
         assert isinstance(outcome, Succeed)
-        self.out.paid.append((unit, number))
+        if not step.relay:
+            self.out.paid.append((unit, number))
         number = tried
         self.ran_now.add(unit)
         self.rec.outputs[unit] = outcome.value

@@ -117,3 +117,84 @@ def reshaped_workflows(draw: st.DrawFn) -> ReshapedWorkflow:
               for row in shaped]
     return ReshapedWorkflow(tuple(versions), phases, plan.features,
                             tuple(tuple(row) for row in shaped))
+
+
+# -- workflows inside workflows (issue 44) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParentStep(PlannedStep):
+    """A step that runs a child workflow (``child``, its steps by their own names) and hands
+    on the output of its step ``output``; with ``map_over`` once per item, with ``repeat``
+    as a loop's body."""
+
+    child: tuple[PlannedStep, ...] = ()
+    output: str = ""
+
+
+def flat_steps(steps: tuple[PlannedStep, ...], prefix: str = "") -> dict[str, PlannedStep]:
+    """Every step of a planned workflow, children's steps included, by its name in the run
+    (``P/c0``)."""
+    found: dict[str, PlannedStep] = {}
+    for s in steps:
+        if isinstance(s, ParentStep):
+            found.update(flat_steps(s.child, f"{prefix}{s.name}/"))
+        found[prefix + s.name] = s
+    return found
+
+
+def _renamed(plan: PlannedWorkflow, letter: str, phases: int) -> tuple[PlannedStep, ...]:
+    """``plan``'s steps named ``c0``, ``c1``... (a letter per level, so that no name of a
+    child hides one of its parent's inputs), with ``phases`` version tags."""
+    names = {s.name: letter + s.name[1:] for s in plan.steps}
+    return tuple(replace(
+        s, name=names[s.name], deps=tuple(names[d] for d in s.deps),
+        map_over=None if s.map_over is None else names[s.map_over],
+        versions=(s.versions * phases)[:phases]) for s in plan.steps)
+
+
+def _sink(steps: tuple[PlannedStep, ...]) -> str:
+    needed = {d for s in steps for d in s.deps}
+    return next(s.name for s in reversed(steps) if s.name not in needed)
+
+
+def _parent(draw: st.DrawFn, step: PlannedStep, child: list[PlannedStep], phases: int) -> PlannedStep:
+    """``step`` made a parent of ``child``: its output step, drawn among the child's plain
+    steps, makes what ``step`` made (so what maps over ``step`` still can); ``step`` as it
+    was when the child has none."""
+    plain = [i for i, c in enumerate(child) if c.map_over is None and c.repeat is None
+             and not isinstance(c, ParentStep) and c.name not in {x.map_over for x in child}]
+    if not plain:
+        return step
+    out = draw(st.sampled_from(plain), label="child output")
+    child[out] = replace(child[out], kind=step.kind)
+    return ParentStep(step.name, step.deps, step.kind, versions=("v0",) * phases,
+                      child=tuple(child), output=child[out].name)
+
+
+def _plain(steps: list[PlannedStep]) -> list[int]:
+    """The steps that may become parents: no map, loop or join (a condition is dropped)."""
+    return [i for i, s in enumerate(steps) if s.map_over is None and s.repeat is None
+            and not s.join_any]
+
+
+@st.composite
+def nested_workflows(draw: st.DrawFn, loops: bool = False) -> PlannedWorkflow:
+    """A combined workflow in which a step or two run child workflows (themselves combined
+    workflows of three steps, a child's child at times), each handing on its child's
+    output step: any plain step of the child (``Child(output=...)``)."""
+    plan = draw(combined_workflows(Features(loops=loops), max_steps=5))
+    steps = list(plan.steps)
+    for i in draw(st.lists(st.sampled_from(_plain(steps) or [-1]), min_size=1, max_size=2,
+                           unique=True)):
+        if i < 0:
+            break
+        child = list(_renamed(draw(combined_workflows(Features(loops=loops), max_steps=3)),
+                              "c", plan.phases))
+        if draw(st.booleans()) and _plain(child):  # a child's child
+            j = draw(st.sampled_from(_plain(child)))
+            grand = list(_renamed(draw(combined_workflows(Features(), max_steps=3)), "d",
+                                  plan.phases))
+            child[j] = _parent(draw, child[j], grand, plan.phases)
+        steps[i] = _parent(draw, steps[i], child, plan.phases)
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
-from tests.semantics.strategies import chained_workflows, reshaped_workflows
+from tests.semantics.strategies import chained_workflows, flat_steps, nested_workflows, reshaped_workflows
 from tests.support.strategies import Features, PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
@@ -45,7 +45,7 @@ STORES = ["json", "journal", "sqlite"] + (["postgres"] if DSN else [])
 
 def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
     """Disturbed runs: bumps, rewinds of steps and items, crashes at saves and calls."""
-    names = [s.name for s in plan.steps]
+    names = list(flat_steps(plan.steps))  # (a child's steps too: P/c0)
     bumps = st.booleans() if plan.phases > 1 else st.just(False)
     crash = st.none() | st.integers(1, 8)
     return st.lists(st.builds(Turn, bumps, st.none() | st.sampled_from(names),
@@ -58,7 +58,7 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     """A run's arguments: mostly one attempt at a time (everything is then compared)."""
     only = None
     if draw(st.integers(0, 4)) == 0:
-        only = (draw(st.sampled_from([s.name for s in plan.steps])),)
+        only = (draw(st.sampled_from(list(flat_steps(plan.steps)))),)
     return RunArgs(
         concurrency=draw(st.sampled_from([1, 1, 1, 2, None])),
         isolate_failures=draw(st.booleans()),
@@ -73,7 +73,8 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
           phases=PHASES, derandomize=not HUNTING, database=None if not HUNTING else settings().database)
 @given(plan=st.one_of(combined_workflows(), combined_workflows(Features(loops=True)),
                       combined_workflows(Features(loops=True)), chained_workflows(),
-                      chained_workflows(upstream_changes=True), reshaped_workflows()),
+                      chained_workflows(upstream_changes=True), reshaped_workflows(),
+                      nested_workflows(), nested_workflows(loops=True)),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,

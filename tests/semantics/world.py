@@ -20,9 +20,30 @@ from collections import Counter
 from typing import Any
 
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
-from ekit_runtime import Codec, Done, Iteration, PatternResult, Repeat, Step, Workflow, ask, attempt_key
-from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
-from tests.semantics.strategies import steps_at
+from ekit_runtime import (
+    Child,
+    Codec,
+    Done,
+    Iteration,
+    PatternResult,
+    Repeat,
+    Step,
+    Workflow,
+    ask,
+    attempt_key,
+)
+from tests.semantics.model import (
+    NO_ANSWER,
+    AskFirst,
+    Fail,
+    Interrupt,
+    ModelStep,
+    Outcome,
+    Record,
+    Succeed,
+    seen,
+)
+from tests.semantics.strategies import ParentStep, flat_steps, steps_at
 from tests.support.strategies import PlannedStep, PlannedWorkflow
 
 
@@ -56,16 +77,23 @@ def digest(value: object) -> str:
 
 def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
     """The planned workflow's code in ``phase``, as the model reads it."""
+    return _model_steps(steps_at(plan, phase), phase)
+
+
+def _model_steps(steps: tuple[PlannedStep, ...], phase: int) -> list[ModelStep]:
     return [ModelStep(s.name, s.deps, s.map_over, s.item_key, s.when is not None, s.join_any,
-                      s.attempts, s.versions[phase], s.repeat, s.keep_last)
-            for s in steps_at(plan, phase)]
+                      s.attempts, None if isinstance(s, ParentStep) else s.versions[phase],
+                      s.repeat, s.keep_last,
+                      tuple(_model_steps(s.child, phase)) if isinstance(s, ParentStep) else (),
+                      s.output if isinstance(s, ParentStep) else None)
+            for s in steps]
 
 
 class World:
     """What each attempt and condition does, counting every call (``Script``)."""
 
     def __init__(self, plan: PlannedWorkflow, salt: int = 0) -> None:
-        self.planned = {s.name: s for s in plan.steps}
+        self.planned = flat_steps(plan.steps)  # (children's steps by their names in the run)
         self.salt = salt  # varies the outputs, decisions and faults of one plan
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
@@ -157,19 +185,22 @@ def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, ans
     return Note(name, text) if step.kind == "typed" else text
 
 
-def _body(mstep: ModelStep, world: World, until: bool) -> Any:
-    declared = set(mstep.deps) | ({mstep.name} if mstep.repeat is not None else set())
+def _body(mstep: ModelStep, world: World, until: bool, prefix: str) -> Any:
+    """The step's function: ``mstep`` as its child declares it, under ``prefix`` in the run."""
+    name = prefix + mstep.name
+    declared = ({seen(name, prefix + d) for d in mstep.deps} | set(_parent_inputs(prefix, world))
+                | ({mstep.name} if mstep.repeat is not None else set()))
 
     async def run(ctx: Any) -> Any:
         key = attempt_key()
         unit = key.step
         world.begun.append((unit, key.attempt))
         inputs = {k: [v.number, v.previous] if isinstance(v, Iteration) else v
-                  for k, v in ctx.items() if k in declared}
+                  for k in declared if k in ctx for v in [ctx[k]]}
         work = digest([unit, mstep.version, inputs])
         if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
             world.problems.append(f"attempt key {key} sent again for other work")
-        outcome = world.attempt(unit, mstep, inputs)
+        outcome = world.attempt(unit, dataclasses.replace(mstep, name=name), inputs)
         if isinstance(outcome, AskFirst):
             outcome = outcome.then(ask(outcome.prompt))
         if isinstance(outcome, Interrupt):
@@ -186,11 +217,13 @@ def _body(mstep: ModelStep, world: World, until: bool) -> Any:
     return run
 
 
-def _condition(mstep: ModelStep, world: World) -> Any:
-    declared = set(mstep.deps)
+def _condition(mstep: ModelStep, world: World, prefix: str) -> Any:
+    name = prefix + mstep.name
+    declared = {seen(name, prefix + d) for d in mstep.deps} | set(_parent_inputs(prefix, world))
+    flat = dataclasses.replace(mstep, name=name)
 
     def holds(ctx: Any) -> bool:
-        said = world.condition("", mstep, {k: v for k, v in ctx.items() if k in declared})
+        said = world.condition("", flat, {k: ctx[k] for k in declared if k in ctx})
         if isinstance(said, Fail):
             raise Transient(said.message)
         return said
@@ -210,23 +243,45 @@ def approval(world: World) -> Any:
     return approve
 
 
+def _parent_inputs(prefix: str, world: World) -> list[str]:
+    """What a step of the child under ``prefix`` sees of its parents' inputs, by name."""
+    names: list[str] = []
+    while prefix:
+        parent = prefix[:-1]
+        outer = parent.rsplit("/", 1)[0] + "/" if "/" in parent else ""
+        names.extend(seen(prefix + "x", outer + d) for d in world.planned[parent].deps)
+        prefix = outer
+    return names
+
+
 def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     """The runtime workflow of ``plan``'s code in ``phase``, following ``world``."""
+    steps = _steps(steps_at(plan, phase), phase, world, "")
+    typed = any(s.kind == "typed" for s in world.planned.values())
+    return Workflow(steps, codec=Codec(Note) if typed else None)
+
+
+def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, prefix: str) -> list[Step]:
     steps = []
-    plan_fails = {s.name: s.fails for s in plan.steps}
-    for m in model_steps(plan, phase):
-        planned = {s.name: s for s in steps_at(plan, phase)}[m.name]
+    for m, planned in zip(_model_steps(planned_steps, phase), planned_steps, strict=True):
         repeat = None if m.repeat is None else Repeat(
             m.repeat, (lambda out: ends(out, world.salt)) if planned.until else None, m.keep_last)
+        if isinstance(planned, ParentStep):
+            inner = _steps(planned.child, phase, world, f"{prefix}{m.name}/")
+            typed = any(s.kind == "typed" for s in planned.child)
+            child = Child(Workflow(inner, codec=Codec(Note) if typed else None), planned.output)
+            steps.append(Step(m.name, depends_on=m.deps, child=child, repeat=repeat,
+                              map_over=m.map_over, item_key=m.item_key))
+            continue
         steps.append(Step(
-            m.name, _body(m, world, planned.until), m.deps, repeat=repeat, context="dependencies",
-            version=m.version,
+            m.name, _body(m, world, planned.until, prefix), m.deps, repeat=repeat,
+            context="dependencies", version=m.version,
             map_over=m.map_over, item_key=m.item_key,
-            when=_condition(m, world) if m.when else None, join="any" if m.join_any else "all",
+            when=_condition(m, world, prefix) if m.when else None, join="any" if m.join_any else "all",
             retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
-            timeout=TIMEOUT if plan_fails[m.name] else None,
+            timeout=TIMEOUT if planned.fails else None,
         ))
-    return Workflow(steps, codec=Codec(Note) if plan.typed else None)
+    return steps
 
 
 def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
