@@ -344,6 +344,9 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
                    or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
     mapped += tuple(f"{n}#" for n in steps if (n in graph.shapes and graph.shapes[n].repeat)
                     or (n in checkpoint.shapes and checkpoint.shapes[n].repeat))
+    # (a child per item's steps take no shape of their own: their items are P/s[key] all
+    # the same, which the parent's shape says)
+    mapped += tuple(f"{n}[" for n in steps if "/" in n and _per_item(graph, checkpoint, n))
     if not mapped:
         return found
     names = (*grown(graph, checkpoint.outputs).items, *checkpoint.outputs, *checkpoint.failures,
@@ -351,6 +354,13 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
     found.update(n for n in names if n.startswith(mapped) and n not in graph.index)
     found.update(_next_iterations(graph, checkpoint, steps))
     return found
+
+
+def _per_item(graph: GraphSpec, checkpoint: WorkflowCheckpoint, name: str) -> bool:
+    """Whether ``name`` is a step of a child run per item (now or when recorded)."""
+    parent = name[:name.rindex("/")]
+    return any(shape is not None and shape.child is not None and shape.map_over is not None
+               for shape in (graph.shapes.get(parent), checkpoint.shapes.get(parent)))
 
 
 def _next_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint, steps: Iterable[str]
@@ -490,6 +500,8 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded
         if name not in checkpoint.outputs or name not in seen:
             continue
         step, clean = ref.step, True
+        if step not in graph.shapes:  # (a child per item's step: no early cutoff, as on a bump)
+            continue
         while clean:
             shape = graph.shapes[step]
             over = cast(str, shape.map_over)

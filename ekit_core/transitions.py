@@ -1778,9 +1778,14 @@ def _grow_children(w: _Run, over: str) -> None:
             continue
         more = Expanded()
         why = child_items(graph, parent, steps, w.outputs[over], more)
+        only = w.spec.limits.only
         if why is not None:
-            _map_failed(w, parent, why)
+            if only is None or parent in only:  # (outside the selection it fails nothing)
+                _map_failed(w, parent, why)
             continue
+        if only is not None:  # (as _expand: steps outside the selection are held, not run)
+            more, outside = split(more, only)
+            _grow_held(w, outside)
         _grow(w, more)
         _await_members(w, more, told=False)
 
@@ -1846,7 +1851,8 @@ def _collect(w: _Run, mapped: str) -> None:
     if shaped.per_item:  # a child per item's output step: its parent hands it on
         parent = next((p for p in shaped.per_item
                        if w.spec.declared_graph.shapes[p].child == mapped), None)
-        if parent is not None and parent not in w.outputs:
+        only = w.spec.limits.only
+        if parent is not None and parent not in w.outputs and (only is None or parent in only):
             _hand_on(w, parent, output)
 
 
@@ -2118,6 +2124,8 @@ def _end_loop(w: _Run, loop: str, last: str) -> None:
     shaped = cast(Expansion, w.spec.shaped)
     if loop in shaped.expanders:
         _expand(w, loop)
+    if shaped.per_item_over and loop in shaped.per_item_over:  # (a child per item of it)
+        _grow_children(w, loop)
     for waiting in shaped.waits.get(loop, ()):
         _item_settled(w, waiting)
 

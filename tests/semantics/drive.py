@@ -308,7 +308,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                 raise Mismatch(f"turn {number}: {world.problems}")
             if not saver.saved:  # a resume numbers attempts from what was saved: the keys of
                 world.keys = keys_before  # a run that saved nothing may come again (concepts.md)
-            _compare(number, predicted, saver, events, workflow, args, world, mine, before)
+            _compare(number, predicted, saver, events, workflow, args, world, mine, before, steps)
             report = _replay(plan, workflow, history)
             if report.violations:
                 raise Mismatch(f"turn {number}: replay refused the runs' checkpoints: "
@@ -325,7 +325,8 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
 
 
 def _compare(number: int, predicted: model.Prediction, saver: Saver, events: list[Any],
-             workflow: Workflow, args: RunArgs, world: World, mine: World, before: World) -> None:
+             workflow: Workflow, args: RunArgs, world: World, mine: World, before: World,
+             steps: list[model.ModelStep]) -> None:
     got = _dedupe([record_of(cp, workflow) for cp in saver.saved])
     want = _dedupe(predicted.saves)
     crashed = saver.crash_at is not None and saver.dead
@@ -340,7 +341,7 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
         if got != want:
             raise Mismatch(_diff_saves(where, got, want))
         if not crashed:
-            mapped = {m.name for m in model_steps_of(workflow)}
+            mapped = {m.name for m in model.flatten(steps) if m.map_over or m.repeat}
             if _settled(got_events, mapped) != _settled(predicted.events, mapped):
                 raise Mismatch(f"{where}: events differ\n runtime {got_events}\n model   {predicted.events}")
             begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
@@ -365,11 +366,6 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
         if _per_unit(got_events) != _per_unit(predicted.events):
             raise Mismatch(f"{where}: per-unit events differ\n runtime {_per_unit(got_events)}\n"
                            f" model   {_per_unit(predicted.events)}")
-
-
-def model_steps_of(workflow: Workflow) -> list[Any]:
-    """The workflow's mapped steps and loops (what they settle is told in one breath)."""
-    return [s for s in workflow.steps if s.map_over is not None or s.repeat is not None]
 
 
 def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowCheckpoint]) -> Any:

@@ -94,11 +94,15 @@ class ModelStep:
     child: tuple[ModelStep, ...] = ()  # a child workflow's steps, by their own names
     output: str | None = None  # the child's output step
     relay: bool = False  # (flattened) a parent: it hands its child's output step's on
+    item_of: str | None = None  # (flattened) a step of a child run per item of its parent
+
 
     def shape(self) -> tuple[Any, ...]:
         """What the checkpoint records of its run-time shape (``()``: none)."""
         shaped = (self.map_over, self.item_key, self.when, self.join_any, self.repeat,
                   self.keep_last, self.relay)
+        if self.item_of is not None:  # (a child per item's steps take no shape of their own)
+            return ()
         return () if shaped == (None, None, False, False, None, None, False) else shaped[:6]
 
 
@@ -229,6 +233,14 @@ def flatten(steps: list[ModelStep]) -> list[ModelStep]:
             flat.append(s)
             continue
         p = f"{s.name}/"
+        if s.map_over is not None:  # a child per item: its steps grow once per item
+            for c in _after_their_dependencies(s.child):
+                flat.append(dataclasses.replace(
+                    c, name=p + c.name, deps=(*s.deps, *(p + d for d in c.deps)),
+                    map_over=s.map_over, item_key=s.item_key, item_of=s.name))
+            flat.append(dataclasses.replace(s, child=(), deps=(p + (s.output or ""), *s.deps),
+                                            relay=True))
+            continue
         for c in flatten(list(s.child)):
             own = tuple(p + d for d in c.deps)  # (a parent's first is its output step)
             flat.append(dataclasses.replace(
@@ -236,6 +248,17 @@ def flatten(steps: list[ModelStep]) -> list[ModelStep]:
                 map_over=None if c.map_over is None else p + c.map_over))
         flat.append(ModelStep(s.name, (p + (s.output or ""),), relay=True))
     return flat
+
+
+def _after_their_dependencies(steps: tuple[ModelStep, ...]) -> list[ModelStep]:
+    """A child per item's steps in the order its items grow: each after the steps it needs,
+    otherwise as declared (the docs leave the order open; ``ekit_core.expansion`` says so)."""
+    placed: list[ModelStep] = []
+    while len(placed) < len(steps):
+        names = {p.name for p in placed}
+        placed.append(next(c for c in steps if c.name not in names
+                           and all(d in names for d in c.deps)))
+    return placed
 
 
 def seen(unit: str, dep: str) -> str:
@@ -405,7 +428,8 @@ class Run:
         rec = self.rec
         for m in self.steps.values():
             over = m.map_over
-            if over is None or over not in gone or m.name in roots or self.steps[over].map_over:
+            if (over is None or over not in gone or m.name in roots or self.steps[over].map_over
+                    or m.item_of is not None):  # (a child per item: see the docstring)
                 continue
             if any(d in gone for d in m.deps if d != over) or over not in rec.outputs:
                 continue
@@ -458,8 +482,11 @@ class Run:
                 self._start_loop(over)
             if over.map_over is not None or over.name not in self.rec.outputs:
                 continue
-            for m in self.steps.values():
-                if m.map_over != over.name or m.name in self.items or self._forced_skip(m):
+            # (a child per item grows after the maps over the same step: the docs leave the
+            # order open, and the model follows the runtime)
+            for m in sorted(self.steps.values(), key=lambda m: m.item_of is not None):
+                if (m.map_over != over.name or m.name in self.items or m.relay
+                        or self._forced_skip(m)):
                     continue
                 self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
                 self._grow_chains(m.name)
@@ -476,7 +503,8 @@ class Run:
 
     def _grow_chains(self, mapped: str) -> None:
         for m in self.steps.values():
-            if m.map_over == mapped and m.name not in self.items and not self._forced_skip(m):
+            if (m.map_over == mapped and m.name not in self.items and not m.relay
+                    and not self._forced_skip(m)):
                 self.mapping[m.name] = self.mapping[mapped]
                 self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
                 self._grow_chains(m.name)
@@ -492,8 +520,8 @@ class Run:
 
     def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]], chained: bool = False) -> None:
         self.items[m.name] = []
-        if self.selected is None or m.name in self.selected:  # (outside ``only``: silently)
-            self.out.events.append(("StepExpanded", m.name))
+        if (self.selected is None or m.name in self.selected) and m.item_of is None:
+            self.out.events.append(("StepExpanded", m.name))  # (outside ``only``: silently)
         for key, piece in pieces:
             unit = f"{m.name}[{key}]"
             self.items[m.name].append((key, unit))
@@ -506,6 +534,9 @@ class Run:
                 self.piece[unit] = piece
             first = self.upstream.get(unit, over)
             self.unit_deps[unit] = [first, *(d for d in m.deps if d != over)]
+            if m.item_of is not None:  # it waits for the same item's steps it needs
+                self.unit_deps[unit] = [over, *(f"{d}[{key}]" if d.startswith(f"{m.item_of}/")
+                                                else d for d in m.deps if d != over)]
             self._keep_cut_off(m, key, unit, piece)
         if not pieces and m.name not in self.rec.outputs and self._collectable(m.name):
             self._collect(m.name)  # no items: collected as soon as it is expanded
@@ -553,9 +584,19 @@ class Run:
                 elif unit in self.items and unit not in self.rec.outputs and self._collectable(unit):
                     self._collect(unit)
                     changed = True
+                elif step.relay and step.map_over is not None and self._collectable_parent(unit):
+                    # a child per item's parent is collected from its output step, no attempt
+                    self.rec.outputs[unit] = self.rec.outputs[deps[0]]
+                    self.out.events.append(("StepFinished", unit, 1))
+                    changed = True
                 elif step.map_over is not None and unit == step.name and step.map_over in self.rec.skipped:
                     self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
                     changed = True
+
+    def _collectable_parent(self, unit: str) -> bool:
+        if self.selected is not None and unit not in self.selected:
+            return False
+        return all(d in self.rec.outputs for d in self.unit_deps[unit])
 
     def _skip_needing_skipped(self) -> None:
         """A resume skips the declared steps that need a skipped one before it grows anything:
@@ -633,6 +674,8 @@ class Run:
     def inputs(self, unit: str) -> dict[str, Any]:
         step = self.unit_step[unit]
         found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
+        if step.item_of is not None and unit != step.name:  # the same item's outputs
+            found = {d.split("[", 1)[0]: self.rec.outputs[d] for d in self.unit_deps[unit]}
         if unit in self.upstream:
             found[step.map_over or ""] = self.rec.outputs[self.upstream[unit]]
         elif unit in self.piece:

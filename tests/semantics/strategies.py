@@ -198,3 +198,41 @@ def nested_workflows(draw: st.DrawFn, loops: bool = False) -> PlannedWorkflow:
             child[j] = _parent(draw, child[j], grand, plan.phases)
         steps[i] = _parent(draw, steps[i], child, plan.phases)
     return PlannedWorkflow(tuple(steps), plan.phases, plan.features)
+
+
+@st.composite
+def _plain_child(draw: st.DrawFn, phases: int) -> tuple[PlannedStep, ...]:
+    """A child of one to three plain steps (a child per item's steps take no shape of their
+    own): some ask, fail and retry, and change version between code phases."""
+    steps: list[PlannedStep] = []
+    for i in range(draw(st.integers(1, 3))):
+        deps = tuple(draw(st.lists(st.sampled_from([s.name for s in steps]), max_size=2,
+                                   unique=True))) if steps else ()
+        fails, attempts = (draw(st.integers(1, 2)), draw(st.integers(1, 3))) \
+            if draw(st.integers(0, 2)) == 0 else (0, 1)
+        steps.append(PlannedStep(f"c{i}", deps, draw(st.sampled_from(["text", "typed"])),
+                                 asks=draw(st.integers(0, 4)) == 0, fails=fails,
+                                 attempts=attempts, versions=_tags(draw, phases)))
+    return tuple(draw(st.permutations(steps)))
+
+
+@st.composite
+def per_item_workflows(draw: st.DrawFn, loops: bool = False) -> PlannedWorkflow:
+    """A combined workflow in which a step runs a child per item of one of its inputs
+    (``Step(child=..., map_over=...)``): the child's steps grow once per item."""
+    plan = draw(combined_workflows(Features(loops=loops), max_steps=5))
+    steps = list(plan.steps)
+    by_name = {s.name: s for s in steps}
+    mapped_over = {s.map_over for s in steps}
+    can = [i for i in _plain(steps) if steps[i].name not in mapped_over and any(
+        by_name[d].kind in MAPPABLE and by_name[d].map_over is None for d in steps[i].deps)]
+    if not can:
+        return plan
+    s = steps[draw(st.sampled_from(can))]
+    over = draw(st.sampled_from([d for d in s.deps if by_name[d].kind in MAPPABLE
+                                 and by_name[d].map_over is None]))
+    child = draw(_plain_child(plan.phases))
+    steps[steps.index(s)] = ParentStep(
+        s.name, s.deps, "list", over, "id" if by_name[over].kind == "keyed" else None,
+        versions=("v0",) * plan.phases, child=child, output=_sink(child))
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)
