@@ -1800,6 +1800,8 @@ def _await_members(w: _Run, more: Expanded, *, told: bool) -> None:
             w.events.append(StepExpanded(mapped, len(members),
                                          sum(1 for m in members if m in outputs)))
         if mapped in outputs:  # a resume: collected already
+            if not told:  # (a child per item's step: its parent may be left to record)
+                _hand_on_to_parent(w, mapped)
             continue
         left = sum(1 for m in members if m not in outputs)
         if not left:
@@ -1849,11 +1851,19 @@ def _collect(w: _Run, mapped: str) -> None:
     for waiting in shaped.waits.get(mapped, ()):
         _item_settled(w, waiting)
     if shaped.per_item:  # a child per item's output step: its parent hands it on
-        parent = next((p for p in shaped.per_item
-                       if w.spec.declared_graph.shapes[p].child == mapped), None)
-        only = w.spec.limits.only
-        if parent is not None and parent not in w.outputs and (only is None or parent in only):
-            _hand_on(w, parent, output)
+        _hand_on_to_parent(w, mapped)
+
+
+def _hand_on_to_parent(w: _Run, mapped: str) -> None:
+    """``mapped`` is recorded: if it is a child per item's output step, its parent (not
+    recorded yet, and selected) records its output (a resume may find it recorded by a run
+    whose ``only`` left the parent out)."""
+    shapes = w.spec.declared_graph.shapes
+    parent = next((p for p in cast(Expansion, w.spec.shaped).per_item
+                   if shapes[p].child == mapped), None)
+    only = w.spec.limits.only
+    if parent is not None and parent not in w.outputs and (only is None or parent in only):
+        _hand_on(w, parent, w.outputs[mapped])
 
 
 def _hand_on(w: _Run, step: str, output: Any) -> None:

@@ -370,6 +370,9 @@ def test_only_of_a_child_per_items_output_step_leaves_its_parent_alone() -> None
     result = _per_item_two_steps(["tides"]).run_sync(only=["r/c1"])
     assert "r" not in result.checkpoint.outputs
     assert result.left_out == ("r",)
+    # "a later run without only resumes one and runs exactly the rest"
+    rest = _per_item_two_steps(["tides"]).run_sync(resume_from=result.checkpoint)
+    assert rest.outputs["r"] == ["c1 c0 tides"] and rest.left_out == ()
 
 
 def test_a_rewind_of_what_a_child_per_item_maps_over_runs_its_items_again() -> None:

@@ -33,7 +33,13 @@ from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
-from tests.semantics.strategies import chained_workflows, flat_steps, nested_workflows, reshaped_workflows
+from tests.semantics.strategies import (
+    chained_workflows,
+    flat_steps,
+    nested_workflows,
+    per_item_workflows,
+    reshaped_workflows,
+)
 from tests.support.strategies import Features, PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
@@ -74,7 +80,7 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
 @given(plan=st.one_of(combined_workflows(), combined_workflows(Features(loops=True)),
                       combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows(),
-                      nested_workflows(), nested_workflows(loops=True)),
+                      nested_workflows(), nested_workflows(loops=True), per_item_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
