@@ -95,6 +95,8 @@ class ModelStep:
     output: str | None = None  # the child's output step
     relay: bool = False  # (flattened) a parent: it hands its child's output step's on
     item_of: str | None = None  # (flattened) a step of a child run per item of its parent
+    code: str = ""  # its code, as its fingerprint tells it apart (docs/cache.md)
+    cache: bool = False  # ``cache=True``: a hit hands back an output made before
 
 
     def shape(self) -> tuple[Any, ...]:
@@ -150,6 +152,25 @@ class Script(Protocol):
 
     def approve(self, unit: str) -> bool | Fail: ...
 
+    def cache_get(self, key: tuple[Any, ...]) -> Succeed | None: ...
+
+    def cache_put(self, key: tuple[Any, ...], made: Succeed) -> None: ...
+
+
+def cache_key(unit: str, step: ModelStep, inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a cache entry is found by (docs/cache.md): the step, its code and ``version``, the
+    item, and the value of everything the step read (here: every input it was handed)."""
+    return (step.name, unit, step.code, step.version,
+            tuple(sorted((k, repr(v)) for k, v in inputs.items())))
+
+
+class CodeChanged(Exception):
+    """A resume refused: steps whose policy is ``"refuse"`` changed since recorded."""
+
+    def __init__(self, steps: tuple[str, ...]) -> None:
+        super().__init__(steps)
+        self.steps = steps
+
 
 @dataclass
 class Record:
@@ -172,6 +193,8 @@ class Record:
     compacted: dict[str, int] = field(default_factory=dict)  # loop -> iterations let go of
     # loop -> the most failed attempts of its compacted iterations (their records are gone)
     compacted_retries: dict[str, int] = field(default_factory=dict)
+    codes: dict[str, str] = field(default_factory=dict)  # step -> the code behind its outputs
+    hits: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # unit -> usage saved
 
 
 class _NoAnswer:
@@ -196,6 +219,8 @@ class Options:
     budget_calls: int | None = None
     answers: Mapping[str, Any] = field(default_factory=dict)
     approval: bool = False  # the run asks an approval callback (the script's ``approve``)
+    on_code_change: str | None = None  # the workflow's policy: "again", "keep" or "refuse"
+    cache: bool = False  # the run is given a cache (the script's ``cache_get``/``cache_put``)
 
 
 @dataclass
@@ -211,6 +236,8 @@ class Prediction:
     waiting: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     let_go: list[str] = field(default_factory=list)  # outputs the resume dropped as outdated
+    refused: tuple[str, ...] = ()  # ``CodeChangedError``: the steps whose code changed
+    hits: list[str] = field(default_factory=list)  # units the cache handed an output
     kept: list[str] = field(default_factory=list)  # items an early cutoff kept
 
     @property
@@ -307,6 +334,7 @@ class Run:
         self.ran_now: set[str] = set()  # units that succeeded in this run
         self.outdated: list[str] = []
         self.told_at_start: list[tuple[Any, ...]] = []
+        self.code_moved: set[str] = set()  # steps not recorded whose code changed
 
     # -- what the docs call "need" --------------------------------------------------------
 
@@ -353,13 +381,15 @@ class Run:
         if not self.resumed:
             rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
             rec.shapes = shapes
+            rec.codes = self._codes()
             return
         # A changed shape (allow_graph_change) is changed work, as a changed version is.
         reshaped = {n for n, s in self.steps.items() if rec.shapes.get(n, ()) != s.shape()}
         roots = reshaped | {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
+        roots |= self._code_changed()
         rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
         rec.shapes = shapes
-        changed = self._downstream(roots)  # work that changed: new attempt numbers
+        changed = self._downstream(roots | self.code_moved)  # work that changed: new numbers
         # A skipped step does not run again for its bump: its skip stands, and so does what
         # it forces; a reshaped one is decided again. What runs again is downstream of those.
         rerun = self._downstream({r for r in roots if r not in rec.skipped or r in reshaped})
@@ -391,7 +421,7 @@ class Run:
             if self._owner(unit) in rerun:
                 if unit in rec.outputs:
                     self.out.let_go.append(unit)
-                for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
+                for table in (rec.outputs, rec.usage, rec.skipped, rec.hits):  # (failures stay)
                     table.pop(unit, None)
         for loop in list(rec.compacted):  # a loop that runs again starts from its first iteration
             if loop in rerun:
@@ -402,6 +432,34 @@ class Run:
                 del rec.skipped[unit]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
+
+    def _codes(self) -> dict[str, str]:
+        """What the checkpoint records of each step's code: every step's, with a policy or a
+        cache (a parent hands its child's output on: no code of its own)."""
+        if self.options.on_code_change is None and not any(s.cache for s in self.steps.values()):
+            return {}
+        return {n: s.code for n, s in self.steps.items()
+                if not s.relay and (self.options.on_code_change is not None or s.cache)}
+
+    def _code_changed(self) -> set[str]:
+        """docs/cache.md: "On resume, a recorded step whose fingerprint changed meets its
+        policy": ``again`` runs it again as a version bump does, ``keep`` keeps it (and the
+        code its outputs were made by), ``refuse`` refuses the resume before anything runs."""
+        rec, policy = self.rec, self.options.on_code_change
+        now = self._codes()
+        moved = [n for n in self.steps if n in rec.codes and n in now and rec.codes[n] != now[n]]
+        changed = [n for n in moved
+                   if n in rec.outputs or any(u.startswith(f"{n}[") for u in rec.outputs)]
+        # A step not recorded whose code changed is other work all the same: new attempt
+        # numbers (issue 45: "a changed version or fingerprint ... never re-sends the attempt
+        # key of different work"), whatever the policy, which is for recorded steps.
+        self.code_moved = {n for n in moved if n not in changed}
+        if changed and policy == "refuse":
+            raise CodeChanged(tuple(changed))
+        if policy == "keep":
+            now.update({n: rec.codes[n] for n in changed})
+        rec.codes = now
+        return set(changed) if policy in ("again", None) else set()
 
     def _next_iterations(self, changed: set[str]) -> list[str]:
         """The iteration each unfinished loop whose work changed runs next: once its
@@ -719,6 +777,11 @@ class Run:
             self.approved.add(unit)
         tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
         self.out.events.append(("StepStarted", unit, tried))
+        if step.cache and self.options.cache and self._hit(unit, step, inputs):
+            self.out.events.append(("StepFinished", unit, tried))
+            self.settle()
+            self.save()
+            return
         outcome: Outcome
         if step.relay:  # a parent hands its child's output on: no call, nothing paid
             outcome = Succeed(self.rec.outputs[self.unit_deps[unit][0]])
@@ -745,6 +808,8 @@ class Run:
         assert isinstance(outcome, Succeed)
         if not step.relay:
             self.out.paid.append((unit, number))
+        if step.cache and self.options.cache:  # stored for later runs (the first writer wins)
+            self.script.cache_put(cache_key(unit, step, inputs), outcome)
         number = tried
         self.ran_now.add(unit)
         self.rec.outputs[unit] = outcome.value
@@ -760,6 +825,40 @@ class Run:
             self.halted = "budget_exceeded"
         self.settle()
         self.save()
+
+    def _hit(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool:
+        """docs/cache.md: a hit hands back the output recorded for the same step, code and
+        ``version``, item and values read; it costs nothing and is recorded in ``cache_hits``
+        with the usage it saved."""
+        found = self.script.cache_get(cache_key(unit, step, inputs))
+        if found is None:
+            return False
+        self.rec.outputs[unit] = found.value
+        self.rec.hits[unit] = found.usage
+        self.out.hits.append(unit)
+        self.ran_now.add(unit)
+        return True
+
+    def _hits_at_start(self) -> bool:
+        """docs/cache.md, "When hits are found": cached plain steps whose inputs are known as
+        the run starts are looked up before it begins, and those their hits make known; not
+        in a run with an approval callback, answers or ``only=``. (The runtime also looks up
+        none in a workflow with run-time shapes or a recorded question, which the docs do not
+        say: the model follows it.)"""
+        o, rec = self.options, self.rec
+        if (not o.cache or o.approval or o.answers or o.only or rec.asked
+                or any(s.shape() for s in self.steps.values())
+                or all(n in rec.outputs for n in self.steps)):
+            return False
+        found, grew = False, True
+        while grew:
+            grew = False
+            for n, s in self.steps.items():
+                if (s.cache and n not in rec.outputs and n not in rec.skipped
+                        and all(d in rec.outputs for d in s.deps)
+                        and self._hit(n, s, self.inputs(n))):
+                    found = grew = True
+        return found
 
     def _failed(self, unit: str, number: int, error: Fail) -> None:
         self.failed_now[unit] = self.failed_now.get(unit, 0) + 1
@@ -860,13 +959,18 @@ class Run:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> Prediction:
-        self.resume()
+        try:
+            self.resume()
+        except CodeChanged as refused:
+            self.out.refused, self.out.outcome = refused.steps, "refused"
+            return self.out
         self.out.events.append(("RunStarted",))
+        budget = self.options.budget_calls
+        hits = (budget is None or self.rec.cost[2] < budget) and self._hits_at_start()
         self.out.events.extend(("StepOutdated", n) for n in self.outdated)
         for unit in self.order:  # (a step a condition skipped is told by RunStarted alone)
             if unit in self.rec.outputs:
                 self.out.events.append(("StepSkipped", unit))
-        budget = self.options.budget_calls
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
         told = len(self.out.events)
@@ -875,8 +979,8 @@ class Run:
         self.settle()
         self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
         self.out.events.extend(self.told_at_start)
-        if self.options.answers:
-            self.save()  # the answers are recorded before anything runs
+        if self.options.answers or hits:
+            self.save()  # the answers, or the hits, are recorded before anything runs
         while True:
             ready = self.ready()
             if not ready:

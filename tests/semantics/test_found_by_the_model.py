@@ -421,3 +421,25 @@ def test_a_child_per_item_of_a_loops_output_runs() -> None:
         Step("r", depends_on=("agent",), child=child, map_over="agent"),
     ])
     assert workflow.run_sync().outputs["r"] == ["read a", "read b"]
+
+
+def test_replay_accepts_a_resume_that_runs_changed_code_again() -> None:
+    """A resume "runs [a step whose code changed] again with everything downstream, as a
+    version bump does" (``on_code_change="again"``, docs/cache.md), and replay accepts a
+    resume that drops "the outputs that were outdated when it began" (ekit_core.replay).
+    It reported the changed step's output as ``output_removed``: it judged outdated
+    outputs by version tags and dependencies, not by the recorded code fingerprints
+    (found by the model once it drew code changes)."""
+    def workflow(tone: str) -> Workflow:
+        def draft(ctx: dict[str, Any]) -> str:
+            return f"a {tone} draft"
+
+        return Workflow([Step("draft", draft), Step("post", lambda ctx: ctx["draft"], ("draft",))],
+                        on_code_change="again")
+
+    saved: list[WorkflowCheckpoint] = []
+    first = workflow("calm").run_sync(checkpoint_fn=saved.append)
+    workflow("bold").run_sync(resume_from=first.checkpoint, checkpoint_fn=saved.append)
+    assert saved[-1].outputs["draft"] == "a bold draft"
+    report = replay(workflow("bold"), saved)
+    assert report.ok, [v.to_dict() for v in report.violations]

@@ -34,7 +34,9 @@ from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
 from tests.semantics.strategies import (
+    CodedWorkflow,
     chained_workflows,
+    coded_workflows,
     flat_steps,
     nested_workflows,
     per_item_workflows,
@@ -54,8 +56,11 @@ def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
     names = list(flat_steps(plan.steps))  # (a child's steps too: P/c0)
     bumps = st.booleans() if plan.phases > 1 else st.just(False)
     crash = st.none() | st.integers(1, 8)
+    # (a fresh run, sharing the cache with the runs before it: where hits come from)
+    fresh = st.integers(0, 1).map(lambda n: n == 0) if isinstance(plan, CodedWorkflow) \
+        else st.just(False)
     return st.lists(st.builds(Turn, bumps, st.none() | st.sampled_from(names),
-                              st.none() | st.integers(0, 3), crash, crash),
+                              st.none() | st.integers(0, 3), crash, crash, fresh),
                     min_size=1, max_size=5)
 
 
@@ -80,7 +85,8 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
 @given(plan=st.one_of(combined_workflows(), combined_workflows(Features(loops=True)),
                       combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows(),
-                      nested_workflows(), nested_workflows(loops=True), per_item_workflows()),
+                      nested_workflows(), nested_workflows(loops=True), per_item_workflows(),
+                      coded_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,

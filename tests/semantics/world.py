@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
@@ -32,6 +33,7 @@ from ekit_runtime import (
     ask,
     attempt_key,
 )
+from ekit_runtime.cache.base import Cache, CacheEntry
 from tests.semantics.model import (
     NO_ANSWER,
     AskFirst,
@@ -41,9 +43,10 @@ from tests.semantics.model import (
     Outcome,
     Record,
     Succeed,
+    cache_key,
     seen,
 )
-from tests.semantics.strategies import ParentStep, flat_steps, steps_at
+from tests.semantics.strategies import CodedWorkflow, ParentStep, flat_steps, steps_at
 from tests.support.strategies import PlannedStep, PlannedWorkflow
 
 
@@ -77,7 +80,12 @@ def digest(value: object) -> str:
 
 def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
     """The planned workflow's code in ``phase``, as the model reads it."""
-    return _model_steps(steps_at(plan, phase), phase)
+    steps = _model_steps(steps_at(plan, phase), phase)
+    if isinstance(plan, CodedWorkflow):
+        codes = dict(plan.codes)
+        steps = [dataclasses.replace(s, code=codes[s.name][phase], cache=s.name in plan.cached)
+                 for s in steps]
+    return steps
 
 
 def _model_steps(steps: tuple[PlannedStep, ...], phase: int) -> list[ModelStep]:
@@ -104,14 +112,25 @@ class World:
         self.keys: dict[str, str] = {}  # attempt key -> the work it was first sent for
         self.problems: list[str] = []
         self.interrupt_at: int | None = None  # the call of this run that raises Crash
+        self.stored: dict[tuple[Any, ...], Succeed] = {}  # what the runs' cache holds
+        self.current: dict[str, ModelStep] = {}  # step -> as the code now declares it
+
+    def cache_get(self, key: tuple[Any, ...]) -> Succeed | None:
+        """What a cache hit hands back for ``key`` (``model.cache_key``), if any."""
+        return self.stored.get(key)
+
+    def cache_put(self, key: tuple[Any, ...], made: Succeed) -> None:
+        """An output paid for is stored: the first writer of a key wins."""
+        self.stored.setdefault(key, made)
 
     def state(self) -> tuple[Any, ...]:
         """What the world remembers (to compare the model's copy with the runtime's)."""
-        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls)
+        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls,
+                sorted(map(repr, self.stored)))
 
     def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome:
         planned = self.planned[step.name]
-        work = digest([unit, step.version, inputs])
+        work = digest([unit, step.version, inputs, *([step.code] if step.code else [])])
         self.attempts[(unit, work)] += 1
         self.calls += 1
         if self.calls == self.interrupt_at:
@@ -185,19 +204,25 @@ def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, ans
     return Note(name, text) if step.kind == "typed" else text
 
 
-def _body(mstep: ModelStep, world: World, until: bool, prefix: str) -> Any:
-    """The step's function: ``mstep`` as its child declares it, under ``prefix`` in the run."""
-    name = prefix + mstep.name
-    declared = ({seen(name, prefix + d) for d in mstep.deps} | set(_parent_inputs(prefix, world))
-                | ({mstep.name} if mstep.repeat is not None else set()))
+def _body(declared_step: ModelStep, world: World, until: bool, prefix: str) -> Any:
+    """The step's function: ``declared_step`` as its child declares it, under ``prefix`` in
+    the run. Its fingerprint sees its ``code`` (a constant it holds), not its version, which
+    it reads from ``world`` (state, which a fingerprint does not hash) as it runs."""
+    name = prefix + declared_step.name
+    declared = ({seen(name, prefix + d) for d in declared_step.deps}
+                | set(_parent_inputs(prefix, world))
+                | ({declared_step.name} if declared_step.repeat is not None else set()))
+    code = declared_step.code  # (held for the fingerprint: the step's code)
 
     async def run(ctx: Any) -> Any:
+        assert code is not None
+        mstep = world.current[name]
         key = attempt_key()
         unit = key.step
         world.begun.append((unit, key.attempt))
         inputs = {k: [v.number, v.previous] if isinstance(v, Iteration) else v
                   for k in declared if k in ctx for v in [ctx[k]]}
-        work = digest([unit, mstep.version, inputs])
+        work = digest([unit, mstep.version, inputs, *([mstep.code] if mstep.code else [])])
         if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
             world.problems.append(f"attempt key {key} sent again for other work")
         outcome = world.attempt(unit, dataclasses.replace(mstep, name=name), inputs)
@@ -211,6 +236,8 @@ def _body(mstep: ModelStep, world: World, until: bool, prefix: str) -> Any:
             raise Transient(outcome.message)
         assert isinstance(outcome, Succeed)
         world.paid.append((unit, key.attempt))
+        if mstep.cache:  # (the runtime stores what it paid for in the run's cache)
+            world.cache_put(cache_key(unit, dataclasses.replace(mstep, name=name), inputs), outcome)
         result = PatternResult(outcome.value, cost=TokenUsage(*outcome.usage))
         return Done(result) if outcome.done and not until else result
 
@@ -220,9 +247,9 @@ def _body(mstep: ModelStep, world: World, until: bool, prefix: str) -> Any:
 def _condition(mstep: ModelStep, world: World, prefix: str) -> Any:
     name = prefix + mstep.name
     declared = {seen(name, prefix + d) for d in mstep.deps} | set(_parent_inputs(prefix, world))
-    flat = dataclasses.replace(mstep, name=name)
 
     def holds(ctx: Any) -> bool:
+        flat = dataclasses.replace(world.current[name], name=name)
         said = world.condition("", flat, {k: ctx[k] for k in declared if k in ctx})
         if isinstance(said, Fail):
             raise Transient(said.message)
@@ -256,14 +283,17 @@ def _parent_inputs(prefix: str, world: World) -> list[str]:
 
 def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     """The runtime workflow of ``plan``'s code in ``phase``, following ``world``."""
-    steps = _steps(steps_at(plan, phase), phase, world, "")
+    steps = _steps(steps_at(plan, phase), phase, world, "", model_steps(plan, phase))
     typed = any(s.kind == "typed" for s in world.planned.values())
-    return Workflow(steps, codec=Codec(Note) if typed else None)
+    policy = plan.policy if isinstance(plan, CodedWorkflow) else None
+    return Workflow(steps, codec=Codec(Note) if typed else None,
+                    on_code_change=policy)  # type: ignore[arg-type]
 
 
-def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, prefix: str) -> list[Step]:
+def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, prefix: str,
+           mine: list[ModelStep] | None = None) -> list[Step]:
     steps = []
-    for m, planned in zip(_model_steps(planned_steps, phase), planned_steps, strict=True):
+    for m, planned in zip(mine or _model_steps(planned_steps, phase), planned_steps, strict=True):
         repeat = None if m.repeat is None else Repeat(
             m.repeat, (lambda out: ends(out, world.salt)) if planned.until else None, m.keep_last)
         if isinstance(planned, ParentStep):
@@ -273,19 +303,23 @@ def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, pre
             steps.append(Step(m.name, depends_on=m.deps, child=child, repeat=repeat,
                               map_over=m.map_over, item_key=m.item_key))
             continue
+        world.current[prefix + m.name] = m
         steps.append(Step(
             m.name, _body(m, world, planned.until, prefix), m.deps, repeat=repeat,
             context="dependencies", version=m.version,
             map_over=m.map_over, item_key=m.item_key,
             when=_condition(m, world, prefix) if m.when else None, join="any" if m.join_any else "all",
             retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
-            timeout=TIMEOUT if planned.fails else None,
+            timeout=TIMEOUT if planned.fails else None, cache=m.cache,
         ))
     return steps
 
 
-def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
-    """What a runtime checkpoint records, as the model reads it (typed outputs decoded)."""
+def record_of(cp: WorkflowCheckpoint, workflow: Workflow,
+              codes: dict[tuple[str, str], str] | None = None) -> Record:
+    """What a runtime checkpoint records, as the model reads it (typed outputs decoded;
+    ``codes``: (step, fingerprint) -> the code it fingerprints, as the model names it)."""
+    codes = codes or {}
     codec = workflow.codec
     if codec is not None:
         cp = codec.decode_checkpoint(cp)
@@ -304,4 +338,34 @@ def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
         compacted_retries=dict(cp.compacted_retries),
         redone=dict(cp.redone),
         superseded=dict(cp.superseded),
+        codes={n: codes.get((n, f), "?") for n, f in cp.code_fingerprints.items()},
+        hits={n: (h.saved.input_tokens, h.saved.output_tokens, h.saved.llm_calls)
+              for n, h in cp.cache_hits.items()},
     )
+
+
+class MemoryCache(Cache):
+    """A cache held in memory (``ekit_runtime.cache.Cache``'s contract, in a dict): the
+    runs of one example share it, as runs share a ``SqliteCache`` file."""
+
+    local = True
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, CacheEntry] = {}
+
+    def candidates(self, head: str) -> list[CacheEntry]:
+        """The entries under ``head``, newest first."""
+        return [e for e in reversed(self._by_key.values()) if e.head == head]
+
+    def put(self, entry: CacheEntry) -> CacheEntry:
+        """Store ``entry`` unless its key is taken; the entry stored under its key."""
+        return self._by_key.setdefault(entry.key, entry)
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every entry held."""
+        return iter(list(self._by_key.values()))
+
+    def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
+              max_bytes: int | None = None) -> int:
+        """Nothing to bound: an example holds a few entries."""
+        return 0
