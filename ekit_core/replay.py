@@ -22,7 +22,8 @@ version tag or code fingerprint changed between the two checkpoints
 (``versions``, ``code_fingerprints``) or whose dependencies differ in the
 new checkpoint's graph, and everything downstream of them
 (:func:`~ekit_core.rewind.outdated_steps`), and with run-time shapes the
-items the resume drops with them or sets aside for an early cutoff (:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
+items the resume drops with them or sets aside for an early cutoff
+(:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
 follows). So may a rewind (:func:`~ekit_core.rewind.rewind`): the outputs
 it lets go of are counted in ``redone``, which a loss does not raise. Such
 a step runs again, so its new output is its first. The

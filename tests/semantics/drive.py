@@ -111,8 +111,9 @@ class RunArgs:
     approval: bool = False
 
 
-# Every disagreement found so far (test_found_by_the_model.py) is fixed: no KNOWN_ case is
-# stepped around. (One that cannot be fixed at once is named here and raises KnownBug.)
+# The disagreements found and not fixed yet (test_found_by_the_model.py, xfail), each stepped
+# around where the driver meets it by raising KnownBug:
+KNOWN_ONLY_OF_A_BODY_STEP = "only= naming a step of a loop's body ends in InternalError"
 
 
 class KnownBug(Exception):
@@ -169,9 +170,16 @@ def _why(reason: str) -> str:
     return "condition" if reason.startswith("condition") else "needs"
 
 
-def _dedupe(saves: list[model.Record]) -> list[model.Record]:
+def _dedupe(saves: list[model.Record], body: frozenset[str] = frozenset(),
+            body_maps: frozenset[str] = frozenset()) -> list[model.Record]:
     kept: list[model.Record] = []
     for r in saves:
+        # (the steps of a loop's body, and their maps of an iteration, never start: their
+        # iterations and items do; how a resume counts them in ``redone`` shows in no key,
+        # and the docs do not say)
+        redone = {u: n for u, n in r.redone.items()
+                  if u not in body and ("[" in u or u.rsplit("#", 1)[0] not in body_maps)}
+        r = dataclasses.replace(r, redone=redone)
         # (what is set aside for an early cutoff is compared through the items it keeps)
         # (the items of a skipped mapped step: recorded skipped or not at all, the docs do
         # not say; a resume lets go of them either way)
@@ -290,6 +298,9 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
     """Run ``plan`` through ``turns`` and then calmly to its end, comparing each turn with
     the model; raises ``Mismatch`` at the first disagreement. Returns the turns run."""
     world = World(plan, salt)
+    if args.only and any(world.planned[n].repeat is not None for o in args.only
+                         for n in [o.rsplit("/", 1)[0]] if "/" in o):
+        raise KnownBug(KNOWN_ONLY_OF_A_BODY_STEP)
     phase, runs = 0, 0
     history: list[WorkflowCheckpoint] = []
     codes: dict[tuple[str, str], str] = {}  # (step, fingerprint) -> its code, as the model names it
@@ -398,8 +409,10 @@ def _learn(codes: dict[tuple[str, str], str], workflow: Workflow,
 def _compare(number: int, predicted: model.Prediction, saver: Saver, events: list[Any],
              workflow: Workflow, args: RunArgs, world: World, mine: World, before: World,
              steps: list[model.ModelStep], codes: dict[tuple[str, str], str]) -> None:
-    got = _dedupe([record_of(cp, workflow, codes) for cp in saver.saved])
-    want = _dedupe(predicted.saves)
+    body = frozenset(s.name for s in model.flatten(steps) if s.body_of is not None)
+    mapped_body = frozenset(s.name for s in model.flatten(steps) if s.body_of and s.map_over)
+    got = _dedupe([record_of(cp, workflow, codes) for cp in saver.saved], body, mapped_body)
+    want = _dedupe(predicted.saves, body, mapped_body)
     crashed = saver.crash_at is not None and saver.dead
     got_events = [t for t in map(_event, events) if t is not None]
     where = f"turn {number}"
@@ -413,6 +426,13 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
     if os.environ.get("EKIT_MODEL_DEBUG"):
         print(where, "runtime", got_events, "\n model  ", predicted.events)
         print(" saves", got, "\n model", want)
+    # (which steps of a body a resume tells outdated when the loop runs again, beyond those
+    # whose work changed, the docs do not say: the outputs it lets go of are compared)
+    def told(e: tuple[Any, ...]) -> bool:
+        return not (e[0] == "StepOutdated" and e[1] in body)
+
+    got_events = list(filter(told, got_events))
+    predicted = dataclasses.replace(predicted, events=list(filter(told, predicted.events)))
     if args.concurrency == 1:
         if crashed:
             want = want[: len(got)]

@@ -54,11 +54,35 @@ Covered, each as the docs state it:
   ``compacted_retries`` keeps when their failure records go (docs/checkpoint-format.md);
 - the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
-  chain below it), unless the mapped step's own code or other inputs changed.
+  chain below it), unless the mapped step's own code or other inputs changed;
+- child workflows (concepts.md, "Loops and child workflows"): step ``s`` of the child
+  of ``P`` is the step ``P/s`` of the run, in ``P``'s place, needing ``P``'s inputs and
+  its child dependencies, seeing them by their own names; ``P`` needs the child's output
+  step and hands its output on (an attempt of its own, asked the approval, no call, no
+  usage); a child's child nests (``P/c/s``); maps, loops, conditions inside a child;
+- a child per item (``child=`` with ``map_over=``): each child step ``P/s`` grows once
+  per item as ``P/s[key]``, needing the same item's steps, seeing the item under what
+  ``P`` maps over and ``P``'s other inputs whole; each collects as a mapped step does
+  (not told as expanded), and ``P`` is collected from the output step's collection;
+- code fingerprints (docs/cache.md): a recorded step whose code changed meets the
+  workflow's ``on_code_change`` (``again``: as a version bump; ``keep``: kept, the old
+  code recorded; ``refuse``: nothing runs, the steps named); a step not recorded whose
+  code changed is other work all the same (new attempt numbers);
+- the cache (docs/cache.md): a cached step's attempt hands back, at no cost and with no
+  call, the output stored for the same step, code, ``version``, item and inputs read,
+  recorded in ``cache_hits`` with the usage it saved; what a paid attempt made is stored
+  (the first writer wins); in a workflow with no run-time shape, no recorded question,
+  approval, answers or ``only=``, hits are found before the run starts (saved at once).
 
 Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
-beyond their round trip, stores refusing an output, queues and resource limits.
+beyond their round trip, stores refusing an output, queues and resource limits;
+loops whose body is a child workflow (``P/s#k``, ``P/m#k[i]``, ``compacted["P/m[]"]``:
+issue 44 asks for them, not done yet); a per-step ``on_code_change``, and a cached step
+that asks a person (its answers are inputs read) or that is mapped inside a child; the
+early cutoff of a child per item (the runtime runs its items again, the docs do not
+say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
+(the docs say "before its StepFinished"; the test compares the hits on their own).
 Rewinds are not a function here: the test rewinds with ``ekit_core.rewind`` and
 the model resumes the rewound checkpoint (so it checks what a rewind leaves, not
 how a rewind is computed). Where the docs leave an order or a form open (the
@@ -96,6 +120,7 @@ class ModelStep:
     relay: bool = False  # (flattened) a parent: it hands its child's output step's on
     item_of: str | None = None  # (flattened) a step of a child run per item of its parent
     code: str = ""  # its code, as its fingerprint tells it apart (docs/cache.md)
+    body_of: str | None = None  # (flattened) a step of the body of this loop
     cache: bool = False  # ``cache=True``: a hit hands back an output made before
 
 
@@ -260,6 +285,13 @@ def flatten(steps: list[ModelStep]) -> list[ModelStep]:
             flat.append(s)
             continue
         p = f"{s.name}/"
+        if s.repeat is not None:  # a loop's body: its steps grow once per iteration
+            for c in _after_their_dependencies(s.child):
+                flat.append(dataclasses.replace(
+                    c, name=p + c.name, deps=(*s.deps, *(p + d for d in c.deps)),
+                    map_over=None if c.map_over is None else p + c.map_over, body_of=s.name))
+            flat.append(dataclasses.replace(s, child=(), output=p + (s.output or "")))
+            continue
         if s.map_over is not None:  # a child per item: its steps grow once per item
             for c in _after_their_dependencies(s.child):
                 flat.append(dataclasses.replace(
@@ -278,8 +310,9 @@ def flatten(steps: list[ModelStep]) -> list[ModelStep]:
 
 
 def _after_their_dependencies(steps: tuple[ModelStep, ...]) -> list[ModelStep]:
-    """A child per item's steps in the order its items grow: each after the steps it needs,
-    otherwise as declared (the docs leave the order open; ``ekit_core.expansion`` says so)."""
+    """A child per item's (or a loop body's) steps in the order they grow: each after the
+    steps it needs, otherwise as declared (the docs leave the order open;
+    ``ekit_core.expansion`` says so)."""
     placed: list[ModelStep] = []
     while len(placed) < len(steps):
         names = {p.name for p in placed}
@@ -313,6 +346,11 @@ class Run:
                  options: Options) -> None:
         steps = flatten(steps)
         self.steps = {s.name: s for s in steps}
+        self.bodies: dict[str, list[ModelStep]] = {}  # loop -> its body's steps
+        for s in steps:
+            if s.body_of is not None:
+                self.bodies.setdefault(s.body_of, []).append(s)
+        self.body_maps: dict[str, str] = {}  # M#k (a body's map in iteration k) -> U#k
         self.script = script
         self.options = options
         self.rec = copy.deepcopy(record) if record is not None else Record()
@@ -346,6 +384,7 @@ class Run:
             if name not in chosen:
                 chosen.add(name)
                 todo.extend(self.steps[name].deps)
+                todo.extend(t.name for t in self.bodies.get(name, ()))  # (a loop: its body)
         return chosen
 
     def _downstream(self, roots: set[str]) -> set[str]:
@@ -358,19 +397,29 @@ class Run:
                 if s.name not in gone and any(d in gone for d in s.deps):
                     gone.add(s.name)
                     grew = True
+            for loop, body in self.bodies.items():  # a changed body runs its loop again whole
+                if loop not in gone and any(t.name in gone for t in body):
+                    gone.update([loop, *(t.name for t in body)])
+                    grew = True
         return gone
 
     def _owner(self, unit: str) -> str:
         if unit in self.steps:
             return unit
-        return unit.split("[", 1)[0] if "[" in unit else unit.split("#", 1)[0]
+        base = unit.split("[", 1)[0]
+        if base in self.steps:
+            return base
+        return base.rsplit("#", 1)[0] if "#" in base else base
 
     def _iteration(self, unit: str) -> tuple[str, int] | None:
-        """``(loop, k)`` when ``unit`` is iteration ``k`` of a loop (``loop#k``), else ``None``."""
+        """``(loop, k)`` when ``unit`` is iteration ``k`` of a loop (``loop#k``, or ``L/s#k``
+        of a step of its body), else ``None``."""
         if unit in self.steps or "[" in unit or "#" not in unit:
             return None
-        loop, k = unit.split("#", 1)
+        loop, k = unit.rsplit("#", 1)
         step = self.steps.get(loop)
+        if step is not None and step.body_of is not None:
+            return (step.body_of, int(k))
         return (loop, int(k)) if step is not None and step.repeat is not None else None
 
     # -- resume --------------------------------------------------------------------------
@@ -406,9 +455,14 @@ class Run:
         spent: dict[str, int] = {}
         for loop, upto in rec.compacted.items():  # run again from the first: spent numbers
             if loop in rerun:
-                touched.extend(f"{loop}#{k}" for k in range(1, upto + 1))
-                spent.update(dict.fromkeys((f"{loop}#{k}" for k in range(1, upto + 1)),
-                                           rec.compacted_retries.get(loop, 0)))
+                # (a body's: each step's iterations, and its maps' items by the only name
+                # left, M#k[], which each item M#k[key] counts too: docs/checkpoint-format.md)
+                names = [f"{t.name}#{k}" for t in self.bodies.get(loop, ())
+                         for k in range(1, upto + 1)] or [f"{loop}#{k}" for k in range(1, upto + 1)]
+                names += [f"{t.name}#{k}[]" for t in self.bodies.get(loop, ())
+                          if f"{t.name}[]" in rec.compacted for k in range(1, upto + 1)]
+                touched.extend(names)
+                spent.update(dict.fromkeys(names, rec.compacted_retries.get(loop, 0)))
         for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
@@ -424,7 +478,7 @@ class Run:
                 for table in (rec.outputs, rec.usage, rec.skipped, rec.hits):  # (failures stay)
                     table.pop(unit, None)
         for loop in list(rec.compacted):  # a loop that runs again starts from its first iteration
-            if loop in rerun:
+            if loop in rerun or (loop.endswith("[]") and loop[:-2] in rerun):
                 del rec.compacted[loop]
                 rec.compacted_retries.pop(loop, None)
         for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
@@ -474,8 +528,10 @@ class Run:
             while f"{s.name}#{last + 1}" in rec.outputs:
                 last += 1
             shape = rec.shapes.get(s.name) or s.shape()
-            if last < shape[4]:
+            if last < shape[4] and s.name not in self.bodies:
                 found.append(f"{s.name}#{last + 1}")
+            elif last < shape[4]:  # every step of the body's next iteration
+                found.extend(f"{t.name}#{last + 1}" for t in self.bodies[s.name])
         return found
 
     def _set_aside(self, roots: set[str], gone: set[str]) -> None:
@@ -534,7 +590,7 @@ class Run:
         """Expand every mapped step whose input is recorded, and right after it the steps
         chained to it, item-wise (depth first, each level in declaration order); at the
         ``start`` of a run, each loop's iterations too, in the same pass."""
-        changed = False
+        changed = self._grow_body_maps()
         for over in self.steps.values():  # (by what they map over: a resume grows so)
             if start and over.repeat is not None:
                 self._start_loop(over)
@@ -544,7 +600,7 @@ class Run:
             # order open, and the model follows the runtime)
             for m in sorted(self.steps.values(), key=lambda m: m.item_of is not None):
                 if (m.map_over != over.name or m.name in self.items or m.relay
-                        or self._forced_skip(m)):
+                        or m.body_of is not None or self._forced_skip(m)):
                     continue
                 self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
                 self._grow_chains(m.name)
@@ -562,7 +618,7 @@ class Run:
     def _grow_chains(self, mapped: str) -> None:
         for m in self.steps.values():
             if (m.map_over == mapped and m.name not in self.items and not m.relay
-                    and not self._forced_skip(m)):
+                    and m.body_of is None and not self._forced_skip(m)):
                 self.mapping[m.name] = self.mapping[mapped]
                 self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
                 self._grow_chains(m.name)
@@ -675,14 +731,16 @@ class Run:
     def _done(self, unit: str) -> bool:
         if unit in self.rec.outputs or unit in self.rec.skipped:
             return True
-        it = self._iteration(unit)  # a compacted iteration is done, its output let go of
+        it = self._iteration(unit.split("[", 1)[0])  # a compacted iteration is done, its
+        # output let go of (and its maps' items)
         return it is not None and it[1] <= self.rec.compacted.get(it[0], 0)
 
     def _collectable(self, m: str) -> bool:
-        if self.selected is not None and m not in self.selected:
+        if self.selected is not None and self._owner(m) not in self.selected:
             return False  # outside ``only`` nothing of it runs, not even its collection
+        deps = self.steps[m].deps if m in self.steps else self.unit_deps[m]
         return (all(self._done(u) for _, u in self.items[m])
-                and all(d in self.rec.outputs for d in self.steps[m].deps))
+                and all(d in self.rec.outputs for d in deps))
 
     def _collect(self, m: str) -> None:
         pairs = [(k, self.rec.outputs[u]) for k, u in self.items[m] if u in self.rec.outputs]
@@ -708,6 +766,8 @@ class Run:
                 continue  # a mapped step never starts: it is collected
             if step.repeat is not None and unit == step.name:
                 continue  # nor does a loop: its iterations do
+            if (step.body_of is not None and unit == step.name) or unit in self.body_maps:
+                continue  # nor a step of a body (its iterations do), nor a map in it
             if self.selected is not None and step.name not in self.selected:
                 continue
             if self._waiting(unit):
@@ -731,6 +791,8 @@ class Run:
 
     def inputs(self, unit: str) -> dict[str, Any]:
         step = self.unit_step[unit]
+        if step.body_of is not None:
+            return self._body_inputs(unit, step)
         found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
         if step.item_of is not None and unit != step.name:  # the same item's outputs
             found = {d.split("[", 1)[0]: self.rec.outputs[d] for d in self.unit_deps[unit]}
@@ -747,7 +809,8 @@ class Run:
     def number(self, unit: str) -> int:
         """The attempt's number: past the recorded failures and the outputs let go of."""
         recorded = self.rec.failures.get(unit, ("", "", 0))[2] - self.failed_now.get(unit, 0)
-        return self.rec.redone.get(unit, 0) + recorded + self.failed_now.get(unit, 0) + 1
+        spent = self.rec.redone.get(f"{unit[:unit.rfind('[')]}[]", 0) if unit.endswith("]") else 0
+        return self.rec.redone.get(unit, 0) + spent + recorded + self.failed_now.get(unit, 0) + 1
 
     def attempt(self, unit: str) -> None:
         step = self.unit_step[unit]
@@ -818,8 +881,10 @@ class Run:
         self.rec.cost = _add(self.rec.cost, outcome.usage)
         self.out.events.append(("StepFinished", unit, number))
         it = self._iteration(unit)
-        if it is not None:
+        if it is not None and step.body_of is None:
             self._iterated(*it, outcome.done)
+        elif it is not None and step.name == self.steps[it[0]].output:  # the body's output
+            self._body_iterated(*it, outcome.done)
         budget = self.options.budget_calls
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
@@ -891,6 +956,12 @@ class Run:
             self.unit_deps[unit] = [*step.deps, *([f"{loop}#{k - 1}"] if k > 1 else [])]
 
     def _start_loop(self, step: ModelStep) -> None:
+        if step.name in self.bodies:
+            self._start_body(step)
+            return
+        self._start_one_step_loop(step)
+
+    def _start_one_step_loop(self, step: ModelStep) -> None:
         """A run knows a loop's iterations from the recorded outputs alone: recorded (or
         compacted) ones are done; the next one runs, unless the loop is recorded, or its
         recorded iterations reach its cap (it fails again, at once)."""
@@ -943,6 +1014,119 @@ class Run:
                 rec.compacted_retries[loop] = failed
             for table in (rec.outputs, rec.usage, rec.failures, rec.asked):
                 table.pop(f"{loop}#{j}", None)
+        rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))
+
+    # -- a loop whose body is a workflow (concepts.md, "A loop whose body is a workflow") ------
+
+    def _start_body(self, step: ModelStep) -> None:
+        """As a one-step loop, read from the body's output step's recorded iterations; every
+        iteration grown whole."""
+        rec, loop, out = self.rec, step.name, step.output or ""
+        if loop in rec.skipped or (self.selected is not None and loop not in self.selected):
+            return
+        last = rec.compacted.get(loop, 0)
+        while f"{out}#{last + 1}" in rec.outputs:
+            last += 1
+        if loop in rec.outputs or last >= (step.repeat or 0):
+            self._grow_body(loop, 1, last)
+            if loop not in rec.outputs:
+                self._loop_failed(loop, last)
+        else:
+            self._grow_body(loop, 1, last + 1)
+
+    def _grow_body(self, loop: str, first: int, last: int) -> None:
+        """Iteration ``k`` runs every body step ``s`` as ``L/s#k``: it needs the loop's inputs,
+        its body dependencies of the same iteration, and (with none) ``L/o#(k-1)``."""
+        out = self.steps[loop].output or ""
+        for k in range(first, last + 1):
+            for t in self.bodies[loop]:
+                unit = f"{t.name}#{k}"
+                inside = [d for d in t.deps if d.startswith(f"{loop}/")]
+                self.order.append(unit)
+                self.unit_step[unit] = t
+                self.unit_deps[unit] = [*(d for d in t.deps if d not in inside),
+                                        *(f"{d}#{k}" for d in inside),
+                                        *([f"{out}#{k - 1}"] if not inside and k > 1 else [])]
+                if t.map_over is not None:
+                    self.body_maps[unit] = f"{t.map_over}#{k}"
+
+    def _grow_body_maps(self) -> bool:
+        """A body's map ``M`` over ``U`` grows, once ``U#k`` is recorded, the items ``M#k[key]``
+        (told as ``M#k`` expanded), collected as ``M#k``."""
+        grew = False
+        for unit, over in self.body_maps.items():
+            if unit in self.items or over not in self.rec.outputs:  # (told when collected too)
+                continue
+            t, value = self.unit_step[unit], self.rec.outputs[over]
+            pairs = list(value.items()) if isinstance(value, Mapping) else (
+                [(p[t.item_key], p) for p in value] if t.item_key else list(enumerate(value)))
+            self.mapping[unit] = isinstance(value, Mapping)
+            self.items[unit] = []
+            self.out.events.append(("StepExpanded", unit))
+            for key, piece in pairs:
+                item = f"{unit}[{key}]"
+                self.items[unit].append((key, item))
+                self.order.append(item)
+                self.unit_step[item] = t
+                self.piece[item] = piece
+                self.unit_deps[item] = list(self.unit_deps[unit])
+            grew = True
+        return grew
+
+    def _body_inputs(self, unit: str, step: ModelStep) -> dict[str, Any]:
+        """What a body step's iteration (or an item of it) sees: the loop's inputs, its body
+        dependencies of the same iteration by their names, and the loop's ``Iteration``."""
+        loop = step.body_of or ""
+        base = unit.split("[", 1)[0]
+        k = int(base.rsplit("#", 1)[1])
+        out = self.steps[loop].output or ""
+        found = {}
+        for d in self.unit_deps[base]:
+            if d != f"{out}#{k - 1}":
+                found[d.rsplit("#", 1)[0] if d.startswith(f"{loop}/") else d] = self.rec.outputs[d]
+        if unit in self.piece:
+            found[step.map_over or ""] = self.piece[unit]
+        found[loop] = [k, self.rec.outputs[f"{out}#{k - 1}"] if k > 1 else None]
+        return {seen(step.name, d): v for d, v in found.items()}
+
+    def _body_iterated(self, loop: str, k: int, done: bool) -> None:
+        """The body's output step recorded iteration ``k``: the loop decides, as a one-step
+        loop does; ending, each body step records its last iteration's output, then the loop."""
+        step = self.steps[loop]
+        if step.keep_last is not None and k > step.keep_last:
+            self._compact_body(loop, k - step.keep_last)
+        if done:
+            for t in self.bodies[loop]:
+                self.rec.outputs[t.name] = self.rec.outputs[f"{t.name}#{k}"]
+                self.ran_now.add(t.name)
+                self.out.events.append(("StepFinished", t.name, 1))
+            self.rec.outputs[loop] = self.rec.outputs[f"{step.output}#{k}"]
+            self.ran_now.add(loop)
+            self.out.events.append(("StepFinished", loop, 1))
+        elif k >= (step.repeat or 0):
+            self._loop_failed(loop, k)
+        else:
+            self._grow_body(loop, k + 1, k + 1)
+            self.out.events.append(("StepExpanded", loop))
+
+    def _compact_body(self, loop: str, upto: int) -> None:
+        """``keep_last`` lets go of whole iterations, items included: the iterations counted
+        under ``compacted[L]``, the items of a map ``M`` under ``compacted["M[]"]``."""
+        rec = self.rec
+        for j in range(rec.compacted.get(loop, 0) + 1, upto + 1):
+            for t in self.bodies[loop]:
+                unit = f"{t.name}#{j}"
+                items = [u for u in {*rec.outputs, *rec.failures, *rec.asked, *rec.usage}
+                         if u.startswith(f"{unit}[")]
+                mine = len(self.items.get(unit, [])) or sum(1 for u in items if u in rec.outputs)
+                if t.map_over is not None and mine:
+                    rec.compacted[f"{t.name}[]"] = rec.compacted.get(f"{t.name}[]", 0) + mine
+                for u in [unit, *items]:
+                    failed = rec.failures.get(u, ("", "", 0))[2]
+                    if failed > rec.compacted_retries.get(loop, 0):
+                        rec.compacted_retries[loop] = failed
+                    for table in (rec.outputs, rec.usage, rec.failures, rec.asked):
+                        table.pop(u, None)
         rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))
 
     def _loop_failed(self, loop: str, k: int) -> None:

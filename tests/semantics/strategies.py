@@ -274,3 +274,50 @@ def coded_workflows(draw: st.DrawFn) -> CodedWorkflow:
                    else ("v0",) * phases) for s in steps)
     return CodedWorkflow(steps, phases, plan.features, codes, policy, cached,
                          draw(st.sampled_from(["memory", "sqlite"])))
+
+
+@st.composite
+def _body(draw: st.DrawFn, phases: int) -> tuple[PlannedStep, ...]:
+    """A loop's body (decision 021): a model step (``c0``), at times tools mapped over what
+    it asked for (``c1``), then a step that folds them in (``c2``), the body's one sink; no
+    condition, join, loop or chained map inside (refused by name)."""
+    def faults() -> dict[str, object]:
+        fails = draw(st.integers(1, 2)) if draw(st.integers(0, 3)) == 0 else 0
+        return {"asks": draw(st.integers(0, 5)) == 0, "fails": fails,
+                "attempts": draw(st.integers(1, 3)) if fails else 1,
+                "versions": _tags(draw, phases)}
+
+    size = draw(st.integers(1, 3))
+    if size == 1:
+        return (PlannedStep("c0", (), draw(st.sampled_from(["text", "typed"])), **faults()),)  # type: ignore[arg-type]
+    kind: OutputKind = draw(st.sampled_from(["list", "dict", "keyed"])) if size == 3 else "text"
+    steps = [PlannedStep("c0", (), kind, **faults())]  # type: ignore[arg-type]
+    if size == 2:
+        return (*steps, PlannedStep("c1", ("c0",), "text", **faults()))  # type: ignore[arg-type]
+    steps.append(PlannedStep("c1", ("c0",), draw(st.sampled_from(["text", "typed"])), "c0",
+                             "id" if kind == "keyed" else None, **faults()))  # type: ignore[arg-type]
+    steps.append(PlannedStep("c2", draw(st.sampled_from([("c1",), ("c1", "c0")])), "text",
+                             **faults()))  # type: ignore[arg-type]
+    return tuple(draw(st.permutations(steps)))
+
+
+@st.composite
+def body_workflows(draw: st.DrawFn) -> PlannedWorkflow:
+    """A combined workflow (loops too) in which a step is a loop whose body is a child
+    workflow (``Step(child=body, repeat=Repeat(...))``): iterations ``L/s#k``, maps inside
+    them ``L/m#k[key]``, ``keep_last``, ``until`` or ``Done``."""
+    plan = draw(combined_workflows(Features(loops=True), max_steps=5))
+    steps = list(plan.steps)
+    mapped_over = {s.map_over for s in steps}
+    can = [i for i in _plain(steps) if steps[i].name not in mapped_over]
+    if not can:
+        return plan
+    i = draw(st.sampled_from(can))
+    body = draw(_body(plan.phases))
+    s = steps[i]
+    steps[i] = ParentStep(
+        s.name, s.deps, "text", versions=("v0",) * plan.phases,
+        repeat=draw(st.integers(1, 4), label="max_iterations"),
+        keep_last=draw(st.none() | st.integers(1, 2), label="keep_last"),
+        until=draw(st.booleans(), label="until"), child=body, output=_sink(body))
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
 from tests.semantics.strategies import (
     CodedWorkflow,
+    body_workflows,
     chained_workflows,
     coded_workflows,
     flat_steps,
@@ -79,6 +80,12 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     )
 
 
+# Loops whose body is a workflow (``body_workflows``): the model knows them, but hunts still
+# find disagreements not settled (docs/testing.md lists them), so only ``EKIT_MODEL_BODIES=1``
+# draws them.
+BODIES = [body_workflows()] if os.environ.get("EKIT_MODEL_BODIES") == "1" else []
+
+
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES, derandomize=not HUNTING, database=None if not HUNTING else settings().database)
@@ -86,7 +93,7 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
                       combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows(),
                       nested_workflows(), nested_workflows(loops=True), per_item_workflows(),
-                      coded_workflows()),
+                      coded_workflows(), *BODIES),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,

@@ -102,6 +102,9 @@ class World:
 
     def __init__(self, plan: PlannedWorkflow, salt: int = 0) -> None:
         self.planned = flat_steps(plan.steps)  # (children's steps by their names in the run)
+        # the output steps of loops' bodies: what they return may end their loop
+        self.body_outputs = {f"{n}/{s.output}" for n, s in self.planned.items()
+                             if isinstance(s, ParentStep) and s.repeat is not None}
         self.salt = salt  # varies the outputs, decisions and faults of one plan
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
@@ -141,7 +144,7 @@ class World:
                 return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
             return Fail("Transient", f"{unit} is overloaded")
         usage = (len(unit), 1, 1)
-        loop = planned.repeat is not None
+        loop = planned.repeat is not None or step.name in self.body_outputs
 
         def made(answer: Any) -> Succeed:
             value = _output(planned, unit, inputs, work, answer, self.salt)
@@ -277,6 +280,8 @@ def _parent_inputs(prefix: str, world: World) -> list[str]:
         parent = prefix[:-1]
         outer = parent.rsplit("/", 1)[0] + "/" if "/" in parent else ""
         names.extend(seen(prefix + "x", outer + d) for d in world.planned[parent].deps)
+        if world.planned[parent].repeat is not None:  # a body sees its loop's Iteration
+            names.append(seen(prefix + "x", parent))
         prefix = outer
     return names
 
@@ -291,13 +296,15 @@ def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
 
 
 def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, prefix: str,
-           mine: list[ModelStep] | None = None) -> list[Step]:
+           mine: list[ModelStep] | None = None, until: bool = False) -> list[Step]:
+    """``planned_steps`` as runtime steps (``until``: a loop's body, whose loop ends by it)."""
     steps = []
     for m, planned in zip(mine or _model_steps(planned_steps, phase), planned_steps, strict=True):
         repeat = None if m.repeat is None else Repeat(
             m.repeat, (lambda out: ends(out, world.salt)) if planned.until else None, m.keep_last)
         if isinstance(planned, ParentStep):
-            inner = _steps(planned.child, phase, world, f"{prefix}{m.name}/")
+            inner = _steps(planned.child, phase, world, f"{prefix}{m.name}/",
+                           until=planned.until and planned.repeat is not None)
             typed = any(s.kind == "typed" for s in planned.child)
             child = Child(Workflow(inner, codec=Codec(Note) if typed else None), planned.output)
             steps.append(Step(m.name, depends_on=m.deps, child=child, repeat=repeat,
@@ -305,7 +312,7 @@ def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, pre
             continue
         world.current[prefix + m.name] = m
         steps.append(Step(
-            m.name, _body(m, world, planned.until, prefix), m.deps, repeat=repeat,
+            m.name, _body(m, world, planned.until or until, prefix), m.deps, repeat=repeat,
             context="dependencies", version=m.version,
             map_over=m.map_over, item_key=m.item_key,
             when=_condition(m, world, prefix) if m.when else None, join="any" if m.join_any else "all",
