@@ -64,6 +64,13 @@ Covered, each as the docs state it:
   per item as ``P/s[key]``, needing the same item's steps, seeing the item under what
   ``P`` maps over and ``P``'s other inputs whole; each collects as a mapped step does
   (not told as expanded), and ``P`` is collected from the output step's collection;
+- a loop whose body is a workflow (concepts.md, "A loop whose body is a workflow"):
+  iteration ``k`` runs every body step ``s`` as ``L/s#k``, needing its body dependencies
+  of the same iteration and, with none, ``L/o#(k-1)``; a body map grows ``L/m#k[key]``
+  once ``L/u#k`` is recorded, collected as ``L/m#k``; the output step's iteration decides
+  (``Done``/``until``, the cap), and at the end each body step records its last
+  iteration's output, then the loop; ``keep_last`` lets go of whole iterations, items
+  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole;
 - code fingerprints (docs/cache.md): a recorded step whose code changed meets the
   workflow's ``on_code_change`` (``again``: as a version bump; ``keep``: kept, the old
   code recorded; ``refuse``: nothing runs, the steps named); a step not recorded whose
@@ -77,9 +84,9 @@ Covered, each as the docs state it:
 Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits;
-loops whose body is a child workflow (``P/s#k``, ``P/m#k[i]``, ``compacted["P/m[]"]``:
-issue 44 asks for them, not done yet); a per-step ``on_code_change``, and a cached step
-that asks a person (its answers are inputs read) or that is mapped inside a child; the
+``only=`` naming a step of a loop's body (the runtime fails it: pinned); a loop's body
+skipped with its loop; a per-step ``on_code_change``, and a cached step that asks a
+person (its answers are inputs read) or that is inside a child; the
 early cutoff of a child per item (the runtime runs its items again, the docs do not
 say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
 (the docs say "before its StepFinished"; the test compares the hits on their own).
