@@ -319,6 +319,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
             _learn(codes, workflow, steps)
             if turn.fresh and cache is not None:  # a new run: what the cache holds is its gain
                 store, runs, history = stack.enter_context(a_store(store_kind)), runs + 1, []
+                world.runs = runs
             cp = store.load()
             if cp is not None and turn.rewind is not None:
                 cp = rewind(workflow, cp, _target(workflow, cp, turn))

@@ -117,6 +117,7 @@ class World:
         self.interrupt_at: int | None = None  # the call of this run that raises Crash
         self.stored: dict[tuple[Any, ...], Succeed] = {}  # what the runs' cache holds
         self.current: dict[str, ModelStep] = {}  # step -> as the code now declares it
+        self.runs = 0  # fresh runs so far: a step not cached answers otherwise in each
 
     def cache_get(self, key: tuple[Any, ...]) -> Succeed | None:
         """What a cache hit hands back for ``key`` (``model.cache_key``), if any."""
@@ -147,7 +148,10 @@ class World:
         loop = planned.repeat is not None or step.name in self.body_outputs
 
         def made(answer: Any) -> Succeed:
-            value = _output(planned, unit, inputs, work, answer, self.salt)
+            # (a step not cached answers otherwise in a fresh run, as a model may: what reads
+            # it then reads another value, and a cache must miss)
+            salt = self.salt if step.cache or not self.runs else [self.salt, self.runs]
+            value = _output(planned, unit, inputs, work, answer, salt)
             return Succeed(value, usage, loop and ends(value, self.salt))
 
         if planned.asks and troubled:
@@ -190,7 +194,7 @@ def hangs(unit: str, attempt: int, salt: int) -> bool:
 
 
 def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any,
-            salt: int) -> Any:
+            salt: Any) -> Any:
     """Made from the inputs, so that a lost or stale input shows; outputs others map over
     leave the version out, so that a bumped upstream may give the same items (cutoff)."""
     seed = digest([name, inputs, answer, salt])
@@ -203,7 +207,7 @@ def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, ans
     if step.kind == "keyed":
         ids = dict.fromkeys(f"i{seed[j]}" for j in range(count))
         return [{"id": i, "v": f"{name}.{i}"} for i in ids]
-    text = f"{name}:{work}:{answer}"
+    text = f"{name}:{work}:{answer}" + (f":run{salt[1]}" if isinstance(salt, list) else "")
     return Note(name, text) if step.kind == "typed" else text
 
 
