@@ -320,12 +320,12 @@ def _after_their_dependencies(steps: tuple[ModelStep, ...]) -> list[ModelStep]:
     """A child per item's (or a loop body's) steps in the order they grow: each after the
     steps it needs, otherwise as declared (the docs leave the order open;
     ``ekit_core.expansion`` says so)."""
-    placed: list[ModelStep] = []
-    while len(placed) < len(steps):
-        names = {p.name for p in placed}
-        placed.append(next(c for c in steps if c.name not in names
-                           and all(d in names for d in c.deps)))
-    return placed
+    placed: dict[str, ModelStep] = {}
+    while len(placed) < len(steps):  # (pass after pass over the declared order)
+        for c in steps:
+            if c.name not in placed and all(d in placed for d in c.deps):
+                placed[c.name] = c
+    return list(placed.values())
 
 
 def seen(unit: str, dep: str) -> str:
