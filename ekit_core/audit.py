@@ -27,7 +27,13 @@ from ekit_core import transitions as _rules
 from ekit_core.checkpoint import CheckpointError, FailureRecord, WorkflowCheckpoint
 from ekit_core.code import CacheHit, CodeDecision, code_changed, decide
 from ekit_core.exchanges import Exchange
-from ekit_core.expansion import Expanded, bodies_of, body_iteration, compacted_iteration
+from ekit_core.expansion import (
+    Expanded,
+    bodies_of,
+    body_iteration,
+    children_per_item,
+    compacted_iteration,
+)
 from ekit_core.graph import GraphSpec
 from ekit_core.report import (
     GraphSource,
@@ -559,6 +565,11 @@ def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, An
                 d in done for d in graph.deps[name])
             if settled:
                 done[name] = [done[m] for m in members if m in done]
+                grew = True
+        for name in children_per_item(graph) if graph.shapes else ():
+            # (a child per item's parent: collected from its child's output step, no attempt)
+            if name not in done and name not in skips and all(d in done for d in graph.deps[name]):
+                done[name] = done[cast(str, graph.shapes[name].child)]
                 grew = True
     return done if len(done) > len(kept) else kept
 

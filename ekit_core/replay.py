@@ -18,11 +18,12 @@ its resumes). :func:`replay` checks, against each checkpoint's predecessor:
 
 One exception to the first two rules: a resume may drop the outputs that
 were **outdated** when it began, as the runtime does: those of steps whose
-version tag changed between the two checkpoints (``versions``) or whose
-dependencies differ in the new checkpoint's graph, and everything downstream
-of them (:func:`~ekit_core.rewind.outdated_steps`), and with run-time
-shapes the items the resume drops with them or sets aside for an early
-cutoff (:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
+version tag or code fingerprint changed between the two checkpoints
+(``versions``, ``code_fingerprints``) or whose dependencies differ in the
+new checkpoint's graph, and everything downstream of them
+(:func:`~ekit_core.rewind.outdated_steps`), and with run-time shapes the
+items the resume drops with them or sets aside for an early cutoff
+(:func:`~ekit_core.transitions.kept_on_resume`, the rule the resume
 follows). So may a rewind (:func:`~ekit_core.rewind.rewind`): the outputs
 it lets go of are counted in ``redone``, which a loss does not raise. Such
 a step runs again, so its new output is its first. The
@@ -434,8 +435,12 @@ def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> Workfl
 
 
 def _same_run(a: WorkflowCheckpoint, b: WorkflowCheckpoint) -> bool:
-    """Whether two checkpoints could come from one run: the same version tags and graph."""
+    """Whether two checkpoints could come from one run: the same version tags, code (its
+    fingerprints, where recorded on both sides) and graph."""
     if a.versions is not b.versions and a.versions != b.versions:
+        return False
+    if (a.code_fingerprints is not b.code_fingerprints and a.code_fingerprints
+            and b.code_fingerprints and a.code_fingerprints != b.code_fingerprints):
         return False
     return a.fingerprint is None or b.fingerprint is None or a.fingerprint == b.fingerprint
 
@@ -512,12 +517,14 @@ class _Walk:
         if _same_run(earlier, cp):
             rewound = _rewound(earlier, cp)
             return (without(earlier, graph, rewound), rewound) if rewound else (earlier, {})
-        outdated = outdated_steps(graph, earlier, cp.versions)
+        # (a step kept although its code changed records its old fingerprint: not outdated)
+        code = cp.code_fingerprints
+        outdated = outdated_steps(graph, earlier, cp.versions, code)
         plain = without(earlier, graph, outdated) if outdated else earlier
         if not graph.shapes:
             return plain, outdated
         try:
-            kept = kept_on_resume(graph, earlier, outdated, cp.versions)
+            kept = kept_on_resume(graph, earlier, outdated, cp.versions, code)
         except ValueError:  # a record no run could make: judged by the plain rule
             return plain, outdated
         return kept, _with_items(graph, earlier, kept, outdated)

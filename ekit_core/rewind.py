@@ -123,9 +123,10 @@ def _body_items(graph: GraphSpec, outputs: Mapping[str, Any],
 
 
 def iterations_of(loops: Iterable[str], names: Iterable[str]) -> set[str]:
-    """The names among ``names`` spelt as iterations of one of ``loops`` (``L#k``)."""
+    """The names among ``names`` spelt as iterations of one of ``loops`` (``L#k``), or as
+    items of one (``M#k[key]``, of a body's map: they go with their iteration)."""
     table = dict.fromkeys(loops)
-    return {n for n in names if table and iteration_of(n, table) is not None}
+    return {n for n in names if table and iteration_of(n.partition("[")[0], table) is not None}
 
 
 def _consumers(graph: GraphSpec, items: Expanded) -> dict[str, list[str]]:
@@ -344,6 +345,9 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
                    or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
     mapped += tuple(f"{n}#" for n in steps if (n in graph.shapes and graph.shapes[n].repeat)
                     or (n in checkpoint.shapes and checkpoint.shapes[n].repeat))
+    # (a child per item's steps take no shape of their own: their items are P/s[key] all
+    # the same, which the parent's shape says)
+    mapped += tuple(f"{n}[" for n in steps if "/" in n and _per_item(graph, checkpoint, n))
     if not mapped:
         return found
     names = (*grown(graph, checkpoint.outputs).items, *checkpoint.outputs, *checkpoint.failures,
@@ -353,24 +357,41 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
     return found
 
 
+def _per_item(graph: GraphSpec, checkpoint: WorkflowCheckpoint, name: str) -> bool:
+    """Whether ``name`` is a step of a child run per item (now or when recorded)."""
+    parent = name[:name.rindex("/")]
+    return any(shape is not None and shape.child is not None and shape.map_over is not None
+               for shape in (graph.shapes.get(parent), checkpoint.shapes.get(parent)))
+
+
 def _next_iterations(graph: GraphSpec, checkpoint: WorkflowCheckpoint, steps: Iterable[str]
                      ) -> list[str]:
     """The iteration each unfinished loop among ``steps`` runs next (the one after the last
     recorded, or compacted): it may have run, or been interrupted, with nothing saved,
     so new work there needs a new number too. None before the loop's dependencies are
     recorded (it cannot have started), nor past its cap as recorded."""
-    found = []
+    found: list[str] = []
     outputs = checkpoint.outputs
+    bodies: dict[str, tuple[str, ...]] | None = None
     for loop in steps:
         shape = checkpoint.shapes.get(loop) or graph.shapes.get(loop)
-        if (shape is None or shape.repeat is None or loop in outputs or loop in checkpoint.skipped
-                or not all(d in outputs for d in graph.deps[loop])):
+        if shape is None or shape.repeat is None or loop in outputs or loop in checkpoint.skipped:
             continue
+        # (a loop whose body is a workflow: its iterations are its output step's, the next
+        # one is every body step's, and its inputs are its body steps' from outside it)
+        if shape.child is not None and bodies is None:
+            bodies = bodies_of(graph)
+        body = bodies.get(loop, ()) if shape.child is not None and bodies else ()
+        inputs = [d for s in body for d in graph.deps[s] if not d.startswith(f"{loop}/")] \
+            if body else graph.deps[loop]
+        if not all(d in outputs for d in inputs):
+            continue
+        counted = shape.child if body and shape.child else loop
         last = checkpoint.compacted.get(loop, 0)
-        while iteration_name(loop, last + 1) in outputs:
+        while iteration_name(counted, last + 1) in outputs:
             last += 1
         if last < shape.repeat:
-            found.append(iteration_name(loop, last + 1))
+            found.extend(iteration_name(s, last + 1) for s in body or (loop,))
     return found
 
 
@@ -490,6 +511,8 @@ def _set_aside(graph: GraphSpec, checkpoint: WorkflowCheckpoint, items: Expanded
         if name not in checkpoint.outputs or name not in seen:
             continue
         step, clean = ref.step, True
+        if step not in graph.shapes:  # (a child per item's step: no early cutoff, as on a bump)
+            continue
         while clean:
             shape = graph.shapes[step]
             over = cast(str, shape.map_over)

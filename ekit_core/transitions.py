@@ -1810,9 +1810,14 @@ def _grow_children(w: _Run, over: str) -> None:
             continue
         more = Expanded()
         why = child_items(graph, parent, steps, w.outputs[over], more)
+        only = w.spec.limits.only
         if why is not None:
-            _map_failed(w, parent, why)
+            if only is None or parent in only:  # (outside the selection it fails nothing)
+                _map_failed(w, parent, why)
             continue
+        if only is not None:  # (as _expand: steps outside the selection are held, not run)
+            more, outside = split(more, only)
+            _grow_held(w, outside)
         _grow(w, more)
         _await_members(w, more, told=False)
 
@@ -1827,6 +1832,8 @@ def _await_members(w: _Run, more: Expanded, *, told: bool) -> None:
             w.events.append(StepExpanded(mapped, len(members),
                                          sum(1 for m in members if m in outputs)))
         if mapped in outputs:  # a resume: collected already
+            if not told:  # (a child per item's step: its parent may be left to record)
+                _hand_on_to_parent(w, mapped)
             continue
         left = sum(1 for m in members if m not in outputs)
         if not left:
@@ -1876,10 +1883,19 @@ def _collect(w: _Run, mapped: str) -> None:
     for waiting in shaped.waits.get(mapped, ()):
         _item_settled(w, waiting)
     if shaped.per_item:  # a child per item's output step: its parent hands it on
-        parent = next((p for p in shaped.per_item
-                       if w.spec.declared_graph.shapes[p].child == mapped), None)
-        if parent is not None and parent not in w.outputs:
-            _hand_on(w, parent, output)
+        _hand_on_to_parent(w, mapped)
+
+
+def _hand_on_to_parent(w: _Run, mapped: str) -> None:
+    """``mapped`` is recorded: if it is a child per item's output step, its parent (not
+    recorded yet, and selected) records its output (a resume may find it recorded by a run
+    whose ``only`` left the parent out)."""
+    shapes = w.spec.declared_graph.shapes
+    parent = next((p for p in cast(Expansion, w.spec.shaped).per_item
+                   if shapes[p].child == mapped), None)
+    only = w.spec.limits.only
+    if parent is not None and parent not in w.outputs and (only is None or parent in only):
+        _hand_on(w, parent, w.outputs[mapped])
 
 
 def _hand_on(w: _Run, step: str, output: Any) -> None:
@@ -2189,6 +2205,8 @@ def _end_loop(w: _Run, loop: str, last: str) -> None:
     shaped = cast(Expansion, w.spec.shaped)
     if loop in shaped.expanders:
         _expand(w, loop)
+    if shaped.per_item_over and loop in shaped.per_item_over:  # (a child per item of it)
+        _grow_children(w, loop)
     for waiting in shaped.waits.get(loop, ()):
         _item_settled(w, waiting)
 

@@ -559,8 +559,9 @@ class Runner:
         over = None if step.shaping is None else step.shaping[0]  # (a property: a call per item)
         if over is None:  # a step of a child per item, P/s[key]: the item, and its child's items
             context[ref.source] = item_input(ref, outputs)
+            child = step.name[:step.name.rfind("/") + 1]  # (the parent's inputs: seen whole)
             for d in step.depends_on:
-                if (dep := item_name(d, ref.key)) in outputs:
+                if d.startswith(child) and (dep := item_name(d, ref.key)) in outputs:
                     context[d] = outputs[dep]
             return step, ref.key, context
         context[over] = item_input(ref, outputs)

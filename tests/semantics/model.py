@@ -54,11 +54,42 @@ Covered, each as the docs state it:
   ``compacted_retries`` keeps when their failure records go (docs/checkpoint-format.md);
 - the early cutoff: a rerun of what a mapped step maps over sets its items aside,
   and an item whose input comes back unchanged keeps its output (and so does the
-  chain below it), unless the mapped step's own code or other inputs changed.
+  chain below it), unless the mapped step's own code or other inputs changed;
+- child workflows (concepts.md, "Loops and child workflows"): step ``s`` of the child
+  of ``P`` is the step ``P/s`` of the run, in ``P``'s place, needing ``P``'s inputs and
+  its child dependencies, seeing them by their own names; ``P`` needs the child's output
+  step and hands its output on (an attempt of its own, asked the approval, no call, no
+  usage); a child's child nests (``P/c/s``); maps, loops, conditions inside a child;
+- a child per item (``child=`` with ``map_over=``): each child step ``P/s`` grows once
+  per item as ``P/s[key]``, needing the same item's steps, seeing the item under what
+  ``P`` maps over and ``P``'s other inputs whole; each collects as a mapped step does
+  (not told as expanded), and ``P`` is collected from the output step's collection;
+- a loop whose body is a workflow (concepts.md, "A loop whose body is a workflow"):
+  iteration ``k`` runs every body step ``s`` as ``L/s#k``, needing its body dependencies
+  of the same iteration and, with none, ``L/o#(k-1)``; a body map grows ``L/m#k[key]``
+  once ``L/u#k`` is recorded, collected as ``L/m#k``; the output step's iteration decides
+  (``Done``/``until``, the cap), and at the end each body step records its last
+  iteration's output, then the loop; ``keep_last`` lets go of whole iterations, items
+  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole;
+- code fingerprints (docs/cache.md): a recorded step whose code changed meets the
+  workflow's ``on_code_change`` (``again``: as a version bump; ``keep``: kept, the old
+  code recorded; ``refuse``: nothing runs, the steps named); a step not recorded whose
+  code changed is other work all the same (new attempt numbers);
+- the cache (docs/cache.md): a cached step's attempt hands back, at no cost and with no
+  call, the output stored for the same step, code, ``version``, item and inputs read,
+  recorded in ``cache_hits`` with the usage it saved; what a paid attempt made is stored
+  (the first writer wins); in a workflow with no run-time shape, no recorded question,
+  approval, answers or ``only=``, hits are found before the run starts (saved at once).
 
 Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
-beyond their round trip, stores refusing an output, queues and resource limits.
+beyond their round trip, stores refusing an output, queues and resource limits;
+``only=`` naming a step of a loop's body (the runtime fails it: pinned); a loop's body
+skipped with its loop; a per-step ``on_code_change``, and a cached step that asks a
+person (its answers are inputs read) or that is inside a child; the
+early cutoff of a child per item (the runtime runs its items again, the docs do not
+say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
+(the docs say "before its StepFinished"; the test compares the hits on their own).
 Rewinds are not a function here: the test rewinds with ``ekit_core.rewind`` and
 the model resumes the rewound checkpoint (so it checks what a rewind leaves, not
 how a rewind is computed). Where the docs leave an order or a form open (the
@@ -69,6 +100,7 @@ step are recorded skipped), the test compares both sides without it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -90,12 +122,22 @@ class ModelStep:
     version: str | None = None
     repeat: int | None = None  # a loop: at most this many iterations
     keep_last: int | None = None
+    child: tuple[ModelStep, ...] = ()  # a child workflow's steps, by their own names
+    output: str | None = None  # the child's output step
+    relay: bool = False  # (flattened) a parent: it hands its child's output step's on
+    item_of: str | None = None  # (flattened) a step of a child run per item of its parent
+    code: str = ""  # its code, as its fingerprint tells it apart (docs/cache.md)
+    body_of: str | None = None  # (flattened) a step of the body of this loop
+    cache: bool = False  # ``cache=True``: a hit hands back an output made before
+
 
     def shape(self) -> tuple[Any, ...]:
         """What the checkpoint records of its run-time shape (``()``: none)."""
         shaped = (self.map_over, self.item_key, self.when, self.join_any, self.repeat,
-                  self.keep_last)
-        return () if shaped == (None, None, False, False, None, None) else shaped
+                  self.keep_last, self.relay)
+        if self.item_of is not None:  # (a child per item's steps take no shape of their own)
+            return ()
+        return () if shaped == (None, None, False, False, None, None, False) else shaped[:6]
 
 
 @dataclass(frozen=True)
@@ -142,6 +184,25 @@ class Script(Protocol):
 
     def approve(self, unit: str) -> bool | Fail: ...
 
+    def cache_get(self, key: tuple[Any, ...]) -> Succeed | None: ...
+
+    def cache_put(self, key: tuple[Any, ...], made: Succeed) -> None: ...
+
+
+def cache_key(unit: str, step: ModelStep, inputs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a cache entry is found by (docs/cache.md): the step, its code and ``version``, the
+    item, and the value of everything the step read (here: every input it was handed)."""
+    return (step.name, unit, step.code, step.version,
+            tuple(sorted((k, repr(v)) for k, v in inputs.items())))
+
+
+class CodeChanged(Exception):
+    """A resume refused: steps whose policy is ``"refuse"`` changed since recorded."""
+
+    def __init__(self, steps: tuple[str, ...]) -> None:
+        super().__init__(steps)
+        self.steps = steps
+
 
 @dataclass
 class Record:
@@ -164,6 +225,8 @@ class Record:
     compacted: dict[str, int] = field(default_factory=dict)  # loop -> iterations let go of
     # loop -> the most failed attempts of its compacted iterations (their records are gone)
     compacted_retries: dict[str, int] = field(default_factory=dict)
+    codes: dict[str, str] = field(default_factory=dict)  # step -> the code behind its outputs
+    hits: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # unit -> usage saved
 
 
 class _NoAnswer:
@@ -188,6 +251,8 @@ class Options:
     budget_calls: int | None = None
     answers: Mapping[str, Any] = field(default_factory=dict)
     approval: bool = False  # the run asks an approval callback (the script's ``approve``)
+    on_code_change: str | None = None  # the workflow's policy: "again", "keep" or "refuse"
+    cache: bool = False  # the run is given a cache (the script's ``cache_get``/``cache_put``)
 
 
 @dataclass
@@ -203,12 +268,75 @@ class Prediction:
     waiting: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     let_go: list[str] = field(default_factory=list)  # outputs the resume dropped as outdated
+    refused: tuple[str, ...] = ()  # ``CodeChangedError``: the steps whose code changed
+    hits: list[str] = field(default_factory=list)  # units the cache handed an output
     kept: list[str] = field(default_factory=list)  # items an early cutoff kept
 
     @property
     def final(self) -> Record | None:
         """The last checkpoint saved (what the run leaves behind), if it saved any."""
         return self.saves[-1] if self.saves else None
+
+
+# -- child workflows (concepts.md, "Loops and child workflows") ---------------------------------
+
+
+def flatten(steps: list[ModelStep]) -> list[ModelStep]:
+    """A child's steps are steps of the run: step ``s`` of the child of ``P`` is ``P/s``, in
+    ``P``'s place, needing ``P``'s dependencies and its child dependencies (``P/d``); ``P``
+    then needs the child's output step alone and hands its output on (a child's child
+    nests: ``P/c/s``)."""
+    flat: list[ModelStep] = []
+    for s in steps:
+        if not s.child:
+            flat.append(s)
+            continue
+        p = f"{s.name}/"
+        if s.repeat is not None:  # a loop's body: its steps grow once per iteration
+            for c in _after_their_dependencies(s.child):
+                flat.append(dataclasses.replace(
+                    c, name=p + c.name, deps=(*s.deps, *(p + d for d in c.deps)),
+                    map_over=None if c.map_over is None else p + c.map_over, body_of=s.name))
+            flat.append(dataclasses.replace(s, child=(), output=p + (s.output or "")))
+            continue
+        if s.map_over is not None:  # a child per item: its steps grow once per item
+            for c in _after_their_dependencies(s.child):
+                flat.append(dataclasses.replace(
+                    c, name=p + c.name, deps=(*s.deps, *(p + d for d in c.deps)),
+                    map_over=s.map_over, item_key=s.item_key, item_of=s.name))
+            flat.append(dataclasses.replace(s, child=(), deps=(p + (s.output or ""), *s.deps),
+                                            relay=True))
+            continue
+        for c in flatten(list(s.child)):
+            own = tuple(p + d for d in c.deps)  # (a parent's first is its output step)
+            flat.append(dataclasses.replace(
+                c, name=p + c.name, deps=(*own, *s.deps) if c.relay else (*s.deps, *own),
+                map_over=None if c.map_over is None else p + c.map_over))
+        flat.append(ModelStep(s.name, (p + (s.output or ""),), relay=True))
+    return flat
+
+
+def _after_their_dependencies(steps: tuple[ModelStep, ...]) -> list[ModelStep]:
+    """A child per item's (or a loop body's) steps in the order they grow: each after the
+    steps it needs, otherwise as declared (the docs leave the order open;
+    ``ekit_core.expansion`` says so)."""
+    placed: dict[str, ModelStep] = {}
+    while len(placed) < len(steps):  # (pass after pass over the declared order)
+        for c in steps:
+            if c.name not in placed and all(d in placed for d in c.deps):
+                placed[c.name] = c
+    return list(placed.values())
+
+
+def seen(unit: str, dep: str) -> str:
+    """The name under which a step of a child sees ``dep``: its child's steps by their own
+    names (``P/c/k``, then ``P/k``, then ``k``: the innermost child first), the parent's
+    inputs by theirs."""
+    cut = [i + 1 for i, ch in enumerate(unit) if ch == "/"]
+    for i in reversed(cut):
+        if dep.startswith(unit[:i]):
+            return dep[i:]
+    return dep
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -223,7 +351,13 @@ class Run:
 
     def __init__(self, steps: list[ModelStep], record: Record | None, script: Script,
                  options: Options) -> None:
+        steps = flatten(steps)
         self.steps = {s.name: s for s in steps}
+        self.bodies: dict[str, list[ModelStep]] = {}  # loop -> its body's steps
+        for s in steps:
+            if s.body_of is not None:
+                self.bodies.setdefault(s.body_of, []).append(s)
+        self.body_maps: dict[str, str] = {}  # M#k (a body's map in iteration k) -> U#k
         self.script = script
         self.options = options
         self.rec = copy.deepcopy(record) if record is not None else Record()
@@ -245,6 +379,7 @@ class Run:
         self.ran_now: set[str] = set()  # units that succeeded in this run
         self.outdated: list[str] = []
         self.told_at_start: list[tuple[Any, ...]] = []
+        self.code_moved: set[str] = set()  # steps not recorded whose code changed
 
     # -- what the docs call "need" --------------------------------------------------------
 
@@ -256,6 +391,7 @@ class Run:
             if name not in chosen:
                 chosen.add(name)
                 todo.extend(self.steps[name].deps)
+                todo.extend(t.name for t in self.bodies.get(name, ()))  # (a loop: its body)
         return chosen
 
     def _downstream(self, roots: set[str]) -> set[str]:
@@ -268,19 +404,29 @@ class Run:
                 if s.name not in gone and any(d in gone for d in s.deps):
                     gone.add(s.name)
                     grew = True
+            for loop, body in self.bodies.items():  # a changed body runs its loop again whole
+                if loop not in gone and any(t.name in gone for t in body):
+                    gone.update([loop, *(t.name for t in body)])
+                    grew = True
         return gone
 
     def _owner(self, unit: str) -> str:
         if unit in self.steps:
             return unit
-        return unit.split("[", 1)[0] if "[" in unit else unit.split("#", 1)[0]
+        base = unit.split("[", 1)[0]
+        if base in self.steps:
+            return base
+        return base.rsplit("#", 1)[0] if "#" in base else base
 
     def _iteration(self, unit: str) -> tuple[str, int] | None:
-        """``(loop, k)`` when ``unit`` is iteration ``k`` of a loop (``loop#k``), else ``None``."""
+        """``(loop, k)`` when ``unit`` is iteration ``k`` of a loop (``loop#k``, or ``L/s#k``
+        of a step of its body), else ``None``."""
         if unit in self.steps or "[" in unit or "#" not in unit:
             return None
-        loop, k = unit.split("#", 1)
+        loop, k = unit.rsplit("#", 1)
         step = self.steps.get(loop)
+        if step is not None and step.body_of is not None:
+            return (step.body_of, int(k))
         return (loop, int(k)) if step is not None and step.repeat is not None else None
 
     # -- resume --------------------------------------------------------------------------
@@ -291,13 +437,15 @@ class Run:
         if not self.resumed:
             rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
             rec.shapes = shapes
+            rec.codes = self._codes()
             return
         # A changed shape (allow_graph_change) is changed work, as a changed version is.
         reshaped = {n for n, s in self.steps.items() if rec.shapes.get(n, ()) != s.shape()}
         roots = reshaped | {n for n, s in self.steps.items() if rec.versions.get(n) != s.version}
+        roots |= self._code_changed()
         rec.versions = {n: s.version for n, s in self.steps.items() if s.version is not None}
         rec.shapes = shapes
-        changed = self._downstream(roots)  # work that changed: new attempt numbers
+        changed = self._downstream(roots | self.code_moved)  # work that changed: new numbers
         # A skipped step does not run again for its bump: its skip stands, and so does what
         # it forces; a reshaped one is decided again. What runs again is downstream of those.
         rerun = self._downstream({r for r in roots if r not in rec.skipped or r in reshaped})
@@ -314,9 +462,14 @@ class Run:
         spent: dict[str, int] = {}
         for loop, upto in rec.compacted.items():  # run again from the first: spent numbers
             if loop in rerun:
-                touched.extend(f"{loop}#{k}" for k in range(1, upto + 1))
-                spent.update(dict.fromkeys((f"{loop}#{k}" for k in range(1, upto + 1)),
-                                           rec.compacted_retries.get(loop, 0)))
+                # (a body's: each step's iterations, and its maps' items by the only name
+                # left, M#k[], which each item M#k[key] counts too: docs/checkpoint-format.md)
+                names = [f"{t.name}#{k}" for t in self.bodies.get(loop, ())
+                         for k in range(1, upto + 1)] or [f"{loop}#{k}" for k in range(1, upto + 1)]
+                names += [f"{t.name}#{k}[]" for t in self.bodies.get(loop, ())
+                          if f"{t.name}[]" in rec.compacted for k in range(1, upto + 1)]
+                touched.extend(names)
+                spent.update(dict.fromkeys(names, rec.compacted_retries.get(loop, 0)))
         for unit in [*rec.outputs, *rec.skipped, *rec.failures, *rec.asked, *rec.superseded]:
             if self._owner(unit) in changed and unit not in touched:
                 touched.append(unit)
@@ -329,10 +482,10 @@ class Run:
             if self._owner(unit) in rerun:
                 if unit in rec.outputs:
                     self.out.let_go.append(unit)
-                for table in (rec.outputs, rec.usage, rec.skipped):  # failures stay: history
+                for table in (rec.outputs, rec.usage, rec.skipped, rec.hits):  # (failures stay)
                     table.pop(unit, None)
         for loop in list(rec.compacted):  # a loop that runs again starts from its first iteration
-            if loop in rerun:
+            if loop in rerun or (loop.endswith("[]") and loop[:-2] in rerun):
                 del rec.compacted[loop]
                 rec.compacted_retries.pop(loop, None)
         for unit in list(rec.skipped):  # a skipped mapped step's items are not grown again
@@ -340,6 +493,34 @@ class Run:
                 del rec.skipped[unit]
         for unit, answer in self.options.answers.items():
             rec.asked[unit][-1][1] = answer
+
+    def _codes(self) -> dict[str, str]:
+        """What the checkpoint records of each step's code: every step's, with a policy or a
+        cache (a parent hands its child's output on: no code of its own)."""
+        if self.options.on_code_change is None and not any(s.cache for s in self.steps.values()):
+            return {}
+        return {n: s.code for n, s in self.steps.items()
+                if not s.relay and (self.options.on_code_change is not None or s.cache)}
+
+    def _code_changed(self) -> set[str]:
+        """docs/cache.md: "On resume, a recorded step whose fingerprint changed meets its
+        policy": ``again`` runs it again as a version bump does, ``keep`` keeps it (and the
+        code its outputs were made by), ``refuse`` refuses the resume before anything runs."""
+        rec, policy = self.rec, self.options.on_code_change
+        now = self._codes()
+        moved = [n for n in self.steps if n in rec.codes and n in now and rec.codes[n] != now[n]]
+        changed = [n for n in moved
+                   if n in rec.outputs or any(u.startswith(f"{n}[") for u in rec.outputs)]
+        # A step not recorded whose code changed is other work all the same: new attempt
+        # numbers (issue 45: "a changed version or fingerprint ... never re-sends the attempt
+        # key of different work"), whatever the policy, which is for recorded steps.
+        self.code_moved = {n for n in moved if n not in changed}
+        if changed and policy == "refuse":
+            raise CodeChanged(tuple(changed))
+        if policy == "keep":
+            now.update({n: rec.codes[n] for n in changed})
+        rec.codes = now
+        return set(changed) if policy in ("again", None) else set()
 
     def _next_iterations(self, changed: set[str]) -> list[str]:
         """The iteration each unfinished loop whose work changed runs next: once its
@@ -354,8 +535,10 @@ class Run:
             while f"{s.name}#{last + 1}" in rec.outputs:
                 last += 1
             shape = rec.shapes.get(s.name) or s.shape()
-            if last < shape[4]:
+            if last < shape[4] and s.name not in self.bodies:
                 found.append(f"{s.name}#{last + 1}")
+            elif last < shape[4]:  # every step of the body's next iteration
+                found.extend(f"{t.name}#{last + 1}" for t in self.bodies[s.name])
         return found
 
     def _set_aside(self, roots: set[str], gone: set[str]) -> None:
@@ -366,7 +549,8 @@ class Run:
         rec = self.rec
         for m in self.steps.values():
             over = m.map_over
-            if over is None or over not in gone or m.name in roots or self.steps[over].map_over:
+            if (over is None or over not in gone or m.name in roots or self.steps[over].map_over
+                    or m.item_of is not None):  # (a child per item: see the docstring)
                 continue
             if any(d in gone for d in m.deps if d != over) or over not in rec.outputs:
                 continue
@@ -413,14 +597,17 @@ class Run:
         """Expand every mapped step whose input is recorded, and right after it the steps
         chained to it, item-wise (depth first, each level in declaration order); at the
         ``start`` of a run, each loop's iterations too, in the same pass."""
-        changed = False
+        changed = self._grow_body_maps()
         for over in self.steps.values():  # (by what they map over: a resume grows so)
             if start and over.repeat is not None:
                 self._start_loop(over)
             if over.map_over is not None or over.name not in self.rec.outputs:
                 continue
-            for m in self.steps.values():
-                if m.map_over != over.name or m.name in self.items or self._forced_skip(m):
+            # (a child per item grows after the maps over the same step: the docs leave the
+            # order open, and the model follows the runtime)
+            for m in sorted(self.steps.values(), key=lambda m: m.item_of is not None):
+                if (m.map_over != over.name or m.name in self.items or m.relay
+                        or m.body_of is not None or self._forced_skip(m)):
                     continue
                 self._expand(m, self._pieces(m, self.rec.outputs[over.name]))
                 self._grow_chains(m.name)
@@ -437,7 +624,8 @@ class Run:
 
     def _grow_chains(self, mapped: str) -> None:
         for m in self.steps.values():
-            if m.map_over == mapped and m.name not in self.items and not self._forced_skip(m):
+            if (m.map_over == mapped and m.name not in self.items and not m.relay
+                    and m.body_of is None and not self._forced_skip(m)):
                 self.mapping[m.name] = self.mapping[mapped]
                 self._expand(m, [(k, None) for k, _ in self.items[mapped]], chained=True)
                 self._grow_chains(m.name)
@@ -453,8 +641,8 @@ class Run:
 
     def _expand(self, m: ModelStep, pieces: list[tuple[Any, Any]], chained: bool = False) -> None:
         self.items[m.name] = []
-        if self.selected is None or m.name in self.selected:  # (outside ``only``: silently)
-            self.out.events.append(("StepExpanded", m.name))
+        if (self.selected is None or m.name in self.selected) and m.item_of is None:
+            self.out.events.append(("StepExpanded", m.name))  # (outside ``only``: silently)
         for key, piece in pieces:
             unit = f"{m.name}[{key}]"
             self.items[m.name].append((key, unit))
@@ -467,6 +655,9 @@ class Run:
                 self.piece[unit] = piece
             first = self.upstream.get(unit, over)
             self.unit_deps[unit] = [first, *(d for d in m.deps if d != over)]
+            if m.item_of is not None:  # it waits for the same item's steps it needs
+                self.unit_deps[unit] = [over, *(f"{d}[{key}]" if d.startswith(f"{m.item_of}/")
+                                                else d for d in m.deps if d != over)]
             self._keep_cut_off(m, key, unit, piece)
         if not pieces and m.name not in self.rec.outputs and self._collectable(m.name):
             self._collect(m.name)  # no items: collected as soon as it is expanded
@@ -514,9 +705,19 @@ class Run:
                 elif unit in self.items and unit not in self.rec.outputs and self._collectable(unit):
                     self._collect(unit)
                     changed = True
+                elif step.relay and step.map_over is not None and self._collectable_parent(unit):
+                    # a child per item's parent is collected from its output step, no attempt
+                    self.rec.outputs[unit] = self.rec.outputs[deps[0]]
+                    self.out.events.append(("StepFinished", unit, 1))
+                    changed = True
                 elif step.map_over is not None and unit == step.name and step.map_over in self.rec.skipped:
                     self._skip(unit, f"it needs {step.map_over!r}, which was skipped")
                     changed = True
+
+    def _collectable_parent(self, unit: str) -> bool:
+        if self.selected is not None and unit not in self.selected:
+            return False
+        return all(d in self.rec.outputs for d in self.unit_deps[unit])
 
     def _skip_needing_skipped(self) -> None:
         """A resume skips the declared steps that need a skipped one before it grows anything:
@@ -537,14 +738,16 @@ class Run:
     def _done(self, unit: str) -> bool:
         if unit in self.rec.outputs or unit in self.rec.skipped:
             return True
-        it = self._iteration(unit)  # a compacted iteration is done, its output let go of
+        it = self._iteration(unit.split("[", 1)[0])  # a compacted iteration is done, its
+        # output let go of (and its maps' items)
         return it is not None and it[1] <= self.rec.compacted.get(it[0], 0)
 
     def _collectable(self, m: str) -> bool:
-        if self.selected is not None and m not in self.selected:
+        if self.selected is not None and self._owner(m) not in self.selected:
             return False  # outside ``only`` nothing of it runs, not even its collection
+        deps = self.steps[m].deps if m in self.steps else self.unit_deps[m]
         return (all(self._done(u) for _, u in self.items[m])
-                and all(d in self.rec.outputs for d in self.steps[m].deps))
+                and all(d in self.rec.outputs for d in deps))
 
     def _collect(self, m: str) -> None:
         pairs = [(k, self.rec.outputs[u]) for k, u in self.items[m] if u in self.rec.outputs]
@@ -570,6 +773,8 @@ class Run:
                 continue  # a mapped step never starts: it is collected
             if step.repeat is not None and unit == step.name:
                 continue  # nor does a loop: its iterations do
+            if (step.body_of is not None and unit == step.name) or unit in self.body_maps:
+                continue  # nor a step of a body (its iterations do), nor a map in it
             if self.selected is not None and step.name not in self.selected:
                 continue
             if self._waiting(unit):
@@ -593,7 +798,11 @@ class Run:
 
     def inputs(self, unit: str) -> dict[str, Any]:
         step = self.unit_step[unit]
+        if step.body_of is not None:
+            return self._body_inputs(unit, step)
         found = {d: self.rec.outputs[d] for d in step.deps if d in self.rec.outputs}
+        if step.item_of is not None and unit != step.name:  # the same item's outputs
+            found = {d.split("[", 1)[0]: self.rec.outputs[d] for d in self.unit_deps[unit]}
         if unit in self.upstream:
             found[step.map_over or ""] = self.rec.outputs[self.upstream[unit]]
         elif unit in self.piece:
@@ -602,12 +811,13 @@ class Run:
         if it is not None:  # its number and the previous iteration's output (None: the first)
             loop, k = it
             found[loop] = [k, self.rec.outputs[f"{loop}#{k - 1}"] if k > 1 else None]
-        return found
+        return {seen(step.name, d): v for d, v in found.items()}
 
     def number(self, unit: str) -> int:
         """The attempt's number: past the recorded failures and the outputs let go of."""
         recorded = self.rec.failures.get(unit, ("", "", 0))[2] - self.failed_now.get(unit, 0)
-        return self.rec.redone.get(unit, 0) + recorded + self.failed_now.get(unit, 0) + 1
+        spent = self.rec.redone.get(f"{unit[:unit.rfind('[')]}[]", 0) if unit.endswith("]") else 0
+        return self.rec.redone.get(unit, 0) + spent + recorded + self.failed_now.get(unit, 0) + 1
 
     def attempt(self, unit: str) -> None:
         step = self.unit_step[unit]
@@ -637,8 +847,17 @@ class Run:
             self.approved.add(unit)
         tried = self.failed_now.get(unit, 0) + 1  # events count the attempts of this run
         self.out.events.append(("StepStarted", unit, tried))
-        self.out.begun.append((unit, number))
-        outcome = self.script.attempt(unit, step, inputs)
+        if step.cache and self.options.cache and self._hit(unit, step, inputs):
+            self.out.events.append(("StepFinished", unit, tried))
+            self.settle()
+            self.save()
+            return
+        outcome: Outcome
+        if step.relay:  # a parent hands its child's output on: no call, nothing paid
+            outcome = Succeed(self.rec.outputs[self.unit_deps[unit][0]])
+        else:
+            self.out.begun.append((unit, number))
+            outcome = self.script.attempt(unit, step, inputs)
         if isinstance(outcome, AskFirst):
             answers = [a for _, a in self.rec.asked.get(unit, []) if a is not NO_ANSWER]
             if not answers:
@@ -657,7 +876,10 @@ class Run:
             self._failed(unit, tried, outcome)
             return
         assert isinstance(outcome, Succeed)
-        self.out.paid.append((unit, number))
+        if not step.relay:
+            self.out.paid.append((unit, number))
+        if step.cache and self.options.cache:  # stored for later runs (the first writer wins)
+            self.script.cache_put(cache_key(unit, step, inputs), outcome)
         number = tried
         self.ran_now.add(unit)
         self.rec.outputs[unit] = outcome.value
@@ -666,13 +888,49 @@ class Run:
         self.rec.cost = _add(self.rec.cost, outcome.usage)
         self.out.events.append(("StepFinished", unit, number))
         it = self._iteration(unit)
-        if it is not None:
+        if it is not None and step.body_of is None:
             self._iterated(*it, outcome.done)
+        elif it is not None and step.name == self.steps[it[0]].output:  # the body's output
+            self._body_iterated(*it, outcome.done)
         budget = self.options.budget_calls
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
         self.settle()
         self.save()
+
+    def _hit(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> bool:
+        """docs/cache.md: a hit hands back the output recorded for the same step, code and
+        ``version``, item and values read; it costs nothing and is recorded in ``cache_hits``
+        with the usage it saved."""
+        found = self.script.cache_get(cache_key(unit, step, inputs))
+        if found is None:
+            return False
+        self.rec.outputs[unit] = found.value
+        self.rec.hits[unit] = found.usage
+        self.out.hits.append(unit)
+        self.ran_now.add(unit)
+        return True
+
+    def _hits_at_start(self) -> bool:
+        """docs/cache.md, "When hits are found": cached plain steps whose inputs are known as
+        the run starts are looked up before it begins, and those their hits make known; not
+        in a run with an approval callback, answers or ``only=``. (The runtime also looks up
+        none in a workflow with run-time shapes or a recorded question, which the docs do not
+        say: the model follows it.)"""
+        o, rec = self.options, self.rec
+        if (not o.cache or o.approval or o.answers or o.only or rec.asked
+                or any(s.shape() for s in self.steps.values())
+                or all(n in rec.outputs for n in self.steps)):
+            return False
+        found, grew = False, True
+        while grew:
+            grew = False
+            for n, s in self.steps.items():
+                if (s.cache and n not in rec.outputs and n not in rec.skipped
+                        and all(d in rec.outputs for d in s.deps)
+                        and self._hit(n, s, self.inputs(n))):
+                    found = grew = True
+        return found
 
     def _failed(self, unit: str, number: int, error: Fail) -> None:
         self.failed_now[unit] = self.failed_now.get(unit, 0) + 1
@@ -705,6 +963,12 @@ class Run:
             self.unit_deps[unit] = [*step.deps, *([f"{loop}#{k - 1}"] if k > 1 else [])]
 
     def _start_loop(self, step: ModelStep) -> None:
+        if step.name in self.bodies:
+            self._start_body(step)
+            return
+        self._start_one_step_loop(step)
+
+    def _start_one_step_loop(self, step: ModelStep) -> None:
         """A run knows a loop's iterations from the recorded outputs alone: recorded (or
         compacted) ones are done; the next one runs, unless the loop is recorded, or its
         recorded iterations reach its cap (it fails again, at once)."""
@@ -759,6 +1023,119 @@ class Run:
                 table.pop(f"{loop}#{j}", None)
         rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))
 
+    # -- a loop whose body is a workflow (concepts.md, "A loop whose body is a workflow") ------
+
+    def _start_body(self, step: ModelStep) -> None:
+        """As a one-step loop, read from the body's output step's recorded iterations; every
+        iteration grown whole."""
+        rec, loop, out = self.rec, step.name, step.output or ""
+        if loop in rec.skipped or (self.selected is not None and loop not in self.selected):
+            return
+        last = rec.compacted.get(loop, 0)
+        while f"{out}#{last + 1}" in rec.outputs:
+            last += 1
+        if loop in rec.outputs or last >= (step.repeat or 0):
+            self._grow_body(loop, 1, last)
+            if loop not in rec.outputs:
+                self._loop_failed(loop, last)
+        else:
+            self._grow_body(loop, 1, last + 1)
+
+    def _grow_body(self, loop: str, first: int, last: int) -> None:
+        """Iteration ``k`` runs every body step ``s`` as ``L/s#k``: it needs the loop's inputs,
+        its body dependencies of the same iteration, and (with none) ``L/o#(k-1)``."""
+        out = self.steps[loop].output or ""
+        for k in range(first, last + 1):
+            for t in self.bodies[loop]:
+                unit = f"{t.name}#{k}"
+                inside = [d for d in t.deps if d.startswith(f"{loop}/")]
+                self.order.append(unit)
+                self.unit_step[unit] = t
+                self.unit_deps[unit] = [*(d for d in t.deps if d not in inside),
+                                        *(f"{d}#{k}" for d in inside),
+                                        *([f"{out}#{k - 1}"] if not inside and k > 1 else [])]
+                if t.map_over is not None:
+                    self.body_maps[unit] = f"{t.map_over}#{k}"
+
+    def _grow_body_maps(self) -> bool:
+        """A body's map ``M`` over ``U`` grows, once ``U#k`` is recorded, the items ``M#k[key]``
+        (told as ``M#k`` expanded), collected as ``M#k``."""
+        grew = False
+        for unit, over in self.body_maps.items():
+            if unit in self.items or over not in self.rec.outputs:  # (told when collected too)
+                continue
+            t, value = self.unit_step[unit], self.rec.outputs[over]
+            pairs = list(value.items()) if isinstance(value, Mapping) else (
+                [(p[t.item_key], p) for p in value] if t.item_key else list(enumerate(value)))
+            self.mapping[unit] = isinstance(value, Mapping)
+            self.items[unit] = []
+            self.out.events.append(("StepExpanded", unit))
+            for key, piece in pairs:
+                item = f"{unit}[{key}]"
+                self.items[unit].append((key, item))
+                self.order.append(item)
+                self.unit_step[item] = t
+                self.piece[item] = piece
+                self.unit_deps[item] = list(self.unit_deps[unit])
+            grew = True
+        return grew
+
+    def _body_inputs(self, unit: str, step: ModelStep) -> dict[str, Any]:
+        """What a body step's iteration (or an item of it) sees: the loop's inputs, its body
+        dependencies of the same iteration by their names, and the loop's ``Iteration``."""
+        loop = step.body_of or ""
+        base = unit.split("[", 1)[0]
+        k = int(base.rsplit("#", 1)[1])
+        out = self.steps[loop].output or ""
+        found = {}
+        for d in self.unit_deps[base]:
+            if d != f"{out}#{k - 1}":
+                found[d.rsplit("#", 1)[0] if d.startswith(f"{loop}/") else d] = self.rec.outputs[d]
+        if unit in self.piece:
+            found[step.map_over or ""] = self.piece[unit]
+        found[loop] = [k, self.rec.outputs[f"{out}#{k - 1}"] if k > 1 else None]
+        return {seen(step.name, d): v for d, v in found.items()}
+
+    def _body_iterated(self, loop: str, k: int, done: bool) -> None:
+        """The body's output step recorded iteration ``k``: the loop decides, as a one-step
+        loop does; ending, each body step records its last iteration's output, then the loop."""
+        step = self.steps[loop]
+        if step.keep_last is not None and k > step.keep_last:
+            self._compact_body(loop, k - step.keep_last)
+        if done:
+            for t in self.bodies[loop]:
+                self.rec.outputs[t.name] = self.rec.outputs[f"{t.name}#{k}"]
+                self.ran_now.add(t.name)
+                self.out.events.append(("StepFinished", t.name, 1))
+            self.rec.outputs[loop] = self.rec.outputs[f"{step.output}#{k}"]
+            self.ran_now.add(loop)
+            self.out.events.append(("StepFinished", loop, 1))
+        elif k >= (step.repeat or 0):
+            self._loop_failed(loop, k)
+        else:
+            self._grow_body(loop, k + 1, k + 1)
+            self.out.events.append(("StepExpanded", loop))
+
+    def _compact_body(self, loop: str, upto: int) -> None:
+        """``keep_last`` lets go of whole iterations, items included: the iterations counted
+        under ``compacted[L]``, the items of a map ``M`` under ``compacted["M[]"]``."""
+        rec = self.rec
+        for j in range(rec.compacted.get(loop, 0) + 1, upto + 1):
+            for t in self.bodies[loop]:
+                unit = f"{t.name}#{j}"
+                items = [u for u in {*rec.outputs, *rec.failures, *rec.asked, *rec.usage}
+                         if u.startswith(f"{unit}[")]
+                mine = len(self.items.get(unit, [])) or sum(1 for u in items if u in rec.outputs)
+                if t.map_over is not None and mine:
+                    rec.compacted[f"{t.name}[]"] = rec.compacted.get(f"{t.name}[]", 0) + mine
+                for u in [unit, *items]:
+                    failed = rec.failures.get(u, ("", "", 0))[2]
+                    if failed > rec.compacted_retries.get(loop, 0):
+                        rec.compacted_retries[loop] = failed
+                    for table in (rec.outputs, rec.usage, rec.failures, rec.asked):
+                        table.pop(u, None)
+        rec.compacted[loop] = max(upto, rec.compacted.get(loop, 0))
+
     def _loop_failed(self, loop: str, k: int) -> None:
         """A loop whose iteration at its cap did not end it fails with ``LoopError`` naming it;
         its iterations stay recorded."""
@@ -773,13 +1150,18 @@ class Run:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> Prediction:
-        self.resume()
+        try:
+            self.resume()
+        except CodeChanged as refused:
+            self.out.refused, self.out.outcome = refused.steps, "refused"
+            return self.out
         self.out.events.append(("RunStarted",))
+        budget = self.options.budget_calls
+        hits = (budget is None or self.rec.cost[2] < budget) and self._hits_at_start()
         self.out.events.extend(("StepOutdated", n) for n in self.outdated)
         for unit in self.order:  # (a step a condition skipped is told by RunStarted alone)
             if unit in self.rec.outputs:
                 self.out.events.append(("StepSkipped", unit))
-        budget = self.options.budget_calls
         if budget is not None and self.rec.cost[2] >= budget:
             self.halted = "budget_exceeded"
         told = len(self.out.events)
@@ -788,8 +1170,8 @@ class Run:
         self.settle()
         self.out.events[told:] = [e for e in self.out.events[told:] if e[0] != "StepSkipped"]
         self.out.events.extend(self.told_at_start)
-        if self.options.answers:
-            self.save()  # the answers are recorded before anything runs
+        if self.options.answers or hits:
+            self.save()  # the answers, or the hits, are recorded before anything runs
         while True:
             ready = self.ready()
             if not ready:

@@ -1,7 +1,10 @@
 """Plant back, one at a time, the defects issue 42 fixed, run the differential test
 against each, and print whether it caught it.
 
-    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES] [SEED,SEED...]
+    PYTHONPATH=. python -m tests.semantics.plant [EXAMPLES] [SEED,SEED...] [42|44]
+
+(``44``: the defects of children, loops' and cache's rules written by hand, and those the
+model found in them, fixed since: ``PLANTS_44``.)
 
 A plant is either the fix's commit reversed on ekit_core/ekit_runtime (when it still
 reverses onto today's code) or, where later work moved the code, the same defect
@@ -78,6 +81,38 @@ checkpoints runs made), 6, 7, 12, 13, 17 (argument and codec checks: no run sema
 and 8, 19-23 (queue, progress text, journal history, CLI, dashboard)."""
 
 
+PLANTS_44 = [
+    Plant("", "44", "a recorded child step runs again on every resume", (
+        ("ekit_core/rewind.py", "        why = _other_work(checkpoint, versions, code, name)\n",
+         "        why = _other_work(checkpoint, versions, code, name) or (\n"
+         "            \"planted\" if \"/\" in name else None)\n"),)),
+    Plant("", "45", "a cache hit ignores every input the step read but its first", (
+        ("ekit_runtime/cache/base.py",
+         "        if key in self.reads or key in self._written:\n            return\n",
+         "        if key in self.reads or key in self._written or self.reads:\n            return\n"),)),
+    Plant("", "45", "a cache hit ignores the step's code", (
+        ("ekit_runtime/cache/base.py", "{_quoted(step)},{_quoted(fingerprint)},'",
+         "{_quoted(step)},'"),
+        ("ekit_runtime/cache/base.py", '["ekit-cache-1", step, fingerprint, version,',
+         '["ekit-cache-1", step, version,'))),
+    Plant("14f40f5", "44 (found)", "a child per item's items are not counted as redone", (
+        ("ekit_core/rewind.py",
+         "    mapped += tuple(f\"{n}[\" for n in steps if \"/\" in n and _per_item(graph, checkpoint, n))\n",
+         ""),)),
+    Plant("14f40f5", "44 (found)", "a parent's mapped input is seen as the same item's", (
+        ("ekit_runtime/runner.py", "if d.startswith(child) and (dep := item_name(d, ref.key)) in outputs:",
+         "if (dep := item_name(d, ref.key)) in outputs:"),)),
+    Plant("14f40f5", "44 (found)", "a child per item over a loop never grows", (
+        ("ekit_core/transitions.py",
+         "    if shaped.per_item_over and loop in shaped.per_item_over:  # (a child per item of it)\n"
+         "        _grow_children(w, loop)\n", ""),)),
+    Plant("0b616ba", "45 (found)", "replay judges outdated outputs without code fingerprints", (
+        ("ekit_core/replay.py", "        outdated = outdated_steps(graph, earlier, cp.versions, code)",
+         "        outdated = outdated_steps(graph, earlier, cp.versions)"),)),
+]
+"""Defects of issues 44 and 45 planted by hand (the commit: where the fix, if one, is)."""
+
+
 def _git(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", *args], input=stdin, capture_output=True, check=False)
 
@@ -100,8 +135,9 @@ def _plant(plant: Plant) -> str | None:
 def main() -> None:
     examples = sys.argv[1] if len(sys.argv) > 1 else "300"
     seeds = sys.argv[2].split(",") if len(sys.argv) > 2 else ["1", "2", "3"]
+    plants = PLANTS_44 if sys.argv[3:] == ["44"] else PLANTS
     env = dict(os.environ, EKIT_MODEL_EXAMPLES=examples, EKIT_MODEL_SHRINK="0")
-    for plant in PLANTS:
+    for plant in plants:
         try:
             why_not = _plant(plant)
             if why_not is not None:

@@ -117,3 +117,207 @@ def reshaped_workflows(draw: st.DrawFn) -> ReshapedWorkflow:
               for row in shaped]
     return ReshapedWorkflow(tuple(versions), phases, plan.features,
                             tuple(tuple(row) for row in shaped))
+
+
+# -- workflows inside workflows (issue 44) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParentStep(PlannedStep):
+    """A step that runs a child workflow (``child``, its steps by their own names) and hands
+    on the output of its step ``output``; with ``map_over`` once per item, with ``repeat``
+    as a loop's body."""
+
+    child: tuple[PlannedStep, ...] = ()
+    output: str = ""
+
+
+def flat_steps(steps: tuple[PlannedStep, ...], prefix: str = "") -> dict[str, PlannedStep]:
+    """Every step of a planned workflow, children's steps included, by its name in the run
+    (``P/c0``)."""
+    found: dict[str, PlannedStep] = {}
+    for s in steps:
+        if isinstance(s, ParentStep):
+            found.update(flat_steps(s.child, f"{prefix}{s.name}/"))
+        found[prefix + s.name] = s
+    return found
+
+
+def _renamed(plan: PlannedWorkflow, letter: str, phases: int) -> tuple[PlannedStep, ...]:
+    """``plan``'s steps named ``c0``, ``c1``... (a letter per level, so that no name of a
+    child hides one of its parent's inputs), with ``phases`` version tags."""
+    names = {s.name: letter + s.name[1:] for s in plan.steps}
+    return tuple(replace(
+        s, name=names[s.name], deps=tuple(names[d] for d in s.deps),
+        map_over=None if s.map_over is None else names[s.map_over],
+        versions=(s.versions * phases)[:phases]) for s in plan.steps)
+
+
+def _sink(steps: tuple[PlannedStep, ...]) -> str:
+    needed = {d for s in steps for d in s.deps}
+    return next(s.name for s in reversed(steps) if s.name not in needed)
+
+
+def _parent(draw: st.DrawFn, step: PlannedStep, child: list[PlannedStep], phases: int) -> PlannedStep:
+    """``step`` made a parent of ``child``: its output step, drawn among the child's plain
+    steps, makes what ``step`` made (so what maps over ``step`` still can); ``step`` as it
+    was when the child has none."""
+    plain = [i for i, c in enumerate(child) if c.map_over is None and c.repeat is None
+             and not isinstance(c, ParentStep) and c.name not in {x.map_over for x in child}]
+    if not plain:
+        return step
+    out = draw(st.sampled_from(plain), label="child output")
+    child[out] = replace(child[out], kind=step.kind)
+    return ParentStep(step.name, step.deps, step.kind, versions=("v0",) * phases,
+                      child=tuple(child), output=child[out].name)
+
+
+def _plain(steps: list[PlannedStep]) -> list[int]:
+    """The steps that may become parents: no map, loop or join (a condition is dropped)."""
+    return [i for i, s in enumerate(steps) if s.map_over is None and s.repeat is None
+            and not s.join_any]
+
+
+@st.composite
+def nested_workflows(draw: st.DrawFn, loops: bool = False) -> PlannedWorkflow:
+    """A combined workflow in which a step or two run child workflows (themselves combined
+    workflows of three steps, a child's child at times), each handing on its child's
+    output step: any plain step of the child (``Child(output=...)``)."""
+    plan = draw(combined_workflows(Features(loops=loops), max_steps=5))
+    steps = list(plan.steps)
+    for i in draw(st.lists(st.sampled_from(_plain(steps) or [-1]), min_size=1, max_size=2,
+                           unique=True)):
+        if i < 0:
+            break
+        child = list(_renamed(draw(combined_workflows(Features(loops=loops), max_steps=3)),
+                              "c", plan.phases))
+        if draw(st.booleans()) and _plain(child):  # a child's child
+            j = draw(st.sampled_from(_plain(child)))
+            grand = list(_renamed(draw(combined_workflows(Features(), max_steps=3)), "d",
+                                  plan.phases))
+            child[j] = _parent(draw, child[j], grand, plan.phases)
+        steps[i] = _parent(draw, steps[i], child, plan.phases)
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)
+
+
+@st.composite
+def _plain_child(draw: st.DrawFn, phases: int) -> tuple[PlannedStep, ...]:
+    """A child of one to three plain steps (a child per item's steps take no shape of their
+    own): some ask, fail and retry, and change version between code phases."""
+    steps: list[PlannedStep] = []
+    for i in range(draw(st.integers(1, 3))):
+        deps = tuple(draw(st.lists(st.sampled_from([s.name for s in steps]), max_size=2,
+                                   unique=True))) if steps else ()
+        fails, attempts = (draw(st.integers(1, 2)), draw(st.integers(1, 3))) \
+            if draw(st.integers(0, 2)) == 0 else (0, 1)
+        steps.append(PlannedStep(f"c{i}", deps, draw(st.sampled_from(["text", "typed"])),
+                                 asks=draw(st.integers(0, 4)) == 0, fails=fails,
+                                 attempts=attempts, versions=_tags(draw, phases)))
+    return tuple(draw(st.permutations(steps)))
+
+
+@st.composite
+def per_item_workflows(draw: st.DrawFn, loops: bool = False) -> PlannedWorkflow:
+    """A combined workflow in which a step runs a child per item of one of its inputs
+    (``Step(child=..., map_over=...)``): the child's steps grow once per item."""
+    plan = draw(combined_workflows(Features(loops=loops), max_steps=5))
+    steps = list(plan.steps)
+    by_name = {s.name: s for s in steps}
+    mapped_over = {s.map_over for s in steps}
+    can = [i for i in _plain(steps) if steps[i].name not in mapped_over and any(
+        by_name[d].kind in MAPPABLE and by_name[d].map_over is None for d in steps[i].deps)]
+    if not can:
+        return plan
+    s = steps[draw(st.sampled_from(can))]
+    over = draw(st.sampled_from([d for d in s.deps if by_name[d].kind in MAPPABLE
+                                 and by_name[d].map_over is None]))
+    child = draw(_plain_child(plan.phases))
+    steps[steps.index(s)] = ParentStep(
+        s.name, s.deps, "list", over, "id" if by_name[over].kind == "keyed" else None,
+        versions=("v0",) * plan.phases, child=child, output=_sink(child))
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)
+
+
+# -- code that changes, and a cache shared by runs (issue 45) -----------------------------------
+
+
+@dataclass(frozen=True)
+class CodedWorkflow(PlannedWorkflow):
+    """A planned workflow whose steps' code changes between code phases (``codes``: step ->
+    its code in each phase, told apart by its fingerprint), run with ``on_code_change=policy``,
+    and whose ``cached`` steps use a cache (``cache``: ``"memory"`` or ``"sqlite"``) that
+    every run of the example shares, fresh runs included."""
+
+    codes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    policy: str | None = None
+    cached: frozenset[str] = frozenset()
+    cache: str = "memory"
+
+
+@st.composite
+def coded_workflows(draw: st.DrawFn) -> CodedWorkflow:
+    """A combined workflow (loops too) whose steps' code changes between phases without a
+    version bump, under a policy, with some steps cached (those that ask no person: an
+    answer is read, and a new run asks again)."""
+    plan = draw(combined_workflows(Features(loops=draw(st.booleans())), max_steps=5))
+    phases = max(plan.phases, 2)
+    steps = tuple(replace(s, versions=(s.versions * phases)[:phases]) for s in plan.steps)
+    if draw(st.integers(0, 2)) == 0:  # plain steps only: hits are then found as a run starts
+        steps = tuple(replace(s, map_over=None, item_key=None, when=None, join_any=False,
+                              repeat=None, keep_last=None, until=False) for s in steps)
+    cached = frozenset(s.name for s in steps if s.repeat is None and not s.asks
+                       and draw(st.booleans()))
+    policy = draw(st.sampled_from([None, "again", "again", "keep", "keep", "refuse"]))
+    # (with no policy only cached steps are fingerprinted: a change in another's code is
+    # invisible, as the docs warn, and not drawn)
+    codes = tuple((s.name, _tags(draw, phases) if policy or s.name in cached
+                   else ("v0",) * phases) for s in steps)
+    return CodedWorkflow(steps, phases, plan.features, codes, policy, cached,
+                         draw(st.sampled_from(["memory", "sqlite"])))
+
+
+@st.composite
+def _body(draw: st.DrawFn, phases: int) -> tuple[PlannedStep, ...]:
+    """A loop's body (decision 021): a model step (``c0``), at times tools mapped over what
+    it asked for (``c1``), then a step that folds them in (``c2``), the body's one sink; no
+    condition, join, loop or chained map inside (refused by name)."""
+    def faults() -> dict[str, object]:
+        fails = draw(st.integers(1, 2)) if draw(st.integers(0, 3)) == 0 else 0
+        return {"asks": draw(st.integers(0, 5)) == 0, "fails": fails,
+                "attempts": draw(st.integers(1, 3)) if fails else 1,
+                "versions": _tags(draw, phases)}
+
+    size = draw(st.integers(1, 3))
+    if size == 1:
+        return (PlannedStep("c0", (), draw(st.sampled_from(["text", "typed"])), **faults()),)  # type: ignore[arg-type]
+    kind: OutputKind = draw(st.sampled_from(["list", "dict", "keyed"])) if size == 3 else "text"
+    steps = [PlannedStep("c0", (), kind, **faults())]  # type: ignore[arg-type]
+    if size == 2:
+        return (*steps, PlannedStep("c1", ("c0",), "text", **faults()))  # type: ignore[arg-type]
+    steps.append(PlannedStep("c1", ("c0",), draw(st.sampled_from(["text", "typed"])), "c0",
+                             "id" if kind == "keyed" else None, **faults()))  # type: ignore[arg-type]
+    steps.append(PlannedStep("c2", draw(st.sampled_from([("c1",), ("c1", "c0")])), "text",
+                             **faults()))  # type: ignore[arg-type]
+    return tuple(draw(st.permutations(steps)))
+
+
+@st.composite
+def body_workflows(draw: st.DrawFn) -> PlannedWorkflow:
+    """A combined workflow (loops too) in which a step is a loop whose body is a child
+    workflow (``Step(child=body, repeat=Repeat(...))``): iterations ``L/s#k``, maps inside
+    them ``L/m#k[key]``, ``keep_last``, ``until`` or ``Done``."""
+    plan = draw(combined_workflows(Features(loops=True), max_steps=5))
+    steps = list(plan.steps)
+    mapped_over = {s.map_over for s in steps}
+    can = [i for i in _plain(steps) if steps[i].name not in mapped_over]
+    if not can:
+        return plan
+    i = draw(st.sampled_from(can))
+    body = draw(_body(plan.phases))
+    s = steps[i]
+    steps[i] = ParentStep(
+        s.name, s.deps, "text", versions=("v0",) * plan.phases,
+        repeat=draw(st.integers(1, 4), label="max_iterations"),
+        keep_last=draw(st.none() | st.integers(1, 2), label="keep_last"),
+        until=draw(st.booleans(), label="until"), child=body, output=_sink(body))
+    return PlannedWorkflow(tuple(steps), plan.phases, plan.features)

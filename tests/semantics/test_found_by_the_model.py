@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ekit_core import TokenUsage, WorkflowCheckpoint, replay, rewind
+from ekit_core import TokenUsage, WorkflowCheckpoint, audit, replay, rewind
 from ekit_runtime import (
     BudgetExceeded,
     Done,
@@ -292,3 +292,231 @@ def test_replay_accepts_a_rewind_beside_a_loop_resumed_with_only_the_rewound_ste
     assert [cp.step_index for cp in resumed] == [7]
     report = replay(workflow, [*saved, rewound, *resumed])
     assert report.ok, [v.to_dict() for v in report.violations]
+
+
+def _per_topic(version: str, keys: list[str]) -> Workflow:
+    def read(ctx: dict[str, Any]) -> str:
+        keys.append(str(attempt_key()))
+        return f"{version}: {ctx['topics']}"
+
+    child = Workflow([Step("read", read, version=version)])
+    return Workflow([Step("topics", lambda ctx: ["tides"]),
+                     Step("research", depends_on=("topics",), child=child, map_over="topics")])
+
+
+def test_a_bumped_child_per_item_runs_an_interrupted_item_under_a_new_key() -> None:
+    """"Every step whose work changed (a bumped version ...) and every step and item downstream
+    of it gets a new attempt number, whether the checkpoint records an output of it, a
+    failure, a question, or nothing at all" (docs/concepts.md). Item ``research/read[0]`` of
+    a child per item (concepts.md, "A child per item") ran under v0 and the process died
+    saving it; the resume under v1 sends the key of the old code's attempt for the new work
+    (found by the model once it knew children per item)."""
+    keys: list[str] = []
+    saved: list[WorkflowCheckpoint] = []
+
+    def save(cp: WorkflowCheckpoint) -> None:
+        if "research/read[0]" in cp.outputs:
+            raise _Died
+        saved.append(cp)
+
+    with contextlib.suppress(_Died):
+        _per_topic("v0", keys).run_sync(checkpoint_fn=save, run_id="r", max_concurrency=1)
+    assert keys == ["r/research/read[0]/1"]
+    keys.clear()
+    _per_topic("v1", keys).run_sync(resume_from=saved[-1], run_id="r", max_concurrency=1)
+    assert keys == ["r/research/read[0]/2"]
+
+
+def test_audit_skips_a_child_per_item_over_no_items_after_a_bump() -> None:
+    """A child per item over no items makes ``[]`` at once (docs/concepts.md, "A child per
+    item"), and the resume of a bumped child collects it again with no attempt, as a mapped
+    step over no items is (audit says that one is skipped). audit says the parent ``r``
+    runs (found by the model's check of what audit says a resume skips)."""
+    def workflow(version: str) -> Workflow:
+        child = Workflow([Step("read", lambda ctx: 1, version=version)])
+        return Workflow([Step("topics", lambda ctx: []),
+                         Step("r", depends_on=("topics",), child=child, map_over="topics")])
+
+    recorded = workflow("v0").run_sync().checkpoint
+    rows = {row.name: row.action for row in audit(workflow("v1"), recorded).steps}
+    assert rows == {"topics": "skip", "r/read": "skip", "r": "skip"}
+
+
+def _per_item_two_steps(topics: list[str]) -> Workflow:
+    child = Workflow([Step("c0", lambda ctx: f"c0 {ctx['topics']}"),
+                      Step("c1", lambda ctx: f"c1 {ctx['c0']}", ("c0",))])
+    return Workflow([Step("topics", lambda ctx: topics),
+                     Step("r", depends_on=("topics",), child=child, map_over="topics")])
+
+
+@pytest.mark.parametrize("only", ["topics", "r/c0"])
+@pytest.mark.parametrize("topics", [[], ["tides"]])
+def test_only_leaves_a_child_per_item_outside_the_selection_alone(only: str,
+                                                                   topics: list[str]) -> None:
+    """``only`` "runs the named steps and every step they transitively need, and nothing
+    else"; "a mapped step outside it is expanded when its input is recorded, but none of its
+    items starts" (docs/concepts.md, "Running some of the steps"). With a child per item
+    beside the selection the run raised ``KeyError`` naming a child step outside it."""
+    result = _per_item_two_steps(topics).run_sync(only=[only])
+    wanted = {"topics"} | ({"r/c0", *(f"r/c0[{i}]" for i in range(len(topics)))}
+                           if only == "r/c0" else set())
+    assert set(result.checkpoint.outputs) == wanted
+
+
+def test_only_of_a_child_per_items_output_step_leaves_its_parent_alone() -> None:
+    """Selecting the output step of a child per item runs it "and every step [it]
+    transitively need[s], and nothing else" (docs/concepts.md): the parent ``r`` needs it
+    and is outside the selection, yet it was recorded."""
+    result = _per_item_two_steps(["tides"]).run_sync(only=["r/c1"])
+    assert "r" not in result.checkpoint.outputs
+    assert result.left_out == ("r",)
+    # "a later run without only resumes one and runs exactly the rest"
+    rest = _per_item_two_steps(["tides"]).run_sync(resume_from=result.checkpoint)
+    assert rest.outputs["r"] == ["c1 c0 tides"] and rest.left_out == ()
+
+
+def test_a_rewind_of_what_a_child_per_item_maps_over_runs_its_items_again() -> None:
+    """``rewind(workflow, checkpoint, "topics")`` lets go of ``topics`` "and everything
+    downstream" (docs/concepts.md); a child per item over it runs its items again, as a
+    version bump of ``topics`` does. The rewind raised ``KeyError`` naming the child's step
+    (found by the model's rewinds of an upstream)."""
+    calls: list[str] = []
+    child = Workflow([Step("c0", lambda ctx: calls.append(ctx["topics"]))])
+    workflow = Workflow([Step("topics", lambda ctx: ["a", "b"]),
+                         Step("r", depends_on=("topics",), child=child, map_over="topics")])
+    recorded = workflow.run_sync().checkpoint
+    calls.clear()
+    rewound = rewind(workflow, recorded, "topics")
+    assert not any(n.startswith("r/") for n in rewound.outputs)
+    workflow.run_sync(resume_from=rewound)
+    assert calls == ["a", "b"]
+
+
+def test_a_child_per_item_sees_its_parents_inputs_whole() -> None:
+    """"Every step of the child depends on the parent step's dependencies, and sees them by
+    their names, as a run of the child alone sees its initial context"; a child per item's
+    step sees "its child dependencies as the same item's outputs" (docs/concepts.md,
+    decision 021). A parent's input ``notes``, itself mapped over ``topics``, was seen as
+    the same item's ``notes[k]``, not as ``notes`` (found by the model: a digest of the
+    inputs differed)."""
+    seen: list[Any] = []
+    child = Workflow([Step("c0", lambda ctx: seen.append((ctx["topics"], ctx["notes"])))])
+    workflow = Workflow([
+        Step("topics", lambda ctx: ["a", "b"]),
+        Step("notes", lambda ctx: ctx["topics"].upper(), ("topics",), map_over="topics"),
+        Step("r", depends_on=("topics", "notes"), child=child, map_over="topics"),
+    ])
+    workflow.run_sync(max_concurrency=1)
+    assert seen == [("a", ["A", "B"]), ("b", ["A", "B"])]
+
+
+def test_a_child_per_item_of_a_loops_output_runs() -> None:
+    """"A step may map over" a loop's output (docs/concepts.md, Loops), and a child per item
+    runs once per item of what it maps over ("A child per item"). Over a loop, the run
+    raised ``InternalError`` ("nothing can start and nothing is running"): the loop's end
+    grew the maps over it but not the children per item (found by the model)."""
+    child = Workflow([Step("read", lambda ctx: f"read {ctx['agent']}")])
+    workflow = Workflow([
+        Step("agent", lambda ctx: Done(["a", "b"]), repeat=Repeat(2)),
+        Step("r", depends_on=("agent",), child=child, map_over="agent"),
+    ])
+    assert workflow.run_sync().outputs["r"] == ["read a", "read b"]
+
+
+def test_replay_accepts_a_resume_that_runs_changed_code_again() -> None:
+    """A resume "runs [a step whose code changed] again with everything downstream, as a
+    version bump does" (``on_code_change="again"``, docs/cache.md), and replay accepts a
+    resume that drops "the outputs that were outdated when it began" (ekit_core.replay).
+    It reported the changed step's output as ``output_removed``: it judged outdated
+    outputs by version tags and dependencies, not by the recorded code fingerprints
+    (found by the model once it drew code changes)."""
+    def workflow(tone: str) -> Workflow:
+        def draft(ctx: dict[str, Any]) -> str:
+            return f"a {tone} draft"
+
+        return Workflow([Step("draft", draft), Step("post", lambda ctx: ctx["draft"], ("draft",))],
+                        on_code_change="again")
+
+    saved: list[WorkflowCheckpoint] = []
+    first = workflow("calm").run_sync(checkpoint_fn=saved.append)
+    workflow("bold").run_sync(resume_from=first.checkpoint, checkpoint_fn=saved.append)
+    assert saved[-1].outputs["draft"] == "a bold draft"
+    report = replay(workflow("bold"), saved)
+    assert report.ok, [v.to_dict() for v in report.violations]
+
+
+@pytest.mark.xfail(strict=True, reason="only= naming a step of a loop's body ends in "
+                   "InternalError (drive.KNOWN_ONLY_OF_A_BODY_STEP steps around it)")
+def test_only_of_a_step_of_a_loops_body_runs_or_is_refused() -> None:
+    """``only`` runs "the named steps and every step they transitively need", and "a bad
+    ``only`` is a ``ValueError`` naming the field and the name, raised before any step runs"
+    (docs/concepts.md, "Running some of the steps"). Naming ``P/c0``, a step of the body of
+    the loop ``P`` (concepts.md, "A loop whose body is a workflow"), the run raised
+    ``InternalError`` ("nothing can start and nothing is running"): the body's iterations
+    grow only with the loop, which the selection leaves out (found by the model)."""
+    body = Workflow([Step("c0", lambda ctx: Done("x") if ctx["P"].number == 2 else "y")])
+    workflow = Workflow([Step("P", child=body, repeat=Repeat(3))])
+    try:
+        result = workflow.run_sync(only=["P/c0"])
+    except ValueError as refused:
+        assert "P/c0" in str(refused)
+    else:
+        assert result.checkpoint.outputs["P/c0"] == "x"
+
+
+def test_a_bumped_body_map_runs_its_recorded_items_again() -> None:
+    """"A changed body step (its version or code) runs the loop again from its first
+    iteration" (docs/concepts.md, "A loop whose body is a workflow"). Item ``P/c1#1[0]`` of
+    a map inside the body, recorded under v0 before the process died, was kept by the
+    resume under v1 and collected with v1's ``P/c1#1[1]`` (found by the model)."""
+    class Died(BaseException):
+        pass
+
+    def workflow(version: str) -> Workflow:
+        def tool(ctx: dict[str, Any]) -> str:
+            if version == "v0" and ctx["c0"] == "b":
+                raise Died
+            return f"{version}:{ctx['c0']}"
+
+        body = Workflow([Step("c0", lambda ctx: ["a", "b"]),
+                         Step("c1", tool, ("c0",), map_over="c0", version=version),
+                         Step("c2", lambda ctx: Done(ctx["c1"]), ("c1",))])
+        return Workflow([Step("P", child=body, repeat=Repeat(2))])
+
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(Died):
+        workflow("v0").run_sync(checkpoint_fn=saved.append, max_concurrency=1)
+    assert "P/c1#1[0]" in saved[-1].outputs
+    assert workflow("v1").run_sync(resume_from=saved[-1]).outputs["P"] == ["v1:a", "v1:b"]
+
+
+def test_a_bumped_body_runs_the_iteration_it_was_at_under_new_keys() -> None:
+    """"Every step whose work changed ... gets a new attempt number, whether the checkpoint
+    records an output of it, a failure, a question, or nothing at all" (docs/concepts.md).
+    ``P/c2#1``, the body's output step in the iteration the loop was at, ran under v0 and
+    the process died before anything of it was saved; the resume under v1 sent the old
+    attempt's key for the new work (found by the model: a loop's next iteration was counted
+    by the loop's own name, which no step of a body has)."""
+    keys: list[str] = []
+
+    class Died(BaseException):
+        pass
+
+    def workflow(version: str, die: bool) -> Workflow:
+        def fold(ctx: dict[str, Any]) -> Any:
+            keys.append(str(attempt_key()))
+            if die:
+                raise Died
+            return Done("x")
+
+        body = Workflow([Step("c0", lambda ctx: "a", version=version),
+                         Step("c2", fold, ("c0",), version=version)])
+        return Workflow([Step("P", child=body, repeat=Repeat(2))])
+
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(Died):
+        workflow("v0", True).run_sync(checkpoint_fn=saved.append, max_concurrency=1, run_id="r")
+    assert keys == ["r/P/c2#1/1"]
+    keys.clear()
+    workflow("v1", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
+    assert keys == ["r/P/c2#1/2"]

@@ -33,7 +33,16 @@ from hypothesis import HealthCheck, Phase, event, given, reject, settings
 from hypothesis import strategies as st
 
 from tests.semantics.drive import DSN, KnownBug, RunArgs, Turn, drive
-from tests.semantics.strategies import chained_workflows, reshaped_workflows
+from tests.semantics.strategies import (
+    CodedWorkflow,
+    body_workflows,
+    chained_workflows,
+    coded_workflows,
+    flat_steps,
+    nested_workflows,
+    per_item_workflows,
+    reshaped_workflows,
+)
 from tests.support.strategies import Features, PlannedWorkflow, combined_workflows
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
@@ -45,11 +54,14 @@ STORES = ["json", "journal", "sqlite"] + (["postgres"] if DSN else [])
 
 def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
     """Disturbed runs: bumps, rewinds of steps and items, crashes at saves and calls."""
-    names = [s.name for s in plan.steps]
+    names = list(flat_steps(plan.steps))  # (a child's steps too: P/c0)
     bumps = st.booleans() if plan.phases > 1 else st.just(False)
     crash = st.none() | st.integers(1, 8)
+    # (a fresh run, sharing the cache with the runs before it: where hits come from)
+    fresh = st.integers(0, 1).map(lambda n: n == 0) if isinstance(plan, CodedWorkflow) \
+        else st.just(False)
     return st.lists(st.builds(Turn, bumps, st.none() | st.sampled_from(names),
-                              st.none() | st.integers(0, 3), crash, crash),
+                              st.none() | st.integers(0, 3), crash, crash, fresh),
                     min_size=1, max_size=5)
 
 
@@ -58,7 +70,7 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     """A run's arguments: mostly one attempt at a time (everything is then compared)."""
     only = None
     if draw(st.integers(0, 4)) == 0:
-        only = (draw(st.sampled_from([s.name for s in plan.steps])),)
+        only = (draw(st.sampled_from(list(flat_steps(plan.steps)))),)
     return RunArgs(
         concurrency=draw(st.sampled_from([1, 1, 1, 2, None])),
         isolate_failures=draw(st.booleans()),
@@ -68,12 +80,20 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     )
 
 
+# Loops whose body is a workflow (``body_workflows``): the model knows them, but hunts still
+# find disagreements not settled (docs/testing.md lists them), so only ``EKIT_MODEL_BODIES=1``
+# draws them.
+BODIES = [body_workflows()] if os.environ.get("EKIT_MODEL_BODIES") == "1" else []
+
+
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES, derandomize=not HUNTING, database=None if not HUNTING else settings().database)
 @given(plan=st.one_of(combined_workflows(), combined_workflows(Features(loops=True)),
                       combined_workflows(Features(loops=True)), chained_workflows(),
-                      chained_workflows(upstream_changes=True), reshaped_workflows()),
+                      chained_workflows(upstream_changes=True), reshaped_workflows(),
+                      nested_workflows(), nested_workflows(loops=True), per_item_workflows(),
+                      coded_workflows(), *BODIES),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,

@@ -17,12 +17,36 @@ import dataclasses
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from ekit_core import RetryPolicy, TokenUsage, WorkflowCheckpoint
-from ekit_runtime import Codec, Done, Iteration, PatternResult, Repeat, Step, Workflow, ask, attempt_key
-from tests.semantics.model import NO_ANSWER, AskFirst, Fail, Interrupt, ModelStep, Outcome, Record, Succeed
-from tests.semantics.strategies import steps_at
+from ekit_runtime import (
+    Child,
+    Codec,
+    Done,
+    Iteration,
+    PatternResult,
+    Repeat,
+    Step,
+    Workflow,
+    ask,
+    attempt_key,
+)
+from ekit_runtime.cache.base import Cache, CacheEntry
+from tests.semantics.model import (
+    NO_ANSWER,
+    AskFirst,
+    Fail,
+    Interrupt,
+    ModelStep,
+    Outcome,
+    Record,
+    Succeed,
+    cache_key,
+    seen,
+)
+from tests.semantics.strategies import CodedWorkflow, ParentStep, flat_steps, steps_at
 from tests.support.strategies import PlannedStep, PlannedWorkflow
 
 
@@ -56,16 +80,31 @@ def digest(value: object) -> str:
 
 def model_steps(plan: PlannedWorkflow, phase: int) -> list[ModelStep]:
     """The planned workflow's code in ``phase``, as the model reads it."""
+    steps = _model_steps(steps_at(plan, phase), phase)
+    if isinstance(plan, CodedWorkflow):
+        codes = dict(plan.codes)
+        steps = [dataclasses.replace(s, code=codes[s.name][phase], cache=s.name in plan.cached)
+                 for s in steps]
+    return steps
+
+
+def _model_steps(steps: tuple[PlannedStep, ...], phase: int) -> list[ModelStep]:
     return [ModelStep(s.name, s.deps, s.map_over, s.item_key, s.when is not None, s.join_any,
-                      s.attempts, s.versions[phase], s.repeat, s.keep_last)
-            for s in steps_at(plan, phase)]
+                      s.attempts, None if isinstance(s, ParentStep) else s.versions[phase],
+                      s.repeat, s.keep_last,
+                      tuple(_model_steps(s.child, phase)) if isinstance(s, ParentStep) else (),
+                      s.output if isinstance(s, ParentStep) else None)
+            for s in steps]
 
 
 class World:
     """What each attempt and condition does, counting every call (``Script``)."""
 
     def __init__(self, plan: PlannedWorkflow, salt: int = 0) -> None:
-        self.planned = {s.name: s for s in plan.steps}
+        self.planned = flat_steps(plan.steps)  # (children's steps by their names in the run)
+        # the output steps of loops' bodies: what they return may end their loop
+        self.body_outputs = {f"{n}/{s.output}" for n, s in self.planned.items()
+                             if isinstance(s, ParentStep) and s.repeat is not None}
         self.salt = salt  # varies the outputs, decisions and faults of one plan
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.conditions: Counter[tuple[str, str]] = Counter()
@@ -76,14 +115,26 @@ class World:
         self.keys: dict[str, str] = {}  # attempt key -> the work it was first sent for
         self.problems: list[str] = []
         self.interrupt_at: int | None = None  # the call of this run that raises Crash
+        self.stored: dict[tuple[Any, ...], Succeed] = {}  # what the runs' cache holds
+        self.current: dict[str, ModelStep] = {}  # step -> as the code now declares it
+        self.runs = 0  # fresh runs so far: a step not cached answers otherwise in each
+
+    def cache_get(self, key: tuple[Any, ...]) -> Succeed | None:
+        """What a cache hit hands back for ``key`` (``model.cache_key``), if any."""
+        return self.stored.get(key)
+
+    def cache_put(self, key: tuple[Any, ...], made: Succeed) -> None:
+        """An output paid for is stored: the first writer of a key wins."""
+        self.stored.setdefault(key, made)
 
     def state(self) -> tuple[Any, ...]:
         """What the world remembers (to compare the model's copy with the runtime's)."""
-        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls)
+        return (dict(self.attempts), dict(self.conditions), dict(self.approvals), self.calls,
+                sorted(map(repr, self.stored)))
 
     def attempt(self, unit: str, step: ModelStep, inputs: dict[str, Any]) -> Outcome:
         planned = self.planned[step.name]
-        work = digest([unit, step.version, inputs])
+        work = digest([unit, step.version, inputs, *([step.code] if step.code else [])])
         self.attempts[(unit, work)] += 1
         self.calls += 1
         if self.calls == self.interrupt_at:
@@ -94,10 +145,13 @@ class World:
                 return Fail("StepTimeoutError", f"step {unit!r} timed out after {TIMEOUT:g}s")
             return Fail("Transient", f"{unit} is overloaded")
         usage = (len(unit), 1, 1)
-        loop = planned.repeat is not None
+        loop = planned.repeat is not None or step.name in self.body_outputs
 
         def made(answer: Any) -> Succeed:
-            value = _output(planned, unit, inputs, work, answer, self.salt)
+            # (a step not cached answers otherwise in a fresh run, as a model may: what reads
+            # it then reads another value, and a cache must miss)
+            salt = self.salt if step.cache or not self.runs else [self.salt, self.runs]
+            value = _output(planned, unit, inputs, work, answer, salt)
             return Succeed(value, usage, loop and ends(value, self.salt))
 
         if planned.asks and troubled:
@@ -140,7 +194,7 @@ def hangs(unit: str, attempt: int, salt: int) -> bool:
 
 
 def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, answer: Any,
-            salt: int) -> Any:
+            salt: Any) -> Any:
     """Made from the inputs, so that a lost or stale input shows; outputs others map over
     leave the version out, so that a bumped upstream may give the same items (cutoff)."""
     seed = digest([name, inputs, answer, salt])
@@ -153,23 +207,32 @@ def _output(step: PlannedStep, name: str, inputs: dict[str, Any], work: str, ans
     if step.kind == "keyed":
         ids = dict.fromkeys(f"i{seed[j]}" for j in range(count))
         return [{"id": i, "v": f"{name}.{i}"} for i in ids]
-    text = f"{name}:{work}:{answer}"
+    text = f"{name}:{work}:{answer}" + (f":run{salt[1]}" if isinstance(salt, list) else "")
     return Note(name, text) if step.kind == "typed" else text
 
 
-def _body(mstep: ModelStep, world: World, until: bool) -> Any:
-    declared = set(mstep.deps) | ({mstep.name} if mstep.repeat is not None else set())
+def _body(declared_step: ModelStep, world: World, until: bool, prefix: str) -> Any:
+    """The step's function: ``declared_step`` as its child declares it, under ``prefix`` in
+    the run. Its fingerprint sees its ``code`` (a constant it holds), not its version, which
+    it reads from ``world`` (state, which a fingerprint does not hash) as it runs."""
+    name = prefix + declared_step.name
+    declared = ({seen(name, prefix + d) for d in declared_step.deps}
+                | set(_parent_inputs(prefix, world))
+                | ({declared_step.name} if declared_step.repeat is not None else set()))
+    code = declared_step.code  # (held for the fingerprint: the step's code)
 
     async def run(ctx: Any) -> Any:
+        assert code is not None
+        mstep = world.current[name]
         key = attempt_key()
         unit = key.step
         world.begun.append((unit, key.attempt))
         inputs = {k: [v.number, v.previous] if isinstance(v, Iteration) else v
-                  for k, v in ctx.items() if k in declared}
-        work = digest([unit, mstep.version, inputs])
+                  for k in declared if k in ctx for v in [ctx[k]]}
+        work = digest([unit, mstep.version, inputs, *([mstep.code] if mstep.code else [])])
         if world.keys.setdefault(str(key), work) != work:  # (docs/concepts.md: keys name work)
             world.problems.append(f"attempt key {key} sent again for other work")
-        outcome = world.attempt(unit, mstep, inputs)
+        outcome = world.attempt(unit, dataclasses.replace(mstep, name=name), inputs)
         if isinstance(outcome, AskFirst):
             outcome = outcome.then(ask(outcome.prompt))
         if isinstance(outcome, Interrupt):
@@ -180,17 +243,21 @@ def _body(mstep: ModelStep, world: World, until: bool) -> Any:
             raise Transient(outcome.message)
         assert isinstance(outcome, Succeed)
         world.paid.append((unit, key.attempt))
+        if mstep.cache:  # (the runtime stores what it paid for in the run's cache)
+            world.cache_put(cache_key(unit, dataclasses.replace(mstep, name=name), inputs), outcome)
         result = PatternResult(outcome.value, cost=TokenUsage(*outcome.usage))
         return Done(result) if outcome.done and not until else result
 
     return run
 
 
-def _condition(mstep: ModelStep, world: World) -> Any:
-    declared = set(mstep.deps)
+def _condition(mstep: ModelStep, world: World, prefix: str) -> Any:
+    name = prefix + mstep.name
+    declared = {seen(name, prefix + d) for d in mstep.deps} | set(_parent_inputs(prefix, world))
 
     def holds(ctx: Any) -> bool:
-        said = world.condition("", mstep, {k: v for k, v in ctx.items() if k in declared})
+        flat = dataclasses.replace(world.current[name], name=name)
+        said = world.condition("", flat, {k: ctx[k] for k in declared if k in ctx})
         if isinstance(said, Fail):
             raise Transient(said.message)
         return said
@@ -210,27 +277,60 @@ def approval(world: World) -> Any:
     return approve
 
 
+def _parent_inputs(prefix: str, world: World) -> list[str]:
+    """What a step of the child under ``prefix`` sees of its parents' inputs, by name."""
+    names: list[str] = []
+    while prefix:
+        parent = prefix[:-1]
+        outer = parent.rsplit("/", 1)[0] + "/" if "/" in parent else ""
+        names.extend(seen(prefix + "x", outer + d) for d in world.planned[parent].deps)
+        if world.planned[parent].repeat is not None:  # a body sees its loop's Iteration
+            names.append(seen(prefix + "x", parent))
+        prefix = outer
+    return names
+
+
 def build(plan: PlannedWorkflow, phase: int, world: World) -> Workflow:
     """The runtime workflow of ``plan``'s code in ``phase``, following ``world``."""
+    steps = _steps(steps_at(plan, phase), phase, world, "", model_steps(plan, phase))
+    typed = any(s.kind == "typed" for s in world.planned.values())
+    policy = plan.policy if isinstance(plan, CodedWorkflow) else None
+    return Workflow(steps, codec=Codec(Note) if typed else None,
+                    on_code_change=policy)  # type: ignore[arg-type]
+
+
+def _steps(planned_steps: tuple[PlannedStep, ...], phase: int, world: World, prefix: str,
+           mine: list[ModelStep] | None = None, until: bool = False) -> list[Step]:
+    """``planned_steps`` as runtime steps (``until``: a loop's body, whose loop ends by it)."""
     steps = []
-    plan_fails = {s.name: s.fails for s in plan.steps}
-    for m in model_steps(plan, phase):
-        planned = {s.name: s for s in steps_at(plan, phase)}[m.name]
+    for m, planned in zip(mine or _model_steps(planned_steps, phase), planned_steps, strict=True):
         repeat = None if m.repeat is None else Repeat(
             m.repeat, (lambda out: ends(out, world.salt)) if planned.until else None, m.keep_last)
+        if isinstance(planned, ParentStep):
+            inner = _steps(planned.child, phase, world, f"{prefix}{m.name}/",
+                           until=planned.until and planned.repeat is not None)
+            typed = any(s.kind == "typed" for s in planned.child)
+            child = Child(Workflow(inner, codec=Codec(Note) if typed else None), planned.output)
+            steps.append(Step(m.name, depends_on=m.deps, child=child, repeat=repeat,
+                              map_over=m.map_over, item_key=m.item_key))
+            continue
+        world.current[prefix + m.name] = m
         steps.append(Step(
-            m.name, _body(m, world, planned.until), m.deps, repeat=repeat, context="dependencies",
-            version=m.version,
+            m.name, _body(m, world, planned.until or until, prefix), m.deps, repeat=repeat,
+            context="dependencies", version=m.version,
             map_over=m.map_over, item_key=m.item_key,
-            when=_condition(m, world) if m.when else None, join="any" if m.join_any else "all",
+            when=_condition(m, world, prefix) if m.when else None, join="any" if m.join_any else "all",
             retry=RetryPolicy(max_attempts=m.max_attempts, backoff_base=0) if m.max_attempts > 1 else None,
-            timeout=TIMEOUT if plan_fails[m.name] else None,
+            timeout=TIMEOUT if planned.fails else None, cache=m.cache,
         ))
-    return Workflow(steps, codec=Codec(Note) if plan.typed else None)
+    return steps
 
 
-def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
-    """What a runtime checkpoint records, as the model reads it (typed outputs decoded)."""
+def record_of(cp: WorkflowCheckpoint, workflow: Workflow,
+              codes: dict[tuple[str, str], str] | None = None) -> Record:
+    """What a runtime checkpoint records, as the model reads it (typed outputs decoded;
+    ``codes``: (step, fingerprint) -> the code it fingerprints, as the model names it)."""
+    codes = codes or {}
     codec = workflow.codec
     if codec is not None:
         cp = codec.decode_checkpoint(cp)
@@ -249,4 +349,34 @@ def record_of(cp: WorkflowCheckpoint, workflow: Workflow) -> Record:
         compacted_retries=dict(cp.compacted_retries),
         redone=dict(cp.redone),
         superseded=dict(cp.superseded),
+        codes={n: codes.get((n, f), "?") for n, f in cp.code_fingerprints.items()},
+        hits={n: (h.saved.input_tokens, h.saved.output_tokens, h.saved.llm_calls)
+              for n, h in cp.cache_hits.items()},
     )
+
+
+class MemoryCache(Cache):
+    """A cache held in memory (``ekit_runtime.cache.Cache``'s contract, in a dict): the
+    runs of one example share it, as runs share a ``SqliteCache`` file."""
+
+    local = True
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, CacheEntry] = {}
+
+    def candidates(self, head: str) -> list[CacheEntry]:
+        """The entries under ``head``, newest first."""
+        return [e for e in reversed(self._by_key.values()) if e.head == head]
+
+    def put(self, entry: CacheEntry) -> CacheEntry:
+        """Store ``entry`` unless its key is taken; the entry stored under its key."""
+        return self._by_key.setdefault(entry.key, entry)
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """Every entry held."""
+        return iter(list(self._by_key.values()))
+
+    def prune(self, *, max_entries: int | None = None, max_age: float | None = None,
+              max_bytes: int | None = None) -> int:
+        """Nothing to bound: an example holds a few entries."""
+        return 0
