@@ -168,6 +168,7 @@ class Runner:
     # hits so far (name -> CacheHit): class defaults, set on the instance only in a
     # run given a cache (see _answers for why).
     _cached: Mapping[str, Any] = MappingProxyType({})
+    _together: Together | None = None  # while a turn's starts launch (_launch_together)
     cache_hits: Mapping[str, CacheHit] = MappingProxyType({})
     _hit_events: tuple[Event, ...] = ()  # the hits not yet told to the trace (set on the instance)
     save_first = False
@@ -221,7 +222,6 @@ class Runner:
         # launch: a resume pays nothing for the steps it skips.
         self._own: dict[str, bool] = _loops_of(state)
         self._began: dict[asyncio.Task[Any], float] = {}
-        self._together: Together | None = None  # while a turn's starts launch (_launch_together)
         # Tasks this runner cancelled: only their CancelledError is an
         # interruption; any other is the step's own (StepCancelledError).
         self._cancelled: set[asyncio.Task[Any]] = set()
@@ -630,11 +630,10 @@ class Runner:
                 # (No cast: it subscripts a generic on every start, 2k instructions.)
                 task = self._loop.create_task(body)  # type: ignore[arg-type]
                 self._began[task] = began
-        elif self._together is not None and step.name in self._cached:
-            ahead = self._together.add(self._cached[step.name], item, context)
+        else:  # (looked up with the attempts it starts with, if cached: _launch_together)
+            together = self._together
+            ahead = None if together is None else together.add(self._cached, step.name, item, context)
             task = self._loop.create_task(self._attempt(step, context, item, ahead))
-        else:
-            task = self._loop.create_task(self._attempt(step, context, item))
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if reading is not None:
@@ -797,12 +796,9 @@ class Runner:
         reads = head = None
         try:
             if cached is not None:
-                if ahead is not None:  # looked up with the attempts it started with
-                    head, hit = ahead.head, await ahead.entry()
-                else:
-                    head = cached.head(item)
-                    hit = (cached.lookup(head, context) if cached.cache.local
-                           else await asyncio.to_thread(cached.lookup, head, context))
+                head = cached.head(item) if ahead is None else ahead.head
+                hit = (cached.lookup(head, context) if ahead is None and cached.cache.local
+                       else await (ahead or Ahead(cached, head, context)).entry())
                 if hit is not None:  # costs nothing: recorded as a hit, with the usage it saved
                     return self._hit(name, cached, hit, began)
                 reads = Reads(context, cached.encode)

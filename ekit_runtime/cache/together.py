@@ -62,8 +62,13 @@ class Together:
     def __init__(self) -> None:
         self._asked: dict[int, list[Ahead]] = {}  # id(cache) -> its attempts, in start order
 
-    def add(self, cached: CachedStep, item: str | None, context: Mapping[str, Any]) -> Ahead:
-        """An attempt of ``cached`` (its ``item``, or ``None``) starting with ``context``."""
+    def add(self, cached_steps: Mapping[str, CachedStep], step: str, item: str | None,
+            context: Mapping[str, Any]) -> Ahead | None:
+        """An attempt of ``step`` (its ``item``, or ``None``) starting with ``context``: its
+        lookup, if the step is one of the run's ``cached_steps`` (``None``: it is not)."""
+        cached = cached_steps.get(step)
+        if cached is None:
+            return None
         ahead = Ahead(cached, cached.head(item), context)
         self._asked.setdefault(id(cached.cache), []).append(ahead)
         return ahead

@@ -148,3 +148,40 @@ def test_a_lone_or_paired_cached_step_still_hits(tmp_path: Path, width: int) -> 
         result = asyncio.run(_fan_out(calls, width).run({"seed": "x"}, cache=cache))
     assert calls == ["root"]
     assert result.checkpoint is not None and len(result.checkpoint.cache_hits) == width
+
+
+@pytest.mark.parametrize("kind", ["directory", "postgres"])
+def test_every_ready_made_cache_answers_a_batch_as_each_step_alone(kind: str, tmp_path: Path) -> None:
+    from tests.support.queue_backends import fresh_postgres
+
+    def run_twice(cache: Any) -> None:
+        finds: list[int] = []
+        real_find = cache.find
+
+        def find(wanted: Any) -> Any:
+            finds.append(len(wanted))
+            return real_find(wanted)
+
+        cache.find = find
+        calls: list[str] = []
+        asyncio.run(_fan_out(calls, 3).run({"seed": "x"}, cache=cache))
+        calls.clear()
+        result = asyncio.run(_fan_out(calls, 5).run({"seed": "x"}, cache=cache))
+        assert sorted(calls) == ["b3", "b4", "root"]  # b0..b2 hit, b3 and b4 (new) run
+        assert [result.outputs[f"b{i}"] for i in range(5)] == [f"root of x/{i}" for i in range(5)]
+        assert result.checkpoint is not None and set(result.checkpoint.cache_hits) == {"b0", "b1", "b2"}
+        assert finds == [3, 5]  # one lookup per run: each batch asked at once
+
+    if kind == "directory":
+        from ekit_runtime import DirectoryCache
+
+        run_twice(DirectoryCache(tmp_path / "dir"))
+        return
+    from ekit_runtime.cache.postgres import PostgresCache
+
+    with fresh_postgres() as url:
+        cache = PostgresCache(url)
+        try:
+            run_twice(cache)
+        finally:
+            cache.close()
