@@ -113,7 +113,21 @@ def loads(text: str) -> Any:
 
 def entry_key(head: str, reads: Mapping[str, str]) -> str:
     """An entry's key: its head and its reads, hashed (what a cache stores it under, once)."""
-    return _hash(default_dumps([head, sorted(reads.items())]))
+    text = _key_text(head, reads)
+    return _hash(default_dumps([head, sorted(reads.items())]) if text is None else text)
+
+
+def _key_text(head: str, reads: Mapping[str, str]) -> str | None:
+    """The text :func:`entry_key` hashes, written directly: the same characters as
+    ``default_dumps`` of its list, whose encoder's Python (set up at each call) cost a
+    lookup more than the hash. ``None`` for a value that is not a plain ``str``."""
+    if type(head) is not str:
+        return None
+    pairs = sorted(reads.items())
+    for key, hashed in pairs:
+        if type(key) is not str or type(hashed) is not str:
+            return None
+    return f"[{_quoted(head)},[{','.join([f'[{_quoted(k)},{_quoted(h)}]' for k, h in pairs])}]]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +279,8 @@ def find_by_key_sets(wanted: Sequence[tuple[str, Hasher]], key_sets: Mapping[str
         for n in asked.get((entry.head, entry.key), ()):
             head, hasher = wanted[n]
             best = found[n]
-            if entry.head == head and all(hasher(k) == h for k, h in entry.reads.items()) and (
+            if entry.head == head and (not entry.reads or all(
+                    hasher(k) == h for k, h in entry.reads.items())) and (
                     best is None or entry.created > best.created):
                 found[n] = entry
     return found
