@@ -70,7 +70,7 @@ from ekit_runtime import attempt as attempts
 from ekit_runtime import human, loops, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
-from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads
+from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads, hit_of
 from ekit_runtime.cache.together import Ahead, Together
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
@@ -844,10 +844,10 @@ class Runner:
             return _failure(name, exc, self.clock() - began, began=began + self._epoch)
         hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
         ledger = hits if type(hits) is Ledger else Ledger(hits)
-        key = entry.key
-        self.keep_hits(ledger.with_item(name, CacheHit(key, entry.usage)))
+        hit = hit_of(entry)
+        self.keep_hits(ledger.with_item(name, hit))
         if self.trace is not None:  # told before the turn's events, StepFinished among them
-            self._hit_events = (*self._hit_events, StepCacheHit(name, key, entry.usage))
+            self._hit_events = (*self._hit_events, StepCacheHit(name, hit.key, entry.usage))
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
 
     def checkpoint_now(self) -> WorkflowCheckpoint:

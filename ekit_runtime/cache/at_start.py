@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ekit_core import State, TokenUsage, WorkflowCheckpoint, checkpoint_of
+from ekit_core import State, WorkflowCheckpoint, checkpoint_of
 from ekit_core.transitions import context_outputs
 from ekit_runtime.cache.base import (
     ANSWERS,
@@ -34,6 +34,7 @@ from ekit_runtime.cache.base import (
     Hasher,
     _Unencodable,
     _warn,
+    hit_of,
     loads,
     value_hash,
 )
@@ -254,16 +255,5 @@ def with_hits(state: State, found: Found) -> WorkflowCheckpoint:
 
 def hits_of(found: Found) -> MappingProxyType[str, CacheHit]:
     """The hits ``found``, as checkpoints record them."""
-    return MappingProxyType({name: _cache_hit(entry.key, entry.usage) for name, (_, entry) in found.items()})
+    return MappingProxyType({name: hit_of(entry) for name, (_, entry) in found.items()})
 
-
-_SET_KEY, _SET_SAVED = (vars(CacheHit)[name].__set__ for name in ("key", "saved"))
-
-
-def _cache_hit(key: str, saved: TokenUsage) -> CacheHit:
-    """``CacheHit(key, saved)`` through its slots: its frozen ``__init__`` sets each field with
-    ``object.__setattr__`` (1.5k a hit), and these two come from an entry a cache read back."""
-    hit: CacheHit = object.__new__(CacheHit)
-    _SET_KEY(hit, key)
-    _SET_SAVED(hit, saved)
-    return hit
