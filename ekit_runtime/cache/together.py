@@ -69,7 +69,11 @@ class Together:
         cached = cached_steps.get(step)
         if cached is None:
             return None
-        ahead = Ahead(cached, cached.head(item), context)
+        try:
+            head = cached.head(item)
+        except Exception:  # (its attempt makes it again, and fails as it would have alone)
+            return None
+        ahead = Ahead(cached, head, context)
         self._asked.setdefault(id(cached.cache), []).append(ahead)
         return ahead
 
