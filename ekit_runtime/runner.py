@@ -70,7 +70,8 @@ from ekit_runtime import attempt as attempts
 from ekit_runtime import human, loops, signal_wakeup, streaming
 from ekit_runtime.approval import ApprovalFn, ask
 from ekit_runtime.attempt import Attempt, AttemptKey
-from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads
+from ekit_runtime.cache.base import CachedStep, CacheEntry, CacheHit, Reads, hit_of
+from ekit_runtime.cache.together import Ahead, Together
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
@@ -167,6 +168,7 @@ class Runner:
     # hits so far (name -> CacheHit): class defaults, set on the instance only in a
     # run given a cache (see _answers for why).
     _cached: Mapping[str, Any] = MappingProxyType({})
+    _together: Together | None = None  # while a turn's starts launch (_launch_together)
     cache_hits: Mapping[str, CacheHit] = MappingProxyType({})
     _hit_events: tuple[Event, ...] = ()  # the hits not yet told to the trace (set on the instance)
     save_first = False
@@ -443,8 +445,11 @@ class Runner:
         # _carry_out and _report, inline for an untraced run: once per step.
         if batch.withdraw:
             self._withdraw(batch.withdraw)
-        for start in batch.starts:
-            self._launch(start)
+        if len(batch.starts) > 1 and self._cached:
+            self._launch_together(batch.starts)
+        else:
+            for start in batch.starts:
+                self._launch(start)
         # An attempt that only began its work (a Began report, drained first)
         # changed nothing a checkpoint holds.
         if self.trace is not None:
@@ -509,8 +514,22 @@ class Runner:
     def _carry_out(self, batch: Batch) -> None:
         if batch.withdraw:
             self._withdraw(batch.withdraw)
+        if len(batch.starts) > 1 and self._cached:
+            self._launch_together(batch.starts)
+            return
         for start in batch.starts:
             self._launch(start)
+
+    def _launch_together(self, starts: tuple[Start, ...]) -> None:
+        """Launch ``starts``, their cached attempts looked up together (one query a cache, as
+        they start, before any of them runs: :mod:`ekit_runtime.cache.together`)."""
+        self._together = together = Together()
+        try:
+            for start in starts:
+                self._launch(start)
+        finally:
+            self._together = None
+        together.look_up()
 
     def _withdraw(self, names: tuple[str, ...]) -> None:
         for task, owner in self._tasks.items():
@@ -613,8 +632,10 @@ class Runner:
                 # (No cast: it subscripts a generic on every start, 2k instructions.)
                 task = self._loop.create_task(body)  # type: ignore[arg-type]
                 self._began[task] = began
-        else:
-            task = self._loop.create_task(self._attempt(step, context, item))
+        else:  # (looked up with the attempts it starts with, if cached: _launch_together)
+            together = self._together
+            ahead = None if together is None else together.add(self._cached, step.name, item, context)
+            task = self._loop.create_task(self._attempt(step, context, item, ahead))
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if reading is not None:
@@ -750,13 +771,15 @@ class Runner:
         self._wake()
         return await self._attempt(step, context, item)
 
-    async def _attempt(self, step: Step, context: Context, item: str | None = None) -> Input:
+    async def _attempt(self, step: Step, context: Context, item: str | None = None,
+                       ahead: Ahead | None = None) -> Input:
         """One attempt through its executor, handed its identity.
 
         Runs in the attempt's own task, so the key set here is this
         attempt's alone (every task runs in a copy of the context). The
         ``before_attempt`` hook is awaited outside the step's timeout: a wait
-        for a worker's admission is not the step's time. What it returns, if
+        for a worker's admission is not the step's time. A cached step's
+        lookup is made here, or with the attempts it started with (``ahead``). What it returns, if
         callable, is the attempt's release: called once when the attempt
         ends, however it ends (see :data:`BeforeAttempt`).
         """
@@ -784,9 +807,9 @@ class Runner:
         reads = head = None
         try:
             if cached is not None:
-                head = cached.head(item)
-                hit = (cached.lookup(head, context) if cached.cache.local
-                       else await asyncio.to_thread(cached.lookup, head, context))
+                head = cached.head(item) if ahead is None else ahead.head
+                hit = (cached.lookup(head, context) if ahead is None and cached.cache.local
+                       else await (ahead or Ahead(cached, head, context)).entry())
                 if hit is not None:  # costs nothing: recorded as a hit, with the usage it saved
                     return self._hit(name, cached, hit, began)
                 reads = Reads(context, cached.encode)
@@ -843,10 +866,10 @@ class Runner:
             return _failure(name, exc, self.clock() - began, began=began + self._epoch)
         hits = self.cache_hits  # a ledger: O(1) a hit, shared with the checkpoints before
         ledger = hits if type(hits) is Ledger else Ledger(hits)
-        key = entry.key
-        self.keep_hits(ledger.with_item(name, CacheHit(key, entry.usage)))
+        hit = hit_of(entry)
+        self.keep_hits(ledger.with_item(name, hit))
         if self.trace is not None:  # told before the turn's events, StepFinished among them
-            self._hit_events = (*self._hit_events, StepCacheHit(name, key, entry.usage))
+            self._hit_events = (*self._hit_events, StepCacheHit(name, hit.key, entry.usage))
         return Succeeded(name, output, NO_USAGE, self.clock() - began, began + self._epoch)
 
     def checkpoint_now(self) -> WorkflowCheckpoint:

@@ -113,7 +113,21 @@ def loads(text: str) -> Any:
 
 def entry_key(head: str, reads: Mapping[str, str]) -> str:
     """An entry's key: its head and its reads, hashed (what a cache stores it under, once)."""
-    return _hash(default_dumps([head, sorted(reads.items())]))
+    text = _key_text(head, reads)
+    return _hash(default_dumps([head, sorted(reads.items())]) if text is None else text)
+
+
+def _key_text(head: str, reads: Mapping[str, str]) -> str | None:
+    """The text :func:`entry_key` hashes, written directly: the same characters as
+    ``default_dumps`` of its list, whose encoder's Python (set up at each call) cost a
+    lookup more than the hash. ``None`` for a value that is not a plain ``str``."""
+    if type(head) is not str:
+        return None
+    pairs = sorted(reads.items())
+    for key, hashed in pairs:
+        if type(key) is not str or type(hashed) is not str:
+            return None
+    return f"[{_quoted(head)},[{','.join([f'[{_quoted(k)},{_quoted(h)}]' for k, h in pairs])}]]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +253,19 @@ _new = object.__new__
         "head", "reads", "output", "usage", "created", "step", "stored_key"))
 
 
+_SET_HIT_KEY, _SET_HIT_SAVED = (vars(CacheHit)[name].__set__ for name in ("key", "saved"))
+
+
+def hit_of(entry: CacheEntry) -> CacheHit:
+    """The hit ``entry`` makes, as checkpoints record it: ``CacheHit(entry.key, entry.usage)``,
+    made through its slots (its frozen ``__init__`` sets each field with ``object.__setattr__``:
+    1.2k a hit), the two values being those of an entry already made."""
+    hit: CacheHit = _new(CacheHit)
+    _SET_HIT_KEY(hit, entry.key)
+    _SET_HIT_SAVED(hit, entry.usage)
+    return hit
+
+
 def find_by_key_sets(wanted: Sequence[tuple[str, Hasher]], key_sets: Mapping[str, Sequence[Sequence[str]]],
                      fetch: Callable[[list[tuple[str, str]]], Iterable[CacheEntry]]
                      ) -> list[CacheEntry | None]:
@@ -265,7 +292,8 @@ def find_by_key_sets(wanted: Sequence[tuple[str, Hasher]], key_sets: Mapping[str
         for n in asked.get((entry.head, entry.key), ()):
             head, hasher = wanted[n]
             best = found[n]
-            if entry.head == head and all(hasher(k) == h for k, h in entry.reads.items()) and (
+            if entry.head == head and (not entry.reads or all(
+                    hasher(k) == h for k, h in entry.reads.items())) and (
                     best is None or entry.created > best.created):
                 found[n] = entry
     return found

@@ -170,13 +170,20 @@ class SqliteCache(Cache):
         the entries by key), whichever the number of entries under a head."""
         heads = list(dict.fromkeys(head for head, _ in wanted))
         shapes: dict[str, list[list[str]]] = {}
+        parsed: dict[str, list[str]] = {}  # a set's text -> its keys: most heads share a few sets
         with self._lock:
             for i in range(0, len(heads), _CHUNK):
                 part = heads[i:i + _CHUNK]
                 for head, keys in self._conn.execute(
                         "SELECT head, keys FROM ekit_cache_reads WHERE head IN "
                         f"({', '.join('?' * len(part))})", part):
-                    shapes.setdefault(head, []).append(default_loads(keys))
+                    read = parsed.get(keys)
+                    if read is None:
+                        read = parsed[keys] = loads(keys)
+                    if head in shapes:
+                        shapes[head].append(read)
+                    else:
+                        shapes[head] = [read]
         return find_by_key_sets(wanted, shapes, self._by_keys)
 
     def _by_keys(self, pairs: list[tuple[str, str]]) -> list[CacheEntry]:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ekit_core import TokenUsage
 from ekit_runtime import SqliteCache, Step, Workflow
-from ekit_runtime.cache import CacheEntry, at_start, head_of
+from ekit_runtime.cache import CacheEntry, at_start, entry_key, head_of
 from ekit_runtime.cache.base import CachedStep, loads
 from ekit_runtime.cache.sqlite import FEW
 from ekit_runtime.stores.codec import default_dumps, default_loads
@@ -50,6 +50,25 @@ class Name(str):
 def test_a_head_of_values_that_are_not_plain_strings_is_made_the_long_way() -> None:
     one = CachedStep(None, Name("s"), "f", None, (), None, None)  # type: ignore[arg-type]
     assert one.head(Name("i")) == head_of("s", "f", None, "i", ())
+
+
+def _key_the_long_way(head: str, reads: Mapping[str, str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(default_dumps([head, sorted(reads.items())]).encode("utf-8", "surrogatepass")
+                          ).hexdigest()
+
+
+@settings(max_examples=300, deadline=None)
+@given(head=ANY_TEXT, reads=st.dictionaries(ANY_TEXT, ANY_TEXT, max_size=5))
+def test_an_entry_key_written_directly_is_the_key_of_its_parts(head: str, reads: dict[str, str]) -> None:
+    # (every entry stored so far is filed under the long way's key: they must still be found)
+    assert entry_key(head, reads) == _key_the_long_way(head, reads)
+
+
+def test_an_entry_key_of_values_that_are_not_plain_strings_is_made_the_long_way() -> None:
+    assert entry_key(Name("h"), {Name("k"): "x", "\x00keys": Name("y")}) == _key_the_long_way(
+        "h", {"k": "x", "\x00keys": "y"})
 
 
 JSON = st.recursive(
