@@ -114,6 +114,7 @@ class RunArgs:
 # The disagreements found and not fixed yet (test_found_by_the_model.py, xfail), each stepped
 # around where the driver meets it by raising KnownBug:
 KNOWN_ONLY_OF_A_BODY_STEP = "only= naming a step of a loop's body ends in InternalError"
+KNOWN_KEPT_ITEM_KEY = "on_code_change='keep' sends a kept step's unrecorded item's key again"
 
 
 class KnownBug(Exception):
@@ -345,6 +346,9 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
                                    f"refused {list(predicted.refused)}")
                 return number + 1  # (refused while the code stays changed: nothing more runs)
             history.extend(saver.saved)
+            if world.problems and _policy(plan) == "keep" and all(
+                    "sent again" in p for p in world.problems):
+                raise KnownBug(KNOWN_KEPT_ITEM_KEY)  # (test_found_by_the_model.py pins it)
             if world.problems:
                 raise Mismatch(f"turn {number}: {world.problems}")
             if not saver.saved:  # a resume numbers attempts from what was saved: the keys of

@@ -520,3 +520,36 @@ def test_a_bumped_body_runs_the_iteration_it_was_at_under_new_keys() -> None:
     keys.clear()
     workflow("v1", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
     assert keys == ["r/P/c2#1/2"]
+
+
+@pytest.mark.xfail(strict=True, reason="on_code_change='keep' gives a kept mapped step's item "
+                   "that ran under the old code no new attempt number (drive.KNOWN_KEPT_ITEM_KEY)")
+def test_a_kept_step_runs_an_interrupted_item_of_new_code_under_a_new_key() -> None:
+    """"Attempt identity follows the work: a changed version or fingerprint ... never
+    re-sends the attempt key of different work" (issue 45), and a step's attempt numbers
+    are new "whether the checkpoint records an output of it, a failure, a question, or
+    nothing at all" (docs/concepts.md). ``m[1]`` was interrupted under the old code with
+    nothing recorded; ``keep`` keeps ``m[0]``, and ``m[1]`` runs the new code under the key
+    the old code's attempt was sent with (found by a hunt of the model)."""
+    keys: list[str] = []
+
+    class Died(BaseException):
+        pass
+
+    def workflow(tone: str, die: bool) -> Workflow:
+        def item(ctx: dict[str, Any]) -> str:
+            keys.append(str(attempt_key()))
+            if die and ctx["a"] == 2:
+                raise Died
+            return f"{tone} {ctx['a']}"
+
+        return Workflow([Step("a", lambda ctx: [1, 2]),
+                         Step("m", item, ("a",), map_over="a")], on_code_change="keep")
+
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(Died):
+        workflow("calm", True).run_sync(checkpoint_fn=saved.append, max_concurrency=1, run_id="r")
+    assert keys == ["r/m[0]/1", "r/m[1]/1"] and "m[0]" in saved[-1].outputs
+    keys.clear()
+    workflow("bold", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
+    assert keys == ["r/m[1]/2"]
