@@ -2,8 +2,8 @@
 
 The text of every statement :class:`~ekit_runtime.queue.postgres.PostgresQueue`
 runs, the schema and its upgrade, the queue's connection (its session
-settings, a hung-up session noticed), and ``_Batch``: a worker's saves and
-endings as one statement's arguments, and each one's outcome. Both the
+settings, a hung-up session noticed), and a worker's batch of saves and
+endings as one statement's arguments (``_writes_args``) and what it made (``_said``). Both the
 queue (on its database thread) and the worker's loop session
 (:mod:`ekit_runtime.queue.postgres_loop`) run them, so they live here,
 below both.
@@ -17,14 +17,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Ending,
     RunQueue,
-    finish_alone,
+    Written,
     layout_before,
     progress,
-    save_alone,
     schema_columns,
 )
 from ekit_runtime.queue.lifecycle import (
@@ -39,14 +37,9 @@ from ekit_runtime.queue.lifecycle import (
     abandoned_as,
     render,
 )
-from ekit_runtime.queue.records import (
-    Lease,
-    LeaseLostError,
-    Limits,
-)
+from ekit_runtime.queue.records import Limits
 from ekit_runtime.queue.streams import Published
 from ekit_runtime.stores.pg import PgConnection, psycopg
-from ekit_runtime.stores.rows import EncodedCheckpoint
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
@@ -520,86 +513,31 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-class _Batch:
-    """A worker's writes as ``_WRITES``'s arguments, and the outcome of each (see ``write_many``).
-
-    Made on whichever thread asks (the worker's database thread, or its event
-    loop: ``postgres_loop``), then told what the statement made, or made again
-    write by write when the statement failed as a whole.
-    """
-
-    __slots__ = ("args", "db", "ended", "ends", "lease_seconds", "outcomes", "prepared", "queue")
-
-    def __init__(
-        self,
-        queue: RunQueue,
-        db: _QueueConnection,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        endings: Sequence[Ending],
-        lease_seconds: float,
-    ) -> None:
-        self.queue, self.db, self.lease_seconds = queue, db, lease_seconds
-        seconds = queue._lease_seconds(lease_seconds)
-        self.outcomes: list[bool | Exception] = []
-        self.ended: list[Exception | None] = [None] * len(endings)
-        self.ends: list[tuple[int, Ending]] = []
-        for j, end in enumerate(endings):
-            try:
-                self.ends.append((j, Ending(end.lease, end.status, queue._final(end.status, end.error))))
-            except Exception as exc:  # (a status that is not final: this ending's alone)
-                self.ended[j] = exc
-        self.prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
-        for i, (lease, checkpoint) in enumerate(saves):
-            self.outcomes.append(False)
-            try:
-                self.prepared.append((i, lease, checkpoint, *queue._prepare_save(lease, checkpoint)))
-            except Exception as exc:  # (this save's own: an output that cannot be encoded)
-                self.outcomes[i] = exc
-        runs: list[str] = []
-        entries: list[str] = []
-        for _i, lease, checkpoint, enc, added in self.prepared:
-            done, total = progress(checkpoint)
-            runs.append(_row((
-                lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
-                added.llm_calls, added.total_tokens, queue._uses(added), enc.header,
-                checkpoint.fingerprint if enc.full else None,
-            )))
-            entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
-        ended = [_row((end.lease.run_id, end.lease.epoch, end.status, end.error)) for _j, end in self.ends]
-        # None: nothing to write (every write failed before the statement).
-        self.args = (_rows(runs), _rows(entries), _rows(ended)) if self.prepared or self.ends else None
-
-    def write(self) -> None:
-        """The statement, on the queue's connection (this thread), and each write's outcome."""
-        args = self.args
-        try:
-            made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
-        except Exception:
-            self.alone()  # not a refusal: the session, the server
-        else:
-            self.told(made)
-
-    def told(self, made: dict[str, Any]) -> None:
-        """Each write's outcome from the statement's answer: the runs it wrote, with their cancel flags."""
-        queue = self.queue
-        for i, lease, checkpoint, _enc, _added in self.prepared:
-            if lease.run_id in made:
-                queue._remember(lease, checkpoint)
-                self.outcomes[i] = bool(made[lease.run_id])
-            else:
-                queue._forget(lease.run_id)
-                self.outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
-        for j, end in self.ends:
-            queue._forget(end.lease.run_id)  # (ended, or another holder's now)
-            if end.lease.run_id not in made:
-                self.ended[j] = LeaseLostError(end.lease.run_id, end.lease.epoch)
-
-    def alone(self) -> None:
-        """Each write made again on its own, after the statement failed as a whole (a dropped
-        session, the server): each meets its own error, or goes through."""
-        for i, lease, checkpoint, _enc, _added in self.prepared:
-            self.outcomes[i] = save_alone(self.queue, lease, checkpoint, self.lease_seconds)
-        for j, end in self.ends:
-            self.ended[j] = finish_alone(self.queue, end)
+def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str] | None:
+    """A batch's writes (saves prepared, endings checked) as ``_WRITES``'s three arguments;
+    ``None``: nothing to write (every write failed before the statement)."""
+    if not rows:
+        return None
+    runs: list[str] = []
+    entries: list[str] = []
+    ended: list[str] = []
+    uses = RunQueue._uses
+    for _i, row in rows:
+        if isinstance(row, Ending):
+            ended.append(_row((row.lease.run_id, row.lease.epoch, row.status, row.error)))
+            continue
+        lease, checkpoint, enc, added = row
+        done, total = progress(checkpoint)
+        runs.append(_row((
+            lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+            added.llm_calls, added.total_tokens, uses(added), enc.header,
+            checkpoint.fingerprint if enc.full else None,
+        )))
+        entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+    return _rows(runs), _rows(entries), _rows(ended)
 
 
+def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:
+    """Each write's outcome from ``_WRITES``'s answer (the runs it wrote, with their cancel flags:
+    an ending's NULL): ``None`` for a write it did not make."""
+    return [None if (rid := row[0].run_id) not in made else bool(made[rid]) for _i, row in rows]
