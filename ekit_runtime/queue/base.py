@@ -190,8 +190,9 @@ def _storable_rows(encoded: EncodedCheckpoint) -> EncodedCheckpoint:
     """``encoded``, once every output and its header are known to be storable (else an error)."""
     for _kind, name, value in encoded.rows:
         _storable_output(name, value)
-    if encoded.header is not None:
-        _storable(encoded.header, "the encoded checkpoint")
+    header = encoded.header if encoded.header is not None else encoded.recount
+    if header is not None:
+        _storable(header, "the encoded checkpoint")
     return encoded
 
 
@@ -570,7 +571,9 @@ class RunQueue(ABC):
         previous = self._previous(lease)
         if previous is None:
             _check_step_names(checkpoint)
-        encoded = encode_checkpoint(checkpoint, previous, self.dumps)
+        # Compacting: a loop that lets go of old iterations (keep_last) saves a delta that
+        # deletes their rows (``gone``) and writes the header again (``recount``), not the run.
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps, compacting=True)
         if previous is not None:
             if encoded.full:
                 _check_step_names(checkpoint)

@@ -64,6 +64,7 @@ from ekit_runtime.queue.postgres_sql import (
     _PICK_INDEX,
     _QUICK_CLAIM,
     _ROWS,
+    _SAVE_COMPACTING,
     _SAVE_FULL,
     _SCHEMA,
     _SLOT_LOCK,
@@ -440,7 +441,21 @@ class PostgresQueue(RunQueue):
         done, total = progress(checkpoint)  # RunInfo's progress, read without decoding
         if enc.full:
             return self._save_full(lease, enc, seconds, checkpoint, added, done, total)
+        if enc.recount is not None:
+            return self._save_compacting(lease, enc, seconds, added, done, total)
         return self._save_delta(lease, enc, seconds, added, done, total)
+
+    def _save_compacting(
+        self, lease: Lease, enc: EncodedCheckpoint, seconds: float, added: TokenUsage, done: int,
+        total: int | None,
+    ) -> bool:
+        kinds, names, values = _columns(enc.rows)
+        args = (
+            enc.recount, *enc.counts, enc.failures, done, total, seconds, lease.run_id, lease.epoch,
+            lease.epoch, kinds, names, values, added.llm_calls, added.total_tokens, self._uses(added),
+            list(enc.gone),
+        )
+        return self._fenced(lease, self.db.run(lambda c: c.execute(_SAVE_COMPACTING, args).fetchone()))
 
     def _batches(self, writes: int) -> bool:
         return writes >= 2  # (alone: no statement to share)

@@ -149,7 +149,7 @@ class LoopSession:
             writes.told(rows, _said(rows, made))
         return writes.saved, writes.ended
 
-    def _write_here(self, writes: Writes, rows: list[Written], args: tuple[str, str, str]) -> None:
+    def _write_here(self, writes: Writes, rows: list[Written], args: tuple[str, str, str, str]) -> None:
         """The batch's statement on the queue's own connection (this thread), and each outcome."""
         try:
             made = dict(self._pg.db.run(lambda c: c.execute(_WRITES, args).fetchall()))

@@ -251,17 +251,21 @@ _WRITES = (
     "(d->>3)::bigint AS input_tokens, (d->>4)::bigint AS output_tokens, (d->>5)::bigint AS llm_calls, "
     "d->>6 AS failures, (d->>7)::bigint AS steps_done, (d->>8)::bigint AS steps_total, "
     "(d->>9)::float8 AS seconds, (d->>10)::bigint AS calls, (d->>11)::bigint AS tokens, "
-    "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp FROM jsonb_array_elements(%s::jsonb) AS j(d)), "
+    "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp, d->>15 AS recount "
+    "FROM jsonb_array_elements(%s::jsonb) AS j(d)), "
     "fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
     "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
     "saves = r.saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
-    "header = COALESCE(i.header, r.header), "
+    "header = COALESCE(i.header, i.recount, r.header), "
     "fingerprint = CASE WHEN i.header IS NULL THEN r.fingerprint ELSE i.fp END, "
     f"lease_until = {_NOW} + i.seconds, updated_at = {_NOW} FROM i "
     f"WHERE {_held_joined('i')} "
     "RETURNING r.run_id, r.epoch, r.cancel_requested, i.header IS NOT NULL AS whole), "
     "e AS (SELECT d->>0 AS rid, d->>1 AS kind, d->>2 AS name, d->>3 AS value, ord "
     "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(d, ord)), "
+    "dropped AS (DELETE FROM ekit_queue_entries x USING fenced, (SELECT d->>0 AS rid, d->>1 AS name "
+    "FROM jsonb_array_elements(%s::jsonb) AS j(d)) AS g WHERE g.rid = fenced.run_id "
+    "AND x.run_id = g.rid AND x.kind IN ('output', 'usage') AND x.name = g.name), "
     "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE fenced.whole "
     "AND x.run_id = fenced.run_id "
     "AND NOT EXISTS (SELECT 1 FROM e WHERE e.rid = x.run_id AND e.kind = x.kind AND e.name = x.name)), "
@@ -278,6 +282,24 @@ _WRITES = (
     "FROM jsonb_array_elements(%s::jsonb) AS j(d)) AS x "
     f"WHERE {_held_joined('x')} RETURNING run_id) "
     "SELECT run_id, cancel_requested FROM fenced UNION ALL SELECT run_id, NULL FROM ended"
+)
+
+# A compacting delta (a loop's keep_last) as one statement: the delta's fenced UPDATE also
+# writes the header again (its compacted counts), and the rows of the iterations let go of are
+# deleted; those names and the new rows' never meet (see encode_checkpoint), so no row is
+# changed twice by one statement. (Args: the header, then _save_delta's, then the names gone.)
+_SAVE_COMPACTING = (
+    "WITH fenced AS (UPDATE ekit_queue_runs SET header = %s, step_index = %s, input_tokens = %s, "
+    "output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+    "steps_done = %s, steps_total = %s, "
+    f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} "
+    "RETURNING run_id, cancel_requested), "
+    "added AS (" + _ROWS + "), "
+    f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, %s, %s "
+    "FROM fenced WHERE %s), "
+    "gone AS (DELETE FROM ekit_queue_entries x USING fenced WHERE x.run_id = fenced.run_id "
+    "AND x.kind IN ('output', 'usage') AND x.name = ANY(%s::text[])) "
+    "SELECT cancel_requested FROM fenced"
 )
 
 # A full rewrite of a run as one statement. The DELETE and the INSERT touch
@@ -513,13 +535,14 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str] | None:
+def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str, str] | None:
     """A batch's writes (saves prepared, endings checked) as ``_WRITES``'s three arguments;
     ``None``: nothing to write (every write failed before the statement)."""
     if not rows:
         return None
     runs: list[str] = []
     entries: list[str] = []
+    gone: list[str] = []
     ended: list[str] = []
     uses = RunQueue._uses
     for _i, row in rows:
@@ -531,10 +554,12 @@ def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str
         runs.append(_row((
             lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
             added.llm_calls, added.total_tokens, uses(added), enc.header,
-            checkpoint.fingerprint if enc.full else None,
+            checkpoint.fingerprint if enc.full else None, enc.recount,
         )))
         entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
-    return _rows(runs), _rows(entries), _rows(ended)
+        if enc.gone:
+            gone.extend(_row((lease.run_id, name)) for name in enc.gone)
+    return _rows(runs), _rows(entries), _rows(gone), _rows(ended)
 
 
 def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:

@@ -1178,7 +1178,7 @@ class SqliteQueue(RunQueue):
         seconds: float,
     ) -> bool:
         # (The lease is renewed when less than half of it is left: save_renews.)
-        if not self._one_statement:
+        if not self._one_statement or enc.recount is not None:
             return self._tx(lambda c: self._write(c, lease, enc, seconds, checkpoint, added))
         rows: list[_Row] = [(lease, checkpoint, enc, added)]
         (told,) = self._tx(lambda c: self._write_rows(c, rows, seconds), begin=False)
@@ -1244,6 +1244,8 @@ class SqliteQueue(RunQueue):
         now = time.time()
         until = now + seconds
         steps = self._step_args(conn, rows, now, until)
+        if steps is None and any(not isinstance(row, Ending) and row[2].recount is not None for row in rows):
+            return self._write_in_statements(conn, rows, seconds)
         if steps is not None:
             statement = _steps_statement(len(steps) // len(_STEP_COLUMNS))
             return self._told_by(conn.execute(statement, steps).fetchall(), rows)
@@ -1282,8 +1284,8 @@ class SqliteQueue(RunQueue):
                 return None
             lease, checkpoint, enc, added = row
             entries = enc.rows
-            if enc.header is not None or not 0 < len(entries) <= 2 or self._uses(added) or (
-                    len(entries) == 2 and entries[1][0] != "usage"):
+            if enc.header is not None or enc.recount is not None or not 0 < len(entries) <= 2 or (
+                    self._uses(added) or (len(entries) == 2 and entries[1][0] != "usage")):
                 return None
             head = (lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
                     None)
@@ -1299,6 +1301,38 @@ class SqliteQueue(RunQueue):
                 args[at] = number
                 at += width
         return args
+
+    def _write_in_statements(
+        self, conn: sqlite3.Connection, rows: list[_Row], seconds: float
+    ) -> list[bool | None]:
+        """``rows`` as one transaction of statements, each write fenced on its own (as
+        :meth:`_write_rows`'s outcomes): the way of a batch holding a compacting delta, whose
+        deletes and header the views' triggers do not write."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            told: list[bool | None] = []
+            for row in rows:
+                lease = row[0]
+                if isinstance(row, Ending):
+                    now = time.time()
+                    ended = conn.execute(
+                        f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, "
+                        f"updated_at = ?, {_FOLD} WHERE {_HELD}",
+                        (row.status, row.error, now, lease.run_id, lease.epoch, now),
+                    ).rowcount
+                    told.append(False if ended == 1 else None)
+                    continue
+                try:
+                    told.append(self._write(conn, lease, row[2], seconds, row[1], row[3]))
+                except LeaseLostError:
+                    told.append(None)  # (nothing written for it: its fenced UPDATE matched no row)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return told
 
     @staticmethod
     def _told_by(said: list[Any], rows: list[_Row]) -> list[bool | None]:
@@ -1336,6 +1370,14 @@ class SqliteQueue(RunQueue):
         if enc.full:
             self._write_header(conn, lease.run_id, enc.header)
             conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
+        elif enc.recount is not None:
+            # A compacting delta: the header holds the compacted counts, and the rows of the
+            # iterations let go of go (never a name the new rows hold: see encode_checkpoint).
+            self._write_header(conn, lease.run_id, enc.recount)
+            conn.executemany(
+                "DELETE FROM ekit_queue_entries WHERE run_id = ? AND kind = ? AND name = ?",
+                [(lease.run_id, kind, name) for name in enc.gone for kind in ("output", "usage")],
+            )
         base = number << _ORD_SHIFT
         rows = [
             (lease.run_id, kind, name, value, lease.epoch, base + i)
