@@ -573,7 +573,8 @@ class RunQueue(ABC):
             _check_step_names(checkpoint)
         # Compacting: a loop that lets go of old iterations (keep_last) saves a delta that
         # deletes their rows (``gone``) and writes the header again (``recount``), not the run.
-        encoded = encode_checkpoint(checkpoint, previous, self.dumps, compacting=True)
+        # Drive rows: the first save after a claim appends the new drive as a row of its own.
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps, compacting=True, drive_rows=True)
         if previous is not None:
             if encoded.full:
                 _check_step_names(checkpoint)
