@@ -75,7 +75,6 @@ from ekit_runtime.queue.postgres_sql import (
     _UNCHANGED,
     _UPGRADE,
     _WHOLE,
-    _WRITES,
     _columns,
     _columns_found,
     _event_rows,
@@ -467,11 +466,12 @@ class PostgresQueue(RunQueue):
         rows: list[Written] = []
         writes.take(saves, rows)
         rows += writes.ends
-        args = _writes_args(rows, seconds)
-        if args is None:
+        statement = _writes_args(rows, seconds)
+        if statement is None:
             return
+        sql, args = statement
         try:
-            made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
+            made = dict(self.db.run(lambda c: c.execute(sql, args).fetchall()))
         except Exception as exc:
             writes.failed(rows, exc, transient=False)  # not a refusal: the session, the server
         else:

@@ -56,7 +56,6 @@ from ekit_runtime.queue.base import (
 from ekit_runtime.queue.postgres_sql import (
     _QUICK_CLAIM,
     _SESSION,
-    _WRITES,
     _QueueConnection,
     _quick_args,
     _said,
@@ -130,15 +129,15 @@ class LoopSession:
         rows: list[Written] = []
         writes.take(saves, rows)
         rows += writes.ends
-        args = _writes_args(rows, queue._lease_seconds(lease_seconds))
-        if args is None:
+        statement = _writes_args(rows, queue._lease_seconds(lease_seconds))
+        if statement is None:
             return writes.saved, writes.ended
         conn = await self._session()
         if conn is None:
-            await loop.run_in_executor(executor, self._write_here, writes, rows, args)
+            await loop.run_in_executor(executor, self._write_here, writes, rows, statement)
             return writes.saved, writes.ended
         try:
-            cursor = await conn.execute(_WRITES, args)
+            cursor = await conn.execute(*statement)
             made = dict(await cursor.fetchall())
         except BaseException as exc:
             await self._failed(conn)
@@ -149,10 +148,12 @@ class LoopSession:
             writes.told(rows, _said(rows, made))
         return writes.saved, writes.ended
 
-    def _write_here(self, writes: Writes, rows: list[Written], args: tuple[str, str, str, str]) -> None:
+    def _write_here(
+        self, writes: Writes, rows: list[Written], statement: tuple[str, tuple[str, ...]]
+    ) -> None:
         """The batch's statement on the queue's own connection (this thread), and each outcome."""
         try:
-            made = dict(self._pg.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
+            made = dict(self._pg.db.run(lambda c: c.execute(*statement).fetchall()))
         except Exception as exc:
             writes.failed(rows, exc, transient=False)  # not a refusal: the session, the server
         else:

@@ -263,9 +263,7 @@ _WRITES = (
     "RETURNING r.run_id, r.epoch, r.cancel_requested, i.header IS NOT NULL AS whole), "
     "e AS (SELECT d->>0 AS rid, d->>1 AS kind, d->>2 AS name, d->>3 AS value, ord "
     "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(d, ord)), "
-    "dropped AS (DELETE FROM ekit_queue_entries x USING fenced, (SELECT d->>0 AS rid, d->>1 AS name "
-    "FROM jsonb_array_elements(%s::jsonb) AS j(d)) AS g WHERE g.rid = fenced.run_id "
-    "AND x.run_id = g.rid AND x.kind IN ('output', 'usage') AND x.name = g.name), "
+    "{dropped}"
     "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE fenced.whole "
     "AND x.run_id = fenced.run_id "
     "AND NOT EXISTS (SELECT 1 FROM e WHERE e.rid = x.run_id AND e.kind = x.kind AND e.name = x.name)), "
@@ -301,6 +299,16 @@ _SAVE_COMPACTING = (
     "AND x.kind IN ('output', 'usage') AND x.name = ANY(%s::text[])) "
     "SELECT cancel_requested FROM fenced"
 )
+
+# The batch of writes as a batch without a compacting save sends it (three arguments), and as
+# one with such a save does: the rows its iterations let go of deleted (args: the runs, the
+# entries, the [run, name] of each row gone, the endings). Two texts, not an empty fourth
+# argument: psycopg dumps each argument in Python, once per batch of every worker.
+_WRITES_GONE = _WRITES.format(dropped=(
+    "dropped AS (DELETE FROM ekit_queue_entries x USING fenced, (SELECT d->>0 AS rid, d->>1 AS name "
+    "FROM jsonb_array_elements(%s::jsonb) AS j(d)) AS g WHERE g.rid = fenced.run_id "
+    "AND x.run_id = g.rid AND x.kind IN ('output', 'usage') AND x.name = g.name), "))
+_WRITES = _WRITES.format(dropped="")
 
 # A full rewrite of a run as one statement. The DELETE and the INSERT touch
 # disjoint rows (a statement's sub-statements must not modify the same row):
@@ -535,8 +543,9 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str, str] | None:
-    """A batch's writes (saves prepared, endings checked) as ``_WRITES``'s three arguments;
+def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, tuple[str, ...]] | None:
+    """A batch's writes (saves prepared, endings checked) as its statement (``_WRITES``, or
+    ``_WRITES_GONE`` when a compacting save lets rows go) and that statement's arguments;
     ``None``: nothing to write (every write failed before the statement)."""
     if not rows:
         return None
@@ -559,7 +568,9 @@ def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, str, str
         entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
         if enc.gone:
             gone.extend(_row((lease.run_id, name)) for name in enc.gone)
-    return _rows(runs), _rows(entries), _rows(gone), _rows(ended)
+    if gone:
+        return _WRITES_GONE, (_rows(runs), _rows(entries), _rows(gone), _rows(ended))
+    return _WRITES, (_rows(runs), _rows(entries), _rows(ended))
 
 
 def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:
