@@ -486,46 +486,32 @@ class WorkflowCheckpoint(_CheckpointFields):
         Outputs (and context values) are compared with :func:`same_output`, so
         a NaN output, or one read back from a file as a fresh but equal
         object, is not a change.
+
+        A new drive of the run is a change like any other of its tables (the
+        delta holds everything): see :meth:`delta_driving` for a writer that
+        stores each drive as an entry of its own.
         """
         if previous is None:
             return _full_delta(self, extends=True)
         grown = _grown(self, previous)
         if grown is not None:
             return grown
-        entries = _new_entries(self, previous)
-        if entries is None:
-            return _full_delta(self, extends=False)
-        one_run, new_outputs, new_usage = entries
-        new_durations = _new_durations(self, previous)
-        skipped = _new_skips(self.skipped, previous.skipped, one_run=one_run)
-        if skipped is None or new_durations is None or not _same_shapes(self.shapes, previous.shapes) or (
-                self.superseded is not previous.superseded and self.superseded != previous.superseded
-        ) or not _same_tables(self, previous):
-            # (Versions change only when a resume bumps a tag: a store then writes them in full.)
-            # (Outputs set aside only change when an expansion lets them go: rarely.)
-            return _full_delta(self, extends=False)
-        failures = {
-            k: f for k, f in self.failures.items() if previous.failures.get(k) != f
-        }
-        return CheckpointDelta(
-            extends=True,
-            outputs=tuple(new_outputs),
-            step_usage=tuple(new_usage),
-            durations=new_durations,
-            began=_new_began(self, new_durations) if new_durations else (),
-            held=_new_held(self, new_durations) if new_durations else (),
-            failures=MappingProxyType(failures),
-            cost=self.cost - previous.cost,
-            context_changed=self.context is not previous.context
-            and not (
-                len(self.context) == len(previous.context)
-                and _holds(self.context, previous.context, same_output)
-            ),
-            skipped=skipped,
-            asked_changed=self.asked is not previous.asked and self.asked != previous.asked,
-        )
+        return _delta_in_general(self, previous, drive_rows=False)
 
-    def delta_compacting(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
+    def delta_driving(self, previous: WorkflowCheckpoint | None) -> CheckpointDelta:
+        """:meth:`delta_since`, for a writer that stores each drive as an entry of its own: a
+        checkpoint whose ``drives`` extend ``previous``'s (a new drive of the run began)
+        still extends it, the new drives in the delta's ``drives``."""
+        if previous is None:
+            return _full_delta(self, extends=True)
+        grown = _grown(self, previous)
+        if grown is not None:
+            return grown
+        return _delta_in_general(self, previous, drive_rows=True)
+
+    def delta_compacting(
+        self, previous: WorkflowCheckpoint | None, *, drive_rows: bool = False
+    ) -> CheckpointDelta:
         """:meth:`delta_since`, for a writer that can let go of entries: a checkpoint whose
         loops compacted more iterations (``keep_last``) than ``previous`` counts still
         extends it. The delta's ``compacted`` then holds each such loop's new count, and
@@ -533,15 +519,17 @@ class WorkflowCheckpoint(_CheckpointFields):
         and began times (their failure records go as any cleared failure). Otherwise (the
         counts do not only grow, or a compacted iteration's question goes) it is
         :meth:`delta_since`'s. O(outputs) when it compacts; ``delta_since``'s cost else.
+        ``drive_rows=True``: :meth:`delta_driving`'s instead.
         """
-        delta = self.delta_since(previous)
+        since = WorkflowCheckpoint.delta_driving if drive_rows else WorkflowCheckpoint.delta_since
+        delta = since(self, previous)
         if (delta.extends or previous is None or self.compacted is previous.compacted
                 or self.compacted == previous.compacted):
             return delta
         base = _compacted_base(self, previous)
         if base is None:
             return delta
-        inner = self.delta_since(base)
+        inner = since(self, base)
         if not inner.extends:
             return delta
         before = previous.compacted
@@ -735,7 +723,8 @@ class CheckpointDelta:
     for a changed context); ``compacted`` (only from
     :meth:`WorkflowCheckpoint.delta_compacting`) the loops whose compacted
     count grew, with the new count: a writer lets go of their iterations up
-    to it before it adds the new entries.
+    to it before it adds the new entries; ``drives`` (only with
+    ``drive_rows=True``) the drives that began since, oldest first.
     """
 
     extends: bool
@@ -752,6 +741,8 @@ class CheckpointDelta:
     compacted: MappingProxyType[str, int] = field(default_factory=_empty)
     # The limits that held the new durations' attempts (a subset of their names).
     held: tuple[tuple[str, Mapping[str, float]], ...] = ()
+    # The drives that began since (only with ``drive_rows=True``), oldest first.
+    drives: tuple[DriveRecord, ...] = NO_DRIVES
 
 
 # -- built fast (see ekit_core._frozen): once per checkpoint, once per save ------------
@@ -824,6 +815,7 @@ def fast_delta(
     value.began = began
     value.compacted = _NOTHING_REDONE
     value.held = held
+    value.drives = NO_DRIVES
     value.__class__ = CheckpointDelta
     made: CheckpointDelta = value  # (not typing.cast: a Python call per value built; see _frozen)
     return made
@@ -910,6 +902,47 @@ def _full_delta(cp: WorkflowCheckpoint, *, extends: bool) -> CheckpointDelta:
         durations=tuple(cp.durations.items()) if has_durations(cp) else (),
         began=tuple(cp.began.items()) if has_durations(cp) else (),
         held=tuple(cp.held.items()) if has_durations(cp) else (),
+    )
+
+
+def _delta_in_general(
+    cp: WorkflowCheckpoint, previous: WorkflowCheckpoint, *, drive_rows: bool
+) -> CheckpointDelta:
+    """:meth:`WorkflowCheckpoint.delta_since` (``drive_rows``: ``delta_driving``) where the
+    usual save's fast path (:func:`_grown`) cannot decide: O(outputs)."""
+    entries = _new_entries(cp, previous)
+    if entries is None:
+        return _full_delta(cp, extends=False)
+    one_run, new_outputs, new_usage = entries
+    new_durations = _new_durations(cp, previous)
+    skipped = _new_skips(cp.skipped, previous.skipped, one_run=one_run)
+    drives = _new_drives(cp.drives, previous.drives) if drive_rows else NO_DRIVES
+    if skipped is None or new_durations is None or not _same_shapes(cp.shapes, previous.shapes) or (
+            cp.superseded is not previous.superseded and cp.superseded != previous.superseded
+    ) or not _same_tables(cp, previous, drives=not drive_rows) or drives is None:
+        # (Versions change only when a resume bumps a tag: a store then writes them in full.)
+        # (Outputs set aside only change when an expansion lets them go: rarely.)
+        return _full_delta(cp, extends=False)
+    failures = {
+        k: f for k, f in cp.failures.items() if previous.failures.get(k) != f
+    }
+    return CheckpointDelta(
+        extends=True,
+        outputs=tuple(new_outputs),
+        step_usage=tuple(new_usage),
+        durations=new_durations,
+        began=_new_began(cp, new_durations) if new_durations else (),
+        held=_new_held(cp, new_durations) if new_durations else (),
+        failures=MappingProxyType(failures),
+        cost=cp.cost - previous.cost,
+        context_changed=cp.context is not previous.context
+        and not (
+            len(cp.context) == len(previous.context)
+            and _holds(cp.context, previous.context, same_output)
+        ),
+        skipped=skipped,
+        asked_changed=cp.asked is not previous.asked and cp.asked != previous.asked,
+        drives=drives,
     )
 
 
@@ -1246,14 +1279,26 @@ def _tables_into(cp: WorkflowCheckpoint, data: dict[str, Any]) -> None:
         data["drives"] = [d.to_dict() for d in cp.drives]
 
 
-def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint) -> bool:
-    """Whether the tables a run changes only when it starts (versions, redone) or rarely (a loop's
-    compacted count, code fingerprints, cache hits) are the same in both checkpoints (shared, or equal)."""
+def _same_tables(cp: WorkflowCheckpoint, previous: WorkflowCheckpoint, *, drives: bool = True) -> bool:
+    """Whether the tables a run changes only when it starts (versions, redone, ``drives`` unless
+    told not to compare them) or rarely (a loop's compacted count, code fingerprints, cache hits)
+    are the same in both checkpoints (shared, or equal)."""
     return all(a is b or a == b for a, b in (
         (cp.versions, previous.versions), (cp.redone, previous.redone),
         (cp.compacted, previous.compacted), (cp.compacted_retries, previous.compacted_retries),
         (cp.code_fingerprints, previous.code_fingerprints), (cp.cache_hits, previous.cache_hits),
-        (cp.drives, previous.drives)))
+        (cp.drives, previous.drives) if drives else (None, None)))
+
+
+def _new_drives(
+    now: tuple[DriveRecord, ...], before: tuple[DriveRecord, ...]
+) -> tuple[DriveRecord, ...] | None:
+    """The drives ``now`` appends to ``before``; ``None`` unless ``before`` is a prefix of it."""
+    if now is before:
+        return NO_DRIVES
+    if len(now) < len(before) or now[:len(before)] != before:
+        return None
+    return now[len(before):]
 
 
 def _issue_45_tables(data: dict[Any, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import json
 import re
@@ -111,8 +112,11 @@ __all__ = [
     "Doing",
     "Ending",
     "More",
+    "Prepared",
     "RunQueue",
     "Submission",
+    "Writes",
+    "Written",
     "check_one_per_run",
     "claim_limit",
     "finish_alone",
@@ -191,8 +195,9 @@ def _storable_rows(encoded: EncodedCheckpoint) -> EncodedCheckpoint:
     """``encoded``, once every output and its header are known to be storable (else an error)."""
     for _kind, name, value in encoded.rows:
         _storable_output(name, value)
-    if encoded.header is not None:
-        _storable(encoded.header, "the encoded checkpoint")
+    header = encoded.header if encoded.header is not None else encoded.recount
+    if header is not None:
+        _storable(header, "the encoded checkpoint")
     return encoded
 
 
@@ -417,6 +422,81 @@ def finish_alone(queue: RunQueue, end: Ending) -> Exception | None:
     return None
 
 
+Prepared = tuple[Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]
+"""A save ready to be written: its lease, its checkpoint, its rows, the usage it adds to the window."""
+
+Written = tuple[int, "Prepared | Ending"]
+"""A write of a batch with its place among the batch's saves (or endings): what a statement writes."""
+
+
+class Writes:
+    """A worker's saves and endings on their way to one statement, and each one's outcome.
+
+    Both backends' :meth:`RunQueue.write_many` (and the PostgreSQL worker's
+    loop session) fill one: the endings are checked when it is made, the
+    saves prepared (:meth:`take`) as they come, and each write is then told
+    what the statement did (:meth:`told`) or, if the statement failed as a
+    whole, made again alone (:meth:`failed`). ``saved`` and ``ended`` hold the
+    outcomes in ``write_many``'s terms.
+    """
+
+    __slots__ = ("ended", "ends", "lease_seconds", "queue", "saved")
+
+    def __init__(self, queue: RunQueue, endings: Sequence[Ending], lease_seconds: float) -> None:
+        self.queue, self.lease_seconds = queue, lease_seconds
+        self.saved: list[bool | Exception] = []
+        self.ended: list[Exception | None] = [None] * len(endings)
+        self.ends: list[Written] = []
+        for j, end in enumerate(endings):
+            try:
+                self.ends.append((j, Ending(end.lease, end.status, queue._final(end.status, end.error))))
+            except Exception as exc:  # (a status that is not final: this ending's alone)
+                self.ended[j] = exc
+
+    def take(self, saves: Iterable[tuple[Lease, WorkflowCheckpoint]], into: list[Written]) -> None:
+        """Prepare ``saves`` into ``into``, each with its place in ``saved`` (an error: its outcome)."""
+        saved, prepare = self.saved, self.queue._prepare_save
+        for lease, checkpoint in saves:
+            saved.append(False)  # (told once written)
+            try:
+                into.append((len(saved) - 1, (lease, checkpoint, *prepare(lease, checkpoint))))
+            except Exception as exc:  # (an output that cannot be encoded: this save's alone)
+                saved[-1] = exc
+
+    def told(self, rows: Sequence[Written], said: Sequence[bool | None]) -> None:
+        """The outcomes of a statement that was made: each row's cancel flag (an ending's
+        ``False``) or ``None`` where its lease was no longer held (nothing written for it)."""
+        queue, saved, ended = self.queue, self.saved, self.ended
+        for (i, row), flag in zip(rows, said, strict=False):
+            lease = row[0]
+            if isinstance(row, Ending):
+                queue._forget(lease.run_id)  # (ended, or another holder's now)
+                if flag is None:
+                    ended[i] = LeaseLostError(lease.run_id, lease.epoch)
+            elif flag is None:
+                queue._forget(lease.run_id)
+                saved[i] = LeaseLostError(lease.run_id, lease.epoch)
+            else:
+                queue._remember(lease, row[1])
+                saved[i] = flag
+
+    def failed(self, rows: Sequence[Written], exc: Exception, transient: bool) -> None:
+        """The outcomes of a statement that failed as a whole (it wrote nothing).
+
+        ``transient`` (SQLite's lock held past the timeout, a full disk): each
+        write alone would meet the same, so each gets its own copy of the
+        error. Else perhaps one write's own (a value too big, a dropped
+        session): made again alone, each raises its own error or goes through.
+        """
+        queue = self.queue
+        for i, row in rows:
+            if isinstance(row, Ending):
+                self.ended[i] = copy.copy(exc) if transient else finish_alone(queue, row)
+            else:
+                self.saved[i] = copy.copy(exc) if transient else save_alone(
+                    queue, row[0], row[1], self.lease_seconds)
+
+
 # Statements written once (``:name``: see RunQueue._q).
 _RENDERED: dict[tuple[type, str], str] = {}
 _PLACEHOLDER = re.compile(r"(?<![:\w]):([a-z_]\w*)")
@@ -463,6 +543,8 @@ class RunQueue(ABC):
         self.dumps: Dumps = dumps if dumps is not None else default_dumps
         self.loads: Loads = loads if loads is not None else json.loads
         self._lock = threading.RLock()
+        # What a save and a batch of writes hold (PostgreSQL: its connection's lock).
+        self._write_lock: Any = self._lock
         self._saved: dict[str, tuple[int, WorkflowCheckpoint | None, TokenUsage]] = {}
 
     def _submission(
@@ -494,7 +576,10 @@ class RunQueue(ABC):
         previous = self._previous(lease)
         if previous is None:
             _check_step_names(checkpoint)
-        encoded = encode_checkpoint(checkpoint, previous, self.dumps)
+        # Compacting: a loop that lets go of old iterations (keep_last) saves a delta that
+        # deletes their rows (``gone``) and writes the header again (``recount``), not the run.
+        # Drive rows: the first save after a claim appends the new drive as a row of its own.
+        encoded = encode_checkpoint(checkpoint, previous, self.dumps, compacting=True, drive_rows=True)
         if previous is not None:
             if encoded.full:
                 _check_step_names(checkpoint)
@@ -1428,10 +1513,32 @@ class RunQueue(ABC):
         seconds = self._lease_seconds(lease_seconds)
         return self._held_write(lease, "lease_until = :now + :seconds, updated_at = :now", seconds=seconds)
 
-    @abstractmethod
     def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store a checkpoint under a lease, leaving at least :attr:`save_renews` of ``lease_seconds``
-        ahead; return whether a cancel was asked."""
+        """Store ``checkpoint`` under ``lease``, leaving at least :attr:`save_renews` of
+        ``lease_seconds`` ahead; return whether a cancel was asked.
+
+        Fenced: the check of the lease and the rows it guards commit together
+        or not at all. Raises :class:`LeaseLostError`, writing nothing, if the
+        lease is no longer held; ``UnencodableError`` (a ``ValueError``)
+        before anything is sent for an output that cannot be encoded. What is
+        written is a delta on this lease's last save where it can be
+        (:meth:`_encode`); the statements are the backend's (:meth:`_save_one`).
+        """
+        seconds = self._lease_seconds(lease_seconds)
+        with self._write_lock:
+            encoded, added = self._prepare_save(lease, checkpoint)
+            cancel = self._save_one(lease, checkpoint, encoded, added, seconds)
+            self._remember(lease, checkpoint)
+            return cancel
+
+    @abstractmethod
+    def _save_one(
+        self, lease: Lease, checkpoint: WorkflowCheckpoint, enc: EncodedCheckpoint, added: TokenUsage,
+        seconds: float,
+    ) -> bool:
+        """Write one prepared save, fenced, renewing the lease to ``seconds`` from now (or, where
+        :attr:`save_renews` says less, as the backend's usual save does); the cancel flag, or
+        :meth:`_lost` (nothing written)."""
 
     def save_many(
         self,
@@ -1478,6 +1585,61 @@ class RunQueue(ABC):
         self._lease_seconds(lease_seconds)
         saved = self.save_many(saves, lease_seconds, more)
         return saved, [finish_alone(self, end) for end in endings]
+
+    # -- a worker's batch of writes, one statement where the backend can (its group commit)
+    #
+    # ``save_many`` and ``write_many`` above make each write alone (a wrapper that
+    # borrows them reaches its own ``save`` and ``finish``); a backend takes these
+    # (``write_many = RunQueue._write_many_at_once``), which hand the batch to its
+    # :meth:`_write_batch` whenever :meth:`_batches` says one statement pays.
+
+    def _batches(self, writes: int) -> bool:
+        """Whether ``writes`` writes go as one statement (else each alone)."""
+        return False
+
+    def _write_batch(
+        self, writes: Writes, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], more: More | None,
+        seconds: float,
+    ) -> None:
+        """Write ``saves`` (prepared into ``writes`` by :meth:`Writes.take`) and ``writes.ends``,
+        telling ``writes`` each one's outcome; ``more`` may be asked for saves to join."""
+        raise NotImplementedError
+
+    def _save_many_at_once(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        lease_seconds: float,
+        more: More | None = None,
+    ) -> list[bool | Exception]:
+        """:meth:`save_many` in one statement: :meth:`write_many` with no endings."""
+        check_one_per_run(saves)
+        if not self._batches(len(saves)):
+            return RunQueue.save_many(self, saves, lease_seconds, more)
+        return self.write_many(saves, (), lease_seconds, more)[0]
+
+    def _write_many_at_once(
+        self,
+        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
+        endings: Sequence[Ending],
+        lease_seconds: float,
+        more: More | None = None,
+    ) -> tuple[list[bool | Exception], list[Exception | None]]:
+        """:meth:`write_many` as one statement: one commit, one wait for the disk for all.
+
+        Each write is fenced on its own, as in :meth:`save` and :meth:`finish`:
+        a lease that is no longer held refuses its write alone (its outcome is
+        :class:`LeaseLostError`, nothing written for it). A statement that
+        fails as a whole writes nothing, and each write gets an outcome of its
+        own (:meth:`Writes.failed`).
+        """
+        check_one_per_run(saves, endings)
+        seconds = self._lease_seconds(lease_seconds)
+        if not self._batches(len(saves) + len(endings)):
+            return RunQueue.write_many(self, saves, endings, lease_seconds, more)
+        writes = Writes(self, endings, lease_seconds)
+        with self._write_lock:
+            self._write_batch(writes, saves, more, seconds)
+        return writes.saved, writes.ended
 
     def finish(self, lease: Lease, status: RunStatus, error: str | None = None) -> None:
         """End the run under ``lease`` as ``finished``, ``failed`` or ``cancelled`` (a status the
@@ -1833,6 +1995,24 @@ class RunQueue(ABC):
         calls this (:mod:`ekit_runtime.queue.publisher`); a backend without
         streams raises ``NotImplementedError``.
         """
+        raise NotImplementedError(f"{type(self).__name__} keeps no run streams")
+
+    def _publish_many_at_once(
+        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
+    ) -> list[int | Exception]:
+        """:meth:`publish_many` of a backend that keeps streams: the batches checked, the runs
+        appended in run id order (:meth:`_publish`: two publishers never wait for each other in
+        a cycle), each run's outcome in the order given."""
+        given = self._publishable(batches, cap)
+        if not given:
+            return []
+        done = self._publish(sorted(given, key=lambda b: b[0].run_id), cap)
+        return [done[lease.run_id] for lease, _events in given]
+
+    def _publish(self, batches: list[tuple[Lease, list[Published]]], cap: int) -> dict[str, int | Exception]:
+        """Append each run's events under its fence in one transaction that need not wait for the
+        disk, each stream then cut to its newest ``cap``: run id -> newest offset, or
+        :class:`LeaseLostError` (nothing written for that run)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run streams")
 
     def _stream_rows(self, run_id: str, after: int, limit: int) -> StreamRows:

@@ -41,11 +41,11 @@ from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime import logs
 from ekit_runtime.logs import log_event
 from ekit_runtime.queue.base import (
-    Ending,
     More,
     RunQueue,
     Submission,
-    check_one_per_run,
+    Writes,
+    Written,
     progress,
     schema_problem,
 )
@@ -65,6 +65,7 @@ from ekit_runtime.queue.postgres_sql import (
     _PICK_INDEX,
     _QUICK_CLAIM,
     _ROWS,
+    _SAVE_COMPACTING,
     _SAVE_FULL,
     _SCHEMA,
     _SLOT_LOCK,
@@ -75,7 +76,6 @@ from ekit_runtime.queue.postgres_sql import (
     _UNCHANGED,
     _UPGRADE,
     _WHOLE,
-    _Batch,
     _columns,
     _columns_found,
     _event_rows,
@@ -85,6 +85,8 @@ from ekit_runtime.queue.postgres_sql import (
     _pick,
     _QueueConnection,
     _quick_args,
+    _said,
+    _writes_args,
 )
 from ekit_runtime.queue.records import (
     Lease,
@@ -165,6 +167,7 @@ class PostgresQueue(RunQueue):
         self.where = redacted(dsn) if isinstance(dsn, str) else "postgresql (an open connection)"
         try:
             self.db = _QueueConnection(dsn, _SCHEMA, "ekit_queue_runs", idle_timeout=idle)
+            self._write_lock = self.db._lock
             problem = schema_problem(_BEFORE, self.db.run(_columns_found))
             if problem is None and schema_problem(_COLUMNS, self.db.run(_columns_found)) is not None:
                 # A queue of the previous release: bring it up to date.
@@ -434,59 +437,61 @@ class PostgresQueue(RunQueue):
             self._lost(lease)
         return bool(row[0])
 
-    def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store ``checkpoint`` under ``lease`` and renew it in full; return whether a cancel was asked.
+    # -- saves and endings: RunQueue writes them once, these are PostgreSQL's statements
+    #
+    # A save is one statement (the fenced UPDATE, and inserts that exist only
+    # for the row it matched), renewing the whole lease; a worker's batch of
+    # two writes or more is one statement too (``_WRITES``). A statement that
+    # fails as a whole (a dropped session) has each of its writes made again
+    # alone, so that each meets its own error. A batch does not ask ``more``:
+    # the server commits concurrent writers' transactions together.
 
-        Raises :class:`LeaseLostError`, writing nothing, if the lease is no
-        longer held.
-        """
-        seconds = self._lease_seconds(lease_seconds)
-        with self.db._lock:
-            encoded, added = self._prepare_save(lease, checkpoint)
-            done, total = progress(checkpoint)  # RunInfo's progress, read without decoding
-            if encoded.full:
-                cancel = self._save_full(lease, encoded, seconds, checkpoint, added, done, total)
-            else:
-                cancel = self._save_delta(lease, encoded, seconds, added, done, total)
-            self._remember(lease, checkpoint)
-            return cancel
+    save_many = RunQueue._save_many_at_once
+    write_many = RunQueue._write_many_at_once
 
-    def save_many(
-        self,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        lease_seconds: float,
-        more: More | None = None,
-    ) -> list[bool | Exception]:
-        """Store several runs' checkpoints: :meth:`write_many` with no endings."""
-        check_one_per_run(saves)
-        if len(saves) < 2:
-            return super().save_many(saves, lease_seconds)  # (alone: no statement to share)
-        return self.write_many(saves, (), lease_seconds, more)[0]
+    def _save_one(
+        self, lease: Lease, checkpoint: WorkflowCheckpoint, enc: EncodedCheckpoint, added: TokenUsage,
+        seconds: float,
+    ) -> bool:
+        done, total = progress(checkpoint)  # RunInfo's progress, read without decoding
+        if enc.full:
+            return self._save_full(lease, enc, seconds, checkpoint, added, done, total)
+        if enc.recount is not None:
+            return self._save_compacting(lease, enc, seconds, added, done, total)
+        return self._save_delta(lease, enc, seconds, added, done, total)
 
-    def write_many(
-        self,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        endings: Sequence[Ending],
-        lease_seconds: float,
-        more: More | None = None,
-    ) -> tuple[list[bool | Exception], list[Exception | None]]:
-        """Store several runs' checkpoints and end other runs in one statement: one commit for all.
+    def _save_compacting(
+        self, lease: Lease, enc: EncodedCheckpoint, seconds: float, added: TokenUsage, done: int,
+        total: int | None,
+    ) -> bool:
+        kinds, names, values = _columns(enc.rows)
+        args = (
+            enc.recount, *enc.counts, enc.failures, done, total, seconds, lease.run_id, lease.epoch,
+            lease.epoch, kinds, names, values, added.llm_calls, added.total_tokens, self._uses(added),
+            list(enc.gone),
+        )
+        return self._fenced(lease, self.db.run(lambda c: c.execute(_SAVE_COMPACTING, args).fetchone()))
 
-        Each write is fenced on its own, as in :meth:`save` and :meth:`finish`:
-        a lease that is no longer held refuses its write alone (its outcome
-        is :class:`LeaseLostError`, and nothing is written for it). If the
-        statement fails for another reason (a dropped session), each of its writes is
-        made again alone, so that each meets its own error. ``more`` is not
-        asked: the server commits concurrent writers' transactions together.
-        """
-        check_one_per_run(saves, endings)
-        if len(saves) + len(endings) < 2:
-            return super().write_many(saves, endings, lease_seconds)
-        with self.db._lock:
-            batch = _Batch(self, self.db, saves, endings, lease_seconds)
-            if batch.args is not None:
-                batch.write()
-        return batch.outcomes, batch.ended
+    def _batches(self, writes: int) -> bool:
+        return writes >= 2  # (alone: no statement to share)
+
+    def _write_batch(
+        self, writes: Writes, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], more: More | None,
+        seconds: float,
+    ) -> None:
+        rows: list[Written] = []
+        writes.take(saves, rows)
+        rows += writes.ends
+        statement = _writes_args(rows, seconds)
+        if statement is None:
+            return
+        sql, args = statement
+        try:
+            made = dict(self.db.run(lambda c: c.execute(sql, args).fetchall()))
+        except Exception as exc:
+            writes.failed(rows, exc, transient=False)  # not a refusal: the session, the server
+        else:
+            writes.told(rows, _said(rows, made))
 
     def _loop_session(self) -> LoopSession | None:
         """A session of the worker's event loop for its writes and claims (see
@@ -587,25 +592,20 @@ class PostgresQueue(RunQueue):
 
     # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
 
-    def publish_many(
-        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
-    ) -> list[int | Exception]:
-        """Append each run's events to its stream, in one transaction (see ``RunQueue.publish_many``).
+    publish_many = RunQueue._publish_many_at_once
+
+    def _publish(self, batches: list[tuple[Lease, list[Published]]], cap: int) -> dict[str, int | Exception]:
+        """See :meth:`RunQueue._publish`.
 
         The runs' offsets are numbered under a transaction-scoped advisory
-        lock per run (taken in run id order: two publishers never wait for
-        each other in a cycle), not a lock of the run's row, which the
-        worker's saves and claims update meanwhile (a row lock here met
-        their batches' row locks in the other order: a deadlock, broken by
+        lock per run (taken in run id order), not a lock of the run's row,
+        which the worker's saves and claims update meanwhile (a row lock here
+        met their batches' row locks in the other order: a deadlock, broken by
         the server after a second). The fence is read after the lock is
         taken: a claim that took the run over committed before a publisher
         of its new epoch could take that lock, so a publisher of the old
         epoch that takes it later finds the lease gone and writes nothing.
         """
-        given = self._publishable(batches, cap)
-        checked = sorted(given, key=lambda b: b[0].run_id)
-        if not checked:
-            return []
         done: dict[str, int | Exception] = {}
         # Pipelined: the whole flush is one round trip to the server (and its commit), not a
         # few per run; a worker's database thread waits for the loop's GIL at each one.
@@ -619,19 +619,19 @@ class PostgresQueue(RunQueue):
                 side = conn.cursor()
                 side.execute("SET LOCAL synchronous_commit TO off")
                 counted = []
-                for lease, events in checked:
+                for lease, events in batches:
                     run_id = lease.run_id
                     side.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
                     args = (run_id, run_id, lease.epoch, _event_rows(events))
                     counted.append(conn.execute(_STREAM_APPEND, args))
                     side.execute(_STREAM_CAP, (run_id, run_id, cap))
-            for (lease, _events), cur in zip(checked, counted, strict=True):
+            for (lease, _events), cur in zip(batches, counted, strict=True):
                 row = cur.fetchone()
                 if row is None or not row[0]:
                     done[lease.run_id] = LeaseLostError(lease.run_id, lease.epoch)
                 else:
                     done[lease.run_id] = int(row[1])
-        return [done[lease.run_id] for lease, _events in given]
+        return done
 
     def close(self) -> None:
         """Close the connection."""

@@ -12,7 +12,7 @@ The calls a worker makes for every run, its batches of writes
 asynchronous psycopg connection of the worker's own, awaited on the loop: a
 socket the loop already watches, no thread. The statements, their
 arguments and the reading of their answers are the queue's own
-(``_Batch``, ``_quick_args``, ``_granted_quick``), so a write is fenced and
+(``Writes``, ``_writes_args``, ``_said``, ``_quick_args``, ``_granted_quick``), so a write is fenced and
 answered exactly as on the thread.
 
 Anything this session cannot do falls back to the thread, where the
@@ -37,20 +37,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol, cast
 
 from ekit_core import WorkflowCheckpoint
-from ekit_runtime.queue.base import Ending, RunQueue, check_one_per_run, claim_limit, handed_over
+from ekit_runtime.queue.base import (
+    Ending,
+    RunQueue,
+    Writes,
+    Written,
+    check_one_per_run,
+    claim_limit,
+    handed_over,
+)
 from ekit_runtime.queue.postgres_sql import (
     _QUICK_CLAIM,
     _SESSION,
-    _WRITES,
-    _Batch,
     _QueueConnection,
     _quick_args,
+    _said,
+    _writes_args,
     farewell,
     hung_up,
 )
@@ -115,24 +124,40 @@ class LoopSession:
         """``queue.write_many(saves, endings, lease_seconds)``, its statement awaited on the loop."""
         loop = asyncio.get_running_loop()
         check_one_per_run(saves, endings)
-        batch = _Batch(self.queue, self._pg.db, saves, endings, lease_seconds)
-        if batch.args is None:
-            return batch.outcomes, batch.ended
+        queue = self.queue
+        writes = Writes(queue, endings, lease_seconds)
+        rows: list[Written] = []
+        writes.take(saves, rows)
+        rows += writes.ends
+        statement = _writes_args(rows, queue._lease_seconds(lease_seconds))
+        if statement is None:
+            return writes.saved, writes.ended
         conn = await self._session()
         if conn is None:
-            await loop.run_in_executor(executor, batch.write)
-            return batch.outcomes, batch.ended
+            await loop.run_in_executor(executor, self._write_here, writes, rows, statement)
+            return writes.saved, writes.ended
         try:
-            cursor = await conn.execute(_WRITES, batch.args)
+            cursor = await conn.execute(*statement)
             made = dict(await cursor.fetchall())
         except BaseException as exc:
             await self._failed(conn)
             if not isinstance(exc, Exception):
                 raise  # (cancelled: the group commit tells each caller; the next save is in full)
-            await loop.run_in_executor(executor, batch.alone)
+            await loop.run_in_executor(executor, functools.partial(writes.failed, rows, exc, transient=False))
         else:
-            batch.told(made)
-        return batch.outcomes, batch.ended
+            writes.told(rows, _said(rows, made))
+        return writes.saved, writes.ended
+
+    def _write_here(
+        self, writes: Writes, rows: list[Written], statement: tuple[str, tuple[str, ...]]
+    ) -> None:
+        """The batch's statement on the queue's own connection (this thread), and each outcome."""
+        try:
+            made = dict(self._pg.db.run(lambda c: c.execute(*statement).fetchall()))
+        except Exception as exc:
+            writes.failed(rows, exc, transient=False)  # not a refusal: the session, the server
+        else:
+            writes.told(rows, _said(rows, made))
 
     async def claim_many(
         self,

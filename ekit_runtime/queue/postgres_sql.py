@@ -2,8 +2,8 @@
 
 The text of every statement :class:`~ekit_runtime.queue.postgres.PostgresQueue`
 runs, the schema and its upgrade, the queue's connection (its session
-settings, a hung-up session noticed), and ``_Batch``: a worker's saves and
-endings as one statement's arguments, and each one's outcome. Both the
+settings, a hung-up session noticed), and a worker's batch of saves and
+endings as one statement's arguments (``_writes_args``) and what it made (``_said``). Both the
 queue (on its database thread) and the worker's loop session
 (:mod:`ekit_runtime.queue.postgres_loop`) run them, so they live here,
 below both.
@@ -17,14 +17,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Ending,
     RunQueue,
-    finish_alone,
+    Written,
     layout_before,
     progress,
-    save_alone,
     schema_columns,
 )
 from ekit_runtime.queue.lifecycle import (
@@ -39,14 +37,9 @@ from ekit_runtime.queue.lifecycle import (
     abandoned_as,
     render,
 )
-from ekit_runtime.queue.records import (
-    Lease,
-    LeaseLostError,
-    Limits,
-)
+from ekit_runtime.queue.records import Limits
 from ekit_runtime.queue.streams import Published
 from ekit_runtime.stores.pg import PgConnection, psycopg
-from ekit_runtime.stores.rows import EncodedCheckpoint
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ekit_queue_runs (
@@ -258,17 +251,19 @@ _WRITES = (
     "(d->>3)::bigint AS input_tokens, (d->>4)::bigint AS output_tokens, (d->>5)::bigint AS llm_calls, "
     "d->>6 AS failures, (d->>7)::bigint AS steps_done, (d->>8)::bigint AS steps_total, "
     "(d->>9)::float8 AS seconds, (d->>10)::bigint AS calls, (d->>11)::bigint AS tokens, "
-    "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp FROM jsonb_array_elements(%s::jsonb) AS j(d)), "
+    "(d->>12)::bool AS used, d->>13 AS header, d->>14 AS fp, d->>15 AS recount "
+    "FROM jsonb_array_elements(%s::jsonb) AS j(d)), "
     "fenced AS (UPDATE ekit_queue_runs r SET step_index = i.step_index, input_tokens = i.input_tokens, "
     "output_tokens = i.output_tokens, llm_calls = i.llm_calls, failures = i.failures, "
     "saves = r.saves + 1, steps_done = i.steps_done, steps_total = i.steps_total, "
-    "header = COALESCE(i.header, r.header), "
+    "header = COALESCE(i.header, i.recount, r.header), "
     "fingerprint = CASE WHEN i.header IS NULL THEN r.fingerprint ELSE i.fp END, "
     f"lease_until = {_NOW} + i.seconds, updated_at = {_NOW} FROM i "
     f"WHERE {_held_joined('i')} "
     "RETURNING r.run_id, r.epoch, r.cancel_requested, i.header IS NOT NULL AS whole), "
     "e AS (SELECT d->>0 AS rid, d->>1 AS kind, d->>2 AS name, d->>3 AS value, ord "
     "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(d, ord)), "
+    "{dropped}"
     "cleared AS (DELETE FROM ekit_queue_entries x USING fenced WHERE fenced.whole "
     "AND x.run_id = fenced.run_id "
     "AND NOT EXISTS (SELECT 1 FROM e WHERE e.rid = x.run_id AND e.kind = x.kind AND e.name = x.name)), "
@@ -286,6 +281,34 @@ _WRITES = (
     f"WHERE {_held_joined('x')} RETURNING run_id) "
     "SELECT run_id, cancel_requested FROM fenced UNION ALL SELECT run_id, NULL FROM ended"
 )
+
+# A compacting delta (a loop's keep_last) as one statement: the delta's fenced UPDATE also
+# writes the header again (its compacted counts), and the rows of the iterations let go of are
+# deleted; those names and the new rows' never meet (see encode_checkpoint), so no row is
+# changed twice by one statement. (Args: the header, then _save_delta's, then the names gone.)
+_SAVE_COMPACTING = (
+    "WITH fenced AS (UPDATE ekit_queue_runs SET header = %s, step_index = %s, input_tokens = %s, "
+    "output_tokens = %s, llm_calls = %s, failures = %s, saves = saves + 1, "
+    "steps_done = %s, steps_total = %s, "
+    f"lease_until = {_NOW} + %s, updated_at = {_NOW} WHERE {_HELD} "
+    "RETURNING run_id, cancel_requested), "
+    "added AS (" + _ROWS + "), "
+    f"used AS (INSERT INTO ekit_queue_usage (at, llm_calls, tokens) SELECT {_NOW}, %s, %s "
+    "FROM fenced WHERE %s), "
+    "gone AS (DELETE FROM ekit_queue_entries x USING fenced WHERE x.run_id = fenced.run_id "
+    "AND x.kind IN ('output', 'usage') AND x.name = ANY(%s::text[])) "
+    "SELECT cancel_requested FROM fenced"
+)
+
+# The batch of writes as a batch without a compacting save sends it (three arguments), and as
+# one with such a save does: the rows its iterations let go of deleted (args: the runs, the
+# entries, the [run, name] of each row gone, the endings). Two texts, not an empty fourth
+# argument: psycopg dumps each argument in Python, once per batch of every worker.
+_WRITES_GONE = _WRITES.format(dropped=(
+    "dropped AS (DELETE FROM ekit_queue_entries x USING fenced, (SELECT d->>0 AS rid, d->>1 AS name "
+    "FROM jsonb_array_elements(%s::jsonb) AS j(d)) AS g WHERE g.rid = fenced.run_id "
+    "AND x.run_id = g.rid AND x.kind IN ('output', 'usage') AND x.name = g.name), "))
+_WRITES = _WRITES.format(dropped="")
 
 # A full rewrite of a run as one statement. The DELETE and the INSERT touch
 # disjoint rows (a statement's sub-statements must not modify the same row):
@@ -520,86 +543,37 @@ def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], li
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-class _Batch:
-    """A worker's writes as ``_WRITES``'s arguments, and the outcome of each (see ``write_many``).
-
-    Made on whichever thread asks (the worker's database thread, or its event
-    loop: ``postgres_loop``), then told what the statement made, or made again
-    write by write when the statement failed as a whole.
-    """
-
-    __slots__ = ("args", "db", "ended", "ends", "lease_seconds", "outcomes", "prepared", "queue")
-
-    def __init__(
-        self,
-        queue: RunQueue,
-        db: _QueueConnection,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        endings: Sequence[Ending],
-        lease_seconds: float,
-    ) -> None:
-        self.queue, self.db, self.lease_seconds = queue, db, lease_seconds
-        seconds = queue._lease_seconds(lease_seconds)
-        self.outcomes: list[bool | Exception] = []
-        self.ended: list[Exception | None] = [None] * len(endings)
-        self.ends: list[tuple[int, Ending]] = []
-        for j, end in enumerate(endings):
-            try:
-                self.ends.append((j, Ending(end.lease, end.status, queue._final(end.status, end.error))))
-            except Exception as exc:  # (a status that is not final: this ending's alone)
-                self.ended[j] = exc
-        self.prepared: list[tuple[int, Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]] = []
-        for i, (lease, checkpoint) in enumerate(saves):
-            self.outcomes.append(False)
-            try:
-                self.prepared.append((i, lease, checkpoint, *queue._prepare_save(lease, checkpoint)))
-            except Exception as exc:  # (this save's own: an output that cannot be encoded)
-                self.outcomes[i] = exc
-        runs: list[str] = []
-        entries: list[str] = []
-        for _i, lease, checkpoint, enc, added in self.prepared:
-            done, total = progress(checkpoint)
-            runs.append(_row((
-                lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
-                added.llm_calls, added.total_tokens, queue._uses(added), enc.header,
-                checkpoint.fingerprint if enc.full else None,
-            )))
-            entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
-        ended = [_row((end.lease.run_id, end.lease.epoch, end.status, end.error)) for _j, end in self.ends]
-        # None: nothing to write (every write failed before the statement).
-        self.args = (_rows(runs), _rows(entries), _rows(ended)) if self.prepared or self.ends else None
-
-    def write(self) -> None:
-        """The statement, on the queue's connection (this thread), and each write's outcome."""
-        args = self.args
-        try:
-            made = dict(self.db.run(lambda c: c.execute(_WRITES, args).fetchall()))
-        except Exception:
-            self.alone()  # not a refusal: the session, the server
-        else:
-            self.told(made)
-
-    def told(self, made: dict[str, Any]) -> None:
-        """Each write's outcome from the statement's answer: the runs it wrote, with their cancel flags."""
-        queue = self.queue
-        for i, lease, checkpoint, _enc, _added in self.prepared:
-            if lease.run_id in made:
-                queue._remember(lease, checkpoint)
-                self.outcomes[i] = bool(made[lease.run_id])
-            else:
-                queue._forget(lease.run_id)
-                self.outcomes[i] = LeaseLostError(lease.run_id, lease.epoch)
-        for j, end in self.ends:
-            queue._forget(end.lease.run_id)  # (ended, or another holder's now)
-            if end.lease.run_id not in made:
-                self.ended[j] = LeaseLostError(end.lease.run_id, end.lease.epoch)
-
-    def alone(self) -> None:
-        """Each write made again on its own, after the statement failed as a whole (a dropped
-        session, the server): each meets its own error, or goes through."""
-        for i, lease, checkpoint, _enc, _added in self.prepared:
-            self.outcomes[i] = save_alone(self.queue, lease, checkpoint, self.lease_seconds)
-        for j, end in self.ends:
-            self.ended[j] = finish_alone(self.queue, end)
+def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, tuple[str, ...]] | None:
+    """A batch's writes (saves prepared, endings checked) as its statement (``_WRITES``, or
+    ``_WRITES_GONE`` when a compacting save lets rows go) and that statement's arguments;
+    ``None``: nothing to write (every write failed before the statement)."""
+    if not rows:
+        return None
+    runs: list[str] = []
+    entries: list[str] = []
+    gone: list[str] = []
+    ended: list[str] = []
+    uses = RunQueue._uses
+    for _i, row in rows:
+        if isinstance(row, Ending):
+            ended.append(_row((row.lease.run_id, row.lease.epoch, row.status, row.error)))
+            continue
+        lease, checkpoint, enc, added = row
+        done, total = progress(checkpoint)
+        runs.append(_row((
+            lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+            added.llm_calls, added.total_tokens, uses(added), enc.header,
+            checkpoint.fingerprint if enc.full else None, enc.recount,
+        )))
+        entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+        if enc.gone:
+            gone.extend(_row((lease.run_id, name)) for name in enc.gone)
+    if gone:
+        return _WRITES_GONE, (_rows(runs), _rows(entries), _rows(gone), _rows(ended))
+    return _WRITES, (_rows(runs), _rows(entries), _rows(ended))
 
 
+def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:
+    """Each write's outcome from ``_WRITES``'s answer (the runs it wrote, with their cancel flags:
+    an ending's NULL): ``None`` for a write it did not make."""
+    return [None if (rid := row[0].run_id) not in made else bool(made[rid]) for _i, row in rows]

@@ -30,7 +30,6 @@ The clock is the machine's (``time.time()``), shared by every process.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import os
@@ -45,13 +44,13 @@ from ekit_core import TokenUsage, WorkflowCheckpoint
 from ekit_runtime.queue.base import (
     Ending,
     More,
+    Prepared,
     RunQueue,
     Submission,
-    check_one_per_run,
-    finish_alone,
+    Writes,
+    Written,
     layout_before,
     progress,
-    save_alone,
     schema_columns,
     schema_problem,
 )
@@ -489,10 +488,8 @@ def _steps_statement(count: int) -> str:
     )
 
 
-# A save ready to be written: the lease, the checkpoint, its rows, the usage it adds.
-_Prepared = tuple[Lease, WorkflowCheckpoint, EncodedCheckpoint, TokenUsage]
 # A row of the statement: a save ready to be written, or an ending (its error as stored).
-_Row = _Prepared | Ending
+_Row = Prepared | Ending
 # The entries after a save's first travel as one JSON text; json_extract gives
 # back every string exactly, except that it stops at a NUL character, which
 # no stored text holds (the queue refuses one before it writes: see
@@ -1166,174 +1163,79 @@ class SqliteQueue(RunQueue):
         ).fetchone()
         return bool(row[0])
 
-    def save(self, lease: Lease, checkpoint: WorkflowCheckpoint, lease_seconds: float) -> bool:
-        """Store ``checkpoint`` under ``lease``; return whether a cancel was asked.
+    # -- saves and endings: RunQueue writes them once, these are SQLite's statements
+    #
+    # A save alone, and a worker's batch of saves and endings, is one insert
+    # into a view whose triggers do each row's fenced write (``_PROCEDURES``),
+    # in a statement of its own: SQLite's write lock is taken, the rows written
+    # and committed, and the lock let go inside one call, the GIL released
+    # throughout. Where SQLite lacks what the views need, a save is a
+    # transaction of statements (``_write``) and a batch, saves made alone.
 
-        The lease is renewed when less than half of ``lease_seconds`` is left
-        (a save of a step's output alone writes nothing else), so a made save
-        leaves at least half of it ahead (:attr:`save_renews`).
+    save_many = RunQueue._save_many_at_once
+    write_many = RunQueue._write_many_at_once
 
-        One transaction: the fencing check and the rows it guards commit
-        together. Raises :class:`LeaseLostError`, writing nothing, if the
-        lease is no longer held; ``UnencodableError`` before the transaction
-        for an output that cannot be encoded.
-        """
-        seconds = self._lease_seconds(lease_seconds)
-        with self._lock:
-            encoded, added = self._prepare_save(lease, checkpoint)
-            if not self._one_statement:
-                cancel = self._tx(lambda c: self._write(c, lease, encoded, seconds, checkpoint, added))
-            else:
-                rows: list[_Row] = [(lease, checkpoint, encoded, added)]
-                (told,) = self._tx(lambda c: self._write_rows(c, rows, seconds), begin=False)
-                if told is None:
-                    self._lost(lease)
-                cancel = told
-            self._remember(lease, checkpoint)
-            return cancel
+    def _save_one(
+        self, lease: Lease, checkpoint: WorkflowCheckpoint, enc: EncodedCheckpoint, added: TokenUsage,
+        seconds: float,
+    ) -> bool:
+        # (The lease is renewed when less than half of it is left: save_renews.)
+        if not self._one_statement or enc.recount is not None:
+            return self._tx(lambda c: self._write(c, lease, enc, seconds, checkpoint, added))
+        rows: list[_Row] = [(lease, checkpoint, enc, added)]
+        (told,) = self._tx(lambda c: self._write_rows(c, rows, seconds), begin=False)
+        if told is None:
+            self._lost(lease)
+        return told
 
-    def save_many(
-        self,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        lease_seconds: float,
-        more: More | None = None,
-    ) -> list[bool | Exception]:
-        """Store several runs' checkpoints in one statement: one commit, one fsync for all.
+    def _batches(self, writes: int) -> bool:
+        return self._one_statement
 
-        :meth:`write_many` with no endings: each save is fenced on its own, as
-        in :meth:`save`, and ``more`` may hand over further saves while the
-        statement waits for the write lock.
-        """
-        if not self._one_statement:
-            return super().save_many(saves, lease_seconds, more)
-        return self.write_many(saves, (), lease_seconds, more)[0]
-
-    def write_many(
-        self,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        endings: Sequence[Ending],
-        lease_seconds: float,
-        more: More | None = None,
-    ) -> tuple[list[bool | Exception], list[Exception | None]]:
-        """Store several runs' checkpoints and end other runs in one statement: one commit for all.
-
-        Each write is fenced on its own, as in :meth:`save` and :meth:`finish`:
-        a lease that is no longer held refuses its write alone (its outcome
-        is :class:`LeaseLostError`, and nothing is written for it). If the
-        statement fails for another reason, nothing of it is written, and each
-        of its writes gets an error of its own: a copy of the transient error
-        (the lock held past the timeout, a full disk), or else what the write
-        meets when made again alone.
-
-        ``more`` is asked at each attempt at the write lock (again after each
-        wait for another process's): the saves it hands over join the
-        statement, so that a worker that waited for its turn writes what its
-        runs asked meanwhile in the same commit.
-        """
-        if not self._one_statement:
-            return super().write_many(saves, endings, lease_seconds, more)
-        check_one_per_run(saves, endings)
-        seconds = self._lease_seconds(lease_seconds)
-        saved: list[bool | Exception] = []
-        ended: list[Exception | None] = [None] * len(endings)
-        # Each row with the place of its outcome (in saved for a save, in ended for an ending).
-        ends: list[tuple[int, _Row]] = []
-        for j, end in enumerate(endings):
+    def _write_batch(
+        self, writes: Writes, saves: Sequence[tuple[Lease, WorkflowCheckpoint]], more: More | None,
+        seconds: float,
+    ) -> None:
+        """Statements of up to ``_WRITES_PER_STATEMENT`` rows, the endings (and what ``more``
+        hands over) in the last. ``more`` is asked at each attempt at the write lock (again after
+        each wait for another process's): a worker that waited for its turn writes what its runs
+        asked meanwhile in the same commit. A statement that fails for another reason than a
+        refusal writes nothing: a transient error (the lock held past the timeout, a full disk)
+        is each write's own copy, else each write is made again alone."""
+        ends = list(writes.ends)
+        waiting = list(saves)
+        while True:
+            chunk: list[Written] = []
+            writes.take(waiting[:_WRITES_PER_STATEMENT], chunk)
+            del waiting[:_WRITES_PER_STATEMENT]
+            last = not waiting  # (the last statement takes the endings, and what joins)
+            if last:
+                room = max(0, _WRITES_PER_STATEMENT - len(chunk))
+                chunk += ends[:room]
+                del ends[:room]
+                last = not ends
+            write = functools.partial(
+                self._write_chunk, chunk=chunk, writes=writes, more=more if last else None, seconds=seconds
+            )
             try:
-                ends.append((j, Ending(end.lease, end.status, self._final(end.status, end.error))))
-            except Exception as exc:  # (a status that is not final: this ending's alone)
-                ended[j] = exc
-        with self._lock:
-            waiting = list(saves)
-            while True:
-                chunk: list[tuple[int, _Row]] = []
-                self._take(waiting[:_WRITES_PER_STATEMENT], chunk, saved)
-                del waiting[:_WRITES_PER_STATEMENT]
-                last = not waiting  # (the last statement takes the endings, and what joins)
-                if last:
-                    room = max(0, _WRITES_PER_STATEMENT - len(chunk))
-                    chunk += ends[:room]
-                    del ends[:room]
-                    last = not ends
-                write = functools.partial(
-                    self._write_chunk, chunk=chunk, saved=saved, more=more if last else None, seconds=seconds
-                )
-                try:
-                    told = self._tx(write, begin=False)
-                except Exception as exc:
-                    self._failed(chunk, exc, saved, ended, lease_seconds)
-                    told = None
-                self._told(chunk, told or [], saved, ended)
-                if last:
-                    break
-        return saved, ended
-
-    def _failed(
-        self,
-        chunk: list[tuple[int, _Row]],
-        exc: Exception,
-        saved: list[bool | Exception],
-        ended: list[Exception | None],
-        lease_seconds: float,
-    ) -> None:
-        """The outcomes of a statement that failed as a whole (it wrote nothing)."""
-        # The lock held past the timeout, a full disk: each write alone would
-        # meet the same, and wait for the lock again each time. Each caller
-        # gets its own copy of the error. Else perhaps one save's own (a value
-        # too big): made alone, each write raises its own error or goes through.
-        transient = is_transient(exc)
-        for i, row in chunk:
-            if isinstance(row, Ending):
-                ended[i] = copy.copy(exc) if transient else finish_alone(self, row)
+                said = self._tx(write, begin=False)
+            except Exception as exc:
+                writes.failed(chunk, exc, is_transient(exc))
             else:
-                saved[i] = copy.copy(exc) if transient else save_alone(self, row[0], row[1], lease_seconds)
-
-    def _told(
-        self,
-        chunk: list[tuple[int, _Row]],
-        told: list[bool | None],
-        saved: list[bool | Exception],
-        ended: list[Exception | None],
-    ) -> None:
-        """The outcomes of a statement that was made: each row's, from what it returned."""
-        for (i, row), said in zip(chunk, told, strict=False):
-            lease = row[0]
-            if isinstance(row, Ending):
-                self._forget(lease.run_id)  # (ended, or another holder's now)
-                if said is None:
-                    ended[i] = LeaseLostError(lease.run_id, lease.epoch)
-            elif said is None:
-                self._forget(lease.run_id)
-                saved[i] = LeaseLostError(lease.run_id, lease.epoch)
-            else:
-                self._remember(lease, row[1])
-                saved[i] = said
-
-    def _take(
-        self,
-        saves: Sequence[tuple[Lease, WorkflowCheckpoint]],
-        chunk: list[tuple[int, _Row]],
-        saved: list[bool | Exception],
-    ) -> None:
-        """Prepare ``saves`` into ``chunk``, each with its place in ``saved`` (an error: its outcome)."""
-        for lease, checkpoint in saves:
-            saved.append(False)  # (told once written)
-            try:
-                chunk.append((len(saved) - 1, (lease, checkpoint, *self._prepare_save(lease, checkpoint))))
-            except Exception as exc:  # (an output that cannot be encoded: this save's alone)
-                saved[-1] = exc
+                writes.told(chunk, said)
+            if last:
+                break
 
     def _write_chunk(
         self,
         conn: sqlite3.Connection,
-        chunk: list[tuple[int, _Row]],
-        saved: list[bool | Exception],
+        chunk: list[Written],
+        writes: Writes,
         more: More | None,
         seconds: float,
     ) -> list[bool | None]:
         """One attempt at the statement of ``chunk``, grown first by what ``more`` hands over."""
         if more is not None and len(chunk) < _WRITES_PER_STATEMENT:
-            self._take(more(_WRITES_PER_STATEMENT - len(chunk)), chunk, saved)
+            writes.take(more(_WRITES_PER_STATEMENT - len(chunk)), chunk)
         if not chunk:
             return []
         return self._write_rows(conn, [row for _where, row in chunk], seconds)
@@ -1344,6 +1246,8 @@ class SqliteQueue(RunQueue):
         now = time.time()
         until = now + seconds
         steps = self._step_args(conn, rows, now, until)
+        if steps is None and any(not isinstance(row, Ending) and row[2].recount is not None for row in rows):
+            return self._write_in_statements(conn, rows, seconds)
         if steps is not None:
             statement = _steps_statement(len(steps) // len(_STEP_COLUMNS))
             return self._told_by(conn.execute(statement, steps).fetchall(), rows)
@@ -1382,8 +1286,8 @@ class SqliteQueue(RunQueue):
                 return None
             lease, checkpoint, enc, added = row
             entries = enc.rows
-            if enc.header is not None or not 0 < len(entries) <= 2 or self._uses(added) or (
-                    len(entries) == 2 and entries[1][0] != "usage"):
+            if enc.header is not None or enc.recount is not None or not 0 < len(entries) <= 2 or (
+                    self._uses(added) or (len(entries) == 2 and entries[1][0] != "usage")):
                 return None
             head = (lease.run_id, lease.epoch, now, until, *enc.counts, enc.failures, *progress(checkpoint),
                     None)
@@ -1399,6 +1303,38 @@ class SqliteQueue(RunQueue):
                 args[at] = number
                 at += width
         return args
+
+    def _write_in_statements(
+        self, conn: sqlite3.Connection, rows: list[_Row], seconds: float
+    ) -> list[bool | None]:
+        """``rows`` as one transaction of statements, each write fenced on its own (as
+        :meth:`_write_rows`'s outcomes): the way of a batch holding a compacting delta, whose
+        deletes and header the views' triggers do not write."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            told: list[bool | None] = []
+            for row in rows:
+                lease = row[0]
+                if isinstance(row, Ending):
+                    now = time.time()
+                    ended = conn.execute(
+                        f"UPDATE ekit_queue_runs SET status = ?, error = ?, lease_until = NULL, "
+                        f"updated_at = ?, {_FOLD} WHERE {_HELD}",
+                        (row.status, row.error, now, lease.run_id, lease.epoch, now),
+                    ).rowcount
+                    told.append(False if ended == 1 else None)
+                    continue
+                try:
+                    told.append(self._write(conn, lease, row[2], seconds, row[1], row[3]))
+                except LeaseLostError:
+                    told.append(None)  # (nothing written for it: its fenced UPDATE matched no row)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return told
 
     @staticmethod
     def _told_by(said: list[Any], rows: list[_Row]) -> list[bool | None]:
@@ -1436,6 +1372,14 @@ class SqliteQueue(RunQueue):
         if enc.full:
             self._write_header(conn, lease.run_id, enc.header)
             conn.execute("DELETE FROM ekit_queue_entries WHERE run_id = ?", (lease.run_id,))
+        elif enc.recount is not None:
+            # A compacting delta: the header holds the compacted counts, and the rows of the
+            # iterations let go of go (never a name the new rows hold: see encode_checkpoint).
+            self._write_header(conn, lease.run_id, enc.recount)
+            conn.executemany(
+                "DELETE FROM ekit_queue_entries WHERE run_id = ? AND kind = ? AND name = ?",
+                [(lease.run_id, kind, name) for name in enc.gone for kind in ("output", "usage")],
+            )
         base = number << _ORD_SHIFT
         rows = [
             (lease.run_id, kind, name, value, lease.epoch, base + i)
@@ -1456,26 +1400,21 @@ class SqliteQueue(RunQueue):
 
     # -- the runs' live streams (ekit_runtime.queue.streams) -----------------
 
-    def publish_many(
-        self, batches: Sequence[tuple[Lease, Sequence[Published]]], cap: int
-    ) -> list[int | Exception]:
-        """Append each run's events to its stream, in one transaction; each run's newest offset, or
-        :class:`LeaseLostError` (nothing written for it) where its lease is no longer held.
+    publish_many = RunQueue._publish_many_at_once
 
-        A stream is not a checkpoint: its transaction does not wait for the
-        disk (``synchronous=NORMAL``), so a power cut may lose its last rows
-        (a killed process loses none); the next durable commit makes them durable.
-        """
-        checked = self._publishable(batches, cap)
+    def _publish(self, batches: list[tuple[Lease, list[Published]]], cap: int) -> dict[str, int | Exception]:
+        """See :meth:`RunQueue._publish`. A stream is not a checkpoint: its transaction does not
+        wait for the disk (``synchronous=NORMAL``), so a power cut may lose its last rows (a
+        killed process loses none); the next durable commit makes them durable."""
 
-        def body(conn: sqlite3.Connection) -> list[int | Exception]:
+        def body(conn: sqlite3.Connection) -> dict[str, int | Exception]:
             now = time.time()
-            done: list[int | Exception] = []
-            for lease, events in checked:
+            done: dict[str, int | Exception] = {}
+            for lease, events in batches:
                 run_id = lease.run_id
                 if conn.execute(f"SELECT 1 FROM ekit_queue_runs WHERE {_HELD}",
                                 (run_id, lease.epoch, now)).fetchone() is None:
-                    done.append(LeaseLostError(run_id, lease.epoch))
+                    done[run_id] = LeaseLostError(run_id, lease.epoch)
                     continue
                 (last,) = conn.execute(
                     "SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = ?", (run_id,)
@@ -1490,11 +1429,9 @@ class SqliteQueue(RunQueue):
                 if last > cap:
                     conn.execute("DELETE FROM ekit_queue_stream WHERE run_id = ? AND pos <= ?",
                                  (run_id, last - cap))
-                done.append(last)
+                done[run_id] = last
             return done
 
-        if not checked:
-            return []
         durable = self._durable
         with self._lock:
             if durable:

@@ -9,7 +9,13 @@ PostgreSQL: ``encode_checkpoint(..., compacting=True)``) also writes a
 compacting loop's save (``keep_last``) as a delta: the rows of the
 iterations it lets go of are deleted (``gone``) and the header, whose
 ``compacted`` counts changed, is written again (``recount``), so the run's
-rows grow, and a save writes, by one iteration per iteration. Steps skipped by a condition are rows too
+rows grow, and a save writes, by one iteration per iteration. A writer that
+passes ``drive_rows=True`` (the run queues) appends each drive of the run that
+began since the header was written as a row of kind ``"drive"`` (named by its
+place among the run's drives, the record as JSON), so that the first save of a
+drive (each claim of a queued run) is a delta too; the header keeps the drives
+known when it was last written, and loading lays the rows over them by place.
+Steps skipped by a condition are rows too
 (kind ``"skip"``, the reason as JSON text), not part of the header: skips
 grow during a run, and a save adds only the new ones. A step's duration (the
 seconds its recorded output's attempt took) rides in its usage row, as
@@ -30,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ekit_core import TokenUsage, WorkflowCheckpoint
+from ekit_core import DriveRecord, TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores.base import require_checkpoint
 from ekit_runtime.stores.codec import (
     Dumps,
@@ -54,7 +60,8 @@ __all__ = [
 ]
 
 Row = tuple[str, str, str]
-"""``(kind, name, value)``: kind is ``"output"``, ``"usage"`` or ``"skip"``, value is encoded text."""
+"""``(kind, name, value)``: kind is ``"output"``, ``"usage"``, ``"skip"`` or ``"drive"``, value is
+encoded text."""
 
 # SQL integers (SQLite INTEGER, PostgreSQL bigint) are signed 64-bit.
 _INT64 = range(-(2**63), 2**63)
@@ -239,6 +246,11 @@ def _counts(checkpoint: WorkflowCheckpoint, engine: str) -> tuple[int, int, int,
     return counts
 
 
+def _drive_rows(drives: Iterable[DriveRecord], first: int) -> list[Row]:
+    """One row per drive that began, named by its place among the run's drives (from ``first``)."""
+    return [("drive", str(place), default_dumps(d.to_dict())) for place, d in enumerate(drives, first)]
+
+
 def _skip_rows(skipped: Iterable[tuple[str, str]]) -> list[Row]:
     """One row per skip: a save adds the new ones only, as it does outputs."""
     return [("skip", name, default_dumps(why)) for name, why in skipped]
@@ -252,6 +264,7 @@ def encode_checkpoint(
     *,
     engine: str = "SQL",
     compacting: bool = False,
+    drive_rows: bool = False,
 ) -> EncodedCheckpoint:
     """Encode ``checkpoint`` as a delta on ``previous`` (the stored one) when it extends it.
 
@@ -263,7 +276,10 @@ def encode_checkpoint(
     writer that applies ``gone`` and ``recount``) makes a save whose loops
     compacted more iterations a delta too (see
     :meth:`WorkflowCheckpoint.delta_compacting`); without it such a save is
-    a full rewrite, as a writer that ignores those fields needs. Raises
+    a full rewrite, as a writer that ignores those fields needs.
+    ``drive_rows=True`` (a writer whose rows may be of kind ``"drive"``)
+    makes a save whose run began a new drive a delta too, the new drives
+    its rows (see the module). Raises
     :class:`UnencodableError` naming the step before anything is written.
     """
     require_checkpoint(checkpoint)
@@ -276,7 +292,14 @@ def encode_checkpoint(
     )
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
-        delta = checkpoint.delta_compacting(previous) if compacting else checkpoint.delta_since(previous)
+        # (Each save runs this: the usual one, whose loops compacted nothing more and whose
+        # drive is the one before, takes delta_since's fast path with no keyword to pass.)
+        if compacting and checkpoint.compacted is not previous.compacted:
+            delta = checkpoint.delta_compacting(previous, drive_rows=drive_rows)
+        elif drive_rows and checkpoint.drives is not previous.drives:
+            delta = checkpoint.delta_driving(previous)
+        else:
+            delta = checkpoint.delta_since(previous)
         if delta.extends and not delta.context_changed and not delta.asked_changed and (
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
@@ -284,6 +307,8 @@ def encode_checkpoint(
                               began=delta.began, held=delta.held)
             if delta.skipped:
                 rows += _skip_rows(delta.skipped.items())
+            if delta.drives:
+                rows += _drive_rows(delta.drives, len(previous.drives))
             if delta.compacted:
                 return _compacting(checkpoint, previous, rows, failures, counts, dumps, texts, engine)
             if engine == "PostgreSQL":
@@ -362,6 +387,7 @@ def decode_checkpoint(
     usage: dict[str, Any] = {}
     timed: dict[str, dict[str, Any]] = {"durations": {}, "began": {}, "held": {}}
     skipped: dict[str, Any] = {}
+    drives: dict[int, Any] = {}
     stored: dict[str, str] = {}
     for kind, name, value in entries:
         if kind == "output":
@@ -369,6 +395,10 @@ def decode_checkpoint(
             stored[name] = value
         elif kind == "skip":
             skipped[name] = _decode(value, default_loads, where, f"skip of step {name!r}")
+        elif kind == "drive":
+            if not name.isdigit():
+                raise CorruptStoreError(where, f"drive row {name!r:.80} is not named by a place")
+            drives[int(name)] = _decode(value, default_loads, where, f"drive {name}")
         else:
             spent = _decode(value, default_loads, where, f"usage of step {name!r}")
             if type(spent) is dict and "seconds" in spent:  # its duration: see the module
@@ -380,6 +410,14 @@ def decode_checkpoint(
             usage[name] = spent
     data["outputs"], data["step_usage"] = outputs, usage
     data.update((k, table) for k, table in timed.items() if table)
+    if drives:
+        # The header holds the drives known when it was written; the rows, those begun since.
+        known = data.get("drives", [])
+        laid = dict(enumerate(known)) if isinstance(known, list) else {}
+        laid.update(drives)
+        if sorted(laid) != list(range(len(laid))):
+            raise CorruptStoreError(where, f"the run's drives are not numbered 0 to {len(laid) - 1}")
+        data["drives"] = [laid[place] for place in range(len(laid))]
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})

@@ -155,9 +155,9 @@ def test_a_paused_worker_is_fenced_out_after_a_takeover(queue_url: str, fleet: F
     assert result is not None
     assert dict(result.outputs) == {"a": f"a@{zombie.pid}", "b": f"b@{taker.pid}", "c": f"c@{taker.pid}"}
     # Nothing the paused worker did after its lease was lost was saved: b and c bear the taker's
-    # epoch (a, made by the paused worker as its value says, is written again, whole, by the
-    # taker's first save, which records the new drive: docs/checkpoint-format.md, drives).
-    assert entry_epochs(queue_url, run) == {"a": 2, "b": 2, "c": 2}
+    # epoch; a, made and saved by the paused worker while its lease was live, as its value says,
+    # keeps its epoch (the taker's first save appends its drive as a row, not the run again).
+    assert entry_epochs(queue_url, run) == {"a": 1, "b": 2, "c": 2}
     assert q.status(run).epoch == 2
     finished = [ln for ln in fleet.lines("finish") if ln[0] == "finished"]
     assert finished == [["finished", run, str(taker.pid)]]

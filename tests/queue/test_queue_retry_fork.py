@@ -189,11 +189,11 @@ def test_rewind_in_place_reruns_exactly_the_rewound_steps_and_their_dependents(
     assert result is not None
     assert {k: result.outputs[k] for k in ("a", "d")} == {k: before.outputs[k] for k in ("a", "d")}
     assert result.outputs["b"] != before.outputs["b"] and result.outputs["c"] != before.outputs["c"]
-    # Written under the lease of the claim after the rewind (epoch + 2); a and d, kept (their values
-    # above), are written again whole by that claim's first save, which records its drive
-    # (docs/checkpoint-format.md, drives).
+    # b and c written under the lease of the claim after the rewind (epoch + 2); a and d, kept
+    # (their values above), as the rewind wrote the run (epoch + 1): that claim's first save
+    # appends its drive as a row rather than writing the run again (docs/queue.md).
     epochs = entry_epochs(queue_url, "r")
-    assert epochs == dict.fromkeys("abcd", finished.epoch + 2)
+    assert epochs == {**dict.fromkeys("ad", finished.epoch + 1), **dict.fromkeys("bc", finished.epoch + 2)}
 
 
 def test_rewind_is_refused_while_a_worker_holds_a_live_lease(
