@@ -18,7 +18,7 @@ from ekit_core.usage import NO_USAGE
 from ekit_runtime.queue import STATUSES
 from ekit_runtime.ui.fleet_svg import fleet_svg
 from ekit_runtime.ui.outputs import when_text
-from ekit_runtime.ui.pages import esc, run_href, token_field
+from ekit_runtime.ui.pages import child_wait_html, esc, run_href, token_field
 from ekit_runtime.ui.sources import CHART_RUNS, RunsView, Waiting
 
 __all__ = ["chart_html", "runs_parts", "waiting_html"]
@@ -47,6 +47,10 @@ def _run(w: Waiting, token: str | None) -> str:
     info = w.info
     asks = []
     for step, q in w.questions.items():
+        waits = child_wait_html(step, q)
+        if waits is not None:
+            asks.append(waits)
+            continue
         details = ("" if q.details is None else
                    f'<pre class="details">{esc(json.dumps(q.details, indent=2, default=str))}</pre>')
         forms = "" if token is None else _forms(info.run_id, step, q, token)

@@ -18,8 +18,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from ekit_core.audit import StepAudit
+from ekit_core.human import Question
 from ekit_core.report import seconds_text, usage_text
 from ekit_core.usage import TokenUsage
+from ekit_runtime.child_runs import child_run_of
 from ekit_runtime.queue import RunInfo
 from ekit_runtime.ui.graph_svg import STATES, svg
 from ekit_runtime.ui.outputs import answers_html, outputs_html, text_html, usage_html
@@ -27,8 +29,8 @@ from ekit_runtime.ui.sources import RunView, view_progress
 from ekit_runtime.ui.timeline_svg import OUTCOMES, held_text, timeline_svg, utc_text
 
 __all__ = [
-    "PAGE_SIZE", "age_text", "error_page", "esc", "part_versions", "run_href", "run_json", "run_page",
-    "run_parts", "runs_page", "runs_tbody", "steps_tbody", "token_field",
+    "PAGE_SIZE", "age_text", "child_wait_html", "error_page", "esc", "part_versions", "run_href", "run_json",
+    "run_page", "run_parts", "runs_page", "runs_tbody", "steps_tbody", "token_field",
 ]
 
 PAGE_SIZE = 50
@@ -324,11 +326,27 @@ def _actions(view: RunView, token: str | None) -> str:
     return f'<div class="actions">{"".join(buttons)}</div>' if buttons else ""
 
 
+def child_wait_html(step: str, q: Question) -> str | None:
+    """A step's wait for its queued child run (decision 022), as a line linking to the child; or
+    ``None`` for a person's question. No form: the child's end resumes the step, and the queue
+    refuses a person's answer to it."""
+    child = child_run_of(q.details)
+    if child is None:
+        return None
+    return (f'<div class="question child-wait" data-step="{esc(step)}"><p><b>{esc(step)}</b> waits for '
+            f'its child run <a href="{esc(run_href(child))}">{esc(child)}</a>: nothing to answer, its '
+            "end resumes this run</p></div>")
+
+
 def _questions(view: RunView, token: str | None) -> str:
     if not view.questions:
         return ""
     out = ['<section id="questions"><h2>Waiting for a person</h2>']
     for step, q in view.questions.items():
+        waits = child_wait_html(step, q)
+        if waits is not None:
+            out.append(waits)
+            continue
         details = ""
         if q.details is not None:
             details = f"<pre class=\"details\">{esc(json.dumps(q.details, indent=2, default=str))}</pre>"
