@@ -775,13 +775,11 @@ class Runner:
                        ahead: Ahead | None = None) -> Input:
         """One attempt through its executor, handed its identity.
 
-        Runs in the attempt's own task, so the key set here is this
-        attempt's alone (every task runs in a copy of the context). The
-        ``before_attempt`` hook is awaited outside the step's timeout: a wait
-        for a worker's admission is not the step's time. A cached step's
-        lookup is made here, or with the attempts it started with (``ahead``). What it returns, if
-        callable, is the attempt's release: called once when the attempt
-        ends, however it ends (see :data:`BeforeAttempt`).
+        Runs in the attempt's own task, so the key set here is this attempt's alone (every task
+        runs in a copy of the context). The ``before_attempt`` hook is awaited outside the step's
+        timeout (a wait for admission is not the step's time); what it returns, if callable, is
+        the attempt's release, called once when the attempt ends however it ends (see
+        :data:`BeforeAttempt`). A cached step is looked up here, or with its turn's (``ahead``).
         """
         name, repeat = (step.name, None) if item is None else self._unit(step, item)
         attempt = Attempt(step, context, attempt_number(self.state, name), self.run_id, item)

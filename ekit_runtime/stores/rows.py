@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ekit_core import DriveRecord, TokenUsage, WorkflowCheckpoint
+from ekit_core import CheckpointDelta, DriveRecord, TokenUsage, WorkflowCheckpoint
 from ekit_runtime.stores.base import require_checkpoint
 from ekit_runtime.stores.codec import (
     Dumps,
@@ -292,14 +292,7 @@ def encode_checkpoint(
     )
     counts = _counts(checkpoint, engine)
     if previous is not None and same_run(checkpoint, previous):
-        # (Each save runs this: the usual one, whose loops compacted nothing more and whose
-        # drive is the one before, takes delta_since's fast path with no keyword to pass.)
-        if compacting and checkpoint.compacted is not previous.compacted:
-            delta = checkpoint.delta_compacting(previous, drive_rows=drive_rows)
-        elif drive_rows and checkpoint.drives is not previous.drives:
-            delta = checkpoint.delta_driving(previous)
-        else:
-            delta = checkpoint.delta_since(previous)
+        delta = _delta(checkpoint, previous, compacting, drive_rows)
         if delta.extends and not delta.context_changed and not delta.asked_changed and (
                 # A duration goes in its step's usage row, written with its output.
                 not delta.durations or {k for k, _ in delta.durations} <= {k for k, _ in delta.outputs}):
@@ -322,6 +315,19 @@ def encode_checkpoint(
     if engine == "PostgreSQL":
         _check_pg(rows, header)
     return EncodedCheckpoint(header, rows, failures, counts)
+
+
+def _delta(
+    checkpoint: WorkflowCheckpoint, previous: WorkflowCheckpoint, compacting: bool, drive_rows: bool
+) -> CheckpointDelta:
+    """The delta :func:`encode_checkpoint` writes, as its writer can apply it."""
+    # (Each save runs this: the usual one, whose loops compacted nothing more and whose
+    # drive is the one before, takes delta_since's fast path with no keyword to pass.)
+    if compacting and checkpoint.compacted is not previous.compacted:
+        return checkpoint.delta_compacting(previous, drive_rows=drive_rows)
+    if drive_rows and checkpoint.drives is not previous.drives:
+        return checkpoint.delta_driving(previous)
+    return checkpoint.delta_since(previous)
 
 
 def _compacting(
@@ -357,6 +363,31 @@ def _decode(text: str, loads: Loads, where: str, what: str) -> Any:
         raise CorruptStoreError(where, f"{what} does not decode ({type(exc).__name__}: {exc})") from exc
 
 
+def _lay_drives(data: dict[str, Any], drives: dict[int, Any], where: str) -> None:
+    """Put the drive rows (place -> drive) after the drives the header knew, in place."""
+    # The header holds the drives known when it was written; the rows, those begun since.
+    known = data.get("drives", [])
+    laid = dict(enumerate(known)) if isinstance(known, list) else {}
+    laid.update(drives)
+    if sorted(laid) != list(range(len(laid))):
+        raise CorruptStoreError(where, f"the run's drives are not numbered 0 to {len(laid) - 1}")
+    data["drives"] = [laid[place] for place in range(len(laid))]
+
+
+def _header_data(
+    header: str, counts: tuple[int, int, int, int], failures: str, loads: Loads, where: str
+) -> dict[str, Any]:
+    """The checkpoint's fields stored outside its rows: the header, the counts and the failures."""
+    data = _decode(header, loads, where, "header")
+    if not isinstance(data, dict):
+        raise CorruptStoreError(where, "header is not an object")
+    step_index, i, o, calls = counts
+    data["step_index"] = step_index
+    data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
+    data["failures"] = _decode(failures, default_loads, where, "failures")
+    return data
+
+
 def decode_checkpoint(
     header: str,
     counts: tuple[int, int, int, int],
@@ -372,17 +403,10 @@ def decode_checkpoint(
     the store's later saves reuse. Failures and usage are library-written
     JSON, read with :func:`default_loads` (no NaN or infinities).
 
-    Raises :class:`CorruptStoreError` for text that does not decode and
-    :class:`~ekit_core.CheckpointError` for data that is not a checkpoint
-    (both ``ValueError``), with ``where`` in the message.
+    Raises :class:`CorruptStoreError` for text that does not decode and :class:`~ekit_core.
+    CheckpointError` for data that is no checkpoint (both ``ValueError``), naming ``where``.
     """
-    data = _decode(header, loads, where, "header")
-    if not isinstance(data, dict):
-        raise CorruptStoreError(where, "header is not an object")
-    step_index, i, o, calls = counts
-    data["step_index"] = step_index
-    data["cost"] = {"input_tokens": i, "output_tokens": o, "llm_calls": calls}
-    data["failures"] = _decode(failures, default_loads, where, "failures")
+    data = _header_data(header, counts, failures, loads, where)
     outputs: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     timed: dict[str, dict[str, Any]] = {"durations": {}, "began": {}, "held": {}}
@@ -411,13 +435,7 @@ def decode_checkpoint(
     data["outputs"], data["step_usage"] = outputs, usage
     data.update((k, table) for k, table in timed.items() if table)
     if drives:
-        # The header holds the drives known when it was written; the rows, those begun since.
-        known = data.get("drives", [])
-        laid = dict(enumerate(known)) if isinstance(known, list) else {}
-        laid.update(drives)
-        if sorted(laid) != list(range(len(laid))):
-            raise CorruptStoreError(where, f"the run's drives are not numbered 0 to {len(laid) - 1}")
-        data["drives"] = [laid[place] for place in range(len(laid))]
+        _lay_drives(data, drives, where)
     if skipped:
         # (A header may hold skips too: what this module wrote before they were rows.)
         written = data.get("skipped", {})
