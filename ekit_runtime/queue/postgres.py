@@ -113,7 +113,8 @@ def _has_links(conn: psycopg.Connection[Any]) -> bool:
     """Whether the child runs' link table and the join's trigger exist (``queue.links``)."""
     row = conn.execute(
         "SELECT to_regclass('ekit_queue_children') IS NOT NULL AND EXISTS "
-        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_wake_parent')"
+        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_wake_parent') AND EXISTS "
+        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_close_children')"
     ).fetchone()
     return bool(row and row[0])
 
