@@ -26,6 +26,7 @@ from ekit_runtime.queue.lifecycle import CHILDREN_REASON, FINAL
 
 __all__ = [
     "DESCENDANTS",
+    "JOIN_LOCK",
     "child_run_id",
     "FORGOTTEN_LINKS",
     "NOT_A_KEPT_CHILD",
@@ -44,6 +45,10 @@ def wake_condition(parent: str) -> str:
 
 _NEW_FINAL = FINAL.replace("status", "NEW.status")
 _OLD_NOT_FINAL = "NOT " + FINAL.replace("status", "OLD.status")
+
+JOIN_LOCK = 0x656B6A6E  # "ekjn"
+"""The first key of the advisory lock (with ``hashtext`` of the parent's id) under which, on
+PostgreSQL, a parent's ``join`` reads its children and a child's end wakes it."""
 
 _NEW_ENDED_EARLY = "NEW.status IN ('failed', 'cancelled')"
 _LINKED_CHILD = "run_id IN (SELECT child FROM ekit_queue_children WHERE parent = NEW.run_id)"
@@ -95,10 +100,16 @@ DECLARE p text;
 BEGIN
     SELECT parent INTO p FROM ekit_queue_children WHERE child = NEW.run_id;
     IF p IS NULL THEN RETURN NULL; END IF;
-    -- Locked first: a join that holds it has read the children already, and this
-    -- waits for its commit, then finds the parent waiting; one that comes after
-    -- this commits reads the child ended.
-    PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE;
+    -- A join holds this lock (taken after its parent's row) from before it reads the
+    -- children to its commit: this waits for it, then finds the parent waiting; a join
+    -- that takes it after this commits reads the child ended.
+    PERFORM pg_advisory_xact_lock({JOIN_LOCK}, hashtext(p));
+    -- The parent's row is not waited for: whoever holds it is a join waiting for the
+    -- lock above (it reads the child ended once this commits), or moves the parent out
+    -- of waiting anyway (its end, a claim, a cancel, a rewind). Waiting for it would
+    -- deadlock with a parent's end that closes this child (parent's row, then this one).
+    PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN RETURN NULL; END IF;
     UPDATE ekit_queue_runs SET status = 'queued', epoch = epoch + 1, reason = NULL,
         updated_at = extract(epoch from now())::float8
     WHERE {wake_condition("p")};

@@ -53,7 +53,7 @@ from ekit_runtime.queue.lifecycle import (
     FINAL,
     REOPENED_AS,
 )
-from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, POSTGRES_LINKS
+from ekit_runtime.queue.links import JOIN_LOCK, NOT_A_KEPT_CHILD, POSTGRES_LINKS
 from ekit_runtime.queue.postgres_loop import LoopSession
 from ekit_runtime.queue.postgres_sql import (
     _BEFORE,
@@ -232,6 +232,7 @@ class PostgresQueue(RunQueue):
     # -- the dialect of the statements RunQueue writes once -------------------
 
     _for_update = " FOR UPDATE"
+    _join_lock = f"SELECT pg_advisory_xact_lock({JOIN_LOCK}, hashtext(:run_id))"
     _code_points = ' COLLATE "C"'
 
     def _placeholder(self, name: str) -> str:
