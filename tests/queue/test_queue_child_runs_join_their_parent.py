@@ -201,6 +201,9 @@ def test_a_worker_runs_each_child_as_a_run_and_the_parent_hands_on_its_output_an
     assert result.cost == TokenUsage(20, 10, 2)  # each child's usage, rolled up into its step's
     assert queue.family("m") == (None, [("m/again", "again"), ("m/write", "write")])
     assert queue.result("m/write") is not None and calls.count("polish") == 2
+    # A parent finishes only once no child of it is left unended (so its end closes none).
+    ended = {r.run_id: r.status for r in queue.runs()}
+    assert ended == dict.fromkeys(("m", "m/again", "m/write"), "finished")
     # A rewind of the parent's step hands the same child's output on again: nothing is paid again.
     calls.clear()
     queue.rewind("m", "write")

@@ -100,3 +100,24 @@ def test_a_cancel_of_a_parent_while_its_grandchild_finishes_deadlocks_no_one(
         assert errors == [], f"round {n}: {errors!r}"
         assert [one.status(r).status for r in (p, f"{p}/a")] == ["cancelled", "cancelled"]
         assert one.status(f"{p}/a/g").status in FINAL
+
+
+def test_a_join_and_its_childs_end_at_once_never_strand_the_parent(
+    queues: tuple[RunQueue, RunQueue],
+) -> None:
+    # The wake skips a parent's row another transaction holds: a join holding it must still either
+    # read the child ended or be woken by it (the parent never waits for a child that ended).
+    one, two = queues
+    for n in range(ROUNDS):
+        p = f"p{n}"
+        one.submit("wf", run_id=p)
+        parent = _lease(one, p, "wf")
+        one.spawn(parent, "kid", run_id=f"{p}/a", step="a")
+        child = _lease(one, f"{p}/a", "kid")
+        joined: list[str] = []
+        errors = _together(lambda p=p, lease=parent, out=joined: out.append(one.join(lease, [f"{p}/a"])),
+                           lambda c=child: two.finish(c, "finished"))
+        assert errors == [], f"round {n}: {errors!r}"
+        assert one.status(f"{p}/a").status == "finished"
+        assert one.status(p).status == "queued", f"round {n}: join wrote {joined}"
+        one.finish(_lease(one, p, "wf"), "finished")  # (out of the next round's claims)
