@@ -1237,6 +1237,10 @@ class RunQueue(ABC):
     counts of its newest entry into the run's row; PostgreSQL keeps them there)."""
 
     _for_update: str = ""
+
+    _join_lock: str = ""
+    """A statement a ``join`` runs after locking its run's row, before reading the children: the
+    lock a child's end takes before waking its parent (PostgreSQL; SQLite's write lock orders them)."""
     """The clause that locks a row read for the transaction (``""`` where a write lock is held)."""
 
     @abstractmethod
@@ -1813,6 +1817,8 @@ class RunQueue(ABC):
             row = tx.execute(lock, args).fetchone()
             if row is None:
                 self._lost(lease)
+            if self._join_lock:
+                tx.execute(self._q(self._join_lock), args)
             # A statement after the lock: it sees every child's end committed before it.
             (count,) = tx.execute(ended, args).fetchone()
             target = join_status(bool(row[0]), int(count) > 0)

@@ -53,6 +53,10 @@ only they may be pruned.
     running    queued     holder     join     fenced, no cancel asked, a child it waits for ended
     running    cancelled  holder     join     fenced, a cancel asked
     waiting    queued     anyone     wake     a child ended while it waited for children; epoch + 1
+    queued     cancelled  anyone     close    its parent ended failed or cancelled; epoch + 1
+    waiting    cancelled  anyone     close    its parent ended failed or cancelled; epoch + 1
+    running    cancelled  anyone     close    its parent ended so, the lease expired; epoch + 1
+    running    running    anyone     close    its parent ended so, the lease live: cancel_requested set
 
 WAITING: a run whose every runnable step is done and some step waits for a
 person's answer (``workflow.run`` raised ``RunWaiting`` after its final
@@ -108,7 +112,12 @@ children in the same transaction (a trigger: :mod:`~ekit_runtime.queue.links`).
 The claim that resumes the parent records each ended child's answer in its
 checkpoint, and the parent's step hands on the child's output. A ``cancel``
 applies its rows to the run's descendants first (deepest first), then to the
-run; a ``retry`` queues its failed or cancelled descendants again with it.
+run; a ``retry`` queues its failed or cancelled descendants again with it. A
+parent that ends ``failed`` or ``cancelled``, whichever verb writes it,
+``close``s its children not yet ended in the same transaction (the cancel's
+rows, made by the database: a trigger), and each child that ends so closes
+its own. A parent never ends ``finished`` with a child unended: its step
+waiting for the child keeps it from finishing.
 
 RATE WINDOWS: a claim is refused while ``max_in_flight`` live leases exist or
 ``runs_per_minute`` leases were granted in the trailing window; no step
@@ -266,6 +275,12 @@ TRANSITIONS: tuple[Transition, ...] = (
                cancel=False),
     Transition("running", "cancelled", "holder", "join", "fenced, a cancel asked", cancel=True),
     Transition("waiting", "queued", "anyone", "wake", "a child ended; epoch + 1"),
+    Transition("queued", "cancelled", "anyone", "close", "its parent ended early; epoch + 1"),
+    Transition("waiting", "cancelled", "anyone", "close", "its parent ended early; epoch + 1"),
+    Transition("running", "cancelled", "anyone", "close", "its parent ended early, lease expired; epoch + 1",
+               "expired"),
+    Transition("running", "running", "anyone", "close", "its parent ended early, lease live: flagged",
+               "live"),
 )
 """Every legal status change (the table in this module's docstring)."""
 
@@ -421,7 +436,7 @@ def next_status(
         if abandoned(status, lease_until, cancel_requested, now):
             return "cancelled"
         return "running" if claimable(status, lease_until, cancel_requested, now) else None
-    if verb == "cancel":
+    if verb in ("cancel", "close"):  # (a close: a cancel the parent's early end makes)
         effect = cancel_effect(status, live(status, lease_until, now))
         return None if effect == "ended" else "running" if effect == "flag" else "cancelled"
     if verb in _REOPENING_VERBS:

@@ -26,11 +26,13 @@ from ekit_runtime.queue.lifecycle import CHILDREN_REASON, FINAL
 
 __all__ = [
     "DESCENDANTS",
+    "JOIN_LOCK",
     "child_run_id",
     "FORGOTTEN_LINKS",
     "NOT_A_KEPT_CHILD",
     "POSTGRES_LINKS",
     "SQLITE_LINKS",
+    "sqlite_close_children",
     "wake_condition",
 ]
 
@@ -43,6 +45,15 @@ def wake_condition(parent: str) -> str:
 
 _NEW_FINAL = FINAL.replace("status", "NEW.status")
 _OLD_NOT_FINAL = "NOT " + FINAL.replace("status", "OLD.status")
+
+JOIN_LOCK = 0x656B6A6E  # "ekjn"
+"""The first key of the advisory lock (with ``hashtext`` of the parent's id) under which, on
+PostgreSQL, a parent's ``join`` reads its children and a child's end wakes it."""
+
+_NEW_ENDED_EARLY = "NEW.status IN ('failed', 'cancelled')"
+_LINKED_CHILD = "run_id IN (SELECT child FROM ekit_queue_children WHERE parent = NEW.run_id)"
+_STOPPED_AT_ONCE = "(status IN ('queued', 'waiting') OR (status = 'running' AND lease_until <= {now}))"
+_FLAGGED = "status = 'running' AND lease_until > {now}"
 
 _TABLE = (
     "CREATE TABLE IF NOT EXISTS ekit_queue_children (child {text} PRIMARY KEY, parent {text} NOT NULL, "
@@ -62,6 +73,25 @@ END;
 """
 """The link table, its index and the wake-up trigger, as SQLite runs them (each ``IF NOT EXISTS``)."""
 
+_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def sqlite_close_children(fold: str) -> str:
+    """The close trigger, as SQLite runs it: a run ending ``failed`` or ``cancelled`` cancels its
+    children not yet ended, by the table's ``close`` rows (``fold``: what SQLite's writes that take a
+    run out of ``running`` add to their ``SET``). A child it ends fires it in turn, down the tree
+    (the connection sets ``recursive_triggers``)."""
+    now = _SQLITE_NOW
+    return f"""
+CREATE TRIGGER IF NOT EXISTS ekit_queue_close_children AFTER UPDATE OF status ON ekit_queue_runs
+WHEN {_NEW_ENDED_EARLY} AND {_OLD_NOT_FINAL} BEGIN
+    UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL,
+        cancel_requested = TRUE, updated_at = {now}{fold}
+    WHERE {_LINKED_CHILD} AND {_STOPPED_AT_ONCE.format(now=now)};
+    UPDATE ekit_queue_runs SET cancel_requested = TRUE WHERE {_LINKED_CHILD} AND {_FLAGGED.format(now=now)};
+END;
+"""
+
 POSTGRES_LINKS = f"""
 {_TABLE.format(text="text")};
 {_INDEX};
@@ -70,10 +100,16 @@ DECLARE p text;
 BEGIN
     SELECT parent INTO p FROM ekit_queue_children WHERE child = NEW.run_id;
     IF p IS NULL THEN RETURN NULL; END IF;
-    -- Locked first: a join that holds it has read the children already, and this
-    -- waits for its commit, then finds the parent waiting; one that comes after
-    -- this commits reads the child ended.
-    PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE;
+    -- A join holds this lock (taken after its parent's row) from before it reads the
+    -- children to its commit: this waits for it, then finds the parent waiting; a join
+    -- that takes it after this commits reads the child ended.
+    PERFORM pg_advisory_xact_lock({JOIN_LOCK}, hashtext(p));
+    -- The parent's row is not waited for: whoever holds it is a join waiting for the
+    -- lock above (it reads the child ended once this commits), or moves the parent out
+    -- of waiting anyway (its end, a claim, a cancel, a rewind). Waiting for it would
+    -- deadlock with a parent's end that closes this child (parent's row, then this one).
+    PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN RETURN NULL; END IF;
     UPDATE ekit_queue_runs SET status = 'queued', epoch = epoch + 1, reason = NULL,
         updated_at = extract(epoch from now())::float8
     WHERE {wake_condition("p")};
@@ -81,8 +117,20 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER ekit_queue_wake_parent AFTER UPDATE OF status ON ekit_queue_runs
 FOR EACH ROW WHEN ({_NEW_FINAL} AND {_OLD_NOT_FINAL}) EXECUTE FUNCTION ekit_queue_wake_parent();
+CREATE OR REPLACE FUNCTION ekit_queue_close_children() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE ekit_queue_runs SET status = 'cancelled', epoch = epoch + 1, lease_until = NULL,
+        cancel_requested = TRUE, updated_at = extract(epoch from now())::float8
+    WHERE {_LINKED_CHILD} AND {_STOPPED_AT_ONCE.format(now="extract(epoch from now())::float8")};
+    UPDATE ekit_queue_runs SET cancel_requested = TRUE
+    WHERE {_LINKED_CHILD} AND {_FLAGGED.format(now="extract(epoch from now())::float8")};
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER ekit_queue_close_children AFTER UPDATE OF status ON ekit_queue_runs
+FOR EACH ROW WHEN ({_NEW_ENDED_EARLY} AND {_OLD_NOT_FINAL}) EXECUTE FUNCTION ekit_queue_close_children();
 """
-"""The same for PostgreSQL (run under the schema's advisory lock: two openers do not race)."""
+"""The same for PostgreSQL, the close trigger included (run under the schema's advisory lock: two
+openers do not race)."""
 
 DESCENDANTS = (
     "WITH RECURSIVE tree(run_id, depth) AS ("

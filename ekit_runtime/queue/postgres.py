@@ -53,7 +53,7 @@ from ekit_runtime.queue.lifecycle import (
     FINAL,
     REOPENED_AS,
 )
-from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, POSTGRES_LINKS
+from ekit_runtime.queue.links import JOIN_LOCK, NOT_A_KEPT_CHILD, POSTGRES_LINKS
 from ekit_runtime.queue.postgres_loop import LoopSession
 from ekit_runtime.queue.postgres_sql import (
     _BEFORE,
@@ -113,7 +113,8 @@ def _has_links(conn: psycopg.Connection[Any]) -> bool:
     """Whether the child runs' link table and the join's trigger exist (``queue.links``)."""
     row = conn.execute(
         "SELECT to_regclass('ekit_queue_children') IS NOT NULL AND EXISTS "
-        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_wake_parent')"
+        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_wake_parent') AND EXISTS "
+        "(SELECT 1 FROM pg_trigger WHERE tgname = 'ekit_queue_close_children')"
     ).fetchone()
     return bool(row and row[0])
 
@@ -231,6 +232,7 @@ class PostgresQueue(RunQueue):
     # -- the dialect of the statements RunQueue writes once -------------------
 
     _for_update = " FOR UPDATE"
+    _join_lock = f"SELECT pg_advisory_xact_lock({JOIN_LOCK}, hashtext(:run_id))"
     _code_points = ' COLLATE "C"'
 
     def _placeholder(self, name: str) -> str:

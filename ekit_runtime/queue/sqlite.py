@@ -65,7 +65,7 @@ from ekit_runtime.queue.lifecycle import (
     UNCHANGED,
     render,
 )
-from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, SQLITE_LINKS
+from ekit_runtime.queue.links import NOT_A_KEPT_CHILD, SQLITE_LINKS, sqlite_close_children
 from ekit_runtime.queue.records import (
     Lease,
     LeaseLostError,
@@ -578,6 +578,10 @@ class SqliteQueue(RunQueue):
             conn.executescript(_SCHEMA)
         conn.execute(_STREAM_TABLE)
         conn.executescript(SQLITE_LINKS)  # (child runs: their links and the durable join's trigger)
+        # A parent's early end cancels its children, whose ends cancel theirs: the close trigger
+        # fires itself down the tree, which SQLite allows only when asked.
+        conn.execute("PRAGMA recursive_triggers = ON")
+        conn.executescript(sqlite_close_children(f", {_FOLD}"))
         self._one_statement = _RETURNING and self._json_functions(conn)
         if self._one_statement:
             conn.executescript(_PROCEDURES)

@@ -6,7 +6,8 @@ row holds no lease); a worker SIGKILLed right after it submitted a child and
 before it saved leaves no duplicate child, and the parent finishes; a worker
 SIGKILLed right after a child's end was written leaves the parent queued
 (woken in that same transaction), not waiting for ever; a cancel of the
-parent stops its children on their workers. Each step start is appended and
+parent stops its children on their workers, and so does the parent's failure
+(another step failed while its child ran). Each step start is appended and
 fsynced to a side file, so the counts survive the kills.
 """
 
@@ -103,7 +104,19 @@ def report(ctx):
     return [ctx["left"], ctx["right"]]
 
 
+async def doomed(ctx):
+    while "draft:left" not in open(LOG, encoding="utf-8").read().split():  # (once the child runs)
+        await asyncio.sleep(0.02)
+    started("doomed")
+    raise RuntimeError("doomed")
+
+
 WORKFLOWS = {
+    "failing": Workflow([
+        Step("brief", brief),
+        Step("left", depends_on=("brief",), child=Child(WRITER, queued=True)),
+        Step("doomed", doomed, ("brief",)),
+    ]),
     "main": Workflow([
         Step("brief", brief),
         Step("left", depends_on=("brief",), child=Child(WRITER, queued=True)),
@@ -229,4 +242,20 @@ def test_a_cancel_of_the_parent_stops_its_children_on_their_workers(queue_url: s
         assert live_leases(queue_url) == 0
     starts = _starts(tmp_path)
     assert starts["drafted:left"] == 0 and starts["drafted:right"] == 0 and starts["report"] == 0
+    q.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_parent_that_fails_stops_its_child_on_its_worker(queue_url: str, tmp_path: Path) -> None:
+    q = open_queue(queue_url)
+    q.submit("failing", run_id="m")
+    with _workers(tmp_path, queue_url, 2):
+        wait_for(lambda: q.status("m").status == "failed", timeout=120, what="the parent to fail")
+        assert "doomed" in str(q.status("m").error)
+        # Flagged in the transaction of the parent's end; its worker stops it at its next heartbeat.
+        wait_for(lambda: q.status("m/left").status == "cancelled", timeout=60,
+                 what="the child's worker to stop it")
+        assert live_leases(queue_url) == 0
+    starts = _starts(tmp_path)
+    assert starts["draft:left"] == 1 and starts["drafted:left"] == 0 and starts["doomed"] == 1, starts
     q.close()

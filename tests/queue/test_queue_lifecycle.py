@@ -77,6 +77,7 @@ def test_the_transition_table_is_coherent() -> None:
         "cancel": {"submitter"},
         "spawn": {"holder"},
         "wake": {"anyone"},
+        "close": {"anyone"},
         **{v: {"holder"} for v in HOLDER_VERBS},
         **{v: {"submitter"} for v in REOPENING_VERBS},
     }
@@ -96,6 +97,10 @@ def test_the_transition_table_is_coherent() -> None:
     assert [(t.source, t.target) for t in rows if t.verb == "spawn"] == [(None, "queued")]
     # A child's end wakes only a parent that waits, and only back to queued (a claim takes it next).
     assert [(t.source, t.target) for t in rows if t.verb == "wake"] == [("waiting", "queued")]
+    # A parent's early end closes its children as a cancel would: the cancel's rows, made by anyone.
+    assert {(t.source, t.target, t.lease) for t in rows if t.verb == "close"} == {
+        (t.source, t.target, t.lease) for t in rows if t.verb == "cancel"
+    }
     assert {t.target for t in rows if t.verb == "finish"} == FINAL_STATUSES
     assert {t.source for t in rows} - {None} | {t.target for t in rows} == set(STATUSES)
 
@@ -120,11 +125,12 @@ def test_the_pure_rules_only_make_transitions_of_the_table(status: str, lease: s
             assert (status, "queued", verb) in table
 
 
-VERBS = ("claim", "cancel", "spawn", "wake", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
+VERBS = ("claim", "cancel", "close", "spawn", "wake", *sorted(HOLDER_VERBS), *sorted(REOPENING_VERBS))
 WHO = {
     "claim": "anyone",
     "spawn": "holder",
     "wake": "anyone",
+    "close": "anyone",
     "cancel": "submitter",
     **{v: "holder" for v in HOLDER_VERBS},
     **{v: "submitter" for v in REOPENING_VERBS},
