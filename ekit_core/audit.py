@@ -737,7 +737,7 @@ def _kept_questions(a: _Audited) -> Mapping[str, tuple[Exchange, ...]]:
     whose work changed since it asked, or below one (the core's rule: the new code asks its own)."""
     kept = without(a.cp, a.graph, a.outdated)
     return without_questions(kept, _rules.changed_work(a.graph, a.cp, a.versions,
-                                                       a.code.fingerprints)).asked
+                                                       a.code.fingerprints, a.code.kept)).asked
 
 
 def _with_questions(rows: tuple[StepAudit, ...], asked: Mapping[str, tuple[Exchange, ...]]
@@ -882,7 +882,7 @@ def _resume_accepts(a: _Audited) -> Iterator[Anomaly]:
         cp = replace(cp, context=MappingProxyType(kept))
     try:
         state = initial_state(graph, cp, budget=budget, allow_graph_change=True, versions=a.versions,
-                              code_fingerprints=a.code.fingerprints)
+                              code_fingerprints=a.code.fingerprints, code_kept=a.code.kept)
     except ValueError as exc:
         yield Anomaly("resume_refused", None, f"a resume from this checkpoint is refused: {exc}")
         return

@@ -14,7 +14,9 @@ policy     what the resume does
 again      runs it again, with everything downstream (what a ``version`` bump
            does): its outputs and its items' go, its next attempt has a new key
 keep       keeps its recorded outputs; the record keeps the old fingerprint, so
-           ``audit`` goes on saying it was kept although the code changed
+           ``audit`` goes on saying it was kept although the code changed; its
+           items not recorded run the new code under new attempt numbers
+           (``CodeDecision.kept``, which the core is handed as ``code_kept``)
 refuse     refuses the resume before anything runs: :class:`CodeChangedError`
            names every such step
 =========  ====================================================================

@@ -50,8 +50,8 @@ from ekit_core.graph import GraphSpec
 from ekit_core.shapes import Shape, item_name, items_of, iteration_name
 
 __all__ = [
-    "changed_steps", "downstream", "grown", "outdated_steps", "reached", "redone_after", "rewind",
-    "without_questions",
+    "changed_steps", "downstream", "grown", "kept_unrecorded", "outdated_steps", "reached",
+    "redone_after", "rewind", "without_questions",
 ]
 
 
@@ -355,6 +355,24 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
     found.update(n for n in names if n.startswith(mapped) and n not in graph.index)
     found.update(_next_iterations(graph, checkpoint, steps))
     return found
+
+
+def kept_unrecorded(graph: GraphSpec, checkpoint: WorkflowCheckpoint, kept: Iterable[str]
+                    ) -> set[str]:
+    """The items of ``kept`` (mapped steps whose code changed since an item of theirs was
+    recorded, and whose ``on_code_change`` keeps them: :mod:`ekit_core.code`) that
+    ``checkpoint`` does not record: they run the new code, which is other work than an
+    attempt of the old code may have begun on them, so they get new attempt numbers as
+    changed work does (issue 45). ``keep`` keeps recorded outputs only; nothing downstream
+    changes: what reads a kept step reads its recorded items, or new ones it never saw.
+    (A step is kept only with something recorded: an unmapped one is whole.)"""
+    kept = [k for k in kept if k in graph.index]
+    if not kept:
+        return set()
+    owned = tuple(f"{k}[" for k in kept)
+    settled = (checkpoint.outputs, checkpoint.skipped, checkpoint.superseded)
+    return {n for n in reached(graph, checkpoint, kept)
+            if n.startswith(owned) and not any(n in table for table in settled)}
 
 
 def _per_item(graph: GraphSpec, checkpoint: WorkflowCheckpoint, name: str) -> bool:

@@ -16,6 +16,10 @@ The rule:
   include the step a mapped step maps over and every input of a join,
   whether or not it is conditional. The items of a selected mapped step
   are selected with it; the items of any other mapped step are not.
+- A step of a loop's body (``L/s``, ``L`` a loop whose body is a workflow)
+  is refused by name, as an item is: it runs only as the iterations
+  ``L/s#k`` the loop grows, which a selection without the loop would never
+  start. Select the loop: its body runs with it.
 - Recorded outputs are still skipped; a step outside the selection never
   starts. Its graph, fingerprint and checkpoints are the whole workflow's,
   so a later run without ``only`` resumes and runs the rest.
@@ -61,7 +65,8 @@ __all__ = [
 def check_only(graph: GraphSpec, only: object) -> tuple[str, ...]:
     """``only`` as a tuple of declared step names (each once), or a ``ValueError`` naming
     the field ``only`` and the bad name: not a list or tuple, empty, a name that is no
-    string, an item of a mapped step (``M[key]``) rather than a step, an unknown name."""
+    string, an item of a mapped step (``M[key]``) rather than a step, a step of a loop's
+    body (``L/s``) rather than the loop, an unknown name."""
     if not isinstance(only, list | tuple):
         raise ValueError(
             f"only must be a list of step names, got {type(only).__name__} {only!r:.80}"
@@ -75,6 +80,12 @@ def check_only(graph: GraphSpec, only: object) -> tuple[str, ...]:
                 f"only[{i}] must be a step name (a str), got {type(name).__name__} {name!r:.80}"
             )
         if name in index:
+            loop = _body_owner(graph, name)
+            if loop is not None:
+                raise ValueError(
+                    f"only names {name!r}, a step of the body of the loop {loop!r}, which runs "
+                    f"only as the loop's iterations: select {loop!r} (its body runs with it)"
+                )
             continue
         owner = _item_owner(graph, name)
         if owner is not None:
@@ -86,6 +97,16 @@ def check_only(graph: GraphSpec, only: object) -> tuple[str, ...]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"only names unknown step {name!r}{hint}")
     return tuple(dict.fromkeys(only))
+
+
+def _body_owner(graph: GraphSpec, name: str) -> str | None:
+    """The loop whose body declares step ``name`` (``L/s``), or ``None``."""
+    if "/" not in name:  # (most names: no test per shape)
+        return None
+    for step, shape in graph.shapes.items():
+        if shape.repeat is not None and shape.child is not None and name.startswith(f"{step}/"):
+            return step
+    return None
 
 
 def _item_owner(graph: GraphSpec, name: str) -> str | None:

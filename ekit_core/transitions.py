@@ -168,6 +168,7 @@ from ekit_core.rewind import (
     downstream,
     grown,
     keep_forced_skips,
+    kept_unrecorded,
     outdated_steps,
     reached,
     redone_after,
@@ -433,17 +434,30 @@ def _check_code(graph: GraphSpec, code: Mapping[str, str] | None) -> MappingProx
     return MappingProxyType(dict(code))
 
 
+def _check_kept(graph: GraphSpec, kept: Iterable[str]) -> tuple[str, ...]:
+    """The steps whose changed code is kept, checked (a ValueError naming the step)."""
+    if not kept:
+        return ()
+    if isinstance(kept, str):
+        raise ValueError(f"code_kept must be step names, not one string {kept!r:.80}")
+    names = tuple(kept)
+    for name in names:
+        if name not in graph.index:
+            raise ValueError(f"code_kept names unknown step {name!r:.80}")
+    return names
+
+
 def _outdated(
     graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str], resumed: bool,
-    code: Mapping[str, str] = MappingProxyType({}),
+    code: Mapping[str, str] = MappingProxyType({}), kept: tuple[str, ...] = (),
 ) -> tuple[dict[str, str], frozenset[str]]:
     """The outdated steps, and what runs on changed work (:func:`changed_work`) if ``resumed``."""
     # The common resume (no tags, same graph) pays nothing for the rule.
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
-    if same_graph and not versions and not checkpoint.versions and not (
+    if same_graph and not versions and not checkpoint.versions and not kept and not (
             code and checkpoint.code_fingerprints and checkpoint.code_fingerprints != code):
         return {}, _NO_NAMES
-    touched = changed_work(graph, checkpoint, versions, code) if resumed else _NO_NAMES
+    touched = changed_work(graph, checkpoint, versions, code, kept) if resumed else _NO_NAMES
     return outdated_steps(graph, checkpoint, versions, code), touched
 
 
@@ -451,17 +465,22 @@ _NO_NAMES: frozenset[str] = frozenset()
 
 
 def changed_work(graph: GraphSpec, checkpoint: WorkflowCheckpoint, versions: Mapping[str, str],
-                 code: Mapping[str, str] | None = None) -> frozenset[str]:
+                 code: Mapping[str, str] | None = None, kept: Iterable[str] = ()
+                 ) -> frozenset[str]:
     """What a resume runs on work that changed since ``checkpoint`` (a changed tag,
     dependencies or shape, and what is downstream: :func:`~ekit_core.rewind.reached`),
     recorded or not: those attempts get new numbers, and their questions are dropped
-    (audit reads the same rule). ``code``: the steps' code fingerprints (:mod:`ekit_core.code`)."""
+    (audit reads the same rule). ``code``: the steps' code fingerprints, as decided
+    (:mod:`ekit_core.code`); ``kept``: the steps whose changed code a ``keep`` policy
+    kept, whose unrecorded items and iterations run the new code all the same
+    (:func:`~ekit_core.rewind.kept_unrecorded`)."""
+    anew = kept_unrecorded(graph, checkpoint, kept) if kept else _NO_NAMES
     same_graph = recorded_from(graph, checkpoint) or checkpoint.graph is None
     if same_graph and not versions and not checkpoint.versions and not (
             code and checkpoint.code_fingerprints and checkpoint.code_fingerprints != code):
-        return _NO_NAMES  # the common resume pays nothing for the rule
+        return frozenset(anew)  # the common resume pays nothing for the rule
     roots = changed_steps(graph, checkpoint, versions, code)
-    return frozenset(reached(graph, checkpoint, roots)) if roots else _NO_NAMES
+    return frozenset(reached(graph, checkpoint, roots)).union(anew) if roots else frozenset(anew)
 
 
 def _first_ready(
@@ -576,6 +595,7 @@ def initial_state(
     durations: bool = False,
     code_fingerprints: Mapping[str, str] | None = None,
     drive: DriveRecord | None = None,
+    code_kept: Iterable[str] = (),
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
@@ -588,11 +608,15 @@ def initial_state(
     tags: a recorded step whose tag (or, with ``allow_graph_change``, whose dependencies)
     changed runs again, with everything downstream of it (``StepOutdated`` events say why);
     so does one whose code fingerprint (``code_fingerprints``: :mod:`ekit_core.code`)
-    changed. ``record_events=False``: no ``events``, as with :func:`advance`. ``run_id``
-    (the run's id, if it has one) seeds the jitter of retry delays. ``only`` (step names)
-    makes the run start only those steps and what they need, and end once they are recorded
-    (see :mod:`ekit_core.selection`). ``durations`` records each ``Succeeded.duration`` (a
-    resumed checkpoint's are kept either way); ``drive`` is added to the recorded ``drives``.
+    changed; ``code_kept`` names the steps whose changed code is kept
+    (:attr:`~ekit_core.code.CodeDecision.kept`, their recorded fingerprint in
+    ``code_fingerprints``): their recorded outputs stand, and what of them is not
+    recorded runs under new attempt numbers. ``record_events=False``: no ``events``, as
+    with :func:`advance`. ``run_id`` (the run's id, if it has one) seeds the jitter of
+    retry delays. ``only`` (step names) makes the run start only those steps and what they
+    need, and end once they are recorded (see :mod:`ekit_core.selection`). ``durations``
+    records each ``Succeeded.duration`` (a resumed checkpoint's are kept either way);
+    ``drive`` is added to the recorded ``drives``.
     Every argument is checked first, before any step runs: ``ValueError`` naming it."""
     limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
     limits = _of_this_run(graph, limits, run_id, only, durations)
@@ -600,7 +624,8 @@ def initial_state(
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
     tags, code = _check_versions(graph, versions), _check_code(graph, code_fingerprints)
-    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None, code)
+    outdated, touched = _outdated(graph, checkpoint, tags, resume_from is not None, code,
+                                  _check_kept(graph, code_kept))
     # Its dependents come from each path below (a whole index: an entry per recorded step).
     base = RunSpec(graph, limits, MappingProxyType(
         _check_context(graph, checkpoint.context, "context") | new_context), tags, _NOT_YET,

@@ -338,14 +338,15 @@ class Workflow:
         here what the resume does with changed code: :class:`CodeChangedError`
         names the steps whose policy refuses it, before anything runs.
         """
-        code = None
+        code: Mapping[str, str] | None = None
+        kept: tuple[str, ...] = ()  # (the steps whose changed code is kept: CodeDecision.kept)
         if self._code_policies:
             recorded = (None if resume_from is None else
                         resume_checkpoint(self.graph, resume_from, allow_graph_change=allow_graph_change))
             decision = self.code_decision(recorded, _current_code)
             if decision.refused:
                 raise CodeChangedError(decision.refused)
-            code = decision.fingerprints
+            code, kept = decision.fingerprints, decision.kept
         return initial_state(
             self.graph,
             resume_from,
@@ -363,6 +364,7 @@ class Workflow:
             durations=durations,
             code_fingerprints=code,
             drive=drive,
+            code_kept=kept,
         )
 
     def runner(

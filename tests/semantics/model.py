@@ -84,7 +84,8 @@ Covered, each as the docs state it:
 Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits;
-``only=`` naming a step of a loop's body (the runtime fails it: pinned); a loop's body
+``only=`` naming a step of a loop's body (refused by name before anything runs: the
+driver checks the refusal and goes on without the selection); a loop's body
 skipped with its loop; a per-step ``on_code_change``, and a cached step that asks a
 person (its answers are inputs read) or that is inside a child; the
 early cutoff of a child per item (the runtime runs its items again, the docs do not
@@ -380,6 +381,7 @@ class Run:
         self.outdated: list[str] = []
         self.told_at_start: list[tuple[Any, ...]] = []
         self.code_moved: set[str] = set()  # steps not recorded whose code changed
+        self.code_kept: set[str] = set()  # recorded steps whose changed code ``keep`` kept
 
     # -- what the docs call "need" --------------------------------------------------------
 
@@ -459,6 +461,15 @@ class Run:
         # (an item known only by its ``redone`` count is not counted again: its last
         # number is unused, so new; the docs ask no more)
         touched.extend(self._next_iterations(changed))
+        # A kept step's items not recorded run the new code: other work, new numbers (issue
+        # 45: a changed fingerprint "never re-sends the attempt key of different work";
+        # ``keep`` keeps recorded outputs only). Nothing downstream of it changes.
+        settled = {*rec.outputs, *rec.skipped, *rec.superseded}
+        anew = [u for m, pairs in known.items.items() if m in self.code_kept for _, u in pairs]
+        anew += [u for u in (*rec.failures, *rec.asked) if self._owner(u) in self.code_kept]
+        anew = [u for u in dict.fromkeys(anew) if u not in settled and u not in touched
+                and u.startswith(f"{self._owner(u)}[")]
+        touched.extend(anew)
         spent: dict[str, int] = {}
         for loop, upto in rec.compacted.items():  # run again from the first: spent numbers
             if loop in rerun:
@@ -477,7 +488,7 @@ class Run:
         self._set_aside(roots - (set(rec.skipped) - reshaped), rerun)
         for unit in touched:
             rec.redone[unit] = rec.redone.get(unit, 0) + 1 + spent.get(unit, 0)
-            if self._owner(unit) in changed:
+            if self._owner(unit) in changed or unit in anew:
                 rec.asked.pop(unit, None)  # the old code's question is not the new one's
             if self._owner(unit) in rerun:
                 if unit in rec.outputs:
@@ -519,6 +530,7 @@ class Run:
             raise CodeChanged(tuple(changed))
         if policy == "keep":
             now.update({n: rec.codes[n] for n in changed})
+            self.code_kept = set(changed)
         rec.codes = now
         return set(changed) if policy in ("again", None) else set()
 

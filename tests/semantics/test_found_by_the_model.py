@@ -445,23 +445,31 @@ def test_replay_accepts_a_resume_that_runs_changed_code_again() -> None:
     assert report.ok, [v.to_dict() for v in report.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="only= naming a step of a loop's body ends in "
-                   "InternalError (drive.KNOWN_ONLY_OF_A_BODY_STEP steps around it)")
-def test_only_of_a_step_of_a_loops_body_runs_or_is_refused() -> None:
+def test_only_of_a_step_of_a_loops_body_is_refused_naming_the_loop() -> None:
     """``only`` runs "the named steps and every step they transitively need", and "a bad
     ``only`` is a ``ValueError`` naming the field and the name, raised before any step runs"
     (docs/concepts.md, "Running some of the steps"). Naming ``P/c0``, a step of the body of
     the loop ``P`` (concepts.md, "A loop whose body is a workflow"), the run raised
     ``InternalError`` ("nothing can start and nothing is running"): the body's iterations
-    grow only with the loop, which the selection leaves out (found by the model)."""
-    body = Workflow([Step("c0", lambda ctx: Done("x") if ctx["P"].number == 2 else "y")])
+    grow only with the loop, which the selection leaves out (found by the model). Such a
+    step runs only as the loop's iterations, as an item runs only with its mapped step: it
+    is refused by name, as an item is, before anything runs, and the loop selected runs
+    its body."""
+    calls: list[str] = []
+
+    def c0(ctx: dict[str, Any]) -> Any:
+        calls.append(f"c0#{ctx['P'].number}")
+        return Done("x") if ctx["P"].number == 2 else "y"
+
+    body = Workflow([Step("c0", c0)])
     workflow = Workflow([Step("P", child=body, repeat=Repeat(3))])
-    try:
-        result = workflow.run_sync(only=["P/c0"])
-    except ValueError as refused:
-        assert "P/c0" in str(refused)
-    else:
-        assert result.checkpoint.outputs["P/c0"] == "x"
+    saved: list[WorkflowCheckpoint] = []
+    with pytest.raises(ValueError, match=r"only names 'P/c0', a step of the body of the loop "
+                                         r"'P'.*select 'P'"):
+        workflow.run_sync(only=["P/c0"], checkpoint_fn=saved.append)
+    assert calls == [] and saved == []
+    result = workflow.run_sync(only=["P"])
+    assert calls == ["c0#1", "c0#2"] and result.checkpoint.outputs["P/c0"] == "x"
 
 
 def test_a_bumped_body_map_runs_its_recorded_items_again() -> None:
@@ -522,8 +530,6 @@ def test_a_bumped_body_runs_the_iteration_it_was_at_under_new_keys() -> None:
     assert keys == ["r/P/c2#1/2"]
 
 
-@pytest.mark.xfail(strict=True, reason="on_code_change='keep' gives a kept mapped step's item "
-                   "that ran under the old code no new attempt number (drive.KNOWN_KEPT_ITEM_KEY)")
 def test_a_kept_step_runs_an_interrupted_item_of_new_code_under_a_new_key() -> None:
     """"Attempt identity follows the work: a changed version or fingerprint ... never
     re-sends the attempt key of different work" (issue 45), and a step's attempt numbers
