@@ -599,27 +599,21 @@ def initial_state(
 ) -> State:
     """The first state of a run, fresh or resumed from a checkpoint.
 
-    A resumed run restores the checkpoint's outputs, usage, failures and context verbatim;
-    the steps counted as done are exactly those with a recorded output. ``context`` is
-    merged over the recorded context (its keys win). ``approval`` says that the run asks an
-    approval callback before each step's first attempt. ``isolate_failures`` keeps a failure
-    (after its retries) in its branch: only the steps that depend on it wait, the rest of
-    the run goes on, and the run ends ``"failed"``. ``versions`` holds the steps' version
-    tags: a recorded step whose tag (or, with ``allow_graph_change``, whose dependencies)
-    changed runs again, with everything downstream of it (``StepOutdated`` events say why);
-    so does one whose code fingerprint (``code_fingerprints``: :mod:`ekit_core.code`)
-    changed; ``code_kept`` names the steps whose changed code is kept
-    (:attr:`~ekit_core.code.CodeDecision.kept`, their recorded fingerprint in
-    ``code_fingerprints``): their recorded outputs stand, and what of them is not
-    recorded runs under new attempt numbers. ``record_events=False``: no ``events``, as
-    with :func:`advance`. ``run_id`` (the run's id, if it has one) seeds the jitter of
-    retry delays. ``only`` (step names) makes the run start only those steps and what they
-    need, and end once they are recorded (see :mod:`ekit_core.selection`). ``durations``
-    records each ``Succeeded.duration`` (a resumed checkpoint's are kept either way);
-    ``drive`` is added to the recorded ``drives``.
-    Every argument is checked first, before any step runs: ``ValueError`` naming it."""
-    limits = _check_limits(graph, max_concurrency, budget, policies, approval, isolate_failures)
-    limits = _of_this_run(graph, limits, run_id, only, durations)
+    A resumed run restores the checkpoint's outputs, usage, failures and context verbatim; the steps counted
+    as done are exactly those with a recorded output. ``context`` is merged over the recorded context (its
+    keys win). ``approval``: the run asks an approval callback before each step's first attempt.
+    ``isolate_failures`` keeps a failure (after its retries) in its branch: only its dependents wait, the
+    rest goes on, and the run ends ``"failed"``. ``versions`` holds the steps' version tags: a recorded step
+    whose tag (or, with ``allow_graph_change``, whose dependencies) or whose code fingerprint
+    (``code_fingerprints``: :mod:`ekit_core.code`) changed runs again, with everything downstream
+    (``StepOutdated`` says why); ``code_kept`` names the steps whose changed code is kept (their recorded
+    fingerprint in ``code_fingerprints``): their recorded outputs stand, what is not recorded runs under new
+    attempt numbers. ``record_events=False``: no events; ``run_id`` seeds retries' jitter. ``only`` (step
+    names) starts only those steps and what they need, and ends once they are recorded
+    (:mod:`ekit_core.selection`). ``durations`` records each attempt's duration; ``drive`` joins the recorded
+    ``drives``. Each argument is checked before any step runs (a ``ValueError`` names it)."""
+    limits = _of_this_run(graph, _check_limits(graph, max_concurrency, budget, policies, approval,
+                                               isolate_failures), run_id, only, durations)
     new_context = _check_context(graph, context if context is not None else {}, "initial_context")
     checkpoint = resume_checkpoint(graph, resume_from, allow_graph_change=allow_graph_change)
     check_claims(graph, checkpoint)
