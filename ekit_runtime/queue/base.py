@@ -1834,13 +1834,18 @@ class RunQueue(ABC):
 
     def child_statuses(self, run_ids: Sequence[str]) -> dict[str, RunStatus]:
         """``run id -> status`` of each of ``run_ids`` the queue has (one read)."""
+        rows = self._pairs_of("SELECT run_id, status FROM ekit_queue_runs WHERE run_id", run_ids)
+        return {str(r): cast(RunStatus, st) for r, st in rows}
+
+    def _pairs_of(self, select: str, run_ids: Sequence[str]) -> list[Any]:
+        """The rows of ``select`` (ending in the run id column it filters on) for ``run_ids``
+        (each checked), in one read; none for none."""
         ids = [check_run_id(r, "run_ids") for r in run_ids]
         if not ids:
-            return {}
+            return []
         marks = ", ".join(f":c{i}" for i in range(len(ids)))
-        sql = self._q(f"SELECT run_id, status FROM ekit_queue_runs WHERE run_id IN ({marks})")
-        rows = self._read(lambda tx: tx.execute(sql, {f"c{i}": c for i, c in enumerate(ids)}).fetchall())
-        return {str(r): cast(RunStatus, st) for r, st in rows}
+        sql, args = self._q(f"{select} IN ({marks})"), {f"c{i}": c for i, c in enumerate(ids)}
+        return list(self._read(lambda tx: tx.execute(sql, args).fetchall()))
 
     def child_state(self, run_id: str, output: str) -> ChildState | None:
         """The child run ``run_id`` as its parent's step reads it (``output``: its step whose output
@@ -1883,12 +1888,7 @@ class RunQueue(ABC):
 
     def parents(self, run_ids: Sequence[str]) -> dict[str, str]:
         """``child run id -> its parent's`` for each of ``run_ids`` that is a child run (one read)."""
-        ids = [check_run_id(r, "run_ids") for r in run_ids]
-        if not ids:
-            return {}
-        marks = ", ".join(f":c{i}" for i in range(len(ids)))
-        sql = self._q(f"SELECT child, parent FROM ekit_queue_children WHERE child IN ({marks})")
-        rows = self._read(lambda tx: tx.execute(sql, {f"c{i}": c for i, c in enumerate(ids)}).fetchall())
+        rows = self._pairs_of("SELECT child, parent FROM ekit_queue_children WHERE child", run_ids)
         return {str(c): str(p) for c, p in rows}
 
     def usage_wait(self) -> float:
