@@ -38,9 +38,16 @@ __all__ = [
 
 
 def wake_condition(parent: str) -> str:
-    """SQL of the runs a child's end wakes: ``parent`` (an expression naming it), if it waits for
-    its children (a parent waiting for a person is left for the person's answer)."""
-    return f"run_id = {parent} AND status = 'waiting' AND reason LIKE '{CHILDREN_REASON}%'"
+    """SQL of the runs a child's end (``NEW``) wakes: ``parent`` (an expression naming it), if it
+    waits for its children (a parent waiting for a person is left for the person's answer), once
+    the last of its children not yet ended ends, or at once when one fails or is cancelled (its
+    rules decide what else stops): a parent of a hundred items' children is woken once, not a
+    hundred times. Run after the join's lock on PostgreSQL, so that of two last children ending
+    at once the second to commit sees the first ended."""
+    unended = (f"SELECT 1 FROM ekit_queue_children l JOIN ekit_queue_runs c ON c.run_id = l.child "
+               f"WHERE l.parent = {parent} AND NOT {FINAL.replace('status', 'c.status')}")
+    return (f"run_id = {parent} AND status = 'waiting' AND reason LIKE '{CHILDREN_REASON}%' "
+            f"AND (NEW.status <> 'finished' OR NOT EXISTS ({unended}))")
 
 
 _NEW_FINAL = FINAL.replace("status", "NEW.status")
