@@ -109,11 +109,13 @@ BEGIN
     IF p IS NULL THEN RETURN NULL; END IF;
     -- A join holds this lock (taken after its parent's row) from before it reads the
     -- children to its commit: this waits for it, then finds the parent waiting; a join
-    -- that takes it after this commits reads the child ended.
+    -- that takes it after this commits reads the child ended. A person's reopening write
+    -- takes it before the row: this waits for its commit or rollback. Another child's end
+    -- holds it too: of two last children ending at once, the second sees the first ended.
     PERFORM pg_advisory_xact_lock({JOIN_LOCK}, hashtext(p));
     -- The parent's row is not waited for: whoever holds it is a join waiting for the
     -- lock above (it reads the child ended once this commits), or moves the parent out
-    -- of waiting anyway (its end, a claim, a cancel, a rewind). Waiting for it would
+    -- of waiting anyway (its end, a claim, a cancel). Waiting for it would
     -- deadlock with a parent's end that closes this child (parent's row, then this one).
     PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN NULL; END IF;
