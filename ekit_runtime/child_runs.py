@@ -20,6 +20,7 @@ from ekit_core.human import Question
 from ekit_core.usage import TokenUsage
 from ekit_runtime import human
 from ekit_runtime.attempt import attempt_key
+from ekit_runtime.loops import Iteration
 from ekit_runtime.step import PatternResult
 
 __all__ = [
@@ -101,13 +102,15 @@ async def run_queued_child(child: QueuedChild, context: Mapping[str, Any]) -> An
 
     In a queued run: a child that ended hands on its output (and its usage, rolled up
     into the step's) or fails the step (:class:`ChildRunFailed`); one not yet ended is
-    submitted if it was not (idempotent: its id is the parent's and the step's) and the
+    submitted if it was not (idempotent: its id is the parent's and the step's, an
+    item's ``step[key]`` or an iteration's ``step#k``, each a child of its own) and the
     step waits, as a step waiting for a person does, until the child's end queues the
     parent again. Each wait is a question of its own, numbered after those recorded.
     """
     spawner = SPAWNER.get()
+    context = _plain(context)
     if spawner is None:
-        result = await child.workflow.run(dict(context))
+        result = await child.workflow.run(context)
         if not result.ok:
             raise ChildRunFailed("(inline)", "failed", "; ".join(
                 f"{n!r}: {type(e).__name__}: {e}" for n, e in result.failed.items()))
@@ -125,3 +128,11 @@ async def run_queued_child(child: QueuedChild, context: Mapping[str, Any]) -> An
     number = 1 if asking is None else len(asking.answers) + 1
     question = Question("value", f"waiting for child run {run_id!r}", {CHILD_RUN: run_id})
     raise human.InputRequired(question, number)
+
+
+def _plain(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's input: the step's context, a loop's :class:`~ekit_runtime.Iteration` as
+    ``{"number": k, "previous": output}`` (what a run's JSON context keeps of it, by name; the
+    same inline, so the child reads it alike in both places)."""
+    return {k: {"number": v.number, "previous": v.previous} if isinstance(v, Iteration) else v
+            for k, v in context.items()}

@@ -76,12 +76,10 @@ def _queued(step: Step, declared: Child) -> Step:
     """The step whose child is a queued run of its own: one plain step of the parent's graph,
     whose work submits the child and waits for it (:func:`~ekit_runtime.child_runs.run_queued_child`).
     Async on the driver's loop, whatever the run's executor: it only reads and writes the queue."""
-    if step.map_over is not None or step.repeat is not None:
-        what = "map_over" if step.map_over is not None else "repeat"
-        raise ValueError(f"step {step.name!r}: a queued child cannot take {what} (yet)")
     output = output_of(step.name, declared.workflow.graph, declared.output)
     return Step(step.name, functools.partial(run_queued_child, QueuedChild(declared.workflow, output)),
-                step.depends_on, metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR)
+                step.depends_on, metadata=step.metadata, inline=True, executor=DEFAULT_EXECUTOR,
+                map_over=step.map_over, item_key=step.item_key, repeat=step.repeat)
 
 
 def _moved(step: Step, name: str, deps: tuple[str, ...], prefix: str, policy: str | None,

@@ -1795,9 +1795,10 @@ class RunQueue(ABC):
         nothing written, unless the lease is live), then the children are
         read. The status written is the table's ``join`` row
         (:func:`~ekit_runtime.queue.lifecycle.join_status`): ``cancelled`` if a
-        cancel was asked, ``queued`` if a child ended already (any worker resumes
-        it), else ``waiting`` with no lease, no owner and a reason naming the
-        children; a child's end queues it then. Returns the status written.
+        cancel was asked, ``queued`` if they all ended already, or one of them
+        failed or was cancelled (any worker resumes it), else ``waiting`` with no
+        lease, no owner and a reason naming the children; the last child's end
+        (or a child's failure) queues it then. Returns the status written.
         """
         ids = [check_run_id(c, "children") for c in children]
         if not ids:
@@ -1805,7 +1806,8 @@ class RunQueue(ABC):
         reason = self._park_reason(children_reason(ids))
         marks = ", ".join(f":c{i}" for i in range(len(ids)))
         lock = self._q(f"SELECT cancel_requested FROM ekit_queue_runs WHERE {HELD}{self._for_update}")
-        ended = self._q(f"SELECT count(*) FROM ekit_queue_runs WHERE run_id IN ({marks}) AND {FINAL}")
+        ended = self._q(f"SELECT count(*), coalesce(sum(CASE WHEN status = 'finished' THEN 0 ELSE 1 END), 0) "
+                        f"FROM ekit_queue_runs WHERE run_id IN ({marks}) AND {FINAL}")
         write = self._q(
             "UPDATE ekit_queue_runs SET status = :status, lease_until = NULL, owner = NULL, "
             f"reason = :reason, updated_at = :now{self._fold} WHERE {HELD}"
@@ -1820,8 +1822,9 @@ class RunQueue(ABC):
             if self._join_lock:
                 tx.execute(self._q(self._join_lock), args)
             # A statement after the lock: it sees every child's end committed before it.
-            (count,) = tx.execute(ended, args).fetchone()
-            target = join_status(bool(row[0]), int(count) > 0)
+            count, unfinished = tx.execute(ended, args).fetchone()
+            # (the wake's rule: all of them ended, or one failed or was cancelled)
+            target = join_status(bool(row[0]), int(count) == len(set(ids)) or int(unfinished) > 0)
             args.update(status=target, reason=reason if target == "waiting" else None)
             if self._fenced_row(tx, write, args) is None:
                 self._lost(lease)

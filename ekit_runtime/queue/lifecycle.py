@@ -49,10 +49,10 @@ only they may be pruned.
     waiting    queued     submitter  deny     an approval pending at the step; recorded; epoch + 1
     (none)     queued     submitter  fork     a new run id: the source's run, checkpoint rewound
     (none)     queued     holder     spawn    the parent's lease is live; a new child id (else nothing)
-    running    waiting    holder     join     fenced, no cancel asked, no child it waits for ended
-    running    queued     holder     join     fenced, no cancel asked, a child it waits for ended
+    running    waiting    holder     join     fenced, no cancel asked, a child it waits for is going
+    running    queued     holder     join     fenced, no cancel asked, they all ended, or one not finished
     running    cancelled  holder     join     fenced, a cancel asked
-    waiting    queued     anyone     wake     a child ended while it waited for children; epoch + 1
+    waiting    queued     anyone     wake     its last child going ended, or one failed/cancelled; epoch + 1
     queued     cancelled  anyone     close    its parent ended failed or cancelled; epoch + 1
     waiting    cancelled  anyone     close    its parent ended failed or cancelled; epoch + 1
     running    cancelled  anyone     close    its parent ended so, the lease expired; epoch + 1
@@ -104,11 +104,14 @@ the parent's holder submits the child (``spawn``, fenced by the parent's lease,
 under an id derived from the parent's, idempotent) and links it to the parent
 in the same transaction. When the parent has nothing left to run but its
 children, its holder ``join``s: in one transaction it locks the parent's row,
-then reads the children it waits for; if one of them ended already, the parent
-goes back to ``queued`` (any worker resumes it), else it parks ``waiting``
-(no lease, no worker; ``reason`` starts with :data:`CHILDREN_REASON`). A
-child's end, whichever verb writes it, ``wake``s a parent waiting for its
-children in the same transaction (a trigger: :mod:`~ekit_runtime.queue.links`).
+then reads the children it waits for; if they all ended already (or one of
+them failed or was cancelled), the parent goes back to ``queued`` (any worker
+resumes it), else it parks ``waiting`` (no lease, no worker; ``reason`` starts
+with :data:`CHILDREN_REASON`). The end of its last child still going (or a
+child's failure or cancel), whichever verb writes it, ``wake``s a parent
+waiting for its children in the same transaction (a trigger:
+:mod:`~ekit_runtime.queue.links`): a parent of many items' children is woken
+once.
 The claim that resumes the parent records each ended child's answer in its
 checkpoint, and the parent's step hands on the child's output. A ``cancel``
 applies its rows to the run's descendants first (deepest first), then to the
@@ -269,12 +272,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("waiting", "queued", "submitter", "approve", "an approval pending; epoch + 1"),
     Transition("waiting", "queued", "submitter", "deny", "an approval pending; epoch + 1"),
     Transition(None, "queued", "holder", "spawn", "the parent's lease is live; a new child id"),
-    Transition("running", "waiting", "holder", "join", "fenced, no cancel asked, no child ended",
+    Transition("running", "waiting", "holder", "join", "fenced, no cancel asked, a child still going",
                cancel=False),
-    Transition("running", "queued", "holder", "join", "fenced, no cancel asked, a child ended",
-               cancel=False),
+    Transition("running", "queued", "holder", "join",
+               "fenced, no cancel asked, all ended or one not finished", cancel=False),
     Transition("running", "cancelled", "holder", "join", "fenced, a cancel asked", cancel=True),
-    Transition("waiting", "queued", "anyone", "wake", "a child ended; epoch + 1"),
+    Transition("waiting", "queued", "anyone", "wake",
+               "its last child going ended, or one not finished; epoch + 1"),
     Transition("queued", "cancelled", "anyone", "close", "its parent ended early; epoch + 1"),
     Transition("waiting", "cancelled", "anyone", "close", "its parent ended early; epoch + 1"),
     Transition("running", "cancelled", "anyone", "close", "its parent ended early, lease expired; epoch + 1",
@@ -531,7 +535,8 @@ def children_reason(children: list[str] | tuple[str, ...]) -> str:
 
 def join_status(cancel_requested: bool, child_ended: bool) -> RunStatus:
     """The status a holder's ``join`` leaves its run in, by the table's ``join`` rows: ``cancelled``
-    if a cancel was asked, else ``queued`` if a child it waits for ended already, else ``waiting``."""
+    if a cancel was asked, else ``queued`` if the children it waits for ended already (all of them,
+    or one that did not finish: ``child_ended``), else ``waiting``."""
     for row in TRANSITIONS:
         if row.verb != "join" or row.source != "running" or row.cancel not in (cancel_requested, None):
             continue

@@ -38,9 +38,16 @@ __all__ = [
 
 
 def wake_condition(parent: str) -> str:
-    """SQL of the runs a child's end wakes: ``parent`` (an expression naming it), if it waits for
-    its children (a parent waiting for a person is left for the person's answer)."""
-    return f"run_id = {parent} AND status = 'waiting' AND reason LIKE '{CHILDREN_REASON}%'"
+    """SQL of the runs a child's end (``NEW``) wakes: ``parent`` (an expression naming it), if it
+    waits for its children (a parent waiting for a person is left for the person's answer), once
+    the last of its children not yet ended ends, or at once when one fails or is cancelled (its
+    rules decide what else stops): a parent of a hundred items' children is woken once, not a
+    hundred times. Run after the join's lock on PostgreSQL, so that of two last children ending
+    at once the second to commit sees the first ended."""
+    unended = (f"SELECT 1 FROM ekit_queue_children l JOIN ekit_queue_runs c ON c.run_id = l.child "
+               f"WHERE l.parent = {parent} AND NOT {FINAL.replace('status', 'c.status')}")
+    return (f"run_id = {parent} AND status = 'waiting' AND reason LIKE '{CHILDREN_REASON}%' "
+            f"AND (NEW.status <> 'finished' OR NOT EXISTS ({unended}))")
 
 
 _NEW_FINAL = FINAL.replace("status", "NEW.status")
@@ -102,11 +109,13 @@ BEGIN
     IF p IS NULL THEN RETURN NULL; END IF;
     -- A join holds this lock (taken after its parent's row) from before it reads the
     -- children to its commit: this waits for it, then finds the parent waiting; a join
-    -- that takes it after this commits reads the child ended.
+    -- that takes it after this commits reads the child ended. A person's reopening write
+    -- takes it before the row: this waits for its commit or rollback. Another child's end
+    -- holds it too: of two last children ending at once, the second sees the first ended.
     PERFORM pg_advisory_xact_lock({JOIN_LOCK}, hashtext(p));
     -- The parent's row is not waited for: whoever holds it is a join waiting for the
     -- lock above (it reads the child ended once this commits), or moves the parent out
-    -- of waiting anyway (its end, a claim, a cancel, a rewind). Waiting for it would
+    -- of waiting anyway (its end, a claim, a cancel). Waiting for it would
     -- deadlock with a parent's end that closes this child (parent's row, then this one).
     PERFORM 1 FROM ekit_queue_runs WHERE run_id = p FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN NULL; END IF;

@@ -233,6 +233,7 @@ class PostgresQueue(RunQueue):
 
     _for_update = " FOR UPDATE"
     _join_lock = f"SELECT pg_advisory_xact_lock({JOIN_LOCK}, hashtext(:run_id))"
+    _reopen_lock = f"SELECT pg_advisory_xact_lock({JOIN_LOCK}, hashtext(%s))"
     _code_points = ' COLLATE "C"'
 
     def _placeholder(self, name: str) -> str:
@@ -321,12 +322,18 @@ class PostgresQueue(RunQueue):
                 "output_tokens = %s, llm_calls = %s, failures = %s, steps_done = %s, steps_total = %s"
             )
             args = [enc.header, written.fingerprint, *enc.counts, enc.failures, *progress(written)]
+        # Under the join's lock, taken before the row: a child's end that skips the row of a parent
+        # it would wake (it cannot wait for it, see links.py) waits for this lock instead, so it
+        # finds the parent still waiting if this write rolls back. The row is then taken SKIP
+        # LOCKED, never waited for while holding the lock: a writer in flight refuses this one.
+        tx.execute(self._reopen_lock, (run_id,))
         info = tx.execute(
             f"UPDATE ekit_queue_runs SET status = '{REOPENED_AS}', epoch = epoch + 1, "
             f"lease_until = NULL, cancel_requested = false, error = NULL, reason = NULL, "
             f"updated_at = {_NOW}{sets} "
-            f"WHERE {_UNCHANGED} RETURNING {_INFO}",
-            (*args, run_id, epoch),
+            f"WHERE {_UNCHANGED} AND run_id IN (SELECT run_id FROM ekit_queue_runs WHERE run_id = %s "
+            f"FOR UPDATE SKIP LOCKED) RETURNING {_INFO}",
+            (*args, run_id, epoch, run_id),
         ).fetchone()
         if info is None:
             return None

@@ -4,7 +4,7 @@ What users rely on: a parent waiting for its children holds no worker (two
 workers of one run each drive its two children at once, while the parent's
 row holds no lease); a worker SIGKILLed right after it submitted a child and
 before it saved leaves no duplicate child, and the parent finishes; a worker
-SIGKILLed right after a child's end was written leaves the parent queued
+SIGKILLed right after its last child's end was written leaves the parent queued
 (woken in that same transaction), not waiting for ever; a cancel of the
 parent stops its children on their workers, and so does the parent's failure
 (another step failed while its child ran). Each step start is appended and
@@ -67,13 +67,15 @@ if MODE == "after_spawn":  # committed the child's submit; the parent's checkpoi
 
     RunQueue.spawn = spawn
 
-if MODE == "after_child_end":  # a child's end committed; nothing else written
+if MODE == "after_child_end":  # the last child's end committed; nothing else written
     _finish = GroupCommit.finish
 
     async def finish(self, lease, status, error=None):
         await _finish(self, lease, status, error)
         if "/" in lease.run_id:
-            killed_once()
+            started("ended")
+            if open(LOG, encoding="utf-8").read().split().count("ended") == 2:
+                killed_once()
 
     GroupCommit.finish = finish
 
@@ -219,7 +221,7 @@ def test_a_worker_killed_right_after_a_childs_end_leaves_the_parent_queued(
     with _workers(tmp_path, queue_url, 1, "after_child_end") as (victim,):
         assert victim.wait(timeout=120) == -signal.SIGKILL
     ended = [r for r in q.runs() if "/" in r.run_id and r.status == "finished"]
-    assert len(ended) == 1  # one child's end was written, and then the worker died
+    assert len(ended) == 2  # the last child's end was written, and then the worker died
     assert q.status("m").status == "queued"  # woken in that transaction: not waiting for ever
     wait_for(lambda: live_leases(queue_url) == 0, timeout=30, what="the killed worker's leases to expire")
     with _workers(tmp_path, queue_url, 1, "", "--until-idle") as (taker,):

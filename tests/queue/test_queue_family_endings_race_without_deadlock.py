@@ -121,3 +121,21 @@ def test_a_join_and_its_childs_end_at_once_never_strand_the_parent(
         assert one.status(f"{p}/a").status == "finished"
         assert one.status(p).status == "queued", f"round {n}: join wrote {joined}"
         one.finish(_lease(one, p, "wf"), "finished")  # (out of the next round's claims)
+
+
+def test_the_last_two_children_ending_at_once_wake_their_parent(queues: tuple[RunQueue, RunQueue]) -> None:
+    # The wake waits for the last child going to end: of two ending at once, each sees the other
+    # going in its own snapshot unless the second waits for the first's commit (the join's lock).
+    one, two = queues
+    for n in range(ROUNDS):
+        p = f"p{n}"
+        one.submit("wf", run_id=p)
+        parent = _lease(one, p, "wf")
+        for s in "ab":
+            one.spawn(parent, "kid", run_id=f"{p}/{s}", step=s)
+        assert one.join(parent, [f"{p}/a", f"{p}/b"]) == "waiting"
+        a, b = _lease(one, f"{p}/a", "kid"), _lease(one, f"{p}/b", "kid")
+        errors = _together(lambda a=a: one.finish(a, "finished"), lambda b=b: two.finish(b, "finished"))
+        assert errors == [], f"round {n}: {errors!r}"
+        assert one.status(p).status == "queued", f"round {n}: the parent was left waiting"
+        one.finish(_lease(one, p, "wf"), "finished")  # (out of the next round's claims)
