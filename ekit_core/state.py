@@ -127,6 +127,7 @@ class RunSpec:
     # given, and in a resumed run the dependents among the steps left to run
     # (a recorded step never finishes again, and a recorded dependent is
     # skipped anyway), so that a resume pays nothing here per recorded step.
+    # A one-step loop's iterations grown one at a time have no entry (see _grow_next).
     # Derived: left out of comparisons.
     dependents: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _FROM_GRAPH, repr=False, compare=False

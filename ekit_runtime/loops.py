@@ -140,15 +140,12 @@ tuple, the loops it may read worked out by :func:`history` when asked (:func:`_r
 set once per attempt of a run with loops, a frozen dataclass and its loops worked out up
 front cost an iteration about 4k instructions."""
 
-_READING: ContextVar[_Reading] = ContextVar("ekit_loop_history")
-
-
-def enter(unit: str, needs: tuple[str, ...], loop: str | None, state: State) -> Token[_Reading]:
-    """Set what ``unit``, about to start, may read with :func:`history` (perhaps no loop: it
-    is then told so by name). The runner calls it only in a run that has loops, and
-    resets it once the attempt's task is made (the task keeps its own copy). ``needs``:
-    its step's dependencies; ``loop``: the loop it is an iteration of, if it is one."""
-    return _READING.set((unit, needs, loop, state))
+READING: ContextVar[_Reading] = ContextVar("ekit_loop_history")
+"""What the attempt about to start may read with :func:`history` (perhaps no loop: it is then
+told so by name): the runner sets it in a run that has loops, as an attempt starts, and resets
+it once the attempt's task is made (the task keeps its own copy). Set and reset by the runner
+itself, not through functions of this module: two Python calls an iteration (about 1k
+instructions, measured on the loop benchmark)."""
 
 
 def _readable(needs: tuple[str, ...], loop: str | None, state: State) -> tuple[str, ...]:
@@ -156,11 +153,6 @@ def _readable(needs: tuple[str, ...], loop: str | None, state: State) -> tuple[s
     shapes = state.spec.declared_graph.shapes
     readable = tuple(d for d in needs if (shape := shapes.get(d)) is not None and shape.repeat is not None)
     return readable if loop is None else (*readable, loop)
-
-
-def leave(token: Token[_Reading]) -> None:
-    """Undo :func:`enter` in the runner's own context."""
-    _READING.reset(token)
 
 
 def history(loop: str) -> History:
@@ -172,7 +164,7 @@ def history(loop: str) -> History:
     step of a run, gets a ``LookupError`` naming them. Read in the step's own process
     (the default executor, its threads, inline), as :func:`~ekit_runtime.ask` is.
     """
-    reading = _READING.get(None)
+    reading = READING.get(None)
     if reading is None:
         raise LookupError(f"history({loop!r}) is only set inside a step that needs the loop "
                           f"{loop!r}, or inside an iteration of it, in the run's own process")

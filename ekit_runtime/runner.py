@@ -571,7 +571,10 @@ class Runner:
             carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
             loop = in_body.get(ref.step) if in_body else None
             if loop is None:
-                context[step.name] = carried
+                if type(context) is StepContext:  # (its __setitem__'s one store, without the call)
+                    context._own = {step.name: carried}
+                else:
+                    context[step.name] = carried
                 return step, ref.key, context
             self._in_iteration(context, step, ref)
             return step, ref.key, context
@@ -639,7 +642,7 @@ class Runner:
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if reading is not None:
-            loops.leave(reading)
+            loops.READING.reset(reading)  # (not through a function: a call an attempt)
         if sink is not None:
             streaming.SINK.reset(sink)
         if reports is not None:
@@ -658,7 +661,8 @@ class Runner:
         if item is not None and shaped.items[name].iteration:
             in_body = shaped.nesting.in_body
             loop = in_body.get(step.name, step.name) if in_body else step.name
-        return loops.enter(name, step.depends_on, loop, state)
+        # (Set here, not through a function of loops: a call an attempt; see loops.READING.)
+        return loops.READING.set((name, step.depends_on, loop, state))
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
