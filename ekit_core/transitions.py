@@ -75,7 +75,7 @@ from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, cast
 
-from ekit_core import window
+from ekit_core import appending, window
 from ekit_core._frozen import twin
 from ekit_core.appending import grown_table, with_one
 from ekit_core.checkpoint import (
@@ -2123,9 +2123,9 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
     iteration after the first, ready at once (its inputs are recorded: ``before`` and the
     loop's own), with one entry for each table but the dependents (nothing depends on an
     iteration but the next, grown once it is recorded: ``_succeeded`` reads none as none,
-    and the copy of that table cost an iteration 2.6k instructions). ``False`` (nothing done) for any other
-    case, which ``_grow_iterations`` handles: an input not recorded, or the name recorded,
-    skipped or asked about already."""
+    and the copy of that table cost an iteration 2.6k instructions). ``False`` (nothing
+    done) for any other case, which ``_grow_iterations`` handles: an input not recorded, or
+    the name recorded, skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
     declared: GraphSpec = spec.declared  # type: ignore[assignment]  # (a shaped run's: set)
     inputs = declared.deps[loop]
@@ -2143,11 +2143,16 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
         w.ready = ready | 1 << (i - offset)
     else:
         w.ready_later(i)
-    w.spec = grown_spec(
-        spec, graph, spec.dependents,
-        grown_expansion(shaped, with_one(shaped.items, name, item_ref(loop, str(k), before, None, k)),
-                        None, None, MappingProxyType({**shaped.loops, loop: k})),
-        spec.held)
+    items: Mapping[str, ItemRef] = shaped.items
+    ref = item_ref(loop, str(k), before, None, k)
+    if type(items) is MappingProxyType and len(items) <= appending.SMALL:  # (with_one's, inline)
+        more = items.copy()
+        more[name] = ref
+        items = MappingProxyType(more)
+    else:
+        items = with_one(items, name, ref)
+    w.spec = grown_spec(spec, graph, spec.dependents, grown_expansion(
+        shaped, items, None, None, MappingProxyType({**shaped.loops, loop: k})), spec.held)
     return True
 
 

@@ -547,8 +547,9 @@ class Runner:
                 context[dep] = outputs[dep]
         return context
 
-    def _item(self, name: str) -> tuple[Step, str, Context]:
-        """The step ``name`` is an item of, the item's key, and its context.
+    def _item(self, name: str) -> tuple[Step, ItemRef, Context]:
+        """The step ``name`` is an item of, what the item is (its key, its iteration), and
+        its context.
 
         The item sees its input as the output of the dependency its step
         maps over (the upstream item's own output, in an item-wise chain).
@@ -575,9 +576,9 @@ class Runner:
                     context._own = {step.name: carried}
                 else:
                     context[step.name] = carried
-                return step, ref.key, context
+                return step, ref, context
             self._in_iteration(context, step, ref)
-            return step, ref.key, context
+            return step, ref, context
         over = None if step.shaping is None else step.shaping[0]  # (a property: a call per item)
         if over is None:  # a step of a child per item, P/s[key]: the item, and its child's items
             context[ref.source] = item_input(ref, outputs)
@@ -585,9 +586,9 @@ class Runner:
             for d in step.depends_on:
                 if d.startswith(child) and (dep := item_name(d, ref.key)) in outputs:
                     context[d] = outputs[dep]
-            return step, ref.key, context
+            return step, ref, context
         context[over] = item_input(ref, outputs)
-        return step, ref.key, context
+        return step, ref, context
 
     def _launch(self, start: Start) -> None:
         name = start.name
@@ -599,7 +600,7 @@ class Runner:
             reports = streaming.PartialSink(name, self._traces, self._loop, self._partials)
             sink = streaming.SINK.set(reports)
         i = self._index.get(name)
-        item = None
+        item = ref = None
         if i is not None or name in self._added:
             step = self._declared[i] if i is not None else self._added[name]
             context: Context = (
@@ -608,8 +609,9 @@ class Runner:
                 else self._context_for(step)
             )
         else:
-            step, item, context = self._item(name)
-        reading = self._reading(name, step, item) if self.state.spec.shaped is not None else None
+            step, ref, context = self._item(name)
+            item = ref.key
+        reading = self._reading(name, step, ref) if self.state.spec.shaped is not None else None
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
@@ -650,7 +652,7 @@ class Runner:
             # outcome: nothing it reports later can follow its events.
             task.add_done_callback(reports.close)
 
-    def _reading(self, name: str, step: Step, item: str | None) -> Token[Any] | None:
+    def _reading(self, name: str, step: Step, ref: ItemRef | None) -> Token[Any] | None:
         """In a run with loops, what the attempt of ``name`` may read with ``history()``
         (set for its task to copy; ``_launch`` resets it once the task is made)."""
         state = self.state
@@ -658,7 +660,7 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         loop = None
-        if item is not None and shaped.items[name].iteration:
+        if ref is not None and ref.iteration:
             in_body = shaped.nesting.in_body
             loop = in_body.get(step.name, step.name) if in_body else step.name
         # (Set here, not through a function of loops: a call an attempt; see loops.READING.)
