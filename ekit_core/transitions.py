@@ -2090,10 +2090,12 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     """Iteration ``name`` of a loop is recorded: the loop records its output if it ended
     (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
     loop, k = ref.step, ref.iteration
-    # (Annotated locals, not typing.cast, and the nesting's tables read as fields, not
-    # through properties: this runs once per iteration.)
-    shaped: Expansion = w.spec.shaped  # type: ignore[assignment]
-    shapes = w.spec.declared_graph.shapes
+    # (Annotated locals, not typing.cast, and the nesting's tables and the declared graph
+    # read as fields, not through properties: this runs once per iteration.)
+    spec = w.spec
+    shaped: Expansion = spec.shaped  # type: ignore[assignment]
+    declared = spec.declared if spec.declared is not None else spec.graph
+    shapes = declared.shapes
     bodies = shaped.nesting.bodies
     if bodies:
         owner = shaped.nesting.in_body.get(loop)
@@ -2111,13 +2113,13 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     elif k >= shape.repeat:  # type: ignore[operator]
         _loop_failed(w, loop, k, k)
     else:
-        if (bodies and loop in bodies) or not _grow_next(w, loop, name, k + 1):
+        if (bodies and loop in bodies) or not _grow_next(w, declared, loop, name, k + 1):
             _grow_iterations(w, loop, k + 1, k + 1)
         if w.record:  # the run's total grows by one iteration: what a progress display counts
             w.events.append(StepExpanded(loop, len(bodies.get(loop, (loop,)))))
 
 
-def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
+def _grow_next(w: _Run, declared: GraphSpec, loop: str, before: str, k: int) -> bool:
     """Grow iteration ``k`` of the one-step ``loop``, whose iteration ``before`` (``k-1``) was
     just recorded, as ``_grow_iterations`` does, in O(1): the usual growth of every
     iteration after the first, ready at once (its inputs are recorded: ``before`` and the
@@ -2127,7 +2129,6 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
     done) for any other case, which ``_grow_iterations`` handles: an input not recorded, or
     the name recorded, skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
-    declared: GraphSpec = spec.declared  # type: ignore[assignment]  # (a shaped run's: set)
     inputs = declared.deps[loop]
     name = f"{loop}#{k}"
     if name in outputs or (inputs and any(d not in outputs for d in inputs)) \
