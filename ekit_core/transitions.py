@@ -1305,14 +1305,12 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
         w.times = _timed_node(w.times, name, duration, item)
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
-    try:
+    if spec.shaped is None:
         children = spec.dependents[name]
-    except KeyError:  # (a one-step loop's iteration, whose dependents _grow_next leaves out)
-        children = ()
-    if children:
-        _count_down(w, children, outputs, index)
-    if spec.shaped is not None:
-        _after_recorded(w, name, spec.shaped)
+        if children:
+            _count_down(w, children, outputs, index)
+    else:  # (its dependents counted down there: it knows which names have none)
+        _after_recorded(w, name, spec.shaped, outputs, index)
     budget = spec.limits.budget
     # w.spec, not spec: a recorded output that steps map over grew the graph above (and an
     # early cutoff may have recorded items with it), so ``spec`` no longer counts its steps.
@@ -1584,9 +1582,18 @@ def _cancelled(w: _Run, cancelled: Cancelled) -> None:
 # -- run-time shapes: items, their collection, skips --------------------------------
 
 
-def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
-    """A recorded output that steps map over expands them; a recorded item counts its
-    step down, and so does a dependency an empty mapped step waits for."""
+def _after_recorded(w: _Run, name: str, shaped: Expansion, outputs: Ledger[str, Any],
+                    index: Mapping[str, int]) -> None:
+    """A recorded output counts its dependents down (``_count_down``); one that steps map
+    over expands them; a recorded item counts its step down, and so does a dependency an
+    empty mapped step waits for."""
+    ref = shaped.items.get(name)
+    dependents = w.spec.dependents
+    # (A loop's iteration that _grow_next grew has no entry: nothing depends on it.)
+    children = () if ref is not None and ref.iteration and name not in dependents \
+        else dependents[name]
+    if children:
+        _count_down(w, children, outputs, index)
     if name in shaped.expanders:
         _expand(w, name)
         shaped = w.spec.shaped  # type: ignore[assignment]
@@ -1595,7 +1602,6 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     if per_item_over and name in per_item_over:
         _grow_children(w, name)
         shaped = w.spec.shaped  # type: ignore[assignment]
-    ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
             body_maps = shaped.nesting.body_maps

@@ -592,9 +592,8 @@ class Runner:
 
     def _launch(self, start: Start) -> None:
         name = start.name
-        # A traced run hands each attempt a sink for its partial output: set
-        # here, it is in the context the attempt's task (and thread) copies.
-        # (record_events first: an instance attribute, cheaper to read than the class's default.)
+        # A traced run hands each attempt a sink for its partial output: set here, it is in the context
+        # the attempt's task (and thread) copies. (record_events first: an instance attribute.)
         reports = sink = None
         if self.record_events and self._partials is not None:
             reports = streaming.PartialSink(name, self._traces, self._loop, self._partials)
