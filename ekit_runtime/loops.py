@@ -73,6 +73,22 @@ class Iteration:
     previous: Any = None
 
 
+_new = object.__new__
+_SET_NUMBER = Iteration.__dict__["number"].__set__
+_SET_PREVIOUS = Iteration.__dict__["previous"].__set__
+
+
+def iteration(number: int, previous: Any) -> Iteration:
+    """``Iteration(number, previous)``, as the runner builds one for every iteration: its
+    fields set through their slots' own setters, not the frozen ``__init__`` (a call, and
+    ``object.__setattr__`` looked up and called per field: about 2k instructions an
+    iteration more, measured on the loop benchmark). The same value, as immutable."""
+    made: Iteration = _new(Iteration)
+    _SET_NUMBER(made, number)
+    _SET_PREVIOUS(made, previous)
+    return made
+
+
 @dataclass(frozen=True, slots=True)
 class Done:
     """Returned by an iteration: ``value`` is its output, and its loop ends with it.

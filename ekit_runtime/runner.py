@@ -75,7 +75,7 @@ from ekit_runtime.cache.together import Ahead, Together
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.loops import Done, Iteration, Repeat
+from ekit_runtime.loops import Done, Repeat
 from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
 from ekit_runtime.stores.errors import UnencodableError
 
@@ -264,7 +264,7 @@ class Runner:
         ``in_child`` strips ``L/``)."""
         outputs, k = self.state.outputs, ref.iteration
         shaped = cast(Expansion, self.state.spec.shaped)
-        context[shaped.in_body[ref.step]] = Iteration(k, outputs[ref.source] if ref.source else None)
+        context[shaped.in_body[ref.step]] = loops.iteration(k, outputs[ref.source] if ref.source else None)
         suffix = f"#{k}"
         for d in step.depends_on:
             if d in shaped.in_body and d + suffix in outputs:
@@ -569,7 +569,7 @@ class Runner:
         if in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
             self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
-            carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            carried = loops.iteration(ref.iteration, outputs[ref.source] if ref.source else None)
             loop = in_body.get(ref.step) if in_body else None
             if loop is None:
                 if type(context) is StepContext:  # (its __setitem__'s one store, without the call)
