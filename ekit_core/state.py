@@ -437,14 +437,13 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
     else:
-        cp = fast_checkpoint(
-            state.outputs, state.step_usage, state._times,
+        cp = fast_checkpoint(  # (asked to superseded and the version by place: see there)
+            state.outputs, state.step_usage, state._times, setbacks.asked, shaped.compacted,
+            setbacks.skipped, (spec.graph if spec.declared is None else spec.declared).shapes,
+            shaped.superseded, HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
             step_index=state.completed + setbacks.held_done, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-            skipped=setbacks.skipped, shapes=(spec.graph if spec.declared is None else spec.declared).shapes,
-            superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
-            format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
         if setbacks.compacted_retries:  # (a call less per save of a loop that never failed)
             with_retries(cp, setbacks.compacted_retries)
