@@ -2130,8 +2130,8 @@ def _grow_next(w: _Run, declared: GraphSpec, loop: str, before: str, k: int) -> 
     just recorded, as ``_grow_iterations`` does, in O(1): the usual growth of every
     iteration after the first, ready at once (its inputs are recorded: ``before`` and the
     loop's own), with one entry for each table but the dependents (nothing depends on an
-    iteration but the next, grown once it is recorded: ``_succeeded`` reads none as none,
-    and the copy of that table cost an iteration 2.6k instructions). ``False`` (nothing
+    iteration but the next, grown once it is recorded: ``_after_recorded`` reads none as
+    none, and the copy of that table cost an iteration 2.6k instructions). ``False`` (nothing
     done) for any other case, which ``_grow_iterations`` handles: an input not recorded, or
     the name recorded, skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
