@@ -754,17 +754,20 @@ _DeltaTwin = twin(CheckpointDelta)
 def fast_checkpoint(
     outputs: Ledger[str, Any], step_usage: Ledger[str, TokenUsage], times: Timings,
     # Before the "*": a positional default is filled from a tuple, a
-    # keyword-only one looked up in a dict (on every call, once per step).
+    # keyword-only one looked up in a dict (on every call, once per step);
+    # and a shaped run's checkpoint (each item, each iteration) passes these
+    # positionally: a keyword is matched by name against every parameter.
     asked: MappingProxyType[str, Any] = _NOTHING,
-    compacted: MappingProxyType[str, int] = _NOTHING_REDONE, *,
-    step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
-    failures: MappingProxyType[str, FailureRecord],
-    graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
-    fingerprint: str | _Unset | None = _GRAPHS, format_version: int = FORMAT_VERSION,
-    kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
+    compacted: MappingProxyType[str, int] = _NOTHING_REDONE,
     skipped: MappingProxyType[str, str] = _NOTHING,
     shapes: MappingProxyType[str, Shape] = _NO_SHAPES,
     superseded: MappingProxyType[str, Any] = _NOTHING,
+    format_version: int = FORMAT_VERSION, *,
+    step_index: int, cost: TokenUsage, context: MappingProxyType[str, Any],
+    failures: MappingProxyType[str, FailureRecord],
+    graph: Mapping[str, tuple[str, ...]] | None, versions: MappingProxyType[str, str],
+    fingerprint: str | _Unset | None = _GRAPHS,
+    kind: type[WorkflowCheckpoint] = WorkflowCheckpoint,
     redone: MappingProxyType[str, int] = _NOTHING_REDONE,
 ) -> WorkflowCheckpoint:
     """:meth:`WorkflowCheckpoint.of_ledgers`, which see, built through a twin.

@@ -464,7 +464,9 @@ def grown_graph(graph: GraphSpec, name: str, deps: tuple[str, ...]) -> GraphSpec
         # (with_one's copies, inline: a loop in a small graph, once per iteration)
         more, at = graph.deps.copy(), index.copy()  # type: ignore[attr-defined]
         more[name], at[name] = deps, len(names)
-        made.names, made.deps, made.index = (*names, name), MappingProxyType(more), MappingProxyType(at)
+        # (A concatenation, not (*names, name): that builds a list, then the tuple.)
+        made.names = names + (name,)  # noqa: RUF005
+        made.deps, made.index = MappingProxyType(more), MappingProxyType(at)
     else:
         made.names = grown_names(names, (name,))
         made.deps = with_one(graph.deps, name, deps)

@@ -127,6 +127,7 @@ class RunSpec:
     # given, and in a resumed run the dependents among the steps left to run
     # (a recorded step never finishes again, and a recorded dependent is
     # skipped anyway), so that a resume pays nothing here per recorded step.
+    # A one-step loop's iterations grown one at a time have no entry (see _grow_next).
     # Derived: left out of comparisons.
     dependents: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _FROM_GRAPH, repr=False, compare=False
@@ -436,14 +437,13 @@ def checkpoint_of(state: State) -> WorkflowCheckpoint:
             format_version=HUMAN_FORMAT_VERSION if setbacks.asked else FORMAT_VERSION,
         )
     else:
-        cp = fast_checkpoint(
-            state.outputs, state.step_usage, state._times,
+        cp = fast_checkpoint(  # (asked to superseded and the version by place: see there)
+            state.outputs, state.step_usage, state._times, setbacks.asked, shaped.compacted,
+            setbacks.skipped, (spec.graph if spec.declared is None else spec.declared).shapes,
+            shaped.superseded, HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
             step_index=state.completed + setbacks.held_done, cost=state.cost,
             context=spec.context, failures=setbacks.failures,
             graph=spec.recorded_graph, versions=spec.versions, redone=spec.redone,
-            skipped=setbacks.skipped, shapes=(spec.graph if spec.declared is None else spec.declared).shapes,
-            superseded=shaped.superseded, asked=setbacks.asked, compacted=shaped.compacted,
-            format_version=HUMAN_FORMAT_VERSION if setbacks.asked else SHAPED_FORMAT_VERSION,
         )
         if setbacks.compacted_retries:  # (a call less per save of a loop that never failed)
             with_retries(cp, setbacks.compacted_retries)

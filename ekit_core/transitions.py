@@ -75,7 +75,7 @@ from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, cast
 
-from ekit_core import window
+from ekit_core import appending, window
 from ekit_core._frozen import twin
 from ekit_core.appending import grown_table, with_one
 from ekit_core.checkpoint import (
@@ -1305,11 +1305,12 @@ def _succeeded(w: _Run, item: Succeeded) -> None:
         w.times = _timed_node(w.times, name, duration, item)
     if w.record:
         w.events.append(StepFinished(name, w.setbacks.tries.get(name, 0) + 1, usage, duration))
-    children = spec.dependents[name]
-    if children:
-        _count_down(w, children, outputs, index)
-    if spec.shaped is not None:
-        _after_recorded(w, name, spec.shaped)
+    if spec.shaped is None:
+        children = spec.dependents[name]
+        if children:
+            _count_down(w, children, outputs, index)
+    else:  # (its dependents counted down there: it knows which names have none)
+        _after_recorded(w, name, spec.shaped, outputs, index)
     budget = spec.limits.budget
     # w.spec, not spec: a recorded output that steps map over grew the graph above (and an
     # early cutoff may have recorded items with it), so ``spec`` no longer counts its steps.
@@ -1581,9 +1582,18 @@ def _cancelled(w: _Run, cancelled: Cancelled) -> None:
 # -- run-time shapes: items, their collection, skips --------------------------------
 
 
-def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
-    """A recorded output that steps map over expands them; a recorded item counts its
-    step down, and so does a dependency an empty mapped step waits for."""
+def _after_recorded(w: _Run, name: str, shaped: Expansion, outputs: Ledger[str, Any],
+                    index: Mapping[str, int]) -> None:
+    """A recorded output counts its dependents down (``_count_down``); one that steps map
+    over expands them; a recorded item counts its step down, and so does a dependency an
+    empty mapped step waits for."""
+    ref = shaped.items.get(name)
+    dependents = w.spec.dependents
+    # (A loop's iteration that _grow_next grew has no entry: nothing depends on it.)
+    children = () if ref is not None and ref.iteration and name not in dependents \
+        else dependents[name]
+    if children:
+        _count_down(w, children, outputs, index)
     if name in shaped.expanders:
         _expand(w, name)
         shaped = w.spec.shaped  # type: ignore[assignment]
@@ -1592,7 +1602,6 @@ def _after_recorded(w: _Run, name: str, shaped: Expansion) -> None:
     if per_item_over and name in per_item_over:
         _grow_children(w, name)
         shaped = w.spec.shaped  # type: ignore[assignment]
-    ref = shaped.items.get(name)
     if ref is not None:
         if ref.iteration:
             body_maps = shaped.nesting.body_maps
@@ -2087,10 +2096,12 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     """Iteration ``name`` of a loop is recorded: the loop records its output if it ended
     (``Ended``); else a loop at its cap fails; else its next iteration is grown."""
     loop, k = ref.step, ref.iteration
-    # (Annotated locals, not typing.cast, and the nesting's tables read as fields, not
-    # through properties: this runs once per iteration.)
-    shaped: Expansion = w.spec.shaped  # type: ignore[assignment]
-    shapes = w.spec.declared_graph.shapes
+    # (Annotated locals, not typing.cast, and the nesting's tables and the declared graph
+    # read as fields, not through properties: this runs once per iteration.)
+    spec = w.spec
+    shaped: Expansion = spec.shaped  # type: ignore[assignment]
+    declared = spec.declared if spec.declared is not None else spec.graph
+    shapes = declared.shapes
     bodies = shaped.nesting.bodies
     if bodies:
         owner = shaped.nesting.in_body.get(loop)
@@ -2108,21 +2119,22 @@ def _iterated(w: _Run, name: str, ref: ItemRef) -> None:
     elif k >= shape.repeat:  # type: ignore[operator]
         _loop_failed(w, loop, k, k)
     else:
-        if (bodies and loop in bodies) or not _grow_next(w, loop, name, k + 1):
+        if (bodies and loop in bodies) or not _grow_next(w, declared, loop, name, k + 1):
             _grow_iterations(w, loop, k + 1, k + 1)
         if w.record:  # the run's total grows by one iteration: what a progress display counts
             w.events.append(StepExpanded(loop, len(bodies.get(loop, (loop,)))))
 
 
-def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
+def _grow_next(w: _Run, declared: GraphSpec, loop: str, before: str, k: int) -> bool:
     """Grow iteration ``k`` of the one-step ``loop``, whose iteration ``before`` (``k-1``) was
     just recorded, as ``_grow_iterations`` does, in O(1): the usual growth of every
     iteration after the first, ready at once (its inputs are recorded: ``before`` and the
-    loop's own), with one entry for each table. ``False`` (nothing done) for any other
-    case, which ``_grow_iterations`` handles: an input not recorded, or the name recorded,
-    skipped or asked about already."""
+    loop's own), with one entry for each table but the dependents (nothing depends on an
+    iteration but the next, grown once it is recorded: ``_after_recorded`` reads none as
+    none, and the copy of that table cost an iteration 2.6k instructions). ``False`` (nothing
+    done) for any other case, which ``_grow_iterations`` handles: an input not recorded, or
+    the name recorded, skipped or asked about already."""
     spec, outputs = w.spec, w.outputs
-    declared: GraphSpec = spec.declared  # type: ignore[assignment]  # (a shaped run's: set)
     inputs = declared.deps[loop]
     name = f"{loop}#{k}"
     if name in outputs or (inputs and any(d not in outputs for d in inputs)) \
@@ -2138,11 +2150,16 @@ def _grow_next(w: _Run, loop: str, before: str, k: int) -> bool:
         w.ready = ready | 1 << (i - offset)
     else:
         w.ready_later(i)
-    w.spec = grown_spec(
-        spec, graph, with_one(spec.dependents, name, ()),
-        grown_expansion(shaped, with_one(shaped.items, name, item_ref(loop, str(k), before, None, k)),
-                        None, None, MappingProxyType({**shaped.loops, loop: k})),
-        spec.held)
+    items: Mapping[str, ItemRef] = shaped.items
+    ref = item_ref(loop, str(k), before, None, k)
+    if type(items) is MappingProxyType and len(items) <= appending.SMALL:  # (with_one's, inline)
+        more = items.copy()
+        more[name] = ref
+        items = MappingProxyType(more)
+    else:
+        items = with_one(items, name, ref)
+    w.spec = grown_spec(spec, graph, spec.dependents, grown_expansion(
+        shaped, items, None, None, MappingProxyType({**shaped.loops, loop: k})), spec.held)
     return True
 
 

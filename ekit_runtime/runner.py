@@ -75,7 +75,7 @@ from ekit_runtime.cache.together import Ahead, Together
 from ekit_runtime.context import StepContext
 from ekit_runtime.errors import StepCancelledError, StepTimeoutError, TraceCallbackWarning
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor
-from ekit_runtime.loops import Done, Iteration, Repeat
+from ekit_runtime.loops import Done, Repeat
 from ekit_runtime.step import PLAIN_OUTPUTS, Step, condition_name, split_result
 from ekit_runtime.stores.errors import UnencodableError
 
@@ -264,7 +264,7 @@ class Runner:
         ``in_child`` strips ``L/``)."""
         outputs, k = self.state.outputs, ref.iteration
         shaped = cast(Expansion, self.state.spec.shaped)
-        context[shaped.in_body[ref.step]] = Iteration(k, outputs[ref.source] if ref.source else None)
+        context[shaped.in_body[ref.step]] = loops.iteration(k, outputs[ref.source] if ref.source else None)
         suffix = f"#{k}"
         for d in step.depends_on:
             if d in shaped.in_body and d + suffix in outputs:
@@ -547,8 +547,9 @@ class Runner:
                 context[dep] = outputs[dep]
         return context
 
-    def _item(self, name: str) -> tuple[Step, str, Context]:
-        """The step ``name`` is an item of, the item's key, and its context.
+    def _item(self, name: str) -> tuple[Step, ItemRef, Context]:
+        """The step ``name`` is an item of, what the item is (its key, its iteration), and
+        its context.
 
         The item sees its input as the output of the dependency its step
         maps over (the upstream item's own output, in an item-wise chain).
@@ -568,13 +569,16 @@ class Runner:
         if in_body and (it := shaped.items.get(step.name)) is not None:  # type: ignore[union-attr]
             self._in_iteration(context, step, it)  # (an item of a body's map, M#k[key])
         if ref.iteration:  # an iteration of a loop: its number and the state it carries
-            carried = Iteration(ref.iteration, outputs[ref.source] if ref.source else None)
+            carried = loops.iteration(ref.iteration, outputs[ref.source] if ref.source else None)
             loop = in_body.get(ref.step) if in_body else None
             if loop is None:
-                context[step.name] = carried
-                return step, ref.key, context
+                if type(context) is StepContext:  # (its __setitem__'s one store, without the call)
+                    context._own = {step.name: carried}
+                else:
+                    context[step.name] = carried
+                return step, ref, context
             self._in_iteration(context, step, ref)
-            return step, ref.key, context
+            return step, ref, context
         over = None if step.shaping is None else step.shaping[0]  # (a property: a call per item)
         if over is None:  # a step of a child per item, P/s[key]: the item, and its child's items
             context[ref.source] = item_input(ref, outputs)
@@ -582,21 +586,20 @@ class Runner:
             for d in step.depends_on:
                 if d.startswith(child) and (dep := item_name(d, ref.key)) in outputs:
                     context[d] = outputs[dep]
-            return step, ref.key, context
+            return step, ref, context
         context[over] = item_input(ref, outputs)
-        return step, ref.key, context
+        return step, ref, context
 
     def _launch(self, start: Start) -> None:
         name = start.name
-        # A traced run hands each attempt a sink for its partial output: set
-        # here, it is in the context the attempt's task (and thread) copies.
-        # (record_events first: an instance attribute, cheaper to read than the class's default.)
+        # A traced run hands each attempt a sink for its partial output: set here, it is in the context
+        # the attempt's task (and thread) copies. (record_events first: an instance attribute.)
         reports = sink = None
         if self.record_events and self._partials is not None:
             reports = streaming.PartialSink(name, self._traces, self._loop, self._partials)
             sink = streaming.SINK.set(reports)
         i = self._index.get(name)
-        item = None
+        item = ref = None
         if i is not None or name in self._added:
             step = self._declared[i] if i is not None else self._added[name]
             context: Context = (
@@ -605,8 +608,9 @@ class Runner:
                 else self._context_for(step)
             )
         else:
-            step, item, context = self._item(name)
-        reading = self._reading(name, step, item) if self.state.spec.shaped is not None else None
+            step, ref, context = self._item(name)
+            item = ref.key
+        reading = self._reading(name, step, ref) if self.state.spec.shaped is not None else None
         own = self._own.get(step.name)
         if own is None:
             own = self._runs_as_own_task(step)
@@ -639,7 +643,7 @@ class Runner:
         self._tasks[task] = name
         task.add_done_callback(self._on_done)
         if reading is not None:
-            loops.leave(reading)
+            loops.READING.reset(reading)  # (not through a function: a call an attempt)
         if sink is not None:
             streaming.SINK.reset(sink)
         if reports is not None:
@@ -647,7 +651,7 @@ class Runner:
             # outcome: nothing it reports later can follow its events.
             task.add_done_callback(reports.close)
 
-    def _reading(self, name: str, step: Step, item: str | None) -> Token[Any] | None:
+    def _reading(self, name: str, step: Step, ref: ItemRef | None) -> Token[Any] | None:
         """In a run with loops, what the attempt of ``name`` may read with ``history()``
         (set for its task to copy; ``_launch`` resets it once the task is made)."""
         state = self.state
@@ -655,10 +659,11 @@ class Runner:
         if shaped is None or not shaped.loops:
             return None
         loop = None
-        if item is not None and shaped.items[name].iteration:
+        if ref is not None and ref.iteration:
             in_body = shaped.nesting.in_body
             loop = in_body.get(step.name, step.name) if in_body else step.name
-        return loops.enter(name, step.depends_on, loop, state)
+        # (Set here, not through a function of loops: a call an attempt; see loops.READING.)
+        return loops.READING.set((name, step.depends_on, loop, state))
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._finished.append(task)
