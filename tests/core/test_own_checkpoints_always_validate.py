@@ -167,7 +167,9 @@ def _drive(graph: GraphSpec, data: st.DataObject) -> int:
     in_flight, seen, turns = list(batch.names), 0, 0
     while turns < bound:  # turns since the start, or since the last bump or rewind
         turns += 1
-        if state.settled or not in_flight:
+        assert state.settled or in_flight, \
+            f"a run with nothing in flight has not settled; it records {sorted(state.outputs)}"
+        if state.settled:
             saved = _checked(graph, checkpoint_of(state), data)
             seen += 1
             if state.outcome == "finished":
