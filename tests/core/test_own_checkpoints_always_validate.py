@@ -60,10 +60,14 @@ def _seed(*parts: Any) -> int:
     return int(hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8], 16)
 
 
+MAX_ITEMS = 3
+
+
 def _output(name: str, seed: int) -> Any:
-    """A plain step's output: a list or a mapping of 0-3 items, each keyed by a unique ``id``
-    (some ids hold brackets, as item names then do)."""
-    items = [{"id": f"k{j}]" if seed % 5 == 0 else seed % 97 + j, "v": j} for j in range(seed % 4)]
+    """A plain step's output: a list or a mapping of up to ``MAX_ITEMS`` items, each keyed by
+    a unique ``id`` (some ids hold brackets, as item names then do)."""
+    count = seed % (MAX_ITEMS + 1)
+    items = [{"id": f"k{j}]" if seed % 5 == 0 else seed % 97 + j, "v": j} for j in range(count)]
     if seed % 3 == 0:
         return {f"{name}.{j}[": item for j, item in enumerate(items)}
     return items
@@ -121,46 +125,72 @@ def _answered(cp: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resumed(graph: GraphSpec, saved: dict[str, Any], versions: dict[str, str],
-             data: st.DataObject) -> State:
-    """A resume of ``saved``: as it is, under a bumped version, or after a rewind."""
-    how = data.draw(st.sampled_from(["as is", "bump", "rewind"]), label="resume")
+             data: st.DataObject, may_upset: bool) -> tuple[State, bool]:
+    """A resume of ``saved``: as it is, or (if ``may_upset``) under a bumped version or
+    after a rewind; and whether it was one of these."""
+    how = data.draw(st.sampled_from(["as is", "bump", "rewind"]), label="resume") if may_upset else "as is"
+    upset = False
     if how == "bump":
         step = data.draw(st.sampled_from(graph.names), label="bump")
         versions[step] = str(int(versions.get(step, "0")) + 1)
+        upset = True
     elif how == "rewind" and saved["outputs"]:
         name = data.draw(st.sampled_from(sorted(saved["outputs"])), label="rewind")
         if name in graph.index or "[" in name:
             saved = rewind(graph, WorkflowCheckpoint.from_dict(saved), name).to_dict()
-    return initial_state(graph, saved, versions=versions)
+            upset = True
+    return initial_state(graph, saved, versions=versions), upset
+
+
+def _turns_left(graph: GraphSpec) -> int:
+    """The most turns a run of ``graph`` takes to its end, from any of its checkpoints,
+    once nothing is bumped or rewound any more: every step, item (at most ``MAX_ITEMS``)
+    or iteration is at most fed a raised condition, a question and its result, the first
+    two each followed by a resume, and the end takes one turn more. (Bumps and rewinds
+    undo work, so with no limit on them no bound holds: a loop asking at each iteration
+    needs a run of resumes that undo none of it.)"""
+    units = 0
+    for name in graph.names:
+        shape = graph.shapes.get(name, Shape())
+        units += shape.repeat or (MAX_ITEMS if shape.map_over is not None else 1)
+    return 5 * units + 1
 
 
 def _drive(graph: GraphSpec, data: st.DataObject) -> int:
     """Run ``graph`` to its end in random orders, resuming after random stops, waits and
-    failures (some under a version bump or after a rewind); every checkpoint is checked.
-    Returns how many were."""
+    failures (up to a drawn number of them under a version bump or after a rewind); every
+    checkpoint is checked. Returns how many were."""
     tries: dict[str, int] = {}
     versions: dict[str, str] = {}
+    upsets, bound = data.draw(st.integers(0, 8), label="upsets"), _turns_left(graph)
     state, batch = advance(initial_state(graph))
-    in_flight, seen = list(batch.names), 0
-    for _ in range(300):
-        if state.settled or not in_flight:
+    in_flight, seen, turns = list(batch.names), 0, 0
+    while turns < bound:  # turns since the start, or since the last bump or rewind
+        turns += 1
+        assert state.settled or in_flight, \
+            f"a run with nothing in flight has not settled; it records {sorted(state.outputs)}"
+        if state.settled:
             saved = _checked(graph, checkpoint_of(state), data)
             seen += 1
             if state.outcome == "finished":
                 return seen
-            state, batch = advance(_resumed(graph, _answered(saved), versions, data))
-            in_flight = list(batch.names)
-            continue
-        pick = data.draw(st.integers(0, len(in_flight) - 1), label="which")
-        name = in_flight.pop(pick)
-        state, batch = advance(state, [_result(state, name, tries)])
-        in_flight += batch.names
-        saved = _checked(graph, checkpoint_of(state), data)
-        seen += 1
-        if not state.settled and data.draw(st.integers(0, 5), label="crash") == 0:
-            state, batch = advance(_resumed(graph, saved, versions, data))
-            in_flight = list(batch.names)
-    raise AssertionError(f"no end after 300 turns: {state.outcome}, in flight {in_flight}")
+            saved = _answered(saved)
+        else:
+            pick = data.draw(st.integers(0, len(in_flight) - 1), label="which")
+            name = in_flight.pop(pick)
+            state, batch = advance(state, [_result(state, name, tries)])
+            in_flight += batch.names
+            saved = _checked(graph, checkpoint_of(state), data)
+            seen += 1
+            if state.settled or data.draw(st.integers(0, 5), label="crash") != 0:
+                continue
+        resumed, upset = _resumed(graph, saved, versions, data, upsets > 0)
+        if upset:
+            upsets, turns = upsets - 1, 0
+        state, batch = advance(resumed)
+        in_flight = list(batch.names)
+    raise AssertionError(f"no end {bound} turns after the last bump or rewind: {state.outcome}, "
+                         f"in flight {in_flight}")
 
 
 @pytest.mark.timeout(600)
