@@ -71,9 +71,7 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
     base.update(state.context)
     heads = {n: cached[n].head(None) for n in waiting}
-    __import__("os").getppid()
     few = _few(cached, heads)
-    __import__("os").getppid()
     # Key -> (its value, the encoder, the hash): every step that reads a value hashes it once
     # (a fan-out of cached steps over one output). By the value's identity: nothing runs
     # between the lookups here, and a value that is not the one hashed is hashed again.
