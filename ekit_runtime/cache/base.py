@@ -153,11 +153,11 @@ class CacheEntry:
     @classmethod
     def _read_back(cls, head: str, reads: Mapping[str, str], output: str, usage: TokenUsage,
                    created: float, step: str, key: str) -> CacheEntry:
-        """The entry a cache read back, every field given: filled as a :class:`_Filling` (plain
+        """The entry a cache read back, every field given: filled as an :class:`_EntryTwin` (plain
         slot stores), then made a ``CacheEntry`` by ``__class__`` assignment (the two share one
         slot layout). The frozen ``__init__`` sets each field with ``object.__setattr__``, and
         the slots' own setters are called through argument tuples: 4k more an entry read."""
-        entry = _Filling()
+        entry = _EntryTwin()
         entry.head, entry.reads, entry.output, entry.usage = head, reads, output, usage
         entry.created, entry.step, entry.stored_key = created, step, key
         entry.__class__ = cls  # type: ignore[assignment]
@@ -245,9 +245,10 @@ class Cache:
         """Release what the cache holds open (a connection)."""
 
 
-class _Filling:
+class _EntryTwin:
     """A ``CacheEntry`` being read back: its slots, in its order, and no frozen ``__setattr__``
-    (``__class__`` assignment needs the same layout: :func:`_same_layout` checks it at import)."""
+    (the core's construction trick, ``ekit_core._frozen`` says why; ``__class__`` assignment
+    needs the same layout, which :func:`_same_layout` checks at import)."""
 
     __slots__ = CacheEntry.__slots__
     head: str
@@ -265,28 +266,22 @@ def _same_layout(filling: type, frozen: type) -> None:
         raise TypeError(f"{filling.__name__} must have the slots of {frozen.__name__}")
 
 
-_same_layout(_Filling, CacheEntry)
+_same_layout(_EntryTwin, CacheEntry)
 
 
-class _HitFilling:
-    """A ``CacheHit`` being made (see :class:`_Filling`)."""
-
-    __slots__ = CacheHit.__slots__
-    key: str
-    saved: TokenUsage
-
-
-_same_layout(_HitFilling, CacheHit)
+_new = object.__new__
+_SET_HIT_KEY, _SET_HIT_SAVED = (vars(CacheHit)[name].__set__ for name in ("key", "saved"))
 
 
 def hit_of(entry: CacheEntry) -> CacheHit:
     """The hit ``entry`` makes, as checkpoints record it: ``CacheHit(entry.key, entry.usage)``,
-    filled as a :class:`_HitFilling` (its frozen ``__init__`` sets each field with
-    ``object.__setattr__``: 1.2k a hit), the two values being those of an entry already made."""
-    hit = _HitFilling()
-    hit.key, hit.saved = entry.key, entry.usage
-    hit.__class__ = CacheHit  # type: ignore[assignment]
-    return hit  # type: ignore[return-value]
+    made through its slots (its frozen ``__init__`` sets each field with ``object.__setattr__``:
+    1.2k a hit), the two values being those of an entry already made. (Not through a twin, as a
+    read-back entry is: ``CacheHit`` is the core's, and the core lists the values it builds so.)"""
+    hit: CacheHit = _new(CacheHit)
+    _SET_HIT_KEY(hit, entry.key)
+    _SET_HIT_SAVED(hit, entry.usage)
+    return hit
 
 
 def find_by_key_sets(wanted: Sequence[tuple[str, Hasher]], key_sets: Mapping[str, Sequence[Sequence[str]]],

@@ -29,7 +29,7 @@ from ekit_core import TokenUsage
 from ekit_core.code import CacheHit
 from ekit_runtime import SqliteCache, Step, Workflow
 from ekit_runtime.cache import CacheEntry, at_start, entry_key, head_of
-from ekit_runtime.cache.base import CachedStep, _Filling, _HitFilling, _same_layout, hit_of, loads
+from ekit_runtime.cache.base import CachedStep, _EntryTwin, _same_layout, hit_of, loads
 from ekit_runtime.cache.sqlite import _CHUNK, FEW
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
@@ -119,14 +119,13 @@ def test_an_entry_read_back_through_its_slots_is_the_entry() -> None:
         hit.key = "other"  # type: ignore[misc]
 
 
-def test_a_filling_whose_slots_drifted_from_its_class_is_refused_at_import() -> None:
+def test_a_twin_whose_slots_drifted_from_its_class_is_refused_at_import() -> None:
     class Short:
         __slots__ = ("head", "reads")
 
     with pytest.raises(TypeError, match="slots of CacheEntry"):
         _same_layout(Short, CacheEntry)
-    _same_layout(_Filling, CacheEntry)
-    _same_layout(_HitFilling, CacheHit)
+    _same_layout(_EntryTwin, CacheEntry)
 
 
 def test_few_tells_a_crowded_head_from_the_few_beside_it(tmp_path: Path) -> None:
