@@ -8,8 +8,10 @@ looks them up before it begins, one batch per cache for every such step,
 then once more for the steps those hits made ready, and so on; and it starts
 from the outputs found as a resume starts from recorded ones: no attempt, no
 task, recorded as hits (``cache_hits``, ``StepCacheHit``) with the usage
-they saved. A cached step whose inputs come later (after a miss) is looked up
-by its attempt, as before.
+they saved. A fresh run (nothing recorded) looks them up before its first
+state is built (:func:`hits_when_fresh`), which is then built once, from
+them (:func:`fresh_with_hits`). A cached step whose inputs come later (after
+a miss) is looked up by its attempt, as before.
 
 Only a plain step is looked up here (no condition, map, join, loop or
 resource: those are decided by the core as the run goes), and only in a run
