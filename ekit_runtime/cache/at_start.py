@@ -66,8 +66,12 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     if limits.only is not None or limits.approval:
         return {}
     outputs: dict[str, Any] = state.outputs.as_dict()
-    return _hits(steps, cached, outputs, lambda: (
-        context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}) | state.context)
+
+    def context() -> dict[str, Any]:
+        base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
+        base.update(state.context)
+        return base
+    return _hits(steps, cached, outputs, context)
 
 
 def hits_when_fresh(steps: Sequence[Step], context: Mapping[str, Any] | None,
