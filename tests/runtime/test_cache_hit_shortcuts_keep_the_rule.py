@@ -152,7 +152,8 @@ def test_few_reads_the_same_entries_through_json_each_as_through_a_list_of_param
     monkeypatch.setattr(time, "time", lambda: 10_000.0)
     cache = SqliteCache(tmp_path / "c.db")  # (unbounded while filled: the stale entries stay)
     for n in range(heads):
-        cache.put(CacheEntry(f"h{n}", {"x": "1"}, json.dumps(n), created=9_950.0 + n % 40, step="s"))
+        cache.put(CacheEntry(f"h{n}", {"x": "1"}, json.dumps(n), TokenUsage(n * 10**9, n % 3, n % 2),
+                             created=9_950.0 + n % 40, step=f"s{n}"))
         cache.put(CacheEntry(f"h{n}", {"x": "2"}, "-1", created=9_800.0, step="s"))  # past max_age
     cache.put(CacheEntry("other", {}, "0", created=9_990.0, step="o"))
     for i in range(FEW + 2):
@@ -169,6 +170,9 @@ def test_few_reads_the_same_entries_through_json_each_as_through_a_list_of_param
     for n in range(heads):
         listed = through_json[f"h{n}"]
         assert listed is not None and [e.output for e in listed] == [json.dumps(n)]
+        assert listed[0].usage == TokenUsage(n * 10**9, n % 3, n % 2) and listed[0].step == f"s{n}"
+        assert listed[0].head == f"h{n}" and listed[0].reads == {"x": "1"}
+        assert listed[0].created == 9_950.0 + n % 40
     cache.close()
 
 
