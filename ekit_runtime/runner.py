@@ -336,6 +336,7 @@ class Runner:
             raise
         finally:
             signal_wakeup.release(self._signals)
+            self.__dict__.pop("_save", None)  # (keep_hits's bound method: a cycle, once ended)
         return self.state
 
     async def states(self) -> AsyncGenerator[State, None]:
@@ -360,6 +361,7 @@ class Runner:
             raise
         finally:
             signal_wakeup.release(self._signals)
+            self.__dict__.pop("_save", None)  # (keep_hits's bound method: a cycle, once ended)
 
     async def _prepare(self) -> None:
         """Let ``checkpoint_fn`` refuse the run before any step starts (and before any event).
@@ -984,6 +986,8 @@ class Runner:
         """Record ``hits`` (name -> :class:`CacheHit`) as the run's: every checkpoint from now on
         holds them (those a resume keeps, then each new hit)."""
         if "_save" not in vars(self):
+            # (A bound method on its own instance is a reference cycle: the runner, its steps,
+            # states and hits would wait for the cyclic collector. The run's end drops it.)
             self._save = self._save_with_hits  # type: ignore[method-assign]
         self.cache_hits = hits
 

@@ -37,7 +37,14 @@ from ekit_core.transitions import resume_checkpoint
 from ekit_core.usage import NO_USAGE
 from ekit_runtime import logs
 from ekit_runtime.approval import ApprovalFn
-from ekit_runtime.cache.at_start import Found, hits_at_start, hits_of, with_hits
+from ekit_runtime.cache.at_start import (
+    Found,
+    fresh_with_hits,
+    hits_at_start,
+    hits_of,
+    hits_when_fresh,
+    with_hits,
+)
 from ekit_runtime.cache.base import Cache, CachedStep
 from ekit_runtime.errors import ApprovalDenied, BudgetExceeded, RunWaiting
 from ekit_runtime.executors import DEFAULT_EXECUTOR, Executor, LocalExecutor
@@ -131,6 +138,9 @@ def _check_options(options: Mapping[str, object]) -> None:
     worker = options.get("worker")
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise ValueError(f"worker must be a non-empty string or None, got {worker!r:.80}")
+
+
+_Recorded = WorkflowCheckpoint | Mapping[str, Any] | None  # (what a run resumes from)
 
 
 def _drive(worker: str | None) -> DriveRecord | None:
@@ -403,14 +413,12 @@ class Workflow:
             run_id=run_id, only=options.get("only"), durations=options.get("durations", False),
             _current_code=prints, drive=_drive(options.get("worker")),
         )
-        state = self.start_state(initial_context, resume_from=resume_from, **starting)
-        if answers:  # an answer to a question the resume dropped (its work changed) is refused
-            refuse_dropped_answers(answers, state.setbacks.asked)
-        self._check_executors(executor)
-        cached = {} if (cache := options.get("cache")) is None else self._cached_steps(
-            cache, executor, prints or {})
-        found = hits_at_start(self._steps, state, cached) if cached and not answers else {}
-        state = self._start_with(found, state, initial_context, starting) if found else state
+        cache = options.get("cache")
+        if cache is not None and resume_from is None and self._fresh_lookup(initial_context, options):
+            state, cached, found = self._start_fresh(cache, executor, initial_context, prints or {}, starting)
+        else:
+            state, cached, found = self._start_first_way(cache, executor, initial_context, prints or {},
+                                                         starting, resume_from, answers)
         runner = runner_class(state.limits)(
             self.steps,
             state,
@@ -427,6 +435,41 @@ class Workflow:
             runner.save_first = True
         self._bind_cache(runner, cached, resume_from, found)
         return runner
+
+    def _start_fresh(self, cache: Cache, executor: Executor | None, initial_context: Mapping[str, Any] | None,
+                     prints: Mapping[str, str], starting: Mapping[str, Any]
+                     ) -> tuple[State, dict[str, CachedStep], Found]:
+        """A fresh run's first state, its cached steps and its hits: the hits are looked up
+        before the state is built (ekit_runtime.cache.at_start), which is then built once, from
+        them, as a resume starts from recorded outputs; not built twice, the first thrown away."""
+        self._check_executors(executor)
+        cached = self._cached_steps(cache, executor, prints)
+        found = hits_when_fresh(self._steps, initial_context, cached)
+        recorded = fresh_with_hits(
+            found, self._graph, initial_context,
+            {s.name: s.version for s in self._tagged if s.version is not None}, prints) if found else None
+        return self.start_state(initial_context, resume_from=recorded, **starting), cached, found
+
+    def _start_first_way(self, cache: Cache | None, executor: Executor | None,
+                         initial_context: Mapping[str, Any] | None, prints: Mapping[str, str],
+                         starting: Mapping[str, Any], resume_from: _Recorded,
+                         answers: Mapping[str, Any] | None) -> tuple[State, dict[str, CachedStep], Found]:
+        """A run's first state, its cached steps and the hits found as it starts (then the state
+        with them, ekit_runtime.cache.at_start): a resume's, or a run :meth:`_start_fresh` leaves."""
+        state = self.start_state(initial_context, resume_from=resume_from, **starting)
+        if answers:  # an answer to a question the resume dropped (its work changed) is refused
+            refuse_dropped_answers(answers, state.setbacks.asked)
+        self._check_executors(executor)
+        cached = {} if cache is None else self._cached_steps(cache, executor, prints)
+        found = hits_at_start(self._steps, state, cached) if cached and not answers else {}
+        return (self._start_with(found, state, initial_context, starting) if found else state), cached, found
+
+    def _fresh_lookup(self, initial_context: object, options: RunOptions) -> bool:
+        """Whether a fresh run's hits may be looked up before its first state: a static graph, no
+        ``only=``, approval callback or answers (each decided as the run goes), and a plain dict
+        (or no) context, which the state then checks as ever (a ValueError before any step)."""
+        return (not self._graph.shapes and options.get("only") is None and options.get("approval") is None
+                and not options.get("answers") and (initial_context is None or type(initial_context) is dict))
 
     def _start_with(self, found: Found, state: State, initial_context: Mapping[str, Any] | None,
                     starting: Mapping[str, Any]) -> State:

@@ -8,8 +8,10 @@ looks them up before it begins, one batch per cache for every such step,
 then once more for the steps those hits made ready, and so on; and it starts
 from the outputs found as a resume starts from recorded ones: no attempt, no
 task, recorded as hits (``cache_hits``, ``StepCacheHit``) with the usage
-they saved. A cached step whose inputs come later (after a miss) is looked up
-by its attempt, as before.
+they saved. A fresh run (nothing recorded) looks them up before its first
+state is built (:func:`hits_when_fresh`), which is then built once, from
+them (:func:`fresh_with_hits`). A cached step whose inputs come later (after
+a miss) is looked up by its attempt, as before.
 
 Only a plain step is looked up here (no condition, map, join, loop or
 resource: those are decided by the core as the run goes), and only in a run
@@ -19,11 +21,12 @@ or questions, or ``only=``: any of these, and the attempt looks it up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ekit_core import State, WorkflowCheckpoint, checkpoint_of
+from ekit_core import GraphSpec, State, WorkflowCheckpoint, checkpoint_of
+from ekit_core.checkpoint import RecordedGraph
 from ekit_core.transitions import context_outputs
 from ekit_runtime.cache.base import (
     ANSWERS,
@@ -41,7 +44,7 @@ from ekit_runtime.cache.base import (
 from ekit_runtime.context import StepContext
 from ekit_runtime.step import _CACHED, Step
 
-__all__ = ["Found", "hits_at_start", "hits_of", "with_hits"]
+__all__ = ["Found", "fresh_with_hits", "hits_at_start", "hits_of", "hits_when_fresh", "with_hits"]
 
 Found = dict[str, tuple[Any, CacheEntry]]
 """Step -> (its output, decoded; the entry it came from)."""
@@ -57,23 +60,39 @@ def hits_at_start(steps: Sequence[Step], state: State, cached: Mapping[str, Cach
     cache, every cached plain step not recorded whose dependencies are
     recorded or found, with the context it would be started with.
     """
-    found: Found = {}
     if state.spec.shaped is not None or state.settled or state.setbacks.asked:
-        return found
+        return {}
     limits = state.spec.limits
     if limits.only is not None or limits.approval:
-        return found
+        return {}
     outputs: dict[str, Any] = state.outputs.as_dict()
+
+    def context() -> dict[str, Any]:
+        base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
+        base.update(state.context)
+        return base
+    return _hits(steps, cached, outputs, context)
+
+
+def hits_when_fresh(steps: Sequence[Step], context: Mapping[str, Any] | None,
+                    cached: Mapping[str, CachedStep]) -> Found:
+    """:func:`hits_at_start` of a fresh run (nothing recorded) of a static graph, with no ``only=``
+    and no approval callback, before its first state is built (see :func:`fresh_with_hits`)."""
+    return _hits(steps, cached, {}, lambda: dict(context or {}))
+
+
+def _hits(steps: Sequence[Step], cached: Mapping[str, CachedStep], outputs: dict[str, Any],
+          context: Callable[[], dict[str, Any]]) -> Found:
+    """The rounds of :func:`hits_at_start` from the ``outputs`` recorded and the run's
+    ``context`` (with the outputs a context of all of them shows: made only if a step is ready)."""
+    found: Found = {}
     waiting, missing, waits = _waiting(steps, cached, outputs)
     ready = [waiting[n] for n, m in missing.items() if not m]
     if not ready:
         return found
-    base = context_outputs(state.graph, outputs) if len(outputs) > state.completed else {}
-    base.update(state.context)
+    base = context()
     heads = {n: cached[n].head(None) for n in waiting}
-    __import__("os").getppid()
     few = _few(cached, heads)
-    __import__("os").getppid()
     # Key -> (its value, the encoder, the hash): every step that reads a value hashes it once
     # (a fan-out of cached steps over one output). By the value's identity: nothing runs
     # between the lookups here, and a value that is not the one hashed is hashed again.
@@ -251,6 +270,19 @@ def with_hits(state: State, found: Found) -> WorkflowCheckpoint:
         durations=cp.durations, redone=cp.redone, began=cp.began, held=cp.held,
         code_fingerprints=cp.code_fingerprints, compacted=cp.compacted,
         compacted_retries=cp.compacted_retries, drives=cp.drives)
+
+
+def fresh_with_hits(found: Found, graph: GraphSpec, context: Mapping[str, Any] | None,
+                    versions: Mapping[str, str], code: Mapping[str, str]) -> WorkflowCheckpoint:
+    """:func:`with_hits` of a fresh run's first state, without the state: the checkpoint of
+    nothing recorded (``context``, the graph, the ``versions`` tags and the ``code``
+    fingerprints it starts with) and the outputs ``found``. The run's drive is left to the
+    state it starts (``Workflow.start_state(drive=...)``), as a resume's own is."""
+    return WorkflowCheckpoint(
+        len(found), MappingProxyType({name: output for name, (output, _) in found.items()}),
+        context=MappingProxyType(dict(context or {})), step_usage=MappingProxyType({}),
+        graph=RecordedGraph.of(graph), versions=MappingProxyType(dict(versions)),
+        code_fingerprints=MappingProxyType(dict(code)))
 
 
 def hits_of(found: Found) -> MappingProxyType[str, CacheHit]:

@@ -153,17 +153,15 @@ class CacheEntry:
     @classmethod
     def _read_back(cls, head: str, reads: Mapping[str, str], output: str, usage: TokenUsage,
                    created: float, step: str, key: str) -> CacheEntry:
-        """The entry a cache read back, every field given: built through its slots, not the
-        frozen ``__init__`` (one ``object.__setattr__`` a field: about half a hit's entry)."""
-        entry = _new(cls)
-        _SET_HEAD(entry, head)
-        _SET_READS(entry, reads)
-        _SET_OUTPUT(entry, output)
-        _SET_USAGE(entry, usage)
-        _SET_CREATED(entry, created)
-        _SET_STEP(entry, step)
-        _SET_KEY(entry, key)
-        return entry
+        """The entry a cache read back, every field given: filled as an :class:`_EntryTwin` (plain
+        slot stores), then made a ``CacheEntry`` by ``__class__`` assignment (the two share one
+        slot layout). The frozen ``__init__`` sets each field with ``object.__setattr__``, and
+        the slots' own setters are called through argument tuples: 4k more an entry read."""
+        entry = _EntryTwin()
+        entry.head, entry.reads, entry.output, entry.usage = head, reads, output, usage
+        entry.created, entry.step, entry.stored_key = created, step, key
+        entry.__class__ = cls  # type: ignore[assignment]
+        return entry  # type: ignore[return-value]
 
     @property
     def key(self) -> str:
@@ -247,19 +245,39 @@ class Cache:
         """Release what the cache holds open (a connection)."""
 
 
+class _EntryTwin:
+    """A ``CacheEntry`` being read back: its slots, in its order, and no frozen ``__setattr__``
+    (the core's construction trick, ``ekit_core._frozen`` says why; ``__class__`` assignment
+    needs the same layout, which :func:`_same_layout` checks at import)."""
+
+    __slots__ = CacheEntry.__slots__
+    head: str
+    reads: Mapping[str, str]
+    output: str
+    usage: TokenUsage
+    created: float
+    step: str
+    stored_key: str
+
+
+def _same_layout(filling: type, frozen: type) -> None:
+    """Refuse at import a twin whose slots drifted from its frozen class's (a field added to one)."""
+    if filling.__slots__ != frozen.__slots__ or frozen.__bases__ != (object,):  # type: ignore[attr-defined]
+        raise TypeError(f"{filling.__name__} must have the slots of {frozen.__name__}")
+
+
+_same_layout(_EntryTwin, CacheEntry)
+
+
 _new = object.__new__
-(_SET_HEAD, _SET_READS, _SET_OUTPUT, _SET_USAGE, _SET_CREATED, _SET_STEP, _SET_KEY) = (
-    vars(CacheEntry)[name].__set__ for name in (
-        "head", "reads", "output", "usage", "created", "step", "stored_key"))
-
-
 _SET_HIT_KEY, _SET_HIT_SAVED = (vars(CacheHit)[name].__set__ for name in ("key", "saved"))
 
 
 def hit_of(entry: CacheEntry) -> CacheHit:
     """The hit ``entry`` makes, as checkpoints record it: ``CacheHit(entry.key, entry.usage)``,
     made through its slots (its frozen ``__init__`` sets each field with ``object.__setattr__``:
-    1.2k a hit), the two values being those of an entry already made."""
+    1.2k a hit), the two values being those of an entry already made. (Not through a twin, as a
+    read-back entry is: ``CacheHit`` is the core's, and the core lists the values it builds so.)"""
     hit: CacheHit = _new(CacheHit)
     _SET_HIT_KEY(hit, entry.key)
     _SET_HIT_SAVED(hit, entry.usage)

@@ -5,7 +5,8 @@ What users rely on: a cache hit is found for exactly the entries the rule
 not move a key: a head written directly is the head :func:`head_of` hashes
 (an old cache's entries still hit), a stored text read by the scanner alone
 is what ``default_loads`` reads (or refuses), an entry read back through its
-slots is the entry, the read of a head with many entries is still bounded,
+slots is the entry, the read of a head with many entries is still bounded (and
+reads the same through json_each as through a list of parameters),
 and a value several cached steps read is hashed once as the run starts.
 """
 
@@ -15,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ekit_core import TokenUsage
+from ekit_core.code import CacheHit
 from ekit_runtime import SqliteCache, Step, Workflow
 from ekit_runtime.cache import CacheEntry, at_start, entry_key, head_of
-from ekit_runtime.cache.base import CachedStep, loads
-from ekit_runtime.cache.sqlite import FEW
+from ekit_runtime.cache.base import CachedStep, _EntryTwin, _same_layout, hit_of, loads
+from ekit_runtime.cache.sqlite import _CHUNK, FEW
 from ekit_runtime.stores.codec import default_dumps, default_loads
 
 # Any text, lone surrogates too (a step's name is checked elsewhere; the head must not care).
@@ -107,8 +110,22 @@ def test_an_entry_read_back_through_its_slots_is_the_entry() -> None:
     ordinary = CacheEntry("h", {"a": "x"}, '"o"', usage, 12.5, "s", "k")
     assert fast == ordinary and repr(fast) == repr(ordinary)
     assert [getattr(fast, f) for f in fields] == [getattr(ordinary, f) for f in fields]
+    assert type(fast) is CacheEntry and fast.key == "k"
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.output = "changed"  # type: ignore[misc]
+    hit = hit_of(fast)
+    assert type(hit) is CacheHit and hit == CacheHit("k", usage) and repr(hit) == repr(CacheHit("k", usage))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hit.key = "other"  # type: ignore[misc]
+
+
+def test_a_twin_whose_slots_drifted_from_its_class_is_refused_at_import() -> None:
+    class Short:
+        __slots__ = ("head", "reads")
+
+    with pytest.raises(TypeError, match="slots of CacheEntry"):
+        _same_layout(Short, CacheEntry)
+    _same_layout(_EntryTwin, CacheEntry)
 
 
 def test_few_tells_a_crowded_head_from_the_few_beside_it(tmp_path: Path) -> None:
@@ -124,6 +141,38 @@ def test_few_tells_a_crowded_head_from_the_few_beside_it(tmp_path: Path) -> None
     listed = found["few"]
     assert listed is not None and [e.output for e in listed] == ["0", "1", "2"]  # newest first
     assert found == cache.few(["none", "few", "crowded", "few"])
+    cache.close()
+
+
+@pytest.mark.parametrize("heads", [3, _CHUNK + 7])
+def test_few_reads_the_same_entries_through_json_each_as_through_a_list_of_parameters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heads: int) -> None:
+    # An SQLite without json_each reads the heads as IN (?, ...): both read exactly the fresh
+    # entries under the heads asked, a crowded head said so, over any number of heads.
+    monkeypatch.setattr(time, "time", lambda: 10_000.0)
+    cache = SqliteCache(tmp_path / "c.db")  # (unbounded while filled: the stale entries stay)
+    for n in range(heads):
+        cache.put(CacheEntry(f"h{n}", {"x": "1"}, json.dumps(n), TokenUsage(n * 10**9, n % 3, n % 2),
+                             created=9_950.0 + n % 40, step=f"s{n}"))
+        cache.put(CacheEntry(f"h{n}", {"x": "2"}, "-1", created=9_800.0, step="s"))  # past max_age
+    cache.put(CacheEntry("other", {}, "0", created=9_990.0, step="o"))
+    for i in range(FEW + 2):
+        cache.put(CacheEntry("crowded", {"x": str(i)}, json.dumps(i), created=9_960.0 + i, step="c"))
+    cache.close()
+    cache = SqliteCache(tmp_path / "c.db", max_age=100)
+    asked = [f"h{n}" for n in range(heads)] + ["crowded", "none", "'); DROP TABLE ekit_cache; --"]
+    assert cache._json is not None  # (this SQLite has it: both paths are compared)
+    through_json = cache.few(asked)
+    cache._json = None
+    assert cache.few(asked) == through_json
+    assert set(through_json) == set(asked) and through_json["crowded"] is None
+    assert through_json["none"] == [] and through_json[asked[-1]] == []
+    for n in range(heads):
+        listed = through_json[f"h{n}"]
+        assert listed is not None and [e.output for e in listed] == [json.dumps(n)]
+        assert listed[0].usage == TokenUsage(n * 10**9, n % 3, n % 2) and listed[0].step == f"s{n}"
+        assert listed[0].head == f"h{n}" and listed[0].reads == {"x": "1"}
+        assert listed[0].created == 9_950.0 + n % 40
     cache.close()
 
 
