@@ -37,7 +37,7 @@ from ekit_runtime.queue.lifecycle import (
     abandoned_as,
     render,
 )
-from ekit_runtime.queue.records import Limits
+from ekit_runtime.queue.records import Lease, Limits
 from ekit_runtime.queue.streams import Published
 from ekit_runtime.stores.pg import PgConnection, psycopg
 
@@ -364,34 +364,52 @@ _MAX_IDLE = (2**31 - 1) // 1000
 # under the schema lock; prune deletes a run's rows with the run.
 # The advisory lock class under which a run's stream offsets are numbered (with hashtext(run_id)).
 _STREAM_LOCK = 0x656B7374  # "ekst"
-# A publisher's fence and the stream's newest offset (args: run_id, then _HELD's): the clock
-# is read when the statement runs (clock_timestamp), not when its transaction began (now()),
-# since the statement follows a wait for the run's advisory lock.
-# One run's events appended under its fence (args: run_id, then _HELD's, then the events as
-# one JSON array of [kind, step, data, at] rows: _event_rows): how many went in (0: the lease is
-# lost) and the stream's newest offset. Then the cap (args: run_id, run_id, cap). (One JSON
-# text, not four arrays: psycopg dumps an array element by element in Python.)
+# A flush of several runs' streams is two statements in its transaction (after SET LOCAL): the
+# runs' advisory locks, taken in the order given (run id order: two publishers never wait in a
+# cycle), then every run's append and cap in one statement, whose snapshot, taken once the
+# locks are held, sees every offset a publisher before it committed. The fence's clock is read
+# when that statement runs (clock_timestamp), not when its transaction began (now()), since it
+# follows a wait for the locks. Both take the runs as one JSON text, not arrays (psycopg dumps an
+# array element by element in Python): _publish_args. A run's events are appended only if its
+# lease is held, and only its newest ``cap`` (what the cap would keep; the offsets are those of
+# all of them); each stream is then cut to its newest ``cap``. One row per run whose lease is
+# held: run id, how many went in, the stream's newest offset (a run missing: its lease is lost).
 _CLOCK_HELD = _HELD.replace(_NOW, "extract(epoch from clock_timestamp())::float8")
-_STREAM_APPEND = (
-    "WITH ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
-    "SELECT r.run_id, r.last + e.n, e.kind, e.step, e.data, r.epoch, e.at FROM "
-    "(SELECT run_id, epoch, (SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s) "
-    "AS last "
-    f"FROM ekit_queue_runs WHERE {_CLOCK_HELD}) AS r, "
-    "(SELECT x.v ->> 0 AS kind, x.v ->> 1 AS step, x.v ->> 2 AS data, (x.v ->> 3)::float8 AS at, x.n "
-    "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(v, n)) AS e "
-    "RETURNING pos) SELECT count(*), coalesce(max(pos), 0) FROM ins"
+_STREAM_LOCKS = (
+    "SELECT pg_advisory_xact_lock(%s, hashtext(x.id)) FROM json_array_elements_text(%s::json) AS x(id)"
+)
+_STREAM_PUBLISH = (
+    "WITH b AS (SELECT x.v ->> 0 AS run_id, (x.v ->> 1)::bigint AS epoch, x.v -> 2 AS events, "
+    "json_array_length(x.v -> 2) AS total FROM json_array_elements(%(runs)s::json) AS x(v)), "
+    "r AS (SELECT b.run_id, b.epoch, b.events, b.total, "
+    "(SELECT coalesce(max(pos), 0) FROM ekit_queue_stream s WHERE s.run_id = b.run_id) AS last "
+    "FROM b WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE "
+    + _CLOCK_HELD.replace("run_id = %s AND epoch = %s", "run_id = b.run_id AND epoch = b.epoch")
+    + ")), "
+    "ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+    "SELECT r.run_id, r.last + e.n, e.v ->> 0, e.v ->> 1, e.v ->> 2, r.epoch, (e.v ->> 3)::float8 "
+    "FROM r, json_array_elements(r.events) WITH ORDINALITY AS e(v, n) WHERE e.n > r.total - %(cap)s "
+    "RETURNING run_id, pos), "
+    "cut AS (DELETE FROM ekit_queue_stream s USING (SELECT b.run_id, coalesce(r.last + r.total, "
+    "(SELECT max(pos) FROM ekit_queue_stream t WHERE t.run_id = b.run_id)) - %(cap)s AS upto "
+    "FROM b LEFT JOIN r ON r.run_id = b.run_id) AS c WHERE s.run_id = c.run_id AND s.pos <= c.upto) "
+    "SELECT run_id, count(*), max(pos) FROM ins GROUP BY run_id"
 )
 _events_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
-def _event_rows(events: Sequence[Published]) -> str:
-    """A run's events as _STREAM_APPEND's JSON rows, in order."""
-    return _events_json([[e.kind, e.step, e.data, e.at] for e in events])
-_STREAM_CAP = (
-    "DELETE FROM ekit_queue_stream WHERE run_id = %s "
-    "AND pos <= (SELECT max(pos) FROM ekit_queue_stream WHERE run_id = %s) - %s"
-)
+def _publish_args(batches: Sequence[tuple[Lease, Sequence[Published]]]) -> tuple[str, str]:
+    """The runs' ids (for _STREAM_LOCKS) and their leases and events (_STREAM_PUBLISH's ``runs``),
+    each as one JSON text, in the order given."""
+    return (
+        _events_json([lease.run_id for lease, _events in batches]),
+        _events_json([
+            [lease.run_id, lease.epoch, [[e.kind, e.step, e.data, e.at] for e in events]]
+            for lease, events in batches
+        ]),
+    )
+
+
 _STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
     run_id text NOT NULL, pos bigint NOT NULL, kind text NOT NULL, step text, data text NOT NULL,
     epoch bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (run_id, pos)
