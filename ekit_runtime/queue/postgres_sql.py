@@ -242,7 +242,7 @@ def _held_joined(rows: str) -> str:
 # finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
 # not a transaction of one per run, for the reason _SAVE_FULL gives. Its rows
 # come as one JSON text per kind (saves, entries, endings), an array of one
-# JSON array per row (``_row``, ``_rows``), which psycopg sends as it is. A
+# JSON array per row (``_writes_args``), which psycopg sends as it is. A
 # list parameter psycopg dumps in Python, element by element: 23 typed arrays
 # cost about 200 us a batch, and a jsonb[] escapes every quote of every row
 # with a regular expression (about 0.1 ms of the worker's CPU per run).
@@ -548,13 +548,10 @@ class _QueueConnection(PgConnection):
         super().close()
 
 
-# A row of _WRITES's input: a JSON array, one per save, entry or ending (see _WRITES).
+# _WRITES's input: one JSON text per kind (saves, entries, endings), an array of one JSON array
+# per row. Each kind is encoded in one call of the encoder (a call costs about as much as a
+# small row: a batch's rows one by one cost the worker a few hundred thousand instructions a run).
 _row = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-
-
-def _rows(rows: list[str]) -> str:
-    """One parameter of ``_WRITES``: its rows (each ``_row``'s JSON) as one JSON array."""
-    return "[" + ",".join(rows) + "]"
 
 
 def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
@@ -567,28 +564,29 @@ def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, tuple[st
     ``None``: nothing to write (every write failed before the statement)."""
     if not rows:
         return None
-    runs: list[str] = []
-    entries: list[str] = []
-    gone: list[str] = []
-    ended: list[str] = []
+    runs: list[tuple[Any, ...]] = []
+    entries: list[tuple[str, str, str, str]] = []
+    gone: list[tuple[str, str]] = []
+    ended: list[tuple[str, int, str, str | None]] = []
     uses = RunQueue._uses
     for _i, row in rows:
         if isinstance(row, Ending):
-            ended.append(_row((row.lease.run_id, row.lease.epoch, row.status, row.error)))
+            ended.append((row.lease.run_id, row.lease.epoch, row.status, row.error))
             continue
         lease, checkpoint, enc, added = row
         done, total = progress(checkpoint)
-        runs.append(_row((
-            lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+        run_id = lease.run_id
+        runs.append((
+            run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
             added.llm_calls, added.total_tokens, uses(added), enc.header,
             checkpoint.fingerprint if enc.full else None, enc.recount,
-        )))
-        entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+        ))
+        entries.extend([(run_id, kind, name, value) for kind, name, value in enc.rows])
         if enc.gone:
-            gone.extend(_row((lease.run_id, name)) for name in enc.gone)
+            gone.extend([(run_id, name) for name in enc.gone])
     if gone:
-        return _WRITES_GONE, (_rows(runs), _rows(entries), _rows(gone), _rows(ended))
-    return _WRITES, (_rows(runs), _rows(entries), _rows(ended))
+        return _WRITES_GONE, (_row(runs), _row(entries), _row(gone), _row(ended))
+    return _WRITES, (_row(runs), _row(entries), _row(ended))
 
 
 def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:
