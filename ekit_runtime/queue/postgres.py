@@ -615,12 +615,8 @@ class PostgresQueue(RunQueue):
             with conn.pipeline():
                 # A stream is not a checkpoint: its commit does not wait for the server's disk (a
                 # crash of the server may lose its last rows, never a save's; the server's next
-                # durable commit makes them durable).
-                # (One cursor for the statements whose results are not read: a cursor costs
-                # psycopg a copy of its adapters.)
-                side = conn.cursor()
-                side.execute("SET LOCAL synchronous_commit TO off")
-                side.execute(_STREAM_LOCKS, (_STREAM_LOCK, ids))
+                # durable commit makes them durable): _STREAM_LOCKS says so.
+                conn.execute(_STREAM_LOCKS, (_STREAM_LOCK, ids))
                 appended = conn.execute(_STREAM_PUBLISH, {"runs": runs, "cap": cap})
             newest = {run_id: int(last) for run_id, _count, last in appended.fetchall()}
         return {
