@@ -69,20 +69,20 @@ from ekit_runtime.queue.postgres_sql import (
     _SAVE_FULL,
     _SCHEMA,
     _SLOT_LOCK,
-    _STREAM_APPEND,
-    _STREAM_CAP,
     _STREAM_LOCK,
+    _STREAM_LOCKS,
+    _STREAM_PUBLISH,
     _STREAM_TABLE,
     _UNCHANGED,
     _UPGRADE,
     _WHOLE,
     _columns,
     _columns_found,
-    _event_rows,
     _has_pick_index,
     _has_stream_table,
     _names,
     _pick,
+    _publish_args,
     _QueueConnection,
     _quick_args,
     _said,
@@ -615,32 +615,21 @@ class PostgresQueue(RunQueue):
         of its new epoch could take that lock, so a publisher of the old
         epoch that takes it later finds the lease gone and writes nothing.
         """
-        done: dict[str, int | Exception] = {}
-        # Pipelined: the whole flush is one round trip to the server (and its commit), not a
-        # few per run; a worker's database thread waits for the loop's GIL at each one.
+        ids, runs = _publish_args(batches)
+        # Pipelined: the whole flush is one round trip to the server (and its commit), whatever
+        # the runs; a worker's database thread waits for the loop's GIL at each one.
         with self.db.transaction() as conn:
             with conn.pipeline():
                 # A stream is not a checkpoint: its commit does not wait for the server's disk (a
                 # crash of the server may lose its last rows, never a save's; the server's next
-                # durable commit makes them durable).
-                # (One cursor for the statements whose results are not read: a cursor costs
-                # psycopg a copy of its adapters.)
-                side = conn.cursor()
-                side.execute("SET LOCAL synchronous_commit TO off")
-                counted = []
-                for lease, events in batches:
-                    run_id = lease.run_id
-                    side.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_STREAM_LOCK, run_id))
-                    args = (run_id, run_id, lease.epoch, _event_rows(events))
-                    counted.append(conn.execute(_STREAM_APPEND, args))
-                    side.execute(_STREAM_CAP, (run_id, run_id, cap))
-            for (lease, _events), cur in zip(batches, counted, strict=True):
-                row = cur.fetchone()
-                if row is None or not row[0]:
-                    done[lease.run_id] = LeaseLostError(lease.run_id, lease.epoch)
-                else:
-                    done[lease.run_id] = int(row[1])
-        return done
+                # durable commit makes them durable): _STREAM_LOCKS says so.
+                conn.execute(_STREAM_LOCKS, (_STREAM_LOCK, ids))
+                appended = conn.execute(_STREAM_PUBLISH, {"runs": runs, "cap": cap})
+            newest = {run_id: int(last) for run_id, _count, last in appended.fetchall()}
+        return {
+            lease.run_id: newest.get(lease.run_id, LeaseLostError(lease.run_id, lease.epoch))
+            for lease, _events in batches
+        }
 
     def close(self) -> None:
         """Close the connection."""

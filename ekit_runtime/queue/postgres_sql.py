@@ -37,7 +37,7 @@ from ekit_runtime.queue.lifecycle import (
     abandoned_as,
     render,
 )
-from ekit_runtime.queue.records import Limits
+from ekit_runtime.queue.records import Lease, Limits
 from ekit_runtime.queue.streams import Published
 from ekit_runtime.stores.pg import PgConnection, psycopg
 
@@ -242,7 +242,7 @@ def _held_joined(rows: str) -> str:
 # finish's fenced UPDATE, returned with a NULL cancel flag. One statement,
 # not a transaction of one per run, for the reason _SAVE_FULL gives. Its rows
 # come as one JSON text per kind (saves, entries, endings), an array of one
-# JSON array per row (``_row``, ``_rows``), which psycopg sends as it is. A
+# JSON array per row (``_writes_args``), which psycopg sends as it is. A
 # list parameter psycopg dumps in Python, element by element: 23 typed arrays
 # cost about 200 us a batch, and a jsonb[] escapes every quote of every row
 # with a regular expression (about 0.1 ms of the worker's CPU per run).
@@ -364,34 +364,55 @@ _MAX_IDLE = (2**31 - 1) // 1000
 # under the schema lock; prune deletes a run's rows with the run.
 # The advisory lock class under which a run's stream offsets are numbered (with hashtext(run_id)).
 _STREAM_LOCK = 0x656B7374  # "ekst"
-# A publisher's fence and the stream's newest offset (args: run_id, then _HELD's): the clock
-# is read when the statement runs (clock_timestamp), not when its transaction began (now()),
-# since the statement follows a wait for the run's advisory lock.
-# One run's events appended under its fence (args: run_id, then _HELD's, then the events as
-# one JSON array of [kind, step, data, at] rows: _event_rows): how many went in (0: the lease is
-# lost) and the stream's newest offset. Then the cap (args: run_id, run_id, cap). (One JSON
-# text, not four arrays: psycopg dumps an array element by element in Python.)
+# A flush of several runs' streams is two statements in its transaction: the
+# runs' advisory locks, taken in the order given (run id order: two publishers never wait in a
+# cycle), then every run's append and cap in one statement, whose snapshot, taken once the
+# locks are held, sees every offset a publisher before it committed. The fence's clock is read
+# when that statement runs (clock_timestamp), not when its transaction began (now()), since it
+# follows a wait for the locks. Both take the runs as one JSON text, not arrays (psycopg dumps an
+# array element by element in Python): _publish_args. A run's events are appended only if its
+# lease is held, and only its newest ``cap`` (what the cap would keep; the offsets are those of
+# all of them); each stream is then cut to its newest ``cap``. One row per run whose lease is
+# held: run id, how many went in, the stream's newest offset (a run missing: its lease is lost).
 _CLOCK_HELD = _HELD.replace(_NOW, "extract(epoch from clock_timestamp())::float8")
-_STREAM_APPEND = (
-    "WITH ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
-    "SELECT r.run_id, r.last + e.n, e.kind, e.step, e.data, r.epoch, e.at FROM "
-    "(SELECT run_id, epoch, (SELECT coalesce(max(pos), 0) FROM ekit_queue_stream WHERE run_id = %s) "
-    "AS last "
-    f"FROM ekit_queue_runs WHERE {_CLOCK_HELD}) AS r, "
-    "(SELECT x.v ->> 0 AS kind, x.v ->> 1 AS step, x.v ->> 2 AS data, (x.v ->> 3)::float8 AS at, x.n "
-    "FROM json_array_elements(%s::json) WITH ORDINALITY AS x(v, n)) AS e "
-    "RETURNING pos) SELECT count(*), coalesce(max(pos), 0) FROM ins"
+# (The locks' statement also makes the transaction's commit not wait for the server's disk:
+# set_config(..., true) is SET LOCAL, read at the commit, one statement fewer.)
+_STREAM_LOCKS = (
+    "SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(%s, hashtext(x.id)) "
+    "FROM json_array_elements_text(%s::json) AS x(id)"
+)
+_STREAM_PUBLISH = (
+    "WITH b AS (SELECT x.v ->> 0 AS run_id, (x.v ->> 1)::bigint AS epoch, x.v -> 2 AS events, "
+    "json_array_length(x.v -> 2) AS total FROM json_array_elements(%(runs)s::json) AS x(v)), "
+    "r AS (SELECT b.run_id, b.epoch, b.events, b.total, "
+    "(SELECT coalesce(max(pos), 0) FROM ekit_queue_stream s WHERE s.run_id = b.run_id) AS last "
+    "FROM b WHERE EXISTS (SELECT 1 FROM ekit_queue_runs WHERE "
+    + _CLOCK_HELD.replace("run_id = %s AND epoch = %s", "run_id = b.run_id AND epoch = b.epoch")
+    + ")), "
+    "ins AS (INSERT INTO ekit_queue_stream (run_id, pos, kind, step, data, epoch, at) "
+    "SELECT r.run_id, r.last + e.n, e.v ->> 0, e.v ->> 1, e.v ->> 2, r.epoch, (e.v ->> 3)::float8 "
+    "FROM r, json_array_elements(r.events) WITH ORDINALITY AS e(v, n) WHERE e.n > r.total - %(cap)s "
+    "RETURNING run_id, pos), "
+    "cut AS (DELETE FROM ekit_queue_stream s USING (SELECT b.run_id, coalesce(r.last + r.total, "
+    "(SELECT max(pos) FROM ekit_queue_stream t WHERE t.run_id = b.run_id)) - %(cap)s AS upto "
+    "FROM b LEFT JOIN r ON r.run_id = b.run_id) AS c WHERE s.run_id = c.run_id AND s.pos <= c.upto) "
+    "SELECT run_id, count(*), max(pos) FROM ins GROUP BY run_id"
 )
 _events_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
-def _event_rows(events: Sequence[Published]) -> str:
-    """A run's events as _STREAM_APPEND's JSON rows, in order."""
-    return _events_json([[e.kind, e.step, e.data, e.at] for e in events])
-_STREAM_CAP = (
-    "DELETE FROM ekit_queue_stream WHERE run_id = %s "
-    "AND pos <= (SELECT max(pos) FROM ekit_queue_stream WHERE run_id = %s) - %s"
-)
+def _publish_args(batches: Sequence[tuple[Lease, Sequence[Published]]]) -> tuple[str, str]:
+    """The runs' ids (for _STREAM_LOCKS) and their leases and events (_STREAM_PUBLISH's ``runs``),
+    each as one JSON text, in the order given."""
+    return (
+        _events_json([lease.run_id for lease, _events in batches]),
+        _events_json([
+            [lease.run_id, lease.epoch, [[e.kind, e.step, e.data, e.at] for e in events]]
+            for lease, events in batches
+        ]),
+    )
+
+
 _STREAM_TABLE = """CREATE TABLE IF NOT EXISTS ekit_queue_stream (
     run_id text NOT NULL, pos bigint NOT NULL, kind text NOT NULL, step text, data text NOT NULL,
     epoch bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (run_id, pos)
@@ -530,13 +551,10 @@ class _QueueConnection(PgConnection):
         super().close()
 
 
-# A row of _WRITES's input: a JSON array, one per save, entry or ending (see _WRITES).
+# _WRITES's input: one JSON text per kind (saves, entries, endings), an array of one JSON array
+# per row. Each kind is encoded in one call of the encoder (a call costs about as much as a
+# small row: a batch's rows one by one cost the worker a few hundred thousand instructions a run).
 _row = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-
-
-def _rows(rows: list[str]) -> str:
-    """One parameter of ``_WRITES``: its rows (each ``_row``'s JSON) as one JSON array."""
-    return "[" + ",".join(rows) + "]"
 
 
 def _columns(rows: list[tuple[str, str, str]]) -> tuple[list[str], list[str], list[str]]:
@@ -549,28 +567,29 @@ def _writes_args(rows: Sequence[Written], seconds: float) -> tuple[str, tuple[st
     ``None``: nothing to write (every write failed before the statement)."""
     if not rows:
         return None
-    runs: list[str] = []
-    entries: list[str] = []
-    gone: list[str] = []
-    ended: list[str] = []
+    runs: list[tuple[Any, ...]] = []
+    entries: list[tuple[str, str, str, str]] = []
+    gone: list[tuple[str, str]] = []
+    ended: list[tuple[str, int, str, str | None]] = []
     uses = RunQueue._uses
     for _i, row in rows:
         if isinstance(row, Ending):
-            ended.append(_row((row.lease.run_id, row.lease.epoch, row.status, row.error)))
+            ended.append((row.lease.run_id, row.lease.epoch, row.status, row.error))
             continue
         lease, checkpoint, enc, added = row
         done, total = progress(checkpoint)
-        runs.append(_row((
-            lease.run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
+        run_id = lease.run_id
+        runs.append((
+            run_id, lease.epoch, *enc.counts, enc.failures, done, total, seconds,
             added.llm_calls, added.total_tokens, uses(added), enc.header,
             checkpoint.fingerprint if enc.full else None, enc.recount,
-        )))
-        entries.extend(_row((lease.run_id, kind, name, value)) for kind, name, value in enc.rows)
+        ))
+        entries.extend([(run_id, kind, name, value) for kind, name, value in enc.rows])
         if enc.gone:
-            gone.extend(_row((lease.run_id, name)) for name in enc.gone)
+            gone.extend([(run_id, name) for name in enc.gone])
     if gone:
-        return _WRITES_GONE, (_rows(runs), _rows(entries), _rows(gone), _rows(ended))
-    return _WRITES, (_rows(runs), _rows(entries), _rows(ended))
+        return _WRITES_GONE, (_row(runs), _row(entries), _row(gone), _row(ended))
+    return _WRITES, (_row(runs), _row(entries), _row(ended))
 
 
 def _said(rows: Sequence[Written], made: dict[str, Any]) -> list[bool | None]:
