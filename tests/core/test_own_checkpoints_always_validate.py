@@ -8,7 +8,9 @@ questions answered on resume are driven in random orders, failing and
 resuming at random points; every checkpoint they make must survive
 ``to_dict``, JSON and ``from_dict`` unchanged, and resume: as it is, read
 back, under a version bump of a random step, and after a rewind of a random
-recorded step or item.
+recorded step, item or loop iteration. A rewound iteration ``L#k`` lets go of
+itself, every later one, the loop's output and what needs it, keeps the
+iterations before it, and is what the resume runs next.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ekit_core import (
     questions,
     rewind,
 )
+from ekit_core.rewind import downstream
 from ekit_core.shapes import Shape
 from tests.support.strategies import shaped_dags
 
@@ -111,10 +114,60 @@ def _checked(graph: GraphSpec, cp: WorkflowCheckpoint, data: st.DataObject) -> d
     initial_state(graph, back)
     bumped = data.draw(st.sampled_from(graph.names), label="bumped")
     initial_state(graph, back, versions={**back.versions, bumped: "bumped"})
-    recorded = [n for n in back.outputs if n in graph.index or "[" in n]
+    recorded = _rewindable(graph, back.outputs)
     if recorded:
-        initial_state(graph, rewind(graph, back, data.draw(st.sampled_from(recorded), label="rewound")))
+        initial_state(graph, _rewound(graph, back, data.draw(st.sampled_from(recorded), label="rewound")))
     return json.loads(text)
+
+
+def _iteration(graph: GraphSpec, name: str) -> tuple[str, int] | None:
+    """``(loop, k)`` if ``name`` is iteration ``k`` of one of ``graph``'s loops (``L#k``)."""
+    loop, sep, number = name.rpartition("#")
+    shape = graph.shapes.get(loop)
+    if not sep or shape is None or shape.repeat is None or not number.isdigit():
+        return None
+    return loop, int(number)
+
+
+def _rewindable(graph: GraphSpec, recorded: Any) -> list[str]:
+    """The recorded names a rewind may take: steps, items and loop iterations."""
+    return sorted(n for n in recorded if n in graph.index or "[" in n or _iteration(graph, n))
+
+
+def _rewound(graph: GraphSpec, cp: WorkflowCheckpoint, name: str) -> WorkflowCheckpoint:
+    """``cp`` rewound to ``name``; if it is a loop's iteration, checked as the docs promise."""
+    back = rewind(graph, cp, name)
+    at = _iteration(graph, name)
+    if at is not None:
+        _check_iteration_rewound(graph, cp, back, *at)
+    return back
+
+
+def _check_iteration_rewound(graph: GraphSpec, before: WorkflowCheckpoint,
+                             after: WorkflowCheckpoint, loop: str, k: int) -> None:
+    """Rewinding ``loop#k`` lets go of exactly that iteration, the later ones, the loop's
+    output and everything that needs the loop (their items and iterations too), keeps
+    the iterations before it as they were, and the resume runs iteration ``k`` next
+    under the code that recorded it (the first, if the ones before it were compacted:
+    nothing is left to go on from)."""
+    event("rewinds a loop iteration" + (" after its first" if k > 1 else ""))
+    below = set(downstream(graph, [loop]))
+
+    def again(name: str) -> bool:
+        at = _iteration(graph, name)
+        if at is not None and at[0] == loop:
+            return at[1] >= k
+        return name.partition("[")[0].partition("#")[0] in below
+
+    assert set(before.outputs) - set(after.outputs) == {n for n in before.outputs if again(n)}
+    assert all(after.outputs[n] == before.outputs[n] for n in after.outputs)
+    compacted = before.compacted.get(loop, 0)
+    restarts = k == compacted + 1 and compacted > 0
+    if restarts:
+        event("rewinds a compacted loop's first kept iteration")
+    _, batch = advance(initial_state(graph, after, versions=dict(after.versions)))  # (the same code)
+    assert after.compacted.get(loop, 0) == (0 if restarts else compacted)
+    assert f"{loop}#{1 if restarts else k}" in batch.names, batch.names
 
 
 def _answered(cp: dict[str, Any]) -> dict[str, Any]:
@@ -134,11 +187,11 @@ def _resumed(graph: GraphSpec, saved: dict[str, Any], versions: dict[str, str],
         step = data.draw(st.sampled_from(graph.names), label="bump")
         versions[step] = str(int(versions.get(step, "0")) + 1)
         upset = True
-    elif how == "rewind" and saved["outputs"]:
-        name = data.draw(st.sampled_from(sorted(saved["outputs"])), label="rewind")
-        if name in graph.index or "[" in name:
-            saved = rewind(graph, WorkflowCheckpoint.from_dict(saved), name).to_dict()
-            upset = True
+    elif how == "rewind" and _rewindable(graph, saved["outputs"]):
+        name = data.draw(st.sampled_from(_rewindable(graph, saved["outputs"])), label="rewind")
+        saved = _rewound(graph, WorkflowCheckpoint.from_dict(saved), name).to_dict()
+        upset = True
+        event("resumes a rewound loop iteration" if _iteration(graph, name) else "resumes a rewind")
     return initial_state(graph, saved, versions=versions), upset
 
 
