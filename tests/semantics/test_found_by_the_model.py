@@ -559,3 +559,25 @@ def test_a_kept_step_runs_an_interrupted_item_of_new_code_under_a_new_key() -> N
     keys.clear()
     workflow("bold", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
     assert keys == ["r/m[1]/2"]
+
+
+def test_audit_of_a_rewound_body_map_over_no_items_says_what_the_resume_keeps() -> None:
+    """"An iteration that asked for none has none" (docs/concepts.md, "A loop whose body is
+    a workflow"): a body map over an empty output is collected at once, with no attempt, as
+    any map over no items is, and audit tells what a resume skips. After a rewind of the
+    body's map step, the resume collects ``agent/tool#1`` again as it starts; audit raised
+    ``KeyError`` (it read the iteration's dependencies from the declared graph, which has
+    no ``agent/tool#1``; found by a hunt of the model with bodies drawn)."""
+    body = Workflow([Step("model", lambda ctx: {}),
+                     Step("tool", lambda ctx: ctx["model"], ("model",), map_over="model"),
+                     Step("fold", lambda ctx: Done("x"), ("tool", "model"))])
+    workflow = Workflow([Step("agent", child=body, repeat=Repeat(max_iterations=3))])
+    rewound = rewind(workflow, workflow.run_sync().checkpoint, "agent/tool")
+    assert dict(rewound.outputs) == {"agent/model#1": {}}
+    rows = {row.name: row.action for row in audit(workflow, rewound).steps}
+    assert rows["agent/model#1"] == rows["agent/tool#1"] == "skip"
+    assert rows["agent/fold#1"] == "run"
+    started: list[str] = []
+    result = workflow.run_sync(resume_from=rewound, trace=lambda e: started.extend(
+        [e.name] if type(e).__name__ == "StepStarted" else []))
+    assert started == ["agent/fold#1"] and result.checkpoint.outputs["agent/tool#1"] == {}
