@@ -1524,10 +1524,13 @@ def _retry_wait(spec: RunSpec, policy: RetryPolicy, failed: Failed, tries: int, 
 
 
 def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
-    """The retry policy of step ``name`` (an item's is its mapped step's)."""
+    """The retry policy of step ``name`` (an item's is its mapped step's; a body map's item
+    ``L/m#k[key]`` is an item of ``L/m#k``, itself an iteration of ``L/m``)."""
     policy = spec.limits.policies.get(name)
-    if policy is None and spec.shaped is not None and name in spec.shaped.items:
-        policy = spec.limits.policies.get(spec.shaped.items[name].step)
+    items = spec.shaped.items if spec.shaped is not None else {}
+    while policy is None and name in items:
+        name = items[name].step
+        policy = spec.limits.policies.get(name)
     return NO_RETRY if policy is None else policy
 
 

@@ -581,3 +581,25 @@ def test_audit_of_a_rewound_body_map_over_no_items_says_what_the_resume_keeps() 
     result = workflow.run_sync(resume_from=rewound, trace=lambda e: started.extend(
         [e.name] if type(e).__name__ == "StepStarted" else []))
     assert started == ["agent/fold#1"] and result.checkpoint.outputs["agent/tool#1"] == {}
+
+
+def test_an_item_of_a_body_map_is_retried_by_its_steps_policy() -> None:
+    """"Iteration ``k`` runs every body step ``s`` as a step of its own, ``agent/s#k``, with
+    everything a step has" (docs/concepts.md, "A loop whose body is a workflow"): a retry
+    policy too, for the items of a body map as for any map's. An item ``P/c1#1[1]`` that
+    failed once failed the run at its first attempt: the core looked its policy up by
+    ``P/c1#1``, the iteration, which no policy names (found by a hunt of the model)."""
+    calls: list[str] = []
+
+    def tool(ctx: dict[str, Any]) -> str:
+        calls.append(ctx["c0"])
+        if calls.count("b") == 1 and ctx["c0"] == "b":
+            raise ConnectionError("overloaded")
+        return str(ctx["c0"])
+
+    body = Workflow([Step("c0", lambda ctx: ["a", "b"]),
+                     Step("c1", tool, ("c0",), map_over="c0",
+                          retry=RetryPolicy(max_attempts=2, backoff_base=0)),
+                     Step("c2", lambda ctx: Done(ctx["c1"]), ("c1",))])
+    result = Workflow([Step("P", child=body, repeat=Repeat(2))]).run_sync(max_concurrency=1)
+    assert result.outputs["P"] == ["a", "b"] and calls == ["a", "b", "b"]
