@@ -603,3 +603,29 @@ def test_an_item_of_a_body_map_is_retried_by_its_steps_policy() -> None:
                      Step("c2", lambda ctx: Done(ctx["c1"]), ("c1",))])
     result = Workflow([Step("P", child=body, repeat=Repeat(2))]).run_sync(max_concurrency=1)
     assert result.outputs["P"] == ["a", "b"] and calls == ["a", "b", "b"]
+
+
+def test_replay_accepts_a_bumped_body_running_its_compacted_iterations_again() -> None:
+    """"A changed body step (its version or code) runs the loop again from its first
+    iteration" (docs/concepts.md, "A loop whose body is a workflow"), and replay accepts
+    the resumes a run makes (docs/auditing.md): an iteration recorded again by the changed
+    body is its first output, not a changed one. Replay forgot only a one-step loop's
+    compacted iterations (``P#1``) when the loop started again, and reported
+    ``output_changed`` for ``P/c0#1`` and the item ``P/m#1[0]`` (found by a hunt of the
+    model)."""
+    def workflow(version: str) -> Workflow:
+        def fold(ctx: dict[str, Any]) -> Any:
+            return Done(ctx["m"]) if ctx["P"].number == 2 else ctx["m"]
+
+        body = Workflow([Step("c0", lambda ctx: [f"{version}:{ctx['P'].number}"], version=version),
+                         Step("m", lambda ctx: ctx["c0"], ("c0",), map_over="c0"),
+                         Step("c1", fold, ("m",))])
+        return Workflow([Step("P", child=body, repeat=Repeat(3, keep_last=1))])
+
+    saved: list[WorkflowCheckpoint] = []
+    workflow("v0").run_sync(checkpoint_fn=saved.append)
+    assert saved[-1].compacted == {"P": 1, "P/m[]": 1}
+    result = workflow("v1").run_sync(resume_from=saved[-1], checkpoint_fn=saved.append)
+    assert result.outputs["P"] == ["v1:2"] and result.checkpoint.compacted == {"P": 1, "P/m[]": 1}
+    report = replay(workflow("v1"), saved)
+    assert report.ok, [v.to_dict() for v in report.violations]
