@@ -446,11 +446,13 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
-    # (a loop's first iteration, skipped with it, is decided again with it; and the
-    # question of the iteration it was at, not recorded, is asked again)
+    # (a loop's first iteration, skipped with it, is decided again with it, as is each body
+    # step's, L/s#1; and the question of the iteration it was at, not recorded, is asked again)
     looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
     if looped:
-        seen |= {first for n in looped if (first := iteration_name(n, 1)) in checkpoint.skipped}
+        bodies = bodies_of(graph)
+        seen |= {first for n in looped for s in bodies.get(n, (n,))
+                 if (first := iteration_name(s, 1)) in checkpoint.skipped}
         seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
         seen.update(_next_iterations(graph, checkpoint, looped))  # (run on what is let go of)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}

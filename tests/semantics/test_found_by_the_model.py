@@ -629,3 +629,22 @@ def test_replay_accepts_a_bumped_body_running_its_compacted_iterations_again() -
     assert result.outputs["P"] == ["v1:2"] and result.checkpoint.compacted == {"P": 1, "P/m[]": 1}
     report = replay(workflow("v1"), saved)
     assert report.ok, [v.to_dict() for v in report.violations]
+
+
+def test_a_rewind_of_the_skip_above_a_body_loop_lets_it_run() -> None:
+    """A rewind drops what it reaches "and everything downstream" (docs/concepts.md), skips
+    included: their conditions are decided again. A loop whose body is a workflow, skipped
+    because a condition above it was false, records its body's first iteration skipped too
+    (``L/c0#1``); a rewind of the condition's step let go of ``L/c0``'s skip but kept
+    ``L/c0#1``'s, and the resume refused the rewound checkpoint (``CheckpointError``: "records
+    'L/c0#1' as skipped, yet not its loop"; found by a hunt of the model)."""
+    go = [False]
+    body = Workflow([Step("c0", lambda ctx: Done(ctx["a"]))])
+    workflow = Workflow([Step("a", lambda ctx: "yes", when=lambda ctx: go[0]),
+                         Step("L", depends_on=("a",), child=body, repeat=Repeat(3))])
+    skipped = workflow.run_sync().checkpoint
+    assert {"a", "L/c0#1", "L/c0", "L"} <= skipped.skipped.keys()
+    go[0] = True
+    rewound = rewind(workflow, skipped, "a")
+    assert dict(rewound.skipped) == {}
+    assert workflow.run_sync(resume_from=rewound).outputs["L"] == "yes"
