@@ -345,6 +345,12 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
                    or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
     mapped += tuple(f"{n}#" for n in steps if (n in graph.shapes and graph.shapes[n].repeat)
                     or (n in checkpoint.shapes and checkpoint.shapes[n].repeat))
+    # (a loop whose body is a workflow runs again whole: its body steps' iterations L/s#k,
+    # and its maps' items L/m#k[key], are reached with it, grown or only failed or asked)
+    if any(graph.shapes[n].child is not None for n in steps
+           if n in graph.shapes and graph.shapes[n].repeat):
+        mapped += tuple(f"{s}#" for loop, body in bodies_of(graph).items() if loop in steps
+                        for s in body)
     # (a child per item's steps take no shape of their own: their items are P/s[key] all
     # the same, which the parent's shape says)
     mapped += tuple(f"{n}[" for n in steps if "/" in n and _per_item(graph, checkpoint, n))

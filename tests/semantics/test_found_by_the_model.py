@@ -648,3 +648,33 @@ def test_a_rewind_of_the_skip_above_a_body_loop_lets_it_run() -> None:
     rewound = rewind(workflow, skipped, "a")
     assert dict(rewound.skipped) == {}
     assert workflow.run_sync(resume_from=rewound).outputs["L"] == "yes"
+
+
+def test_a_bumped_body_counts_an_iteration_it_records_only_a_failure_of() -> None:
+    """Every step and item whose work changed gets a new attempt number "whether the
+    checkpoint records an output of it, a failure, a question, or nothing at all", and
+    ``redone`` counts it (docs/concepts.md), as it does an item ``m[0]`` rewound and then
+    bumped (``redone`` 2). ``P/c1#2`` failed once and then finished; a rewind of the body
+    let go of its output (``redone`` 1), and a bump of the body before the resume did not
+    count it again: the resume counted only the iterations the recorded outputs grow, not
+    those known by a failure record (found by a hunt of the model)."""
+    failed: list[int] = []
+
+    def workflow(version: str) -> Workflow:
+        def fold(ctx: dict[str, Any]) -> Any:
+            number = ctx["P"].number
+            if number == 2 and not failed:
+                failed.append(number)
+                raise ConnectionError("overloaded")
+            return Done(ctx["c0"]) if number == 2 else ctx["c0"]
+
+        body = Workflow([Step("c0", lambda ctx: version, version=version),
+                         Step("c1", fold, ("c0",), retry=RetryPolicy(2, backoff_base=0))])
+        return Workflow([Step("P", child=body, repeat=Repeat(3))])
+
+    recorded = workflow("v0").run_sync().checkpoint
+    assert "P/c1#2" in recorded.failures and "P/c1#2" in recorded.outputs
+    rewound = rewind(workflow("v0"), recorded, "P/c0")
+    assert "P/c1#2" not in rewound.outputs and rewound.redone["P/c1#2"] == 1
+    bumped = workflow("v1").run_sync(resume_from=rewound).checkpoint
+    assert bumped.redone["P/c1#2"] == bumped.redone["P/c1#1"] == 2
