@@ -515,6 +515,10 @@ def _check_audit(workflow: Workflow, cp: WorkflowCheckpoint, steps: list[model.M
     probe = model.Run(steps, record, World.__new__(World),  # (audit: no only=, no cache)
                       model.Options(on_code_change=options.on_code_change))
     probe.resume()
+    # (as a run starts: loops grown too, so that a body's map over no items, collected
+    # as the resume starts, is kept as audit says)
+    probe._skip_needing_skipped()
+    probe.grow(start=True)
     probe.settle()
     kept = set(probe.rec.outputs) | set(probe.rec.skipped)
     report = audit(workflow, cp)
