@@ -445,6 +445,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     # Rewinding a mapped step rewinds every one of its items; a loop, every iteration.
     seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ())),
             *(m for m, ref in items.items.items() if ref.iteration and ref.step in wanted)}
+    seen |= {m for n in list(seen) for m in items.members.get(n, ())}  # (L/m#k's items)
     frontier = list(seen)
     while frontier:
         for child in consumers.get(frontier.pop(), ()):
@@ -460,7 +461,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         seen |= {first for n in looped for s in bodies.get(n, (n,))
                  if (first := iteration_name(s, 1)) in checkpoint.skipped}
         seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
-        seen.update(_next_iterations(graph, checkpoint, looped))  # (run on what is let go of)
+        _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
@@ -477,6 +478,30 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _reach_next(graph: GraphSpec, nexts: list[str], wanted: list[str], seen: set[str]) -> None:
+    """Add to ``seen`` what a rewind reaches of the iteration each unfinished loop was at
+    (``nexts``: it may have run, or been interrupted, with nothing saved): a one-step
+    loop's iteration; of a body's, each step rewound or needing what runs again (an input
+    of the loop, a step of the same iteration, the previous iteration's output). The
+    steps of that iteration before the rewound one stay: "that step ... and everything
+    after it" (docs/concepts.md)."""
+    inside: dict[str, tuple[str, frozenset[str]]] = {}
+    for name in nexts:
+        step, k = name[:name.rindex("#")], int(name[name.rindex("#") + 1:])
+        shape = graph.shapes.get(step)
+        if shape is not None and shape.repeat and shape.child is None:
+            seen.add(name)  # (a one-step loop's: it is the loop)
+            continue
+        if not inside:
+            inside = {s: (loop, frozenset(body)) for loop, body in bodies_of(graph).items()
+                      for s in body}
+        loop, body = inside[step]
+        grown_k = Expanded()
+        body_step_iteration(graph, loop, body, step, k, grown_k)
+        if step in wanted or any(d in seen for d in grown_k.steps[name]):
+            seen.add(name)
 
 
 def _counts_kept(checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]

@@ -678,3 +678,43 @@ def test_a_bumped_body_counts_an_iteration_it_records_only_a_failure_of() -> Non
     assert "P/c1#2" not in rewound.outputs and rewound.redone["P/c1#2"] == 1
     bumped = workflow("v1").run_sync(resume_from=rewound).checkpoint
     assert bumped.redone["P/c1#2"] == bumped.redone["P/c1#1"] == 2
+
+
+def test_a_rewind_in_the_iteration_a_body_loop_is_at_keeps_what_came_before() -> None:
+    """``rewind(workflow, checkpoint, "agent/tool#3")`` "runs that step of iteration 3 and
+    everything after it again" (docs/concepts.md, "A loop whose body is a workflow"), a
+    mapped step's items with it. A rewind of the body's map step kept the map's items
+    ``P/m#1[0]``, ``P/m#1[1]`` without their iteration ``P/m#1``, and in the iteration an
+    unfinished loop was at also let go of ``P/c0#1`` before it (found by a hunt of the
+    model: audit and the resume then disagreed on those items)."""
+    calls: list[str] = []
+
+    class Died(BaseException):
+        pass
+
+    def workflow(die: bool) -> Workflow:
+        def fold(ctx: dict[str, Any]) -> Any:
+            if die:
+                raise Died
+            return Done(ctx["m"])
+
+        def tool(ctx: dict[str, Any]) -> str:
+            calls.append(ctx["c0"])
+            return str(ctx["c0"]).upper()
+
+        body = Workflow([Step("c0", lambda ctx: calls.append("c0") or ["a", "b"]),
+                         Step("m", tool, ("c0",), map_over="c0"),
+                         Step("c2", fold, ("m", "c0"))])
+        return Workflow([Step("P", child=body, repeat=Repeat(3))])
+
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(Died):
+        workflow(True).run_sync(checkpoint_fn=saved.append, max_concurrency=1)
+    assert set(saved[-1].outputs) == {"P/c0#1", "P/m#1[0]", "P/m#1[1]", "P/m#1"}
+    assert rewind(workflow(False), saved[-1], "P/c2") == saved[-1]  # (nothing of c2 recorded)
+    rewound = rewind(workflow(False), saved[-1], "P/m")
+    assert set(rewound.outputs) == {"P/c0#1"}
+    calls.clear()
+    finished = workflow(False).run_sync(resume_from=rewound).checkpoint
+    assert finished.outputs["P"] == ["A", "B"] and calls == ["a", "b"]
+    assert set(rewind(workflow(False), finished, "P/m").outputs) == {"P/c0#1"}  # (ended too)
