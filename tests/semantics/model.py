@@ -543,8 +543,10 @@ class Run:
             if (s.repeat is None or s.name not in changed or s.name in rec.outputs
                     or s.name in rec.skipped or not all(d in rec.outputs for d in s.deps)):
                 continue
+            # (a body's iterations are its output step's: concepts.md, "How it ends")
+            counted = s.output if s.name in self.bodies and s.output else s.name
             last = rec.compacted.get(s.name, 0)
-            while f"{s.name}#{last + 1}" in rec.outputs:
+            while f"{counted}#{last + 1}" in rec.outputs:
                 last += 1
             shape = rec.shapes.get(s.name) or s.shape()
             if last < shape[4] and s.name not in self.bodies:
