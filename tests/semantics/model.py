@@ -454,10 +454,11 @@ class Run:
         self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
         touched = [n for n in self.steps if n in changed]
         known = Run(list(self.steps.values()), Record(outputs=rec.outputs), self.script, Options())
+        known.grow(start=True)  # (loops too: a body's maps grow L/m#k[key] in its iterations)
         while known.grow():  # the items the recorded outputs make
             pass
         for m, pairs in known.items.items():
-            touched.extend(u for _, u in pairs if m in changed)
+            touched.extend(u for _, u in pairs if self._owner(m) in changed)
         # (an item known only by its ``redone`` count is not counted again: its last
         # number is unused, so new; the docs ask no more)
         touched.extend(self._next_iterations(changed))

@@ -718,3 +718,36 @@ def test_a_rewind_in_the_iteration_a_body_loop_is_at_keeps_what_came_before() ->
     finished = workflow(False).run_sync(resume_from=rewound).checkpoint
     assert finished.outputs["P"] == ["A", "B"] and calls == ["a", "b"]
     assert set(rewind(workflow(False), finished, "P/m").outputs) == {"P/c0#1"}  # (ended too)
+
+
+def test_a_bumped_body_runs_an_interrupted_item_of_its_map_under_a_new_key() -> None:
+    """"Every step whose work changed ... and every step and item downstream of it gets a new
+    attempt number, whether the checkpoint records an output of it, a failure, a question,
+    or nothing at all" (docs/concepts.md). ``P/m#1[0]``, an item of a body's map, began
+    under v0 and the process died with nothing of it saved; the resume under a bumped body
+    sent v1's work under the same key: the resume counted the items of a body's map only
+    for a one-step loop's prefix ``P#`` (found by a hunt of the model)."""
+    keys: list[str] = []
+
+    class Died(BaseException):
+        pass
+
+    def workflow(version: str, die: bool) -> Workflow:
+        def tool(ctx: dict[str, Any]) -> str:
+            keys.append(str(attempt_key()))
+            if die:
+                raise Died
+            return f"{version}:{ctx['c0']}"
+
+        body = Workflow([Step("c0", lambda ctx: ["a"], version=version),
+                         Step("m", tool, ("c0",), map_over="c0"),
+                         Step("c2", lambda ctx: Done(ctx["m"]), ("m",))])
+        return Workflow([Step("P", child=body, repeat=Repeat(2))])
+
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(Died):
+        workflow("v0", True).run_sync(checkpoint_fn=saved.append, max_concurrency=1, run_id="r")
+    assert keys == ["r/P/m#1[0]/1"] and set(saved[-1].outputs) == {"P/c0#1"}
+    keys.clear()
+    workflow("v1", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
+    assert keys == ["r/P/m#1[0]/2"]
