@@ -2053,7 +2053,9 @@ def _iterations(w: _Run, loop: str, first: int, last: int) -> Expanded:
 def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) -> None:
     """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
     graph and counted, their outputs let go of (see ``_compact``); never started. The
-    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts)."""
+    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts),
+    in step_index as ``held_done`` is: never in the graph, so never in the run's count of
+    what it settled (else it ends before its last steps)."""
     more = _iterations(w, loop, 1, upto)
     shaped = cast(Expansion, w.spec.shaped).grown(more)
     counts = {**shaped.compacted, loop: upto}
@@ -2061,7 +2063,7 @@ def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) 
         key = items_compacted(step)
         if key in recorded:
             counts[key] = recorded[key]
-            w.completed += recorded[key]
+            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + recorded[key])
     w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
         shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
         compacted=MappingProxyType(counts)))

@@ -751,3 +751,32 @@ def test_a_bumped_body_runs_an_interrupted_item_of_its_map_under_a_new_key() -> 
     keys.clear()
     workflow("v1", False).run_sync(resume_from=saved[-1], max_concurrency=1, run_id="r")
     assert keys == ["r/P/m#1[0]/2"]
+
+
+def test_a_resume_of_a_compacted_body_map_settles_once_after_its_last_step() -> None:
+    """A run ends with one ``RunSettled``, once nothing is left to run (docs/concepts.md).
+    A resume of a loop whose body's map had items compacted (``keep_last``), given an
+    answer for the step after the loop, told ``RunSettled("finished")`` before that step
+    ran: it counted the compacted items, which it cannot name, as settled steps of its
+    graph (found by a hunt of the model). The resumed checkpoints still count them in
+    ``step_index``, which never goes down."""
+    def fold(ctx: dict[str, Any]) -> Any:
+        return Done("x") if ctx["P"].number == 2 else "y"
+
+    body = Workflow([Step("c0", lambda ctx: [ctx["P"].number]),
+                     Step("m", lambda ctx: ctx["c0"], ("c0",), map_over="c0"),
+                     Step("c2", fold, ("m", "c0"))])
+    workflow = Workflow([Step("P", child=body, repeat=Repeat(3, keep_last=1)),
+                         Step("s4", lambda ctx: ask("ok?"), ("P",))])
+    saved: list[WorkflowCheckpoint] = []
+    with contextlib.suppress(RunWaiting):
+        workflow.run_sync(checkpoint_fn=saved.append)
+    waiting = saved[-1]
+    assert waiting.compacted == {"P": 1, "P/m[]": 1} and "s4" in waiting.asked
+    told: list[str] = []
+    result = workflow.run_sync(resume_from=waiting, answers={"s4": "yes"}, checkpoint_fn=saved.append,
+                               trace=lambda e: told.append(type(e).__name__))
+    assert result.outputs["s4"] == "yes"
+    assert [e for e in told if e in ("RunSettled", "StepStarted")] == ["StepStarted", "RunSettled"]
+    assert all(a.step_index <= b.step_index for a, b in zip(saved, saved[1:], strict=False))
+    assert replay(workflow, saved).ok
