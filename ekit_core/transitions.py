@@ -2285,10 +2285,24 @@ def _needing(w: _Run, step: str) -> tuple[str, ...]:
     if step not in declared.index:
         only = w.spec.limits.only
         if only is not None:  # and the items a selective run holds that are chained to it
-            return (*scheduled, *held_chained(declared, w.spec.graph, w.spec.shaped, only, step))
-        return tuple(scheduled)
+            scheduled = (*scheduled, *held_chained(declared, w.spec.graph, w.spec.shaped, only, step))
+        return (*scheduled, *_body_maps_over(w, step))
     items = w.spec.shaped.items if w.spec.shaped is not None else {}
     return (*declared.dependents[step], *[c for c in scheduled if c in items])
+
+
+def _body_maps_over(w: _Run, step: str) -> tuple[str, ...]:
+    """The iteration ``L/m#k`` of each body map over ``step`` (``L/u#k``): a mapped step
+    waits for its items, which are not grown yet, so nothing scheduled needs ``step``
+    for it; a skip of ``step`` reaches it here."""
+    shaped = w.spec.shaped
+    if shaped is None or not shaped.body_maps:
+        return ()
+    ref = shaped.items.get(step)
+    if ref is None or not ref.iteration or ref.step not in shaped.body_maps:
+        return ()
+    return tuple(name for m in shaped.body_maps[ref.step]
+                 if (name := iteration_name(m, ref.iteration)) in shaped.items)
 
 
 def _joins_any(w: _Run, step: str) -> bool:

@@ -780,3 +780,22 @@ def test_a_resume_of_a_compacted_body_map_settles_once_after_its_last_step() -> 
     assert [e for e in told if e in ("RunSettled", "StepStarted")] == ["StepStarted", "RunSettled"]
     assert all(a.step_index <= b.step_index for a, b in zip(saved, saved[1:], strict=False))
     assert replay(workflow, saved).ok
+
+
+def test_a_body_loop_with_a_map_below_a_false_condition_is_skipped_whole() -> None:
+    """A false condition skips its step "and every step that needs it" (docs/concepts.md):
+    a loop whose body is a workflow is skipped with its body's first iteration. With a map
+    in the body, the run ended in ``InternalError`` ("nothing can start and nothing is
+    running"): the skip never reached ``L/c1#1``, the map's iteration, which waits for
+    items rather than for a scheduled dependency (found by a hunt of the model)."""
+    go = [False]
+    body = Workflow([Step("c0", lambda ctx: [ctx["s0"]]),
+                     Step("c1", lambda ctx: ctx["c0"], ("c0",), map_over="c0"),
+                     Step("c2", lambda ctx: Done(ctx["c1"]), ("c1",))])
+    workflow = Workflow([Step("s0", lambda ctx: "yes", when=lambda ctx: go[0]),
+                         Step("L", depends_on=("s0",), child=body, repeat=Repeat(3))])
+    skipped = workflow.run_sync().checkpoint
+    assert {"s0", "L/c0#1", "L/c1#1", "L/c2#1", "L"} <= skipped.skipped.keys()
+    assert workflow.run_sync(resume_from=skipped).checkpoint.skipped == skipped.skipped
+    go[0] = True
+    assert workflow.run_sync(resume_from=rewind(workflow, skipped, "s0")).outputs["L"] == ["yes"]
