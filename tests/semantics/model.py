@@ -1055,6 +1055,9 @@ class Run:
                 self._loop_failed(loop, last)
         else:
             self._grow_body(loop, 1, last + 1)
+        # (the maps of its recorded iterations grow with them, before the loops declared
+        # after it start: the docs leave the order open, and the model follows the runtime)
+        self._grow_body_maps()
 
     def _grow_body(self, loop: str, first: int, last: int) -> None:
         """Iteration ``k`` runs every body step ``s`` as ``L/s#k``: it needs the loop's inputs,
