@@ -70,7 +70,8 @@ Covered, each as the docs state it:
   once ``L/u#k`` is recorded, collected as ``L/m#k``; the output step's iteration decides
   (``Done``/``until``, the cap), and at the end each body step records its last
   iteration's output, then the loop; ``keep_last`` lets go of whole iterations, items
-  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole;
+  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole; a
+  skipped loop skips its body's first iteration, each step's ``L/s#1``;
 - code fingerprints (docs/cache.md): a recorded step whose code changed meets the
   workflow's ``on_code_change`` (``again``: as a version bump; ``keep``: kept, the old
   code recorded; ``refuse``: nothing runs, the steps named); a step not recorded whose
@@ -85,8 +86,7 @@ Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits;
 ``only=`` naming a step of a loop's body (refused by name before anything runs: the
-driver checks the refusal and goes on without the selection); a loop's body
-skipped with its loop; a per-step ``on_code_change``, and a cached step that asks a
+driver checks the refusal and goes on without the selection); a per-step ``on_code_change``, and a cached step that asks a
 person (its answers are inputs read) or that is inside a child; the
 early cutoff of a child per item (the runtime runs its items again, the docs do not
 say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
@@ -1044,7 +1044,15 @@ class Run:
         """As a one-step loop, read from the body's output step's recorded iterations; every
         iteration grown whole."""
         rec, loop, out = self.rec, step.name, step.output or ""
-        if loop in rec.skipped or (self.selected is not None and loop not in self.selected):
+        if loop in rec.skipped:  # its first iteration is skipped with it, each body step's
+            for t in self.bodies[loop]:
+                first = f"{t.name}#1"
+                if first not in rec.skipped:  # (told, as a one-step loop's is: the runtime's)
+                    rec.skipped[first] = rec.skipped[loop]
+                    self.told_at_start.append(("StepSkipped", first))
+            self._grow_body(loop, 1, 1)
+            return
+        if self.selected is not None and loop not in self.selected:
             return
         last = rec.compacted.get(loop, 0)
         while f"{out}#{last + 1}" in rec.outputs:
