@@ -463,6 +463,11 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
         _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
+    if checkpoint.compacted:  # (a loop that lets go of its count runs again whole)
+        again = _restarted(graph, checkpoint, outputs) - seen
+        if again:
+            seen |= again
+            outputs = {k: v for k, v in outputs.items() if k not in again}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
     if untouched and not seen & checkpoint.skipped.keys() and not (
@@ -478,6 +483,21 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _restarted(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]
+               ) -> set[str]:
+    """The recorded iterations of each loop whose ``compacted`` count ``outputs`` lets go of
+    (a body's steps' iterations and its maps' items too): the loop runs again from its
+    first iteration, and they ran on what it carried, so they run again (a body step
+    before its output step in the first kept iteration, which edges do not reach)."""
+    kept = _counts_kept(checkpoint, outputs)
+    loops = [n for n in checkpoint.compacted if not n.endswith("[]") and n not in kept]
+    if not loops:
+        return set()
+    bodies = bodies_of(graph)
+    return iterations_of([*loops, *(s for n in loops for s in bodies.get(n, ()))],
+                         checkpoint.outputs)
 
 
 def _reach_next(graph: GraphSpec, nexts: list[str], wanted: list[str], seen: set[str]) -> None:

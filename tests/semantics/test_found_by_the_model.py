@@ -799,3 +799,22 @@ def test_a_body_loop_with_a_map_below_a_false_condition_is_skipped_whole() -> No
     assert workflow.run_sync(resume_from=skipped).checkpoint.skipped == skipped.skipped
     go[0] = True
     assert workflow.run_sync(resume_from=rewind(workflow, skipped, "s0")).outputs["L"] == ["yes"]
+
+
+def test_a_rewind_of_a_compacted_body_step_runs_the_loop_again_whole() -> None:
+    """A rewind of a body step runs every iteration of it "and everything after it" again
+    (docs/concepts.md); its compacted iterations have no output left, so the loop lets go
+    of its count and "runs again from its first iteration" (docs/checkpoint-format.md).
+    The rewind kept ``P/c0#2``, which ran on iteration 1's output, beside a loop starting
+    again from iteration 1 (found by a hunt of the model: audit and the resume disagreed)."""
+    def fold(ctx: dict[str, Any]) -> Any:
+        return Done(ctx["c0"]) if ctx["P"].number == 2 else ctx["c0"]
+
+    body = Workflow([Step("c0", lambda ctx: f"{ctx['P'].number}:{ctx['P'].previous}"),
+                     Step("c1", fold, ("c0",))])
+    workflow = Workflow([Step("P", child=body, repeat=Repeat(3, keep_last=1))])
+    ended = workflow.run_sync().checkpoint
+    assert ended.compacted == {"P": 1} and "P/c0#2" in ended.outputs
+    rewound = rewind(workflow, ended, "P/c1")
+    assert dict(rewound.outputs) == {} and dict(rewound.compacted) == {}
+    assert workflow.run_sync(resume_from=rewound).outputs["P"] == "2:1:None"
