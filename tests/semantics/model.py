@@ -86,8 +86,9 @@ Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits;
 ``only=`` naming a step of a loop's body (refused by name before anything runs: the
-driver checks the refusal and goes on without the selection); a per-step ``on_code_change``, and a cached step that asks a
-person (its answers are inputs read) or that is inside a child; the
+driver checks the refusal and goes on without the selection); a per-step
+``on_code_change``, and a cached step that asks a person (its answers are inputs read)
+or that is inside a child; the
 early cutoff of a child per item (the runtime runs its items again, the docs do not
 say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
 (the docs say "before its StepFinished"; the test compares the hits on their own).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -778,7 +779,7 @@ def test_a_resume_of_a_compacted_body_map_settles_once_after_its_last_step() -> 
                                trace=lambda e: told.append(type(e).__name__))
     assert result.outputs["s4"] == "yes"
     assert [e for e in told if e in ("RunSettled", "StepStarted")] == ["StepStarted", "RunSettled"]
-    assert all(a.step_index <= b.step_index for a, b in zip(saved, saved[1:], strict=False))
+    assert all(a.step_index <= b.step_index for a, b in itertools.pairwise(saved))
     assert replay(workflow, saved).ok
 
 
