@@ -453,15 +453,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
-    # (a loop's first iteration, skipped with it, is decided again with it, as is each body
-    # step's, L/s#1; and the question of the iteration it was at, not recorded, is asked again)
-    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
-    if looped:
-        bodies = bodies_of(graph)
-        seen |= {first for n in looped for s in bodies.get(n, (n,))
-                 if (first := iteration_name(s, 1)) in checkpoint.skipped}
-        seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
-        _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)
+    _reach_loops(graph, checkpoint, wanted, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
     if checkpoint.compacted:  # (a loop that lets go of its count runs again whole)
         again = _restarted(graph, checkpoint, outputs) - seen
@@ -483,6 +475,22 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _reach_loops(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: list[str],
+                 seen: set[str]) -> None:
+    """Add to ``seen`` what a rewind reaches of the loops it reaches: a loop's first
+    iteration, skipped with it, is decided again with it (as is each body step's, L/s#1);
+    the question of the iteration it was at, not recorded, is asked again; and what the
+    rewind reaches of that iteration (:func:`_reach_next`)."""
+    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
+    if not looped:
+        return
+    bodies = bodies_of(graph)
+    seen |= {first for n in looped for s in bodies.get(n, (n,))
+             if (first := iteration_name(s, 1)) in checkpoint.skipped}
+    seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
+    _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)
 
 
 def _restarted(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]

@@ -861,10 +861,13 @@ def _iterations_kept(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> Workfl
         now[n].repeat is not None and _replace(now[n], repeat=checkpoint.shapes[n].repeat,
                                                keep_last=checkpoint.shapes[n].keep_last)
         == checkpoint.shapes[n]))}
-    spelt = dict.fromkeys(was)
+    # (a body's first iterations L/s#1 are skipped with their loop as L#1 is)
+    loop_of = {n: n for n in was}
+    if any(checkpoint.shapes[n].child is not None for n in was):
+        loop_of.update((s, n) for n, body in bodies_of(graph).items() if n in was for s in body)
     drop = {n for n in (*checkpoint.outputs, *checkpoint.skipped)
-            if (at := iteration_of(n, spelt)) is not None
-            and (at[0] in stale or (n in checkpoint.skipped and at[0] not in checkpoint.skipped))}
+            if (at := iteration_of(n, loop_of)) is not None
+            and (at[0] in stale or (n in checkpoint.skipped and loop_of[at[0]] not in checkpoint.skipped))}
     if not drop:
         return checkpoint
     kept = _dropped(checkpoint, drop, {}, dict(checkpoint.superseded))

@@ -127,12 +127,16 @@ PLANTS_44 = [
         ("ekit_core/replay.py", "        if at is not None and at[1] > base.compacted.get(at[0], 0):",
          "        if at is not None and at[1] > base.compacted.get(at[0], 0) and \"/\" not in name:"),)),
     Plant("95d5956", "44 (bodies)", "a rewind keeps a skipped body loop's L/s#1 skips", (
-        ("ekit_core/rewind.py", "        seen |= {first for n in looped for s in bodies.get(n, (n,))",
-         "        seen |= {first for n in looped for s in (n,)"),)),
+        ("ekit_core/rewind.py", "    seen |= {first for n in looped for s in bodies.get(n, (n,))",
+         "    seen |= {first for n in looped for s in (n,)"),)),
+    Plant("", "44 (bodies)", "a bump keeps a skipped body loop's L/s#1 skips", (
+        ("ekit_core/transitions.py",
+         "        loop_of.update((s, n) for n, body in bodies_of(graph).items() if n in was for s in body)",
+         "        pass"),)),
     Plant("d6ba746", "44 (bodies)", "a rewind lets go of an unfinished body iteration whole", (
         ("ekit_core/rewind.py",
-         "        _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)",
-         "        seen.update(_next_iterations(graph, checkpoint, looped))"),)),
+         "    _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)",
+         "    seen.update(_next_iterations(graph, checkpoint, looped))"),)),
     Plant("3c6fd34", "44 (bodies)", "a rewind of a compacted body step keeps later iterations", (
         ("ekit_core/rewind.py",
          "    if checkpoint.compacted:  # (a loop that lets go of its count runs again whole)",
