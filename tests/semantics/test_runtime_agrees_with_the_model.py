@@ -88,7 +88,7 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
                       combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows(),
                       nested_workflows(), nested_workflows(loops=True), per_item_workflows(),
-                      coded_workflows(), body_workflows()),
+                      coded_workflows(), body_workflows(), body_workflows(), body_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
