@@ -561,8 +561,10 @@ def _collected_at_start(graph: GraphSpec, items: Expanded, kept: Mapping[str, An
         for name, members in items.members.items():
             if name in done or name in skips:
                 continue
+            # (a body map's iteration L/m#k is grown, not declared: its deps are the grown ones)
+            needs = items.steps[name] if name in items.steps else graph.deps[name]
             settled = all(m in done or m in skips for m in members) and all(
-                d in done for d in graph.deps[name])
+                d in done for d in needs)
             if settled:
                 done[name] = [done[m] for m in members if m in done]
                 grew = True

@@ -98,7 +98,6 @@ from ekit_core.report import (
     usage_text,
 )
 from ekit_core.rewind import _dropping, grown, outdated_steps, without
-from ekit_core.shapes import iteration_name
 from ekit_core.times import when
 from ekit_core.transitions import context_outputs, kept_on_resume
 from ekit_core.usage import TokenUsage
@@ -404,13 +403,20 @@ def _compacted(cp: WorkflowCheckpoint, name: str) -> bool:
     return compacted_iteration(name, cp.compacted, cp.shapes) is not None
 
 
-def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint) -> list[str]:
-    """The iterations ``earlier`` counts as compacted and ``base`` (what a resume kept of it)
-    no longer does: their loop starts again from its first iteration, so they run again,
-    and what they record next is their first output."""
-    return [iteration_name(loop, k) for loop, upto in earlier.compacted.items()
-            if not loop.endswith("[]")  # (a body map's items, counted)
-            for k in range(base.compacted.get(loop, 0) + 1, upto + 1)]
+def _uncompacted(earlier: WorkflowCheckpoint, base: WorkflowCheckpoint,
+                 names: Iterable[str]) -> list[str]:
+    """The iterations among ``names`` that ``earlier`` counts as compacted and ``base`` (what
+    a resume kept of it) no longer does: their loop starts again from its first iteration,
+    so they run again, and what they record next is their first output. (A loop whose body
+    is a workflow counts its body steps' iterations ``L/s#k`` and its maps' items
+    ``L/m#k[key]`` under the loop's own name.)"""
+    compacted, shapes = earlier.compacted, earlier.shapes
+    found = []
+    for name in names:
+        at = compacted_iteration(name, compacted, shapes)
+        if at is not None and at[1] > base.compacted.get(at[0], 0):
+            found.append(name)
+    return found
 
 
 def _compacted_by(earlier: WorkflowCheckpoint, cp: WorkflowCheckpoint) -> WorkflowCheckpoint:
@@ -538,7 +544,7 @@ class _Walk:
             self.first.pop(name, None)
             self.first_usage.pop(name, None)
         if base is not None and prev is not None and prev.compacted:
-            for name in _uncompacted(prev, base):  # a loop run again from its first iteration
+            for name in _uncompacted(prev, base, {*self.first, *self.first_usage}):  # run again
                 self.first.pop(name, None)
                 self.first_usage.pop(name, None)
         delta = cp.delta_since(base)

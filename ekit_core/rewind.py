@@ -345,6 +345,12 @@ def reached(graph: GraphSpec, checkpoint: WorkflowCheckpoint, roots: Iterable[st
                    or (n in checkpoint.shapes and checkpoint.shapes[n].map_over))
     mapped += tuple(f"{n}#" for n in steps if (n in graph.shapes and graph.shapes[n].repeat)
                     or (n in checkpoint.shapes and checkpoint.shapes[n].repeat))
+    # (a loop whose body is a workflow runs again whole: its body steps' iterations L/s#k,
+    # and its maps' items L/m#k[key], are reached with it, grown or only failed or asked)
+    if any(graph.shapes[n].child is not None for n in steps
+           if n in graph.shapes and graph.shapes[n].repeat):
+        mapped += tuple(f"{s}#" for loop, body in bodies_of(graph).items() if loop in steps
+                        for s in body)
     # (a child per item's steps take no shape of their own: their items are P/s[key] all
     # the same, which the parent's shape says)
     mapped += tuple(f"{n}[" for n in steps if "/" in n and _per_item(graph, checkpoint, n))
@@ -439,6 +445,7 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
     # Rewinding a mapped step rewinds every one of its items; a loop, every iteration.
     seen = {*wanted, *(m for n in wanted for m in items.members.get(n, ())),
             *(m for m, ref in items.items.items() if ref.iteration and ref.step in wanted)}
+    seen |= {m for n in list(seen) for m in items.members.get(n, ())}  # (L/m#k's items)
     frontier = list(seen)
     while frontier:
         for child in consumers.get(frontier.pop(), ()):
@@ -446,14 +453,13 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
                 seen.add(child)
                 frontier.append(child)
     keep_forced_skips(graph, items, checkpoint.skipped, seen)
-    # (a loop's first iteration, skipped with it, is decided again with it; and the
-    # question of the iteration it was at, not recorded, is asked again)
-    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
-    if looped:
-        seen |= {first for n in looped if (first := iteration_name(n, 1)) in checkpoint.skipped}
-        seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
-        seen.update(_next_iterations(graph, checkpoint, looped))  # (run on what is let go of)
+    _reach_loops(graph, checkpoint, wanted, seen)
     outputs = {k: v for k, v in checkpoint.outputs.items() if k not in seen}
+    if checkpoint.compacted:  # (a loop that lets go of its count runs again whole)
+        again = _restarted(graph, checkpoint, outputs) - seen
+        if again:
+            seen |= again
+            outputs = {k: v for k, v in outputs.items() if k not in again}
     aside = _set_aside(graph, checkpoint, items, wanted, seen)
     untouched = aside.keys() == checkpoint.superseded.keys() and len(outputs) == len(checkpoint.outputs)
     if untouched and not seen & checkpoint.skipped.keys() and not (
@@ -469,6 +475,61 @@ def _rewind_shaped(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: lis
         skipped=MappingProxyType({k: v for k, v in checkpoint.skipped.items() if k not in seen}),
         superseded=MappingProxyType(aside),
     ), seen
+
+
+def _reach_loops(graph: GraphSpec, checkpoint: WorkflowCheckpoint, wanted: list[str],
+                 seen: set[str]) -> None:
+    """Add to ``seen`` what a rewind reaches of the loops it reaches: a loop's first
+    iteration, skipped with it, is decided again with it (as is each body step's, L/s#1);
+    the question of the iteration it was at, not recorded, is asked again; and what the
+    rewind reaches of that iteration (:func:`_reach_next`)."""
+    looped = [n for n in seen if n in graph.shapes and graph.shapes[n].repeat]
+    if not looped:
+        return
+    bodies = bodies_of(graph)
+    seen |= {first for n in looped for s in bodies.get(n, (n,))
+             if (first := iteration_name(s, 1)) in checkpoint.skipped}
+    seen |= {n for n in iterations_of(looped, checkpoint.asked) if n not in checkpoint.outputs}
+    _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)
+
+
+def _restarted(graph: GraphSpec, checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]
+               ) -> set[str]:
+    """The recorded iterations of each loop whose ``compacted`` count ``outputs`` lets go of
+    (a body's steps' iterations and its maps' items too): the loop runs again from its
+    first iteration, and they ran on what it carried, so they run again (a body step
+    before its output step in the first kept iteration, which edges do not reach)."""
+    kept = _counts_kept(checkpoint, outputs)
+    loops = [n for n in checkpoint.compacted if not n.endswith("[]") and n not in kept]
+    if not loops:
+        return set()
+    bodies = bodies_of(graph)
+    return iterations_of([*loops, *(s for n in loops for s in bodies.get(n, ()))],
+                         checkpoint.outputs)
+
+
+def _reach_next(graph: GraphSpec, nexts: list[str], wanted: list[str], seen: set[str]) -> None:
+    """Add to ``seen`` what a rewind reaches of the iteration each unfinished loop was at
+    (``nexts``: it may have run, or been interrupted, with nothing saved): a one-step
+    loop's iteration; of a body's, each step rewound or needing what runs again (an input
+    of the loop, a step of the same iteration, the previous iteration's output). The
+    steps of that iteration before the rewound one stay: "that step ... and everything
+    after it" (docs/concepts.md)."""
+    inside: dict[str, tuple[str, frozenset[str]]] = {}
+    for name in nexts:
+        step, k = name[:name.rindex("#")], int(name[name.rindex("#") + 1:])
+        shape = graph.shapes.get(step)
+        if shape is not None and shape.repeat and shape.child is None:
+            seen.add(name)  # (a one-step loop's: it is the loop)
+            continue
+        if not inside:
+            inside = {s: (loop, frozenset(body)) for loop, body in bodies_of(graph).items()
+                      for s in body}
+        loop, body = inside[step]
+        grown_k = Expanded()
+        body_step_iteration(graph, loop, body, step, k, grown_k)
+        if step in wanted or any(d in seen for d in grown_k.steps[name]):
+            seen.add(name)
 
 
 def _counts_kept(checkpoint: WorkflowCheckpoint, outputs: Mapping[str, Any]

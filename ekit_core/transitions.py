@@ -861,10 +861,13 @@ def _iterations_kept(graph: GraphSpec, checkpoint: WorkflowCheckpoint) -> Workfl
         now[n].repeat is not None and _replace(now[n], repeat=checkpoint.shapes[n].repeat,
                                                keep_last=checkpoint.shapes[n].keep_last)
         == checkpoint.shapes[n]))}
-    spelt = dict.fromkeys(was)
+    # (a body's first iterations L/s#1 are skipped with their loop as L#1 is)
+    loop_of = {n: n for n in was}
+    if any(checkpoint.shapes[n].child is not None for n in was):
+        loop_of.update((s, n) for n, body in bodies_of(graph).items() if n in was for s in body)
     drop = {n for n in (*checkpoint.outputs, *checkpoint.skipped)
-            if (at := iteration_of(n, spelt)) is not None
-            and (at[0] in stale or (n in checkpoint.skipped and at[0] not in checkpoint.skipped))}
+            if (at := iteration_of(n, loop_of)) is not None
+            and (at[0] in stale or (n in checkpoint.skipped and loop_of[at[0]] not in checkpoint.skipped))}
     if not drop:
         return checkpoint
     kept = _dropped(checkpoint, drop, {}, dict(checkpoint.superseded))
@@ -1525,10 +1528,13 @@ def _retry_wait(spec: RunSpec, policy: RetryPolicy, failed: Failed, tries: int, 
 
 
 def _policy_of(spec: RunSpec, name: str) -> RetryPolicy:
-    """The retry policy of step ``name`` (an item's is its mapped step's)."""
+    """The retry policy of step ``name`` (an item's is its mapped step's; a body map's item
+    ``L/m#k[key]`` is an item of ``L/m#k``, itself an iteration of ``L/m``)."""
     policy = spec.limits.policies.get(name)
-    if policy is None and spec.shaped is not None and name in spec.shaped.items:
-        policy = spec.limits.policies.get(spec.shaped.items[name].step)
+    items = spec.shaped.items if spec.shaped is not None else {}
+    while policy is None and name in items:
+        name = items[name].step
+        policy = spec.limits.policies.get(name)
     return NO_RETRY if policy is None else policy
 
 
@@ -2059,7 +2065,9 @@ def _iterations(w: _Run, loop: str, first: int, last: int) -> Expanded:
 def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) -> None:
     """A resume knows ``loop``'s compacted iterations, 1 to ``upto``, as recorded: in the
     graph and counted, their outputs let go of (see ``_compact``); never started. The
-    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts)."""
+    items of a body's maps in them are counted only (``recorded``: the checkpoint's counts),
+    in step_index as ``held_done`` is: never in the graph, so never in the run's count of
+    what it settled (else it ends before its last steps)."""
     more = _iterations(w, loop, 1, upto)
     shaped = cast(Expansion, w.spec.shaped).grown(more)
     counts = {**shaped.compacted, loop: upto}
@@ -2067,7 +2075,7 @@ def _grow_compacted(w: _Run, loop: str, upto: int, recorded: Mapping[str, int]) 
         key = items_compacted(step)
         if key in recorded:
             counts[key] = recorded[key]
-            w.completed += recorded[key]
+            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + recorded[key])
     w.spec = _replace(w.spec, graph=w.spec.graph.extended(more.steps), shaped=_replace(
         shaped, loops=MappingProxyType({**shaped.loops, loop: upto}),
         compacted=MappingProxyType(counts)))
@@ -2297,10 +2305,24 @@ def _needing(w: _Run, step: str) -> tuple[str, ...]:
     if step not in declared.index:
         only = w.spec.limits.only
         if only is not None:  # and the items a selective run holds that are chained to it
-            return (*scheduled, *held_chained(declared, w.spec.graph, w.spec.shaped, only, step))
-        return tuple(scheduled)
+            scheduled = (*scheduled, *held_chained(declared, w.spec.graph, w.spec.shaped, only, step))
+        return (*scheduled, *_body_maps_over(w, step))
     items = w.spec.shaped.items if w.spec.shaped is not None else {}
     return (*declared.dependents[step], *[c for c in scheduled if c in items])
+
+
+def _body_maps_over(w: _Run, step: str) -> tuple[str, ...]:
+    """The iteration ``L/m#k`` of each body map over ``step`` (``L/u#k``): a mapped step
+    waits for its items, which are not grown yet, so nothing scheduled needs ``step``
+    for it; a skip of ``step`` reaches it here."""
+    shaped = w.spec.shaped
+    if shaped is None or not shaped.body_maps:
+        return ()
+    ref = shaped.items.get(step)
+    if ref is None or not ref.iteration or ref.step not in shaped.body_maps:
+        return ()
+    return tuple(name for m in shaped.body_maps[ref.step]
+                 if (name := iteration_name(m, ref.iteration)) in shaped.items)
 
 
 def _joins_any(w: _Run, step: str) -> bool:

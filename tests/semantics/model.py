@@ -70,7 +70,8 @@ Covered, each as the docs state it:
   once ``L/u#k`` is recorded, collected as ``L/m#k``; the output step's iteration decides
   (``Done``/``until``, the cap), and at the end each body step records its last
   iteration's output, then the loop; ``keep_last`` lets go of whole iterations, items
-  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole;
+  counted under ``compacted["L/m[]"]``; a changed body runs the loop again whole; a
+  skipped loop skips its body's first iteration, each step's ``L/s#1``;
 - code fingerprints (docs/cache.md): a recorded step whose code changed meets the
   workflow's ``on_code_change`` (``again``: as a version bump; ``keep``: kept, the old
   code recorded; ``refuse``: nothing runs, the steps named); a step not recorded whose
@@ -85,9 +86,9 @@ Not modelled: ``approve()`` questions, retry delays, ``Retry-After`` and jitter,
 partial outputs, durations, codecs
 beyond their round trip, stores refusing an output, queues and resource limits;
 ``only=`` naming a step of a loop's body (refused by name before anything runs: the
-driver checks the refusal and goes on without the selection); a loop's body
-skipped with its loop; a per-step ``on_code_change``, and a cached step that asks a
-person (its answers are inputs read) or that is inside a child; the
+driver checks the refusal and goes on without the selection); a per-step
+``on_code_change``, and a cached step that asks a person (its answers are inputs read)
+or that is inside a child; the
 early cutoff of a child per item (the runtime runs its items again, the docs do not
 say: the model follows it); which of ``StepStarted`` and ``StepCacheHit`` comes first
 (the docs say "before its StepFinished"; the test compares the hits on their own).
@@ -454,10 +455,11 @@ class Run:
         self.outdated = [n for n in self.order if n in rerun and n in rec.outputs]
         touched = [n for n in self.steps if n in changed]
         known = Run(list(self.steps.values()), Record(outputs=rec.outputs), self.script, Options())
+        known.grow(start=True)  # (loops too: a body's maps grow L/m#k[key] in its iterations)
         while known.grow():  # the items the recorded outputs make
             pass
         for m, pairs in known.items.items():
-            touched.extend(u for _, u in pairs if m in changed)
+            touched.extend(u for _, u in pairs if self._owner(m) in changed)
         # (an item known only by its ``redone`` count is not counted again: its last
         # number is unused, so new; the docs ask no more)
         touched.extend(self._next_iterations(changed))
@@ -543,8 +545,10 @@ class Run:
             if (s.repeat is None or s.name not in changed or s.name in rec.outputs
                     or s.name in rec.skipped or not all(d in rec.outputs for d in s.deps)):
                 continue
+            # (a body's iterations are its output step's: concepts.md, "How it ends")
+            counted = s.output if s.name in self.bodies and s.output else s.name
             last = rec.compacted.get(s.name, 0)
-            while f"{s.name}#{last + 1}" in rec.outputs:
+            while f"{counted}#{last + 1}" in rec.outputs:
                 last += 1
             shape = rec.shapes.get(s.name) or s.shape()
             if last < shape[4] and s.name not in self.bodies:
@@ -1041,7 +1045,15 @@ class Run:
         """As a one-step loop, read from the body's output step's recorded iterations; every
         iteration grown whole."""
         rec, loop, out = self.rec, step.name, step.output or ""
-        if loop in rec.skipped or (self.selected is not None and loop not in self.selected):
+        if loop in rec.skipped:  # its first iteration is skipped with it, each body step's
+            for t in self.bodies[loop]:
+                first = f"{t.name}#1"
+                if first not in rec.skipped:  # (told, as a one-step loop's is: the runtime's)
+                    rec.skipped[first] = rec.skipped[loop]
+                    self.told_at_start.append(("StepSkipped", first))
+            self._grow_body(loop, 1, 1)
+            return
+        if self.selected is not None and loop not in self.selected:
             return
         last = rec.compacted.get(loop, 0)
         while f"{out}#{last + 1}" in rec.outputs:
@@ -1052,6 +1064,9 @@ class Run:
                 self._loop_failed(loop, last)
         else:
             self._grow_body(loop, 1, last + 1)
+        # (the maps of its recorded iterations grow with them, before the loops declared
+        # after it start: the docs leave the order open, and the model follows the runtime)
+        self._grow_body_maps()
 
     def _grow_body(self, loop: str, first: int, last: int) -> None:
         """Iteration ``k`` runs every body step ``s`` as ``L/s#k``: it needs the loop's inputs,

@@ -109,6 +109,42 @@ PLANTS_44 = [
     Plant("0b616ba", "45 (found)", "replay judges outdated outputs without code fingerprints", (
         ("ekit_core/replay.py", "        outdated = outdated_steps(graph, earlier, cp.versions, code)",
          "        outdated = outdated_steps(graph, earlier, cp.versions)"),)),
+    # (found by hunts of loops whose body is a workflow, then drawn by default)
+    Plant("85bb184", "44 (bodies)", "a body map's items are never retried", (
+        ("ekit_core/transitions.py", "    while policy is None and name in items:",
+         "    if policy is None and name in items:"),)),
+    Plant("c50d36a", "44 (bodies)", "a skip never reaches a body map's iteration", (
+        ("ekit_core/transitions.py", "        return (*scheduled, *_body_maps_over(w, step))",
+         "        return tuple(scheduled)"),)),
+    Plant("068d72e", "44 (bodies)", "a resume counts compacted body items as settled steps", (
+        ("ekit_core/transitions.py",
+         "            w.setbacks = _replace(w.setbacks, held_done=w.setbacks.held_done + recorded[key])",
+         "            w.completed += recorded[key]"),)),
+    Plant("85e5006", "44 (bodies)", "a body's iterations and items not grown are not redone", (
+        ("ekit_core/rewind.py", "    if any(graph.shapes[n].child is not None for n in steps\n",
+         "    if False and any(graph.shapes[n].child is not None for n in steps\n"),)),
+    Plant("bee7d19", "44 (bodies)", "replay forgets only a one-step loop's compacted iterations", (
+        ("ekit_core/replay.py", "        if at is not None and at[1] > base.compacted.get(at[0], 0):",
+         "        if at is not None and at[1] > base.compacted.get(at[0], 0) and \"/\" not in name:"),)),
+    Plant("95d5956", "44 (bodies)", "a rewind keeps a skipped body loop's L/s#1 skips", (
+        ("ekit_core/rewind.py", "    seen |= {first for n in looped for s in bodies.get(n, (n,))",
+         "    seen |= {first for n in looped for s in (n,)"),)),
+    Plant("", "44 (bodies)", "a bump keeps a skipped body loop's L/s#1 skips", (
+        ("ekit_core/transitions.py",
+         "        loop_of.update((s, n) for n, body in bodies_of(graph).items() if n in was for s in body)",
+         "        pass"),)),
+    Plant("d6ba746", "44 (bodies)", "a rewind lets go of an unfinished body iteration whole", (
+        ("ekit_core/rewind.py",
+         "    _reach_next(graph, _next_iterations(graph, checkpoint, looped), wanted, seen)",
+         "    seen.update(_next_iterations(graph, checkpoint, looped))"),)),
+    Plant("3c6fd34", "44 (bodies)", "a rewind of a compacted body step keeps later iterations", (
+        ("ekit_core/rewind.py",
+         "    if checkpoint.compacted:  # (a loop that lets go of its count runs again whole)",
+         "    if False:"),)),
+    Plant("f4e8692", "44 (bodies)", "audit reads a body map iteration's deps off the graph", (
+        ("ekit_core/audit.py",
+         "            needs = items.steps[name] if name in items.steps else graph.deps[name]",
+         "            needs = graph.deps[name]"),)),
 ]
 """Defects of issues 44 and 45 planted by hand (the commit: where the fix, if one, is)."""
 

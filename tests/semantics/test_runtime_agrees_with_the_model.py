@@ -4,8 +4,9 @@ workflows that combine the features, crashed and resumed at random points.
 Hypothesis draws a workflow (``tests.support.strategies.combined_workflows``: maps over lists,
 mappings and keyed records, zero items, item-wise chains, conditions some raising,
 joins, questions, typed outputs through a codec, retries, timeouts, version bumps; or
-``tests.semantics.strategies``: short chains where those meet, and workflows whose
-steps change shape between code phases, resumed with ``allow_graph_change``), the run's
+``tests.semantics.strategies``: short chains where those meet, workflows whose steps
+change shape between code phases, resumed with ``allow_graph_change``, child workflows,
+children per item, changed code and a cache, loops whose body is a workflow), the run's
 arguments (a concurrency limit, ``isolate_failures``, a budget, ``only=``), a store
 (JSON file, journal, SQLite; PostgreSQL when ``EKIT_TEST_POSTGRES_DSN`` is set) and
 a script of turns (bumps, rewinds of a step, an item or an upstream, crashes at a
@@ -80,12 +81,6 @@ def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     )
 
 
-# Loops whose body is a workflow (``body_workflows``): the model knows them, but hunts still
-# find disagreements not settled (docs/testing.md lists them), so only ``EKIT_MODEL_BODIES=1``
-# draws them.
-BODIES = [body_workflows()] if os.environ.get("EKIT_MODEL_BODIES") == "1" else []
-
-
 @pytest.mark.timeout(max(600, 3 * EXAMPLES))  # a deadlock detector only (a long hunt: longer)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=PHASES, derandomize=not HUNTING, database=None if not HUNTING else settings().database)
@@ -93,7 +88,7 @@ BODIES = [body_workflows()] if os.environ.get("EKIT_MODEL_BODIES") == "1" else [
                       combined_workflows(Features(loops=True)), chained_workflows(),
                       chained_workflows(upstream_changes=True), reshaped_workflows(),
                       nested_workflows(), nested_workflows(loops=True), per_item_workflows(),
-                      coded_workflows(), *BODIES),
+                      coded_workflows(), body_workflows(), body_workflows(), body_workflows()),
        store=st.sampled_from(STORES),
        data=st.data())
 def test_the_runtime_does_what_the_model_says(plan: PlannedWorkflow, store: str,
