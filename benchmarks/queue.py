@@ -390,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-only", action="store_true",
                         help="only what a run costs (instructions, server CPU), no drains")
     parser.add_argument("--no-cost", action="store_true", help="only the drains and saves, no callgrind")
+    parser.add_argument("--no-durations", action="store_true",
+                        help="count a worker that records no step times, as the in-process run "
+                             "(like for like with counts made before workers recorded them)")
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: few runs, 1 and 2 workers, 1 round"
     )
@@ -422,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     cost = None
+    if args.no_durations:
+        os.environ["EKIT_BENCH_NO_DURATIONS"] = "1"
     if not args.no_cost:
         cost = measure_cost({b: partial(fresh, b, args.dsn) for b in names}, args.steps, args.quick, log)
     for backend in [] if args.cost_only else names:

@@ -65,11 +65,14 @@ def _env() -> dict[str, str]:
     env = {name: os.environ[name] for name in names if name in os.environ}
     env["PYTHONHASHSEED"] = "0"
     env["PYTHONPATH"] = str(ROOT)
+    if os.environ.get("EKIT_BENCH_NO_DURATIONS"):
+        env["EKIT_BENCH_NO_DURATIONS"] = "1"
     return env
 
 
 def worker_child(url: str, steps: int) -> None:
-    """Drain the queue at ``url`` with one default worker (the process counted)."""
+    """Drain the queue at ``url`` with one default worker (the process counted; with
+    ``EKIT_BENCH_NO_DURATIONS`` set, one that records no step times)."""
     from ekit_runtime.queue import Worker, open_queue
 
     queue = open_queue(url)
@@ -86,7 +89,10 @@ def worker_child(url: str, steps: int) -> None:
             await close(self)
 
         LoopSession.aclose = aclose  # type: ignore[method-assign]
-    done = asyncio.run(Worker(queue, {"chain": chain(steps)}).run_until_idle())
+    # --no-durations: a worker that records no step times, as the in-process run does not,
+    # so that a count compares with those made before workers recorded them by default.
+    defaults = {"durations": False} if os.environ.get("EKIT_BENCH_NO_DURATIONS") else None
+    done = asyncio.run(Worker(queue, {"chain": chain(steps)}, defaults=defaults).run_until_idle())
     if os.environ.get("EKIT_BENCH_SERVER_TICKS"):
         seen.update(session_ticks(queue))
     queue.close()
@@ -237,6 +243,8 @@ def report_cost(cost: dict[str, Any]) -> str:
     lines = [f"a queued run of {cost['steps']} no-op steps (claim, saves, finish), instructions "
              f"((I at {cost['icount_runs'][1]} runs - I at {cost['icount_runs'][0]}) / difference):",
              f"  in-process, Workflow.run + SqliteStore: {local / 1e6:7.3f} M a run"]
+    if os.environ.get("EKIT_BENCH_NO_DURATIONS"):
+        lines[0] += " (--no-durations: the workers record no step times)"
     for backend in ("sqlite", "postgres"):
         if backend not in cost:
             continue
