@@ -11,9 +11,14 @@ hold the parent once the children it waits for have ended.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from ekit_runtime.queue import Lease, RunQueue
+from ekit_runtime import Step, Workflow, human
+from ekit_runtime.children import Child
+from ekit_runtime.queue import Lease, RunQueue, Worker
 from tests.support.queue_backends import queue, queue_url
 
 __all__ = ["queue", "queue_url"]
@@ -43,3 +48,35 @@ def test_a_child_the_parent_no_longer_waits_for_does_not_hold_it(queue: RunQueue
     # names), and so must the wake, not wait for item 0's child.
     assert queue.status("p").status == "queued"
     assert queue.status(dropped.run_id).status == "running"
+
+
+def _flows(topics: list[str]) -> dict[str, Workflow]:
+    def draft(ctx: Any) -> Any:
+        name = ctx["topics"]["name"]
+        return human.ask(f"{name}?") if name == "bats" else f"draft of {name}"
+
+    writer = Workflow([Step("draft", draft)])
+    main = Workflow([
+        Step("topics", lambda ctx: [{"name": t} for t in topics]),
+        Step("write", depends_on=("topics",), map_over="topics", item_key="name",
+             child=Child(writer, queued=True)),
+        Step("report", lambda ctx: list(ctx["write"]), ("write",)),
+    ])
+    return {"main": main, "writer": writer}
+
+
+def test_a_rewound_parent_whose_items_changed_is_not_held_by_a_dropped_items_child(queue: RunQueue) -> None:
+    topics = ["owls", "bats"]
+    flows = _flows(topics)
+    queue.submit("main", run_id="m")
+    asyncio.run(Worker(queue, flows, poll=0.01).run_until_idle())
+    assert queue.status("m/write[bats]").status == "waiting"  # (its child asks a person)
+    assert queue.status("m").status == "waiting"
+    topics[:] = ["owls", "cats"]  # bats dropped: nobody will answer its child's question
+    queue.rewind("m", "topics")
+    asyncio.run(Worker(queue, flows, poll=0.01).run_until_idle())
+    assert queue.status("m/write[cats]").status == "finished"
+    info = queue.status("m")
+    assert info.status == "finished", (info.status, info.reason)
+    result = queue.result("m")
+    assert result is not None and result.outputs["report"] == ["draft of owls", "draft of cats"]
