@@ -12,7 +12,6 @@ from ekit_core.human import Answer, questions
 from ekit_core.human import answer as answered
 from ekit_runtime import logs
 from ekit_runtime.child_runs import SPAWNER, ChildState, child_run_of
-from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue.links import child_run_id
 from ekit_runtime.queue.options import run_arguments
 from ekit_runtime.queue.records import FINAL_STATUSES, Lease, LeaseLostError
@@ -85,7 +84,9 @@ class Driving(Admission):
             **self._run_options(lease, drive),
         )
         if not result.ok:
-            _wait_for_children(result)
+            # A failed step ends the run at once, isolated or not: a parent parked for its other
+            # items' children would be resumed by their wake, and the resume runs the failed step
+            # again (decision 022). The close trigger stops the children still going.
             raise StepsFailed(result)
         return result
 
@@ -131,18 +132,6 @@ class Driving(Admission):
         if traces:
             options["trace"] = traces if len(traces) > 1 else traces[0]
         return options
-
-
-def _wait_for_children(result: WorkflowResult) -> None:
-    """Raise :class:`RunWaiting` for the steps of a run that failed under ``isolate_failures``
-    which still wait for their child runs: a failed step stops nothing else, so the other items
-    of a map wait on (the run parks), and the run ends once they ended."""
-    checkpoint = result.checkpoint
-    if checkpoint is None:
-        return
-    going = {step: q for step, q in questions(checkpoint).items() if child_run_of(q.details)}
-    if going:
-        raise RunWaiting(checkpoint, going)
 
 
 class _Spawner:

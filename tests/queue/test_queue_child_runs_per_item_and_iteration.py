@@ -98,14 +98,19 @@ def test_an_items_failure_is_that_items_under_isolate_failures(queue: RunQueue) 
     _drain(queue, _flows(calls, fail_on="bats"))
     info = queue.status("m")
     assert info.status == "failed" and "child run 'm/write[1]' failed" in str(info.error)
+    # A failed item ends its parent at once, isolated or not (decision 022): the other items'
+    # children ended (a running one may finish before its flag is read) or were closed with it.
     checkpoint = queue.checkpoint("m")
-    assert checkpoint is not None
-    assert [checkpoint.outputs["write[0]"], checkpoint.outputs["write[2]"]] == [DRAFTS[0], DRAFTS[2]]
-    assert "write[1]" not in checkpoint.outputs and sorted(calls).count("draft:bats") == 1
+    assert checkpoint is not None and "write[1]" not in checkpoint.outputs
+    assert {queue.status(f"m/write[{k}]").status for k in (0, 2)} <= {"finished", "cancelled"}
+    assert sorted(calls).count("draft:bats") == 1
     calls.clear()
     queue.retry("m")  # the failed child is queued again with its parent; the others are not paid again
     _drain(queue, _flows(calls))
-    assert queue.status("m").status == "finished" and calls == ["draft:bats"]
+    assert queue.status("m").status == "finished" and calls.count("draft:bats") == 1
+    assert all(calls.count(c) <= 1 for c in calls)
+    result = queue.result("m")
+    assert result is not None and result.outputs["report"] == DRAFTS
 
 
 def _parked(queue: RunQueue, children: int) -> list[str]:
