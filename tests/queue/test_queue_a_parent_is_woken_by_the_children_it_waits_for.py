@@ -6,7 +6,8 @@ A parent can be linked to a child it no longer waits for: a rewind of a
 waiting parent to the step that decides a map's items, whose items then
 differ, leaves the dropped item's child going (a rewind cancels no child).
 That child, still going or waiting for a person nobody will answer, must not
-hold the parent once the children it waits for have ended.
+hold the parent once the children it waits for have ended: the join unlinks
+it and cancels it (its work was dropped with its item).
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def test_a_rewound_parent_whose_items_changed_is_not_held_by_a_dropped_items_chi
     queue.rewind("m", "topics")
     asyncio.run(Worker(queue, flows, poll=0.01).run_until_idle())
     assert queue.status("m/write[cats]").status == "finished"
+    # The dropped item's child is closed and unlinked: its work is no longer wanted.
+    assert queue.status("m/write[bats]").status == "cancelled"
+    assert "m/write[bats]" not in [child for child, _ in queue.family("m")[1]]
     info = queue.status("m")
     assert info.status == "finished", (info.status, info.reason)
     result = queue.result("m")
