@@ -142,8 +142,8 @@ class _Spawner:
     def __init__(self, worker: Driving, drive: _Drive) -> None:
         self._worker, self._drive = worker, drive
 
-    def child_run_id(self, step: str) -> str:
-        return child_run_id(self._drive.lease.run_id, step)
+    def child_run_id(self, step: str, number: int) -> str:
+        return child_run_id(self._drive.lease.run_id, step, number)
 
     async def state(self, run_id: str, output: str) -> ChildState | None:
         worker = self._worker

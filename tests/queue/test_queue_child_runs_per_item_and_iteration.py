@@ -72,10 +72,12 @@ def test_each_item_is_a_child_run_and_the_parent_is_woken_once_for_all(queue: Ru
     # claimed (1), parked, woken once (2), claimed (3): one wake for three children (2: they all
     # ended before it parked, and its join queued it at once)
     assert queue.status("m").epoch in (2, 3)
-    # A rewind of one item hands the same child's output on again: nothing is paid again.
+    # A rewind of one item runs a child of its own for it (its attempt's key is new); the other
+    # items are not paid again.
     calls.clear()
     queue.rewind("m", "write[1]")
-    assert _drain(queue, _flows(calls)) == 1 and calls == []
+    assert _drain(queue, _flows(calls)) == 2 and calls == ["draft:bats"]
+    assert queue.status("m/write[1]/2").status == "finished"
     assert queue.status("m").status == "finished"
 
 
