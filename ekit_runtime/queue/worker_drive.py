@@ -153,9 +153,13 @@ class _Spawner:
         worker, lease = self._worker, self._drive.lease
         # The child takes the parent's run options (its budget, isolate_failures...), not its selection.
         options = {k: v for k, v in lease.options.items() if k not in _CHILD_OPTIONS}
+        # The child's input is stored as JSON: values of the parent codec's own types (an item of a
+        # map over them) go in the codec's stored form, as the parent's checkpoint holds them.
+        codec = getattr(worker.registry[lease.workflow], "codec", None)
+        stored = {k: codec.encode(v) for k, v in context.items()} if codec is not None else dict(context)
         try:
             await worker._db(functools.partial(
-                worker.queue.spawn, lease, worker._registered(workflow), dict(context), run_id=run_id,
+                worker.queue.spawn, lease, worker._registered(workflow), stored, run_id=run_id,
                 step=step, options=options,
             ))
         except LeaseLostError:
