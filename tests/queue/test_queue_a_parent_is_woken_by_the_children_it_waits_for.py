@@ -4,7 +4,7 @@ What users rely on: ``join`` parks a parent on the children it names (the
 items it waits for now) and the wake follows the same rule (decision 022).
 A parent can be linked to a child it no longer waits for: a rewind of a
 waiting parent to the step that decides a map's items, whose items then
-differ, leaves the dropped item's child going (a rewind cancels no child).
+differ, leaves the dropped item's child going (the rewind itself cancels no child).
 That child, still going or waiting for a person nobody will answer, must not
 hold the parent once the children it waits for have ended: the join unlinks
 it and cancels it (its work was dropped with its item).
