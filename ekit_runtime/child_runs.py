@@ -73,8 +73,8 @@ class ChildRunFailed(Exception):
 class Spawner(Protocol):
     """What a queue worker gives the steps of the run it drives (:data:`SPAWNER`)."""
 
-    def child_run_id(self, step: str) -> str:
-        """The id of the child run of the driven run's ``step``."""
+    def child_run_id(self, step: str, number: int) -> str:
+        """The id of the child run of the driven run's ``step`` at its attempt ``number``."""
 
     async def state(self, run_id: str, output: str) -> ChildState | None:
         """The child run ``run_id`` (``output``: its step to hand on), ``None`` if not submitted."""
@@ -115,8 +115,12 @@ async def run_queued_child(child: QueuedChild, context: Mapping[str, Any]) -> An
             raise ChildRunFailed("(inline)", "failed", "; ".join(
                 f"{n!r}: {type(e).__name__}: {e}" for n, e in result.failed.items()))
         return PatternResult(result.outputs[child.output], cost=result.cost)
-    step = attempt_key().step
-    run_id = spawner.child_run_id(step)
+    key = attempt_key()
+    step = key.step
+    asking = human.ANSWERS.get(None)
+    # The child this step's work waits for: the one its last join answer names (a retry's next
+    # attempt resumes that child, which the retry queued again), else its attempt's own.
+    run_id = _joined_child(asking) or spawner.child_run_id(step, key.attempt)
     state = await spawner.state(run_id, child.output)
     if state is not None and state.status in _FINAL:
         if state.status == "finished":
@@ -124,10 +128,21 @@ async def run_queued_child(child: QueuedChild, context: Mapping[str, Any]) -> An
         raise ChildRunFailed(run_id, state.status, state.error)
     if state is None:
         await spawner.spawn(run_id, step, child.workflow, context)
-    asking = human.ANSWERS.get(None)
     number = 1 if asking is None else len(asking.answers) + 1
     question = Question("value", f"waiting for child run {run_id!r}", {CHILD_RUN: run_id})
     raise human.InputRequired(question, number)
+
+
+def _joined_child(asking: Any) -> str | None:
+    """The child run the last answer of ``asking`` (the attempt's recorded answers) names, if the
+    claim that resumed the run recorded it for a child's end; ``None`` for none, or a person's."""
+    if asking is None or not asking.answers:
+        return None
+    last = asking.answers[-1]
+    value = last.value
+    if last.by == "ekit" and isinstance(value, Mapping) and isinstance(value.get("child_run"), str):
+        return str(value["child_run"])
+    return None
 
 
 def _plain(context: Mapping[str, Any]) -> dict[str, Any]:

@@ -1798,7 +1798,9 @@ class RunQueue(ABC):
         cancel was asked, ``queued`` if they all ended already, or one of them
         failed or was cancelled (any worker resumes it), else ``waiting`` with no
         lease, no owner and a reason naming the children; the last child's end
-        (or a child's failure) queues it then. Returns the status written.
+        (or a child's failure) queues it then. A linked child not ended that
+        ``children`` does not name (its item was dropped) is unlinked and
+        cancelled first. Returns the status written.
         """
         ids = [check_run_id(c, "children") for c in children]
         if not ids:
@@ -1821,6 +1823,7 @@ class RunQueue(ABC):
                 self._lost(lease)
             if self._join_lock:
                 tx.execute(self._q(self._join_lock), args)
+            self._close_dropped(tx, lease.run_id, ids)
             # A statement after the lock: it sees every child's end committed before it.
             count, unfinished = tx.execute(ended, args).fetchone()
             # (the wake's rule: all of them ended, or one failed or was cancelled)
@@ -1834,6 +1837,29 @@ class RunQueue(ABC):
             return self._transaction(body)
         finally:
             self._forget(lease.run_id)
+
+    def _close_dropped(self, tx: Any, parent: str, waited: Sequence[str]) -> None:
+        """Unlink and cancel ``parent``'s children not yet ended that it no longer waits for
+        (``waited``: those it does), in ``tx``: a rewind or resume dropped their items, so they
+        stop holding its wake, whose rule is then the join's (decision 022)."""
+        marks = ", ".join(f":c{i}" for i in range(len(waited)))
+        args: dict[str, Any] = {"parent": parent, **{f"c{i}": c for i, c in enumerate(waited)}}
+        going = tx.execute(self._q(
+            "SELECT l.child FROM ekit_queue_children l JOIN ekit_queue_runs c ON c.run_id = l.child "
+            f"WHERE l.parent = :parent AND l.child NOT IN ({marks}) "
+            f"AND NOT {FINAL.replace('status', 'c.status')}"
+        ), args).fetchall()
+        # The child's row is skipped if a write holds it (its end, a save): waiting for it could
+        # deadlock with its end's wake, which waits for the join's lock this holds. Unlinked, a
+        # child that goes on wakes no one.
+        read = self._q(f"SELECT status, {LIVE} FROM ekit_queue_runs WHERE run_id = :run_id"
+                       + (f"{self._for_update} SKIP LOCKED" if self._for_update else ""))
+        unlink = self._q("DELETE FROM ekit_queue_children WHERE child = :run_id")
+        for (child,) in going:
+            tx.execute(unlink, {"run_id": child})
+            row = tx.execute(read, {"run_id": child, "now": time.time()}).fetchone()
+            if row is not None and row[0] not in FINAL_STATUSES:
+                self._cancel_write(tx, child, None if row[1] else "cancelled")
 
     def child_statuses(self, run_ids: Sequence[str]) -> dict[str, RunStatus]:
         """``run id -> status`` of each of ``run_ids`` the queue has (one read)."""

@@ -162,12 +162,14 @@ FORGOTTEN_LINKS = "DELETE FROM ekit_queue_children WHERE child NOT IN (SELECT ru
 """Drop the links of pruned children."""
 
 
-def child_run_id(parent: str, step: str) -> str:
-    """The id of the child run of ``parent``'s ``step``: ``parent/step``, the same at every
-    resume (so a submit made again finds it), or, past the 200 characters a run id holds,
-    ``parent``'s first 100, ``/`` and a digest of both."""
-    plain = f"{parent}/{step}"
+def child_run_id(parent: str, step: str, number: int = 1) -> str:
+    """The id of the child run of ``parent``'s ``step`` at its attempt ``number``: the attempt's key
+    (``parent/step/number``, ``/1`` left out), the same at every resume of that attempt (so a
+    submit made again finds it) and never another attempt's (a rewind, a changed version, another
+    item: other work, another child); past the 200 characters a run id holds, ``parent``'s first
+    100, ``/`` and a digest of all three."""
+    plain = f"{parent}/{step}" if number == 1 else f"{parent}/{step}/{number}"
     if len(plain) <= 200:
         return plain
-    digest = hashlib.sha256(f"{len(parent)}:{parent}/{step}".encode("utf-8", "surrogatepass")).hexdigest()
+    digest = hashlib.sha256(f"{len(parent)}:{plain}".encode("utf-8", "surrogatepass")).hexdigest()
     return f"{parent[:100]}/{digest[:64]}"

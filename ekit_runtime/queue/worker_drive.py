@@ -12,7 +12,6 @@ from ekit_core.human import Answer, questions
 from ekit_core.human import answer as answered
 from ekit_runtime import logs
 from ekit_runtime.child_runs import SPAWNER, ChildState, child_run_of
-from ekit_runtime.errors import RunWaiting
 from ekit_runtime.queue.links import child_run_id
 from ekit_runtime.queue.options import run_arguments
 from ekit_runtime.queue.records import FINAL_STATUSES, Lease, LeaseLostError
@@ -85,7 +84,9 @@ class Driving(Admission):
             **self._run_options(lease, drive),
         )
         if not result.ok:
-            _wait_for_children(result)
+            # A failed step ends the run at once, isolated or not: a parent parked for its other
+            # items' children would be resumed by their wake, and the resume runs the failed step
+            # again (decision 022). The close trigger stops the children still going.
             raise StepsFailed(result)
         return result
 
@@ -133,18 +134,6 @@ class Driving(Admission):
         return options
 
 
-def _wait_for_children(result: WorkflowResult) -> None:
-    """Raise :class:`RunWaiting` for the steps of a run that failed under ``isolate_failures``
-    which still wait for their child runs: a failed step stops nothing else, so the other items
-    of a map wait on (the run parks), and the run ends once they ended."""
-    checkpoint = result.checkpoint
-    if checkpoint is None:
-        return
-    going = {step: q for step, q in questions(checkpoint).items() if child_run_of(q.details)}
-    if going:
-        raise RunWaiting(checkpoint, going)
-
-
 class _Spawner:
     """A drive's child runs, as its steps see them (:class:`ekit_runtime.children.Spawner`)."""
 
@@ -153,8 +142,8 @@ class _Spawner:
     def __init__(self, worker: Driving, drive: _Drive) -> None:
         self._worker, self._drive = worker, drive
 
-    def child_run_id(self, step: str) -> str:
-        return child_run_id(self._drive.lease.run_id, step)
+    def child_run_id(self, step: str, number: int) -> str:
+        return child_run_id(self._drive.lease.run_id, step, number)
 
     async def state(self, run_id: str, output: str) -> ChildState | None:
         worker = self._worker
@@ -164,9 +153,13 @@ class _Spawner:
         worker, lease = self._worker, self._drive.lease
         # The child takes the parent's run options (its budget, isolate_failures...), not its selection.
         options = {k: v for k, v in lease.options.items() if k not in _CHILD_OPTIONS}
+        # The child's input is stored as JSON: values of the parent codec's own types (an item of a
+        # map over them) go in the codec's stored form, as the parent's checkpoint holds them.
+        codec = getattr(worker.registry[lease.workflow], "codec", None)
+        stored = {k: codec.encode(v) for k, v in context.items()} if codec is not None else dict(context)
         try:
             await worker._db(functools.partial(
-                worker.queue.spawn, lease, worker._registered(workflow), dict(context), run_id=run_id,
+                worker.queue.spawn, lease, worker._registered(workflow), stored, run_id=run_id,
                 step=step, options=options,
             ))
         except LeaseLostError:

@@ -32,7 +32,7 @@ __all__ = ["postgres_url"]
 class _Unended:
     """A spawner whose child never ends: the run waits for it (its checkpoint records the wait)."""
 
-    def child_run_id(self, step: str) -> str:
+    def child_run_id(self, step: str, number: int) -> str:
         return f"p/{step}"
 
     async def state(self, run_id: str, output: str) -> None:

@@ -204,11 +204,13 @@ def test_a_worker_runs_each_child_as_a_run_and_the_parent_hands_on_its_output_an
     # A parent finishes only once no child of it is left unended (so its end closes none).
     ended = {r.run_id: r.status for r in queue.runs()}
     assert ended == dict.fromkeys(("m", "m/again", "m/write"), "finished")
-    # A rewind of the parent's step hands the same child's output on again: nothing is paid again.
+    # A rewind of the parent's step is other work (its attempt's key is new): a child of its own
+    # runs, as a rewound step runs again; the other step's child is not paid again.
     calls.clear()
     queue.rewind("m", "write")
-    assert asyncio.run(Worker(queue, _flows(calls), poll=0.01).run_until_idle()) == 1
-    assert calls == [] and queue.status("m").status == "finished"
+    assert asyncio.run(Worker(queue, _flows(calls), poll=0.01).run_until_idle()) == 2
+    assert calls == ["draft:owls", "polish"] and queue.status("m").status == "finished"
+    assert queue.status("m/write/2").status == "finished"
 
 
 def test_a_child_failure_fails_its_parent_step_and_a_retry_resumes_both(queue: RunQueue) -> None:
@@ -242,7 +244,7 @@ def test_without_a_queue_the_child_runs_inline_and_a_worker_refuses_an_unregiste
 class _Unanswered:
     """A spawner whose children never end: the run waits for them."""
 
-    def child_run_id(self, step: str) -> str:
+    def child_run_id(self, step: str, number: int) -> str:
         return f"p/{step}"
 
     async def state(self, run_id: str, output: str) -> None:
