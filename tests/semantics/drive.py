@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -112,7 +113,9 @@ class RunArgs:
 
 
 # The disagreements found and not fixed yet (test_found_by_the_model.py, xfail), each stepped
-# around where the driver meets it by raising KnownBug with a KNOWN_... name here: none now.
+# around where the driver meets it by raising KnownBug with a KNOWN_... name here:
+KNOWN_STALE_ITEM_FAILURE = ("keep_last keeps the failure record of a body map's item that its "
+                            "iteration, run again, no longer has")
 
 
 class KnownBug(Exception):
@@ -476,6 +479,7 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
         if crashed:
             want = want[: len(got)]
         if got != want:
+            _step_around(got, want)
             raise Mismatch(_diff_saves(where, got, want))
         if not crashed:
             mapped = {m.name for m in model.flatten(steps) if m.map_over or m.repeat}
@@ -495,6 +499,7 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
                   and not any(e[0] == "StepDenied" for e in predicted.events))
     if order_free:
         if got[-1:] != want[-1:]:
+            _step_around(got[-1:], want[-1:])
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
         begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
         if (sorted(begun), sorted(paid)) != (sorted(predicted.begun), sorted(predicted.paid)):
@@ -514,6 +519,21 @@ def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowChe
     while start and history[start - 1].fingerprint == history[-1].fingerprint:
         start -= 1
     return replay(None, history[start:])  # (the graph those checkpoints record)
+
+
+def _step_around(got: list[model.Record], want: list[model.Record]) -> None:
+    """Raise KnownBug when the runtime's saves differ from the model's only by failure
+    records of body map items (``L/m#k[key]``) in iterations ``keep_last`` compacted, which
+    the model let go of with them (test_found_by_the_model.py pins it)."""
+    def stale(rec: model.Record, unit: str) -> bool:
+        at = re.fullmatch(r"(.+?)/[^/#]+#(\d+)\[.*\]", unit)
+        return at is not None and int(at[2]) <= rec.compacted.get(at[1], 0)
+
+    if len(got) == len(want) and any(a != b for a, b in zip(got, want, strict=True)) and all(
+            dataclasses.replace(a, failures={u: f for u, f in a.failures.items()
+                                             if u in b.failures or not stale(a, u)}) == b
+            for a, b in zip(got, want, strict=True)):
+        raise KnownBug(KNOWN_STALE_ITEM_FAILURE)
 
 
 def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -> str:
