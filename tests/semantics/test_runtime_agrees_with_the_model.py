@@ -28,6 +28,7 @@ draws afresh: ``EKIT_MODEL_RANDOM=1``, or any ``EKIT_MODEL_EXAMPLES``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, reject, settings
@@ -70,6 +71,18 @@ def turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
                     min_size=1, max_size=5)
 
 
+def body_turns(plan: PlannedWorkflow) -> st.SearchStrategy[list[Turn]]:
+    """As ``turns``, but rewinding at most turns, a step of the loop's body half the time,
+    and bumping more often: what a body loop's defects need beside its own draws."""
+    names = list(flat_steps(plan.steps))
+    body = [n for n in names if "/" in n] or names
+    rewinds = st.sampled_from(names) | st.sampled_from(body)
+    crash = st.none() | st.integers(1, 8)
+    return st.lists(st.builds(Turn, st.integers(0, 2).map(bool), st.none() | rewinds | rewinds,
+                              st.none() | st.integers(0, 3), crash, crash),
+                    min_size=2, max_size=5)
+
+
 @st.composite
 def run_args(draw: st.DrawFn, plan: PlannedWorkflow) -> RunArgs:
     """A run's arguments: mostly one attempt at a time (everything is then compared)."""
@@ -108,12 +121,13 @@ def test_a_loop_whose_body_is_a_workflow_does_what_the_model_says(
         plan: PlannedWorkflow, store: str, data: st.DataObject) -> None:
     """The same comparison on workflows built around one body loop, where a condition
     above it, bumps, ``keep_last`` and a body map's failures and questions meet."""
-    _differ(plan, store, data)
+    _differ(plan, store, data, body_turns)
 
 
-def _differ(plan: PlannedWorkflow, store: str, data: st.DataObject) -> None:
+def _differ(plan: PlannedWorkflow, store: str, data: st.DataObject,
+            scripts: Callable[[PlannedWorkflow], st.SearchStrategy[list[Turn]]] = turns) -> None:
     args = data.draw(run_args(plan), label="args")
-    script = data.draw(turns(plan), label="turns")
+    script = data.draw(scripts(plan), label="turns")
     salt = data.draw(st.integers(0, 2**16), label="salt")  # the outputs, decisions, faults
     event(f"drawn: {type(plan).__name__}")
     try:
