@@ -533,16 +533,16 @@ def _step_around(got: list[model.Record], want: list[model.Record]) -> None:
     """Raise KnownBug when the runtime's saves differ from the model's only by failure
     records of body map items (``L/m#k[key]``) in iterations ``keep_last`` compacted, which
     the model let go of with them (test_found_by_the_model.py pins it)."""
-    def stale(rec: model.Record, unit: str) -> bool:
+    def loop_of_stale(rec: model.Record, unit: str) -> str | None:
         at = re.fullmatch(r"(.+?)/[^/#]+#(\d+)\[.*\]", unit)
-        return at is not None and int(at[2]) <= rec.compacted.get(at[1], 0)
+        return at[1] if at is not None and int(at[2]) <= rec.compacted.get(at[1], 0) else None
 
     def without(a: model.Record, b: model.Record) -> model.Record:
-        kept = {u: f for u, f in a.failures.items() if u in b.failures or not stale(a, u)}
+        loops = {loop_of_stale(a, u) for u in a.failures.keys() - b.failures.keys()} - {None}
+        kept = {u: f for u, f in a.failures.items()
+                if u in b.failures or loop_of_stale(a, u) is None}
         # (the model counts the stale records' attempts in compacted_retries as it drops them)
-        loops = {u.split("/")[0] for u in a.failures.keys() - kept.keys()}
-        retries = {n: b.compacted_retries[n] if n in loops and n in b.compacted_retries else r
-                   for n, r in a.compacted_retries.items()}
+        retries = {n: r for n, r in a.compacted_retries.items() if n not in loops}
         retries.update((n, r) for n, r in b.compacted_retries.items() if n in loops)
         return dataclasses.replace(a, failures=kept, compacted_retries=retries)
 
