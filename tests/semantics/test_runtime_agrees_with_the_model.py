@@ -25,7 +25,7 @@ finds disagreements no one has settled (docs/testing.md lists them). A hunt
 draws afresh: ``EKIT_MODEL_RANDOM=1``, or any ``EKIT_MODEL_EXAMPLES``.
 
 A second test draws only workflows around one loop whose body is a workflow
-(``body_loop_workflows``), ``EKIT_MODEL_BODY_EXAMPLES`` of them (150; set, it draws
+(``body_loop_workflows``), ``EKIT_MODEL_BODY_EXAMPLES`` of them (300; set, it draws
 afresh too): the body defects the hunts found need meetings the mixed draw seldom makes.
 """
 
@@ -53,7 +53,7 @@ from tests.support.strategies import Features, PlannedWorkflow, combined_workflo
 
 EXAMPLES = int(os.environ.get("EKIT_MODEL_EXAMPLES", "300"))
 # (body loops' own draws: their defects need meetings the mixed draw seldom makes)
-BODY_EXAMPLES = int(os.environ.get("EKIT_MODEL_BODY_EXAMPLES", "150"))
+BODY_EXAMPLES = int(os.environ.get("EKIT_MODEL_BODY_EXAMPLES", "300"))
 HUNTING = os.environ.get("EKIT_MODEL_RANDOM") == "1" or any(
     n in os.environ for n in ("EKIT_MODEL_EXAMPLES", "EKIT_MODEL_BODY_EXAMPLES"))
 # EKIT_MODEL_SHRINK=0 reports the first disagreement as found (quicker while hunting).
