@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -71,7 +72,7 @@ from ekit_runtime import (
 )
 from ekit_runtime.cache.base import Cache
 from tests.semantics import model
-from tests.semantics.strategies import CodedWorkflow, ReshapedWorkflow
+from tests.semantics.strategies import CodedWorkflow, ParentStep, ReshapedWorkflow
 from tests.semantics.world import (
     Crash,
     MemoryCache,
@@ -112,7 +113,9 @@ class RunArgs:
 
 
 # The disagreements found and not fixed yet (test_found_by_the_model.py, xfail), each stepped
-# around where the driver meets it by raising KnownBug with a KNOWN_... name here: none now.
+# around where the driver meets it by raising KnownBug with a KNOWN_... name here:
+KNOWN_STALE_ITEM_FAILURE = ("keep_last keeps the failure record of a body map's item that its "
+                            "iteration, run again, no longer has")
 
 
 class KnownBug(Exception):
@@ -322,7 +325,7 @@ def drive(plan: PlannedWorkflow, store_kind: str, turns: list[Turn], args: RunAr
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(a_store(store_kind))
         cache = _a_cache(plan, stack)
-        limit = len(turns) + 4 * len(plan.steps) + 8
+        limit = len(turns) + 4 * _units(plan) + 8
         for number in range(limit):
             calm = number >= len(turns)
             turn = Turn() if calm else turns[number]
@@ -476,6 +479,7 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
         if crashed:
             want = want[: len(got)]
         if got != want:
+            _step_around(got, want)
             raise Mismatch(_diff_saves(where, got, want))
         if not crashed:
             mapped = {m.name for m in model.flatten(steps) if m.map_over or m.repeat}
@@ -495,6 +499,7 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
                   and not any(e[0] == "StepDenied" for e in predicted.events))
     if order_free:
         if got[-1:] != want[-1:]:
+            _step_around(got[-1:], want[-1:])
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
         begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
         if (sorted(begun), sorted(paid)) != (sorted(predicted.begun), sorted(predicted.paid)):
@@ -514,6 +519,36 @@ def _replay(plan: PlannedWorkflow, workflow: Workflow, history: list[WorkflowChe
     while start and history[start - 1].fingerprint == history[-1].fingerprint:
         start -= 1
     return replay(None, history[start:])  # (the graph those checkpoints record)
+
+
+def _units(plan: PlannedWorkflow) -> int:
+    """How many steps ``plan`` runs, a loop's body once per iteration: each may need a turn
+    or two of its own to fail, ask and finish (a body failing in every iteration needs many
+    calm turns)."""
+    return sum(1 + (s.repeat or 1) * len(s.child) if isinstance(s, ParentStep) else 1
+               for s in plan.steps)
+
+
+def _step_around(got: list[model.Record], want: list[model.Record]) -> None:
+    """Raise KnownBug when the runtime's saves differ from the model's only by failure
+    records of body map items (``L/m#k[key]``) in iterations ``keep_last`` compacted, which
+    the model let go of with them (test_found_by_the_model.py pins it)."""
+    def loop_of_stale(rec: model.Record, unit: str) -> str | None:
+        at = re.fullmatch(r"(.+?)/[^/#]+#(\d+)\[.*\]", unit)
+        return at[1] if at is not None and int(at[2]) <= rec.compacted.get(at[1], 0) else None
+
+    def without(a: model.Record, b: model.Record) -> model.Record:
+        loops = {loop_of_stale(a, u) for u in a.failures.keys() - b.failures.keys()} - {None}
+        kept = {u: f for u, f in a.failures.items()
+                if u in b.failures or loop_of_stale(a, u) is None}
+        # (the model counts the stale records' attempts in compacted_retries as it drops them)
+        retries = {n: r for n, r in a.compacted_retries.items() if n not in loops}
+        retries.update((n, r) for n, r in b.compacted_retries.items() if n in loops)
+        return dataclasses.replace(a, failures=kept, compacted_retries=retries)
+
+    if len(got) == len(want) and got != want and all(
+            without(a, b) == b for a, b in zip(got, want, strict=True)):
+        raise KnownBug(KNOWN_STALE_ITEM_FAILURE)
 
 
 def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -> str:

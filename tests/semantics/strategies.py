@@ -321,3 +321,58 @@ def body_workflows(draw: st.DrawFn) -> PlannedWorkflow:
         keep_last=draw(st.none() | st.integers(1, 2), label="keep_last"),
         until=draw(st.booleans(), label="until"), child=body, output=_sink(body))
     return PlannedWorkflow(tuple(steps), plan.phases, plan.features)
+
+
+# -- loops whose body is a workflow, their rare meetings drawn together -----------------------
+
+
+@st.composite
+def _dense_body(draw: st.DrawFn, phases: int) -> tuple[PlannedStep, ...]:
+    """A body as ``_body`` draws it, but mostly with its map (``c1`` over ``c0``), and its
+    steps failing, retrying, asking and changing version far more often: a body map's
+    failed and retried items, its questions and its bumps are what body defects need."""
+    def faults() -> dict[str, object]:
+        fails = draw(st.integers(0, 2))
+        return {"asks": draw(st.integers(0, 2)) == 0, "fails": fails,
+                "attempts": draw(st.integers(1, 3)) if fails else 1,
+                "versions": _tags(draw, phases)}
+
+    if draw(st.integers(0, 3)) == 0:
+        return (PlannedStep("c0", (), draw(st.sampled_from(["text", "typed"])), **faults()),)  # type: ignore[arg-type]
+    kind: OutputKind = draw(st.sampled_from(["list", "dict", "keyed"]))
+    return tuple(draw(st.permutations([
+        PlannedStep("c0", (), kind, **faults()),  # type: ignore[arg-type]
+        PlannedStep("c1", ("c0",), draw(st.sampled_from(["text", "typed"])), "c0",
+                    "id" if kind == "keyed" else None, **faults()),  # type: ignore[arg-type]
+        PlannedStep("c2", draw(st.sampled_from([("c1",), ("c1", "c0")])), "text",
+                    **faults())])))  # type: ignore[arg-type]
+
+
+@st.composite
+def body_loop_workflows(draw: st.DrawFn) -> PlannedWorkflow:
+    """A small workflow around one loop ``L`` whose body is a workflow, drawing together
+    what ``body_workflows`` meets only by chance: a condition above the loop (on ``s0``, or
+    on ``s1`` below a bumped ``s0``: a body loop skipped whole), two or three code phases
+    (bumps above the loop and in its body), ``keep_last`` most of the time (compacted
+    iterations and items), a body map's failed, retried and asking items
+    (``_dense_body``), and at times a step after it (``s2``) that asks."""
+    phases = draw(st.integers(2, 3))
+    body = draw(_dense_body(phases))
+    gate = draw(st.booleans())  # (a condition of its own between s0 and the loop)
+    when = st.sampled_from([None, "some", "some", "raises"])
+    steps: list[PlannedStep] = [
+        PlannedStep("s0", (), draw(st.sampled_from(["text", "list"])),
+                    when=None if gate else draw(when), asks=draw(st.integers(0, 3)) == 0,
+                    versions=_tags(draw, phases))]
+    if gate:
+        steps.append(PlannedStep("s1", ("s0",), "text", when=draw(when),
+                                 versions=_tags(draw, phases)))
+    steps.append(ParentStep(
+        "L", (steps[-1].name,), "text", versions=("v0",) * phases,
+        repeat=draw(st.sampled_from([1, 2, 3, 3, 4, 4]), label="max_iterations"),
+        keep_last=draw(st.sampled_from([None, 1, 1, 2]), label="keep_last"),
+        until=draw(st.booleans(), label="until"), child=body, output=_sink(body)))
+    if draw(st.integers(0, 2)):
+        steps.append(PlannedStep("s2", ("L",), "text", asks=draw(st.booleans()),
+                                 versions=_tags(draw, phases)))
+    return PlannedWorkflow(tuple(draw(st.permutations(steps))), phases, Features(loops=True))

@@ -840,3 +840,39 @@ def test_a_bump_above_a_skipped_body_loop_decides_its_first_iteration_again() ->
     go[0] = True
     result = workflow("v1").run_sync(resume_from=skipped)
     assert result.outputs["L"] == "v1" and dict(result.checkpoint.skipped) == {}
+
+
+@pytest.mark.xfail(strict=True, reason="keep_last keeps a stale body item's failure record")
+def test_a_compacted_body_iteration_lets_go_of_its_old_items_failure_records() -> None:
+    """A compacted iteration's "failure records went with their outputs"
+    (docs/checkpoint-format.md, ``compacted_retries``). Item ``P/c1#1[v0]`` of a body's map
+    failed; a bump ran iteration 1 again, whose map now has the item ``[v1]`` only, and
+    ``keep_last=1`` then compacted iteration 1: its items' failure records went, but
+    ``P/c1#1[v0]``'s stayed beside a compacted iteration (found by the model's body-loop
+    draws; the driver steps around it: ``KNOWN_STALE_ITEM_FAILURE``)."""
+    failed: set[str] = set()
+
+    def tool(ctx: dict[str, Any]) -> str:
+        key = str(ctx["c0"]["id"])
+        if key not in failed:
+            failed.add(key)
+            raise ConnectionError("overloaded")
+        return key
+
+    def workflow(version: str) -> Workflow:
+        def fold(ctx: dict[str, Any]) -> Any:
+            if version == "v0":
+                raise ConnectionError("down")
+            return Done(ctx["c1"]) if ctx["P"].number == 2 else ctx["c1"]
+
+        body = Workflow([Step("c0", lambda ctx: [{"id": version}], version=version),
+                         Step("c1", tool, ("c0",), map_over="c0", item_key="id",
+                              retry=RetryPolicy(2, backoff_base=0)),
+                         Step("c2", fold, ("c1",))])
+        return Workflow([Step("P", child=body, repeat=Repeat(3, keep_last=1))])
+
+    first = workflow("v0").run_sync(max_concurrency=1, isolate_failures=True).checkpoint
+    assert {"P/c1#1[v0]", "P/c2#1"} <= first.failures.keys()
+    ended = workflow("v1").run_sync(max_concurrency=1, resume_from=first).checkpoint
+    assert ended.compacted["P"] == 1 and ended.outputs["P"] == ["v1"]
+    assert not [u for u in ended.failures if u.startswith("P/c1#1[")]
