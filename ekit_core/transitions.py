@@ -2198,6 +2198,12 @@ def _compact(w: _Run, loop: str, upto: int) -> None:
         if kept is not None:
             w.times = kept
     inc = w.setbacks  # (their failure records and questions too: history kept per iteration)
+    if shaped.body_maps and loop in shaped.bodies and (inc.failures or inc.asked):
+        # (and those of items its maps no longer have: a bump re-decided the items, and the
+        # old item's failure or question stayed recorded under the iteration compacted now)
+        under = tuple(f"{iteration_name(step, j)}[" for step in shaped.bodies[loop]
+                      for j in range(before + 1, upto + 1))
+        gone.update(n for n in (*inc.failures, *inc.asked) if n.startswith(under))
     if not gone.isdisjoint(inc.failures) or not gone.isdisjoint(inc.asked):
         # (the most failed attempts of one is kept: a later run of them numbers past it)
         spent = max((inc.failures[n].attempts for n in gone if n in inc.failures), default=0)

@@ -30,7 +30,6 @@ import copy
 import dataclasses
 import json
 import os
-import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -113,9 +112,7 @@ class RunArgs:
 
 
 # The disagreements found and not fixed yet (test_found_by_the_model.py, xfail), each stepped
-# around where the driver meets it by raising KnownBug with a KNOWN_... name here:
-KNOWN_STALE_ITEM_FAILURE = ("keep_last keeps the failure record of a body map's item that its "
-                            "iteration, run again, no longer has")
+# around where the driver meets it by raising KnownBug with a KNOWN_... name here: none now.
 
 
 class KnownBug(Exception):
@@ -479,7 +476,6 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
         if crashed:
             want = want[: len(got)]
         if got != want:
-            _step_around(got, want)
             raise Mismatch(_diff_saves(where, got, want))
         if not crashed:
             mapped = {m.name for m in model.flatten(steps) if m.map_over or m.repeat}
@@ -499,7 +495,6 @@ def _compare(number: int, predicted: model.Prediction, saver: Saver, events: lis
                   and not any(e[0] == "StepDenied" for e in predicted.events))
     if order_free:
         if got[-1:] != want[-1:]:
-            _step_around(got[-1:], want[-1:])
             raise Mismatch(_diff_saves(where, got[-1:], want[-1:]))
         begun, paid = world.begun[len(before.begun):], world.paid[len(before.paid):]
         if (sorted(begun), sorted(paid)) != (sorted(predicted.begun), sorted(predicted.paid)):
@@ -527,28 +522,6 @@ def _units(plan: PlannedWorkflow) -> int:
     calm turns)."""
     return sum(1 + (s.repeat or 1) * len(s.child) if isinstance(s, ParentStep) else 1
                for s in plan.steps)
-
-
-def _step_around(got: list[model.Record], want: list[model.Record]) -> None:
-    """Raise KnownBug when the runtime's saves differ from the model's only by failure
-    records of body map items (``L/m#k[key]``) in iterations ``keep_last`` compacted, which
-    the model let go of with them (test_found_by_the_model.py pins it)."""
-    def loop_of_stale(rec: model.Record, unit: str) -> str | None:
-        at = re.fullmatch(r"(.+?)/[^/#]+#(\d+)\[.*\]", unit)
-        return at[1] if at is not None and int(at[2]) <= rec.compacted.get(at[1], 0) else None
-
-    def without(a: model.Record, b: model.Record) -> model.Record:
-        loops = {loop_of_stale(a, u) for u in a.failures.keys() - b.failures.keys()} - {None}
-        kept = {u: f for u, f in a.failures.items()
-                if u in b.failures or loop_of_stale(a, u) is None}
-        # (the model counts the stale records' attempts in compacted_retries as it drops them)
-        retries = {n: r for n, r in a.compacted_retries.items() if n not in loops}
-        retries.update((n, r) for n, r in b.compacted_retries.items() if n in loops)
-        return dataclasses.replace(a, failures=kept, compacted_retries=retries)
-
-    if len(got) == len(want) and got != want and all(
-            without(a, b) == b for a, b in zip(got, want, strict=True)):
-        raise KnownBug(KNOWN_STALE_ITEM_FAILURE)
 
 
 def _diff_saves(where: str, got: list[model.Record], want: list[model.Record]) -> str:

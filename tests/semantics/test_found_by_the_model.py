@@ -842,14 +842,13 @@ def test_a_bump_above_a_skipped_body_loop_decides_its_first_iteration_again() ->
     assert result.outputs["L"] == "v1" and dict(result.checkpoint.skipped) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="keep_last keeps a stale body item's failure record")
 def test_a_compacted_body_iteration_lets_go_of_its_old_items_failure_records() -> None:
     """A compacted iteration's "failure records went with their outputs"
     (docs/checkpoint-format.md, ``compacted_retries``). Item ``P/c1#1[v0]`` of a body's map
     failed; a bump ran iteration 1 again, whose map now has the item ``[v1]`` only, and
     ``keep_last=1`` then compacted iteration 1: its items' failure records went, but
     ``P/c1#1[v0]``'s stayed beside a compacted iteration (found by the model's body-loop
-    draws; the driver steps around it: ``KNOWN_STALE_ITEM_FAILURE``)."""
+    draws)."""
     failed: set[str] = set()
 
     def tool(ctx: dict[str, Any]) -> str:
