@@ -12,24 +12,19 @@ fsynced to a side file, so the counts survive the kills.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 
 from ekit_runtime.queue import open_queue
+from tests.support.child_run_workers import STARTED, child_workers, starts
 from tests.support.queue_backends import live_leases, queue_url, wait_for
 
 __all__ = ["queue_url"]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 FLOWS = '''
 import asyncio, os, signal
@@ -40,13 +35,7 @@ from ekit_runtime.queue import RunQueue
 
 LOG, GATE, MARK, KILL_AT = (os.environ[k] for k in ("CHILD_LOG", "CHILD_GATE", "CHILD_MARK", "CHILD_KILL_AT"))
 
-
-def started(name):
-    with open(LOG, "a", encoding="utf-8") as f:
-        f.write(name + "\\n")
-        f.flush()
-        os.fsync(f.fileno())
-
+''' + STARTED + '''
 
 if KILL_AT:  # SIGKILL this worker once, right after the submit of that child committed
     _spawn = RunQueue.spawn
@@ -106,32 +95,14 @@ ITEMS = ["m/write[0]", "m/write[1]", "m/write[2]"]
 EXPECTED = ["DRAFT ON OWLS", "DRAFT ON BATS", "DRAFT ON CATS"]
 
 
-@contextmanager
-def _workers(tmp_path: Path, url: str, count: int, kill_at: str = "", *flags: str) -> Iterator[
-        list[subprocess.Popen[str]]]:
+def _workers(tmp_path: Path, url: str, count: int, kill_at: str = "", *flags: str
+             ) -> AbstractContextManager[list[Popen[str]]]:
     """``count`` worker processes of one run each, stopped (SIGKILL) when the block ends."""
-    (tmp_path / "flows.py").write_text(FLOWS)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "CHILD_KILL_AT": kill_at,
-           "CHILD_LOG": str(tmp_path / "starts.log"), "CHILD_GATE": str(tmp_path / "gate"),
-           "CHILD_MARK": str(tmp_path / "killed")}
-    argv = [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", "flows:WORKFLOWS",
-            "--lease", "2", "--heartbeat", "0.3", "--max-runs", "1", *flags]
-    with contextlib.ExitStack() as files:
-        errs = [files.enter_context(open(tmp_path / f"stderr-{i}", "w")) for i in range(count)]
-        procs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                  text=True) for err in errs]
-        try:
-            yield procs
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+    return child_workers(tmp_path, url, count, FLOWS, {"CHILD_KILL_AT": kill_at}, *flags)
 
 
 def _starts(tmp_path: Path) -> Counter[str]:
-    log = tmp_path / "starts.log"
-    return Counter(log.read_text().split()) if log.exists() else Counter()
+    return starts(tmp_path)
 
 
 def _resumed_after_the_kill(url: str, tmp_path: Path, victim_ran: str) -> None:

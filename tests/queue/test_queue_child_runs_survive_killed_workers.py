@@ -13,24 +13,19 @@ fsynced to a side file, so the counts survive the kills.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 
 from ekit_runtime.queue import RunQueue, open_queue
+from tests.support.child_run_workers import STARTED, child_workers, starts
 from tests.support.queue_backends import live_leases, queue_url, wait_for
 
 __all__ = ["queue_url"]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 FLOWS = '''
 import asyncio, os, signal
@@ -42,13 +37,7 @@ from ekit_runtime.queue.group_commit import GroupCommit
 
 LOG, GATE, MARK, MODE = (os.environ[k] for k in ("CHILD_LOG", "CHILD_GATE", "CHILD_MARK", "CHILD_MODE"))
 
-
-def started(name):
-    with open(LOG, "a", encoding="utf-8") as f:
-        f.write(name + "\\n")
-        f.flush()
-        os.fsync(f.fileno())
-
+''' + STARTED + '''
 
 def killed_once():
     """SIGKILL this worker the first time a fault point is reached (the mark tells it happened)."""
@@ -132,32 +121,14 @@ WORKFLOWS = {
 EXPECTED = ["DRAFT ON LEFT", "DRAFT ON RIGHT"]
 
 
-@contextmanager
-def _workers(tmp_path: Path, url: str, count: int, mode: str = "", *flags: str) -> Iterator[
-        list[subprocess.Popen[str]]]:
+def _workers(tmp_path: Path, url: str, count: int, mode: str = "", *flags: str
+             ) -> AbstractContextManager[list[Popen[str]]]:
     """``count`` worker processes of one run each, stopped (SIGKILL) when the block ends."""
-    (tmp_path / "flows.py").write_text(FLOWS)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "CHILD_MODE": mode,
-           "CHILD_LOG": str(tmp_path / "starts.log"), "CHILD_GATE": str(tmp_path / "gate"),
-           "CHILD_MARK": str(tmp_path / "killed")}
-    argv = [sys.executable, "-m", "ekit_runtime", "worker", "--queue", url, "--workflows", "flows:WORKFLOWS",
-            "--lease", "2", "--heartbeat", "0.3", "--max-runs", "1", *flags]
-    with contextlib.ExitStack() as files:
-        errs = [files.enter_context(open(tmp_path / f"stderr-{mode}-{i}", "w")) for i in range(count)]
-        procs = [subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                  text=True) for err in errs]
-        try:
-            yield procs
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+    return child_workers(tmp_path, url, count, FLOWS, {"CHILD_MODE": mode}, *flags, tag=mode)
 
 
 def _starts(tmp_path: Path) -> Counter[str]:
-    log = tmp_path / "starts.log"
-    return Counter(log.read_text().split()) if log.exists() else Counter()
+    return starts(tmp_path)
 
 
 def _finished_once(q: RunQueue, tmp_path: Path) -> None:
@@ -207,7 +178,7 @@ def test_a_worker_killed_after_submitting_a_child_and_before_saving_leaves_no_du
     assert len(q.family("m")[1]) == 1  # the child was submitted
     wait_for(lambda: live_leases(queue_url) == 0, timeout=30, what="the killed worker's lease to expire")
     with _workers(tmp_path, queue_url, 1, "", "--until-idle") as (taker,):
-        assert taker.wait(timeout=120) == 0, (tmp_path / "stderr--0").read_text()
+        assert taker.wait(timeout=120) == 0, (tmp_path / "stderr-0").read_text()
     _finished_once(q, tmp_path)
     q.close()
 
@@ -225,7 +196,7 @@ def test_a_worker_killed_right_after_a_childs_end_leaves_the_parent_queued(
     assert q.status("m").status == "queued"  # woken in that transaction: not waiting for ever
     wait_for(lambda: live_leases(queue_url) == 0, timeout=30, what="the killed worker's leases to expire")
     with _workers(tmp_path, queue_url, 1, "", "--until-idle") as (taker,):
-        assert taker.wait(timeout=120) == 0, (tmp_path / "stderr--0").read_text()
+        assert taker.wait(timeout=120) == 0, (tmp_path / "stderr-0").read_text()
     _finished_once(q, tmp_path)
     q.close()
 
