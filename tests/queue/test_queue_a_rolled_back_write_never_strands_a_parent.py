@@ -14,7 +14,6 @@ it (read from ``pg_stat_activity``); only then does the rewind fail.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -23,30 +22,19 @@ import pytest
 from ekit_runtime import RunWaiting, Step, Workflow
 from ekit_runtime.child_runs import SPAWNER
 from ekit_runtime.children import Child
-from ekit_runtime.queue import Lease, RunQueue, open_queue
+from ekit_runtime.queue import RunQueue
 from tests.support.queue_backends import postgres_url, wait_for
+from tests.support.queued_children import NeverEnding, claimed, queues
 
-__all__ = ["postgres_url"]
+__all__ = ["postgres_url", "queues"]
 
-
-class _Unended:
-    """A spawner whose child never ends: the run waits for it (its checkpoint records the wait)."""
-
-    def child_run_id(self, step: str, number: int) -> str:
-        return f"p/{step}"
-
-    async def state(self, run_id: str, output: str) -> None:
-        return None
-
-    async def spawn(self, run_id: str, step: str, workflow: Any, context: Any) -> None:
-        return None
 
 
 def _waiting_checkpoint() -> Any:
     kid = Workflow([Step("draft", lambda ctx: "d")])
     parent = Workflow([Step("brief", lambda ctx: "b"),
                        Step("write", depends_on=("brief",), child=Child(kid, queued=True))])
-    token = SPAWNER.set(_Unended())
+    token = SPAWNER.set(NeverEnding())
     try:
         with pytest.raises(RunWaiting) as waiting:
             parent.run_sync(run_id="p")
@@ -55,20 +43,6 @@ def _waiting_checkpoint() -> Any:
     return waiting.value.checkpoint
 
 
-@pytest.fixture
-def queues(postgres_url: str) -> Iterator[tuple[RunQueue, RunQueue]]:
-    first, second = open_queue(postgres_url), open_queue(postgres_url)
-    try:
-        yield first, second
-    finally:
-        first.close()
-        second.close()
-
-
-def _lease(queue: RunQueue, run_id: str, workflow: str) -> Lease:
-    lease = queue.claim("w", {workflow: None}, 600)
-    assert lease is not None and lease.run_id == run_id
-    return lease
 
 
 def _blocked_on_a_lock(url: str) -> bool:
@@ -83,11 +57,11 @@ def test_a_rewind_rolled_back_while_the_child_ended_leaves_the_parent_queued(
 ) -> None:
     one, two = queues
     one.submit("wf", run_id="p")
-    parent = _lease(one, "p", "wf")
+    parent = claimed(one, "p", "wf")
     one.save(parent, _waiting_checkpoint(), 600)
     one.spawn(parent, "kid", run_id="p/write", step="write")
     assert one.join(parent, ["p/write"]) == "waiting"
-    child = _lease(one, "p/write", "kid")
+    child = claimed(one, "p/write", "kid")
 
     held, go = threading.Event(), threading.Event()
 

@@ -28,21 +28,16 @@ from ekit_runtime.child_runs import SPAWNER
 from ekit_runtime.children import Child
 from ekit_runtime.queue import Ending, Lease, LeaseLostError, RunQueue, RunStateError, Worker
 from tests.support.queue_backends import expire_lease, live_leases, queue, queue_url
+from tests.support.queued_children import NeverEnding, claimed
 
 __all__ = ["queue", "queue_url"]
 
-
-def _lease(queue: RunQueue, run_id: str, workflow: str = "wf") -> Lease:
-    """Claim ``run_id`` (the only claimable run of ``workflow``)."""
-    lease = queue.claim("w", {workflow: None}, 600)
-    assert lease is not None and lease.run_id == run_id
-    return lease
 
 
 def _parked(queue: RunQueue, children: tuple[str, ...] = ("p/a", "p/b")) -> Lease:
     """A parent ``p`` that spawned ``children`` (runs of ``kid``) and joined them: waiting."""
     queue.submit("wf", run_id="p")
-    lease = _lease(queue, "p")
+    lease = claimed(queue, "p")
     for child in children:
         assert queue.spawn(lease, "kid", {"n": 1}, run_id=child, step=child.split("/")[-1]) is True
     assert queue.join(lease, list(children)) == "waiting"
@@ -71,7 +66,7 @@ def test_every_way_a_child_ends_queues_its_waiting_parent_in_the_same_transactio
     if how == "cancel":
         assert queue.cancel("p/a") is True  # a queued child: cancelled at once
     else:
-        child = _lease(queue, "p/a", "kid")
+        child = claimed(queue, "p/a", "kid")
         assert queue.status("p").status == "waiting"  # (a claim of the child wakes nobody)
     if how == "finish":
         queue.finish(child, "finished")
@@ -91,9 +86,9 @@ def test_every_way_a_child_ends_queues_its_waiting_parent_in_the_same_transactio
 
 def test_a_join_that_meets_a_child_ended_already_queues_the_parent(queue: RunQueue) -> None:
     queue.submit("wf", run_id="p")
-    lease = _lease(queue, "p")
+    lease = claimed(queue, "p")
     queue.spawn(lease, "kid", run_id="p/a", step="a")
-    child = _lease(queue, "p/a", "kid")
+    child = claimed(queue, "p/a", "kid")
     queue.finish(child, "finished")  # before the parent parks: its status is running, nothing to wake
     assert queue.status("p").status == "running"
     assert queue.join(lease, ["p/a"]) == "queued"
@@ -105,13 +100,13 @@ def test_a_join_with_a_cancel_asked_cancels_and_a_stale_join_or_spawn_writes_not
     queue: RunQueue, queue_url: str
 ) -> None:
     queue.submit("wf", run_id="p")
-    lease = _lease(queue, "p")
+    lease = claimed(queue, "p")
     queue.spawn(lease, "kid", run_id="p/a", step="a")
     assert queue.cancel("p") is True  # the parent's lease is live: flagged; the child cancelled at once
     assert queue.status("p/a").status == "cancelled"
     assert queue.join(lease, ["p/a"]) == "cancelled"
     queue.submit("wf", run_id="q")
-    stale = _lease(queue, "q")
+    stale = claimed(queue, "q")
     expire_lease(queue_url, "q")
     with pytest.raises(LeaseLostError):
         queue.spawn(stale, "kid", run_id="q/a", step="a")
@@ -123,7 +118,7 @@ def test_a_join_with_a_cancel_asked_cancels_and_a_stale_join_or_spawn_writes_not
 def test_spawn_is_idempotent_and_refuses_an_id_that_is_no_child_of_its_parent(queue: RunQueue) -> None:
     queue.submit("kid", run_id="taken")
     queue.submit("wf", run_id="p")
-    lease = _lease(queue, "p")
+    lease = claimed(queue, "p")
     assert queue.spawn(lease, "kid", run_id="p/a", step="a") is True
     assert queue.spawn(lease, "kid", run_id="p/a", step="a") is False  # a worker that died, again
     with pytest.raises(ValueError, match="not a child of run 'p'"):
@@ -135,16 +130,16 @@ def test_a_cancel_cascades_down_the_family_and_a_retry_takes_failed_children_alo
     queue: RunQueue,
 ) -> None:
     _parked(queue, ("p/a",))
-    child = _lease(queue, "p/a", "kid")
+    child = claimed(queue, "p/a", "kid")
     queue.spawn(child, "kid", run_id="p/a/g", step="g")  # a grandchild
     queue.finish(child, "failed", "boom")
     assert queue.status("p/a/g").status == "cancelled"  # its parent's failure closed it
-    parent = _lease(queue, "p")  # woken by its child's end
+    parent = claimed(queue, "p")  # woken by its child's end
     queue.finish(parent, "failed", "ChildRunFailed: child run 'p/a' failed: boom")
     assert queue.cancel("p") is False  # the parent had ended: the call finds nothing left to stop
     queue.retry("p")
     assert [queue.status(r).status for r in ("p", "p/a", "p/a/g")] == ["queued"] * 3
-    finished = _lease(queue, "p")
+    finished = claimed(queue, "p")
     queue.finish(finished, "finished")
     with pytest.raises(RunStateError):
         queue.retry("p")  # (a finished parent is not retried, nor are its children)
@@ -152,9 +147,9 @@ def test_a_cancel_cascades_down_the_family_and_a_retry_takes_failed_children_alo
 
 def test_a_prune_keeps_a_child_while_its_parent_is_kept(queue: RunQueue) -> None:
     queue.submit("wf", run_id="p")
-    lease = _lease(queue, "p")
+    lease = claimed(queue, "p")
     queue.spawn(lease, "kid", run_id="p/a", step="a")
-    queue.finish(_lease(queue, "p/a", "kid"), "finished")
+    queue.finish(claimed(queue, "p/a", "kid"), "finished")
     assert queue.prune(0) == 0  # the child ended, its parent is running: kept
     queue.finish(lease, "finished")
     queue.submit("wf", run_id="alone")
@@ -241,28 +236,16 @@ def test_without_a_queue_the_child_runs_inline_and_a_worker_refuses_an_unregiste
     assert str(failing.failed["write"]) == "no draft"  # (the child's own error, as a step's)
 
 
-class _Unanswered:
-    """A spawner whose children never end: the run waits for them."""
-
-    def child_run_id(self, step: str, number: int) -> str:
-        return f"p/{step}"
-
-    async def state(self, run_id: str, output: str) -> None:
-        return None
-
-    async def spawn(self, run_id: str, step: str, workflow: Any, context: Any) -> None:
-        return None
-
 
 def test_no_person_answers_a_wait_for_a_child(queue: RunQueue) -> None:
-    token = SPAWNER.set(_Unanswered())
+    token = SPAWNER.set(NeverEnding())
     try:
         with pytest.raises(RunWaiting) as waiting:
             _flows([])["main"].run_sync(run_id="p")
     finally:
         SPAWNER.reset(token)
     queue.submit("main", run_id="p")
-    lease = _lease(queue, "p", "main")
+    lease = claimed(queue, "p", "main")
     queue.save(lease, waiting.value.checkpoint, 600)
     assert queue.join(lease, ["p/write", "p/again"]) == "waiting"
     assert set(queue.questions("p")) == {"write", "again"}

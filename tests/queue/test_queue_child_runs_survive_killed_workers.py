@@ -22,8 +22,8 @@ from subprocess import Popen
 import pytest
 
 from ekit_runtime.queue import RunQueue, open_queue
-from tests.support.child_run_workers import STARTED, child_workers, starts
 from tests.support.queue_backends import live_leases, queue_url, wait_for
+from tests.support.queued_children import STARTED, child_workers, starts
 
 __all__ = ["queue_url"]
 

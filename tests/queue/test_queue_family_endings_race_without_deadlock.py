@@ -12,34 +12,18 @@ waiting.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
-
-from ekit_runtime.queue import Lease, RunQueue, open_queue
+from ekit_runtime.queue import RunQueue
 from tests.support.queue_backends import postgres_url
+from tests.support.queued_children import claimed, queues
 
-__all__ = ["postgres_url"]
+__all__ = ["postgres_url", "queues"]
 
 ROUNDS = 40
 FINAL = {"finished", "failed", "cancelled"}
 
 
-@pytest.fixture
-def queues(postgres_url: str) -> Iterator[tuple[RunQueue, RunQueue]]:
-    """Two queues on one database: one connection for each side of the race."""
-    first, second = open_queue(postgres_url), open_queue(postgres_url)
-    try:
-        yield first, second
-    finally:
-        first.close()
-        second.close()
-
-
-def _lease(queue: RunQueue, run_id: str, workflow: str) -> Lease:
-    lease = queue.claim("w", {workflow: None}, 600)
-    assert lease is not None and lease.run_id == run_id
-    return lease
 
 
 def _together(left: Callable[[], object], right: Callable[[], object]) -> list[BaseException]:
@@ -70,11 +54,11 @@ def test_a_parent_failing_while_its_child_finishes_deadlocks_no_one(
     for n in range(ROUNDS):
         p = f"p{n}"
         one.submit("wf", run_id=p)
-        parent = _lease(one, p, "wf")
+        parent = claimed(one, p, "wf")
         one.spawn(parent, "kid", run_id=f"{p}/a", step="a")
         one.spawn(parent, "kid", run_id=f"{p}/b", step="b")
-        a = _lease(one, f"{p}/a", "kid")
-        b = _lease(one, f"{p}/b", "kid")
+        a = claimed(one, f"{p}/a", "kid")
+        b = claimed(one, f"{p}/b", "kid")
         errors = _together(lambda p=parent: one.finish(p, "failed", "boom"),
                            lambda a=a, b=b: (two.finish(a, "finished"), two.finish(b, "failed", "x")))
         assert errors == [], f"round {n}: {errors!r}"
@@ -89,13 +73,13 @@ def test_a_cancel_of_a_parent_while_its_grandchild_finishes_deadlocks_no_one(
     for n in range(ROUNDS):
         p = f"p{n}"
         one.submit("wf", run_id=p)
-        parent = _lease(one, p, "wf")
+        parent = claimed(one, p, "wf")
         one.spawn(parent, "kid", run_id=f"{p}/a", step="a")
         assert one.join(parent, [f"{p}/a"]) == "waiting"
-        child = _lease(one, f"{p}/a", "kid")
+        child = claimed(one, f"{p}/a", "kid")
         one.spawn(child, "kid", run_id=f"{p}/a/g", step="g")
         assert one.join(child, [f"{p}/a/g"]) == "waiting"
-        grandchild = _lease(one, f"{p}/a/g", "kid")
+        grandchild = claimed(one, f"{p}/a/g", "kid")
         errors = _together(lambda p=p: one.cancel(p), lambda g=grandchild: two.finish(g, "finished"))
         assert errors == [], f"round {n}: {errors!r}"
         assert [one.status(r).status for r in (p, f"{p}/a")] == ["cancelled", "cancelled"]
@@ -111,16 +95,16 @@ def test_a_join_and_its_childs_end_at_once_never_strand_the_parent(
     for n in range(ROUNDS):
         p = f"p{n}"
         one.submit("wf", run_id=p)
-        parent = _lease(one, p, "wf")
+        parent = claimed(one, p, "wf")
         one.spawn(parent, "kid", run_id=f"{p}/a", step="a")
-        child = _lease(one, f"{p}/a", "kid")
+        child = claimed(one, f"{p}/a", "kid")
         joined: list[str] = []
         errors = _together(lambda p=p, lease=parent, out=joined: out.append(one.join(lease, [f"{p}/a"])),
                            lambda c=child: two.finish(c, "finished"))
         assert errors == [], f"round {n}: {errors!r}"
         assert one.status(f"{p}/a").status == "finished"
         assert one.status(p).status == "queued", f"round {n}: join wrote {joined}"
-        one.finish(_lease(one, p, "wf"), "finished")  # (out of the next round's claims)
+        one.finish(claimed(one, p, "wf"), "finished")  # (out of the next round's claims)
 
 
 def test_the_last_two_children_ending_at_once_wake_their_parent(queues: tuple[RunQueue, RunQueue]) -> None:
@@ -130,12 +114,12 @@ def test_the_last_two_children_ending_at_once_wake_their_parent(queues: tuple[Ru
     for n in range(ROUNDS):
         p = f"p{n}"
         one.submit("wf", run_id=p)
-        parent = _lease(one, p, "wf")
+        parent = claimed(one, p, "wf")
         for s in "ab":
             one.spawn(parent, "kid", run_id=f"{p}/{s}", step=s)
         assert one.join(parent, [f"{p}/a", f"{p}/b"]) == "waiting"
-        a, b = _lease(one, f"{p}/a", "kid"), _lease(one, f"{p}/b", "kid")
+        a, b = claimed(one, f"{p}/a", "kid"), claimed(one, f"{p}/b", "kid")
         errors = _together(lambda a=a: one.finish(a, "finished"), lambda b=b: two.finish(b, "finished"))
         assert errors == [], f"round {n}: {errors!r}"
         assert one.status(p).status == "queued", f"round {n}: the parent was left waiting"
-        one.finish(_lease(one, p, "wf"), "finished")  # (out of the next round's claims)
+        one.finish(claimed(one, p, "wf"), "finished")  # (out of the next round's claims)

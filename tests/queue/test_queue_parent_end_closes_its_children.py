@@ -11,52 +11,35 @@ that ended already keeps its status.
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from ekit_runtime.queue import Ending, Lease, RunQueue
-from tests.support.queue_backends import expire_lease, queue, queue_url
+from tests.support.queue_backends import expire_lease, queue, queue_url, update_run
+from tests.support.queued_children import claimed
 
 __all__ = ["queue", "queue_url"]
 
 
-def _lease(queue: RunQueue, run_id: str, workflow: str = "wf") -> Lease:
-    lease = queue.claim("w", {workflow: None}, 600)
-    assert lease is not None and lease.run_id == run_id
-    return lease
-
 
 def _ask_cancel(url: str, run_id: str) -> None:
     """Flag a cancel on the run only (as ``cancel`` would, without its own cascade down the family)."""
-    sql = "UPDATE ekit_queue_runs SET cancel_requested = TRUE WHERE run_id = {p}"
-    if url.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.format(p="%s"), (run_id,))
-        return
-    conn = sqlite3.connect(url, timeout=30, isolation_level=None)
-    try:
-        conn.execute(sql.format(p="?"), (run_id,))
-    finally:
-        conn.close()
+    update_run(url, "UPDATE ekit_queue_runs SET cancel_requested = TRUE WHERE run_id = {p}", run_id)
 
 
 def _family(queue: RunQueue, queue_url: str) -> tuple[Lease, Lease, Lease]:
     """Parent ``p`` (running) with children: ``p/a`` waiting for its own ``p/a/g``, ``p/b`` driven
     by a live worker (with ``p/b/g`` queued), ``p/c`` whose worker died, ``p/d`` finished."""
     queue.submit("wf", run_id="p")
-    parent = _lease(queue, "p")
+    parent = claimed(queue, "p")
     for step in "abcd":
         queue.spawn(parent, "kid", run_id=f"p/{step}", step=step)
-    a = _lease(queue, "p/a", "kid")
+    a = claimed(queue, "p/a", "kid")
     queue.spawn(a, "kid", run_id="p/a/g", step="g")
     assert queue.join(a, ["p/a/g"]) == "waiting"
-    b = _lease(queue, "p/b", "kid")
+    b = claimed(queue, "p/b", "kid")
     queue.spawn(b, "kid", run_id="p/b/g", step="g")
-    _lease(queue, "p/c", "kid")
-    queue.finish(_lease(queue, "p/d", "kid"), "finished")
+    claimed(queue, "p/c", "kid")
+    queue.finish(claimed(queue, "p/d", "kid"), "finished")
     expire_lease(queue_url, "p/c")
     return parent, b, a
 
@@ -112,5 +95,5 @@ def test_a_finished_or_ended_child_is_not_touched_and_a_retry_takes_the_family_b
 def test_a_plain_run_ending_failed_touches_no_other_run(queue: RunQueue) -> None:
     queue.submit("wf", run_id="x")
     queue.submit("kid", run_id="y")
-    queue.finish(_lease(queue, "x"), "failed", "boom")
+    queue.finish(claimed(queue, "x"), "failed", "boom")
     assert queue.status("y").status == "queued" and not queue.status("y").cancel_requested

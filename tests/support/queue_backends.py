@@ -335,20 +335,25 @@ def wait_for(condition: Any, *, timeout: float, what: str, interval: float = 0.0
         time.sleep(interval)
 
 
-def expire_lease(url: str, run_id: str) -> None:
-    """Make the run's lease expire now, as if its worker had died an hour ago (either backend)."""
-    sql = "UPDATE ekit_queue_runs SET lease_until = lease_until - 3600 WHERE run_id = {p}"
+def update_run(url: str, sql: str, run_id: str) -> None:
+    """Run ``sql`` (an UPDATE whose ``{p}`` stands for the run's id) on its own connection to
+    the queue at ``url``, either backend: a change no verb of the queue makes."""
     if url.startswith("postgresql://"):
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.format(p="%s"), (run_id,))
         return
-    conn2 = sqlite3.connect(url, timeout=30, isolation_level=None)
+    conn = sqlite3.connect(url, timeout=30, isolation_level=None)
     try:
-        conn2.execute(sql.format(p="?"), (run_id,))
+        conn.execute(sql.format(p="?"), (run_id,))
     finally:
-        conn2.close()
+        conn.close()
+
+
+def expire_lease(url: str, run_id: str) -> None:
+    """Make the run's lease expire now, as if its worker had died an hour ago (either backend)."""
+    update_run(url, "UPDATE ekit_queue_runs SET lease_until = lease_until - 3600 WHERE run_id = {p}", run_id)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""Real ``ekit worker`` processes for the queued-child crash tests, and the step starts they log.
+"""What the queued-child tests share: a claim, two queues on one database, a spawner whose
+children never end, and real ``ekit worker`` processes with the step starts they log.
 
-Each test writes its own workflows (``flows``: the source of a module holding ``WORKFLOWS``)
+Each crash test writes its own workflows (``flows``: the source of a module holding ``WORKFLOWS``)
 and reads its fault point from its own environment (``env``); what they share is how the
 workers start (one run each, a short lease, the module beside them) and that every step start
 is appended and fsynced to ``starts.log``, so the counts survive a SIGKILL.
@@ -16,8 +17,45 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ekit_runtime.queue import Lease, RunQueue, open_queue
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def claimed(queue: RunQueue, run_id: str, workflow: str = "wf") -> Lease:
+    """Claim ``run_id`` (the only claimable run of ``workflow``)."""
+    lease = queue.claim("w", {workflow: None}, 600)
+    assert lease is not None and lease.run_id == run_id
+    return lease
+
+
+@pytest.fixture
+def queues(postgres_url: str) -> Iterator[tuple[RunQueue, RunQueue]]:
+    """Two queues on one database: one connection for each side of a race."""
+    first, second = open_queue(postgres_url), open_queue(postgres_url)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
+
+
+class NeverEnding:
+    """A spawner whose children never end: a run of a queued child waits for it (and its
+    checkpoint records the wait); the child of ``step`` is ``p/step``."""
+
+    def child_run_id(self, step: str, number: int) -> str:
+        return f"p/{step}"
+
+    async def state(self, run_id: str, output: str) -> None:
+        return None
+
+    async def spawn(self, run_id: str, step: str, workflow: Any, context: Any) -> None:
+        return None
 
 STARTED = '''
 def started(name):
